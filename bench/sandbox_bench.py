@@ -1,0 +1,127 @@
+"""Throughput and latency of envs.sandbox.
+
+Prints a table with:
+* sandboxed unit-test-like runs per second (``Sandbox.run_python`` of a tiny assert
+  program, one fresh process tree per run) next to the same program run as a plain
+  subprocess with the same interpreter (interleaved, so background load hits both), and
+  the per-run overhead;
+* terminal round-trip latency: ``ShellSession.run("echo hi")`` median and p95 in ms.
+
+Usage: .venv/bin/python bench/sandbox_bench.py [--n 200] [--shell-n 500] [--mode bwrap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envs.sandbox import Sandbox, ShellSession, check_sandbox  # noqa: E402
+
+PROGRAM = """\
+def add(a, b):
+    return a + b
+
+assert add(2, 3) == 5
+assert add(-1, 1) == 0
+print("ok")
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def bench_python(box: Sandbox, n: int, rounds: int = 10) -> dict[str, list[float]]:
+    """Per-run wall times in ms, plain and sandboxed, interleaved in rounds so that load
+    from other processes on the machine hits both alike."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "main.py")
+        with open(path, "w") as f:
+            f.write(PROGRAM)
+
+        def plain_once() -> None:
+            r = subprocess.run([box.python, path], capture_output=True, cwd=d)
+            assert r.returncode == 0 and r.stdout == b"ok\n", r
+
+        def sandboxed_once() -> None:
+            r = box.run_python(PROGRAM)
+            assert r.exit_code == 0 and r.stdout == "ok\n", r
+
+        plain_once()  # warm-up
+        sandboxed_once()
+        per_round = max(1, n // rounds)
+        times: dict[str, list[float]] = {"plain": [], "sandboxed": []}
+        for _ in range(rounds):
+            for name, fn in (("plain", plain_once), ("sandboxed", sandboxed_once)):
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append((time.perf_counter() - t0) * 1000)
+        return times
+
+
+def bench_shell(mode: str, n: int) -> tuple[float, float, float]:
+    t0 = time.perf_counter()
+    with ShellSession(mode=mode) as shell:
+        start_ms = (time.perf_counter() - t0) * 1000
+        for _ in range(20):
+            shell.run("echo hi")
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            r = shell.run("echo hi")
+            lat.append((time.perf_counter() - t) * 1000)
+            assert r.output == "hi\n" and r.exit_code == 0, r
+    return start_ms, statistics.median(lat), percentile(lat, 0.95)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200, help="python runs per variant (default 200)")
+    ap.add_argument("--shell-n", type=int, default=500, help="shell round trips (default 500)")
+    ap.add_argument("--mode", choices=("bwrap", "none"), default="bwrap")
+    args = ap.parse_args()
+    if args.mode == "bwrap":
+        check_sandbox()
+
+    with Sandbox(mode=args.mode) as box:
+        python = box.python
+        times = bench_python(box, args.n)
+    shell_start, median, p95 = bench_shell(args.mode, args.shell_n)
+    plain, sandboxed = (1000 * len(times[k]) / sum(times[k]) for k in ("plain", "sandboxed"))
+    plain_med, sandboxed_med = (statistics.median(times[k]) for k in ("plain", "sandboxed"))
+
+    rows = [
+        ("interpreter", python, ""),
+        ("plain subprocess python", f"{plain:.1f}", "runs/s"),
+        (f"sandboxed run_python ({args.mode})", f"{sandboxed:.1f}", "runs/s"),
+        ("plain subprocess python, median", f"{plain_med:.1f}", "ms/run"),
+        (f"sandboxed run_python ({args.mode}), median", f"{sandboxed_med:.1f}", "ms/run"),
+        ("sandbox overhead per run, median", f"{sandboxed_med - plain_med:.1f}", "ms"),
+        ("ShellSession start", f"{shell_start:.1f}", "ms"),
+        ('ShellSession.run("echo hi") median', f"{median:.2f}", "ms"),
+        ('ShellSession.run("echo hi") p95', f"{p95:.2f}", "ms"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    vwidth = max(len(r[1]) for r in rows)
+    print(f"{'metric':<{width}}  {'value':>{vwidth}}  unit")
+    print(f"{'-' * width}  {'-' * vwidth}  ------")
+    for name, value, unit in rows:
+        print(f"{name:<{width}}  {value:>{vwidth}}  {unit}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"(n={args.n} python runs per variant, {args.shell_n} shell round trips, {os.cpu_count()} CPUs, "
+          f"load average {load:.1f})")
+
+
+if __name__ == "__main__":
+    main()

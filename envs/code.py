@@ -1,0 +1,697 @@
+"""The code domain: extracting code from a chat answer, running tests in a sandbox, the env.
+
+A code task (:class:`~envs.types.CodeSpec`) holds Python tests for an ``entry_point``.
+:func:`extract_code` pulls the candidate program out of an assistant turn,
+:func:`run_tests` runs it against the tests inside a :class:`~envs.sandbox.Sandbox`
+(never on the host) and returns a :class:`TestOutcome` with the pass count,
+:class:`CodeEnv` is the (optionally multi-turn) env, and :func:`load_humaneval` /
+:func:`humaneval_to_native` read HumanEval-format files. Scoring lives in :mod:`rewards.code`.
+
+How the tests run
+-----------------
+One sandboxed program per call (``python -I -B main.py``) does, in order:
+
+1. reads a random per-run nonce from stdin, moves its real stdout to a private file
+   descriptor and points fd 1 at stderr: everything the candidate prints goes to stderr,
+   and only the harness writes to stdout, one line per event::
+
+       __JOINTRL_RESULT__ <nonce> {"i": 0, "ok": true, "msg": ""}
+
+2. executes the candidate code in a fresh module named ``solution`` (so an
+   ``if __name__ == "__main__":`` demo block does not run; ``SystemExit`` and any other
+   exception while loading are caught and reported);
+3. runs the tests in the same namespace, statement by statement, reporting each test as
+   soon as it finishes (a later timeout or crash keeps the earlier results), then a
+   ``{"done": ...}`` line, and exits with ``os._exit(0)`` (candidate threads and atexit
+   hooks cannot hold the run open).
+
+With ``style == "assert"`` the tests are split into top-level statements (``ast``): every
+statement is a *test* except imports, ``def``/``class``, assignments, ``pass`` and bare
+constants (docstrings), which are *setup* (run in order; an error is reported but does not
+count). ``assert a == b`` failures report both sides (``got`` / ``expected``). With
+``style == "humaneval"`` the tests (which define ``check``) are setup and the one test is
+``check(<entry_point>)``.
+
+What the nonce buys: text the candidate prints cannot be taken for a result (it goes to
+stderr, and it cannot contain the nonce, which is not in any file), so printing the marker,
+flooding the output or exiting early (``sys.exit``, ``os._exit``) never fakes a pass: a
+test counts only when the harness reported it. It does NOT stop a candidate that
+deliberately attacks the harness from inside the same interpreter (inspecting the
+harness's frames for the nonce, returning objects whose ``__eq__`` is always true): an
+in-process test harness cannot be made tamper-proof; run held-out evaluation with
+independent checks if that matters.
+
+The work dir is the harness's: :func:`run_tests` empties it before each run (so files a
+previous candidate left cannot accumulate or be seen by the next run), and ``-I`` keeps
+it off ``sys.path`` (a planted ``json.py`` cannot shadow a module).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import gzip
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.io import TaskFormatError, save_tasks
+from envs.sandbox import Limits, Sandbox, SandboxUnavailable
+from envs.types import CodeSpec, Message, Task
+
+__all__ = [
+    "CodeBlock",
+    "CodeEnv",
+    "MARKER",
+    "STYLES",
+    "TestOutcome",
+    "extract_code",
+    "find_code_blocks",
+    "humaneval_to_native",
+    "load_humaneval",
+    "run_tests",
+    "split_tests",
+    "SandboxUnavailable",
+]
+
+MARKER = "__JOINTRL_RESULT__"
+STYLES = ("assert", "humaneval")
+PYTHON_TAGS = ("", "python", "py", "python3", "py3")
+_MAIN = "main.py"
+_SETUP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
+                ast.AugAssign, ast.AnnAssign, ast.Pass)
+
+
+# ---------------------------------------------------------------------------- extraction
+
+
+@dataclass(frozen=True)
+class CodeBlock:
+    """One fenced block of a chat answer: its info-string language (lower case), body, and
+    whether its closing fence was there (False: the text ended inside the block)."""
+
+    lang: str
+    code: str
+    closed: bool
+
+    @property
+    def is_python(self) -> bool:
+        return self.lang in PYTHON_TAGS
+
+
+_FENCE_RE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*?)[ \t]*$")
+
+
+def find_code_blocks(text: str) -> list[CodeBlock]:
+    """Every fenced block (```` ``` ```` or ``~~~``, 3+ characters) of ``text``, in order.
+
+    A fence opens on a line of its own, optionally followed by an info string whose first
+    word is the language (````` ```python `````). It closes on a line holding only a fence of
+    the same character at least as long. An indented fence (a block inside a list item)
+    has that indentation removed from its lines. A block still open at the end of the text (the
+    model hit its token limit) is returned with ``closed=False``; a trailing line of 1-2
+    backticks (a closing fence cut short) is dropped from it.
+    """
+    blocks: list[CodeBlock] = []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = _FENCE_RE.match(lines[i].rstrip("\r"))
+        if m is None:
+            i += 1
+            continue
+        fence, info, indent = m.group("fence"), m.group("info"), len(m.group("indent"))
+        lang = info.split()[0].lower() if info.split() else ""
+        body: list[str] = []
+        j = i + 1
+        closed = False
+        while j < len(lines):
+            line = lines[j].rstrip("\r")
+            stripped = line.strip()
+            if stripped and set(stripped) == {fence[0]} and len(stripped) >= len(fence):
+                closed = True
+                break
+            lead = len(line) - len(line.lstrip(" \t"))
+            body.append(line[min(lead, indent):])
+            j += 1
+        if not closed:
+            while body and body[-1].strip() in ("`", "``", ""):
+                body.pop()
+        blocks.append(CodeBlock(lang=lang, code="\n".join(body) + ("\n" if body else ""), closed=closed))
+        i = j + 1
+    return blocks
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):  # ValueError: null bytes
+        return False
+    return True
+
+
+def _defines(code: str, name: str) -> bool:
+    """Whether ``code`` defines ``name`` at top level (by ast, or by regex when it does not parse)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+    return False
+
+
+def _join(prompt_code: str, code: str) -> str:
+    return prompt_code + ("" if prompt_code.endswith("\n") else "\n") + code
+
+
+def extract_code(text: str, prompt_code: str = "", entry_point: str | None = None) -> str | None:
+    """The candidate program in a chat answer ``text``, or None when it holds none.
+
+    1. Fenced blocks tagged ``python``/``py``/``python3`` or untagged (blocks tagged with
+       another language, e.g. ``bash``, are ignored): the LAST block that defines
+       ``entry_point`` at top level, or the last block when none does (or no entry point
+       is given). A final block left open by a token limit counts. When ``prompt_code`` is
+       given and ``prompt_code + block`` parses, that is returned: it completes a
+       body-only block and keeps the prompt's imports and helpers (HumanEval prompts
+       define ``from typing import List`` and sometimes helper functions); the block's
+       own definition of the entry point, coming later, wins.
+    2. No fence at all, ``prompt_code`` given, and ``text`` looks like a raw continuation
+       (its first non-blank line is indented, or ``prompt_code + text`` parses):
+       ``prompt_code + text``.
+    3. Otherwise None (prose only, only non-Python blocks, an empty block, or unfenced
+       text without ``prompt_code``).
+    """
+    blocks = [b for b in find_code_blocks(text) if b.is_python and b.code.strip()]
+    if blocks:
+        chosen = blocks[-1]
+        if entry_point:
+            defining = [b for b in blocks if _defines(b.code, entry_point)]
+            if defining:
+                chosen = defining[-1]
+        if prompt_code:
+            joined = _join(prompt_code, chosen.code)
+            if _parses(joined):
+                return joined
+        return chosen.code
+    if not find_code_blocks(text) and prompt_code and text.strip():
+        first = next(line for line in text.split("\n") if line.strip())
+        if first[:1] in (" ", "\t") or _parses(prompt_code + text):
+            return prompt_code + text
+    return None
+
+
+# ---------------------------------------------------------------------------- running tests
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """The result of :func:`run_tests`.
+
+    ``passed`` of ``total`` tests passed. ``error`` is ``""`` when all passed, else a
+    one-line reason (load error, timeout, early exit, or "k of n tests failed").
+    ``output`` is a readable report for feedback: the failing tests with their got /
+    expected values, errors, then what the program printed (truncated).
+    """
+
+    __test__ = False  # not a pytest class
+
+    passed: int
+    total: int
+    error: str
+    timed_out: bool
+    output: str
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+
+def split_tests(spec: CodeSpec) -> tuple[str, list[int]]:
+    """``(tests source, indices of its top-level statements that are tests)`` for ``spec``.
+
+    Raises ``ValueError`` for an unknown style, an entry point that is not an identifier,
+    tests that do not parse, or tests with no test statement.
+    """
+    if spec.style not in STYLES:
+        raise ValueError(f"CodeSpec.style must be one of {STYLES}, got {spec.style!r}")
+    if not spec.entry_point.isidentifier():
+        raise ValueError(f"CodeSpec.entry_point must be a Python identifier, got {spec.entry_point!r}")
+    if spec.style == "humaneval":
+        source = spec.tests.rstrip() + f"\n\n\ncheck({spec.entry_point})\n"
+    else:
+        source = spec.tests
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"the tests do not parse: {exc.msg} (line {exc.lineno})") from None
+    if spec.style == "humaneval":
+        return source, [len(tree.body) - 1]
+    idx = [i for i, node in enumerate(tree.body)
+           if not isinstance(node, _SETUP_NODES)
+           and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    if not idx:
+        raise ValueError("the tests have no test statement (asserts or calls at top level)")
+    return source, idx
+
+
+# The harness runs inside the sandbox; it is kept free of f-strings/format braces so that
+# the program is this text followed by one call with literal arguments.
+_HARNESS = r'''
+import sys as _sys, os as _os
+
+
+def _jointrl_run(code, tests, test_idx, entry_point, marker):
+    import ast, json, linecache, traceback, types
+    nonce = _sys.stdin.readline().strip()
+    out_fd = _os.dup(1)          # the real stdout: results only
+    _os.dup2(2, 1)               # fd 1 (print, subprocesses) now goes to stderr
+    try:
+        _sys.stdout.reconfigure(line_buffering=True)
+    except Exception:
+        pass
+    write, dumps, prefix = _os.write, json.dumps, (marker + " " + nonce + " ").encode()
+
+    def report(obj):
+        try:
+            write(out_fd, prefix + dumps(obj).encode() + b"\n")
+        except Exception:
+            pass
+
+    def short(value, limit=300):
+        try:
+            s = repr(value)
+        except BaseException as e:
+            s = "<repr failed: %s>" % type(e).__name__
+        return s if len(s) <= limit else s[:limit] + "..."
+
+    def fmt(e):
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in ("solution.py", "tests.py")]
+        lines = ['  File "%s", line %s, in %s\n    %s' % (f.filename, f.lineno, f.name, (f.line or "").strip())
+                 for f in frames[-3:]]
+        try:
+            head = "".join(traceback.format_exception_only(type(e), e)).rstrip()
+        except BaseException:
+            head = type(e).__name__
+        text = "\n".join(lines + [head])
+        return text if len(text) <= 1500 else text[:1500] + "..."
+
+    tree = ast.parse(tests)  # before the candidate runs
+    for name, src in (("solution.py", code), ("tests.py", tests)):
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+
+    module = types.ModuleType("solution")
+    _sys.modules["solution"] = module
+    ns = module.__dict__
+    try:
+        exec(compile(code, "solution.py", "exec"), ns)
+    except BaseException as e:
+        report({"load_error": fmt(e)})
+    else:
+        if entry_point not in ns:
+            report({"load_error": "NameError: the code does not define %r" % entry_point})
+
+    def mentions(node):
+        return any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(node))
+
+    def run_test(node):
+        if (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+                and isinstance(node.test.ops[0], ast.Eq)):
+            left, right = node.test.left, node.test.comparators[0]
+            lv = eval(compile(ast.Expression(left), "tests.py", "eval"), ns)
+            rv = eval(compile(ast.Expression(right), "tests.py", "eval"), ns)
+            if lv == rv:
+                return ""
+            if mentions(right) and not mentions(left):
+                lv, rv = rv, lv
+            if mentions(left) or mentions(right):
+                detail = "got:      %s\nexpected: %s" % (short(lv), short(rv))
+            else:
+                detail = "left:  %s\nright: %s" % (short(lv), short(rv))
+            if node.msg is not None:
+                try:
+                    detail += "\nmessage:  %s" % short(eval(compile(ast.Expression(node.msg), "tests.py", "eval"), ns))
+                except BaseException:
+                    pass
+            return detail
+        exec(compile(ast.Module(body=[node], type_ignores=[]), "tests.py", "exec"), ns)
+        return None
+
+    wanted = set(test_idx)
+    k = passed = 0
+    for i, node in enumerate(tree.body):
+        src = ast.get_source_segment(tests, node) or ""
+        if len(src) > 400:
+            src = src[:400] + "..."
+        if i not in wanted:
+            try:
+                exec(compile(ast.Module(body=[node], type_ignores=[]), "tests.py", "exec"), ns)
+            except BaseException as e:
+                report({"setup_error": src + "\n" + fmt(e)})
+            continue
+        try:
+            detail = run_test(node)
+            ok = not detail
+        except BaseException as e:
+            ok, detail = False, fmt(e)
+        passed += ok
+        report({"i": k, "ok": ok, "msg": "" if ok else src + "\n" + detail})
+        k += 1
+    report({"done": True, "passed": passed, "total": k})
+    for stream in (_sys.stdout, _sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    _os._exit(0)
+'''
+
+
+def _clear_dir(path: str) -> None:
+    """Remove everything inside ``path`` (files the sandboxed code left), keeping ``path``."""
+
+    def onerror(func, p, _exc):  # directories the code left without u+rwx
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    try:
+        os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) | 0o700)
+    except OSError:
+        pass
+    with os.scandir(path) as it:
+        entries = list(it)
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, onerror=onerror)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters ...]"
+
+
+def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | None = None) -> TestOutcome:
+    """Run ``code`` against ``spec.tests`` inside ``sandbox`` and count the passing tests.
+
+    ``style == "humaneval"``: one test, ``check(<entry_point>)``. ``style == "assert"``:
+    one test per top-level test statement (see :func:`split_tests`), so the pass fraction
+    is known. The whole program gets ``timeout_s`` (default ``spec.timeout_s``) of wall
+    clock and as many CPU seconds; tests reported before a timeout or crash still count.
+    The sandbox's work dir is emptied first (see the module docstring). Raises
+    ``ValueError`` for a malformed spec (:func:`split_tests`).
+    """
+    tests, test_idx = split_tests(spec)
+    total = len(test_idx)
+    timeout = float(spec.timeout_s if timeout_s is None else timeout_s)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    limits = dataclasses.replace(sandbox.limits, wall_seconds=timeout, cpu_seconds=max(1, math.ceil(timeout)))
+    nonce = secrets.token_hex(16)
+    program = (_HARNESS + "\n_jointrl_run(" + ", ".join(
+        repr(v) for v in (code, tests, test_idx, spec.entry_point, MARKER)) + ")\n")
+    _clear_dir(sandbox.work_dir)
+    sandbox.write_files({_MAIN: program})
+    res = sandbox.run([sandbox.python, "-I", "-B", _MAIN], stdin=nonce + "\n", limits=limits)
+
+    prefix = f"{MARKER} {nonce} "
+    results: dict[int, tuple[bool, str]] = {}
+    load_errors: list[str] = []
+    setup_errors: list[str] = []
+    done = False
+    for line in res.stdout.splitlines():
+        if not line.startswith(prefix):
+            continue
+        try:
+            event = json.loads(line[len(prefix):])
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if "i" in event and isinstance(event["i"], int) and 0 <= event["i"] < total:
+            results[event["i"]] = (event.get("ok") is True, str(event.get("msg", "")))
+        elif "load_error" in event:
+            load_errors.append(str(event["load_error"]))
+        elif "setup_error" in event:
+            setup_errors.append(str(event["setup_error"]))
+        elif event.get("done") is True:
+            done = True
+    passed = sum(ok for ok, _ in results.values())
+    failures = [msg for _, (ok, msg) in sorted(results.items()) if not ok]
+
+    how = f"killed by signal {res.signal}" if res.signal is not None else f"exit code {res.exit_code}"
+    if res.timed_out:
+        stop = f"Timed out after {timeout:g}s (an infinite loop, or too slow?); {len(results)} of {total} tests ran."
+    elif not done:
+        stop = f"The program stopped ({how}) before all tests ran; {len(results)} of {total} tests ran."
+    else:
+        stop = ""
+
+    if passed == total and done:
+        error = ""
+    elif res.timed_out:
+        error = f"timed out after {timeout:g}s"
+    elif not done:
+        error = f"the program stopped ({how}) before all tests ran"
+    elif load_errors:
+        error = load_errors[0].strip().splitlines()[-1]
+    else:
+        error = f"{total - passed} of {total} tests failed"
+
+    parts: list[str] = []
+    for e in load_errors:
+        parts.append("Error while loading the code:\n" + e)
+    # After a load error most failures are its echo (NameError): show fewer.
+    for e in setup_errors[:0 if load_errors else 3]:
+        parts.append("Error in a test setup statement:\n" + e)
+    shown = failures[:1 if load_errors else 5]
+    for msg in shown:
+        parts.append("Failed test:\n" + msg)
+    if len(failures) > len(shown):
+        parts.append(f"... and {len(failures) - len(shown)} more failed tests.")
+    if stop:
+        parts.append(stop)
+    printed = res.stderr.strip()
+    if printed:
+        parts.append("Output of the program:\n" + _cut(printed, 2000))
+    return TestOutcome(passed=passed, total=total, error=error, timed_out=res.timed_out,
+                       output="\n\n".join(parts))
+
+
+# ---------------------------------------------------------------------------- env
+
+
+class CodeEnv:
+    """The code env: run the tests on every answer; optionally let the policy fix its code.
+
+    ``step(action)`` extracts the code (:func:`extract_code`, with the task's
+    ``prompt_code`` and ``entry_point``), runs the tests in the env's sandbox
+    (:func:`run_tests`) and returns ``info = {"reward": pass fraction, "passed", "total",
+    "error", "extracted", "timed_out", "turn"}`` on every turn, so the episode's
+    ``env_reward`` is always the score of its LAST answer. Episode ends:
+
+    * all tests pass -> ``terminated=True`` (natural end);
+    * ``max_turns == 1`` (single-turn, the default) -> ``terminated=True`` whatever the
+      score: a single-turn env has no retry to offer, so its one turn is the natural end
+      (as for :class:`envs.toolcall.ToolCallEnv`), and ``truncated`` keeps meaning "cut
+      by a limit";
+    * failing, and fewer than ``max_turns`` turns taken -> the observation is one user
+      message with the failing tests (got / expected), errors and output (truncated to
+      ``feedback_chars``) asking for the complete fixed code; the episode goes on;
+    * failing on turn ``max_turns`` (> 1) -> ``truncated=True``: the env would have given
+      feedback for another try, the turn limit cut the episode.
+
+    ``sandbox`` is the :class:`~envs.sandbox.Sandbox` mode: ``"bwrap"`` (default) or
+    ``"none"``, which runs model code on the host unisolated and must be chosen
+    explicitly (the Sandbox logs a warning). When bubblewrap cannot run here, the first
+    ``step`` raises :class:`~envs.sandbox.SandboxUnavailable` with the reason; the env
+    never falls back to running unsandboxed. The sandbox is created on first use, reused
+    for every episode of this env instance, and removed by :meth:`close`.
+    """
+
+    def __init__(self, max_turns: int = 1, sandbox: str = "bwrap", feedback_chars: int = 2000):
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
+        if sandbox not in ("bwrap", "none"):
+            raise ValueError(f"sandbox must be 'bwrap' or 'none' (trusted code only), got {sandbox!r}")
+        if isinstance(feedback_chars, bool) or not isinstance(feedback_chars, int) or feedback_chars < 1:
+            raise ValueError(f"feedback_chars must be an int >= 1, got {feedback_chars!r}")
+        self.max_turns = max_turns
+        self.sandbox_mode = sandbox
+        self.feedback_chars = feedback_chars
+        self._sandbox: Sandbox | None = None
+        self._task: Task | None = None
+        self._turns = 0
+        self._done = True
+        self._closed = False
+
+    def _get_sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox(limits=Limits(output_bytes=200_000), mode=self.sandbox_mode)
+        return self._sandbox
+
+    def reset(self, task: Task) -> list[Message]:
+        if self._closed:
+            raise RuntimeError("CodeEnv.reset() after close()")
+        if task.code is None:
+            raise ValueError(f"CodeEnv needs a task with a code spec (Task.code); task {task.id!r} "
+                             f"(domain {task.domain!r}) has none")
+        if not task.messages:
+            raise ValueError(f"task {task.id!r} has no messages")
+        split_tests(task.code)  # a malformed spec fails here, not mid-episode
+        self._task = task
+        self._turns = 0
+        self._done = False
+        return list(task.messages)
+
+    def step(self, action: str) -> tuple[list[Message], bool, bool, dict[str, Any]]:
+        if self._closed:
+            raise RuntimeError("CodeEnv.step() after close()")
+        if self._task is None:
+            raise RuntimeError("CodeEnv.step() before reset()")
+        if self._done:
+            raise RuntimeError("CodeEnv.step() after the episode ended; call reset() first")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        spec = self._task.code
+        assert spec is not None
+        self._turns += 1
+        code = extract_code(action, spec.prompt_code, spec.entry_point)
+        if code is None:
+            outcome = TestOutcome(passed=0, total=len(split_tests(spec)[1]), error="no code found in the answer",
+                                  timed_out=False, output="")
+        else:
+            outcome = run_tests(spec, code, self._get_sandbox())
+        info: dict[str, Any] = {"reward": float(outcome.fraction), "passed": outcome.passed, "total": outcome.total,
+                                "error": outcome.error, "extracted": code is not None,
+                                "timed_out": outcome.timed_out, "turn": self._turns}
+        if outcome.all_passed or self.max_turns == 1:
+            self._done = True
+            return [], True, False, info
+        if self._turns >= self.max_turns:
+            self._done = True
+            return [], False, True, info
+        return [Message("user", self._feedback(outcome, code is not None))], False, False, info
+
+    def _feedback(self, outcome: TestOutcome, extracted: bool) -> str:
+        if not extracted:
+            return ("I could not find any Python code in your answer. Reply with the complete solution in one "
+                    "```python code block.")
+        details = _cut(outcome.output.strip() or outcome.error, self.feedback_chars)
+        return (f"Your code passed {outcome.passed} of {outcome.total} tests.\n\n{details}\n\n"
+                "Fix the code and reply with the complete corrected solution in one ```python code block.")
+
+    def close(self) -> None:
+        self._closed = True
+        self._task = None
+        self._done = True
+        if self._sandbox is not None:
+            sb, self._sandbox = self._sandbox, None
+            sb.close()
+
+
+# ---------------------------------------------------------------------------- HumanEval files
+
+HUMANEVAL_SYSTEM = "You are an expert Python programmer. You write correct, efficient and readable code."
+HUMANEVAL_USER = (
+    "Complete the following Python function:\n\n```python\n{prompt}```\n\n"
+    "Answer with the complete function (signature included, with any imports it needs) in one ```python code "
+    "block."
+)
+_HUMANEVAL_FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
+
+
+def _humaneval_lines(path: Path):
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if line.strip():
+                    yield f"{path}:{lineno}", line
+    except (OSError, EOFError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise TaskFormatError(f"{path}: cannot read: {exc}") from exc
+
+
+def load_humaneval(path: str | os.PathLike[str]) -> list[Task]:
+    """Tasks from a HumanEval-format ``.jsonl`` or ``.jsonl.gz`` file.
+
+    Each line is ``{"task_id", "prompt", "canonical_solution", "test", "entry_point"}``
+    (extra fields are ignored). A task gets domain ``"code"``, style ``"humaneval"``,
+    ``prompt_code = prompt``, ``solution = prompt + canonical_solution``, and messages: a
+    system prompt and a user message holding the prompt code, asking for the complete
+    function in one ```` ```python ```` block. Raises ``FileNotFoundError`` or
+    :class:`~envs.io.TaskFormatError` naming ``file:line`` and the field.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"HumanEval file not found: {p}")
+    tasks: list[Task] = []
+    seen: dict[str, str] = {}
+    for where, line in _humaneval_lines(p):
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(d, dict):
+            raise TaskFormatError(f"{where}: a HumanEval record must be a JSON object, got {type(d).__name__}")
+        for key in _HUMANEVAL_FIELDS:
+            if key not in d or d[key] is None:
+                raise TaskFormatError(f"{where}: field {key!r}: missing")
+            if not isinstance(d[key], str):
+                raise TaskFormatError(f"{where}: field {key!r}: must be a string, got {type(d[key]).__name__}")
+        task_id = d["task_id"]
+        if not task_id.strip():
+            raise TaskFormatError(f"{where}: field 'task_id': must be a non-empty string")
+        if task_id in seen:
+            raise TaskFormatError(f"{where}: field 'task_id': duplicate id {task_id!r} (first at {seen[task_id]})")
+        seen[task_id] = where
+        spec = CodeSpec(tests=d["test"], entry_point=d["entry_point"], prompt_code=d["prompt"], style="humaneval",
+                        solution=d["prompt"] + d["canonical_solution"])
+        try:
+            split_tests(spec)
+        except ValueError as exc:
+            field = "entry_point" if "entry_point" in str(exc) else "test"
+            raise TaskFormatError(f"{where}: field {field!r}: {exc}") from None
+        prompt = d["prompt"] if d["prompt"].endswith("\n") else d["prompt"] + "\n"
+        tasks.append(Task(
+            id=task_id,
+            domain="code",
+            messages=(Message("system", HUMANEVAL_SYSTEM), Message("user", HUMANEVAL_USER.format(prompt=prompt))),
+            code=spec,
+            meta={"source": "humaneval"},
+        ))
+    return tasks
+
+
+def humaneval_to_native(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
+    """Convert a HumanEval-format file to jointrl's native ``.jsonl``/``.jsonl.gz`` (for
+    :func:`envs.io.load_tasks` and recipes); returns the number of tasks written."""
+    tasks = load_humaneval(src)
+    save_tasks(tasks, dst)
+    return len(tasks)

@@ -1,0 +1,376 @@
+"""The terminal domain: a multi-turn shell env whose episodes are scored by a bash check.
+
+Protocol seen by the policy
+---------------------------
+Each assistant turn holds ONE shell command, either in a fenced block (```` ```bash ````,
+```` ```sh ````, ```` ```shell ````, ```` ```console ```` or a bare ```` ``` ````; the first
+such block is used, and it may span several lines) or as the whole turn on one bare line
+(a leading ``$ `` and surrounding single backticks are stripped). The env runs it in a
+persistent, sandboxed ``bash`` (cwd, variables, functions and background jobs persist
+from turn to turn) and answers with one user message::
+
+    exit code N
+    <the command's output (stdout and stderr interleaved, as on a terminal)>
+
+A turn whose text has a line that is exactly the done marker (``DONE`` by default; a
+fenced block holding only the marker counts too) or whose command is empty says the
+policy is finished. Text with several lines but no fenced block and no marker holds no
+command: the env answers with a format reminder, runs nothing, and the turn counts.
+:func:`extract_command` and :func:`parse_action` implement these rules.
+
+Episode and check semantics (:class:`TerminalEnv`)
+--------------------------------------------------
+* ``reset(task)`` needs ``task.terminal`` (else ``ValueError``). It makes a fresh private
+  work dir (``/work`` inside the sandbox; also ``$HOME``), starts a
+  :class:`~envs.sandbox.ShellSession` on it, and runs ``spec.setup`` in that session,
+  in a subshell with ``set -e`` (background processes it starts keep running in the
+  session; its variables and ``cd`` do not leak). A setup that fails or times out raises
+  ``RuntimeError`` naming the task and the setup's output: a broken task never scores
+  silently. Returns ``list(task.messages)``.
+* ``step(action)`` runs the command with a timeout of
+  ``min(command_timeout_s, time left)``. A command that times out is interrupted with
+  Ctrl-C and reported as an observation (``command timed out after Xs (interrupted)``);
+  the session goes on. ``time_limit_s`` of the task budgets the summed wall time of
+  the policy's commands (not the time the policy spends generating, which depends on
+  batching, not on the policy).
+* The episode ends, and the check runs, when
+  - the policy says it is done: ``terminated=True``, observation ``[]``;
+  - the shell exited (the policy ran ``exit``): ``terminated=True``;
+  - ``max_turns`` turns were taken, the time budget is spent, or the shell died of a
+    command that could not be interrupted: ``truncated=True``.
+  Truncated episodes are checked and scored like the others.
+* Before the check, the session is closed: every process it started (background jobs,
+  daemons) is killed, so nothing keeps changing the work dir while the check runs and
+  the check sees a settled state. Tasks about processes therefore check side effects
+  (files a process writes when it gets a signal), not live processes.
+* The check: ``spec.check`` runs as ``bash -c <check>`` in a SEPARATE, fresh sandbox
+  process (:meth:`Sandbox.run`) over the same work dir, cwd the work dir, with a fresh
+  environment. Functions, aliases or variables the policy defined in its shell do not
+  exist there, so they cannot fake the check. Its result: exit status 0 -> ``1.0``;
+  otherwise, if the last non-empty stdout line parses as a float in ``[0, 1]``, that
+  value (partial credit: print it and exit non-zero); otherwise ``0.0``. A check that
+  times out (``check_timeout_s``) scores 0.0.
+* The final step's ``info`` is ``{"reward": float, "passed": bool, "check_output": str,
+  "check_exit_code": int | None, "end": <why>, "turns": n}``; other steps' ``info`` is
+  ``{"exit_code": int | None, "timed_out": bool, "turns": n}``.
+* ``close()`` kills everything the session started and removes the work dir
+  (idempotent). Stepping before ``reset`` or after the episode ended raises
+  ``RuntimeError``.
+
+Safety: policy output only ever runs inside a bubblewrap sandbox (``sandbox="bwrap"``,
+the only mode accepted). When bubblewrap cannot run here the constructor raises
+:class:`~envs.sandbox.SandboxUnavailable`; there is no fallback to running unsandboxed.
+Scoring for the recipe lives in :mod:`rewards.terminal`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any
+
+from envs.sandbox import Limits, Sandbox, SandboxUnavailable, ShellSession, ShellSessionError, check_sandbox
+from envs.types import Message, Task
+
+__all__ = [
+    "DONE_MARKER",
+    "SHELL_LANGS",
+    "SYSTEM_PROMPT",
+    "TerminalEnv",
+    "extract_command",
+    "parse_action",
+    "parse_check_result",
+    "truncate_output",
+    "SandboxUnavailable",
+]
+
+DONE_MARKER = "DONE"
+SHELL_LANGS = ("", "bash", "sh", "shell", "console", "zsh")
+
+SYSTEM_PROMPT = (
+    "You are working in a Linux terminal (bash). Your current directory is your work directory; "
+    "it is also $HOME.\n"
+    "Each of your turns must contain exactly ONE shell command, in a fenced code block like:\n"
+    "```bash\nls -la\n```\n"
+    "The command runs and you receive its exit code and output. The shell keeps its state between "
+    "turns (current directory, variables, background jobs). Do not use interactive programs (editors, "
+    "pagers): write files with redirections, heredocs, sed or python3. There is no network access.\n"
+    "When the task is complete, reply with a line containing only DONE."
+)
+
+_OPEN_RE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^`]*$")
+_CLOSE_RE = re.compile(r"^[ \t]*```[ \t]*$")
+
+_SETUP_TIMEOUT_S = 60.0
+
+
+def parse_action(text: str, done_marker: str = DONE_MARKER) -> tuple[str, str | None]:
+    """Classify one assistant turn: ``("command", cmd)``, ``("done", None)`` or ``("invalid", None)``.
+
+    Rules, in order:
+
+    1. The first fenced block whose language tag is empty or a shell
+       (:data:`SHELL_LANGS`) gives the command: its body, stripped, ``$ `` prompt removed
+       from a single-line body. A block without a closing fence runs to the end of the
+       text. A body that is empty or exactly ``done_marker`` means done. Text outside the
+       block is ignored (a ``DONE`` line after a command block does not end the episode;
+       the command runs and the policy says ``DONE`` on its next turn).
+    2. Without such a block: a line that is exactly ``done_marker`` (after stripping
+       whitespace) means done; so does a turn with no non-blank text.
+    3. Otherwise a turn that is one non-blank line is the command (``$ `` and wrapping
+       single backticks stripped; it is done if nothing is left).
+    4. Anything else (several lines of prose, or only non-shell code blocks) is invalid.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"action must be a str, got {type(text).__name__}")
+    text = text.replace("\r\n", "\n")
+    block = _first_shell_block(text)
+    if block is not None:
+        cmd = block.strip("\n").rstrip()
+        if cmd.strip() and "\n" not in cmd.strip():
+            cmd = _strip_prompt(cmd.strip())
+        if not cmd.strip() or cmd.strip() == done_marker:
+            return "done", None
+        return "command", cmd
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines or done_marker in lines:
+        return "done", None
+    if "```" in text or len(lines) > 1:
+        return "invalid", None
+    cmd = _strip_prompt(lines[0])
+    if len(cmd) >= 2 and cmd[0] == "`" and cmd[-1] == "`" and "`" not in cmd[1:-1]:
+        cmd = cmd[1:-1].strip()
+    if not cmd or cmd == done_marker:
+        return "done", None
+    return "command", cmd
+
+
+def _first_shell_block(text: str) -> str | None:
+    """The body of the first fenced block tagged as shell (or untagged); None when there is none.
+
+    Fences pair up in order (a closing fence is never read as an opening one); a block
+    without a closing fence runs to the end of the text.
+    """
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = _OPEN_RE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and not _CLOSE_RE.match(lines[j]):
+            j += 1
+        if m.group(1).lower() in SHELL_LANGS:
+            return "\n".join(lines[i + 1:j])
+        i = j + 1
+    return None
+
+
+def _strip_prompt(line: str) -> str:
+    if line == "$":
+        return ""
+    return line[2:].strip() if line.startswith("$ ") else line
+
+
+def extract_command(text: str, done_marker: str = DONE_MARKER) -> str | None:
+    """The shell command of one assistant turn, or ``None`` when the turn runs no command.
+
+    ``None`` covers a finished turn (the done marker, or an empty command) and a turn
+    with no recognisable command; :func:`parse_action` tells the two apart (the env
+    ends the episode on the first and answers a format reminder on the second).
+    """
+    kind, cmd = parse_action(text, done_marker)
+    return cmd if kind == "command" else None
+
+
+def truncate_output(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters: its head and tail around an omission note."""
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[len(text) - tail:]}"
+
+
+def parse_check_result(exit_code: int | None, stdout: str, timed_out: bool = False) -> float:
+    """The reward of a check run: 1.0 on exit 0, else a last-line float in [0, 1], else 0.0."""
+    if timed_out:
+        return 0.0
+    if exit_code == 0:
+        return 1.0
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if lines:
+        try:
+            value = float(lines[-1])
+        except ValueError:
+            return 0.0
+        if math.isfinite(value) and 0.0 <= value <= 1.0:
+            return value
+    return 0.0
+
+
+class TerminalEnv:
+    """A sandboxed bash session per episode, scored by the task's check. See the module docstring.
+
+    ``max_turns``: assistant turns before the episode is truncated (and checked).
+    ``command_timeout_s``: wall-clock limit of one command. ``output_chars``: the most
+    characters of a command's output shown to the policy. ``sandbox``: only ``"bwrap"``.
+    ``done_marker``: the line that ends the episode. ``check_timeout_s``: wall-clock
+    limit of the check. ``limits``: resource limits of the session's processes.
+    """
+
+    def __init__(self, max_turns: int = 8, command_timeout_s: float = 10.0, output_chars: int = 2000,
+                 sandbox: str = "bwrap", *, done_marker: str = DONE_MARKER, check_timeout_s: float = 30.0,
+                 limits: Limits | None = None) -> None:
+        if sandbox != "bwrap":
+            raise ValueError(f"TerminalEnv runs policy commands only in a bubblewrap sandbox: sandbox must be "
+                             f"'bwrap', got {sandbox!r}")
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
+        if not command_timeout_s > 0 or not check_timeout_s > 0:
+            raise ValueError("command_timeout_s and check_timeout_s must be > 0")
+        if not isinstance(output_chars, int) or output_chars < 16:
+            raise ValueError(f"output_chars must be an int >= 16, got {output_chars!r}")
+        if not done_marker or not done_marker.strip() or "\n" in done_marker:
+            raise ValueError(f"done_marker must be a non-empty single line, got {done_marker!r}")
+        check_sandbox()  # SandboxUnavailable here, not in the middle of a rollout
+        self.max_turns = max_turns
+        self.command_timeout_s = float(command_timeout_s)
+        self.output_chars = output_chars
+        self.sandbox = sandbox
+        self.done_marker = done_marker.strip()
+        self.check_timeout_s = float(check_timeout_s)
+        self.limits = limits or Limits(cpu_seconds=60, wall_seconds=self.command_timeout_s,
+                                       output_bytes=max(65536, 8 * output_chars))
+        self._task: Task | None = None
+        self._box: Sandbox | None = None
+        self._session: ShellSession | None = None
+        self._done = True
+        self._turns = 0
+        self._used_s = 0.0
+
+    # -- episode -----------------------------------------------------------------------
+
+    def reset(self, task: Task) -> list[Message]:
+        spec = task.terminal
+        if spec is None:
+            raise ValueError(f"task {task.id!r} (domain {task.domain!r}) has no terminal spec; TerminalEnv needs "
+                             "task.terminal (setup, check)")
+        if not task.messages:
+            raise ValueError(f"task {task.id!r} has no messages")
+        self._release()
+        self._task = task
+        self._turns = 0
+        self._used_s = 0.0
+        try:
+            # The Sandbox owns (and on close removes) the work dir; the session and the check
+            # both run over it.
+            self._box = Sandbox(None, self.limits, self.sandbox)
+            self._session = ShellSession(self._box.work_dir, self.limits, self.sandbox)
+            if spec.setup.strip():
+                setup = f"(\nset -e\n{spec.setup}\n) </dev/null"
+                res = self._session.run(setup, timeout=max(_SETUP_TIMEOUT_S, spec.time_limit_s))
+                if res.timed_out or res.exit_code != 0 or not self._session.alive:
+                    why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
+                    raise RuntimeError(f"terminal task {task.id!r}: setup failed ({why}); its output:\n"
+                                       f"{truncate_output(res.output, 4000)}")
+        except BaseException:
+            self._release()
+            self._task = None
+            raise
+        self._done = False
+        return list(task.messages)
+
+    def step(self, action: str) -> tuple[list[Message], bool, bool, dict[str, Any]]:
+        if self._task is None:
+            raise RuntimeError("TerminalEnv.step() before reset()")
+        if self._done:
+            raise RuntimeError("TerminalEnv.step() after the episode ended; call reset() first")
+        assert self._session is not None and self._task.terminal is not None
+        kind, cmd = parse_action(action, self.done_marker)
+        self._turns += 1
+        if kind == "done":
+            return self._finish([], "done", terminated=True)
+
+        if kind == "invalid":
+            obs = [Message("user", f"No command found. Put exactly one shell command in a ```bash block, "
+                                   f"or reply {self.done_marker} when the task is complete.")]
+            info: dict[str, Any] = {"exit_code": None, "timed_out": False, "turns": self._turns, "invalid": True}
+        else:
+            assert cmd is not None
+            budget = self._task.terminal.time_limit_s - self._used_s
+            timeout = max(0.1, min(self.command_timeout_s, budget))
+            start = time.monotonic()
+            try:
+                res = self._session.run(cmd, timeout=timeout)
+            except ShellSessionError as exc:  # dead before this command: end the episode
+                obs = [Message("user", f"the shell is gone ({exc})")]
+                return self._finish(obs, "shell_dead", truncated=True)
+            self._used_s += time.monotonic() - start
+            output = truncate_output(res.output.replace("\r\n", "\n"), self.output_chars)
+            if res.timed_out:
+                head = f"command timed out after {timeout:g}s (interrupted)"
+            else:
+                head = f"exit code {res.exit_code}"
+            obs = [Message("user", f"{head}\n{output}" if output else head)]
+            info = {"exit_code": res.exit_code, "timed_out": res.timed_out, "turns": self._turns}
+            if not self._session.alive:
+                if res.timed_out:
+                    return self._finish(obs, "shell_dead", truncated=True)
+                return self._finish(obs, "shell_exited", terminated=True)
+        if self._used_s >= self._task.terminal.time_limit_s:
+            return self._finish(obs, "time_limit", truncated=True)
+        if self._turns >= self.max_turns:
+            return self._finish(obs, "max_turns", truncated=True)
+        return obs, False, False, info
+
+    def _finish(self, obs: list[Message], end: str, *, terminated: bool = False,
+                truncated: bool = False) -> tuple[list[Message], bool, bool, dict[str, Any]]:
+        self._done = True
+        reward, passed, output, code = self._run_check()
+        info = {"reward": reward, "passed": passed, "check_output": output, "check_exit_code": code,
+                "end": end, "turns": self._turns}
+        return obs, terminated, truncated, info
+
+    def _run_check(self) -> tuple[float, bool, str, int | None]:
+        """Kill the session, then run the check in a fresh sandbox process over the work dir."""
+        assert self._task is not None and self._task.terminal is not None and self._box is not None
+        if self._session is not None:
+            self._session.close()  # kills every process the policy (or setup) started
+            self._session = None
+        lim = Limits(cpu_seconds=max(10, math.ceil(self.check_timeout_s)), memory_mb=self.limits.memory_mb,
+                     file_size_mb=self.limits.file_size_mb, processes=self.limits.processes,
+                     open_files=self.limits.open_files, wall_seconds=self.check_timeout_s, output_bytes=65536)
+        res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim)
+        reward = parse_check_result(res.exit_code, res.stdout, res.timed_out)
+        output = res.stdout + (("\n" if res.stdout and not res.stdout.endswith("\n") else "") + res.stderr
+                               if res.stderr else "")
+        if res.timed_out:
+            output += f"\n[check timed out after {self.check_timeout_s:g}s]"
+        return reward, res.ok, truncate_output(output, 4000), res.exit_code
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _release(self) -> None:
+        session, box = self._session, self._box
+        self._session = self._box = None
+        try:
+            if session is not None:
+                session.close()
+        finally:
+            if box is not None:
+                box.close()
+
+    def close(self) -> None:
+        """Kill everything the episode started and remove its work dir. Idempotent."""
+        self._done = True
+        self._release()
+
+    def __enter__(self) -> TerminalEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

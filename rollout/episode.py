@@ -1,0 +1,136 @@
+"""Multi-turn episodes, token in, token out: tasks + an engine + envs -> trajectories.
+
+All episodes of a call advance turn by turn together: one batched ``engine.generate`` per
+turn for every episode still running, then each env's ``step``. The trajectory keeps the
+exact token ids the engine sampled; text is only decoded to hand the env its action.
+Environment observations are rendered through the model's chat template and appended as
+tokens with ``loss_mask`` 0, using the template's own rendering of the conversation (the
+template must be prefix-stable: rendering a longer conversation extends a shorter one).
+
+Episode ends are honest: the env's ``terminated`` / ``truncated`` flags are kept, and an
+episode cut by ``max_new_tokens``, ``max_turns`` or ``max_model_len`` is ``truncated``.
+This module does not score trajectories (``rewards``) or train (``rl``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from envs.types import Generation, Message, Sampling, Task, Trajectory
+
+
+class Engine(Protocol):
+    def generate(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Generation]: ...
+
+
+def render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool) -> str:
+    """The chat template's text for ``messages``."""
+    msgs = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})} for m in messages]
+    return tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@dataclass
+class _Episode:
+    task: Task
+    group_id: int
+    seed: int
+    env: Any
+    prompt_ids: list[int]
+    messages: list[Message]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: int = 0
+    terminated: bool = False
+    truncated: bool = False
+    finish_reason: str = ""
+    env_reward: float | None = None
+    done: bool = False
+    # Text the engine's tokens of the current conversation correspond to (for env-token deltas).
+    text: str = ""
+
+
+def run_episodes(engine: Engine, tokenizer: Any, make_env: Callable[[str], Any], tasks: list[Task],
+                 group_ids: list[int], seeds: list[int], sampling: Sampling) -> list[Trajectory]:
+    """Run one episode per task (in order) and return their trajectories.
+
+    ``make_env(domain)`` returns a fresh env for a task of that domain; it is closed at the
+    end of its episode, also on errors.
+    """
+    eps: list[_Episode] = []
+    try:
+        for task, g, s in zip(tasks, group_ids, seeds, strict=True):
+            env = make_env(task.domain)
+            eps.append(_Episode(task=task, group_id=g, seed=s, env=env, prompt_ids=[], messages=[]))
+            msgs = list(env.reset(task))
+            text = render(tokenizer, msgs, add_generation_prompt=True) + task.prefill
+            eps[-1].messages, eps[-1].text, eps[-1].prompt_ids = msgs, text, encode(tokenizer, text)
+        for e in eps:
+            if len(e.prompt_ids) >= sampling.max_model_len:
+                # No room to generate: an empty, truncated episode (no policy tokens, so never trained on).
+                e.truncated, e.done, e.finish_reason = True, True, "prompt_too_long"
+        while True:
+            active = [e for e in eps if not e.done]
+            if not active:
+                break
+            gens = engine.generate([e.prompt_ids + e.response_ids for e in active], sampling,
+                                   seeds=[e.seed * 7919 + e.turns for e in active])
+            for e, gen in zip(active, gens):
+                _advance(e, gen, tokenizer, sampling)
+    finally:
+        for e in eps:
+            e.env.close()
+    return [
+        Trajectory(task=e.task, group_id=e.group_id, prompt_ids=e.prompt_ids, response_ids=e.response_ids,
+                   loss_mask=e.loss_mask, logprobs=e.logprobs, messages=e.messages, terminated=e.terminated,
+                   truncated=e.truncated, finish_reason=e.finish_reason, num_turns=e.turns, env_reward=e.env_reward)
+        for e in eps
+    ]
+
+
+def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -> None:
+    """Append one policy turn to episode ``e``, step its env, and append the observation tokens."""
+    e.response_ids += gen.token_ids
+    e.loss_mask += [1] * len(gen.token_ids)
+    e.logprobs += gen.logprobs
+    # Special tokens stay in the text (skipping them would desync text and tokens); only the
+    # closing EOS of a finished turn is not part of the action.
+    ids = gen.token_ids
+    ended = gen.finish_reason == "stop" and bool(ids) and ids[-1] == tokenizer.eos_token_id
+    generated = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+    action = (e.task.prefill if e.turns == 0 else "") + generated
+    e.turns += 1
+    obs, terminated, truncated, info = e.env.step(action)
+    if isinstance(info, dict) and isinstance(info.get("reward"), (int, float)):
+        e.env_reward = float(info["reward"])
+    e.messages = e.messages + [Message("assistant", action)] + list(obs)
+    e.finish_reason = gen.finish_reason
+    cut = gen.finish_reason == "length"
+    if terminated or truncated or cut:
+        # A turn cut by max_new_tokens is a truncated episode, whatever the env concluded.
+        e.terminated, e.truncated, e.done = bool(terminated) and not cut, bool(truncated) or cut, True
+        return
+    if e.turns >= sampling.max_turns:
+        e.truncated, e.done, e.finish_reason = True, True, "max_turns"
+        return
+    # The conversation's text now is the old text + exactly what the engine produced.
+    e.text += tokenizer.decode(ids, skip_special_tokens=False)
+    full = render(tokenizer, e.messages, add_generation_prompt=True)
+    if not full.startswith(e.text):
+        # The template re-renders this turn differently from what the engine produced (e.g. the
+        # policy emitted special tokens mid-turn): continuing would desynchronise tokens and text.
+        e.truncated, e.done, e.finish_reason = True, True, "template_mismatch"
+        return
+    delta = encode(tokenizer, full[len(e.text):])
+    e.text = full
+    if len(e.prompt_ids) + len(e.response_ids) + len(delta) + 1 >= sampling.max_model_len:
+        e.truncated, e.done, e.finish_reason = True, True, "max_model_len"
+        return
+    e.response_ids += delta
+    e.loss_mask += [0] * len(delta)
+    e.logprobs += [0.0] * len(delta)

@@ -1,0 +1,179 @@
+"""Recipes: loading, overrides, validation, and every bad-input case of the CLI (exit 2, one message)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rl.cli import main
+from rl.config import Recipe, RecipeError, load_recipe, recipe_to_dict, validate_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+@pytest.fixture
+def recipe_file(tmp_path: Path) -> Path:
+    """A copy of the tiny recipe with absolute data paths, in a temp dir."""
+    d = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
+    d["data"]["train_files"] = [str(REPO / "recipes" / f) for f in d["data"]["train_files"]]
+    d["data"]["eval_files"] = [str(REPO / "recipes" / f) for f in d["data"]["eval_files"]]
+    d["run"]["output_dir"] = str(tmp_path / "out")
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def _flat_keys(d: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "kwargs":
+            out |= _flat_keys(v, f"{prefix}{k}.")
+        else:
+            out.add(prefix + k)
+    return out
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_every_shipped_recipe_is_complete_and_valid(path: Path) -> None:
+    text = yaml.safe_load(path.read_text())
+    every = _flat_keys({k: v for k, v in recipe_to_dict(Recipe()).items() if k != "source"})
+    assert _flat_keys(text) == every, "a shipped recipe names every key (no hidden defaults)"
+    cfg = load_recipe(path, ["run.output_dir=/tmp/jointrl-validate-unused"])
+    validate_recipe(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="embedded:tiny")))
+
+
+def test_overrides_and_types(recipe_file: Path) -> None:
+    cfg = load_recipe(recipe_file, ["train.steps=7", "algo.lr=3e-4", "run.output_dir=/tmp/x", "wandb.tags=[a, b]",
+                                    "rewards.0.kwargs.format_weight=0.1", "rollout.envs.0.domain=tool_call"])
+    assert cfg.train.steps == 7 and cfg.algo.lr == pytest.approx(3e-4) and cfg.run.output_dir == "/tmp/x"
+    assert cfg.wandb.tags == ["a", "b"] and cfg.rewards[0].kwargs["format_weight"] == 0.1
+    assert cfg.source == str(recipe_file.resolve())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.steps = 3  # type: ignore[misc]
+
+
+def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
+    p = tmp_path / "r.yaml"
+    p.write_text("train:\n  steps: 2\n")
+    cfg = load_recipe(p)
+    assert cfg.train.steps == 2 and cfg.algo.name == "grpo" and cfg.rollout.group_size == 8
+
+
+@pytest.mark.parametrize(
+    "text, overrides, expected",
+    [
+        ("algo:\n  lrr: 1\n", [], ["r.yaml:2", "unknown recipe key 'algo.lrr'", "valid keys here", "lr"]),
+        ("nosuch:\n  a: 1\n", [], ["r.yaml:1", "unknown recipe key 'nosuch'"]),
+        ("algo:\n  lr: abc\n", [], ["r.yaml:2", "algo.lr", "abc"]),
+        ("train:\n  steps: [1\n", [], ["r.yaml", "YAML syntax error"]),
+        ("- a\n- b\n", [], ["a recipe is a mapping"]),
+        ("train:\n  steps: 2\n", ["train.stepz=3"], ["override 'train.stepz=3'", "unknown recipe key"]),
+        ("train:\n  steps: 2\n", ["train.steps=many"], ["override 'train.steps=many'", "train.steps"]),
+        ("train:\n  steps: 2\n", ["train.steps"], ["expected key=value"]),
+        ("source: x\n", [], ["'source' is set by jointrl"]),
+    ],
+)
+def test_load_errors_name_key_and_line(tmp_path: Path, text: str, overrides: list[str], expected: list[str]) -> None:
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p, overrides)
+    for frag in expected:
+        assert frag in str(e.value)
+
+
+def test_missing_recipe() -> None:
+    with pytest.raises(RecipeError, match="recipe not found: /nonexistent/r.yaml"):
+        load_recipe("/nonexistent/r.yaml")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["model.path=/nonexistent/model"], "model.path: model folder not found: /nonexistent/model"),
+        (["model.path=embedded:nope"], "unknown embedded model"),
+        (["data.train_files=[/nonexistent/t.jsonl]"], "data.train_files.0: task file not found"),
+        (["data.train_files=[]"], "data.train_files: at least one task file"),
+        (["run.output_dir=/proc/jointrl-x"], "run.output_dir: not writable"),
+        (["run.output_dir=/etc/passwd/x"], "run.output_dir: not writable"),
+        (["algo.name=ppo2"], "algo.name: unknown algorithm 'ppo2'"),
+        (["algo.loss_agg=mean"], "algo.loss_agg: unknown aggregation"),
+        (["algo.kl_kind=k9"], "algo.kl_kind: unknown KL estimator"),
+        (["rollout.group_size=0"], "rollout.group_size: must be >= 1"),
+        (["rollout.max_model_len=10"], "rollout.max_model_len: must exceed"),
+        (["rewards.0.cls=nosuchpkg.Reward"], "rewards.0.cls: cannot import 'nosuchpkg.Reward'"),
+        (["rewards.0.kwargs.bogus=1"], "rewards.0.kwargs: do not match"),
+        (["rollout.envs.0.cls=envs.toolcall.Nope"], "rollout.envs.0.cls: cannot import"),
+        (["wandb.mode=sometimes"], "wandb.mode: unknown mode"),
+        (["model.engine_dtype=int3"], "model.engine_dtype: unknown dtype"),
+    ],
+)
+def test_validate_errors(recipe_file: Path, overrides: list[str], expected: str) -> None:
+    cfg = load_recipe(recipe_file, overrides)
+    with pytest.raises(RecipeError) as e:
+        validate_recipe(cfg)
+    assert expected in str(e.value)
+
+
+def test_reward_without_call_or_domains(recipe_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "userrew.py").write_text(
+        "class NoCall:\n    domains = ('tool_call',)\n\nclass NoDomains:\n    def __call__(self, t):\n        return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RecipeError, match=r"rewards\.0\.cls: userrew\.NoCall has no __call__"):
+        validate_recipe(load_recipe(recipe_file, ["rewards.0.cls=userrew.NoCall", "rewards.0.kwargs={}"]))
+    with pytest.raises(RecipeError, match=r"rewards\.0\.domains: userrew\.NoDomains has no `domains`"):
+        validate_recipe(load_recipe(recipe_file, ["rewards.0.cls=userrew.NoDomains", "rewards.0.kwargs={}",
+                                                  "rewards.0.domains=[]"]))
+    validate_recipe(load_recipe(recipe_file, ["rewards.0.cls=userrew.NoDomains", "rewards.0.kwargs={}",
+                                              "rewards.0.domains=[tool_call]"]))
+
+
+def test_existing_run_is_refused_without_overwrite(recipe_file: Path) -> None:
+    cfg = load_recipe(recipe_file)
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(RecipeError, match="already holds a run"):
+        validate_recipe(cfg)
+    validate_recipe(load_recipe(recipe_file, ["run.overwrite=true"]))
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["validate", "/nonexistent.yaml"], "recipe not found"),
+        (["train", "/nonexistent.yaml"], "recipe not found"),
+        (["train", "{recipe}", "algo.nope=1"], "unknown recipe key 'algo.nope'"),
+        (["train", "{recipe}", "model.path=/nonexistent/m"], "model folder not found"),
+        (["train", "{recipe}", "run.output_dir=/proc/x"], "not writable"),
+    ],
+)
+def test_cli_exit_code_2_no_traceback(recipe_file: Path, capsys: pytest.CaptureFixture, args: list[str], expected: str) -> None:
+    rc = main([a.replace("{recipe}", str(recipe_file)) for a in args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert expected in err and err.startswith("jointrl: error: ") and "Traceback" not in err
+
+
+def test_cli_validate_ok_and_flags_after_overrides(recipe_file: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", str(recipe_file), "train.steps=1", "--debug"]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_cli_subprocess_bad_yaml(tmp_path: Path) -> None:
+    """The installed console script: exit 2, one line, no traceback, nothing started."""
+    p = tmp_path / "bad.yaml"
+    p.write_text("train:\n  steps: [\n")
+    exe = Path(sys.executable).with_name("jointrl")
+    r = subprocess.run([str(exe), "train", str(p)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "RAY_ADDRESS": ""})
+    assert r.returncode == 2
+    assert "YAML syntax error" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()

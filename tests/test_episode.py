@@ -1,0 +1,333 @@
+"""rollout.episode.run_episodes with a scripted engine, a scripted multi-turn env and the tiny tokenizer.
+
+The chat texts below are written out by hand from the ChatML template of ``embedded:tiny``
+(``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, ``<|im_start|>assistant\\n`` as the
+generation prompt); token ids are the tiny tokenizer's encoding of those literal texts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from envs.toolcall import ToolCallEnv
+from envs.types import ExpectedCall, Generation, Message, Sampling, Task, ToolCallSpec
+from rewards.toolcall import ToolCallReward
+from rollout.episode import render, run_episodes
+
+SYS = "You are terse."
+PREFILL = "Answer:"
+T1 = " get weather Paris"  # turn 1 of the policy (after the prefill)
+T2 = "the weather is 20 celsius"  # turn 2
+LP1, LP2 = -0.5, -0.25  # the engine's logprob of every token of turn 1 / turn 2
+
+PROMPT_TEXT = (
+    "<|im_start|>system\nYou are terse.<|im_end|>\n"
+    "<|im_start|>user\nweather in Paris<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+# What the template adds between the end of turn 1 (its EOS) and the start of turn 2.
+ENV_TEXT = "\n<|im_start|>tool\nresult 1<|im_end|>\n<|im_start|>assistant\n"
+# The final conversation rendered with add_generation_prompt=False.
+FINAL_TEXT = (
+    "<|im_start|>system\nYou are terse.<|im_end|>\n"
+    "<|im_start|>user\nweather in Paris<|im_end|>\n"
+    "<|im_start|>assistant\nAnswer: get weather Paris<|im_end|>\n"
+    "<|im_start|>tool\nresult 1<|im_end|>\n"
+    "<|im_start|>assistant\nthe weather is 20 celsius<|im_end|>\n"
+)
+
+
+def enc(tok, text: str) -> list[int]:
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def eos(tok) -> int:
+    return tok.convert_tokens_to_ids("<|im_end|>")
+
+
+def gen(tok, text: str, lp: float, finish: str = "stop") -> Generation:
+    """The engine's output for ``text``: its tokens (+ EOS when it stopped), logprob ``lp`` each."""
+    ids = enc(tok, text) + ([eos(tok)] if finish == "stop" else [])
+    return Generation(token_ids=ids, logprobs=[lp] * len(ids), finish_reason=finish)
+
+
+@dataclass
+class ScriptedEngine:
+    """Call k of generate() returns script[k] (one Generation per prompt); records the calls."""
+
+    script: list[list[Generation]]
+    calls: list[tuple[list[list[int]], Sampling, list[int] | None]] = field(default_factory=list)
+    raise_on_call: int | None = None
+
+    def generate(self, prompts, sampling, seeds=None):
+        k = len(self.calls)
+        self.calls.append(([list(p) for p in prompts], sampling, list(seeds) if seeds is not None else None))
+        if self.raise_on_call == k:
+            raise RuntimeError("engine died")
+        out = self.script[k]
+        assert len(out) == len(prompts), f"call {k}: {len(prompts)} prompts, script has {len(out)}"
+        return out
+
+
+class ScriptedEnv:
+    """Multi-turn: observation Message("tool", "result N") after turn N; terminates on turn
+    ``task.meta["terminate_on"]`` (default 2) with no observation and info reward 0.5."""
+
+    def __init__(self, registry: list):
+        self.actions: list[str] = []
+        self.closed = 0
+        self.turn = 0
+        self.terminate_on = 2
+        registry.append(self)
+
+    def reset(self, task):
+        self.terminate_on = task.meta.get("terminate_on", 2)
+        return list(task.messages)
+
+    def step(self, action):
+        self.turn += 1
+        self.actions.append(action)
+        if self.turn >= self.terminate_on:
+            return [], True, False, {"reward": 0.5}
+        return [Message("tool", f"result {self.turn}")], False, False, {}
+
+    def close(self):
+        self.closed += 1
+
+
+def task(tid="t0", prefill=PREFILL, **meta) -> Task:
+    return Task(id=tid, domain="scripted", messages=(Message("system", SYS), Message("user", "weather in Paris")),
+                prefill=prefill, meta=dict(meta))
+
+
+def run(tok, engine, tasks, sampling, envs=None, seeds=None):
+    envs = [] if envs is None else envs
+    return run_episodes(engine, tok, lambda domain: ScriptedEnv(envs), tasks, list(range(len(tasks))),
+                        seeds or [3] * len(tasks), sampling), envs
+
+
+# ------------------------------------------------------------------------- multi-turn tokens
+
+
+def test_multi_turn_tokens_masks_and_conformance(tiny_tokenizer):
+    tok = tiny_tokenizer
+    # Episode 0 runs 2 turns; episode 1 terminates after turn 1 (so call 2 has one prompt only).
+    engine = ScriptedEngine([[gen(tok, T1, LP1), gen(tok, " done", LP1)], [gen(tok, T2, LP2)]])
+    trajs, envs = run(tok, engine, [task("t0"), task("t1", terminate_on=1)], Sampling(max_turns=3), seeds=[3, 4])
+    t = trajs[0]
+
+    prompt = enc(tok, PROMPT_TEXT + PREFILL)
+    t1 = enc(tok, T1) + [eos(tok)]
+    env = enc(tok, ENV_TEXT)
+    t2 = enc(tok, T2) + [eos(tok)]
+    assert eos(tok) == 2 and len(env) > 0
+
+    assert t.prompt_ids == prompt
+    assert t.response_ids == t1 + env + t2
+    assert t.loss_mask == [1] * len(t1) + [0] * len(env) + [1] * len(t2)
+    assert t.logprobs == [LP1] * len(t1) + [0.0] * len(env) + [LP2] * len(t2)
+    assert t.num_policy_tokens == len(t1) + len(t2)
+
+    # The engine continued turn 2 from the exact tokens so far, for the running episode only.
+    assert engine.calls[0][0] == [prompt, prompt]
+    assert engine.calls[1][0] == [prompt + t1 + env]
+    assert len(engine.calls) == 2
+
+    # The env saw the prefill on turn 1 only, and the decoded text without the EOS.
+    assert envs[0].actions == ["Answer: get weather Paris", "the weather is 20 celsius"]
+    assert t.messages == [
+        Message("system", SYS),
+        Message("user", "weather in Paris"),
+        Message("assistant", "Answer: get weather Paris"),
+        Message("tool", "result 1"),
+        Message("assistant", "the weather is 20 celsius"),
+    ]
+    assert t.completion == "Answer: get weather Paris\nthe weather is 20 celsius"
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns, t.env_reward) == (True, False, "stop", 2, 0.5)
+    assert (t.task.id, t.group_id) == ("t0", 0)
+
+    # CONFORMANCE. The template renders the final conversation (add_generation_prompt=False) as
+    # FINAL_TEXT. The episode's tokens stop at the last turn's EOS, while the template puts a
+    # "\n" after every <|im_end|>, the last one included. So we check:
+    #  (1) render(final messages) == FINAL_TEXT (the messages are what the tokens say);
+    #  (2) decode(prompt_ids + response_ids), special tokens kept, == FINAL_TEXT minus its last "\n";
+    #  (3) token level: encode(FINAL_TEXT) == prompt_ids + response_ids + encode("\n"), i.e. the
+    #      episode's tokens are exactly the canonical tokenization of the conversation (holds here
+    #      because every seam, prefill/turn, turn/EOS, EOS/env text, falls on a pre-token boundary).
+    assert render(tok, t.messages, add_generation_prompt=False) == FINAL_TEXT
+    assert tok.decode(t.prompt_ids + t.response_ids, skip_special_tokens=False) == FINAL_TEXT[:-1]
+    assert enc(tok, FINAL_TEXT) == t.prompt_ids + t.response_ids + enc(tok, "\n")
+
+    # Episode 1: one turn, terminated by the env.
+    u = trajs[1]
+    assert u.response_ids == enc(tok, " done") + [eos(tok)]
+    assert u.loss_mask == [1] * len(u.response_ids)
+    assert (u.terminated, u.truncated, u.finish_reason, u.num_turns) == (True, False, "stop", 1)
+    assert envs[1].actions == ["Answer: done"]
+    assert [e.closed for e in envs] == [1, 1]
+
+
+def test_without_prefill(tiny_tokenizer):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine([[gen(tok, "hello", LP1)]])
+    (t,), envs = run(tok, engine, [task(prefill="", terminate_on=1)], Sampling(max_turns=1))
+    assert t.prompt_ids == enc(tok, PROMPT_TEXT)
+    assert envs[0].actions == ["hello"]
+    assert tok.decode(t.prompt_ids + t.response_ids) == PROMPT_TEXT + "hello<|im_end|>"
+
+
+# ------------------------------------------------------------------------- episode ends
+
+
+@pytest.mark.parametrize("terminate_on", [1, 2])
+def test_length_cut_is_truncated(tiny_tokenizer, terminate_on):
+    # A turn cut by max_new_tokens (no EOS) ends the episode as truncated, even if the env says terminated.
+    tok = tiny_tokenizer
+    engine = ScriptedEngine([[gen(tok, T1, LP1, finish="length")]])
+    (t,), envs = run(tok, engine, [task(terminate_on=terminate_on)], Sampling(max_turns=3))
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (False, True, "length", 1)
+    assert t.response_ids == enc(tok, T1)
+    assert t.loss_mask == [1] * len(enc(tok, T1))
+    assert len(engine.calls) == 1
+    assert envs[0].closed == 1
+
+
+def test_max_turns_is_truncated(tiny_tokenizer):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine([[gen(tok, T1, LP1)], [gen(tok, T2, LP2)]])
+    (t,), _ = run(tok, engine, [task(terminate_on=5)], Sampling(max_turns=2))
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (False, True, "max_turns", 2)
+    t1, env, t2 = enc(tok, T1) + [eos(tok)], enc(tok, ENV_TEXT), enc(tok, T2) + [eos(tok)]
+    # No env tokens after the last turn: the episode ends on the policy's EOS.
+    assert t.response_ids == t1 + env + t2
+    assert t.loss_mask == [1] * len(t1) + [0] * len(env) + [1] * len(t2)
+    assert t.messages[-1] == Message("tool", "result 2")  # the env's last observation is kept as a message
+    assert len(engine.calls) == 2
+
+
+def test_env_terminated_on_first_turn(tiny_tokenizer):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine([[gen(tok, T1, LP1)]])
+    (t,), _ = run(tok, engine, [task(terminate_on=1)], Sampling(max_turns=4))
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (True, False, "stop", 1)
+    assert t.response_ids == enc(tok, T1) + [eos(tok)]
+
+
+# ------------------------------------------------------------------------- env lifecycle
+
+
+def test_envs_closed_when_engine_raises(tiny_tokenizer):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine([[gen(tok, T1, LP1)] * 3], raise_on_call=1)  # dies on turn 2
+    envs: list[ScriptedEnv] = []
+    with pytest.raises(RuntimeError, match="engine died"):
+        run(tok, engine, [task("a"), task("b"), task("c")], Sampling(max_turns=3), envs=envs)
+    assert len(envs) == 3
+    assert [e.closed for e in envs] == [1, 1, 1]
+
+
+def test_envs_closed_when_engine_raises_on_first_call(tiny_tokenizer):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine([], raise_on_call=0)
+    envs: list[ScriptedEnv] = []
+    with pytest.raises(RuntimeError, match="engine died"):
+        run(tok, engine, [task("a"), task("b")], Sampling(max_turns=1), envs=envs)
+    assert [e.closed for e in envs] == [1, 1]
+
+
+def test_envs_closed_when_make_env_fails(tiny_tokenizer):
+    tok = tiny_tokenizer
+    envs: list[ScriptedEnv] = []
+
+    def make_env(domain):
+        if len(envs) == 2:
+            raise OSError("no sandbox left")
+        return ScriptedEnv(envs)
+
+    with pytest.raises(OSError):
+        run_episodes(ScriptedEngine([]), tok, make_env, [task("a"), task("b"), task("c")], [0, 1, 2], [0, 1, 2],
+                     Sampling())
+    assert [e.closed for e in envs] == [1, 1]
+
+
+# ------------------------------------------------------------------------- the real tool-call env
+
+
+class RecordingToolCallEnv(ToolCallEnv):
+    def __init__(self, log: list):
+        super().__init__()
+        self.log = log
+        self.closed = 0
+
+    def step(self, action):
+        self.log.append(action)
+        return super().step(action)
+
+    def close(self):
+        self.closed += 1
+        super().close()
+
+
+def test_toolcall_env_single_turn_with_prefill(tiny_tokenizer):
+    tok = tiny_tokenizer
+    weather = {"name": "get_weather", "description": "Weather of a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    tc_task = Task(
+        id="tc", domain="tool_call",
+        messages=(Message("system", "tools"), Message("user", "weather in Paris")),
+        prefill="<tool_call>",
+        tool_call=ToolCallSpec(tools=(weather,), expected=(ExpectedCall("get_weather", {"city": ["Paris"]}),)),
+    )
+    body = '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    engine = ScriptedEngine([[gen(tok, body, LP1)]])
+    actions: list[str] = []
+    made: list[RecordingToolCallEnv] = []
+
+    def make_env(domain):
+        assert domain == "tool_call"
+        made.append(RecordingToolCallEnv(actions))
+        return made[-1]
+
+    (t,) = run_episodes(engine, tok, make_env, [tc_task], [0], [0], Sampling(max_turns=1))
+    assert actions == ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>']
+    assert actions[0].startswith(tc_task.prefill)
+    # The prefill is part of the prompt, not of the policy's tokens.
+    assert t.prompt_ids == enc(tok, "<|im_start|>system\ntools<|im_end|>\n<|im_start|>user\nweather in Paris<|im_end|>\n"
+                                    "<|im_start|>assistant\n<tool_call>")
+    assert t.response_ids == enc(tok, body) + [eos(tok)]
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (True, False, "stop", 1)
+    assert t.completion == actions[0]
+    # 0.2 (format) + 0.3 (name) + 0.5 (arguments) = 1.0
+    assert ToolCallReward()(t) == pytest.approx(1.0)
+    assert made[0].closed == 1
+
+
+def test_max_model_len_stops_before_env_tokens(tiny_tokenizer):
+    tok = tiny_tokenizer
+    prompt, t1, env = enc(tok, PROMPT_TEXT + PREFILL), enc(tok, T1) + [eos(tok)], enc(tok, ENV_TEXT)
+    # The next turn's prompt would be prompt + t1 + env; leave it no room (max_model_len = that length).
+    limit = len(prompt) + len(t1) + len(env)
+    engine = ScriptedEngine([[gen(tok, T1, LP1)]])
+    (t,), envs = run(tok, engine, [task(terminate_on=2)], Sampling(max_turns=3, max_model_len=limit))
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (False, True, "max_model_len", 1)
+    assert t.response_ids == t1  # the observation's tokens are not appended
+    assert len(engine.calls) == 1
+    assert envs[0].closed == 1
+
+
+def test_special_token_mid_turn_is_a_template_mismatch(tiny_tokenizer):
+    tok = tiny_tokenizer
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    ids = enc(tok, " get") + [im_start] + enc(tok, "weather") + [eos(tok)]
+    turn = Generation(token_ids=ids, logprobs=[LP1] * len(ids), finish_reason="stop")
+    engine = ScriptedEngine([[turn], [gen(tok, T2, LP2)]])
+    (t,), envs = run(tok, engine, [task(terminate_on=2)], Sampling(max_turns=3))
+    # Either the episode stops as a template mismatch (what episode.py's guard is written for) ...
+    if t.finish_reason == "template_mismatch":
+        assert t.truncated and not t.terminated and t.response_ids == ids
+        return
+    # ... or, if it continues, its tokens must still spell the conversation the env saw.
+    final = render(tok, t.messages, add_generation_prompt=False)
+    assert tok.decode(t.prompt_ids + t.response_ids, skip_special_tokens=False) == final[:-1]
