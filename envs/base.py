@@ -28,6 +28,13 @@ Contract:
     itself puts its reward under ``info["reward"]`` (a float). Calling ``step`` before
     ``reset`` or after the episode ended (terminated or truncated) raises ``RuntimeError``.
 
+``finalize() -> dict`` (optional)
+    Called by the rollout when it ends an episode the env had not ended (the context
+    length ran out, the chat template could not continue, or the rollout's turn limit
+    came first). Returns a final ``info``; an env that scores itself runs its check and
+    puts ``info["reward"]`` there, so such an episode is still scored. Envs without it
+    simply leave the episode unscored by themselves.
+
 ``close() -> None``
     Releases resources (sandboxes, processes). Idempotent: closing twice is fine.
 

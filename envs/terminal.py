@@ -352,6 +352,13 @@ class TerminalEnv:
             output += f"\n[check timed out after {self.check_timeout_s:g}s]"
         return reward, res.ok, truncate_output(output, 4000), res.exit_code
 
+    def finalize(self) -> dict[str, Any]:
+        """The rollout ended the episode before the env did (token or context limit): run the
+        check on the state the policy left, so the episode is still scored."""
+        if self._task is None or self._done:
+            return {}
+        return self._finish([], "cut_by_rollout", truncated=True)[3]
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def _release(self) -> None:

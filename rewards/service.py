@@ -1,27 +1,53 @@
 """Scoring trajectories with user reward classes, in-process or on a pool of Ray actors.
 
-A reward function is any object with ``name`` (str), ``domains`` (the domains it scores)
-and ``__call__(trajectory) -> float | None`` (None: "does not apply to this sample").
-No base class. Classes are named by dotted path and constructed in the process that
-scores (``RewardScorer``), so user code is imported where it runs.
+A reward function is any object with ``name`` (str), ``domains`` (the domains it scores;
+``"*"`` = all) and ``__call__(trajectory) -> float | None`` (None: "does not apply to
+this sample"), optionally ``score_batch(trajs)`` or ``async acall(traj)``; see
+:mod:`rewards.protocol`. No base class. Classes are named by dotted path and constructed
+in the process that scores (``RewardScorer``), so user code is imported where it runs.
 
-The final score is the weighted sum of the applicable functions. A function that raises
-or returns NaN, inf or a non-number gives the sample a recorded ``reward_error`` and no
-reward (never a silent 0); the trainer excludes such samples. ``RewardService`` spreads
-trajectories over actors, with a per-call timeout, and replaces a worker that crashed or
-hung, retrying its share once on the fresh worker.
+The final score is the weighted sum of the applicable functions. A function that raises,
+times out, or returns NaN, inf or a non-number gives the sample a recorded
+``reward_error`` and no reward (never a silent 0); the trainer excludes such samples.
+A sample that no non-shaping, non-zero-weight function scored also gets an error.
+
+Per-call timeout (``timeout_s``): each ``__call__`` / ``acall`` of one sample, and each
+``score_batch`` call, may take at most ``timeout_s`` seconds; past it the sample (the
+batch) gets a "timed out" error. ``RewardScorer`` runs calls in a helper thread to
+enforce this and abandons a thread stuck in a call (Python cannot kill threads).
+
+``RewardService`` spreads trajectories over N ``RewardScorer`` actors. A worker whose
+reward call timed out (its stuck thread lives on) is replaced after the call and the
+timed-out samples are retried once on the fresh worker. A worker that crashed, or that
+stopped making progress altogether (a call that holds the GIL, e.g. a runaway regex,
+cannot be timed out from inside the process), is killed and replaced, and its share is
+retried once on the fresh worker; if that fails too, the share gets a recorded error.
+
+Metrics: ``metrics()`` (on both classes) returns and resets, since its last call,
+``reward/<fn>/latency_s`` (mean seconds per sample), ``reward/<fn>/errors`` (samples
+the function errored on, timeouts included) and, on the service,
+``reward/service/restarts`` and ``reward/service/worker_errors`` (samples errored
+because their worker died or hung).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import math
 import numbers
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from envs.base import resolve
 from envs.types import Trajectory
+from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, call_mode
+
+__all__ = ["RewardFnSpec", "RewardScorer", "RewardService", "FnOutcome"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +60,62 @@ class RewardFnSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-class RewardScorer:
-    """Constructs the reward classes of ``specs`` and scores trajectories with them."""
+@dataclass
+class FnOutcome:
+    """One function's result on one sample: a value (or None), or an error."""
 
-    def __init__(self, specs: list[RewardFnSpec]) -> None:
-        self.fns: list[tuple[str, Any, float, frozenset[str]]] = []
-        seen: dict[str, int] = {}
+    value: Any = None
+    error: str | None = None
+    timed_out: bool = False
+    latency_s: float = 0.0
+
+
+@dataclass
+class _Fn:
+    name: str
+    obj: Any
+    weight: float
+    domains: frozenset[str]
+    shaping: bool
+    mode: str  # "batch" | "async" | "call"
+
+
+def _check_value(name: str, value: Any) -> str | None:
+    """An error message when ``value`` is neither None nor a finite real number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"{name} returned {value!r:.200}, not a finite number"
+    try:
+        ok = math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    return None if ok else f"{name} returned {value!r:.200}, not a finite number"
+
+
+def _invoke(call: Callable[[Any], Any], item: Any) -> FnOutcome:
+    t0 = time.perf_counter()
+    try:
+        value = call(item)
+    except BaseException as e:  # noqa: BLE001 - a user's reward bug is recorded, not fatal
+        if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            raise
+        return FnOutcome(error=f"raised {type(e).__name__}: {e}", latency_s=time.perf_counter() - t0)
+    return FnOutcome(value=value, latency_s=time.perf_counter() - t0)
+
+
+class RewardScorer:
+    """Constructs the reward classes of ``specs`` and scores trajectories with them.
+
+    ``timeout_s``: per-call limit (None: calls run in the caller's thread, unlimited).
+    """
+
+    def __init__(self, specs: list[RewardFnSpec], timeout_s: float | None = None) -> None:
+        if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self._fns: list[_Fn] = []
+        seen: set[str] = set()
         for spec in specs:
             obj = resolve(spec.cls)(**spec.kwargs)
             name = str(getattr(obj, "name", "") or spec.cls.rsplit(".", 1)[-1])
@@ -47,89 +123,396 @@ class RewardScorer:
             while name in seen:  # the same class twice (e.g. different kwargs): keep metric names apart
                 k += 1
                 name = f"{base}_{k}"
-            seen[name] = 1
+            seen.add(name)
             domains = frozenset(spec.domains or getattr(obj, "domains", ()) or ())
-            self.fns.append((name, obj, float(spec.weight), domains))
+            self._fns.append(_Fn(name, obj, float(spec.weight), domains, bool(getattr(obj, "shaping", False)),
+                                 call_mode(obj)))
+        self._lock = threading.Lock()
+        self._abandoned: list[threading.Thread] = []  # helper threads stuck in a call that timed out
+        self._progress_t: float | None = None  # monotonic time of the last call start/finish while scoring
+        self._stats: dict[tuple[str, str], list[float]] = {}  # (domain, fn) -> [samples, errors, timeouts, latency]
+
+    # ------------------------------------------------------------------ public
 
     @property
     def names(self) -> list[str]:
-        return [n for n, *_ in self.fns]
+        return [f.name for f in self._fns]
+
+    @property
+    def fns(self) -> list[tuple[str, Any, float, frozenset[str]]]:
+        """(name, object, weight, domains) of each function, in recipe order."""
+        return [(f.name, f.obj, f.weight, f.domains) for f in self._fns]
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        return [self._score_one(t) for t in trajs]
+        """The trajectories with ``scores``, ``reward`` and ``reward_error`` set (new objects, same order)."""
+        return self.score_with_stats(trajs)[0]
 
-    def _score_one(self, traj: Trajectory) -> Trajectory:
+    def score_with_stats(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], dict[str, Any]]:
+        """``score`` plus this call's statistics: ``{"fn": {(domain, fn): [samples, errors, timeouts,
+        latency_s]}, "timed_out": [indices of samples with a timed-out call], "stuck": threads stuck}``."""
+        trajs = list(trajs)
+        results: list[dict[str, FnOutcome]] = [{} for _ in trajs]
+        self._progress_t = time.monotonic()
+        try:
+            for fn in self._fns:
+                idx = [i for i, t in enumerate(trajs) if applies_to(fn.domains, t.task.domain)]
+                if not idx:
+                    continue
+                outs = self._run_fn(fn, [trajs[i] for i in idx])
+                for i, o in zip(idx, outs):
+                    results[i][fn.name] = o
+        finally:
+            self._progress_t = None
+        stats: dict[tuple[str, str], list[float]] = {}
+        out, timed_out = [], []
+        for i, (t, res) in enumerate(zip(trajs, results)):
+            out.append(self._combine(t, res))
+            for name, o in res.items():
+                s = stats.setdefault((t.task.domain, name), [0, 0, 0, 0.0])
+                s[0] += 1
+                s[1] += o.error is not None or _check_value(name, o.value) is not None
+                s[2] += o.timed_out
+                s[3] += o.latency_s
+            if any(o.timed_out for o in res.values()):
+                timed_out.append(i)
+        with self._lock:
+            for k, s in stats.items():
+                acc = self._stats.setdefault(k, [0, 0, 0, 0.0])
+                for j in range(4):
+                    acc[j] += s[j]
+        return out, {"fn": stats, "timed_out": timed_out, "stuck": self.stuck_threads()}
+
+    def metrics(self) -> dict[str, float]:
+        """``reward/<fn>/latency_s`` and ``reward/<fn>/errors`` since the last call (then reset)."""
+        with self._lock:
+            stats, self._stats = self._stats, {}
+        return fn_metrics(stats)
+
+    def stuck_threads(self) -> int:
+        """Helper threads still stuck in a call that timed out."""
+        self._abandoned = [t for t in self._abandoned if t.is_alive()]
+        return len(self._abandoned)
+
+    def stalled_s(self) -> float:
+        """Seconds since the scorer last started or finished a reward call; 0.0 when not scoring."""
+        t = self._progress_t
+        return 0.0 if t is None else max(0.0, time.monotonic() - t)
+
+    # ------------------------------------------------------------------ internals
+
+    def _combine(self, traj: Trajectory, res: dict[str, FnOutcome]) -> Trajectory:
         scores: dict[str, float | None] = {}
-        total, applies, error = 0.0, False, None
-        for name, fn, weight, domains in self.fns:
-            if traj.task.domain not in domains:
+        errors: list[str] = []
+        total, scored = 0.0, False
+        for fn in self._fns:
+            if fn.name not in res:
                 continue
-            try:
-                value = fn(traj)
-            except Exception as e:  # noqa: BLE001 - a user's reward bug is recorded, not fatal
-                error = f"{name} raised {type(e).__name__}: {e}"
-                break
-            if value is None:
-                scores[name] = None
+            o = res[fn.name]
+            if o.error is not None:
+                errors.append(f"{fn.name} {o.error}")
                 continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-                error = f"{name} returned {value!r}, not a finite number"
-                break
-            scores[name] = float(value)
-            total += weight * float(value)
-            applies = True
-        if error is None and not applies:
+            bad = _check_value(fn.name, o.value)
+            if bad is not None:
+                errors.append(bad)
+                continue
+            if o.value is None:
+                scores[fn.name] = None
+                continue
+            v = float(o.value)
+            scores[fn.name] = v
+            total += fn.weight * v
+            scored = scored or (fn.weight != 0.0 and not fn.shaping)
+        error = "; ".join(errors) if errors else None
+        if error is None and not scored:
             error = f"no reward function scored this {traj.task.domain!r} sample"
+            if scores:
+                error += f" (only shaping or zero-weight ones: {', '.join(scores)})"
         return dataclasses.replace(traj, scores=scores, reward=None if error else total, reward_error=error)
+
+    def _run_fn(self, fn: _Fn, trajs: list[Trajectory]) -> list[FnOutcome]:
+        if fn.mode == "batch":
+            (o,) = self._run_each(fn.obj.score_batch, [trajs])
+            n = len(trajs)
+            if o.error is not None:
+                return [FnOutcome(error=f"score_batch {o.error}", timed_out=o.timed_out, latency_s=o.latency_s / n)
+                        for _ in trajs]
+            values = o.value
+            try:
+                values = list(values)
+            except TypeError:
+                values = None
+            if values is None or len(values) != n:
+                got = f"{len(values)} values" if values is not None else f"{type(o.value).__name__}"
+                return [FnOutcome(error=f"score_batch returned {got} for {n} trajectories (want a list of {n})",
+                                  latency_s=o.latency_s / n) for _ in trajs]
+            return [FnOutcome(value=v, latency_s=o.latency_s / n) for v in values]
+        if fn.mode == "async":
+            return self._run_async(fn, trajs)
+        return self._run_each(fn.obj, trajs)
+
+    def _run_each(self, call: Callable[[Any], Any], items: list[Any]) -> list[FnOutcome]:
+        """``call(item)`` for each item, in order; each call limited to ``timeout_s`` (in a helper thread)."""
+        n, timeout = len(items), self.timeout_s
+        if timeout is None:
+            out = []
+            for x in items:
+                self._progress_t = time.monotonic()
+                out.append(_invoke(call, x))
+            return out
+        results: list[FnOutcome | None] = [None] * n
+        cond = threading.Condition()
+        start = 0
+        while start < n:
+            state = {"cur": start, "t0": time.monotonic(), "live": True}
+
+            def work(state: dict[str, Any] = state, first: int = start) -> None:
+                for i in range(first, n):
+                    o = _invoke(call, items[i])
+                    with cond:
+                        if not state["live"]:
+                            return  # abandoned after a timeout: the result is dropped
+                        results[i] = o
+                        state["cur"], state["t0"] = i + 1, time.monotonic()
+                        self._progress_t = state["t0"]
+                        cond.notify_all()
+
+            th = threading.Thread(target=work, daemon=True, name="reward-call")
+            self._progress_t = state["t0"]
+            th.start()
+            with cond:
+                while state["cur"] < n:
+                    remaining = state["t0"] + timeout - time.monotonic()
+                    if remaining <= 0:
+                        i = state["cur"]
+                        results[i] = FnOutcome(error=f"timed out after {timeout:g}s", timed_out=True, latency_s=timeout)
+                        state["live"] = False
+                        self._abandoned.append(th)
+                        start = i + 1
+                        break
+                    cond.wait(remaining)
+                else:
+                    start = n
+        return results  # type: ignore[return-value]
+
+    def _run_async(self, fn: _Fn, trajs: list[Trajectory]) -> list[FnOutcome]:
+        """``await fn.acall(t)`` for every t concurrently, in an event loop on a helper thread."""
+        n, timeout = len(trajs), self.timeout_s
+        conc = getattr(fn.obj, "concurrency", DEFAULT_CONCURRENCY)
+        conc = conc if isinstance(conc, int) and not isinstance(conc, bool) and conc > 0 else DEFAULT_CONCURRENCY
+        results: list[FnOutcome | None] = [None] * n
+        cond = threading.Condition()
+        state = {"t": time.monotonic(), "done": False, "live": True}
+
+        def progress() -> None:
+            with cond:
+                state["t"] = time.monotonic()
+                if state["live"]:
+                    self._progress_t = state["t"]
+                cond.notify_all()
+
+        async def one(i: int, sem: asyncio.Semaphore) -> None:
+            async with sem:
+                progress()
+                t0 = time.perf_counter()
+                try:
+                    aw = fn.obj.acall(trajs[i])
+                    if not inspect.isawaitable(aw):
+                        o = FnOutcome(value=aw)  # a plain function named acall: take its value
+                    else:
+                        v = await (aw if timeout is None else asyncio.wait_for(aw, timeout))
+                        o = FnOutcome(value=v)
+                except TimeoutError as e:
+                    if timeout is not None and time.perf_counter() - t0 >= 0.999 * timeout:
+                        o = FnOutcome(error=f"timed out after {timeout:g}s", timed_out=True)
+                    else:  # the reward's own TimeoutError (e.g. a socket timeout)
+                        o = FnOutcome(error=f"raised {type(e).__name__}: {e}")
+                except Exception as e:  # noqa: BLE001 - recorded
+                    o = FnOutcome(error=f"raised {type(e).__name__}: {e}")
+                o.latency_s = time.perf_counter() - t0
+                with cond:
+                    if state["live"]:
+                        results[i] = o
+                progress()
+
+        async def gather() -> None:
+            sem = asyncio.Semaphore(conc)
+            await asyncio.gather(*(one(i, sem) for i in range(n)))
+
+        def run() -> None:
+            try:
+                asyncio.run(gather())
+            except BaseException as e:  # noqa: BLE001 - recorded below as errors of the unfinished samples
+                with cond:
+                    state["crash"] = f"raised {type(e).__name__}: {e}"
+            with cond:
+                state["done"] = True
+                cond.notify_all()
+
+        th = threading.Thread(target=run, daemon=True, name="reward-acall")
+        th.start()
+        grace = 1.0
+        with cond:
+            while not state["done"]:
+                if timeout is None:
+                    cond.wait()
+                    continue
+                remaining = state["t"] + timeout + grace - time.monotonic()
+                if remaining <= 0:  # no call started or finished for too long: the loop is blocked
+                    state["live"] = False
+                    self._abandoned.append(th)
+                    break
+                cond.wait(remaining)
+            crash = state.get("crash")
+        return [r if r is not None else
+                FnOutcome(error=crash or f"timed out after {timeout:g}s (the event loop was blocked)",
+                          timed_out=crash is None, latency_s=0.0 if crash else float(timeout or 0.0))
+                for r in results]
+
+
+def fn_metrics(stats: dict[tuple[str, str], list[float]]) -> dict[str, float]:
+    """``reward/<fn>/latency_s`` (mean per sample) and ``reward/<fn>/errors`` from per-(domain, fn) stats."""
+    by_fn: dict[str, list[float]] = {}
+    for (_, name), s in stats.items():
+        acc = by_fn.setdefault(name, [0, 0, 0, 0.0])
+        for j in range(4):
+            acc[j] += s[j]
+    m: dict[str, float] = {}
+    for name, (samples, errors, _timeouts, latency) in sorted(by_fn.items()):
+        m[f"reward/{name}/latency_s"] = latency / samples if samples else 0.0
+        m[f"reward/{name}/errors"] = float(errors)
+    return m
 
 
 class RewardService:
-    """A pool of ``RewardScorer`` Ray actors. Requires ``ray.init`` to have run."""
+    """A pool of ``RewardScorer`` Ray actors. Requires ``ray.init`` to have run.
+
+    ``timeout_s`` is the per-call limit (see the module docstring); ``workers`` actors,
+    ``num_cpus`` Ray CPUs each.
+    """
 
     def __init__(self, specs: list[RewardFnSpec], workers: int = 1, timeout_s: float = 60.0, num_cpus: float = 0.1) -> None:
         import ray
 
-        self.specs, self.timeout_s = list(specs), timeout_s
-        self._actor = ray.remote(num_cpus=num_cpus, max_restarts=0)(RewardScorer)
-        self.workers = [self._actor.remote(self.specs) for _ in range(workers)]
+        self.specs, self.timeout_s = list(specs), float(timeout_s)
+        # Two concurrent methods: a scoring call, and the liveness probe (stalled_s) beside it.
+        self._actor = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=2)(RewardScorer)
+        self.workers = [self._new_worker() for _ in range(workers)]
         ray.get([w.__ray_ready__.remote() for w in self.workers])  # constructor errors surface here
         self.restarts = 0
+        self._restarts_logged = 0
+        self._worker_errors = 0
+        self._stats: dict[tuple[str, str], list[float]] = {}
+        # A worker is hung when it made no progress for timeout_s + grace (its own timeouts did not fire).
+        self.grace_s = max(2.0, 0.25 * self.timeout_s)
+
+    def _new_worker(self) -> Any:
+        return self._actor.remote(self.specs, timeout_s=self.timeout_s)
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        import ray
-
         n = len(self.workers)
+        trajs = list(trajs)
         shards = [list(range(i, len(trajs), n)) for i in range(n)]
-        refs = {i: self.workers[i].score.remote([trajs[j] for j in shard]) for i, shard in enumerate(shards) if shard}
         out: list[Trajectory] = list(trajs)
-        for i, ref in refs.items():
-            part = self._get_or_retry(i, ref, [trajs[j] for j in shards[i]])
+        jobs = {i: [trajs[j] for j in shard] for i, shard in enumerate(shards) if shard}
+        for i, part in self._run(jobs).items():
             for j, t in zip(shards[i], part):
                 out[j] = t
         return out
 
-    def _get_or_retry(self, i: int, ref: Any, chunk: list[Trajectory]) -> list[Trajectory]:
+    def metrics(self) -> dict[str, float]:
+        """Per-function latency and errors, restarts and worker errors since the last call (then reset)."""
+        stats, self._stats = self._stats, {}
+        m = fn_metrics(stats)
+        m["reward/service/restarts"] = float(self.restarts - self._restarts_logged)
+        m["reward/service/worker_errors"] = float(self._worker_errors)
+        self._restarts_logged, self._worker_errors = self.restarts, 0
+        return m
+
+    # ------------------------------------------------------------------ internals
+
+    def _run(self, jobs: dict[int, list[Trajectory]]) -> dict[int, list[Trajectory]]:
+        """Score each worker's chunk; retry once (on a fresh worker) what a crash, hang or timeout cost."""
+        first = self._wait_all({i: (self.workers[i].score_with_stats.remote(c), c) for i, c in jobs.items()})
+        results: dict[int, list[Trajectory]] = {}
+        retry: dict[int, list[int]] = {}  # worker -> positions in its chunk to score again
+        for i, (res, stats, fail) in first.items():
+            if fail is not None:
+                self._replace(i)
+                retry[i] = list(range(len(jobs[i])))
+                results[i] = list(jobs[i])
+                continue
+            self._merge(stats)
+            results[i] = res
+            if stats["stuck"]:
+                self._replace(i)  # frees the thread stuck in the timed-out call
+            retry[i] = list(stats["timed_out"])  # timed-out samples get a second try
+        retry = {i: pos for i, pos in retry.items() if pos}
+        if not retry:
+            return results
         import ray
 
-        err = ""
-        for attempt in range(2):
-            try:
-                return ray.get(ref, timeout=self.timeout_s)
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
-                err = (f"reward worker timed out after {self.timeout_s:.0f}s" if isinstance(e, ray.exceptions.GetTimeoutError)
-                       else f"reward worker died ({type(e).__name__})")
+        ray.get([self.workers[i].__ray_ready__.remote() for i in retry])  # start-up does not eat the retry's time
+        second = self._wait_all({i: (self.workers[i].score_with_stats.remote([jobs[i][p] for p in pos]),
+                                     [jobs[i][p] for p in pos]) for i, pos in retry.items()})
+        for i, (res, stats, fail) in second.items():
+            if fail is not None:
                 self._replace(i)
-                if attempt == 0:
-                    # The fresh worker's start-up must not eat the retry's time limit.
-                    ray.get(self.workers[i].__ray_ready__.remote())
-                    ref = self.workers[i].score.remote(chunk)
-        return [dataclasses.replace(t, reward=None, reward_error=err) for t in chunk]
+                self._worker_errors += len(retry[i])
+                res = [dataclasses.replace(jobs[i][p], scores={}, reward=None, reward_error=fail) for p in retry[i]]
+            else:
+                self._merge(stats)
+                if stats["stuck"]:
+                    self._replace(i)
+            for p, t in zip(retry[i], res):
+                results[i][p] = t
+        return results
+
+    def _wait_all(self, calls: dict[int, tuple[Any, list[Trajectory]]]) -> dict[int, tuple[Any, Any, str | None]]:
+        """Wait for each worker's call; (trajs, stats, None) on success, (None, None, why) when the worker
+        died or stopped making progress."""
+        import ray
+
+        pending = {ref: i for i, (ref, _) in calls.items()}
+        done: dict[int, tuple[Any, Any, str | None]] = {}
+        last_ok = {i: time.monotonic() for i in calls}
+        limit = self.timeout_s + self.grace_s
+        poll = min(1.0, max(0.05, self.timeout_s / 4))
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=poll)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    res, stats = ray.get(ref)
+                    done[i] = (res, stats, None)
+                except ray.exceptions.RayActorError as e:
+                    done[i] = (None, None, f"reward worker died ({type(e).__name__})")
+            now = time.monotonic()
+            for ref, i in list(pending.items()):
+                try:
+                    stalled = ray.get(self.workers[i].stalled_s.remote(), timeout=poll)
+                    if stalled <= limit:
+                        last_ok[i] = now
+                except ray.exceptions.GetTimeoutError:
+                    pass  # no answer: the process is busy holding the GIL, or gone
+                except ray.exceptions.RayActorError:
+                    continue  # the scoring ref reports the death
+                if time.monotonic() - last_ok[i] > limit:
+                    pending.pop(ref)
+                    done[i] = (None, None, f"reward worker timed out after {self.timeout_s:g}s (no progress; "
+                                           f"a reward call could not be interrupted)")
+        return done
+
+    def _merge(self, stats: dict[str, Any]) -> None:
+        for k, s in stats["fn"].items():
+            acc = self._stats.setdefault(k, [0, 0, 0, 0.0])
+            for j in range(4):
+                acc[j] += s[j]
 
     def _replace(self, i: int) -> None:
         import ray
 
         ray.kill(self.workers[i])
-        self.workers[i] = self._actor.remote(self.specs)
+        self.workers[i] = self._new_worker()
         self.restarts += 1
 
     def shutdown(self) -> None:

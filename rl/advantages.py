@@ -7,10 +7,14 @@ is 1 (or True) on the policy's own response tokens and 0 elsewhere: prompt, padd
 end of a ragged row, and environment/tool tokens in the middle of a multi-turn row. Any
 dtype is accepted for a mask; it is read as ``mask != 0``.
 
-What it does not do: no classes, no I/O, no global state, no logging, no distributed
-reductions (every statistic is over the tensors passed in, i.e. over the local batch; a
-caller that wants statistics over a larger batch must gather it first), and no gradient:
-advantages are targets, so every function runs under ``torch.no_grad``.
+What it does not do: no classes, no I/O, no global state, no logging, no torch.distributed
+calls, and no gradient: advantages are targets, so every function runs under
+``torch.no_grad``. Every statistic is over the tensors passed in (the local batch), except
+that :func:`whiten` and :func:`reinforce_pp` accept ``reduce_sum``: a function applied to
+each vector of partial sums before it is used (e.g. an all-reduce SUM over data-parallel
+ranks, see ``rl.distributed.all_reduce_sum``), so that shards of one batch get the
+statistics of the whole batch. ``group_normalized`` needs no such hook when whole groups
+stay on one shard.
 
 Conventions shared by all functions:
 
@@ -22,6 +26,8 @@ Conventions shared by all functions:
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -167,6 +173,7 @@ def whiten(
     mask: torch.Tensor,
     shift_mean: bool = True,
     eps: float = 1e-8,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Masked whitening: statistics over all masked entries of ``values`` (any shape).
 
@@ -178,15 +185,27 @@ def whiten(
 
     on masked entries, 0 on unmasked ones. With no masked entry the result is all zeros.
     The population variance is used so that a single masked entry gives 0 rather than NaN.
+
+    ``reduce_sum`` (default: identity) maps the local partial sums, a vector
+    ``[sum x, count]`` and then ``[sum (x - mu)^2]``, to the sums over the whole batch
+    (two passes, as in the local computation): with an all-reduce over the shards of a
+    batch, each shard gets the whitening of the whole batch.
     """
     m = _as_bool_mask(mask, values)
     x = values.to(_float_dtype(values))
     zero = x.new_zeros(())
     xm = torch.where(m, x, zero)
-    n = m.sum().to(x.dtype).clamp(min=1)
-    mu = xm.sum() / n
-    centered = torch.where(m, x - mu, zero)
-    var = (centered * centered).sum() / n
+    if reduce_sum is None:
+        n = m.sum().to(x.dtype).clamp(min=1)
+        mu = xm.sum() / n
+        centered = torch.where(m, x - mu, zero)
+        var = (centered * centered).sum() / n
+    else:
+        s = reduce_sum(torch.stack([xm.sum(), m.sum().to(x.dtype)]))
+        n = s[1].clamp(min=1)
+        mu = s[0] / n
+        centered = torch.where(m, x - mu, zero)
+        var = reduce_sum((centered * centered).sum().reshape(1))[0] / n
     out = centered * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mu
@@ -200,6 +219,7 @@ def reinforce_pp(
     token_rewards: torch.Tensor | None = None,
     gamma: float = 1.0,
     eps: float = 1e-6,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """REINFORCE++ advantages (batch-level baseline, no critic, no groups).
 
@@ -228,6 +248,10 @@ def reinforce_pp(
        with token-weighted mean and population variance. Note that this differs from
        variant 1 even when ``token_rewards`` is all zeros (token vs. sequence weighting, and
        ``sqrt(var + eps)`` vs. ``std + eps``).
+
+    ``reduce_sum`` (default: identity) maps local partial sums to whole-batch sums (e.g. an
+    all-reduce over the shards of a data-parallel batch): ``[sum s, B]`` then
+    ``[sum (s - mu)^2]`` in variant 1, and :func:`whiten`'s sums in variant 2.
     """
     if mask.dim() != 2 or scores.shape != mask.shape[:1]:
         raise ValueError(
@@ -236,10 +260,15 @@ def reinforce_pp(
     m = mask if mask.dtype == torch.bool else mask != 0
     s = scores.to(_float_dtype(scores))
     if token_rewards is None:
-        if s.numel() == 0:
-            return s.new_zeros(m.shape)
-        mu = s.mean()
-        std = (s - mu).pow(2).mean().sqrt()
+        if reduce_sum is None:
+            if s.numel() == 0:
+                return s.new_zeros(m.shape)
+            mu = s.mean()
+            std = (s - mu).pow(2).mean().sqrt()
+        else:
+            tot = reduce_sum(torch.stack([s.sum(), s.new_tensor(float(s.numel()))]))
+            mu = tot[0] / tot[1].clamp(min=1)
+            std = (reduce_sum((s - mu).pow(2).sum().reshape(1))[0] / tot[1].clamp(min=1)).sqrt()
         adv = (s - mu) / (std + eps)
         return torch.where(m, adv[:, None], s.new_zeros(()))
 
@@ -257,4 +286,4 @@ def reinforce_pp(
     rewards = torch.where(m, token_rewards.to(dtype), zero)
     rewards = rewards + torch.where(is_last, s.to(dtype)[:, None], zero)
     returns, _ = gae(rewards, torch.zeros_like(rewards), m, gamma=gamma, lam=1.0)
-    return whiten(returns, m, shift_mean=True, eps=eps)
+    return whiten(returns, m, shift_mean=True, eps=eps, reduce_sum=reduce_sum)

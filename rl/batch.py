@@ -1,12 +1,22 @@
 """From scored trajectories to a training batch, and the rollout metrics of a step. Pure.
 
-``build_batch`` drops samples whose reward errored (they are counted, never scored 0),
-computes outcome advantages per GRPO group (GRPO, Dr.GRPO or RLOO), and keeps each
-sample's tokens ragged; the learner pads per micro-batch. With ``algo.zero_variance: drop``,
-groups whose rewards are all equal leave the batch entirely. Samples whose advantage is
-exactly 0 carry no policy gradient: when there is no KL term they are left out of the
-compute, while the loss denominators (``num_tokens``, ``num_seqs``) still count them, so
-the update equals the one over the full batch.
+``build_batch`` drops samples whose reward errored (they are counted, never scored 0) and
+keeps each sample's tokens ragged (the learner pads per micro-batch). Every sample carries
+its scalar reward and group id; where the advantage depends on rewards alone it is computed
+here, over the whole batch:
+
+* ``grpo`` / ``dr_grpo`` / ``rloo``: outcome advantages per group (``group_normalized``);
+* ``reinforce_pp``: the batch-normalised outcome (``reinforce_pp`` without token rewards).
+
+Where it needs the learner's models it is left at 0 here and computed by the learner:
+``ppo`` (GAE on the critic's values) and any algorithm with ``algo.kl_in_reward`` (the
+per-token KL penalty needs the reference model's log-probs).
+
+With ``algo.zero_variance: drop``, groups whose rewards are all equal leave the batch
+entirely. Samples whose advantage is exactly 0 carry no gradient when there is neither a KL
+term nor an entropy bonus: they are then moved to ``Batch.skipped`` (no forward/backward),
+while the loss denominators (``num_tokens``, ``num_seqs``, and the learner's per-minibatch
+counts) still count them, so the update equals the one over the full batch.
 
 No tensors are padded here and nothing touches a model.
 """
@@ -14,13 +24,15 @@ No tensors are padded here and nothing touches a model.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from envs.types import Trajectory
-from rl.advantages import group_normalized
+from rl.advantages import group_normalized, reinforce_pp
 from rl.config import AlgoConfig
+
+GROUP_ALGOS = ("grpo", "dr_grpo", "rloo")
 
 
 @dataclass
@@ -31,15 +43,29 @@ class Sample:
     prompt_len: int
     loss_mask: list[int]  # over the response tokens
     rollout_logprobs: list[float]  # engine logprobs over the response tokens (0 on env tokens)
-    advantage: float
+    advantage: float  # per-sequence advantage where computed in build_batch (else 0, see learner_advantages)
     domain: str
+    reward: float = 0.0  # the scalar (outcome) reward
+    group_id: int = 0  # samples of one prompt share it (GRPO groups; kept whole on one data-parallel shard)
+    uid: int = 0  # position in the step's batch: a stable order for minibatch shuffles (skipping changes nothing)
+
+    @property
+    def num_tokens(self) -> int:
+        """Policy (masked) tokens."""
+        return int(sum(self.loss_mask))
 
 
 @dataclass
 class Batch:
-    samples: list[Sample]
-    num_tokens: int  # masked (policy) tokens over every sample the loss is averaged over
+    samples: list[Sample]  # the samples the learner runs forward/backward on
+    num_tokens: int  # masked (policy) tokens over every sample the loss is averaged over (the whole batch)
     num_seqs: int  # sequences with at least one policy token, likewise
+    skipped: list[Sample] = field(default_factory=list)  # zero-advantage samples counted but not computed
+
+
+def learner_advantages(algo: AlgoConfig) -> bool:
+    """Whether the learner (not ``build_batch``) computes the advantages under ``algo``."""
+    return algo.name == "ppo" or algo.kl_in_reward
 
 
 def build_batch(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[Batch, dict[str, float]]:
@@ -48,40 +74,50 @@ def build_batch(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[Batch, dict[
     stats: dict[str, float] = {"batch/excluded": float(len(trajs) - len(ok))}
     if not ok:
         return Batch([], 0, 0), stats
-    scores = torch.tensor([float(t.reward) for t in ok], dtype=torch.float64)
-    gids = torch.tensor([t.group_id for t in ok], dtype=torch.long)
-    sizes = torch.bincount(torch.unique(gids, return_inverse=True)[1])
     if algo.name == "rloo":
         # RLOO needs >= 2 members; a group left with one (its siblings errored) has no baseline.
-        keep_groups = {int(g) for g, n in zip(torch.unique(gids), sizes) if n >= 2}
-        sel = [i for i, t in enumerate(ok) if t.group_id in keep_groups]
+        sizes: dict[int, int] = defaultdict(int)
+        for t in ok:
+            sizes[t.group_id] += 1
+        sel = [t for t in ok if sizes[t.group_id] >= 2]
         stats["batch/excluded"] += len(ok) - len(sel)
-        ok, scores, gids = [ok[i] for i in sel], scores[sel], gids[sel]
+        ok = sel
         if not ok:
             return Batch([], 0, 0), stats
-    adv = group_normalized(scores, gids, std_normalize=algo.name == "grpo", leave_one_out=algo.name == "rloo")
 
     groups: dict[int, list[float]] = defaultdict(list)
     for t in ok:
         groups[t.group_id].append(float(t.reward))
     constant = {g for g, v in groups.items() if max(v) == min(v)}
     stats["groups/zero_variance_fraction"] = len(constant) / len(groups)
-    num_seqs = len(ok)
     if algo.zero_variance == "drop":
-        num_seqs -= sum(1 for t in ok if t.group_id in constant)
-    samples, num_tokens = [], 0
-    for t, a in zip(ok, adv.tolist()):
-        if algo.zero_variance == "drop" and t.group_id in constant:
-            continue  # no reward signal: left out of the update and of the loss denominators
-        num_tokens += t.num_policy_tokens
-        if a == 0.0 and algo.kl_coef == 0.0:
-            continue  # exactly no gradient: skip the compute, keep it in the denominators
-        samples.append(Sample(input_ids=list(t.prompt_ids) + list(t.response_ids), prompt_len=len(t.prompt_ids),
-                              loss_mask=list(t.loss_mask), rollout_logprobs=list(t.logprobs), advantage=float(a),
-                              domain=t.task.domain))
+        ok = [t for t in ok if t.group_id not in constant]  # no reward signal: out of the update and the denominators
+        if not ok:
+            stats["batch/samples"] = 0.0
+            return Batch([], 0, 0), stats
+
+    scores = torch.tensor([float(t.reward) for t in ok], dtype=torch.float64)
+    if learner_advantages(algo):
+        adv = torch.zeros_like(scores)
+    elif algo.name in GROUP_ALGOS:
+        gids = torch.tensor([t.group_id for t in ok], dtype=torch.long)
+        adv = group_normalized(scores, gids, std_normalize=algo.name == "grpo", leave_one_out=algo.name == "rloo")
+    elif algo.name == "reinforce_pp":
+        adv = reinforce_pp(scores, torch.ones(len(ok), 1, dtype=torch.bool))[:, 0]
+    else:
+        raise ValueError(f"algo.name: unknown algorithm {algo.name!r}")
+    # Exactly no gradient: skip the compute, keep it in the denominators.
+    can_skip = not learner_advantages(algo) and algo.kl_coef == 0.0 and algo.entropy_coef == 0.0
+    samples, skipped = [], []
+    for uid, (t, a) in enumerate(zip(ok, adv.tolist())):
+        s = Sample(input_ids=list(t.prompt_ids) + list(t.response_ids), prompt_len=len(t.prompt_ids),
+                   loss_mask=list(t.loss_mask), rollout_logprobs=list(t.logprobs), advantage=float(a),
+                   domain=t.task.domain, reward=float(t.reward), group_id=t.group_id, uid=uid)
+        (skipped if can_skip and a == 0.0 else samples).append(s)
     stats["batch/samples"] = float(len(samples))
-    stats["adv/abs_mean"] = float(adv.abs().mean())
-    return Batch(samples, num_tokens=num_tokens, num_seqs=num_seqs), stats
+    if not learner_advantages(algo):
+        stats["adv/abs_mean"] = float(adv.abs().mean())
+    return Batch(samples, num_tokens=sum(t.num_policy_tokens for t in ok), num_seqs=len(ok), skipped=skipped), stats
 
 
 def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, float]:

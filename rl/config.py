@@ -92,18 +92,35 @@ class RewardServiceConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    name: str = "grpo"  # grpo | dr_grpo | rloo
+    name: str = "grpo"  # grpo | dr_grpo | rloo (group baselines) | reinforce_pp (batch baseline) | ppo (GAE critic)
     lr: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # global-norm clipping (0 = off)
+    lr_warmup_steps: int = 0  # optimizer steps of linear warmup
+    lr_schedule: str = "constant"  # after warmup: constant | cosine (to lr * lr_min_ratio at the last step)
+    lr_min_ratio: float = 0.0  # cosine floor, as a fraction of lr
     clip_low: float = 0.2  # ratio clip below 1
     clip_high: float = 0.2  # ratio clip above 1 (clip-higher when > clip_low)
+    dual_clip: float = 0.0  # dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
-    kl_coef: float = 0.0  # weight of the KL-to-reference loss term (0 = no reference model is kept)
+    entropy_coef: float = 0.0  # entropy bonus weight (0 = off)
+    kl_coef: float = 0.0  # KL-to-reference coefficient, the initial one when adaptive (0 = no reference model is kept)
     kl_kind: str = "k3"  # k1 | k2 | k3
+    kl_in_reward: bool = False  # false: coefficient x aggregated KL in the loss; true: -coefficient x KL per token in the reward
+    kl_target: float = 0.0  # > 0: adaptive coefficient steering kl/mean toward this target (0 = fixed kl_coef)
+    kl_horizon: int = 10000  # adaptive KL: samples over which the coefficient may change by +-20%
+    epochs: int = 1  # passes over each batch
+    minibatches: int = 1  # optimizer steps per epoch (shuffled minibatches of the batch)
     micro_batch_tokens: int = 4096  # forward/backward in micro-batches of at most this many tokens
     share_prompt: bool = True  # run a group's shared prompt once (its KV cache serves every member)
     zero_variance: str = "keep"  # groups whose rewards are all equal: keep (KL still acts) | drop (DAPO-style filter)
+    critic: str = "value_head"  # ppo: value_head (linear head on the policy's last hidden states) | separate (own model copy)
+    critic_lr: float = 0.0  # learning rate of the value head / separate critic (0 = lr)
+    vf_coef: float = 0.5  # weight of the value loss
+    value_clip: float = 0.2  # clip of the value update around the old values (0 = unclipped value loss)
+    gamma: float = 1.0  # ppo / reinforce_pp: discount per policy token
+    lam: float = 0.95  # ppo: GAE lambda
+    learner_workers: int = 1  # data-parallel learner actors (torch.distributed: gloo on CPU, NCCL on GPU)
 
 
 @dataclass(frozen=True)
@@ -136,7 +153,9 @@ class Recipe:
     source: str = ""
 
 
-ALGOS = ("grpo", "dr_grpo", "rloo")
+ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
+LR_SCHEDULES = ("constant", "cosine")
+CRITICS = ("value_head", "separate")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_KINDS = ("k1", "k2", "k3")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -335,6 +354,35 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail("algo.kl_coef", "must be >= 0")
     if not (0 <= a.clip_low < 1) or a.clip_high < 0:
         fail("algo.clip_low", "need 0 <= clip_low < 1 and clip_high >= 0")
+    if a.dual_clip != 0 and not a.dual_clip > 1:
+        fail("algo.dual_clip", f"must be 0 (off) or > 1, got {a.dual_clip}")
+    if a.lr_schedule not in LR_SCHEDULES:
+        fail("algo.lr_schedule", f"unknown schedule {a.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
+    if not 0 <= a.lr_min_ratio <= 1:
+        fail("algo.lr_min_ratio", f"must be in [0, 1], got {a.lr_min_ratio}")
+    if a.kl_in_reward and a.kl_coef == 0:
+        fail("algo.kl_in_reward", "needs algo.kl_coef > 0 (the coefficient of the per-token KL penalty)")
+    if a.kl_target < 0:
+        fail("algo.kl_target", f"must be >= 0, got {a.kl_target}")
+    if a.kl_target > 0 and a.kl_coef == 0:
+        fail("algo.kl_target", "an adaptive KL coefficient needs algo.kl_coef > 0 as its initial value")
+    if a.critic not in CRITICS:
+        fail("algo.critic", f"unknown critic {a.critic!r}; choose one of {', '.join(CRITICS)}")
+    if not (0 <= a.gamma <= 1):
+        fail("algo.gamma", f"must be in [0, 1], got {a.gamma}")
+    if not (0 <= a.lam <= 1):
+        fail("algo.lam", f"must be in [0, 1], got {a.lam}")
+    for key, val in (("algo.lr_warmup_steps", a.lr_warmup_steps), ("algo.entropy_coef", a.entropy_coef),
+                     ("algo.critic_lr", a.critic_lr), ("algo.vf_coef", a.vf_coef), ("algo.value_clip", a.value_clip)):
+        if val < 0:
+            fail(key, f"must be >= 0, got {val}")
+    for key, val in (("algo.epochs", a.epochs), ("algo.minibatches", a.minibatches), ("algo.kl_horizon", a.kl_horizon),
+                     ("algo.learner_workers", a.learner_workers)):
+        if val < 1:
+            fail(key, f"must be >= 1, got {val}")
+    if a.minibatches > r.prompts_per_step * r.group_size:
+        fail("algo.minibatches", f"{a.minibatches} minibatches from batches of {r.prompts_per_step * r.group_size} "
+                                 "samples (rollout.prompts_per_step x rollout.group_size) would leave some empty")
     if r.temperature < 0:
         fail("rollout.temperature", "must be >= 0")
     for key, val in (("model.engine_dtype", recipe.model.engine_dtype), ("model.learner_dtype", recipe.model.learner_dtype),

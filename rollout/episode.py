@@ -7,8 +7,12 @@ Environment observations are rendered through the model's chat template and appe
 tokens with ``loss_mask`` 0, using the template's own rendering of the conversation (the
 template must be prefix-stable: rendering a longer conversation extends a shorter one).
 
-Episode ends are honest: the env's ``terminated`` / ``truncated`` flags are kept, and an
-episode cut by ``max_new_tokens``, ``max_turns`` or ``max_model_len`` is ``truncated``.
+Episode ends are honest: the env's ``terminated`` / ``truncated`` flags are kept; an
+episode whose last turn was cut by ``max_new_tokens``, or that the rollout ends itself
+(``max_turns``, ``max_model_len``, a template that cannot continue), is ``truncated``. A
+turn cut by ``max_new_tokens`` does not end a multi-turn episode by itself: the env sees
+the cut action and decides. When the rollout ends an episode early it calls the env's
+optional ``finalize()`` so that self-scoring envs (terminal checks) still score it.
 This module does not score trajectories (``rewards``) or train (``rl``).
 """
 
@@ -111,26 +115,34 @@ def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -
     e.messages = e.messages + [Message("assistant", action)] + list(obs)
     e.finish_reason = gen.finish_reason
     cut = gen.finish_reason == "length"
-    if terminated or truncated or cut:
-        # A turn cut by max_new_tokens is a truncated episode, whatever the env concluded.
+    if terminated or truncated:
+        # A final turn cut by max_new_tokens makes a truncated episode, whatever the env concluded.
         e.terminated, e.truncated, e.done = bool(terminated) and not cut, bool(truncated) or cut, True
         return
     if e.turns >= sampling.max_turns:
-        e.truncated, e.done, e.finish_reason = True, True, "max_turns"
-        return
-    # The conversation's text now is the old text + exactly what the engine produced.
+        return _end_early(e, "max_turns")
+    # The conversation's text now is the old text + exactly what the engine produced. A turn cut
+    # by max_new_tokens has no EOS: the template's closing tokens then come as env tokens.
     e.text += tokenizer.decode(ids, skip_special_tokens=False)
     full = render(tokenizer, e.messages, add_generation_prompt=True)
     if not full.startswith(e.text):
         # The template re-renders this turn differently from what the engine produced (e.g. the
         # policy emitted special tokens mid-turn): continuing would desynchronise tokens and text.
-        e.truncated, e.done, e.finish_reason = True, True, "template_mismatch"
-        return
+        return _end_early(e, "template_mismatch")
     delta = encode(tokenizer, full[len(e.text):])
     e.text = full
     if len(e.prompt_ids) + len(e.response_ids) + len(delta) + 1 >= sampling.max_model_len:
-        e.truncated, e.done, e.finish_reason = True, True, "max_model_len"
-        return
+        return _end_early(e, "max_model_len")
     e.response_ids += delta
     e.loss_mask += [0] * len(delta)
     e.logprobs += [0.0] * len(delta)
+
+
+def _end_early(e: _Episode, reason: str) -> None:
+    """The rollout ends an episode the env has not ended: truncated, and the env may still score it."""
+    e.truncated, e.done, e.finish_reason = True, True, reason
+    finalize = getattr(e.env, "finalize", None)
+    if callable(finalize):
+        info = finalize()
+        if isinstance(info, dict) and isinstance(info.get("reward"), (int, float)):
+            e.env_reward = float(info["reward"])

@@ -111,8 +111,24 @@ def run(tok, engine, tasks, sampling, envs=None, seeds=None):
 # ------------------------------------------------------------------------- multi-turn tokens
 
 
-def test_multi_turn_tokens_masks_and_conformance(tiny_tokenizer):
-    tok = tiny_tokenizer
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's own tokenizer and chat template, read from the embedded GGUF."""
+    from transformers import AutoTokenizer
+
+    from rl.models import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+@pytest.fixture(params=["tiny", "smollm2"])
+def chat_tokenizer(request):
+    return request.getfixturevalue("tiny_tokenizer" if request.param == "tiny" else "smollm2_tokenizer")
+
+
+def test_multi_turn_tokens_masks_and_conformance(chat_tokenizer):
+    tok = chat_tokenizer
     # Episode 0 runs 2 turns; episode 1 terminates after turn 1 (so call 2 has one prompt only).
     engine = ScriptedEngine([[gen(tok, T1, LP1), gen(tok, " done", LP1)], [gen(tok, T2, LP2)]])
     trajs, envs = run(tok, engine, [task("t0"), task("t1", terminate_on=1)], Sampling(max_turns=3), seeds=[3, 4])
@@ -181,17 +197,49 @@ def test_without_prefill(tiny_tokenizer):
 # ------------------------------------------------------------------------- episode ends
 
 
-@pytest.mark.parametrize("terminate_on", [1, 2])
-def test_length_cut_is_truncated(tiny_tokenizer, terminate_on):
-    # A turn cut by max_new_tokens (no EOS) ends the episode as truncated, even if the env says terminated.
+def test_length_cut_final_turn_is_truncated(tiny_tokenizer):
+    # The env ends the episode on a turn cut by max_new_tokens (no EOS): truncated, not terminated.
     tok = tiny_tokenizer
     engine = ScriptedEngine([[gen(tok, T1, LP1, finish="length")]])
-    (t,), envs = run(tok, engine, [task(terminate_on=terminate_on)], Sampling(max_turns=3))
+    (t,), envs = run(tok, engine, [task(terminate_on=1)], Sampling(max_turns=3))
     assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (False, True, "length", 1)
     assert t.response_ids == enc(tok, T1)
     assert t.loss_mask == [1] * len(enc(tok, T1))
     assert len(engine.calls) == 1
     assert envs[0].closed == 1
+
+
+def test_length_cut_turn_does_not_end_a_multi_turn_episode(tiny_tokenizer):
+    # Turn 1 is cut (no EOS); the env goes on, so the template's closing <|im_end|> and the
+    # observation come as env tokens (mask 0) and turn 2 runs.
+    tok = tiny_tokenizer
+    engine = ScriptedEngine([[gen(tok, T1, LP1, finish="length")], [gen(tok, T2, LP2)]])
+    (t,), envs = run(tok, engine, [task(terminate_on=2)], Sampling(max_turns=3))
+    t1, t2 = enc(tok, T1), enc(tok, T2) + [eos(tok)]
+    env = [eos(tok)] + enc(tok, ENV_TEXT)
+    assert t.response_ids == t1 + env + t2
+    assert t.loss_mask == [1] * len(t1) + [0] * len(env) + [1] * len(t2)
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (True, False, "stop", 2)
+    assert envs[0].actions == ["Answer: get weather Paris", "the weather is 20 celsius"]
+
+
+class FinalizingEnv(ScriptedEnv):
+    """Scores itself in finalize() when the rollout ends the episode first."""
+
+    finalized = 0
+
+    def finalize(self):
+        FinalizingEnv.finalized += 1
+        return {"reward": 0.25}
+
+
+def test_rollout_ending_calls_finalize(tiny_tokenizer):
+    tok = tiny_tokenizer
+    envs: list = []
+    engine = ScriptedEngine([[gen(tok, T1, LP1)]])
+    (t,) = run_episodes(engine, tok, lambda d: FinalizingEnv(envs), [task(terminate_on=5)], [0], [1], Sampling(max_turns=1))
+    assert (t.truncated, t.finish_reason, t.env_reward) == (True, "max_turns", 0.25)
+    assert FinalizingEnv.finalized == 1 and envs[0].closed == 1
 
 
 def test_max_turns_is_truncated(tiny_tokenizer):

@@ -159,6 +159,21 @@ def test_max_turns_truncates_and_still_checks():
 
 
 @needs_sandbox
+def test_finalize_scores_an_episode_the_rollout_ended():
+    env = TerminalEnv(max_turns=5)
+    try:
+        env.reset(make_task(check="[ -f a ]"))
+        env.step("touch a")
+        info = env.finalize()
+        assert info["reward"] == 1.0 and info["end"] == "cut_by_rollout"
+        assert env.finalize() == {}, "an ended episode is not checked twice"
+        with pytest.raises(RuntimeError, match="ended"):
+            env.step("ls")
+    finally:
+        env.close()
+
+
+@needs_sandbox
 def test_timeout_is_an_observation_and_the_session_recovers():
     env = TerminalEnv(command_timeout_s=1.0)
     try:

@@ -1,0 +1,235 @@
+"""Data-parallel learner: collectives for ``rl.learner.Learner`` and the group of learner actors.
+
+Design (``algo.learner_workers = N``):
+
+* N Ray actors each hold a full replica (policy, reference, critic, optimizers). They join
+  one ``torch.distributed`` process group (gloo on CPU, NCCL on GPU; world size N; the
+  driver finds a free TCP port on 127.0.0.1, so all learner actors run on the driver's
+  node). Rank 0 broadcasts its parameters at start so that replicas begin identical.
+* The driver shards each batch (:func:`shard_batch`): whole GRPO groups per shard (group
+  statistics stay local), balanced by token count. Every shard keeps the *global* loss
+  denominators (``num_tokens``, ``num_seqs`` of the full batch), so each rank's loss is
+  its part of the full-batch loss and the SUM all-reduce of the gradients
+  (:func:`all_reduce_grads`) is exactly the single-learner gradient; every rank then takes
+  the same clipped optimizer step. Whole-batch statistics (advantage whitening, per-minibatch
+  token counts, metrics) are SUM all-reduces of partial sums (:func:`all_reduce_sum`).
+* Rank 0 exports weights for the engines, answers ``logprobs`` and writes checkpoints;
+  every rank loads one.
+
+With ``algo.minibatches > 1`` each rank draws its minibatches from its own shard, so the
+k-th global minibatch is a random 1/M of the batch as with one learner, but not the same
+draw: the update then equals a single learner's only in distribution. With one minibatch
+(the default) it is the same update (up to float summation order).
+
+This module does not compute losses or advantages and never touches the rollout engines.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import replace
+from typing import Any, Iterable
+
+import torch
+
+from rl.batch import Batch, Sample
+
+__all__ = ["free_port", "init_process_group", "all_reduce_sum", "all_reduce_grads", "broadcast_params",
+           "shard_batch", "LearnerGroup"]
+
+_BUCKET = 1 << 25  # elements per all-reduce bucket (128 MiB in fp32)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous of the process group)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_process_group(rank: int, world_size: int, port: int, device: torch.device) -> None:
+    """Join the learners' process group: gloo on CPU, NCCL on CUDA; rendezvous at 127.0.0.1:``port``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if port <= 0:
+        raise ValueError("a data-parallel learner needs the rendezvous port (dist_port > 0)")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(minutes=30))
+
+
+def _active() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """SUM of ``t`` over the ranks (a new tensor; ``t`` itself unchanged); ``t`` as is when not distributed."""
+    if not _active():
+        return t
+    import torch.distributed as dist
+
+    out = t.detach().clone().contiguous()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
+    """SUM-all-reduce the ``.grad`` of ``params`` in place, in flat buckets.
+
+    A parameter without a gradient on one rank but with one on another gets zeros there;
+    one without a gradient on every rank keeps ``grad = None`` (as with a single learner,
+    where the optimizer then skips it).
+    """
+    if not _active():
+        return
+    import torch.distributed as dist
+
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return
+    dev = params[0].device
+    has = torch.tensor([float(p.grad is not None) for p in params], device=dev)
+    dist.all_reduce(has, op=dist.ReduceOp.SUM)
+    live = [p for p, h in zip(params, has.tolist()) if h > 0]
+    for p in live:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in live:
+        by_dtype.setdefault(p.grad.dtype, []).append(p)
+    for group in by_dtype.values():
+        bucket: list[torch.nn.Parameter] = []
+        size = 0
+        for p in group + [None]:  # type: ignore[list-item]
+            if p is not None and (size + p.numel() <= _BUCKET or not bucket):
+                bucket.append(p)
+                size += p.numel()
+                continue
+            flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            off = 0
+            for q in bucket:
+                q.grad.copy_(flat[off: off + q.numel()].view_as(q.grad))
+                off += q.numel()
+            if p is not None:
+                bucket, size = [p], p.numel()
+
+
+def broadcast_params(params: Iterable[torch.nn.Parameter], src: int = 0) -> None:
+    """Overwrite every rank's ``params`` with rank ``src``'s (so that replicas start identical)."""
+    if not _active():
+        return
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for p in params:
+            dist.broadcast(p.data, src=src)
+
+
+def shard_batch(batch: Batch, n: int) -> list[Batch]:
+    """Split ``batch`` into ``n`` shards of whole groups (``Sample.group_id``), balanced by token count.
+
+    Greedy longest-first: groups in decreasing cost (the tokens the learner runs: prompt
+    once plus every computed member's response; skipped members cost nothing) go to the
+    shard with the least cost so far (ties: lowest index). Skipped (zero-advantage)
+    members follow their group. Every shard keeps the batch's global ``num_tokens`` and
+    ``num_seqs``. Samples keep their batch order (by ``uid``) within a shard. Pure.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    groups: dict[int, tuple[list[Sample], list[Sample]]] = {}
+    for s in batch.samples:
+        groups.setdefault(s.group_id, ([], []))[0].append(s)
+    for s in batch.skipped:
+        groups.setdefault(s.group_id, ([], []))[1].append(s)
+
+    def cost(g: tuple[list[Sample], list[Sample]]) -> int:
+        comp = g[0]
+        if not comp:
+            return 0
+        return max(s.prompt_len for s in comp) + sum(len(s.input_ids) - s.prompt_len for s in comp)
+
+    order = sorted(groups, key=lambda gid: (-cost(groups[gid]), gid))
+    loads = [0] * n
+    assigned: list[list[int]] = [[] for _ in range(n)]
+    for gid in order:
+        k = min(range(n), key=lambda i: (loads[i], i))
+        assigned[k].append(gid)
+        loads[k] += cost(groups[gid])
+    shards = []
+    for gids in assigned:
+        samples = sorted((s for g in gids for s in groups[g][0]), key=lambda s: s.uid)
+        skipped = sorted((s for g in gids for s in groups[g][1]), key=lambda s: s.uid)
+        shards.append(replace(batch, samples=samples, skipped=skipped))
+    return shards
+
+
+class LearnerGroup:
+    """N ``Learner`` Ray actors in one process group (N = 1: a single actor, no torch.distributed).
+
+    ``step`` shards the batch and returns rank 0's metrics (already reduced over the
+    ranks); ``export_weights``, ``logprobs`` and ``save_checkpoint`` go to rank 0;
+    ``load_checkpoint`` to every rank. ``actors[0]`` is rank 0's handle.
+    """
+
+    def __init__(self, n: int, model_path: str, model_cfg: Any, algo: Any, *, seed: int = 0, threads: int = 0,
+                 shm_dir: str | None = None, total_steps: int = 0, num_cpus: float = 1.0, num_gpus: float = 0,
+                 runtime_env: dict | None = None) -> None:
+        import os
+
+        import ray
+
+        from rl.learner import Learner
+
+        if n < 1:
+            raise ValueError(f"learner_workers must be >= 1, got {n}")
+        self.n = n
+        port = free_port() if n > 1 else 0
+        # Each learner gets its share of the cores (threads = cores // workers).
+        per = max(1, (threads or os.cpu_count() or 1) // n)
+        opts: dict[str, Any] = {"num_cpus": num_cpus / n, "num_gpus": num_gpus}
+        if runtime_env:
+            opts["runtime_env"] = runtime_env
+        cls = ray.remote(**opts)(Learner)
+        self.actors = [cls.remote(model_path, model_cfg, algo, seed=seed, threads=per, shm_dir=shm_dir,
+                                  total_steps=total_steps, rank=r, world_size=n, dist_port=port) for r in range(n)]
+
+    def ready(self) -> None:
+        import ray
+
+        ray.get([a.__ray_ready__.remote() for a in self.actors])
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        import ray
+
+        if self.n == 1:
+            return ray.get(self.actors[0].step.remote(batch))
+        shards = shard_batch(batch, self.n)
+        return ray.get([a.step.remote(s) for a, s in zip(self.actors, shards)])[0]
+
+    def export_weights(self, dtype: str) -> str:
+        import ray
+
+        return ray.get(self.actors[0].export_weights.remote(dtype))
+
+    def save_checkpoint(self, path: str) -> None:
+        import ray
+
+        ray.get(self.actors[0].save_checkpoint.remote(path))
+
+    def load_checkpoint(self, path: str) -> None:
+        import ray
+
+        ray.get([a.load_checkpoint.remote(path) for a in self.actors])
+
+    def kill(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
