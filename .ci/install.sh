@@ -7,12 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # bubblewrap isolates untrusted model output (code, shell commands); git is used by terminal tasks.
-if ! command -v bwrap >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
-  fi
+# chromium (headless) renders the HTML run report in tests/test_report.py; fonts-dejavu-core gives it text.
+APT_PKGS=""
+command -v bwrap >/dev/null 2>&1 || APT_PKGS="$APT_PKGS bubblewrap"
+command -v chromium >/dev/null 2>&1 || APT_PKGS="$APT_PKGS chromium fonts-dejavu-core"
+if [ -n "$APT_PKGS" ]; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  # shellcheck disable=SC2086 # APT_PKGS is a list of package names
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PKGS >/dev/null
 fi
 
 PY=${PYTHON:-}

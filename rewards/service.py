@@ -16,7 +16,8 @@ Per-call timeout (``timeout_s``): each ``__call__`` / ``acall`` of one sample, a
 batch) gets a "timed out" error. ``RewardScorer`` runs calls in a helper thread to
 enforce this and abandons a thread stuck in a call (Python cannot kill threads).
 
-``RewardService`` spreads trajectories over N ``RewardScorer`` actors. A worker whose
+``RewardService`` spreads trajectories over N ``RewardScorer`` actors, whole groups (the
+samples of one task) to one worker. A worker whose
 reward call timed out (its stuck thread lives on) is replaced after the call and the
 timed-out samples are retried once on the fresh worker. A worker that crashed, or that
 stopped making progress altogether (a call that holds the GIL, e.g. a runaway regex,
@@ -182,11 +183,15 @@ class RewardScorer:
                     acc[j] += s[j]
         return out, {"fn": stats, "timed_out": timed_out, "stuck": self.stuck_threads()}
 
-    def metrics(self) -> dict[str, float]:
-        """``reward/<fn>/latency_s`` and ``reward/<fn>/errors`` since the last call (then reset)."""
+    def take_stats(self) -> dict[tuple[str, str], list[float]]:
+        """Per (domain, fn): [samples, errors, timeouts, latency_s summed] since the last take (then reset)."""
         with self._lock:
             stats, self._stats = self._stats, {}
-        return fn_metrics(stats)
+        return stats
+
+    def metrics(self) -> dict[str, float]:
+        """``reward/<fn>/latency_s`` and ``reward/<fn>/errors`` since the last call (then reset)."""
+        return fn_metrics(self.take_stats())
 
     def stuck_threads(self) -> int:
         """Helper threads still stuck in a call that timed out."""
@@ -399,6 +404,7 @@ class RewardService:
         self.workers = [self._new_worker() for _ in range(workers)]
         ray.get([w.__ray_ready__.remote() for w in self.workers])  # constructor errors surface here
         self.restarts = 0
+        self._fresh: set[int] = set()  # replaced workers not yet known to be up
         self._restarts_logged = 0
         self._worker_errors = 0
         self._stats: dict[tuple[str, str], list[float]] = {}
@@ -409,9 +415,16 @@ class RewardService:
         return self._actor.remote(self.specs, timeout_s=self.timeout_s)
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        n = len(self.workers)
+        """Score ``trajs`` (same order out). Each group (same ``group_id``: the samples of one task)
+        goes whole to one worker, so a ``score_batch`` call always sees complete groups."""
         trajs = list(trajs)
-        shards = [list(range(i, len(trajs), n)) for i in range(n)]
+        groups: dict[int, list[int]] = {}
+        for j, t in enumerate(trajs):
+            groups.setdefault(t.group_id, []).append(j)
+        shards: list[list[int]] = [[] for _ in self.workers]
+        for idx in sorted(groups.values(), key=len, reverse=True):  # largest first, each to the least loaded
+            min(shards, key=len).extend(idx)
+        shards = [sorted(s) for s in shards]
         out: list[Trajectory] = list(trajs)
         jobs = {i: [trajs[j] for j in shard] for i, shard in enumerate(shards) if shard}
         for i, part in self._run(jobs).items():
@@ -419,10 +432,14 @@ class RewardService:
                 out[j] = t
         return out
 
+    def take_stats(self) -> dict[tuple[str, str], list[float]]:
+        """Per (domain, fn): [samples, errors, timeouts, latency_s summed] since the last take (then reset)."""
+        stats, self._stats = self._stats, {}
+        return stats
+
     def metrics(self) -> dict[str, float]:
         """Per-function latency and errors, restarts and worker errors since the last call (then reset)."""
-        stats, self._stats = self._stats, {}
-        m = fn_metrics(stats)
+        m = fn_metrics(self.take_stats())
         m["reward/service/restarts"] = float(self.restarts - self._restarts_logged)
         m["reward/service/worker_errors"] = float(self._worker_errors)
         self._restarts_logged, self._worker_errors = self.restarts, 0
@@ -432,6 +449,7 @@ class RewardService:
 
     def _run(self, jobs: dict[int, list[Trajectory]]) -> dict[int, list[Trajectory]]:
         """Score each worker's chunk; retry once (on a fresh worker) what a crash, hang or timeout cost."""
+        self._await_fresh()  # a replacement's start-up must not count as "no progress"
         first = self._wait_all({i: (self.workers[i].score_with_stats.remote(c), c) for i, c in jobs.items()})
         results: dict[int, list[Trajectory]] = {}
         retry: dict[int, list[int]] = {}  # worker -> positions in its chunk to score again
@@ -449,9 +467,7 @@ class RewardService:
         retry = {i: pos for i, pos in retry.items() if pos}
         if not retry:
             return results
-        import ray
-
-        ray.get([self.workers[i].__ray_ready__.remote() for i in retry])  # start-up does not eat the retry's time
+        self._await_fresh()
         second = self._wait_all({i: (self.workers[i].score_with_stats.remote([jobs[i][p] for p in pos]),
                                      [jobs[i][p] for p in pos]) for i, pos in retry.items()})
         for i, (res, stats, fail) in second.items():
@@ -475,6 +491,7 @@ class RewardService:
         pending = {ref: i for i, (ref, _) in calls.items()}
         done: dict[int, tuple[Any, Any, str | None]] = {}
         last_ok = {i: time.monotonic() for i in calls}
+        probes: dict[Any, int] = {}  # liveness probe ref -> worker
         limit = self.timeout_s + self.grace_s
         poll = min(1.0, max(0.05, self.timeout_s / 4))
         while pending:
@@ -486,16 +503,23 @@ class RewardService:
                     done[i] = (res, stats, None)
                 except ray.exceptions.RayActorError as e:
                     done[i] = (None, None, f"reward worker died ({type(e).__name__})")
+            if not pending:
+                break
+            # Liveness probes, all at once: a worker answers unless a call holds its GIL (or it died).
+            # One outstanding probe per worker: an unanswered one is waited for again, not stacked.
             now = time.monotonic()
-            for ref, i in list(pending.items()):
+            for i in pending.values():
+                if i not in probes.values():
+                    probes[self.workers[i].stalled_s.remote()] = i
+            answered, _ = ray.wait(list(probes), num_returns=len(probes), timeout=poll)
+            for p in answered:
+                i = probes.pop(p)
                 try:
-                    stalled = ray.get(self.workers[i].stalled_s.remote(), timeout=poll)
-                    if stalled <= limit:
+                    if ray.get(p) <= limit:
                         last_ok[i] = now
-                except ray.exceptions.GetTimeoutError:
-                    pass  # no answer: the process is busy holding the GIL, or gone
                 except ray.exceptions.RayActorError:
-                    continue  # the scoring ref reports the death
+                    last_ok[i] = now  # dead, not hung: the scoring ref reports the death
+            for ref, i in list(pending.items()):
                 if time.monotonic() - last_ok[i] > limit:
                     pending.pop(ref)
                     done[i] = (None, None, f"reward worker timed out after {self.timeout_s:g}s (no progress; "
@@ -513,7 +537,15 @@ class RewardService:
 
         ray.kill(self.workers[i])
         self.workers[i] = self._new_worker()
+        self._fresh.add(i)
         self.restarts += 1
+
+    def _await_fresh(self) -> None:
+        import ray
+
+        if self._fresh:
+            ray.get([self.workers[i].__ray_ready__.remote() for i in sorted(self._fresh)])
+            self._fresh.clear()
 
     def shutdown(self) -> None:
         import ray

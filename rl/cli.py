@@ -1,4 +1,4 @@
-"""The ``jointrl`` command: ``train`` and ``validate`` a recipe.
+"""The ``jointrl`` command: ``train`` and ``validate`` a recipe; ``score`` and ``eval`` (in ``rl/commands.py``).
 
 Bad input (recipe, overrides, files, models, output dir) exits with code 2 and one
 message, before any actor starts; ``--debug`` shows the traceback too.
@@ -25,6 +25,14 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", help="show tracebacks")
         if name == "train":
             s.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
+    from rl.commands import add_parsers
+
+    add_parsers(sub)  # score, eval
+    from rl.report import add_parser as add_report_parser
+    from rl.runs import add_parser as add_runs_parser
+
+    add_report_parser(sub)  # report RUN_DIR [--out FILE]
+    add_runs_parser(sub)  # runs [DIR]
     return p
 
 
@@ -34,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     flags = [a for a in argv if a in ("--debug", "--verbose")]
     rest = [a for a in argv if a not in ("--debug", "--verbose")]
     args = _parser().parse_args(rest[:1] + flags + rest[1:])
+    if getattr(args, "run", None) is not None:  # score, eval: rl/commands.py
+        return args.run(args)
     try:
         cfg = load_recipe(args.recipe, args.overrides)
         validate_recipe(cfg)

@@ -179,8 +179,9 @@ class LearnerGroup:
     """
 
     def __init__(self, n: int, model_path: str, model_cfg: Any, algo: Any, *, seed: int = 0, threads: int = 0,
-                 shm_dir: str | None = None, total_steps: int = 0, num_cpus: float = 1.0, num_gpus: float = 0,
-                 runtime_env: dict | None = None) -> None:
+                 shm_dir: str | None = None, total_steps: int = 0, num_cpus: float = 1.0, num_gpus: float = 0) -> None:
+        """``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
+        ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads."""
         import os
 
         import ray
@@ -191,11 +192,12 @@ class LearnerGroup:
             raise ValueError(f"learner_workers must be >= 1, got {n}")
         self.n = n
         port = free_port() if n > 1 else 0
-        # Each learner gets its share of the cores (threads = cores // workers).
         per = max(1, (threads or os.cpu_count() or 1) // n)
         opts: dict[str, Any] = {"num_cpus": num_cpus / n, "num_gpus": num_gpus}
-        if runtime_env:
-            opts["runtime_env"] = runtime_env
+        if n > 1:  # the rendezvous is on 127.0.0.1: every learner on the driver's node
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         cls = ray.remote(**opts)(Learner)
         self.actors = [cls.remote(model_path, model_cfg, algo, seed=seed, threads=per, shm_dir=shm_dir,
                                   total_steps=total_steps, rank=r, world_size=n, dist_port=port) for r in range(n)]

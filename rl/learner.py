@@ -1,18 +1,48 @@
-"""The learner: an HF causal LM trained with the clipped policy-gradient loss + KL to a reference.
+"""The learner: policy-gradient updates of an HF causal LM (GRPO family, REINFORCE++, PPO with a critic).
 
 ``Learner`` is a plain class (the Ray actor wraps it; tests run it in-process). One
-``step(batch)`` is one optimizer step over the whole batch, in micro-batches bounded by a
-token budget with exact gradient accumulation (the loss denominators are the full
-batch's). Only response positions go through ``lm_head`` (the prompt's logits are never
-materialised), and log-probs are computed in float32 under bf16 autocast.
+``step(batch)`` is one learner step over a batch from ``rl.batch.build_batch``:
 
-With one optimizer step per batch the sampling policy equals the current one, so the
-ratio's "old" log-probs are the learner's own detached log-probs (the engine's log-probs
-differ by bf16/kernel noise and are reported as ``rollout/logprob_diff``, not used).
+1. *Prepare* (no grad; only when needed: several updates per batch, a critic, or
+   ``algo.kl_in_reward``): one pass of the policy before any update gives the "old"
+   log-probs of the ratio, the reference's log-probs (cached for every epoch) and the
+   critic's values. Then the learner-side advantages (``rl.batch.learner_advantages``):
+   ``ppo``: per-token rewards (the outcome on the last policy token, minus ``kl_coef x KL``
+   per token with ``kl_in_reward``), GAE (``gamma``, ``lam``), advantages whitened over the
+   whole batch, returns as value targets; ``reinforce_pp`` with ``kl_in_reward``: KL-penalised
+   return-to-go, whitened; GRPO family with ``kl_in_reward``: ``reward - kl_coef x sum_t KL``
+   normalised per group. Otherwise the advantages come from ``build_batch``.
+2. *Update*: ``algo.epochs`` passes, each over ``algo.minibatches`` shuffled minibatches
+   (one optimizer step each). A minibatch runs in micro-batches bounded by
+   ``algo.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
+   minibatch's, or the batch's with one minibatch, counting ``Batch.skipped``). Loss per
+   token: clipped policy loss (clip-higher, dual clip; ``rl.losses.policy_loss``)
+   ``+ kl_coef x KL`` (unless in the reward) ``- entropy_coef x entropy``
+   ``+ vf_coef x`` clipped value loss (with a critic). Global-norm gradient clipping; LR
+   warmup + constant/cosine schedule stepped once per optimizer step.
+
+With one optimizer step per batch (the default) and no critic, no prepare pass runs: the
+sampling policy equals the current one, so the ratio's old log-probs are the learner's own
+detached log-probs (the engine's log-probs differ by bf16/kernel noise and are reported as
+``rollout/logprob_diff``, not used). Only response positions go through ``lm_head`` (the
+prompt's logits are never materialised); with ``share_prompt`` a group's prompt runs once.
+Log-probs are computed in float32 under bf16 autocast.
+
+Critic (``algo.name: ppo``): ``algo.critic: value_head`` is a linear head on the policy's
+final hidden states (trained with the policy, its own learning rate ``critic_lr``);
+``separate`` is its own copy of the model's transformer with a scalar head and its own
+optimizer. Neither is sent to the engines.
+
+Data parallel (``world_size > 1``, see ``rl.distributed``): gradients, whitening statistics
+and metrics are SUM-all-reduced; the update equals the single learner's on the same batch.
+The KL coefficient (fixed or ``rl.schedules.AdaptiveKLController``) is updated once per step
+from the batch's ``kl/mean``.
 
 ``export_weights`` writes the policy as one safetensors file into shared memory for the
 engines (``lm_head.weight`` always included: with tied embeddings an engine otherwise
-keeps a stale head). This module does not generate text or score rewards.
+keeps a stale head). ``save_checkpoint``/``load_checkpoint`` round-trip the model, critic,
+optimizers, LR schedulers, KL controller, RNG states and step counters. This module does
+not generate text or score rewards.
 """
 
 from __future__ import annotations
@@ -20,8 +50,8 @@ from __future__ import annotations
 import math
 import os
 import random
-import tempfile
 import shutil
+import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -29,33 +59,94 @@ from typing import Any
 
 import torch
 
-from rl.batch import Batch, Sample
+from rl.advantages import gae, group_normalized, reinforce_pp, whiten
+from rl.batch import Batch, Sample, learner_advantages
 from rl.config import AlgoConfig, ModelConfig
-from rl.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs
+from rl.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
+from rl.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, value_loss
+from rl.schedules import LRSchedule, kl_controller
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Additive per-step sums, all-reduced over data-parallel ranks in this order.
+_SUMS = ("loss/policy", "loss/kl", "loss/value", "loss/entropy", "kl/sum", "entropy/sum", "clip/count",
+         "dual_clip/count", "tokens", "tokens/first_epoch", "logprob_diff/sum", "logprob_diff/tokens",
+         "value/sum", "value/error_sum", "value/clip_count", "returns/sum")
+
+
+class Critic(torch.nn.Module):
+    """A separate value model: a copy of the policy's transformer trunk and a scalar head ([N, H] -> [N])."""
+
+    def __init__(self, trunk: torch.nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.trunk = trunk
+        self.head = _value_head(hidden_size)
+
+
+def _value_head(hidden_size: int) -> torch.nn.Linear:
+    head = torch.nn.Linear(hidden_size, 1)
+    torch.nn.init.zeros_(head.weight)  # V = 0 at start: deterministic, and no initial pull on the trunk
+    torch.nn.init.zeros_(head.bias)
+    return head
 
 
 class Learner:
     def __init__(self, model_path: str, model_cfg: ModelConfig, algo: AlgoConfig, *, seed: int = 0,
-                 threads: int = 0, shm_dir: str | None = None) -> None:
+                 threads: int = 0, shm_dir: str | None = None, total_steps: int = 0, rank: int = 0,
+                 world_size: int = 1, dist_port: int = 0) -> None:
+        """``total_steps``: learner steps of the run (the cosine schedule decays over
+        ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
+        ``dist_port``: data-parallel position and rendezvous (``rl.distributed``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
         random.seed(seed)
         self.algo, self.model_cfg = algo, model_cfg
+        self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if world_size > 1:
+            init_process_group(rank, world_size, dist_port, self.device)
+        self._reduce = all_reduce_sum if world_size > 1 else None
+        self.gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
+        dtype = DTYPES[model_cfg.learner_dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.learner_dtype]).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         self.model.train()
         self.model.config.use_cache = False
+        hidden_size = self.model.config.hidden_size
         self.ref = None
         if algo.kl_coef > 0:
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
             self.ref.eval().requires_grad_(False)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay,
-                                     betas=(0.9, 0.999), eps=1e-8)
+        self.value_head: torch.nn.Linear | None = None
+        self.critic: Critic | None = None
+        critic_lr = algo.critic_lr or algo.lr
+        groups = [{"params": list(self.model.parameters()), "lr": algo.lr}]
+        if algo.name == "ppo" and algo.critic == "value_head":
+            self.value_head = _value_head(hidden_size).to(self.device, dtype)
+            groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
+        elif algo.name == "ppo":
+            trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+            trunk_src.config.use_cache = False
+            self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
+            del trunk_src
+            self.critic.train()
+        self.opt = torch.optim.AdamW(groups, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+        updates = total_steps * algo.epochs * algo.minibatches
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+        self.critic_opt = self.critic_sched = None
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.weight_decay,
+                                                betas=(0.9, 0.999), eps=1e-8)
+            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
+                self.critic_opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+        self.kl_ctl = kl_controller(algo.kl_coef, algo.kl_target, algo.kl_horizon)
+        if world_size > 1:  # replicas start identical
+            broadcast_params(self._trainable())
+            if self.critic is not None:
+                broadcast_params(self.critic.parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if shm_dir:
             self.shm_dir = Path(shm_dir)  # owned (and removed) by the caller
@@ -63,7 +154,21 @@ class Learner:
         else:
             self.shm_dir = Path(tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
             weakref.finalize(self, shutil.rmtree, str(self.shm_dir), True)
-        self.steps_done = 0
+        self.steps_done = 0  # learner steps (batches) that updated the weights
+        self.updates_done = 0  # optimizer steps
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        """Parameters of the main optimizer: the policy, and the value head if any."""
+        ps = list(self.model.parameters())
+        if self.value_head is not None:
+            ps += list(self.value_head.parameters())
+        return ps
+
+    @property
+    def needs_prepare(self) -> bool:
+        """Whether a no-grad pass runs before the first update (see the module docstring)."""
+        a = self.algo
+        return a.epochs * a.minibatches > 1 or a.name == "ppo" or a.kl_in_reward
 
     # ---- forward --------------------------------------------------------------------------
     def _autocast(self):
@@ -71,30 +176,41 @@ class Learner:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def _response_logits(self, model: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits at response positions only.
+        """Logits at response positions only: (logits [N, V], targets [N], index [N]); see ``_response_hidden``."""
+        hidden, targets, index = self._response_hidden(_trunk(model), samples)
+        return model.get_output_embeddings()(hidden), targets, index
 
-        Returns (logits [N, V], targets [N], index [N] into a [B, T] response grid) where
-        N counts masked response tokens and T is the longest response in ``samples``.
-        With ``algo.share_prompt``, samples with the same prompt (a GRPO group) run the
-        prompt once and attend to its key/value cache, repeated per member; gradients still
-        flow through the prompt. Otherwise every sample runs its full sequence.
+    def _response_hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Final hidden states of the transformer ``base`` at the positions predicting response tokens.
+
+        Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
+        counts masked response tokens, in row-major (sample, position) order, and T is the
+        longest response in ``samples``. With ``algo.share_prompt``, samples with the same
+        prompt (a GRPO group) run the prompt once and attend to its key/value cache,
+        repeated per member; gradients still flow through the prompt. Otherwise every
+        sample runs its full sequence.
         """
         T = max(len(s.loss_mask) for s in samples)
         if not self.algo.share_prompt:
-            hidden, targets, index = self._full_hidden(model, samples, list(range(len(samples))), T)
-            return model.get_output_embeddings()(hidden), targets, index
+            return self._full_hidden(base, samples, list(range(len(samples))), T)
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for b, s in enumerate(samples):
             by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
         hs, tg, ix = [], [], []
         for members in by_prompt.values():
-            h, t, i = self._shared_prompt_hidden(model, [samples[b] for b in members], members, T)
+            h, t, i = self._shared_prompt_hidden(base, [samples[b] for b in members], members, T)
             hs.append(h)
             tg.append(t)
             ix.append(i)
         hidden, targets, index = torch.cat(hs), torch.cat(tg), torch.cat(ix)
         order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
-        return model.get_output_embeddings()(hidden[order]), targets[order], index[order]
+        return hidden[order], targets[order], index[order]
+
+    @staticmethod
+    def _values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+        """Scalar values [N] (float32) from hidden states [N, H], in the head's dtype, outside autocast."""
+        with torch.autocast(hidden.device.type, enabled=False):
+            return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
 
     def _select(self, members: list[Sample], rows_b: list[int], T: int) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
         """(row in chunk, response position) of every masked token, their targets and grid index."""
@@ -109,14 +225,13 @@ class Learner:
         dev = self.device
         return g_idx, j_idx, torch.tensor(tgt, dtype=torch.long, device=dev), torch.tensor(ix, dtype=torch.long, device=dev)
 
-    def _full_hidden(self, model: Any, members: list[Sample], rows_b: list[int], T: int):
+    def _full_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
         L = max(len(s.input_ids) for s in members)
         ids = torch.full((len(members), L), self.pad_id, dtype=torch.long)
         att = torch.zeros((len(members), L), dtype=torch.long)
         for g, s in enumerate(members):
             ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
             att[g, : len(s.input_ids)] = 1
-        base = getattr(model, model.base_model_prefix)
         hidden = base(input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
         g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
         # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
@@ -124,11 +239,10 @@ class Learner:
         return hidden[torch.tensor(g_idx, dtype=torch.long, device=self.device),
                       torch.tensor(pos, dtype=torch.long, device=self.device)], tgt, ix
 
-    def _shared_prompt_hidden(self, model: Any, members: list[Sample], rows_b: list[int], T: int):
+    def _shared_prompt_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
         p = members[0].prompt_len
         G = len(members)
         R = max(len(s.input_ids) - p for s in members)
-        base = getattr(model, model.base_model_prefix)
         prompt = torch.tensor([members[0].input_ids[:p]], device=self.device)
         out = base(input_ids=prompt, use_cache=True)
         last = out.last_hidden_state[:, -1:].expand(G, 1, -1)  # predicts response token 0
@@ -199,79 +313,306 @@ class Learner:
 
     # ---- training -------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step over ``batch``; returns metrics (``loss/policy``, ``kl/mean``, ...)."""
+        """One learner step over ``batch``: ``epochs x minibatches`` optimizer steps; returns metrics.
+
+        Metrics: ``loss/policy`` (and ``loss/kl``, ``loss/value``, ``loss/entropy``): each
+        minibatch's aggregated loss term, averaged over the step's optimizer steps
+        (``loss/kl`` is the aggregated KL before the coefficient, also when the KL is in the
+        reward); ``kl/mean``, ``entropy/mean``, ``clip/fraction``, ``value/*``: token means
+        over every update pass; ``grad/norm``: mean pre-clip global norm; ``lr``: learning
+        rate of the step's last optimizer step; ``kl/coef``: the coefficient used in this step;
+        ``learner/tokens``: policy tokens computed per epoch; ``learner/updates``;
+        ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
+        gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update.
+        Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
+        An empty batch (nothing to compute on any rank) leaves the weights alone.
+        """
         t0 = time.perf_counter()
         a = self.algo
-        sums: dict[str, float] = {"loss/policy": 0.0, "loss/kl": 0.0, "kl/sum": 0.0, "entropy/sum": 0.0,
-                                  "clip/count": 0.0, "logprob_diff/sum": 0.0, "tokens": 0.0}
-        self.opt.zero_grad(set_to_none=True)
-        if batch.samples:
-            for mb in self._micro_batches(batch.samples):
-                self._accumulate(mb, batch, sums)
-        grad_norm = self._grad_norm()
-        finite = math.isfinite(grad_norm)
-        if batch.samples and finite:
-            if a.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
-            self.opt.step()
-            self.steps_done += 1
-        n = max(sums["tokens"], 1.0)
+        sums = dict.fromkeys(_SUMS, 0.0)
+        members = sorted(batch.samples + batch.skipped, key=lambda s: s.uid)
+        n_computed, m_tokens, m_seqs = self._global(
+            [len(batch.samples), sum(s.num_tokens for s in members), sum(1 for s in members if s.num_tokens > 0)])
+        if a.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
+            raise ValueError(f"batch.num_tokens/num_seqs ({batch.num_tokens}, {batch.num_seqs}) do not count exactly its "
+                             f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
+                             "to (build_batch's batches do)")
+        coef = self.kl_ctl.value
+        st: dict[str, Any] = {"norms": [], "critic_norms": [], "skipped": 0, "lr": self.opt.param_groups[0]["lr"]}
+        updates = 0
+        if n_computed:
+            prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
+            computed = {id(s) for s in batch.samples}
+            for epoch in range(a.epochs):
+                for mb in self._minibatches(members):
+                    if a.minibatches == 1:
+                        denom = (batch.num_tokens, batch.num_seqs)
+                    else:  # the global minibatch's counts: the sum of the ranks' local ones
+                        nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
+                        denom = (nt, ns)
+                    self.opt.zero_grad(set_to_none=True)
+                    if self.critic_opt is not None:
+                        self.critic_opt.zero_grad(set_to_none=True)
+                    work = [s for s in mb if id(s) in computed]
+                    if work:
+                        for micro in self._micro_batches(work):
+                            self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
+                    elif mb:  # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
+                        for p in self._trainable():
+                            p.grad = torch.zeros_like(p)
+                    updates += self._update(st)
+            if updates:
+                self.steps_done += 1
+        tot = dict(zip(_SUMS, self._global([sums[k] for k in _SUMS])))
+        n_up = a.epochs * a.minibatches if n_computed else 1
+        n = max(tot["tokens"], 1.0)
         m = {
-            "loss/policy": sums["loss/policy"],
-            "entropy/mean": sums["entropy/sum"] / n,
-            "clip/fraction": sums["clip/count"] / n,
-            "grad/norm": grad_norm,
-            "lr": self.opt.param_groups[0]["lr"],
-            "learner/tokens": sums["tokens"],
-            "learner/skipped_update": float(bool(batch.samples) and not finite),
-            "rollout/logprob_diff": sums["logprob_diff/sum"] / n,
-            "timing/learner_compute_s": time.perf_counter() - t0,
+            "loss/policy": tot["loss/policy"] / n_up,
+            "entropy/mean": tot["entropy/sum"] / n,
+            "clip/fraction": tot["clip/count"] / n,
+            "grad/norm": sum(st["norms"]) / len(st["norms"]) if st["norms"] else 0.0,
+            "lr": st["lr"],
+            "learner/tokens": tot["tokens/first_epoch"],
+            "learner/updates": float(updates),
+            "learner/skipped_update": st["skipped"] / n_up if n_computed else 0.0,
+            "rollout/logprob_diff": tot["logprob_diff/sum"] / max(tot["logprob_diff/tokens"], 1.0),
         }
+        if a.dual_clip:
+            m["clip/dual_fraction"] = tot["dual_clip/count"] / n
+        if a.entropy_coef:
+            m["loss/entropy"] = tot["loss/entropy"] / n_up
         if self.ref is not None:
-            m["loss/kl"] = sums["loss/kl"]
-            m["kl/mean"] = sums["kl/sum"] / n
+            m["loss/kl"] = tot["loss/kl"] / n_up
+            m["kl/mean"] = tot["kl/sum"] / n
+            m["kl/coef"] = coef
+            if n_computed:
+                self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
+        if self.value_head is not None or self.critic is not None:
+            m["loss/value"] = tot["loss/value"] / n_up
+            m["value/mean"] = tot["value/sum"] / n
+            m["value/error"] = tot["value/error_sum"] / n
+            m["value/clip_fraction"] = tot["value/clip_count"] / n
+            m["returns/mean"] = tot["returns/sum"] / n
+        if self.critic is not None:
+            m["critic/grad_norm"] = sum(st["critic_norms"]) / len(st["critic_norms"]) if st["critic_norms"] else 0.0
+        m["timing/learner_compute_s"] = time.perf_counter() - t0
         return m
 
-    def _accumulate(self, mb: list[Sample], batch: Batch, sums: dict[str, float]) -> None:
+    def prepare(self, batch: Batch) -> dict[str, list[list[float]]]:
+        """``step``'s prepare pass on ``batch``, without any update (for inspection and tests).
+
+        Per sample of ``batch.samples``, lists over its masked tokens: ``old`` (policy
+        log-probs), and where they apply ``ref`` (reference log-probs), ``values`` (critic),
+        ``adv`` and ``returns`` (learner-side advantages and value targets).
+        """
+        prep = self._prepare(batch, dict.fromkeys(_SUMS, 0.0), self.kl_ctl.value)
+        return {k: [v[id(s)].tolist() for s in batch.samples] for k, v in prep.items() if v}
+
+    def _global(self, values: list[float]) -> list[float]:
+        """``values`` summed over the data-parallel ranks (as is with one learner)."""
+        if self._reduce is None:
+            return [float(v) for v in values]
+        return self._reduce(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
+
+    def _minibatches(self, members: list[Sample]) -> list[list[Sample]]:
+        """One epoch's minibatches: ``algo.minibatches`` parts of a random permutation (in batch order for one update)."""
         a = self.algo
-        B, T = len(mb), max(len(s.loss_mask) for s in mb)
-        with self._autocast():
-            logits, targets, index = self._response_logits(self.model, mb)
-        logp_flat = token_logprobs(logits, targets)
-        with torch.no_grad():
-            ent_flat = entropy_from_logits(logits.detach())
-        del logits
-        logp = self._to_grid(logp_flat, index, B, T)
-        mask = self._to_grid(torch.ones_like(logp_flat), index, B, T)
-        adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
-        loss, st = policy_loss(logp, logp.detach(), adv, mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                               agg=a.loss_agg, num_tokens=batch.num_tokens, num_seqs=batch.num_seqs)
-        total = loss
-        if self.ref is not None:
-            with torch.no_grad(), self._autocast():
-                ref_logits, _, _ = self._response_logits(self.ref, mb)
-                ref_flat = token_logprobs(ref_logits, targets)
+        if a.epochs * a.minibatches == 1:
+            return [members]
+        perm = torch.randperm(len(members), generator=self.gen)
+        return [[members[i] for i in part.tolist()] for part in torch.tensor_split(perm, a.minibatches)]
+
+    @staticmethod
+    def _cat(store: dict[int, torch.Tensor], mb: list[Sample]) -> torch.Tensor:
+        """Per-sample flat tensors of ``mb`` concatenated: row-major (sample, masked position) order."""
+        return torch.cat([store[id(s)] for s in mb])
+
+    @staticmethod
+    def _split(flat: torch.Tensor, mb: list[Sample], store: dict[int, torch.Tensor]) -> None:
+        for s, piece in zip(mb, torch.split(flat.detach(), [s.num_tokens for s in mb])):
+            store[id(s)] = piece
+
+    @torch.no_grad()
+    def _prepare(self, batch: Batch, sums: dict[str, float], coef: float) -> dict[str, dict[int, torch.Tensor]]:
+        """No-grad pass before the first update: old log-probs, reference log-probs and values
+        per sample (flat over its masked tokens); then the learner-side advantages and returns."""
+        prep: dict[str, dict[int, torch.Tensor]] = {"old": {}, "ref": {}, "values": {}, "adv": {}, "returns": {}}
+        for micro in self._micro_batches(batch.samples):
+            with self._autocast():
+                hidden, targets, _ = self._response_hidden(_trunk(self.model), micro)
+                logits = self.model.get_output_embeddings()(hidden)
+            old = token_logprobs(logits, targets)
+            del logits
+            self._split(old, micro, prep["old"])
+            if self.value_head is not None:
+                self._split(self._values(self.value_head, hidden), micro, prep["values"])
+            del hidden
+            if self.ref is not None:
+                with self._autocast():
+                    ref_logits, _, _ = self._response_logits(self.ref, micro)
+                self._split(token_logprobs(ref_logits, targets), micro, prep["ref"])
                 del ref_logits
-            ref = self._to_grid(ref_flat, index, B, T)
-            kl_tok = kl(logp, ref, a.kl_kind)
-            kl_loss = aggregate(kl_tok, mask, a.loss_agg, num_tokens=batch.num_tokens, num_seqs=batch.num_seqs)
-            total = total + a.kl_coef * kl_loss
-            sums["loss/kl"] += float(kl_loss.detach())
-            sums["kl/sum"] += float((kl_tok.detach() * mask).sum())
-        total.backward()
-        ntok = float(mask.sum())
+            if self.critic is not None:
+                with self._autocast():
+                    ch, _, _ = self._response_hidden(self.critic.trunk, micro)
+                self._split(self._values(self.critic.head, ch), micro, prep["values"])
+            self._logprob_diff(old, micro, sums)
+        if learner_advantages(self.algo):
+            self._advantages(batch.samples, prep, coef)
+        return prep
+
+    def _logprob_diff(self, logp_flat: torch.Tensor, mb: list[Sample], sums: dict[str, float]) -> None:
         engine = torch.tensor([lp for s in mb for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m],
                               dtype=torch.float32, device=self.device)
-        # index order is row-major over (sample, position), the same order as this flattening.
+        # logp_flat is row-major over (sample, masked position), the same order as this flattening.
         sums["logprob_diff/sum"] += float((logp_flat.detach() - engine).abs().sum())
-        sums["loss/policy"] += float(loss.detach())
-        sums["entropy/sum"] += float(ent_flat.sum())
-        sums["clip/count"] += st["clip/fraction"] * ntok
-        sums["tokens"] += ntok
+        sums["logprob_diff/tokens"] += float(engine.numel())
 
-    def _grad_norm(self) -> float:
-        norms = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+    def _advantages(self, samples: list[Sample], prep: dict[str, dict[int, torch.Tensor]], coef: float) -> None:
+        """Learner-side advantages (and PPO returns) into ``prep["adv"]``/``prep["returns"]``; see the module docstring."""
+        a, dev = self.algo, self.device
+        B, T = len(samples), max((len(s.loss_mask) for s in samples), default=0)
+        mask = torch.zeros(B, T, dtype=torch.bool, device=dev)
+        for i, s in enumerate(samples):
+            mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool, device=dev)
+
+        def grid(store: dict[int, torch.Tensor]) -> torch.Tensor:
+            g = torch.zeros(B, T, dtype=torch.float32, device=dev)
+            for i, s in enumerate(samples):
+                g[i, mask[i]] = store[id(s)].float()
+            return g
+
+        scores = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
+        kl_tok = None
+        if a.kl_in_reward:
+            kl_tok = torch.where(mask, kl(grid(prep["old"]), grid(prep["ref"]), a.kl_kind), 0.0)
+        returns = None
+        if a.name == "ppo":
+            rewards = -coef * kl_tok if kl_tok is not None else torch.zeros(B, T, device=dev)
+            pos = torch.arange(T, device=dev).expand(B, T)
+            last = torch.where(mask, pos, -1).amax(dim=1) if T else torch.zeros(B, dtype=torch.long, device=dev)
+            rewards = rewards + torch.where(mask & (pos == last[:, None]), scores[:, None], 0.0)
+            adv, returns = gae(rewards, grid(prep["values"]), mask, a.gamma, a.lam)
+            adv = whiten(adv, mask, shift_mean=True, reduce_sum=self._reduce)
+        elif a.name == "reinforce_pp":
+            pen = -coef * kl_tok if kl_tok is not None else None
+            adv = reinforce_pp(scores, mask, token_rewards=pen, gamma=a.gamma, reduce_sum=self._reduce)
+        else:  # GRPO family with the KL in the reward: a sequence-level penalty, then group baselines
+            seq = scores - coef * kl_tok.sum(dim=1)  # type: ignore[union-attr]
+            gids = torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)
+            per_seq = group_normalized(seq, gids, std_normalize=a.name == "grpo", leave_one_out=a.name == "rloo")
+            adv = torch.where(mask, per_seq[:, None].float(), 0.0)
+        for i, s in enumerate(samples):
+            prep["adv"][id(s)] = adv[i][mask[i]].float()
+            if returns is not None:
+                prep["returns"][id(s)] = returns[i][mask[i]].float()
+
+    def _accumulate(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, denom: tuple[float, float],
+                    sums: dict[str, float], coef: float, first_epoch: bool) -> None:
+        """Forward + backward of one micro-batch; gradients accumulate (the loss is its part of the minibatch's)."""
+        a = self.algo
+        nt, ns = denom
+        B, T = len(mb), max(len(s.loss_mask) for s in mb)
+        with self._autocast():
+            hidden, targets, index = self._response_hidden(_trunk(self.model), mb)
+            logits = self.model.get_output_embeddings()(hidden)
+        values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
+        del hidden
+        logp_flat = token_logprobs(logits, targets)
+        if a.entropy_coef > 0:
+            ent_flat = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                ent_flat = entropy_from_logits(logits.detach())
+        del logits
+
+        def grid(flat: torch.Tensor) -> torch.Tensor:
+            return self._to_grid(flat, index, B, T)
+
+        logp = grid(logp_flat)
+        mask = grid(torch.ones_like(logp_flat))
+        old = grid(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
+        if prep is not None and learner_advantages(a):
+            adv = grid(self._cat(prep["adv"], mb))
+        else:
+            adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
+        loss, pst = policy_loss(logp, old, adv, mask, clip_low=a.clip_low, clip_high=a.clip_high,
+                                dual_clip=a.dual_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns)
+        total = loss
+        if self.ref is not None:
+            if prep is not None:
+                ref_flat = self._cat(prep["ref"], mb)
+            else:
+                with torch.no_grad(), self._autocast():
+                    ref_logits, _, _ = self._response_logits(self.ref, mb)
+                    ref_flat = token_logprobs(ref_logits, targets)
+                    del ref_logits
+            kl_tok = kl(logp.detach() if a.kl_in_reward else logp, grid(ref_flat), a.kl_kind)
+            kl_loss = aggregate(kl_tok, mask, a.loss_agg, num_tokens=nt, num_seqs=ns)
+            if not a.kl_in_reward:
+                total = total + coef * kl_loss
+            sums["loss/kl"] += float(kl_loss.detach())
+            sums["kl/sum"] += float((kl_tok.detach() * mask).sum())
+        if a.entropy_coef > 0:
+            ent_loss = aggregate(grid(ent_flat), mask, a.loss_agg, num_tokens=nt, num_seqs=ns)
+            total = total - a.entropy_coef * ent_loss
+            sums["loss/entropy"] += float(ent_loss.detach())
+        ntok = float(mask.sum())
+        if self.critic is not None:
+            with self._autocast():
+                ch, _, _ = self._response_hidden(self.critic.trunk, mb)
+            values_flat = self._values(self.critic.head, ch)
+        if values_flat is not None:
+            assert prep is not None  # a critic always runs the prepare pass
+            ret = grid(self._cat(prep["returns"], mb))
+            vloss, vst = value_loss(grid(values_flat), grid(self._cat(prep["values"], mb)), ret, mask,
+                                    clip=a.value_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns)
+            total = total + a.vf_coef * vloss
+            sums["loss/value"] += float(vloss.detach())
+            sums["value/sum"] += vst["value/mean"] * ntok
+            sums["value/error_sum"] += vst["value/error"] * ntok
+            sums["value/clip_count"] += vst["value/clip_fraction"] * ntok
+            sums["returns/sum"] += float((ret * mask).sum())
+        total.backward()
+        if prep is None and first_epoch:
+            self._logprob_diff(logp_flat, mb, sums)
+        sums["loss/policy"] += float(loss.detach())
+        sums["entropy/sum"] += float(ent_flat.detach().sum())
+        sums["clip/count"] += pst["clip/fraction"] * ntok
+        sums["dual_clip/count"] += pst["clip/dual_fraction"] * ntok
+        sums["tokens"] += ntok
+        if first_epoch:
+            sums["tokens/first_epoch"] += ntok
+
+    def _update(self, st: dict[str, Any]) -> int:
+        """All-reduce (data parallel), clip and apply the accumulated gradients; 1 if the policy stepped."""
+        a = self.algo
+        params = self._trainable()
+        all_reduce_grads(params)
+        norm = _grad_norm(params)
+        st["norms"].append(float(norm))
+        st["lr"] = self.opt.param_groups[0]["lr"]
+        stepped = 0
+        if math.isfinite(float(norm)):
+            if a.max_grad_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, a.max_grad_norm, norm)
+            self.opt.step()
+            self.sched.step()
+            self.updates_done += 1
+            stepped = 1
+        else:
+            st["skipped"] += 1
+        if self.critic is not None:
+            cps = list(self.critic.parameters())
+            all_reduce_grads(cps)
+            cnorm = _grad_norm(cps)
+            st["critic_norms"].append(float(cnorm))
+            if math.isfinite(float(cnorm)):
+                if a.max_grad_norm > 0:
+                    torch.nn.utils.clip_grads_with_norm_(cps, a.max_grad_norm, cnorm)
+                self.critic_opt.step()  # type: ignore[union-attr]
+                self.critic_sched.step()  # type: ignore[union-attr]
+        return stepped
 
     # ---- weights & checkpoints ----------------------------------------------------------
     def export_weights(self, dtype: str = "bfloat16") -> str:
@@ -298,26 +639,84 @@ class Learner:
             logits, targets, _ = self._response_logits(self.model, [s])
             return token_logprobs(logits, targets).tolist()
 
+    def _critic_module(self) -> torch.nn.Module | None:
+        return self.critic if self.critic is not None else self.value_head
+
     def save_checkpoint(self, path: str) -> None:
-        """Model (HF folder), tokenizer, optimizer and RNG states into folder ``path``."""
+        """Into folder ``path``: ``model/`` (HF folder + tokenizer), ``critic.safetensors`` (value
+        head or separate critic, if any) and ``learner_state.pt`` (optimizers, LR schedulers,
+        KL controller, torch/Python/shuffle/CUDA RNG states, ``steps_done``, ``updates_done``)."""
+        from safetensors.torch import save_file
+
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(p / "model")
         self.tokenizer.save_pretrained(p / "model")
-        torch.save({"optimizer": self.opt.state_dict(), "steps_done": self.steps_done,
-                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, p / "learner_state.pt")
+        crit = self._critic_module()
+        if crit is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors"))
+        state = {
+            "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
+            "critic_scheduler": self.critic_sched.state_dict() if self.critic_sched is not None else None,
+            "kl_controller": self.kl_ctl.state_dict(), "steps_done": self.steps_done, "updates_done": self.updates_done,
+            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "shuffle_rng": self.gen.get_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "algo": self.algo.name, "critic": self.algo.critic if crit is not None else None,
+        }
+        torch.save(state, p / "learner_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
+        """Restore everything ``save_checkpoint`` wrote; the learner must be built with the same algorithm and critic."""
         from safetensors.torch import load_file
 
         p = Path(path)
-        sd = load_file(str(p / "model" / "model.safetensors"))
-        self.model.load_state_dict(sd, strict=False)
         st = torch.load(p / "learner_state.pt", weights_only=False)
+        crit = self._critic_module()
+        if st.get("critic") != (self.algo.critic if crit is not None else None):
+            raise ValueError(f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
+                             f"({self.algo.critic if crit is not None else None!r})")
+        sd: dict[str, torch.Tensor] = {}
+        for f in sorted((p / "model").glob("*.safetensors")):
+            sd.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"{p / 'model'}: weights do not fit the model (missing {sorted(set(missing) - tied)}, "
+                             f"unexpected {sorted(unexpected)})")
+        if crit is not None:
+            crit.load_state_dict(load_file(str(p / "critic.safetensors")))
         self.opt.load_state_dict(st["optimizer"])
+        self.sched.load_state_dict(st["scheduler"])
+        if self.critic_opt is not None:
+            self.critic_opt.load_state_dict(st["critic_optimizer"])
+            self.critic_sched.load_state_dict(st["critic_scheduler"])  # type: ignore[union-attr]
+        self.kl_ctl.load_state_dict(st["kl_controller"])
         self.steps_done = st["steps_done"]
+        self.updates_done = st.get("updates_done", 0)
         torch.set_rng_state(st["torch_rng"])
         random.setstate(st["python_rng"])
+        self.gen.set_state(st["shuffle_rng"])
+        if st.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(st["cuda_rng"])
 
     def shutdown(self) -> None:
         shutil.rmtree(self.shm_dir, ignore_errors=True)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _trunk(model: Any) -> Any:
+    """The transformer of a causal LM (``model.model`` for Llama/Qwen2), or ``model`` itself if it is one."""
+    return getattr(model, model.base_model_prefix, model)
+
+
+def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Global L2 norm of the gradients (float32; 0 without any gradient)."""
+    norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+    if not norms:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(norms))

@@ -148,12 +148,17 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Task], list[Task]]:
 
 
 class Actors:
-    """The run's Ray actors, their start-up and their shutdown."""
+    """The run's Ray actors, their start-up and their shutdown.
+
+    Learners: ``algo.learner_workers`` data-parallel ``Learner`` actors (``rl.distributed.LearnerGroup``);
+    ``learner`` is rank 0's handle (weights export, log-probs, checkpoints).
+    """
 
     def __init__(self, cfg: Recipe, model_path: str, out: Path, verbose: bool) -> None:
         self.cfg, self.model_path, self.out, self.verbose = cfg, model_path, out, verbose
         self.pool: Any = None
         self.rewards: Any = None
+        self.learners: Any = None
         self.learner: Any = None
         self._own_ray = False
         self._old_term: Any = None
@@ -162,7 +167,7 @@ class Actors:
     def start(self) -> None:
         import ray
 
-        from rl.learner import Learner
+        from rl.distributed import LearnerGroup
 
         cfg, r = self.cfg, self.cfg.rollout
         # SIGTERM becomes an exception so that `finally` shuts the engines down.
@@ -181,20 +186,21 @@ class Actors:
         # Weights travel through shared memory; the driver owns the folder so that it goes
         # away on every exit path, even when the learner is busy or dead.
         self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self.learner = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0)(Learner).remote(
-            self.model_path, cfg.model, cfg.algo, seed=cfg.run.seed, threads=cfg.run.threads, shm_dir=self.shm_dir)
+        self.learners = LearnerGroup(cfg.algo.learner_workers, self.model_path, cfg.model, cfg.algo, seed=cfg.run.seed,
+                                     threads=cfg.run.threads, shm_dir=self.shm_dir, total_steps=cfg.train.steps,
+                                     num_cpus=1, num_gpus=1 if gpu else 0)
+        self.learner = self.learners.actors[0]
         self.pool = RolloutPool(r.num_engines, self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
                                 num_cpus=0.5, num_gpus=1 if gpu else 0, dtype=cfg.model.engine_dtype, seed=cfg.run.seed,
                                 max_model_len=r.max_model_len, kv_cache_gib=r.kv_cache_gib,
                                 gpu_memory_utilization=r.gpu_memory_utilization)
         specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
         self.rewards = RewardService(specs, workers=cfg.reward_service.workers, timeout_s=cfg.reward_service.timeout_s)
-        ray.get(self.learner.__ray_ready__.remote())
+        self.learners.ready()
 
     def learner_step(self, batch: Any) -> dict[str, float]:
-        import ray
-
-        return ray.get(self.learner.step.remote(batch))
+        """One learner step: the batch sharded over the learners, metrics of the whole batch."""
+        return self.learners.step(batch)
 
     def sync_weights(self) -> None:
         import ray
@@ -226,8 +232,8 @@ class Actors:
                 self.pool.shutdown()
             if self.rewards is not None:
                 self.rewards.shutdown()
-            if self.learner is not None:
-                ray.kill(self.learner)
+            if self.learners is not None:
+                self.learners.kill()
         finally:
             if self.shm_dir:
                 shutil.rmtree(self.shm_dir, ignore_errors=True)

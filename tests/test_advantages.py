@@ -165,3 +165,38 @@ def test_whiten_keep_mean():
 def test_whiten_empty_mask_is_zero_not_nan():
     out = whiten(W_VALUES, torch.zeros_like(W_MASK))
     close(out, torch.zeros(2, 5))
+
+
+# --------------------------------------------------------------------------- reduce_sum (data-parallel statistics)
+
+
+def test_whiten_reduce_sum_gives_whole_batch_statistics():
+    # Shard 0 holds x = [1, 2, (pad)], shard 1 holds [6] (the other half of a batch [1, 2, 6]).
+    # Whole batch: mean 3, population var ((1-3)^2 + (2-3)^2 + (6-3)^2) / 3 = (4 + 1 + 9) / 3 = 14/3,
+    # std sqrt(14/3) = 2.1602469 -> shard 0 whitened: [-2 / 2.1602469, -1 / 2.1602469, 0] = [-0.9258201, -0.4629100, 0]
+    x0, m0 = torch.tensor([[1.0, 2.0, 99.0]]), torch.tensor([[1, 1, 0]])
+    # Shard 1's partial sums: [sum x, count] = [6, 1], then [sum (x - mu)^2] = [(6 - 3)^2].
+    shard1 = iter([torch.tensor([6.0, 1.0]), torch.tensor([9.0])])
+    close(whiten(x0, m0, eps=0.0, reduce_sum=lambda t: t + next(shard1)), [[-0.9258201, -0.4629100, 0.0]])
+    # Identity reduce: the local result, bit for bit.
+    x = torch.tensor([[0.3, -1.2, 2.5], [4.0, 0.0, 0.7]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    assert torch.equal(whiten(x, m, reduce_sum=lambda t: t), whiten(x, m))
+
+
+def test_reinforce_pp_reduce_sum_duplicated_batch():
+    # A "second shard" identical to the first doubles every partial sum, leaving mean and
+    # (population) variance unchanged: the result must equal the local one, in both variants.
+    scores = torch.tensor([1.0, 0.0, 0.5])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    double = lambda t: 2 * t  # noqa: E731
+    close(reinforce_pp(scores, mask, reduce_sum=double), reinforce_pp(scores, mask), atol=1e-6)
+    tok = torch.tensor([[-0.1, 0.2, 0.0], [0.3, 0.0, 0.0], [0.0, -0.2, 0.1]])
+    close(reinforce_pp(scores, mask, token_rewards=tok, reduce_sum=double),
+          reinforce_pp(scores, mask, token_rewards=tok), atol=1e-6)
+    # And a reduce that adds a different shard changes the result (the hook is used): shard 1 = one
+    # score 3.0 -> mean (1 + 0 + 0.5 + 3) / 4 = 1.125; population var = (0.015625 + 1.265625 + 0.390625
+    # + 3.515625) / 4 = 1.296875, std 1.1388041; A(1.0) = -0.125 / 1.1388051 = -0.1097642
+    extra = iter([torch.tensor([3.0, 1.0]), torch.tensor([(3.0 - 1.125) ** 2])])
+    out = reinforce_pp(scores, mask, reduce_sum=lambda t: t + next(extra))
+    close(out[0], [-0.1097642, -0.1097642, 0.0])

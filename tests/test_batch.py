@@ -84,9 +84,12 @@ def test_advantages_and_skipping_without_kl(name, group0, abs_mean):
     # Group 1 has advantage exactly 0 and no KL term: its 3 samples are left out of the compute ...
     assert advs(batch) == pytest.approx(group0, abs=TOL)
     assert len(batch.samples) == 3
-    # ... but still counted in the loss denominators: tokens 2+2+1+3+2+1 = 11, sequences 6.
+    # ... but still counted in the loss denominators: tokens 2+2+1+3+2+1 = 11, sequences 6 ...
     assert batch.num_tokens == 11
     assert batch.num_seqs == 6
+    # ... and kept in Batch.skipped (d, e, f: uids 3, 4, 5 with 3, 2, 1 tokens) for minibatch counts.
+    assert [(s.uid, s.num_tokens) for s in batch.skipped] == [(3, 3), (4, 2), (5, 1)]
+    assert [s.uid for s in batch.samples] == [0, 1, 2]
     assert stats["batch/excluded"] == 0.0
     assert stats["batch/samples"] == 3.0
     assert stats["groups/zero_variance_fraction"] == 0.5  # 1 of 2 groups
@@ -116,7 +119,11 @@ def test_sample_fields():
     b = batch.samples[1]  # trajectory b: prompt [7, 8], response [100, 101, 102], mask [1, 0, 1]
     assert b == Sample(input_ids=[7, 8, 100, 101, 102], prompt_len=2, loss_mask=[1, 0, 1],
                        rollout_logprobs=[-0.5, 0.0, -0.5], advantage=pytest.approx(-0.3333333, abs=TOL),
-                       domain="tool_call")
+                       domain="tool_call", reward=0.0, group_id=0, uid=1)
+    assert b.num_tokens == 2
+    # Skipped (zero-advantage) samples carry their fields too: d is the first of group 1.
+    d = batch.skipped[0]
+    assert (d.uid, d.group_id, d.reward, d.advantage, d.num_tokens) == (3, 1, 1.0, 0.0, 3)
     # The sample's lists are copies: mutating them leaves the trajectory alone.
     b.input_ids.append(0)
     b.loss_mask.append(0)
@@ -188,6 +195,45 @@ def test_equal_inexact_rewards_are_a_zero_variance_group(name):
     assert len(batch.samples) == 3
     batch_kl, _ = build_batch(trajs, AlgoConfig(name=name, kl_coef=0.1))
     assert advs(batch_kl)[3:] == [0.0, 0.0, 0.0]
+
+
+def test_entropy_bonus_keeps_zero_advantage_samples():
+    # An entropy bonus gives every sample a gradient: nothing may be skipped.
+    batch, _ = build_batch(two_groups(), AlgoConfig(name="grpo", entropy_coef=0.01))
+    assert len(batch.samples) == 6 and batch.skipped == []
+
+
+def test_drop_zero_variance_groups():
+    batch, stats = build_batch(two_groups(), AlgoConfig(name="grpo", zero_variance="drop"))
+    # Group 1 leaves the batch and its denominators: tokens 2 + 2 + 1 = 5, sequences 3.
+    assert (batch.num_tokens, batch.num_seqs) == (5, 3)
+    assert [s.group_id for s in batch.samples] == [0, 0, 0] and batch.skipped == []
+    assert stats["groups/zero_variance_fraction"] == 0.5
+    assert advs(batch) == pytest.approx([1.1547005, -0.5773503, -0.5773503], abs=TOL)
+
+
+def test_reinforce_pp_batch_normalised_advantages():
+    # Scores [1, 0, 0, 1, 1, 1]: mean 4/6 = 0.6666667; population std = sqrt(mean of squared
+    # deviations) = sqrt((4 * (1/3)^2 + 2 * (2/3)^2) / 6) = sqrt((4/9 + 8/9) / 6) = sqrt(2/9) = 0.4714045
+    # A = (s - mean) / (std + 1e-6): 1 -> 0.3333333 / 0.4714055 = 0.7071053; 0 -> -0.6666667 / 0.4714055 = -1.4142106
+    batch, stats = build_batch(two_groups(), AlgoConfig(name="reinforce_pp"))
+    assert advs(batch) == pytest.approx([0.7071053, -1.4142106, -1.4142106, 0.7071053, 0.7071053, 0.7071053], abs=TOL)
+    assert (batch.num_tokens, batch.num_seqs) == (11, 6) and batch.skipped == []
+    assert stats["groups/zero_variance_fraction"] == 0.5  # reported for every algorithm
+
+
+@pytest.mark.parametrize("algo", [AlgoConfig(name="ppo"), AlgoConfig(name="grpo", kl_coef=0.1, kl_in_reward=True),
+                                  AlgoConfig(name="reinforce_pp", kl_coef=0.1, kl_in_reward=True)])
+def test_learner_side_advantages_carry_rewards_and_groups(algo):
+    # PPO and KL-in-reward advantages need the learner's models: build_batch leaves them at 0,
+    # keeps every sample (none skipped) and hands over the scalar rewards and group ids.
+    batch, stats = build_batch(two_groups(), algo)
+    assert advs(batch) == [0.0] * 6 and batch.skipped == []
+    assert [s.reward for s in batch.samples] == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert [s.group_id for s in batch.samples] == [0, 0, 0, 1, 1, 1]
+    assert [s.uid for s in batch.samples] == [0, 1, 2, 3, 4, 5]
+    assert (batch.num_tokens, batch.num_seqs) == (11, 6)
+    assert "adv/abs_mean" not in stats
 
 
 def test_build_batch_does_not_mutate_input():

@@ -27,8 +27,9 @@ def enc(tok, text: str) -> list[int]:
 def make_learner(tiny_model_path, tmp_path):
     made: list[Learner] = []
 
-    def make(algo: AlgoConfig = ALGO, seed: int = 0) -> Learner:
-        lrn = Learner(tiny_model_path, MODEL_CFG, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"))
+    def make(algo: AlgoConfig = ALGO, seed: int = 0, total_steps: int = 0) -> Learner:
+        lrn = Learner(tiny_model_path, MODEL_CFG, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"),
+                      total_steps=total_steps)
         made.append(lrn)
         return lrn
 
@@ -60,6 +61,12 @@ def make_batch(tok) -> Batch:
 
 def params(lrn: Learner) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in lrn.model.named_parameters()}
+
+
+def use_sgd(lrn: Learner, lr: float = 1.0) -> None:
+    """Plain SGD (an update linear in the gradient) in place of AdamW, with a constant schedule."""
+    lrn.opt = torch.optim.SGD(lrn.model.parameters(), lr=lr)
+    lrn.sched = torch.optim.lr_scheduler.LambdaLR(lrn.opt, lambda s: 1.0)
 
 
 def test_step_updates_weights(make_learner, tiny_tokenizer):
@@ -151,7 +158,7 @@ def test_gradient_accumulation_params_with_sgd(make_learner, tiny_tokenizer):
     small = make_learner(dataclasses.replace(ALGO, micro_batch_tokens=1))
     large = make_learner(dataclasses.replace(ALGO, micro_batch_tokens=1 << 16))
     for lrn in (small, large):
-        lrn.opt = torch.optim.SGD(lrn.model.parameters(), lr=1.0)
+        use_sgd(lrn)
     before = params(small)
     small.step(batch)
     large.step(batch)
@@ -174,7 +181,7 @@ def test_shared_prompt_matches_full_sequences(make_learner, tiny_tokenizer):
     shared = make_learner(dataclasses.replace(ALGO, share_prompt=True))
     full = make_learner(dataclasses.replace(ALGO, share_prompt=False))
     for lrn in (shared, full):
-        lrn.opt = torch.optim.SGD(lrn.model.parameters(), lr=1.0)
+        use_sgd(lrn)
     m_s, m_f = shared.step(batch), full.step(batch)
     assert m_s["loss/policy"] == pytest.approx(m_f["loss/policy"], abs=1e-6)
     assert m_s["entropy/mean"] == pytest.approx(m_f["entropy/mean"], abs=1e-5)
@@ -295,3 +302,166 @@ def test_checkpoint_round_trip(make_learner, tiny_tokenizer, tmp_path):
     for k, v in params(a).items():
         assert torch.equal(v, params(b)[k]), k
     assert a.steps_done == b.steps_done == 2
+
+
+# ---------------------------------------------------------------- schedules, KL controller, loss terms
+
+
+def test_lr_warmup_then_cosine_in_metrics(make_learner, tiny_tokenizer):
+    batch = make_batch(tiny_tokenizer)
+    lrn = make_learner(dataclasses.replace(ALGO, lr=1e-2, lr_warmup_steps=2, lr_schedule="cosine", lr_min_ratio=0.1),
+                       total_steps=4)
+    lrs = [lrn.step(batch)["lr"] for _ in range(5)]
+    # 1e-2 x [1/2, 2/2, then 0.1 + 0.9 * 0.5 * (1 + cos(pi * p)), p = (s - 2) / (4 - 2) = 0, 0.5, then 1 (floor)]
+    assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 5.5e-3, 1e-3])
+    assert lrn.updates_done == 5
+
+
+def test_cosine_needs_total_steps(make_learner):
+    with pytest.raises(ValueError, match="total"):
+        make_learner(dataclasses.replace(ALGO, lr_schedule="cosine"))
+
+
+def test_adaptive_kl_coefficient(make_learner, tiny_tokenizer):
+    batch = make_batch(tiny_tokenizer)
+    lrn = make_learner(dataclasses.replace(ALGO, kl_coef=0.05, kl_target=1e-9, kl_horizon=10))
+    m1 = lrn.step(batch)
+    assert m1["kl/coef"] == 0.05 and m1["kl/mean"] > 1e-9
+    # kl/mean >> target: error clipped to +0.2, n_steps = 3 sequences: 0.05 * (1 + 0.2 * 3 / 10) = 0.053
+    m2 = lrn.step(batch)
+    assert m2["kl/coef"] == pytest.approx(0.053)
+    assert lrn.kl_ctl.value == pytest.approx(0.053 * 1.06)
+    fixed = make_learner(dataclasses.replace(ALGO, kl_coef=0.05))
+    fixed.step(batch)
+    assert fixed.step(batch)["kl/coef"] == 0.05
+
+
+def test_entropy_bonus_alone_raises_entropy(make_learner, tiny_tokenizer):
+    # Zero advantages and no KL: the only gradient is the entropy bonus's, and it raises the entropy.
+    tok = tiny_tokenizer
+    s = [sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=0.0), sample(tok, PROMPT_B, [("100 USD", 1)], adv=0.0)]
+    batch = Batch(s, num_tokens=sum(x.num_tokens for x in s), num_seqs=2)
+    lrn = make_learner(dataclasses.replace(ALGO, entropy_coef=1.0, lr=1e-3))
+    m1 = lrn.step(batch)
+    assert m1["loss/policy"] == 0.0 and m1["grad/norm"] > 0
+    assert m1["loss/entropy"] == pytest.approx(m1["entropy/mean"], rel=1e-6)  # token-mean over the same tokens
+    m2 = lrn.step(batch)
+    m3 = lrn.step(batch)
+    assert m3["entropy/mean"] > m2["entropy/mean"] > m1["entropy/mean"] + 3e-3
+    no_bonus = make_learner()
+    m0 = no_bonus.step(batch)
+    assert m0["grad/norm"] == 0.0 and "loss/entropy" not in m0
+
+
+def test_clip_settings_reach_the_policy_loss(make_learner, tiny_tokenizer, monkeypatch):
+    import rl.learner
+
+    seen = []
+    real = rl.learner.policy_loss
+
+    def spy(*args, **kw):
+        seen.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(rl.learner, "policy_loss", spy)
+    lrn = make_learner(dataclasses.replace(ALGO, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+                                           loss_agg="seq-mean-token-sum"))
+    m = lrn.step(make_batch(tiny_tokenizer))
+    assert seen and all((k["clip_low"], k["clip_high"], k["dual_clip"], k["agg"]) == (0.2, 0.28, 3.0, "seq-mean-token-sum")
+                        for k in seen)
+    assert all((k["num_tokens"], k["num_seqs"]) == (make_batch(tiny_tokenizer).num_tokens, 3) for k in seen)
+    assert m["clip/dual_fraction"] == 0.0  # ratio 1 at the single update
+    seen.clear()
+    make_learner().step(make_batch(tiny_tokenizer))
+    assert all(k["dual_clip"] is None for k in seen)  # 0 = off
+
+
+# ---------------------------------------------------------------- epochs and minibatches
+
+
+def test_epochs_ratio_uses_old_logprobs_from_before_the_update(make_learner, tiny_tokenizer):
+    batch = make_batch(tiny_tokenizer)
+    one = make_learner(dataclasses.replace(ALGO, lr=3e-2))
+    m1 = one.step(batch)
+    assert m1["clip/fraction"] == 0.0 and m1["learner/updates"] == 1
+    two = make_learner(dataclasses.replace(ALGO, lr=3e-2, epochs=2))
+    old = two.prepare(batch)["old"]
+    # The prepare pass's old log-probs are the policy's before any update ...
+    for s, lp in zip(batch.samples, old):
+        full = two.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len:])
+        assert lp == pytest.approx([x for x, m in zip(full, s.loss_mask) if m], abs=1e-5)
+    m2 = two.step(batch)
+    # ... so the second epoch's ratio is pi_new / pi_old != 1 and the clip acts (it never would
+    # if the old log-probs were recomputed each epoch).
+    assert m2["learner/updates"] == 2 and m2["clip/fraction"] > 0.05
+    assert m2["learner/tokens"] == batch.num_tokens  # per epoch
+    assert two.updates_done == 2 and two.steps_done == 1
+
+
+def _group_batch(tok, skip: bool) -> Batch:
+    """Six samples (uids 0-5), two with advantage 0: in Batch.skipped (skip) or computed (not skip)."""
+    spec = [(PROMPT_A, "get weather Paris", 1.0), (PROMPT_A, "weather", 0.0), (PROMPT_B, "convert 100 USD", -0.5),
+            (PROMPT_B, "the amount is 20", 0.0), (PROMPT_A, "Paris today", -0.7), (PROMPT_B, "100 EUR", 0.4)]
+    samples = []
+    for uid, (p, text, adv) in enumerate(spec):
+        s = sample(tok, p, [(text, 1)], adv=adv)
+        s.uid, s.group_id = uid, 0 if p == PROMPT_A else 1
+        samples.append(s)
+    n = sum(s.num_tokens for s in samples)
+    if not skip:
+        return Batch(samples, n, len(samples))
+    return Batch([s for s in samples if s.advantage != 0.0], n, len(samples), skipped=[s for s in samples if s.advantage == 0.0])
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_minibatches_skip_zero_advantage_samples_exactly(make_learner, tiny_tokenizer, loss_agg):
+    # Two epochs x three shuffled minibatches: leaving the zero-advantage samples out of the compute
+    # (Batch.skipped) must give the same three optimizer steps as computing them: they count in their
+    # minibatch's denominators and in the shuffle (by uid) all the same.
+    algo = dataclasses.replace(ALGO, epochs=2, minibatches=3, loss_agg=loss_agg)
+    skip, full = make_learner(algo), make_learner(algo)
+    for lrn in (skip, full):
+        use_sgd(lrn, lr=0.5)
+    before = params(skip)
+    m_s = skip.step(_group_batch(tiny_tokenizer, skip=True))
+    m_f = full.step(_group_batch(tiny_tokenizer, skip=False))
+    assert m_s["learner/updates"] == m_f["learner/updates"] == 6
+    assert m_s["loss/policy"] == pytest.approx(m_f["loss/policy"], abs=1e-6)
+    assert m_s["clip/fraction"] == pytest.approx(m_f["clip/fraction"] * m_f["learner/tokens"] / m_s["learner/tokens"])
+    ps, pf = params(skip), params(full)
+    assert any(not torch.equal(before[k], ps[k]) for k in ps)
+    for k in ps:
+        torch.testing.assert_close(ps[k], pf[k], rtol=0, atol=1e-6, msg=lambda m, k=k: f"param {k}: {m}")
+    # Ignoring the skipped samples' tokens in the denominators would be a different update.
+    wrong = make_learner(algo)
+    use_sgd(wrong, lr=0.5)
+    b = _group_batch(tiny_tokenizer, skip=False)
+    kept = [s for s in b.samples if s.advantage != 0.0]
+    wrong.step(Batch(kept, sum(s.num_tokens for s in kept), len(kept)))
+    assert max(float((params(wrong)[k] - pf[k]).abs().max()) for k in pf) > 1e-4
+
+
+def test_minibatch_of_only_skipped_samples_is_an_adamw_step(make_learner, tiny_tokenizer):
+    # One computed sample and one skipped, two minibatches: one of them holds only the skipped
+    # sample. Computed, its gradient is exactly 0 and AdamW still steps (momentum, weight decay):
+    # the skipped version must take that same step, bit for bit.
+    tok = tiny_tokenizer
+    a = sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=1.0)
+    z = sample(tok, PROMPT_B, [("100 USD", 1)], adv=0.0)
+    a.uid, z.uid = 0, 1
+    n = a.num_tokens + z.num_tokens
+    algo = dataclasses.replace(ALGO, minibatches=2, weight_decay=0.1)
+    skip, full = make_learner(algo), make_learner(algo)
+    for _ in range(2):
+        ms = skip.step(Batch([a], n, 2, skipped=[z]))
+        mf = full.step(Batch([a, z], n, 2))
+    assert ms["learner/updates"] == mf["learner/updates"] == 2
+    for k, v in params(full).items():
+        assert torch.equal(params(skip)[k], v), k
+
+
+def test_minibatches_need_exact_counts(make_learner, tiny_tokenizer):
+    s = sample(tiny_tokenizer, PROMPT_A, [("get weather Paris", 1)], adv=1.0)
+    lrn = make_learner(dataclasses.replace(ALGO, minibatches=2))
+    with pytest.raises(ValueError, match="num_tokens"):
+        lrn.step(Batch([s], num_tokens=s.num_tokens + 5, num_seqs=2))  # 5 tokens of unknown samples
