@@ -68,8 +68,19 @@ def learner_advantages(algo: AlgoConfig) -> bool:
     return algo.name == "ppo" or algo.kl_in_reward
 
 
-def build_batch(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[Batch, dict[str, float]]:
-    """Advantages and samples for ``trajs`` under ``algo``; returns (batch, stats)."""
+def build_batch(trajs: list[Trajectory], algo: AlgoConfig,
+                advantages: list[float] | None = None) -> tuple[Batch, dict[str, float]]:
+    """Advantages and samples for ``trajs`` under ``algo``; returns (batch, stats).
+
+    ``advantages`` (one per trajectory, e.g. from per-domain normalization in ``rl.mixer``)
+    replace the algorithm's outcome advantages; only for outcome-advantage algorithms.
+    """
+    if advantages is not None:
+        if len(advantages) != len(trajs):
+            raise ValueError(f"{len(advantages)} advantages for {len(trajs)} trajectories")
+        if learner_advantages(algo):
+            raise ValueError(f"algo {algo.name!r} computes its advantages in the learner; none can be given")
+        given = {id(t): a for t, a in zip(trajs, advantages)}
     ok = [t for t in trajs if t.reward is not None and t.num_policy_tokens > 0]
     stats: dict[str, float] = {"batch/excluded": float(len(trajs) - len(ok))}
     if not ok:
@@ -99,6 +110,8 @@ def build_batch(trajs: list[Trajectory], algo: AlgoConfig) -> tuple[Batch, dict[
     scores = torch.tensor([float(t.reward) for t in ok], dtype=torch.float64)
     if learner_advantages(algo):
         adv = torch.zeros_like(scores)
+    elif advantages is not None:
+        adv = torch.tensor([given[id(t)] for t in ok], dtype=torch.float64)
     elif algo.name in GROUP_ALGOS:
         gids = torch.tensor([t.group_id for t in ok], dtype=torch.long)
         adv = group_normalized(scores, gids, std_normalize=algo.name == "grpo", leave_one_out=algo.name == "rloo")

@@ -36,6 +36,7 @@ class RunConfig:
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
     keep_checkpoints: int = 2  # how many of the newest checkpoints to keep
     rollouts_every: int = 1  # dump rollouts every N steps (0 = never)
+    resume: str = "never"  # never | auto: continue from the newest checkpoint in output_dir
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,21 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)  # task files (.jsonl, .jsonl.gz, .parquet); relative to the recipe
     eval_files: list[str] = field(default_factory=list)  # held-out task files, evaluated greedily
     eval_limit: int = 0  # evaluate at most N held-out tasks (0 = all)
+    train_weights: list[float] = field(default_factory=list)  # weight of each train file within its domain ([] = 1 each)
+
+
+@dataclass(frozen=True)
+class MixerConfig:
+    domain_weights: dict[str, float] = field(default_factory=dict)  # share of each step's prompts per domain ({} = by task counts)
+    strata: int = 1  # length strata per dataset (by estimated trajectory length)
+    strata_proportions: list[float] = field(default_factory=list)  # prompts per stratum ([] = proportional to stratum sizes)
+    length_ema: float = 0.5  # weight of a task's newest observed length in its estimate
+    normalization: str = "none"  # none | group | domain | domain_then_group (see rl/mixer.py)
+    norm_stat: str = "welford"  # running per-domain reward statistics: welford | ema
+    norm_ema: float = 0.1  # EMA weight when norm_stat is ema
+    curriculum_window: int = 0  # tasks all solved or all failed over their last N visits are sampled less (0 = off)
+    curriculum_weight: float = 1.0  # chance that such a task stays in a pass over its stratum
+    solved_threshold: float = 1.0  # a visit counts as solved when the mean reward of its group reaches this
 
 
 @dataclass(frozen=True)
@@ -69,11 +85,11 @@ class RolloutConfig:
     max_new_tokens: int = 64  # per policy turn
     max_model_len: int = 2048  # prompt + response tokens per episode
     max_turns: int = 1  # policy turns per episode
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature for training rollouts (held-out evaluation is greedy)
+    top_p: float = 1.0  # nucleus sampling for training rollouts
     kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on CPU
     gpu_memory_utilization: float = 0.5  # on GPU
-    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])
+    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])  # one env class per domain (domain, cls, kwargs)
 
 
 @dataclass(frozen=True)
@@ -93,8 +109,8 @@ class RewardServiceConfig:
 @dataclass(frozen=True)
 class AlgoConfig:
     name: str = "grpo"  # grpo | dr_grpo | rloo (group baselines) | reinforce_pp (batch baseline) | ppo (GAE critic)
-    lr: float = 1e-5
-    weight_decay: float = 0.0
+    lr: float = 1e-5  # AdamW learning rate of the policy
+    weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # global-norm clipping (0 = off)
     lr_warmup_steps: int = 0  # optimizer steps of linear warmup
     lr_schedule: str = "constant"  # after warmup: constant | cosine (to lr * lr_min_ratio at the last step)
@@ -132,10 +148,11 @@ class TrainConfig:
 @dataclass(frozen=True)
 class WandbConfig:
     mode: str = ""  # online | offline | disabled; "" = $WANDB_MODE, else online with an API key, else offline
-    project: str = "jointrl"
-    entity: str = ""
-    run_name: str = ""
-    tags: list[str] = field(default_factory=list)
+    project: str = "jointrl"  # W&B project
+    entity: str = ""  # W&B entity (team or user; "" = your default)
+    run_name: str = ""  # W&B run name ("" = the output dir's name)
+    tags: list[str] = field(default_factory=list)  # W&B tags
+    table_every: int = 0  # W&B table of rollouts (prompt, response, scores) every N steps and at the last step (0 = never)
 
 
 @dataclass(frozen=True)
@@ -144,6 +161,7 @@ class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    mixer: MixerConfig = field(default_factory=MixerConfig)
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
     reward_service: RewardServiceConfig = field(default_factory=RewardServiceConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -389,6 +407,35 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
                      ("model.reference_dtype", recipe.model.reference_dtype)):
         if val not in DTYPES:
             fail(key, f"unknown dtype {val!r}; choose one of {', '.join(DTYPES)}")
+    if recipe.run.resume not in ("never", "auto"):
+        fail("run.resume", f"choose never or auto, got {recipe.run.resume!r}")
+    if recipe.wandb.table_every < 0:
+        fail("wandb.table_every", "must be >= 0")
+    mx = recipe.mixer
+    from rl.mixer import NORMALIZATIONS
+
+    if mx.normalization not in NORMALIZATIONS:
+        fail("mixer.normalization", f"unknown normalization {mx.normalization!r}; choose one of {', '.join(NORMALIZATIONS)}")
+    if mx.normalization != "none" and a.name not in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
+        fail("mixer.normalization", f"per-domain normalization gives outcome advantages; {a.name!r} computes its own")
+    if mx.norm_stat not in ("welford", "ema"):
+        fail("mixer.norm_stat", f"choose welford or ema, got {mx.norm_stat!r}")
+    if mx.strata < 1:
+        fail("mixer.strata", "must be >= 1")
+    if mx.strata_proportions and (len(mx.strata_proportions) != mx.strata or min(mx.strata_proportions) < 0):
+        fail("mixer.strata_proportions", f"need {mx.strata} non-negative numbers, got {mx.strata_proportions}")
+    if any(w < 0 for w in mx.domain_weights.values()) or (mx.domain_weights and not sum(mx.domain_weights.values()) > 0):
+        fail("mixer.domain_weights", "weights must be >= 0 with a positive sum")
+    unknown_domains = sorted(set(mx.domain_weights) - {e.domain for e in r.envs})
+    if unknown_domains:
+        fail("mixer.domain_weights", f"domains {unknown_domains} have no env in rollout.envs")
+    if not 0 < mx.length_ema <= 1 or not 0 < mx.norm_ema <= 1 or not 0 <= mx.curriculum_weight <= 1:
+        fail("mixer.length_ema", "length_ema and norm_ema must be in (0, 1], curriculum_weight in [0, 1]")
+    if mx.curriculum_window < 0:
+        fail("mixer.curriculum_window", "must be >= 0")
+    if recipe.data.train_weights and (len(recipe.data.train_weights) != len(recipe.data.train_files)
+                                      or min(recipe.data.train_weights) < 0):
+        fail("data.train_weights", f"need one non-negative weight per train file ({len(recipe.data.train_files)})")
     if recipe.wandb.mode not in WANDB_MODES:
         fail("wandb.mode", f"unknown mode {recipe.wandb.mode!r}; choose online, offline or disabled")
 
@@ -459,8 +506,9 @@ def _check_output_dir(recipe: Recipe, fail) -> None:
             pass
     except OSError:
         fail("run.output_dir", f"not writable: {out} ({probe} is not a writable folder)")
-    if (out / "metrics.jsonl").exists() and not recipe.run.overwrite:
-        fail("run.output_dir", f"{out} already holds a run; choose another run.output_dir or set run.overwrite=true")
+    if (out / "metrics.jsonl").exists() and not recipe.run.overwrite and recipe.run.resume != "auto":
+        fail("run.output_dir", f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
+                              "to replace it, or choose another run.output_dir")
 
 
 def resolve_output_dir(recipe: Recipe) -> Path:

@@ -22,58 +22,83 @@ from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardService
 from rl.batch import build_batch, rollout_metrics
 from rl.config import Recipe, recipe_to_dict, resolve_output_dir, resolve_path
-from rl.logger import RunLogger
-from rl.mixer import TaskSampler
+from rl.logger import ProgressBar, RunLogger
+from rl.mixer import RewardNormalizer, Source, TaskMixer, normalize_step, sources_by_domain
 from rl.models import resolve_model
 from rollout.pool import RolloutPool
 
 
 def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True) -> Path:
     """Run the recipe; return the output dir. Raises on failure after shutting everything down."""
-    out = prepare_output_dir(cfg)
+    out, resume_from = prepare_output_dir(cfg)
     model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None)
-    train_tasks, eval_tasks = load_task_sets(cfg)
-    sampler = TaskSampler(train_tasks, cfg.rollout.prompts_per_step, cfg.run.seed)
+    train_sources, eval_tasks = load_task_sets(cfg)
+    mixer, normalizer = make_mixer(cfg, train_sources), make_normalizer(cfg)
     r = cfg.rollout
     sampling = Sampling(r.max_new_tokens, r.temperature, r.top_p, r.max_turns, r.max_model_len)
     greedy = Sampling(r.max_new_tokens, 0.0, 1.0, r.max_turns, r.max_model_len)
     actors = Actors(cfg, model_path, out, verbose)
-    logger = None
+    logger = bar = None
     try:
         actors.start()
+        first = actors.restore(resume_from, mixer, normalizer) + 1 if resume_from else 1
         logger = RunLogger(out, recipe_to_dict(cfg), mode=cfg.wandb.mode, project=cfg.wandb.project,
-                           entity=cfg.wandb.entity, run_name=cfg.wandb.run_name, tags=cfg.wandb.tags)
-        logger.log(0, evaluate(actors, logger, eval_tasks, greedy, 0, cfg))
-        for step in range(1, cfg.train.steps + 1):
+                           entity=cfg.wandb.entity, run_name=cfg.wandb.run_name, tags=cfg.wandb.tags,
+                           table_every=cfg.wandb.table_every, last_step=cfg.train.steps)
+        bar = ProgressBar(cfg.train.steps) if progress else None
+        if first == 1:
+            logger.log(0, evaluate(actors, logger, eval_tasks, greedy, 0))                      # 0. baseline eval
+        for step in range(first, cfg.train.steps + 1):
             t0 = time.perf_counter()
-            tasks, groups, seeds = expand(sampler.sample(step), r.group_size, cfg.run.seed, step)  # 1. draw tasks
+            tasks, groups, seeds = expand(mixer.sample(step), r.group_size, cfg.run.seed, step)   # 1. draw tasks
             trajs = actors.pool.generate(tasks, groups, seeds, sampling)                          # 2. episodes
             t1 = time.perf_counter()
             trajs = actors.rewards.score(trajs)                                                    # 3. rewards
             t2 = time.perf_counter()
-            batch, batch_stats = build_batch(trajs, cfg.algo)                                      # 4. advantages
+            mixer.update(trajs)
+            advantages, norm_metrics = normalize_step(normalizer, trajs)                          # 4. per-domain norm
+            batch, batch_stats = build_batch(trajs, cfg.algo, advantages)                          #    and advantages
             metrics = actors.learner_step(batch)                                                   # 5. update
             t3 = time.perf_counter()
             actors.sync_weights()                                                                  # 6. weight sync
             t4 = time.perf_counter()
-            metrics |= batch_stats | rollout_metrics(trajs) | {
+            metrics |= batch_stats | norm_metrics | mixer.last_counts | rollout_metrics(trajs) | actors.rewards.metrics() | {
                 "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1, "timing/learner_s": t3 - t2,
                 "timing/sync_s": t4 - t3, "timing/step_s": t4 - t0}
             if cfg.run.rollouts_every and step % cfg.run.rollouts_every == 0:
                 logger.rollouts(step, "train", trajs)
             if step == cfg.train.steps or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-                metrics |= evaluate(actors, logger, eval_tasks, greedy, step, cfg)                # 7. held-out eval
+                metrics |= evaluate(actors, logger, eval_tasks, greedy, step)                     # 7. held-out eval
             logger.log(step, metrics)                                                              # 8. log
             if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
-                actors.checkpoint(out, step, cfg.run.keep_checkpoints)                             # 9. checkpoint
-            if progress:
-                print(progress_line(step, cfg.train.steps, metrics), file=sys.stderr, flush=True)
+                actors.checkpoint(out, step, cfg.run.keep_checkpoints, mixer, normalizer)        # 9. checkpoint
+            if bar is not None:
+                bar.update(step, metrics)
         (out / "DONE").write_text(json.dumps({"steps": cfg.train.steps}) + "\n")
+        if bar is not None:
+            bar.close()
+            print(logger.summary(), flush=True)
     finally:
+        if bar is not None:
+            bar.close()  # idempotent: ends the progress line on every exit path
         if logger is not None:
             logger.close()
         actors.stop()
     return out
+
+
+def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
+    mx = cfg.mixer
+    return TaskMixer(sources, cfg.rollout.prompts_per_step, cfg.run.seed,
+                     domain_weights=dict(mx.domain_weights) or {d: float(sum(len(s.tasks) for s in sources if s.domain == d))
+                                                               for d in {s.domain for s in sources}},
+                     strata=mx.strata, strata_proportions=list(mx.strata_proportions), length_ema=mx.length_ema,
+                     curriculum_window=mx.curriculum_window, curriculum_weight=mx.curriculum_weight,
+                     solved_threshold=mx.solved_threshold)
+
+
+def make_normalizer(cfg: Recipe) -> RewardNormalizer:
+    return RewardNormalizer(cfg.mixer.normalization, stat=cfg.mixer.norm_stat, ema=cfg.mixer.norm_ema)
 
 
 def expand(tasks: list[Task], group_size: int, seed: int, step: int) -> tuple[list[Task], list[int], list[int]]:
@@ -87,7 +112,7 @@ def expand(tasks: list[Task], group_size: int, seed: int, step: int) -> tuple[li
     return out_t, out_g, out_s
 
 
-def evaluate(actors: Actors, logger: RunLogger, tasks: list[Task], greedy: Sampling, step: int, cfg: Recipe) -> dict[str, float]:
+def evaluate(actors: Actors, logger: RunLogger, tasks: list[Task], greedy: Sampling, step: int) -> dict[str, float]:
     """Greedy held-out evaluation: ``eval/reward/mean``, ``eval/reward/<domain>/mean``, ..."""
     if not tasks:
         return {}
@@ -96,30 +121,59 @@ def evaluate(actors: Actors, logger: RunLogger, tasks: list[Task], greedy: Sampl
     trajs = actors.rewards.score(trajs)
     logger.rollouts(step, "eval", trajs)
     m = rollout_metrics(trajs, prefix="eval/")
+    m |= {"eval/" + k: v for k, v in actors.rewards.metrics().items()}  # not counted in the next train step
     m["timing/eval_s"] = time.perf_counter() - t0
     return m
 
 
-def progress_line(step: int, steps: int, m: dict[str, float]) -> str:
-    parts = [f"step {step}/{steps}", f"reward {m.get('reward/mean', float('nan')):.3f}"]
-    if "kl/mean" in m:
-        parts.append(f"kl {m['kl/mean']:.4f}")
-    if "eval/reward/mean" in m:
-        parts.append(f"eval {m['eval/reward/mean']:.3f}")
-    parts.append(f"{m['timing/step_s']:.1f}s/step")
-    return "  ".join(parts)
+def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
+    """Create the output dir; return it and the checkpoint to resume from (``run.resume=auto``).
 
-
-def prepare_output_dir(cfg: Recipe) -> Path:
+    Resuming from step S keeps the metrics and rollouts of steps <= S and moves the lines of
+    later steps (logged after the last checkpoint, and about to be redone) to
+    ``*.discarded.jsonl``, so nothing computed is lost and the logs hold each step once.
+    """
     out = resolve_output_dir(cfg)
-    if (out / "metrics.jsonl").exists():
+    resume_from = latest_checkpoint(out) if cfg.run.resume == "auto" else None
+    if resume_from is not None:
+        step = json.loads((resume_from / "step.json").read_text())["step"]
+        for name in ("metrics", "rollouts"):
+            _split_log(out / f"{name}.jsonl", out / f"{name}.discarded.jsonl", step)
+        (out / "DONE").unlink(missing_ok=True)
+    elif (out / "metrics.jsonl").exists():
         if not cfg.run.overwrite:
-            raise FileExistsError(f"{out} already holds a run; choose another run.output_dir or set run.overwrite=true")
+            raise FileExistsError(f"{out} already holds a run and no checkpoint to resume from; set "
+                                  "run.overwrite=true to replace it, or choose another run.output_dir")
         for name in ("metrics.jsonl", "rollouts.jsonl", "DONE"):
             (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.resolved.yaml").write_text(_yaml(recipe_to_dict(cfg)))
-    return out
+    return out, resume_from
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The newest complete checkpoint (``checkpoints/step_N`` with its ``step.json``), if any."""
+    ck = out / "checkpoints"
+    done = sorted(p for p in ck.glob("step_*") if (p / "step.json").is_file()) if ck.is_dir() else []
+    return done[-1] if done else None
+
+
+def _split_log(path: Path, discarded: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep, drop = [], []
+    for line in path.read_text().splitlines():
+        try:
+            s = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by the crash
+        (keep if s <= step else drop).append(line)
+    if drop:
+        with open(discarded, "a") as f:
+            f.write("\n".join(drop) + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
 
 
 def _yaml(d: dict[str, Any]) -> str:
@@ -128,23 +182,27 @@ def _yaml(d: dict[str, Any]) -> str:
     return yaml.safe_dump(d, sort_keys=False)
 
 
-def load_task_sets(cfg: Recipe) -> tuple[list[Task], list[Task]]:
+def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
+    """Training sources (one per file and domain, weighted by ``data.train_weights``) and held-out tasks."""
     domains = {e.domain for e in cfg.rollout.envs}
-    sets = []
-    for files in (cfg.data.train_files, cfg.data.eval_files):
-        tasks: list[Task] = []
-        for f in files:
+    weights = list(cfg.data.train_weights) or [1.0] * len(cfg.data.train_files)
+    sources: list[Source] = []
+    held: list[Task] = []
+    for files, is_train in ((cfg.data.train_files, True), (cfg.data.eval_files, False)):
+        for i, f in enumerate(files):
             path = resolve_path(cfg, f)
-            for t in load_tasks(path):
+            tasks = load_tasks(path)
+            for t in tasks:
                 if t.domain not in domains:
-                    raise TaskFormatError(f"{path}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves only "
-                                     f"{sorted(domains)}")
-                tasks.append(t)
-        sets.append(tasks)
-    train, ev = sets
+                    raise TaskFormatError(f"{path}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves "
+                                          f"only {sorted(domains)}")
+            if is_train:
+                sources += sources_by_domain(tasks, path.name, weights[i])
+            else:
+                held += tasks
     if cfg.data.eval_limit:
-        ev = ev[: cfg.data.eval_limit]
-    return train, ev
+        held = held[: cfg.data.eval_limit]
+    return sources, held
 
 
 class Actors:
@@ -208,21 +266,33 @@ class Actors:
         path = ray.get(self.learner.export_weights.remote(self.cfg.model.engine_dtype))
         self.pool.sync_weights(path)
 
-    def checkpoint(self, out: Path, step: int, keep: int) -> None:
-        """Atomically write ``checkpoints/step_NNNNNN`` (temp dir + rename); keep the newest ``keep``."""
-        import ray
+    def checkpoint(self, out: Path, step: int, keep: int, mixer: TaskMixer, normalizer: RewardNormalizer) -> None:
+        """Atomically write ``checkpoints/step_NNNNNN`` (temp dir + rename); keep the newest ``keep``.
 
+        It holds the learner's state (model, optimizer, schedules, RNG) and the driver's
+        (the mixer's draw state and the reward normalizer's statistics, ``driver.json``).
+        """
         ck = out / "checkpoints"
         ck.mkdir(exist_ok=True)
         final, tmp = ck / f"step_{step:06d}", ck / f".step_{step:06d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        ray.get(self.learner.save_checkpoint.remote(str(tmp)))
+        self.learners.save_checkpoint(str(tmp))
+        (tmp / "driver.json").write_text(json.dumps({"mixer": mixer.state_dict(), "normalizer": normalizer.state_dict()}))
         (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         done = sorted(p for p in ck.iterdir() if p.name.startswith("step_"))
         for old in done[: max(len(done) - max(keep, 1), 0)]:
             shutil.rmtree(old, ignore_errors=True)
+
+    def restore(self, ck: Path, mixer: TaskMixer, normalizer: RewardNormalizer) -> int:
+        """Load checkpoint ``ck`` into the learners, engines, mixer and normalizer; return its step."""
+        self.learners.load_checkpoint(str(ck))
+        self.sync_weights()
+        state = json.loads((ck / "driver.json").read_text())
+        mixer.load_state_dict(state["mixer"])
+        normalizer.load_state_dict(state["normalizer"])
+        return int(json.loads((ck / "step.json").read_text())["step"])
 
     def stop(self) -> None:
         import ray

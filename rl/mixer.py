@@ -316,6 +316,35 @@ class RewardNormalizer:
         self.n, self.mean, self.m2 = dict(s["n"]), dict(s["mean"]), dict(s["m2"])
 
 
+def normalize_step(normalizer: RewardNormalizer, trajs: list[Trajectory]) -> tuple[list[float] | None, dict[str, float]]:
+    """Per-domain normalized advantages for a step's trajectories (aligned with ``trajs``; errored
+    samples get 0 and are excluded later) and the step's per-domain reward metrics:
+    ``reward/<d>/raw_mean``, ``reward/<d>/raw_std``, ``reward/<d>/norm_mean`` (mean of the
+    domain-standardized rewards), ``adv/<d>/mean``, ``adv/<d>/std`` (with normalization on).
+    """
+    scored = [t for t in trajs if t.reward is not None]
+    adv = normalizer.advantages([float(t.reward) for t in scored], [t.group_id for t in scored],  # type: ignore[arg-type]
+                                [t.task.domain for t in scored]) if scored else None
+    m: dict[str, float] = {}
+    by: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(scored):
+        by[t.task.domain].append(i)
+    for d, idx in sorted(by.items()):
+        r = torch.tensor([float(scored[i].reward) for i in idx], dtype=torch.float64)  # type: ignore[arg-type]
+        m[f"reward/{d}/raw_mean"] = float(r.mean())
+        m[f"reward/{d}/raw_std"] = float(r.std(unbiased=False))
+        m[f"reward/{d}/norm_mean"] = float(((r - normalizer.mean[d]) / (normalizer.std(d) + normalizer.eps)).mean())
+        if adv is not None:
+            a = adv[idx]
+            m[f"adv/{d}/mean"] = float(a.mean())
+            m[f"adv/{d}/std"] = float(a.std(unbiased=False))
+    m |= normalizer.metrics()
+    if adv is None:
+        return None, m
+    pos = {id(t): float(a) for t, a in zip(scored, adv.tolist())}
+    return [pos.get(id(t), 0.0) for t in trajs], m
+
+
 def sources_by_domain(tasks: list[Task], name: str, weight: float = 1.0) -> list[Source]:
     """One ``Source`` per domain present in ``tasks`` (a file may mix domains)."""
     by: dict[str, list[Task]] = defaultdict(list)

@@ -55,8 +55,7 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str) -> None
 
     from rl.batch import build_batch
     from rl.config import load_recipe
-    from rl.loop import Actors, expand, load_task_sets
-    from rl.mixer import TaskSampler
+    from rl.loop import Actors, expand, load_task_sets, make_mixer
     from rl.models import resolve_model
     from envs.types import Sampling
 
@@ -68,7 +67,7 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str) -> None
     cfg = load_recipe(recipe)
     out = tmp_path / "out"
     out.mkdir()
-    train_tasks, eval_tasks = load_task_sets(cfg)
+    train_sources, eval_tasks = load_task_sets(cfg)
     actors = Actors(cfg, resolve_model(cfg.model.path), out, verbose=False)
     try:
         actors.start()
@@ -84,7 +83,7 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str) -> None
         learner0 = ray.get(actors.learner.logprobs.remote(prompt, cont))
         assert max(abs(a - b) for a, b in zip(engine0, learner0)) < 1e-3, "engine and learner start from the same weights"
 
-        sampler = TaskSampler(train_tasks, cfg.rollout.prompts_per_step, cfg.run.seed)
+        sampler = make_mixer(cfg, train_sources)
         sampling = Sampling(cfg.rollout.max_new_tokens, 1.0, 1.0, 1, cfg.rollout.max_model_len)
         for step in (1, 2, 3):
             tasks, groups, seeds = expand(sampler.sample(step), cfg.rollout.group_size, 0, step)
