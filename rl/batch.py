@@ -68,12 +68,18 @@ def learner_advantages(algo: AlgoConfig) -> bool:
     return algo.name == "ppo" or algo.kl_in_reward
 
 
-def build_batch(trajs: list[Trajectory], algo: AlgoConfig,
-                advantages: list[float] | None = None) -> tuple[Batch, dict[str, float]]:
+def build_batch(trajs: list[Trajectory], algo: AlgoConfig, advantages: list[float] | None = None,
+                seq_level_domains: tuple[str, ...] = ()) -> tuple[Batch, dict[str, float]]:
     """Advantages and samples for ``trajs`` under ``algo``; returns (batch, stats).
 
     ``advantages`` (one per trajectory, e.g. from per-domain normalization in ``rl.mixer``)
     replace the algorithm's outcome advantages; only for outcome-advantage algorithms.
+
+    ``seq_level_domains``: samples of these domains weigh per sequence, not per token:
+    their advantage is scaled by ``mean policy tokens per sample / own policy tokens``, so
+    under token-mean aggregation a long trajectory counts as much as a short one (the
+    clipped objective is linear in a positive advantage scale, so this is exact; the KL
+    term is not rescaled).
     """
     if advantages is not None:
         if len(advantages) != len(trajs):
@@ -120,6 +126,11 @@ def build_batch(trajs: list[Trajectory], algo: AlgoConfig,
     else:
         raise ValueError(f"algo.name: unknown algorithm {algo.name!r}")
     # Exactly no gradient: skip the compute, keep it in the denominators.
+    if seq_level_domains and not learner_advantages(algo):
+        mean_tokens = sum(t.num_policy_tokens for t in ok) / len(ok)
+        scale = torch.tensor([mean_tokens / t.num_policy_tokens if t.task.domain in seq_level_domains else 1.0
+                              for t in ok], dtype=torch.float64)
+        adv = adv * scale
     can_skip = not learner_advantages(algo) and algo.kl_coef == 0.0 and algo.entropy_coef == 0.0
     samples, skipped = [], []
     for uid, (t, a) in enumerate(zip(ok, adv.tolist())):

@@ -68,6 +68,7 @@ class MixerConfig:
     curriculum_window: int = 0  # tasks all solved or all failed over their last N visits are sampled less (0 = off)
     curriculum_weight: float = 1.0  # chance that such a task stays in a pass over its stratum
     solved_threshold: float = 1.0  # a visit counts as solved when the mean reward of its group reaches this
+    seq_level_domains: list[str] = field(default_factory=list)  # domains whose samples weigh per sequence, not per token
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_KINDS = ("k1", "k2", "k3")
 DTYPES = ("float32", "bfloat16", "float16")
 WANDB_MODES = ("", "online", "offline", "disabled")
+FREE_FORM_DICTS = ("kwargs", "domain_weights")
 EMBEDDED_MODELS = ("embedded:smollm2-135m-instruct", "embedded:tiny")
 
 
@@ -235,6 +237,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
         raise RecipeError(f"{_where(str(p), text, 'source')}: 'source' is set by jointrl, not by the recipe")
     base = OmegaConf.structured(Recipe)
     OmegaConf.set_struct(base, True)
+    _open_free_form_dicts(base)
     try:
         merged = OmegaConf.merge(base, OmegaConf.create(raw))
     except OmegaConfBaseException as e:
@@ -258,6 +261,18 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
             if key == k or key.startswith(k + "."):
                 raise RecipeError(f"override {ov!r}: {_explain(e, key)}") from None
         raise RecipeError(f"{_where(str(p), text, key)}: {_explain(e, key)}") from None
+
+
+def _open_free_form_dicts(node: Any) -> None:
+    """Dict-typed fields (``mixer.domain_weights``, ``kwargs``) take any keys; sections stay strict."""
+    if OmegaConf.is_dict(node):
+        if OmegaConf.get_type(node) is dict:
+            OmegaConf.set_struct(node, False)
+        for k in node.keys():
+            _open_free_form_dicts(node._get_node(k))
+    elif OmegaConf.is_list(node):
+        for i in range(len(node)):
+            _open_free_form_dicts(node._get_node(i))
 
 
 def _dotted(full_key: str) -> str:
@@ -292,8 +307,8 @@ def _set_path(tree: Any, key: str, value: Any, ov: str) -> None:
                 node[int(part)] = value
             else:
                 node = node[int(part)]
-        elif isinstance(node, dict) and i == len(parts) - 1 and i > 0 and parts[i - 1] == "kwargs":
-            node[part] = value  # kwargs are free-form: new keys are allowed
+        elif isinstance(node, dict) and i == len(parts) - 1 and i > 0 and parts[i - 1] in FREE_FORM_DICTS:
+            node[part] = value  # free-form mappings (kwargs, domain weights): new keys are allowed
         else:
             raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'{_suggest(key)}")
 
@@ -431,6 +446,11 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail("mixer.domain_weights", f"domains {unknown_domains} have no env in rollout.envs")
     if not 0 < mx.length_ema <= 1 or not 0 < mx.norm_ema <= 1 or not 0 <= mx.curriculum_weight <= 1:
         fail("mixer.length_ema", "length_ema and norm_ema must be in (0, 1], curriculum_weight in [0, 1]")
+    bad = sorted(set(mx.seq_level_domains) - {e.domain for e in r.envs})
+    if bad:
+        fail("mixer.seq_level_domains", f"domains {bad} have no env in rollout.envs")
+    if mx.seq_level_domains and a.name not in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
+        fail("mixer.seq_level_domains", f"needs outcome advantages; {a.name!r} computes its own")
     if mx.curriculum_window < 0:
         fail("mixer.curriculum_window", "must be >= 0")
     if recipe.data.train_weights and (len(recipe.data.train_weights) != len(recipe.data.train_files)

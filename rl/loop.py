@@ -57,7 +57,7 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True) -> Path:
             t2 = time.perf_counter()
             mixer.update(trajs)
             advantages, norm_metrics = normalize_step(normalizer, trajs)                          # 4. per-domain norm
-            batch, batch_stats = build_batch(trajs, cfg.algo, advantages)                          #    and advantages
+            batch, batch_stats = build_batch(trajs, cfg.algo, advantages, tuple(cfg.mixer.seq_level_domains))
             metrics = actors.learner_step(batch)                                                   # 5. update
             t3 = time.perf_counter()
             actors.sync_weights()                                                                  # 6. weight sync

@@ -293,3 +293,25 @@ def test_rollout_metrics_all_errored_has_no_mean():
     assert m["reward/errors"] == 1.0
     assert "reward/mean" not in m and "reward/tool_call/mean" not in m  # never a silent 0
     assert m["rollout/tokens"] == 2.0
+
+
+def test_seq_level_domains_weigh_per_sequence():
+    """Dr.GRPO on two groups: a long terminal pair and a short code pair. With the terminal
+    domain weighted per sequence, each terminal sample's advantage is scaled by
+    mean tokens / own tokens: mean = (2+2+6+6)/4 = 4, so terminal (6 tokens) x 4/6."""
+    from envs.types import Message, Task, Trajectory
+    from rl.config import AlgoConfig
+
+    def tr(domain, g, reward, n):
+        t = Task(id=f"{domain}{g}", domain=domain, messages=(Message("user", "q"),))
+        return Trajectory(task=t, group_id=g, prompt_ids=[1], response_ids=[2] * n, loss_mask=[1] * n,
+                          logprobs=[-1.0] * n, messages=[], terminated=True, truncated=False, finish_reason="stop",
+                          reward=reward)
+
+    trajs = [tr("code", 0, 1.0, 2), tr("code", 0, 0.0, 2), tr("terminal", 1, 1.0, 6), tr("terminal", 1, 0.0, 6)]
+    algo = AlgoConfig(name="dr_grpo")
+    plain, _ = build_batch(trajs, algo)
+    weighted, _ = build_batch(trajs, algo, seq_level_domains=("terminal",))
+    # Dr.GRPO: r - group mean = +-0.5 everywhere.
+    assert [s.advantage for s in plain.samples] == [0.5, -0.5, 0.5, -0.5]
+    assert [s.advantage for s in weighted.samples] == pytest.approx([0.5, -0.5, 0.5 * 4 / 6, -0.5 * 4 / 6])

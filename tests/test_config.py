@@ -33,7 +33,7 @@ def recipe_file(tmp_path: Path) -> Path:
 def _flat_keys(d: dict, prefix: str = "") -> set[str]:
     out = set()
     for k, v in d.items():
-        if isinstance(v, dict) and k != "kwargs":
+        if isinstance(v, dict) and k not in ("kwargs", "domain_weights"):
             out |= _flat_keys(v, f"{prefix}{k}.")
         else:
             out.add(prefix + k)
@@ -57,6 +57,17 @@ def test_overrides_and_types(recipe_file: Path) -> None:
     assert cfg.source == str(recipe_file.resolve())
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.steps = 3  # type: ignore[misc]
+
+
+def test_free_form_mappings_take_new_keys_sections_do_not(tmp_path: Path) -> None:
+    p = tmp_path / "r.yaml"
+    p.write_text("mixer:\n  domain_weights: {tool_call: 2, code: 1}\n")
+    cfg = load_recipe(p, ["mixer.domain_weights.terminal=0.5"])
+    assert cfg.mixer.domain_weights == {"tool_call": 2.0, "code": 1.0, "terminal": 0.5}
+    with pytest.raises(RecipeError, match="unknown recipe key 'mixer.weights'"):
+        load_recipe(p, ["mixer.weights=1"])
+    with pytest.raises(RecipeError, match="mixer.domain_weights.code"):
+        load_recipe(p, ["mixer.domain_weights.code=lots"])
 
 
 def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
@@ -112,6 +123,11 @@ def test_missing_recipe() -> None:
         (["rewards.0.kwargs.bogus=1"], "rewards.0.kwargs: do not match"),
         (["rollout.envs.0.cls=envs.toolcall.Nope"], "rollout.envs.0.cls: cannot import"),
         (["wandb.mode=sometimes"], "wandb.mode: unknown mode"),
+        (["mixer.domain_weights={math: 1.0}"], "mixer.domain_weights: domains ['math'] have no env"),
+        (["mixer.normalization=batch"], "mixer.normalization: unknown normalization"),
+        (["mixer.strata=2", "mixer.strata_proportions=[1]"], "mixer.strata_proportions: need 2"),
+        (["data.train_weights=[1, 2]"], "data.train_weights: need one non-negative weight per train file"),
+        (["run.resume=sometimes"], "run.resume: choose never or auto"),
         (["model.engine_dtype=int3"], "model.engine_dtype: unknown dtype"),
     ],
 )
