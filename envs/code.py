@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import gzip
 import json
 import math
 import os
@@ -62,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.io import TaskFormatError, save_tasks
+from envs.io import TaskFormatError, read_json_objects, save_tasks
 from envs.sandbox import Limits, Sandbox, SandboxUnavailable
 from envs.types import CodeSpec, Message, Task
 
@@ -625,19 +624,6 @@ HUMANEVAL_USER = (
 _HUMANEVAL_FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 
 
-def _humaneval_lines(path: Path):
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if line.strip():
-                    yield f"{path}:{lineno}", line
-    except (OSError, EOFError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise TaskFormatError(f"{path}: cannot read: {exc}") from exc
-
-
 def load_humaneval(path: str | os.PathLike[str]) -> list[Task]:
     """Tasks from a HumanEval-format ``.jsonl`` or ``.jsonl.gz`` file.
 
@@ -653,13 +639,7 @@ def load_humaneval(path: str | os.PathLike[str]) -> list[Task]:
         raise FileNotFoundError(f"HumanEval file not found: {p}")
     tasks: list[Task] = []
     seen: dict[str, str] = {}
-    for where, line in _humaneval_lines(p):
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-        if not isinstance(d, dict):
-            raise TaskFormatError(f"{where}: a HumanEval record must be a JSON object, got {type(d).__name__}")
+    for where, d in read_json_objects(p, "a HumanEval record"):
         for key in _HUMANEVAL_FIELDS:
             if key not in d or d[key] is None:
                 raise TaskFormatError(f"{where}: field {key!r}: missing")

@@ -49,6 +49,7 @@ __all__ = [
     "load_tasks",
     "save_tasks",
     "register_reader",
+    "read_json_objects",
     "ROLES",
 ]
 
@@ -309,29 +310,40 @@ def register_reader(suffix: str, reader: Reader) -> None:
     _READERS[suffix.lower()] = reader
 
 
-def _read_json_lines(path: Path, stream: io.TextIOBase) -> Iterator[Record]:
-    for lineno, line in enumerate(stream, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-        yield where, d
+def read_json_objects(path: str | os.PathLike[str], what: str = "a record") -> Iterator[tuple[str, Any]]:
+    """``(file:line, value)`` for every non-blank line of a ``.jsonl`` or ``.jsonl.gz`` file.
+
+    Every file format of jointrl's that is JSON lines (tasks, HumanEval, BFCL, completions)
+    reads through here, so their errors read alike: :class:`TaskFormatError` naming
+    ``file:line`` for invalid JSON and for a line that is not an object (``what`` names the
+    record, e.g. ``"a HumanEval record"``; ``what=""`` lets any JSON value through), and
+    naming the file for an unreadable or corrupt one. A missing file raises
+    ``FileNotFoundError``.
+    """
+    p = Path(path)
+    opener = gzip.open if p.name.lower().endswith(".gz") else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{p}:{lineno}"
+                try:
+                    d = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+                if what and not isinstance(d, dict):
+                    raise TaskFormatError(f"{where}: {what} must be a JSON object, got {_type_name(d)}")
+                yield where, d
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # unreadable, or a corrupt gzip stream
+        raise TaskFormatError(f"{p}: cannot read: {exc}") from exc
 
 
 def _read_jsonl(path: Path) -> Iterator[Record]:
-    with open(path, encoding="utf-8") as f:
-        yield from _read_json_lines(path, f)
-
-
-def _read_jsonl_gz(path: Path) -> Iterator[Record]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        try:
-            yield from _read_json_lines(path, f)
-        except (OSError, EOFError) as exc:  # bad gzip stream
-            raise TaskFormatError(f"{path}: cannot decompress: {exc}") from exc
+    # Non-objects pass through: task_from_dict reports them with the task's own wording.
+    yield from read_json_objects(path, what="")
 
 
 def _read_parquet(path: Path) -> Iterator[Record]:
@@ -343,7 +355,7 @@ def _read_parquet(path: Path) -> Iterator[Record]:
 
 
 register_reader(".jsonl", _read_jsonl)
-register_reader(".jsonl.gz", _read_jsonl_gz)
+register_reader(".jsonl.gz", _read_jsonl)
 register_reader(".parquet", _read_parquet)
 
 

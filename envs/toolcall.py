@@ -25,7 +25,7 @@ from typing import Any
 
 import jsonschema
 
-from envs.io import ROLES, TaskFormatError, save_tasks
+from envs.io import ROLES, TaskFormatError, read_json_objects, save_tasks
 from envs.toolcall_tools import ToolError, run_tool
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
 
@@ -375,20 +375,10 @@ def normalize_bfcl_schema(schema: Any, where: str = "", path: str = "parameters"
 
 
 def _read_bfcl_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(d, dict):
-                raise TaskFormatError(f"{where}: a BFCL entry must be a JSON object, got {type(d).__name__}")
-            if not isinstance(d.get("id"), str) or not d["id"].strip():
-                raise TaskFormatError(f"{where}: field 'id': missing or not a non-empty string")
-            yield where, d
+    for where, d in read_json_objects(path, "a BFCL entry"):
+        if not isinstance(d.get("id"), str) or not d["id"].strip():
+            raise TaskFormatError(f"{where}: field 'id': missing or not a non-empty string")
+        yield where, d
 
 
 def _bfcl_messages(question: Any, where: str) -> list[Message]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from envs.io import TaskFormatError, read_json_objects
 from envs.types import Message, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
 
@@ -110,7 +110,6 @@ def _fail(msg: str, debug: bool) -> int:
 
 
 def _guarded(fn: Any, args: argparse.Namespace) -> int:
-    from envs.io import TaskFormatError
     from rl.config import RecipeError
 
     try:
@@ -202,10 +201,6 @@ def make_scorer(specs: list[RewardFnSpec], timeout_s: float | None, where: str =
         raise CommandError(f"{where}cannot construct the reward classes: {type(e).__name__}: {e}") from None
 
 
-def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.name.lower().endswith(".gz") else open(path, encoding="utf-8")
-
-
 @dataclasses.dataclass
 class Completion:
     """One recorded completion of ``jointrl score``'s input."""
@@ -231,21 +226,11 @@ def read_completions(path: str) -> list[Completion]:
     if not p.is_file():
         raise FileNotFoundError(f"completions file not found: {p}")
     out: list[Completion] = []
-    with _open_text(p) as f:
-        try:
-            lines = list(enumerate(f, start=1))
-        except (OSError, EOFError, UnicodeDecodeError) as e:
-            raise CommandError(f"{p}: cannot read: {e}") from None
-    for lineno, line in lines:
-        if not line.strip():
-            continue
-        where = f"{p}:{lineno}"
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CommandError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(d, dict):
-            raise CommandError(f"{where}: a completion record must be a JSON object, got {type(d).__name__}")
+    try:
+        records = list(read_json_objects(p, "a completion record"))
+    except TaskFormatError as e:
+        raise CommandError(str(e)) from None
+    for where, d in records:
         tid = d.get("task_id")
         if not isinstance(tid, str) or not tid:
             raise CommandError(f"{where}: field 'task_id': missing or not a non-empty string")
