@@ -1,0 +1,74 @@
+"""Shared helpers for the bench scripts: machine description and ``bench/RESULTS.md`` sections.
+
+Each script owns one section, delimited by HTML comment markers; re-running a script
+replaces its own section and leaves the others alone. Nothing here holds a result.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+TITLE = "# jointrl benchmark results\n\nWritten by the scripts in `bench/`; each section is replaced when its script re-runs.\n"
+
+
+def machine() -> str:
+    """One line: CPU count, CPU model, total RAM, torch/vllm versions."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram = f"{int(line.split()[1]) / 1024**2:.1f} GiB"
+                break
+    except OSError:
+        pass
+    import torch
+
+    try:
+        import vllm
+
+        vv = vllm.__version__
+    except Exception:  # noqa: BLE001
+        vv = "not importable"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{os.cpu_count()} CPUs ({cpu or platform.machine()}), {ram} RAM, {gpu}; "
+            f"torch {torch.__version__}, vllm {vv}, python {platform.python_version()}")
+
+
+def command() -> str:
+    return ".venv/bin/python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
+
+
+def write_section(key: str, title: str, body: str) -> None:
+    """Replace (or append) the section ``key`` of RESULTS.md with ``title`` + header + ``body``."""
+    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    section = (f"{start}\n## {title}\n\n- date: {now}\n- machine: {machine()}\n"
+               f"- command: `{command()}`\n\n{body.rstrip()}\n{end}\n")
+    text = RESULTS.read_text() if RESULTS.exists() else TITLE
+    if start in text and end in text:
+        a, b = text.index(start), text.index(end) + len(end)
+        text = text[:a] + section.rstrip("\n") + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(text)
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (also readable as plain text)."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)

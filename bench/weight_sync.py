@@ -1,0 +1,136 @@
+"""Weight-sync cost against its floor, in one process (no Ray).
+
+For each model: (a) the floor, the time ``safetensors.torch.save_file`` takes to write the
+model's state dict (bfloat16, ``lm_head.weight`` included, tensors already converted) to a
+file in /dev/shm; (b) jointrl's sync, ``Learner.export_weights("bfloat16")`` (fp32 -> bf16
+copy + the same kind of write + rename, into /dev/shm) followed by ``VLLMEngine.load_weights``
+(the engine reloads the file in place) on a vLLM engine of the same model (bf16,
+max_model_len 1024). Medians of ``--n`` timed repetitions after one untimed warm-up. The
+issue's goal: sync <= 2x the floor. The Ray actor hop of a real run is not included.
+
+Appends/replaces its section of ``bench/RESULTS.md``.
+
+    JOINTRL_CACHE=/tmp/jcache .venv/bin/python bench/weight_sync.py --models tiny,smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the reload runs our function in vLLM's worker
+
+MODELS = {"tiny": "embedded:tiny", "smollm2": "embedded:smollm2-135m-instruct"}
+
+
+def floor_state_dict(model):
+    """What export_weights writes: every state-dict tensor in bf16, plus lm_head."""
+    import torch
+
+    sd = {k: v.detach().to("cpu", torch.bfloat16, copy=True).contiguous() for k, v in model.state_dict().items()}
+    head = model.get_output_embeddings()
+    if head is not None:
+        sd["lm_head.weight"] = head.weight.detach().to("cpu", torch.bfloat16, copy=True).contiguous()
+    return sd
+
+
+def bench_model(name: str, n: int) -> dict:
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from rl.config import AlgoConfig, ModelConfig
+    from rl.learner import Learner
+    from rl.models import resolve_model
+    from rollout.engine import VLLMEngine
+
+    path = resolve_model(MODELS[name])
+    shm = tempfile.mkdtemp(prefix="jointrl-bench-", dir="/dev/shm")
+    learner = Learner(path, ModelConfig(), AlgoConfig(), seed=0, threads=0, shm_dir=shm)
+    engine = None
+    try:
+        params = sum(p.numel() for p in learner.model.parameters())
+        sd = floor_state_dict(learner.model)
+        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+        floor_path = os.path.join(shm, "floor.safetensors")
+        floor = []
+        for i in range(n + 1):
+            t0 = time.perf_counter()
+            save_file(sd, floor_path)
+            dt = time.perf_counter() - t0
+            os.remove(floor_path)
+            if i:
+                floor.append(dt)
+        del sd
+        engine = VLLMEngine(path, dtype="bfloat16", seed=0, max_model_len=1024)
+        export, reload, sync = [], [], []
+        for i in range(n + 1):
+            t0 = time.perf_counter()
+            p = learner.export_weights("bfloat16")
+            t1 = time.perf_counter()
+            engine.load_weights(p)
+            t2 = time.perf_counter()
+            if i:
+                export.append(t1 - t0)
+                reload.append(t2 - t1)
+                sync.append(t2 - t0)
+        # Sanity: the engine now holds the learner's weights (same logprobs up to bf16 noise).
+        ids = learner.tokenizer("The quick brown fox jumps over the lazy dog.", add_special_tokens=False)["input_ids"]
+        e_lp = engine.score(ids[:3], ids[3:])
+        l_lp = learner.logprobs(ids[:3], ids[3:])
+        max_diff = max(abs(a - b) for a, b in zip(e_lp, l_lp))
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        learner.shutdown()
+        shutil.rmtree(shm, ignore_errors=True)
+    med = statistics.median
+    return dict(model=name, params=params, mbytes=nbytes / 1e6, floor=med(floor), export=med(export),
+                reload=med(reload), sync=med(sync), ratio=med(sync) / med(floor), max_diff=max_diff,
+                floor_all=floor, sync_all=sync)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="tiny,smollm2", help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--n", type=int, default=5, help="timed repetitions per measurement (median reported)")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
+    args = ap.parse_args(argv)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in names:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    from bench._results import machine, table, write_section
+
+    rows = []
+    for m in names:
+        r = bench_model(m, args.n)
+        rows.append([r["model"], f"{r['params'] / 1e6:.2f}M", f"{r['mbytes']:.1f}", f"{r['floor']:.3f}",
+                     f"{r['export']:.3f}", f"{r['reload']:.3f}", f"{r['sync']:.3f}", f"{r['ratio']:.2f}x",
+                     "yes" if r["ratio"] <= 2.0 else "NO", f"{r['max_diff']:.3f}"])
+        print(f"{m}: floor runs {[round(x, 3) for x in r['floor_all']]}, sync runs {[round(x, 3) for x in r['sync_all']]}",
+              flush=True)
+    headers = ["model", "parameters", "file MB (bf16)", "floor s (save_file)", "export s", "engine reload s",
+               "sync s (export+reload)", "sync/floor", "<= 2x", "max logprob diff, engine vs learner"]
+    body = (f"In one process, no Ray (the actor hop of a real run is not included). Medians of {args.n} timed runs "
+            "after one warm-up. floor = `safetensors.torch.save_file` of the bf16 state dict (lm_head included, "
+            "tensors pre-converted) into /dev/shm; export = `Learner.export_weights(\"bfloat16\")` (fp32->bf16 copy + "
+            "write + rename, in /dev/shm); reload = `VLLMEngine.load_weights(path)` (in-place reload + prefix-cache reset). "
+            "Goal from the issue: sync/floor <= 2. Last column: a check that the reloaded engine scores a sentence "
+            "like the learner does.\n\n" + table(headers, rows))
+    print()
+    print(machine())
+    print(table(headers, rows))
+    if not args.no_write:
+        write_section("weight_sync", "Weight sync vs. its floor (`bench/weight_sync.py`)", body)
+        print("\nwrote bench/RESULTS.md (section weight_sync)")
+
+
+if __name__ == "__main__":
+    main()
