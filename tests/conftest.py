@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 # Build the embedded tiny model once per machine (not per test or per session): a fixed
 # folder under the temp dir, unless the caller chose a cache already.
@@ -29,3 +30,26 @@ def tiny_tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+@pytest.fixture
+def recipe_copy(tmp_path):
+    """A function that writes a copy of a shipped recipe into ``tmp_path``: task-file paths made
+    absolute, ``run.output_dir`` set to ``tmp_path / out``, then ``edit(d)`` applied to the parsed
+    YAML; returns the file's path (``tmp_path / filename``, default the recipe's own name)."""
+
+    def make(name: str = "tiny.yaml", *, out: str = "out", filename: str | None = None, edit=None) -> Path:
+        d = yaml.safe_load((RECIPES / name).read_text())
+        for key in ("train_files", "eval_files"):
+            d["data"][key] = [str(RECIPES / f) for f in d["data"][key]]
+        d["run"]["output_dir"] = str(tmp_path / out)
+        if edit is not None:
+            edit(d)
+        path = tmp_path / (filename or name)
+        path.write_text(yaml.safe_dump(d, sort_keys=False))
+        return path
+
+    return make

@@ -19,15 +19,9 @@ RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
 
 @pytest.fixture
-def recipe_file(tmp_path: Path) -> Path:
+def recipe_file(recipe_copy) -> Path:
     """A copy of the tiny recipe with absolute data paths, in a temp dir."""
-    d = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
-    d["data"]["train_files"] = [str(REPO / "recipes" / f) for f in d["data"]["train_files"]]
-    d["data"]["eval_files"] = [str(REPO / "recipes" / f) for f in d["data"]["eval_files"]]
-    d["run"]["output_dir"] = str(tmp_path / "out")
-    p = tmp_path / "r.yaml"
-    p.write_text(yaml.safe_dump(d, sort_keys=False))
-    return p
+    return recipe_copy("tiny.yaml", filename="r.yaml")
 
 
 def _flat_keys(d: dict, prefix: str = "") -> set[str]:

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
 PARITY = '''
 class Parity:
     """A reward with variance on a random model: 1 when the first sampled token id is even."""
@@ -27,17 +26,13 @@ class Parity:
 pytestmark = pytest.mark.slow
 
 
-def _tiny_recipe(tmp_path: Path, extra: dict) -> Path:
-    d = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
-    d["data"]["train_files"] = [str(REPO / "recipes" / f) for f in d["data"]["train_files"]]
-    d["data"]["eval_files"] = [str(REPO / "recipes" / f) for f in d["data"]["eval_files"]]
-    d["run"]["output_dir"] = str(tmp_path / "out")
-    d["wandb"]["mode"] = "offline"
-    for section, values in extra.items():
-        d[section] = values if isinstance(values, list) else {**d[section], **values}
-    p = tmp_path / "recipe.yaml"
-    p.write_text(yaml.safe_dump(d, sort_keys=False))
-    return p
+def _tiny_recipe(recipe_copy, extra: dict) -> Path:
+    def edit(d: dict) -> None:
+        d["wandb"]["mode"] = "offline"
+        for section, values in extra.items():
+            d[section] = values if isinstance(values, list) else {**d[section], **values}
+
+    return recipe_copy("tiny.yaml", filename="recipe.yaml", edit=edit)
 
 
 @pytest.fixture
@@ -48,7 +43,7 @@ def parity_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "parity_reward.Parity"
 
 
-def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str) -> None:
+def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_copy) -> None:
     """The engine's logprobs for a fixed prompt start equal to the learner's, and after 3 GRPO
     steps with a weight sync each, they have moved with the learner's (fp32 end to end)."""
     import ray
@@ -59,7 +54,7 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str) -> None
     from rl.models import resolve_model
     from envs.types import Sampling
 
-    recipe = _tiny_recipe(tmp_path, {
+    recipe = _tiny_recipe(recipe_copy, {
         "model": {"engine_dtype": "float32", "autocast": False},
         "algo": {"lr": 3e-3, "kl_coef": 0.0},
         "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
@@ -113,8 +108,8 @@ def _shm_bytes() -> int:
     return sum(f.stat().st_size for f in Path("/dev/shm").iterdir() if f.is_file())
 
 
-def test_cli_train_writes_every_output(tmp_path: Path, parity_module: str) -> None:
-    recipe = _tiny_recipe(tmp_path, {
+def test_cli_train_writes_every_output(tmp_path: Path, parity_module: str, recipe_copy) -> None:
+    recipe = _tiny_recipe(recipe_copy, {
         "train": {"steps": 2, "eval_every": 0},
         "rewards": [{"cls": "rewards.toolcall.ToolCallReward", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}},
                     {"cls": parity_module, "weight": 0.5, "domains": ["tool_call"], "kwargs": {}}],

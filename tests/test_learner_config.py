@@ -6,7 +6,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rl.config import AlgoConfig, RecipeError, load_recipe, validate_recipe
 
@@ -14,14 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def tiny(tmp_path: Path):
-    d = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
-    d["data"]["train_files"] = [str(REPO / "recipes" / f) for f in d["data"]["train_files"]]
-    d["data"]["eval_files"] = [str(REPO / "recipes" / f) for f in d["data"]["eval_files"]]
-    d["run"]["output_dir"] = str(tmp_path / "out")
-    p = tmp_path / "r.yaml"
-    p.write_text(yaml.safe_dump(d, sort_keys=False))
-    return p
+def tiny(recipe_copy):
+    return recipe_copy("tiny.yaml", filename="r.yaml")
 
 
 @pytest.mark.parametrize("overrides, key, words", [

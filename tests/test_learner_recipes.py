@@ -13,9 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
 PARITY = '''
 class Parity:
     name = "parity"
@@ -29,19 +27,17 @@ LEARNER_METRICS = ["loss/policy", "loss/kl", "kl/mean", "entropy/mean", "clip/fr
 pytestmark = pytest.mark.slow
 
 
-def run_recipe(tmp_path: Path, name: str, overrides: list[str] = ()) -> tuple[list[dict], Path]:
+def run_recipe(tmp_path: Path, recipe_copy, name: str, overrides: list[str] = ()) -> tuple[list[dict], Path]:
     (tmp_path / "parity_reward.py").write_text(PARITY)
-    d = yaml.safe_load((REPO / "recipes" / name).read_text())
-    d["data"]["train_files"] = [str(REPO / "recipes" / f) for f in d["data"]["train_files"]]
-    d["data"]["eval_files"] = [str(REPO / "recipes" / f) for f in d["data"]["eval_files"]]
-    d["data"]["eval_limit"] = 4
-    d["run"]["output_dir"] = str(tmp_path / "out")
-    d["run"]["save_every"] = 1
-    d["run"]["keep_checkpoints"] = 1
-    d["wandb"]["mode"] = "offline"
-    d["rewards"].append({"cls": "parity_reward.Parity", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}})
-    recipe = tmp_path / name
-    recipe.write_text(yaml.safe_dump(d, sort_keys=False))
+
+    def edit(d: dict) -> None:
+        d["data"]["eval_limit"] = 4
+        d["run"]["save_every"] = 1
+        d["run"]["keep_checkpoints"] = 1
+        d["wandb"]["mode"] = "offline"
+        d["rewards"].append({"cls": "parity_reward.Parity", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}})
+
+    recipe = recipe_copy(name, edit=edit)
     env = {**os.environ, "WANDB_MODE": "offline",
            "PYTHONPATH": os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH", "")] if p)}
     exe = Path(sys.executable).with_name("jointrl")
@@ -57,8 +53,8 @@ def run_recipe(tmp_path: Path, name: str, overrides: list[str] = ()) -> tuple[li
     return lines[1:], out
 
 
-def test_ppo_tiny_recipe(tmp_path: Path) -> None:
-    steps, out = run_recipe(tmp_path, "ppo_tiny.yaml")
+def test_ppo_tiny_recipe(tmp_path: Path, recipe_copy) -> None:
+    steps, out = run_recipe(tmp_path, recipe_copy, "ppo_tiny.yaml")
     for rec in steps:
         assert "loss/value" in rec and "value/mean" in rec and "kl/coef" in rec
         assert rec["learner/updates"] == 4  # 2 epochs x 2 minibatches
@@ -70,8 +66,8 @@ def test_ppo_tiny_recipe(tmp_path: Path) -> None:
     assert (ck / "critic.safetensors").is_file() and (ck / "learner_state.pt").is_file()
 
 
-def test_grpo_tiny_recipe_two_learner_workers(tmp_path: Path) -> None:
-    steps, out = run_recipe(tmp_path, "grpo_tiny.yaml")
+def test_grpo_tiny_recipe_two_learner_workers(tmp_path: Path, recipe_copy) -> None:
+    steps, out = run_recipe(tmp_path, recipe_copy, "grpo_tiny.yaml")
     for rec in steps:
         assert rec["learner/updates"] == 1 and "loss/entropy" in rec and "clip/dual_fraction" in rec
         assert "loss/value" not in rec

@@ -12,26 +12,21 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _recipe(tmp_path: Path, out: Path) -> Path:
-    d = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
-    d["data"]["train_files"] = [str(REPO / "recipes" / f) for f in d["data"]["train_files"]]
-    d["data"]["eval_files"] = [str(REPO / "recipes" / f) for f in d["data"]["eval_files"]]
-    d["run"].update(output_dir=str(out), save_every=2, keep_checkpoints=3)
-    d["model"].update(engine_dtype="float32", autocast=False)
-    d["train"].update(steps=4)
-    d["wandb"]["mode"] = "disabled"
-    # A reward with variance on the random model, so that the updates are not all zero.
-    d["rewards"].append({"cls": "rewards.format.OverlongPenalty", "weight": 1.0, "domains": ["tool_call"],
-                         "kwargs": {"max_tokens": 24, "buffer_tokens": 20}})
-    p = tmp_path / f"{out.name}.yaml"
-    p.write_text(yaml.safe_dump(d, sort_keys=False))
-    return p
+def _recipe(recipe_copy, out: Path) -> Path:
+    def edit(d: dict) -> None:
+        d["run"].update(save_every=2, keep_checkpoints=3)
+        d["model"].update(engine_dtype="float32", autocast=False)
+        d["train"].update(steps=4)
+        d["wandb"]["mode"] = "disabled"
+        # A reward with variance on the random model, so that the updates are not all zero.
+        d["rewards"].append({"cls": "rewards.format.OverlongPenalty", "weight": 1.0, "domains": ["tool_call"],
+                             "kwargs": {"max_tokens": 24, "buffer_tokens": 20}})
+
+    return recipe_copy("tiny.yaml", out=out.name, filename=f"{out.name}.yaml", edit=edit)
 
 
 def _run(recipe: Path, *overrides: str) -> None:
@@ -50,9 +45,9 @@ def _steps(path: Path) -> dict[int, dict]:
     return out
 
 
-def test_resume_auto_continues_exactly(tmp_path: Path) -> None:
+def test_resume_auto_continues_exactly(tmp_path: Path, recipe_copy) -> None:
     a = tmp_path / "a"
-    _run(_recipe(tmp_path, a))
+    _run(_recipe(recipe_copy, a))
     full = _steps(a / "metrics.jsonl")
     assert sorted(full) == [0, 1, 2, 3, 4]
     assert any(v["grad/norm"] > 0 for s, v in full.items() if s)
@@ -64,7 +59,7 @@ def test_resume_auto_continues_exactly(tmp_path: Path) -> None:
     (b / "DONE").unlink()
     lines = (b / "metrics.jsonl").read_text().splitlines()
     (b / "metrics.jsonl").write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])  # step 3 logged, a torn line
-    _run(_recipe(tmp_path, b), "run.resume=auto")
+    _run(_recipe(recipe_copy, b), "run.resume=auto")
     resumed = _steps(b / "metrics.jsonl")
     assert sorted(resumed) == [0, 1, 2, 3, 4], "each step once"
     for step in (3, 4):
@@ -78,10 +73,10 @@ def test_resume_auto_continues_exactly(tmp_path: Path) -> None:
     assert (b / "DONE").is_file()
 
 
-def test_second_run_into_same_dir_is_refused(tmp_path: Path) -> None:
+def test_second_run_into_same_dir_is_refused(tmp_path: Path, recipe_copy) -> None:
     out = tmp_path / "x"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 0}\n')
     exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run([str(exe), "train", str(_recipe(tmp_path, out))], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(exe), "train", str(_recipe(recipe_copy, out))], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "already holds a run" in r.stderr and "run.resume=auto" in r.stderr
