@@ -25,9 +25,26 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from envs.types import Trajectory
+
+
+def read_step_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl`` or ``rollouts.jsonl`` (objects with an int
+    ``step``), streamed; lines that do not parse (one being written right now, or cut by a
+    crash) are skipped. A missing file yields nothing."""
+    if not path.is_file():
+        return
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                yield rec
 
 
 def wandb_mode(configured: str) -> tuple[str, str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import html
-import json
 import math
 import os
 import re
@@ -31,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rl.logger import read_step_records
 
 __all__ = ["write_report", "render_report", "read_metrics", "last_rollouts", "add_parser", "ReportError"]
 
@@ -67,17 +68,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
     Lines that do not parse (a line being written right now) are skipped.
     """
-    by_step: dict[int, dict[str, Any]] = {}
-    if not path.is_file():
-        return []
-    with open(path, errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                by_step[rec["step"]] = rec
+    by_step = {rec["step"]: rec for rec in read_step_records(path)}
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -85,22 +76,13 @@ def last_rollouts(path: Path) -> dict[str, tuple[int, list[dict[str, Any]]]]:
     """``{split: (step, rows)}``: the rows of the last step of each split in ``rollouts.jsonl``
     (read as a stream: only one step's rows per split are held)."""
     last: dict[str, tuple[int, list[dict[str, Any]]]] = {}
-    if not path.is_file():
-        return last
-    with open(path, errors="replace") as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(r, dict) or not isinstance(r.get("step"), int):
-                continue
-            split = str(r.get("split", ""))
-            cur = last.get(split)
-            if cur is None or r["step"] > cur[0]:
-                last[split] = (r["step"], [r])
-            elif r["step"] == cur[0]:
-                cur[1].append(r)
+    for r in read_step_records(path):
+        split = str(r.get("split", ""))
+        cur = last.get(split)
+        if cur is None or r["step"] > cur[0]:
+            last[split] = (r["step"], [r])
+        elif r["step"] == cur[0]:
+            cur[1].append(r)
     return last
 
 

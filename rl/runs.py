@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import sys
@@ -23,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rl.logger import read_step_records
 
 __all__ = ["RunInfo", "run_info", "list_runs", "format_runs", "add_parser", "RUNNING_WINDOW_S"]
 
@@ -66,25 +67,17 @@ def run_info(run_dir: str | os.PathLike[str], now: float | None = None, window_s
     m = d / "metrics.jsonl"
     steps, reward, ev, ev0 = -1, None, None, None
     step_times: list[float] = []
-    if m.is_file():
-        with open(m, errors="replace") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-                if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
-                    continue
-                steps = max(steps, rec["step"])
-                if _finite(rec.get("reward/mean")) is not None:
-                    reward = _finite(rec["reward/mean"])
-                if _finite(rec.get("eval/reward/mean")) is not None:
-                    ev = _finite(rec["eval/reward/mean"])
-                    if ev0 is None:
-                        ev0 = ev
-                t = sum(_finite(rec.get(k)) or 0.0 for k in ("timing/step_s", "timing/eval_s"))
-                if t > 0:
-                    step_times.append(t)
+    for rec in read_step_records(m):  # skips a line being written
+        steps = max(steps, rec["step"])
+        if _finite(rec.get("reward/mean")) is not None:
+            reward = _finite(rec["reward/mean"])
+        if _finite(rec.get("eval/reward/mean")) is not None:
+            ev = _finite(rec["eval/reward/mean"])
+            if ev0 is None:
+                ev0 = ev
+        t = sum(_finite(rec.get(k)) or 0.0 for k in ("timing/step_s", "timing/eval_s"))
+        if t > 0:
+            step_times.append(t)
     updated = m.stat().st_mtime if m.is_file() else None
     recipe = d / "recipe.resolved.yaml"
     started = recipe.stat().st_mtime if recipe.is_file() else None
