@@ -56,7 +56,9 @@ def write_section(key: str, title: str, body: str) -> None:
     """Replace (or append) the section ``key`` of RESULTS.md with ``title`` + header + ``body``."""
     start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     section = (f"{start}\n## {title}\n\n- date: {now}\n- machine: {machine()}\n"
+               f"- load average when written (1 / 5 / 15 min; the benchmark alone keeps it near the core count, more means other work shared the cores): {load}\n"
                f"- command: `{command()}`\n\n{body.rstrip()}\n{end}\n")
     text = RESULTS.read_text() if RESULTS.exists() else TITLE
     if start in text and end in text:

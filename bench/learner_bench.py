@@ -13,6 +13,10 @@ the embedded model is converted into its cache on first use, as for any run).
 
     .venv/bin/python bench/learner_bench.py --model embedded:smollm2-135m-instruct \\
         --samples 16 --group-size 8 --prompt-len 256 --response-len 64 --steps 3
+
+``--device cuda`` runs the same on a GPU (fp32 master weights, bf16 autocast; the step's
+``float()`` metrics synchronise the GPU, so wall times are complete). Not run: no GPU was
+available to this work (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import _device  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +52,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds the frozen reference's forward")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     p.add_argument("--seed", type=int, default=0)
+    _device.add_argument(p)
     return p.parse_args(argv)
 
 
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.samples < 1 or args.group_size < 1 or args.prompt_len < 1 or args.response_len < 1 or args.steps < 1:
         print("samples, group-size, prompt-len, response-len and steps must be >= 1", file=sys.stderr)
         return 2
+    device = _device.select(args.device)  # the Learner takes the GPU whenever torch sees one
     import torch
     import transformers
 
@@ -111,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.share_prompt]
     print(f"learner bench: {args.model}  samples={args.samples} (groups of {args.group_size})  "
           f"prompt={args.prompt_len} response={args.response_len} tokens  dtype={args.dtype} autocast={args.autocast}  "
-          f"torch threads={args.threads or os.cpu_count()}  kl_coef={args.kl_coef}  torch {torch.__version__}")
+          f"torch threads={args.threads or os.cpu_count()}  kl_coef={args.kl_coef}  torch {torch.__version__}  "
+          f"device={torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}")
     print(f"one step = forward + backward + AdamW step over the batch; median of {args.steps} timed steps "
           f"after {args.warmup} warmup")
     print(f"{'share_prompt':>12} {'step s':>8} {'min s':>7} {'max s':>7} {'tokens/s':>10} {'policy tok/s':>13} "

@@ -26,6 +26,10 @@ The two task sets differ, so their token counts are printed next to the times.
 Appends/replaces its section of ``bench/RESULTS.md``.
 
     JOINTRL_CACHE=/tmp/jcache .venv/bin/python bench/overhead.py
+
+``--device cuda``: the engine (``vllm``, bf16, ``rollout.gpu_memory_utilization`` of the GPU)
+and the learner (fp32 + bf16 autocast) share one GPU in this process. Not run: no GPU was
+available to this work (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the reload runs our function in vLLM's worker
+
+from bench import _device  # noqa: E402
 
 
 class ReplayEngine:
@@ -60,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "quickstart.yaml"))
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
+    _device.add_argument(ap)
     args = ap.parse_args(argv)
+    device = _device.select(args.device)
 
     import shutil
 
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     info: dict[str, list[float]] = {k: [] for k in ("a_tokens", "a_samples", "b_tokens", "b_samples")}
     try:
         engine = VLLMEngine(path, dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len,
-                            kv_cache_gib=r.kv_cache_gib)
+                            kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization)
         engine.generate(prompts_a[:2], sampling, seeds=[1, 2])  # untimed: first-call set-up
 
         def pure() -> None:
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         ["**(iv) / ((i)+(ii)+(iii))**", f"**{ratio:.3f}**", "goal <= 1.10: " + ("met" if ratio <= 1.10 else "NOT met")],
     ]
     headers = ["phase", f"median s ({args.reps} reps)", "notes (per rep)"]
-    body = ("One process, no Ray: the Ray actor hop of a real `jointrl train` run is NOT included. "
+    body = (f"Device: {device}. One process, no Ray: the Ray actor hop of a real `jointrl train` run is NOT included. "
             f"SmolLM2-135M-Instruct, {args.recipe and Path(args.recipe).name} (GRPO, kl_coef {cfg.algo.kl_coef}, "
             f"zero_variance {cfg.algo.zero_variance}), {n} tasks x group {r.group_size}, max_new_tokens "
             f"{r.max_new_tokens}, temperature {r.temperature}, fixed seeds. (i)-(iii) on tasks 0-{n - 1}, (iv) on tasks "

@@ -3,12 +3,15 @@
 For each model: (a) the floor, the time ``safetensors.torch.save_file`` takes to write the
 model's state dict (bfloat16, ``lm_head.weight`` included, tensors already converted) to a
 file in /dev/shm; (b) jointrl's sync, ``Learner.export_weights("bfloat16")`` (fp32 -> bf16
-copy + the same kind of write + rename, into /dev/shm) followed by ``VLLMEngine.load_weights``
+``copy_`` straight into one of two preallocated, memory-mapped safetensors files in /dev/shm,
+then an atomic rename) followed by ``VLLMEngine.load_weights``
 (the engine reloads the file in place) on a vLLM engine of the same model (bf16,
 max_model_len 1024). Medians of ``--n`` timed repetitions after one untimed warm-up. The
 issue's goal: sync <= 2x the floor. The Ray actor hop of a real run is not included.
 
-Appends/replaces its section of ``bench/RESULTS.md``.
+Appends/replaces its section of ``bench/RESULTS.md``. ``--device cuda``: the learner's weights
+on the GPU (the export copies them device -> shared memory), a GPU vLLM engine (the ``vllm``
+package) beside it; not run: no GPU was available to this work (see bench/README.md).
 
     JOINTRL_CACHE=/tmp/jcache .venv/bin/python bench/weight_sync.py --models tiny,smollm2
 """
@@ -26,6 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the reload runs our function in vLLM's worker
 
+from bench import _device  # noqa: E402
+
 MODELS = {"tiny": "embedded:tiny", "smollm2": "embedded:smollm2-135m-instruct"}
 
 
@@ -40,7 +45,7 @@ def floor_state_dict(model):
     return sd
 
 
-def bench_model(name: str, n: int) -> dict:
+def bench_model(name: str, n: int, device: str = "cpu") -> dict:
     import shutil
 
     from safetensors.torch import save_file
@@ -68,7 +73,8 @@ def bench_model(name: str, n: int) -> dict:
             if i:
                 floor.append(dt)
         del sd
-        engine = VLLMEngine(path, dtype="bfloat16", seed=0, max_model_len=1024)
+        # On a GPU the engine and the learner share it: vLLM takes 30% of its memory.
+        engine = VLLMEngine(path, dtype="bfloat16", seed=0, max_model_len=1024, gpu_memory_utilization=0.3)
         export, reload, sync = [], [], []
         for i in range(n + 1):
             t0 = time.perf_counter()
@@ -93,7 +99,7 @@ def bench_model(name: str, n: int) -> dict:
     med = statistics.median
     return dict(model=name, params=params, mbytes=nbytes / 1e6, floor=med(floor), export=med(export),
                 reload=med(reload), sync=med(sync), ratio=med(sync) / med(floor), max_diff=max_diff,
-                floor_all=floor, sync_all=sync)
+                floor_all=floor, export_all=export, sync_all=sync)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,16 +107,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="tiny,smollm2", help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--n", type=int, default=5, help="timed repetitions per measurement (median reported)")
     ap.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
+    _device.add_argument(ap)
     args = ap.parse_args(argv)
+    device = _device.select(args.device)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in names:
         if m not in MODELS:
             ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
     from bench._results import machine, table, write_section
 
-    rows = []
+    rows, runs = [], []
     for m in names:
-        r = bench_model(m, args.n)
+        r = bench_model(m, args.n, device)
+        runs.append(f"- {m}: floor runs {', '.join(f'{x:.3f}' for x in r['floor_all'])}; export runs "
+                    f"{', '.join(f'{x:.3f}' for x in r['export_all'])}; sync runs "
+                    f"{', '.join(f'{x:.3f}' for x in r['sync_all'])} (s)")
         rows.append([r["model"], f"{r['params'] / 1e6:.2f}M", f"{r['mbytes']:.1f}", f"{r['floor']:.3f}",
                      f"{r['export']:.3f}", f"{r['reload']:.3f}", f"{r['sync']:.3f}", f"{r['ratio']:.2f}x",
                      "yes" if r["ratio"] <= 2.0 else "NO", f"{r['max_diff']:.3f}"])
@@ -118,12 +129,13 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
     headers = ["model", "parameters", "file MB (bf16)", "floor s (save_file)", "export s", "engine reload s",
                "sync s (export+reload)", "sync/floor", "<= 2x", "max logprob diff, engine vs learner"]
-    body = (f"In one process, no Ray (the actor hop of a real run is not included). Medians of {args.n} timed runs "
+    body = (f"Device: {device}. In one process, no Ray (the actor hop of a real run is not included). Medians of {args.n} timed runs "
             "after one warm-up. floor = `safetensors.torch.save_file` of the bf16 state dict (lm_head included, "
-            "tensors pre-converted) into /dev/shm; export = `Learner.export_weights(\"bfloat16\")` (fp32->bf16 copy + "
-            "write + rename, in /dev/shm); reload = `VLLMEngine.load_weights(path)` (in-place reload + prefix-cache reset). "
+            "tensors pre-converted) into /dev/shm; export = `Learner.export_weights(\"bfloat16\")` (fp32->bf16 "
+            "`copy_` into one of two preallocated memory-mapped safetensors files in /dev/shm + rename; the first use "
+            "of each of the two files also pays its page faults, so one timed run is slower, see the runs below); reload = `VLLMEngine.load_weights(path)` (in-place reload + prefix-cache reset). "
             "Goal from the issue: sync/floor <= 2. Last column: a check that the reloaded engine scores a sentence "
-            "like the learner does.\n\n" + table(headers, rows))
+            "like the learner does.\n\n" + table(headers, rows) + "\n\nEvery timed run, in order:\n\n" + "\n".join(runs))
     print()
     print(machine())
     print(table(headers, rows))

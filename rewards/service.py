@@ -392,16 +392,22 @@ class RewardService:
     """A pool of ``RewardScorer`` Ray actors. Requires ``ray.init`` to have run.
 
     ``timeout_s`` is the per-call limit (see the module docstring); ``workers`` actors,
-    ``num_cpus`` Ray CPUs each.
+    ``num_cpus`` Ray CPUs each, or ``actor_options`` (one dict of Ray actor options per
+    worker, e.g. a placement-group bundle from ``rl.placement``; a replaced worker gets its
+    predecessor's).
     """
 
-    def __init__(self, specs: list[RewardFnSpec], workers: int = 1, timeout_s: float = 60.0, num_cpus: float = 0.1) -> None:
+    def __init__(self, specs: list[RewardFnSpec], workers: int = 1, timeout_s: float = 60.0, num_cpus: float = 0.1,
+                 actor_options: list[dict[str, Any]] | None = None) -> None:
         import ray
 
+        if actor_options is not None and len(actor_options) != workers:
+            raise ValueError(f"{len(actor_options)} actor_options for {workers} reward workers")
+        self._options = [dict(o) for o in actor_options] if actor_options is not None else [{} for _ in range(workers)]
         self.specs, self.timeout_s = list(specs), float(timeout_s)
         # Two concurrent methods: a scoring call, and the liveness probe (stalled_s) beside it.
         self._actor = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=2)(RewardScorer)
-        self.workers = [self._new_worker() for _ in range(workers)]
+        self.workers = [self._new_worker(i) for i in range(workers)]
         ray.get([w.__ray_ready__.remote() for w in self.workers])  # constructor errors surface here
         self.restarts = 0
         self._fresh: set[int] = set()  # replaced workers not yet known to be up
@@ -411,8 +417,8 @@ class RewardService:
         # A worker is hung when it made no progress for timeout_s + grace (its own timeouts did not fire).
         self.grace_s = max(2.0, 0.25 * self.timeout_s)
 
-    def _new_worker(self) -> Any:
-        return self._actor.remote(self.specs, timeout_s=self.timeout_s)
+    def _new_worker(self, i: int) -> Any:
+        return self._actor.options(**self._options[i]).remote(self.specs, timeout_s=self.timeout_s)
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """Score ``trajs`` (same order out). Each group (same ``group_id``: the samples of one task)
@@ -536,7 +542,7 @@ class RewardService:
         import ray
 
         ray.kill(self.workers[i])
-        self.workers[i] = self._new_worker()
+        self.workers[i] = self._new_worker(i)
         self._fresh.add(i)
         self.restarts += 1
 

@@ -148,12 +148,12 @@ def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, floa
     """Reward and rollout metrics of a step: ``reward/mean``, ``reward/<domain>/mean``,
     ``reward/<domain>/<fn>/mean``, ``rollout/tokens``, ``rollout/response_len/mean``, ...
 
-    Means are over samples whose reward did not error; ``reward/errors`` counts the others.
+    Means are over samples whose reward did not error; ``faults/reward_errors`` counts the others (excluded from the update).
     ``prefix`` (e.g. ``"eval/"``) is prepended to every key.
     """
     m: dict[str, float] = {}
     scored = [t for t in trajs if t.reward is not None]
-    m["reward/errors"] = float(len(trajs) - len(scored))
+    m["faults/reward_errors"] = float(len(trajs) - len(scored))
     if scored:
         m["reward/mean"] = sum(t.reward for t in scored) / len(scored)  # type: ignore[misc]
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)

@@ -1,7 +1,10 @@
 """The ``jointrl`` command: ``train`` and ``validate`` a recipe; ``score`` and ``eval`` (in ``rl/commands.py``).
 
 Bad input (recipe, overrides, files, models, output dir) exits with code 2 and one
-message, before any actor starts; ``--debug`` shows the traceback too.
+message, before any actor starts; ``--debug`` shows the traceback too. A run that cannot
+go on (updates non-finite ``train.max_bad_steps`` times in a row, an engine that keeps
+dying, a checkpoint that cannot be written) exits with code 3 and one message; Ctrl-C
+or SIGTERM with 130. Outputs written so far are kept in every case (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -57,15 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose:
         os.environ["JOINTRL_VERBOSE"] = "1"
     from envs.io import TaskFormatError
-    from rl.loop import train
+    from rl.placement import PlacementError
+    from rl.loop import RunAborted, train
+    from rollout.pool import EngineFailure
 
     try:
         out = train(cfg, verbose=args.verbose)
-    except (FileNotFoundError, FileExistsError, TaskFormatError) as e:
-        return _fail(str(e), args.debug)
+    except (FileNotFoundError, FileExistsError, TaskFormatError, RecipeError, PlacementError) as e:
+        return _fail(str(e), args.debug)  # RecipeError/PlacementError: cluster section vs the Ray cluster
     except KeyboardInterrupt:
         print("jointrl: interrupted; engines shut down, outputs so far kept", file=sys.stderr)
         return 130
+    except (RunAborted, EngineFailure) as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"jointrl: run stopped: {e}\n(outputs so far kept; after a fix, continue with run.resume=auto)",
+              file=sys.stderr)
+        return 3
     print(f"done: {out}")
     return 0
 

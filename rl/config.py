@@ -12,6 +12,7 @@ This module does not start Ray, load models or touch the network.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -90,6 +91,8 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling for training rollouts
     kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on CPU
     gpu_memory_utilization: float = 0.5  # on GPU
+    async_steps: int = 0  # 0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains
+    max_restarts: int = 2  # a dead engine is replaced and its prompts re-issued, at most this often per call
     envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])  # one env class per domain (domain, cls, kwargs)
 
 
@@ -119,6 +122,7 @@ class AlgoConfig:
     clip_low: float = 0.2  # ratio clip below 1
     clip_high: float = 0.2  # ratio clip above 1 (clip-higher when > clip_low)
     dual_clip: float = 0.0  # dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)
+    tis_cap: float = 0.0  # truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), correcting for stale (async) or numerically different engine samples (0 = off)
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
     entropy_coef: float = 0.0  # entropy bonus weight (0 = off)
     kl_coef: float = 0.0  # KL-to-reference coefficient, the initial one when adaptive (0 = no reference model is kept)
@@ -141,9 +145,30 @@ class AlgoConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Resources and placement of the actors (counts stay in rollout.num_engines, algo.learner_workers and
+    reward_service.workers). Each role is reserved with a Ray placement group before any actor starts; see
+    docs/cluster.md."""
+
+    device: str = "auto"  # auto (GPUs when the Ray cluster has any) | cpu | gpu
+    placement: str = "split"  # split: one bundle per engine and per learner worker | colocated: engine i and learner i share one GPU (GPU only; vLLM sleeps during the learner step)
+    engine_gpus: float = 1.0  # GPUs per engine on GPU (a fraction packs engines onto one GPU; must equal engine_tp when engine_tp > 1)
+    engine_tp: int = 1  # tensor-parallel size of each vLLM engine (GPU only)
+    engine_cpus: float = 0.5  # Ray CPUs per engine
+    engine_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine, e.g. {node_b: 1} (nodes get them from `ray start --resources`)
+    learner_gpus: float = 1.0  # GPUs per learner worker on GPU
+    learner_cpus: float = 1.0  # Ray CPUs per learner worker
+    learner_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner worker
+    reward_cpus: float = 0.1  # Ray CPUs per reward worker
+    reward_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per reward worker
+    placement_timeout_s: float = 120.0  # fail, naming the resources asked for, when the cluster cannot place the actors within this
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 20  # optimizer steps (one batch each)
     eval_every: int = 0  # held-out evaluation every N steps; it always runs at start and end (0 = only then)
+    max_bad_steps: int = 3  # stop after this many steps in a row whose update was skipped (non-finite loss or gradients)
 
 
 @dataclass(frozen=True)
@@ -166,6 +191,7 @@ class Recipe:
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
     reward_service: RewardServiceConfig = field(default_factory=RewardServiceConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     # Where the recipe came from; relative paths in it resolve against this folder.
@@ -179,8 +205,11 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_KINDS = ("k1", "k2", "k3")
 DTYPES = ("float32", "bfloat16", "float16")
 WANDB_MODES = ("", "online", "offline", "disabled")
-FREE_FORM_DICTS = ("kwargs", "domain_weights")
+FREE_FORM_DICTS = ("kwargs", "domain_weights", "engine_resources", "learner_resources", "reward_resources")
 EMBEDDED_MODELS = ("embedded:smollm2-135m-instruct", "embedded:tiny")
+DEVICES = ("auto", "cpu", "gpu")
+PLACEMENTS = ("split", "colocated")
+RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 def _yaml_line(text: str, dotted: str) -> int | None:
@@ -363,6 +392,14 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail("train.steps", f"must be >= 0, got {t.steps}")
     if t.eval_every < 0:
         fail("train.eval_every", "must be >= 0")
+    if t.max_bad_steps < 1:
+        fail("train.max_bad_steps", f"must be >= 1, got {t.max_bad_steps}")
+    if r.max_restarts < 0:
+        fail("rollout.max_restarts", f"must be >= 0, got {r.max_restarts}")
+    if r.async_steps not in (0, 1):
+        fail("rollout.async_steps", f"choose 0 (synchronous) or 1 (one-step-off), got {r.async_steps}")
+    if a.tis_cap < 0:
+        fail("algo.tis_cap", f"must be >= 0 (0 = off), got {a.tis_cap}")
     for key, val in (("rollout.num_engines", r.num_engines), ("rollout.prompts_per_step", r.prompts_per_step),
                      ("rollout.group_size", r.group_size), ("rollout.max_new_tokens", r.max_new_tokens),
                      ("rollout.max_turns", r.max_turns), ("reward_service.workers", recipe.reward_service.workers),
@@ -458,6 +495,7 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail("data.train_weights", f"need one non-negative weight per train file ({len(recipe.data.train_files)})")
     if recipe.wandb.mode not in WANDB_MODES:
         fail("wandb.mode", f"unknown mode {recipe.wandb.mode!r}; choose online, offline or disabled")
+    check_cluster(recipe)
 
     mp = recipe.model.path
     if mp.startswith("embedded:"):
@@ -496,6 +534,80 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
     _check_output_dir(recipe, fail)
 
 
+def check_cluster(recipe: Recipe, device: str | None = None) -> None:
+    """Check the ``cluster`` section against the actor counts; raise ``RecipeError`` naming the key.
+
+    ``device`` is the resolved device (``cpu`` | ``gpu``) at start-up; ``None`` checks what
+    can be checked before knowing it (``cluster.device: auto`` is resolved against the Ray
+    cluster when the run starts, and this runs again then).
+    """
+    src = recipe.source or "recipe"
+    text = Path(recipe.source).read_text() if recipe.source and Path(recipe.source).is_file() else ""
+
+    def fail(key: str, msg: str) -> None:
+        raise RecipeError(f"{_where(src, text, key)}: {key}: {msg}")
+
+    c, r, a = recipe.cluster, recipe.rollout, recipe.algo
+    if c.device not in DEVICES:
+        fail("cluster.device", f"unknown device {c.device!r}; choose one of {', '.join(DEVICES)}")
+    if c.placement not in PLACEMENTS:
+        fail("cluster.placement", f"unknown placement {c.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    if c.engine_tp < 1:
+        fail("cluster.engine_tp", f"must be >= 1, got {c.engine_tp}")
+    for key, val in (("cluster.engine_cpus", c.engine_cpus), ("cluster.learner_cpus", c.learner_cpus),
+                     ("cluster.reward_cpus", c.reward_cpus), ("cluster.placement_timeout_s", c.placement_timeout_s)):
+        if not val > 0:
+            fail(key, f"must be > 0, got {val}")
+    for key, val in (("cluster.engine_gpus", c.engine_gpus), ("cluster.learner_gpus", c.learner_gpus)):
+        if val < 0 or (val > 1 and val != int(val)):
+            fail(key, f"must be a fraction in [0, 1] or a whole number of GPUs (Ray's rule), got {val}")
+    for key, res in (("cluster.engine_resources", c.engine_resources), ("cluster.learner_resources", c.learner_resources),
+                     ("cluster.reward_resources", c.reward_resources)):
+        for name, amount in res.items():
+            if name in RESERVED_RESOURCES:
+                fail(f"{key}.{name}", f"{name!r} is set by cluster.*_cpus / cluster.*_gpus, not as a custom resource")
+            if not amount > 0:
+                fail(f"{key}.{name}", f"must be > 0, got {amount}")
+    dev = device or (c.device if c.device != "auto" else None)
+    if dev == "gpu":
+        for key, val in (("cluster.engine_gpus", c.engine_gpus), ("cluster.learner_gpus", c.learner_gpus)):
+            if not val > 0:
+                fail(key, "must be > 0 on GPU (CUDA vLLM and the GPU learner each need a share of a GPU)")
+    if c.placement == "colocated":
+        if dev == "cpu":
+            fail("cluster.placement", f"colocated shares GPUs between engines and learners; the run is on CPU "
+                                      f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''}): "
+                                      "use placement split")
+        if r.async_steps:
+            fail("rollout.async_steps", "async rollouts overlap generation with the learner step; colocated engines "
+                                        "sleep during that step: use cluster.placement split, or async_steps 0")
+        if c.engine_tp != 1:
+            fail("cluster.engine_tp", "colocated placement puts one engine and one learner worker on each GPU: "
+                                      f"engine_tp must be 1, got {c.engine_tp}")
+        if r.num_engines != a.learner_workers:
+            fail("cluster.placement", f"colocated placement pairs engine i with learner worker i on one GPU: "
+                                      f"rollout.num_engines ({r.num_engines}) must equal algo.learner_workers "
+                                      f"({a.learner_workers})")
+        if not (c.engine_gpus > 0 and c.learner_gpus > 0 and c.engine_gpus + c.learner_gpus <= 1):
+            fail("cluster.engine_gpus", f"colocated: an engine and a learner worker share one GPU, so "
+                                        f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
+                                        f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}")
+    if c.learner_gpus > 1:
+        fail("cluster.learner_gpus", f"a learner worker uses one GPU (no model parallelism); for more GPUs raise "
+                                     f"algo.learner_workers (data parallel), got {c.learner_gpus}")
+    if c.engine_gpus > 1 and c.engine_tp == 1 and dev != "cpu":
+        fail("cluster.engine_tp", f"an engine with cluster.engine_gpus={c.engine_gpus:g} would use one of them: set "
+                                  f"cluster.engine_tp to {c.engine_gpus:g} (tensor parallel) or engine_gpus to 1")
+    if c.engine_tp > 1:
+        if dev == "cpu":
+            fail("cluster.engine_tp", f"tensor parallelism ({c.engine_tp}) needs GPUs; the run is on CPU "
+                                      f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''}), "
+                                      "where each engine is one vLLM-cpu process: use 1")
+        if c.engine_gpus != c.engine_tp:
+            fail("cluster.engine_gpus", f"an engine with cluster.engine_tp={c.engine_tp} needs one GPU per "
+                                        f"tensor-parallel rank: set cluster.engine_gpus to {c.engine_tp}, got {c.engine_gpus}")
+
+
 def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve) -> Any:
     """Import ``dotted`` and check ``kwargs`` bind to its constructor; returns the class."""
     import inspect
@@ -526,9 +638,31 @@ def _check_output_dir(recipe: Recipe, fail) -> None:
             pass
     except OSError:
         fail("run.output_dir", f"not writable: {out} ({probe} is not a writable folder)")
+    need = checkpoint_bytes_estimate(recipe) * (max(recipe.run.keep_checkpoints, 1) + 1) + 64 * 2**20
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        fail("run.output_dir", f"only {free / 2**20:.0f} MiB free under {probe}; checkpoints (model + optimizer, "
+                              f"run.keep_checkpoints={recipe.run.keep_checkpoints} kept, one being written) and logs "
+                              f"need about {need / 2**20:.0f} MiB")
     if (out / "metrics.jsonl").exists() and not recipe.run.overwrite and recipe.run.resume != "auto":
         fail("run.output_dir", f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
                               "to replace it, or choose another run.output_dir")
+
+
+# Weights file bytes per parameter -> checkpoint bytes per parameter (fp32 master weights + AdamW's
+# two fp32 moments = 12 bytes/param) is at most 6x the file (bf16 files: 2 bytes/param).
+_CKPT_PER_FILE_BYTE = 6
+_EMBEDDED_WEIGHT_BYTES = {"embedded:smollm2-135m-instruct": 270 * 2**20, "embedded:tiny": 4 * 2**20}
+
+
+def checkpoint_bytes_estimate(recipe: Recipe) -> int:
+    """An upper estimate of one checkpoint's size, from the model's weight files (0 if unknown)."""
+    mp = recipe.model.path
+    if mp in _EMBEDDED_WEIGHT_BYTES:
+        return _CKPT_PER_FILE_BYTE * _EMBEDDED_WEIGHT_BYTES[mp]
+    folder = resolve_path(recipe, mp)
+    size = sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in folder.glob(pat)) if folder.is_dir() else 0
+    return _CKPT_PER_FILE_BYTE * size
 
 
 def resolve_output_dir(recipe: Recipe) -> Path:

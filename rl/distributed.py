@@ -3,9 +3,12 @@
 Design (``algo.learner_workers = N``):
 
 * N Ray actors each hold a full replica (policy, reference, critic, optimizers). They join
-  one ``torch.distributed`` process group (gloo on CPU, NCCL on GPU; world size N; the
-  driver finds a free TCP port on 127.0.0.1, so all learner actors run on the driver's
-  node). Rank 0 broadcasts its parameters at start so that replicas begin identical.
+  one ``torch.distributed`` process group (gloo on CPU, NCCL on GPU; world size N). Without a
+  placement, every learner runs on the driver's node and meets at ``127.0.0.1`` on a port the
+  driver found free. With one (``actor_options`` from ``rl.placement``), a probe task in rank
+  0's bundle finds a free port on rank 0's node; the rendezvous is ``127.0.0.1`` when every
+  rank's bundle is on that node, else that node's IP (``JOINTRL_DIST_ADDR`` in each learner's
+  environment). Rank 0 broadcasts its parameters at start so that replicas begin identical.
 * The driver shards each batch (:func:`shard_batch`): whole GRPO groups per shard (group
   statistics stay local), balanced by token count. Every shard keeps the *global* loss
   denominators (``num_tokens``, ``num_seqs`` of the full batch), so each rank's loss is
@@ -40,16 +43,26 @@ __all__ = ["free_port", "init_process_group", "all_reduce_sum", "all_reduce_grad
 _BUCKET = 1 << 25  # elements per all-reduce bucket (128 MiB in fp32)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous of the process group)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (the rendezvous of the process group)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def init_process_group(rank: int, world_size: int, port: int, device: torch.device) -> None:
-    """Join the learners' process group: gloo on CPU, NCCL on CUDA; rendezvous at 127.0.0.1:``port``."""
+def _rendezvous_probe() -> tuple[str, str, int]:
+    """Runs on a learner's node (a zero-CPU Ray task in its bundle): (node id, node IP, a free port)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return ctx.get_node_id(), ray.util.get_node_ip_address(), free_port("")
+
+
+def init_process_group(rank: int, world_size: int, port: int, device: torch.device, addr: str | None = None) -> None:
+    """Join the learners' process group: gloo on CPU, NCCL on CUDA; rendezvous at ``addr:port``
+    (``addr`` default: ``$JOINTRL_DIST_ADDR``, else 127.0.0.1)."""
     import datetime
+    import os
 
     import torch.distributed as dist
 
@@ -58,7 +71,8 @@ def init_process_group(rank: int, world_size: int, port: int, device: torch.devi
     if port <= 0:
         raise ValueError("a data-parallel learner needs the rendezvous port (dist_port > 0)")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+    addr = addr or os.environ.get("JOINTRL_DIST_ADDR") or "127.0.0.1"
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(minutes=30))
 
 
@@ -179,9 +193,12 @@ class LearnerGroup:
     """
 
     def __init__(self, n: int, model_path: str, model_cfg: Any, algo: Any, *, seed: int = 0, threads: int = 0,
-                 shm_dir: str | None = None, total_steps: int = 0, num_cpus: float = 1.0, num_gpus: float = 0) -> None:
+                 shm_dir: str | None = None, total_steps: int = 0, num_cpus: float = 1.0, num_gpus: float = 0,
+                 actor_options: list[dict[str, Any]] | None = None) -> None:
         """``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
-        ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads."""
+        ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads.
+        ``actor_options`` (one dict of Ray actor options per rank, e.g. ``rl.placement.Placement.options``)
+        replaces ``num_cpus``/``num_gpus``: each rank goes where its options say (its placement-group bundle)."""
         import os
 
         import ray
@@ -190,17 +207,42 @@ class LearnerGroup:
 
         if n < 1:
             raise ValueError(f"learner_workers must be >= 1, got {n}")
+        if actor_options is not None and len(actor_options) != n:
+            raise ValueError(f"{len(actor_options)} actor_options for {n} learners")
         self.n = n
-        port = free_port() if n > 1 else 0
         per = max(1, (threads or os.cpu_count() or 1) // n)
-        opts: dict[str, Any] = {"num_cpus": num_cpus / n, "num_gpus": num_gpus}
-        if n > 1:  # the rendezvous is on 127.0.0.1: every learner on the driver's node
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        cls = ray.remote(num_cpus=num_cpus / n, num_gpus=num_gpus)(Learner)
+        if actor_options is None:
+            opts: list[dict[str, Any]] = [{} for _ in range(n)]
+            port = free_port() if n > 1 else 0
+            if n > 1:  # the rendezvous is on 127.0.0.1: every learner on the driver's node
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        cls = ray.remote(**opts)(Learner)
-        self.actors = [cls.remote(model_path, model_cfg, algo, seed=seed, threads=per, shm_dir=shm_dir,
-                                  total_steps=total_steps, rank=r, world_size=n, dist_port=port) for r in range(n)]
+                here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+                opts = [{"scheduling_strategy": here} for _ in range(n)]
+        else:
+            opts = [dict(o) for o in actor_options]
+            port = 0
+            if n > 1:
+                addr, port = self._rendezvous(opts)
+                for o in opts:  # merged with the job's env vars by Ray
+                    o["runtime_env"] = {"env_vars": {"JOINTRL_DIST_ADDR": addr}}
+        self.actors = [cls.options(**opts[r]).remote(model_path, model_cfg, algo, seed=seed, threads=per, shm_dir=shm_dir,
+                                                    total_steps=total_steps, rank=r, world_size=n, dist_port=port)
+                       for r in range(n)]
+
+    @staticmethod
+    def _rendezvous(opts: list[dict[str, Any]]) -> tuple[str, int]:
+        """(address, port) where the ranks meet: a free port on rank 0's node; 127.0.0.1 when every rank's
+        slot is on that node, else rank 0's node IP. Probes run as zero-CPU tasks in each rank's slot."""
+        import ray
+
+        probe = ray.remote(num_cpus=0)(_rendezvous_probe)
+        sched = [{k: v for k, v in o.items() if k == "scheduling_strategy"} for o in opts]
+        found = ray.get([probe.options(**s).remote() for s in sched])
+        node0, ip0, port = found[0]
+        same = all(node == node0 for node, _, _ in found)
+        return ("127.0.0.1" if same else ip0), port
 
     def ready(self) -> None:
         import ray
@@ -230,8 +272,27 @@ class LearnerGroup:
 
         ray.get([a.load_checkpoint.remote(path) for a in self.actors])
 
-    def kill(self) -> None:
+    def release_gpu_memory(self) -> None:
+        """Return the learners' cached CUDA blocks to the device (colocated placement: before the
+        engines sharing their GPUs wake up). No-op on CPU."""
         import ray
 
+        ray.get([a.__ray_call__.remote(_empty_cuda_cache) for a in self.actors])
+
+    def kill(self) -> None:
+        """Stop the learners: ``shutdown`` first (it removes the weights folder on each learner's node,
+        which the driver cannot reach when that node is another machine), then kill."""
+        import ray
+
+        try:
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+        except Exception:  # noqa: BLE001 - a dead or stuck learner is killed all the same
+            pass
         for a in self.actors:
             ray.kill(a)
+
+
+def _empty_cuda_cache(_actor: Any) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()

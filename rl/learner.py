@@ -63,7 +63,8 @@ from rl.advantages import gae, group_normalized, reinforce_pp, whiten
 from rl.batch import Batch, Sample, learner_advantages
 from rl.config import AlgoConfig, ModelConfig
 from rl.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
-from rl.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, value_loss
+from rl.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
+                       value_loss)
 from rl.schedules import LRSchedule, kl_controller
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,7 +72,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # Additive per-step sums, all-reduced over data-parallel ranks in this order.
 _SUMS = ("loss/policy", "loss/kl", "loss/value", "loss/entropy", "kl/sum", "entropy/sum", "clip/count",
          "dual_clip/count", "tokens", "tokens/first_epoch", "logprob_diff/sum", "logprob_diff/tokens",
-         "value/sum", "value/error_sum", "value/clip_count", "returns/sum")
+         "value/sum", "value/error_sum", "value/clip_count", "returns/sum", "is/weight_sum", "is/truncated_count")
 
 
 class Critic(torch.nn.Module):
@@ -323,7 +324,9 @@ class Learner:
         rate of the step's last optimizer step; ``kl/coef``: the coefficient used in this step;
         ``learner/tokens``: policy tokens computed per epoch; ``learner/updates``;
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
-        gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update.
+        gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update;
+        with ``algo.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
+        importance weights (``rl.losses.truncated_is_weights``).
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
         An empty batch (nothing to compute on any rank) leaves the weights alone.
         """
@@ -379,6 +382,9 @@ class Learner:
         }
         if a.dual_clip:
             m["clip/dual_fraction"] = tot["dual_clip/count"] / n
+        if a.tis_cap:
+            m["is/weight_mean"] = tot["is/weight_sum"] / n
+            m["is/truncated_fraction"] = tot["is/truncated_count"] / n
         if a.entropy_coef:
             m["loss/entropy"] = tot["loss/entropy"] / n_up
         if self.ref is not None:
@@ -461,9 +467,13 @@ class Learner:
             self._advantages(batch.samples, prep, coef)
         return prep
 
+    def _engine_logprobs(self, mb: list[Sample]) -> torch.Tensor:
+        """The engine's log-probs of the policy tokens, flat row-major over (sample, masked position)."""
+        return torch.tensor([lp for s in mb for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m],
+                            dtype=torch.float32, device=self.device)
+
     def _logprob_diff(self, logp_flat: torch.Tensor, mb: list[Sample], sums: dict[str, float]) -> None:
-        engine = torch.tensor([lp for s in mb for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m],
-                              dtype=torch.float32, device=self.device)
+        engine = self._engine_logprobs(mb)
         # logp_flat is row-major over (sample, masked position), the same order as this flattening.
         sums["logprob_diff/sum"] += float((logp_flat.detach() - engine).abs().sum())
         sums["logprob_diff/tokens"] += float(engine.numel())
@@ -536,8 +546,15 @@ class Learner:
             adv = grid(self._cat(prep["adv"], mb))
         else:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
+        is_w = None
+        if a.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
+            is_w, ist = truncated_is_weights(old, grid(self._engine_logprobs(mb)), mask, a.tis_cap)
+            n_tok = float(mask.sum())
+            sums["is/weight_sum"] += ist["is/weight_mean"] * n_tok
+            sums["is/truncated_count"] += ist["is/truncated_fraction"] * n_tok
         loss, pst = policy_loss(logp, old, adv, mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                                dual_clip=a.dual_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns)
+                                dual_clip=a.dual_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns,
+                                is_weights=is_w)
         total = loss
         if self.ref is not None:
             if prep is not None:
@@ -616,19 +633,27 @@ class Learner:
 
     # ---- weights & checkpoints ----------------------------------------------------------
     def export_weights(self, dtype: str = "bfloat16") -> str:
-        """Write the policy's weights to one safetensors file in shared memory; return its path."""
-        from safetensors.torch import save_file
+        """Write the policy's weights to one safetensors file in shared memory; return its path.
 
-        dt = DTYPES[dtype]
-        sd = {k: v.detach().to("cpu", dt, copy=True).contiguous() for k, v in self.model.state_dict().items()}
+        The file is ``policy.safetensors`` in ``shm_dir``: every state-dict tensor in ``dtype``,
+        plus ``lm_head.weight`` (always: with tied embeddings an engine otherwise keeps a stale
+        head). It is written in place into one of two preallocated, memory-mapped files (see
+        ``_ShmWeights``): one ``copy_`` per tensor, dtype conversion included, straight into the
+        pages the engines read, then published by an atomic rename. A reader never sees a
+        partial file, and the file it opened stays unchanged until the export after next.
+        """
+        tensors = dict(self.model.state_dict())
         head = self.model.get_output_embeddings()
-        if head is not None:  # always send lm_head: a tied head is otherwise left stale in vLLM
-            sd["lm_head.weight"] = head.weight.detach().to("cpu", dt, copy=True).contiguous()
-        path = self.shm_dir / "policy.safetensors"
-        tmp = self.shm_dir / f".policy.{os.getpid()}.tmp"
-        save_file(sd, str(tmp))
-        os.replace(tmp, path)
-        return str(path)
+        if head is not None:
+            tensors["lm_head.weight"] = head.weight
+        dt = DTYPES[dtype]
+        layout = [(k, dt, tuple(v.shape)) for k, v in tensors.items()]
+        out = getattr(self, "_shm_weights", None)
+        if out is None or not out.fits(self.shm_dir, layout):
+            if out is not None:
+                out.close()
+            out = self._shm_weights = _ShmWeights(self.shm_dir, "policy.safetensors", layout)
+        return out.write(tensors)
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training)."""
@@ -641,6 +666,10 @@ class Learner:
 
     def _critic_module(self) -> torch.nn.Module | None:
         return self.critic if self.critic is not None else self.value_head
+
+    def read_weights(self, path: str) -> bytes:
+        """The bytes of an exported weights file, for engines on other nodes (through Ray's object store)."""
+        return Path(path).read_bytes()
 
     def save_checkpoint(self, path: str) -> None:
         """Into folder ``path``: ``model/`` (HF folder + tokenizer), ``critic.safetensors`` (value
@@ -707,6 +736,119 @@ class Learner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+class _ShmWeights:
+    """A safetensors file in shared memory that is rewritten in place, double-buffered.
+
+    Two slot files (``.<name>.slot0/1``) have a fixed layout (names, dtypes, shapes); each is
+    memory-mapped once and its tensors are views into the mapping, so ``write`` is one
+    ``copy_`` per tensor: no allocation, no page faults after the first use of a slot, no
+    second copy through a serializer. The slot just written is published as ``<name>`` by a
+    hard link and an atomic rename; the other slot is written next time, so a file a reader
+    opened stays intact until the write after next. Tensors that share storage with one
+    already written (a tied ``lm_head``) are copied from its converted bytes.
+    """
+
+    def __init__(self, folder: Path, name: str, layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> None:
+        import json
+
+        self.folder, self.name, self.layout = Path(folder), name, list(layout)
+        # safetensors' own order (widest dtype first) keeps every tensor aligned in the file.
+        entries = sorted(self.layout, key=lambda e: (-torch.empty((), dtype=e[1]).element_size(), e[0]))
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        self._spans: dict[str, tuple[int, int, torch.dtype, tuple[int, ...]]] = {}
+        end = 0
+        for key, dt, shape in entries:
+            n = math.prod(shape)
+            nbytes = n * torch.empty((), dtype=dt).element_size()
+            header[key] = {"dtype": _ST_DTYPES[dt], "shape": list(shape), "data_offsets": [end, end + nbytes]}
+            self._spans[key] = (end, n, dt, shape)
+            end += nbytes
+        head = json.dumps(header, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)
+        self._prefix = len(head).to_bytes(8, "little") + head
+        self.size = len(self._prefix) + end
+        self._slots: list[tuple[Path, int, Any, dict[str, torch.Tensor]] | None] = [None, None]
+        self._next = 0
+
+    def fits(self, folder: Path, layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> bool:
+        return Path(folder) == self.folder and list(layout) == self.layout
+
+    def _open(self, i: int) -> tuple[Path, int, Any, dict[str, torch.Tensor]]:
+        """Slot ``i``'s mapping and tensor views, (re)created when its file is gone or replaced."""
+        import mmap
+
+        path = self.folder / f".{self.name}.slot{i}"
+        slot = self._slots[i]
+        if slot is not None:
+            try:
+                if os.stat(path).st_ino == slot[1]:
+                    return slot
+            except FileNotFoundError:
+                pass
+            self._close_slot(i)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:  # a new inode: a reader of the old file (maybe still published) keeps its bytes
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, self.size)
+            os.pwrite(fd, self._prefix, 0)
+            mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            ino = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        base = len(self._prefix)
+        views = {}
+        for key, (start, n, dt, shape) in self._spans.items():
+            t = torch.frombuffer(mm, dtype=dt, count=n, offset=base + start) if n else torch.empty(0, dtype=dt)
+            views[key] = t.view(shape)
+        slot = self._slots[i] = (path, ino, mm, views)
+        return slot
+
+    def write(self, tensors: dict[str, torch.Tensor]) -> str:
+        """Copy ``tensors`` (the layout's names; any device/dtype) into the next slot and publish it; return the path."""
+        i = self._next
+        path, _, _, views = self._open(i)
+        done: dict[tuple[Any, ...], torch.Tensor] = {}
+        with torch.no_grad():
+            for key, dst in views.items():
+                src = tensors[key].detach()
+                alias = (src.device, src.untyped_storage().data_ptr(), src.storage_offset(), tuple(src.stride()),
+                         tuple(src.shape), src.dtype)
+                dst.copy_(done.get(alias, src))
+                done.setdefault(alias, dst)
+        if any(t.is_cuda for t in tensors.values()):
+            torch.cuda.synchronize()
+        tmp = self.folder / f".{self.name}.{os.getpid()}.tmp"
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.link(path, tmp)
+        os.replace(tmp, self.folder / self.name)
+        self._next = 1 - i
+        return str(self.folder / self.name)
+
+    def _close_slot(self, i: int) -> None:
+        slot = self._slots[i]
+        self._slots[i] = None
+        if slot is not None:
+            slot[3].clear()  # drop the views before the mapping (they export its buffer)
+            try:
+                slot[2].close()
+            except BufferError:  # a view is still referenced elsewhere; the mapping goes with it
+                pass
+
+    def close(self) -> None:
+        for i in (0, 1):
+            self._close_slot(i)
 
 
 def _trunk(model: Any) -> Any:

@@ -138,6 +138,7 @@ def policy_loss(
     agg: str = "token-mean",
     num_tokens: int | float | torch.Tensor | None = None,
     num_seqs: int | float | torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate loss (to minimise), with asymmetric clip and optional dual clip.
 
@@ -148,7 +149,10 @@ def policy_loss(
         pg = max(-A * r, -A * clamp(r, 1 - clip_low, 1 + clip_high))
         if dual_clip is c and A < 0:  pg = min(pg, -A * c)        (c must be > 1)
 
-    then ``aggregate(pg, mask, agg, num_tokens, num_seqs)``. ``clip_high > clip_low`` is
+    then ``pg * is_weights`` when given (``[B, T]``, no gradient: per-token importance weights
+    for samples drawn by a behaviour policy other than ``old_logp``'s, e.g. truncated IS
+    ``min(exp(old_logp - engine_logp), C)``; see ``truncated_is_weights``), then
+    ``aggregate(pg, mask, agg, num_tokens, num_seqs)``. ``clip_high > clip_low`` is
     DAPO's clip-higher. The log-ratio is zeroed on unmasked tokens before ``exp`` (no
     overflow, no NaN gradient from padding); on masked tokens it is not clamped.
 
@@ -186,6 +190,10 @@ def policy_loss(
         pg3 = -A * dual_clip
         dual_active = m & (A < 0) & (pg3 < pg)
         pg = torch.where(A < 0, torch.minimum(pg, pg3), pg)
+    if is_weights is not None:
+        if is_weights.shape != logp.shape:
+            raise ValueError(f"is_weights has shape {tuple(is_weights.shape)}, expected {tuple(logp.shape)}")
+        pg = pg * torch.where(m, is_weights.detach().to(pg.dtype), zero)
     loss = aggregate(pg, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
 
     with torch.no_grad():
@@ -204,6 +212,34 @@ def policy_loss(
                 "ratio/max": float(ratio[m].max()),
             }
     return loss, stats
+
+
+def truncated_is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights ``w = min(exp(old_logp - behaviour_logp), cap)`` (no gradient).
+
+    Shapes: all ``[B, T]``; returns ``(w, stats)`` with ``w`` 0 on unmasked tokens. ``old_logp``
+    is the learner's policy before the update, ``behaviour_logp`` what the engine that sampled
+    the tokens gave them (one policy version older in one-step-off async mode; in synchronous
+    mode the same weights, differing only by kernels and precision). Truncation bounds the
+    variance that a large ratio would add (Yao et al., 2025, "truncated importance sampling").
+
+    ``stats``: ``"is/weight_mean"`` (mean of the truncated weights over masked tokens) and
+    ``"is/truncated_fraction"`` (fraction of masked tokens whose raw weight exceeded ``cap``).
+    """
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    if old_logp.shape != behaviour_logp.shape:
+        raise ValueError(f"behaviour_logp has shape {tuple(behaviour_logp.shape)}, expected {tuple(old_logp.shape)}")
+    m = _as_bool_mask(mask, old_logp)
+    with torch.no_grad():
+        zero = old_logp.new_zeros(())
+        raw = torch.exp(torch.where(m, old_logp - behaviour_logp, zero))
+        w = torch.where(m, raw.clamp(max=cap), zero)
+        n = int(m.sum())
+        stats = {"is/weight_mean": float(w.sum()) / n if n else 0.0,
+                 "is/truncated_fraction": float((m & (raw > cap)).sum()) / n if n else 0.0}
+    return w, stats
 
 
 def value_loss(

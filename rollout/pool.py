@@ -10,12 +10,18 @@ otherwise each leaks ~420 MB of /dev/shm.
 
 from __future__ import annotations
 
-from typing import Any
+import glob
+import logging
+import os
+import tempfile
+from typing import Any, Callable
 
 from envs.base import resolve
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
 from rollout.episode import run_episodes
+
+log = logging.getLogger("jointrl.rollout")
 
 
 class RolloutWorker:
@@ -23,13 +29,21 @@ class RolloutWorker:
 
     def __init__(self, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]], *, dtype: str = "bfloat16",
                  seed: int = 0, max_model_len: int = 2048, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5) -> None:
+                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+                 enable_sleep_mode: bool = False) -> None:
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine = VLLMEngine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                                 kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization)
+                                 kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
+                                 tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode)
+        # Where weights that arrive through the object store (learner on another node) are put.
+        self._blob = f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors" if os.path.isdir("/dev/shm") else \
+            os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")
+        # The engine core's shared-memory segments (~420 MB on CPU) and that file: if this process
+        # is killed nobody unlinks them, so the pool does it on this node after the death.
+        self._shm = shm_segments(os.getpid()) + [self._blob]
 
     def _make_env(self, domain: str) -> Any:
         if domain not in self.envs:
@@ -43,57 +57,221 @@ class RolloutWorker:
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)
 
+    def load_weights_blob(self, blob: bytes) -> None:
+        """Weights as the bytes of a safetensors file (sent through Ray's object store from a learner on
+        another node): written to this node's shared memory, then loaded like a local file."""
+        tmp = self._blob + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, self._blob)
+        self.engine.load_weights(self._blob)
+
     def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
         return self.engine.score(prompt, continuation)
 
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def placement(self) -> tuple[str, list[str]]:
+        """This worker's Ray node id and the /dev/shm segments its engine maps."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), self._shm
+
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        try:
+            self.engine.shutdown()
+        finally:
+            if os.path.exists(self._blob):
+                os.unlink(self._blob)
+
+
+class EngineFailure(RuntimeError):
+    """A rollout worker kept dying: more than ``max_restarts`` replacements within one call."""
 
 
 class RolloutPool:
-    """N ``RolloutWorker`` Ray actors. Requires ``ray.init`` to have run."""
+    """N ``RolloutWorker`` Ray actors. Requires ``ray.init`` to have run.
+
+    Fault tolerance: a worker whose process (or vLLM engine core) dies during ``generate``
+    or ``sync_weights`` is replaced by a fresh actor with the same options, which loads the
+    latest synced weights; its in-flight prompts are re-issued (same seeds, so the samples
+    are those the dead engine would have drawn). ``restarts`` counts replacements; each call
+    re-issues a shard at most ``max_restarts`` times before raising.
+    """
 
     def __init__(self, n: int, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]],
-                 num_cpus: float = 0.5, num_gpus: float = 0, **worker_kwargs: Any) -> None:
+                 num_cpus: float = 0.5, num_gpus: float = 0, max_restarts: int = 2,
+                 actor_options: list[dict[str, Any]] | None = None,
+                 length_estimator: Callable[[Task], float | None] | None = None, **worker_kwargs: Any) -> None:
+        """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.placement.Placement.options``:
+        its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
+        gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
+        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``."""
         import ray
 
-        actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
-        self.workers = [actor.remote(model_path, env_specs, **{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i})
-                        for i in range(n)]
+        if actor_options is not None and len(actor_options) != n:
+            raise ValueError(f"{len(actor_options)} actor_options for {n} rollout workers")
+        self._options = [dict(o) for o in actor_options] if actor_options is not None else [{} for _ in range(n)]
+        self.length_estimator = length_estimator
+        self._actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
+        self._args = (model_path, env_specs)
+        self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self._restarts_logged = 0
+        self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
+        self._closing = False
+        self.workers = [self._spawn(i) for i in range(n)]
         # Surface start-up errors (bad model, vLLM failure) here rather than at the first generate.
-        ray.get([w.__ray_ready__.remote() for w in self.workers])
+        self._placement = ray.get([w.placement.remote() for w in self.workers])
+
+    def _spawn(self, i: int) -> Any:
+        return self._actor.options(**self._options[i]).remote(*self._args, **self._kwargs[i])
+
+    def _replace(self, i: int, why: BaseException) -> None:
+        """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights."""
+        import ray
+
+        log.warning("rollout worker %d died (%s: %s); restarting it", i, type(why).__name__, str(why).splitlines()[0][:200])
+        try:
+            ray.kill(self.workers[i])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        node, segments = self._placement[i]
+        if segments:  # on the dead worker's node, whichever that is; skipped if the node is gone
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            try:
+                ray.get(sweep.remote(segments), timeout=60)
+            except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
+                log.warning("could not free the dead engine's shared memory %s: %s", segments, e)
+        self.workers[i] = self._spawn(i)
+        self._placement[i] = ray.get(self.workers[i].placement.remote())
+        if self._weights is not None:
+            m, args = self._load_job(i)
+            ray.get(getattr(self.workers[i], m).remote(*args))
+        self.restarts += 1
+
+    def _call(self, jobs: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
+        """Run ``jobs`` (worker index -> method name, args) concurrently; replace and re-issue dead ones."""
+        import ray
+
+        out: dict[int, Any] = {}
+        attempts = dict.fromkeys(jobs, 0)
+        pending = {i: getattr(self.workers[i], m).remote(*a) for i, (m, a) in jobs.items()}
+        while pending:
+            i, ref = next(iter(pending.items()))
+            try:
+                out[i] = ray.get(ref)
+            except BaseException as e:  # noqa: BLE001 - sorted out by _engine_died
+                if not _engine_died(e) or self._closing:  # shutting down: a killed worker is no fault
+                    raise
+                if attempts[i] >= self.max_restarts:
+                    raise EngineFailure(f"rollout worker {i} died {attempts[i] + 1} times in one call; giving up "
+                                       f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
+                attempts[i] += 1
+                self._replace(i, e)
+                m, a = jobs[i]
+                if m in ("load_weights", "load_weights_blob"):  # the replacement loaded the newest as it started
+                    out[i] = None
+                    del pending[i]
+                    continue
+                pending[i] = getattr(self.workers[i], m).remote(*a)
+                continue
+            del pending[i]
+        return out
 
     def generate(self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling) -> list[Trajectory]:
-        """Episodes for ``tasks`` (in order); whole groups go to one engine, groups spread evenly."""
-        import ray
-
+        """Episodes for ``tasks`` (in order); whole groups go to one engine, engines balanced by estimated
+        tokens (``plan_shards``)."""
         groups: dict[int, list[int]] = {}
         for i, g in enumerate(group_ids):
             groups.setdefault(g, []).append(i)
-        shards: list[list[int]] = [[] for _ in self.workers]
-        for idxs in groups.values():  # greedy: each group to the least-loaded engine so far
-            min(shards, key=len).extend(idxs)
-        refs = [(shard, w.generate.remote([tasks[i] for i in shard], [group_ids[i] for i in shard],
-                                          [seeds[i] for i in shard], sampling))
-                for w, shard in zip(self.workers, shards) if shard]
+        members = list(groups.values())
+        est = [estimate_length(tasks[idxs[0]], sampling, self.length_estimator) for idxs in members]
+        shards = [sorted(i for g in plan for i in members[g])
+                  for plan in plan_shards([len(m) for m in members], est, len(self.workers))]
+        jobs = {w: ("generate", ([tasks[i] for i in shard], [group_ids[i] for i in shard], [seeds[i] for i in shard],
+                                 sampling))
+                for w, shard in enumerate(shards) if shard}
+        res = self._call(jobs)
         out: list[Trajectory | None] = [None] * len(tasks)
-        for shard, ref in refs:
-            for i, traj in zip(shard, ray.get(ref)):
+        for w, trajs in res.items():
+            for i, traj in zip(shards[w], trajs):
                 out[i] = traj
         return out  # type: ignore[return-value]
 
-    def sync_weights(self, path: str) -> None:
+    def sleep(self, level: int = 1) -> None:
+        """Put every engine to sleep (colocated placement, GPU: frees the GPU for the learner step)."""
         import ray
 
-        ray.get([w.load_weights.remote(path) for w in self.workers])
+        ray.get([w.sleep.remote(level) for w in self.workers])
+
+    def wake_up(self) -> None:
+        """Wake every engine after ``sleep``."""
+        import ray
+
+        ray.get([w.wake_up.remote() for w in self.workers])
+
+    def sync_weights(self, path: str, source_node: str | None = None, fetch: Callable[[], Any] | None = None) -> None:
+        """Load the weights file ``path`` into every engine.
+
+        ``path`` is on node ``source_node`` (None: every engine can read it). An engine on
+        another node gets the file's bytes through Ray's object store instead: ``fetch()``
+        returns an ObjectRef of them, made once per sync, and pulled by each remote engine's node.
+        """
+        # Recorded first: a worker replaced during this call loads the newest weights as it starts.
+        self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None}
+        self._call({i: self._load_job(i) for i in range(len(self.workers))})
+
+    def _load_job(self, i: int) -> tuple[str, tuple[Any, ...]]:
+        """The call that gives worker ``i`` the latest synced weights: a file path, or the bytes' ObjectRef."""
+        w = self._weights
+        assert w is not None
+        if self.route(i, w["node"]) == "file":
+            return "load_weights", (w["path"],)
+        if w["ref"] is None:
+            if w["fetch"] is None:
+                raise ValueError(f"rollout worker {i} is on another node than the weights file {w['path']}; "
+                                 "sync_weights needs fetch")
+            w["ref"] = w["fetch"]()
+        return "load_weights_blob", (w["ref"],)
+
+    def route(self, i: int, source_node: str | None) -> str:
+        """How worker ``i`` receives weights from a learner on ``source_node``: ``file`` or ``object_store``."""
+        return "file" if source_node is None or self._placement[i][0] == source_node else "object_store"
 
     def score(self, prompt: list[int], continuation: list[int]) -> list[list[float]]:
-        import ray
+        res = self._call({i: ("score", (prompt, continuation)) for i in range(len(self.workers))})
+        return [res[i] for i in range(len(self.workers))]
 
-        return ray.get([w.score.remote(prompt, continuation) for w in self.workers])
+    def shm_owned(self) -> list[tuple[str, list[str]]]:
+        """Per worker: its node id and the /dev/shm segments its engine maps."""
+        return [(node, list(segs)) for node, segs in self._placement]
+
+    def pids(self) -> list[int]:
+        """Process id of each worker (tests kill them to inject faults)."""
+        return [r for _, r in sorted(self._call({i: ("pid", ()) for i in range(len(self.workers))}).items())]
+
+    def metrics(self) -> dict[str, float]:
+        """``faults/rollout_restarts`` since the last call (then reset)."""
+        m = {"faults/rollout_restarts": float(self.restarts - self._restarts_logged)}
+        self._restarts_logged = self.restarts
+        return m
 
     def shutdown(self) -> None:
         import ray
+
+        self._closing = True
 
         for w in self.workers:
             try:
@@ -102,3 +280,112 @@ class RolloutPool:
                 pass
             ray.kill(w)
         self.workers = []
+
+
+def _engine_died(e: BaseException) -> bool:
+    """True for a dead worker process or a dead vLLM engine core inside a live worker."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+    if isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError)):
+        return True
+    if isinstance(e, RayTaskError):
+        names = {c.__name__ for c in type(e).__mro__} | {type(getattr(e, "cause", None)).__name__}
+        return "EngineDeadError" in names or "EngineDeadError" in str(e)
+    return False
+
+
+def shm_segments(pid: int) -> list[str]:
+    """/dev/shm files mapped by the descendants of process ``pid`` (Linux /proc; [] elsewhere)."""
+    found: set[str] = set()
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/maps") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                        found.add(parts[5])
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def unlink_unmapped(paths: list[str]) -> list[str]:
+    """Unlink each of ``paths`` that no live process on this node maps or holds open; return those removed."""
+    wanted = {p for p in paths if os.path.exists(p)}
+    in_use: set[str] = set()
+    for d in os.listdir("/proc") if wanted else []:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/maps") as f:
+                in_use |= {ln.split()[-1] for ln in f if "/dev/shm/" in ln} & wanted
+            for fd in os.listdir(f"/proc/{d}/fd"):
+                try:
+                    t = os.readlink(f"/proc/{d}/fd/{fd}")
+                except OSError:
+                    continue
+                if t in wanted:
+                    in_use.add(t)
+        except OSError:
+            continue
+    removed = []
+    for p in sorted(wanted - in_use):
+        try:
+            os.unlink(p)
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for t in glob.glob(f"/proc/{p}/task/*/children"):
+            try:
+                with open(t) as f:
+                    kids = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def estimate_length(task: Task, sampling: Sampling, estimator: Callable[[Task], float | None] | None = None) -> float:
+    """Estimated trajectory tokens of one sample of ``task``: ``estimator(task)`` when it knows (the
+    driver passes the mixer's per-task length EMA), else ``task.meta["est_len"]``, else the sampling
+    budget ``max_new_tokens x max_turns``; never more than ``max_model_len``."""
+    est = estimator(task) if estimator is not None else None
+    if not (isinstance(est, (int, float)) and est > 0):
+        prior = task.meta.get("est_len") if isinstance(task.meta, dict) else None
+        est = prior if isinstance(prior, (int, float)) and not isinstance(prior, bool) and prior > 0 else None
+    if est is None:
+        est = sampling.max_new_tokens * max(1, sampling.max_turns)
+    return float(min(est, sampling.max_model_len))
+
+
+def plan_shards(group_sizes: list[int], est_lengths: list[float], n_engines: int) -> list[list[int]]:
+    """Group indices for each of ``n_engines`` engines, balancing estimated token work. Pure.
+
+    A group's work is ``size x est_length`` (its samples decode side by side on one engine,
+    which keeps the shared prompt in its prefix cache). Longest-processing-time first:
+    groups in decreasing work (ties: lower index first) each go to the engine with the least
+    work so far (ties: lower engine index), so engines finish close together: the largest
+    load is at most 4/3 of the optimum. Each engine's list is in increasing group index.
+    With equal estimates and equal group sizes this is the former count balancing (each group,
+    in order, to the engine with the fewest samples).
+    """
+    if n_engines < 1:
+        raise ValueError(f"n_engines must be >= 1, got {n_engines}")
+    if len(group_sizes) != len(est_lengths):
+        raise ValueError(f"{len(group_sizes)} group sizes for {len(est_lengths)} length estimates")
+    work = [max(0, s) * max(0.0, float(e)) for s, e in zip(group_sizes, est_lengths)]
+    loads = [0.0] * n_engines
+    plan: list[list[int]] = [[] for _ in range(n_engines)]
+    for g in sorted(range(len(work)), key=lambda g: (-work[g], g)):
+        k = min(range(n_engines), key=lambda i: (loads[i], i))
+        plan[k].append(g)
+        loads[k] += work[g]
+    return [sorted(p) for p in plan]

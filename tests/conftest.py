@@ -35,8 +35,7 @@ def tiny_tokenizer(tiny_model_path):
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
-@pytest.fixture
-def recipe_copy(tmp_path):
+def recipe_copier(tmp_path: Path):
     """A function that writes a copy of a shipped recipe into ``tmp_path``: task-file paths made
     absolute, ``run.output_dir`` set to ``tmp_path / out``, then ``edit(d)`` applied to the parsed
     YAML; returns the file's path (``tmp_path / filename``, default the recipe's own name)."""
@@ -53,3 +52,9 @@ def recipe_copy(tmp_path):
         return path
 
     return make
+
+
+@pytest.fixture
+def recipe_copy(tmp_path):
+    """``recipe_copier`` for this test's ``tmp_path``."""
+    return recipe_copier(tmp_path)

@@ -258,7 +258,7 @@ def metric_trajs() -> list[Trajectory]:
 
 
 EXPECTED_METRICS = {
-    "reward/errors": 1.0,
+    "faults/reward_errors": 1.0,
     "reward/mean": 0.4166667,  # (1.0 + 0.0 + 0.25) / 3 = 1.25 / 3
     "reward/tool_call/mean": 0.5,  # (1.0 + 0.0) / 2
     "reward/tool_call/toolcall/mean": 0.5,  # (1.0 + 0.0) / 2; the errored sample's 0.9 is left out
@@ -290,7 +290,7 @@ def test_rollout_metrics_eval_prefix():
 
 def test_rollout_metrics_all_errored_has_no_mean():
     m = rollout_metrics([traj(None, 0, [1, 1], reward_error="e")])
-    assert m["reward/errors"] == 1.0
+    assert m["faults/reward_errors"] == 1.0
     assert "reward/mean" not in m and "reward/tool_call/mean" not in m  # never a silent 0
     assert m["rollout/tokens"] == 2.0
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rl.cli import main
-from rl.config import Recipe, RecipeError, load_recipe, recipe_to_dict, validate_recipe
+from rl.config import FREE_FORM_DICTS, Recipe, RecipeError, load_recipe, recipe_to_dict, validate_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -27,7 +27,7 @@ def recipe_file(recipe_copy) -> Path:
 def _flat_keys(d: dict, prefix: str = "") -> set[str]:
     out = set()
     for k, v in d.items():
-        if isinstance(v, dict) and k not in ("kwargs", "domain_weights"):
+        if isinstance(v, dict) and k not in FREE_FORM_DICTS:
             out |= _flat_keys(v, f"{prefix}{k}.")
         else:
             out.add(prefix + k)
@@ -123,6 +123,10 @@ def test_missing_recipe() -> None:
         (["data.train_weights=[1, 2]"], "data.train_weights: need one non-negative weight per train file"),
         (["run.resume=sometimes"], "run.resume: choose never or auto"),
         (["model.engine_dtype=int3"], "model.engine_dtype: unknown dtype"),
+        (["train.max_bad_steps=0"], "train.max_bad_steps: must be >= 1"),
+        (["rollout.async_steps=2"], "rollout.async_steps: choose 0 (synchronous) or 1"),
+        (["algo.tis_cap=-1"], "algo.tis_cap: must be >= 0"),
+        (["rollout.max_restarts=-1"], "rollout.max_restarts: must be >= 0"),
     ],
 )
 def test_validate_errors(recipe_file: Path, overrides: list[str], expected: str) -> None:
@@ -187,3 +191,51 @@ def test_cli_subprocess_bad_yaml(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "YAML syntax error" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["cluster.device=tpu"], "cluster.device: unknown device 'tpu'"),
+        (["cluster.placement=spread"], "cluster.placement: unknown placement 'spread'"),
+        (["cluster.device=cpu", "cluster.placement=colocated"], "cluster.placement: colocated shares GPUs"),
+        (["cluster.device=cpu", "cluster.engine_tp=2", "cluster.engine_gpus=2"],
+         "cluster.engine_tp: tensor parallelism (2) needs GPUs"),
+        (["cluster.device=gpu", "cluster.engine_tp=2"], "cluster.engine_gpus: an engine with cluster.engine_tp=2"),
+        (["cluster.engine_tp=0"], "cluster.engine_tp: must be >= 1"),
+        (["cluster.device=gpu", "cluster.placement=colocated"],
+         "cluster.engine_gpus: colocated: an engine and a learner worker share one GPU"),
+        (["cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5",
+          "rollout.num_engines=2"], "rollout.num_engines (2) must equal algo.learner_workers (1)"),
+        (["cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5",
+          "cluster.engine_tp=2"], "cluster.engine_tp: colocated"),
+        (["cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5",
+          "rollout.async_steps=1"], "rollout.async_steps: async rollouts overlap generation"),
+        (["cluster.device=gpu", "cluster.learner_gpus=0"], "cluster.learner_gpus: must be > 0 on GPU"),
+        (["cluster.engine_gpus=1.5"], "cluster.engine_gpus: must be a fraction in [0, 1] or a whole number"),
+        (["cluster.engine_gpus=2"], "cluster.engine_tp: an engine with cluster.engine_gpus=2 would use one of them"),
+        (["cluster.learner_gpus=2"], "cluster.learner_gpus: a learner worker uses one GPU"),
+        (["cluster.engine_cpus=0"], "cluster.engine_cpus: must be > 0"),
+        (["cluster.placement_timeout_s=0"], "cluster.placement_timeout_s: must be > 0"),
+        (["cluster.engine_resources={CPU: 1}"], "cluster.engine_resources.CPU: 'CPU' is set by cluster.*_cpus"),
+        (["cluster.reward_resources.node_a=0"], "cluster.reward_resources.node_a: must be > 0"),
+    ],
+)
+def test_cluster_errors_name_the_key(recipe_file: Path, overrides: list[str], expected: str) -> None:
+    cfg = load_recipe(recipe_file, overrides)
+    with pytest.raises(RecipeError) as e:
+        validate_recipe(cfg)
+    assert expected in str(e.value)
+    assert str(e.value).startswith(f"{recipe_file.resolve()}:")  # the YAML line of the cluster key
+
+
+def test_cluster_section_loads_custom_resources(recipe_file: Path) -> None:
+    cfg = load_recipe(recipe_file, ["cluster.engine_resources.node_b=0.5", "cluster.learner_resources={node_a: 1}",
+                                    "cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5",
+                                    "cluster.learner_gpus=0.5"])
+    validate_recipe(cfg)  # colocated on GPU is valid before any GPU is seen
+    c = cfg.cluster
+    assert c.engine_resources == {"node_b": 0.5} and c.learner_resources == {"node_a": 1.0}
+    assert (c.engine_cpus, c.learner_cpus, c.reward_cpus, c.engine_tp) == (0.5, 1.0, 0.1, 1)  # today's CPU shares
+    with pytest.raises(RecipeError, match="cluster.engine_resources.node_b"):
+        load_recipe(recipe_file, ["cluster.engine_resources.node_b=lots"])

@@ -124,7 +124,8 @@ def test_cli_train_writes_every_output(tmp_path: Path, parity_module: str, recip
     assert [x["step"] for x in lines] == [0, 1, 2]
     required = ["reward/mean", "reward/tool_call/mean", "reward/tool_call/toolcall/mean", "reward/tool_call/parity/mean",
                 "kl/mean", "loss/policy", "rollout/tokens", "rollout/response_len/mean", "timing/rollout_s",
-                "timing/reward_s", "timing/learner_s", "timing/sync_s", "timing/step_s"]
+                "timing/reward_s", "timing/learner_s", "timing/sync_s", "timing/step_s", "faults/rollout_restarts",
+                "faults/reward_errors"]
     for step in lines[1:]:
         missing = [k for k in required if k not in step]
         assert not missing, f"step {step['step']} lacks {missing}"

@@ -115,6 +115,47 @@ def test_logprob_diff_is_aligned(make_learner, tiny_tokenizer):
     assert m2["rollout/logprob_diff"] == pytest.approx(0.25, abs=1e-4)
 
 
+def _with_engine_logprobs(lrn: Learner, batch: Batch, shift) -> Batch:
+    """``batch`` whose engine log-probs are the learner's own plus ``shift(i)`` on policy token i."""
+    samples = []
+    for s in batch.samples:
+        full = lrn.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len:])
+        it = iter(range(10**6))
+        samples.append(dataclasses.replace(
+            s, rollout_logprobs=[lp + shift(next(it)) if m else 0.0 for lp, m in zip(full, s.loss_mask)]))
+    return Batch(samples, batch.num_tokens, batch.num_seqs)
+
+
+def test_truncated_is_weights_reweight_the_gradient(make_learner, tiny_tokenizer):
+    # Engine log-probs log(4) below the learner's on every policy token: each raw weight is 4,
+    # truncated to tis_cap = 2, so with plain SGD (no clipping) the update is exactly twice the unweighted one.
+    algo = dataclasses.replace(ALGO, max_grad_norm=0.0)
+    base = make_learner(algo)
+    use_sgd(base, lr=0.1)
+    batch = _with_engine_logprobs(base, make_batch(tiny_tokenizer), lambda i: -math.log(4.0))
+    p0 = params(base)
+    m0 = base.step(batch)
+    d0 = {k: v - p0[k] for k, v in params(base).items()}
+    assert "is/weight_mean" not in m0
+
+    tis = make_learner(dataclasses.replace(algo, tis_cap=2.0))
+    use_sgd(tis, lr=0.1)
+    m1 = tis.step(batch)
+    d1 = {k: v - p0[k] for k, v in params(tis).items()}
+    assert m1["is/weight_mean"] == pytest.approx(2.0, abs=1e-5)
+    assert m1["is/truncated_fraction"] == pytest.approx(1.0)
+    assert m1["loss/policy"] == pytest.approx(2 * m0["loss/policy"], rel=1e-5)
+    for k in d0:
+        torch.testing.assert_close(d1[k], 2 * d0[k], atol=1e-6, rtol=1e-4)
+
+    # Engine equal to the learner: weights 1, nothing truncated, the plain update.
+    same = make_learner(dataclasses.replace(algo, tis_cap=2.0))
+    use_sgd(same, lr=0.1)
+    m2 = same.step(_with_engine_logprobs(same, make_batch(tiny_tokenizer), lambda i: 0.0))
+    assert m2["is/weight_mean"] == pytest.approx(1.0, abs=1e-4) and m2["is/truncated_fraction"] == 0.0
+    assert m2["loss/policy"] == pytest.approx(m0["loss/policy"], rel=1e-4)
+
+
 def test_empty_batch_does_not_step(make_learner):
     lrn = make_learner()
     before = params(lrn)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rl.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, value_loss
+from rl.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights, value_loss
 
 
 def close(actual, expected, atol=1e-5):
@@ -173,6 +173,35 @@ def test_policy_loss_values_clip_fraction_and_stats():
     # gradient d(-A r)/dlogp = -A r on unclipped tokens, 0 on clipped ones and padding, / 6
     (g,) = torch.autograd.grad(loss, logp)
     close(g, [[0.0, -0.5 / 6, 1.5 / 6, 0.0], [0.0, -2.2 / 6, 4.0 / 6, 0.0]])
+
+
+def test_policy_loss_is_weights_scale_each_token():
+    logp, old_logp, adv, mask = _pl_inputs()
+    # per-token pg (see _pl_inputs): [-1.2, -0.5, 1.5, pad], [0.8, -2.2, 4.0, pad]; weights below,
+    # padding weight nan (must be ignored)
+    w = torch.tensor([[2.0, 1.0, 0.5, float("nan")], [1.0, 0.0, 0.25, float("nan")]])
+    loss, _ = policy_loss(logp, old_logp, adv, mask, is_weights=w)
+    # (-2.4 - 0.5 + 0.75 + 0.8 + 0 + 1.0) / 6 = -0.35 / 6
+    close(loss.detach(), -0.35 / 6)
+    (g,) = torch.autograd.grad(loss, logp)
+    # unclipped tokens: -A r w / 6 -> b: -0.5, c: 1.5 * 0.5, e: 0 (w = 0), f: 4.0 * 0.25
+    close(g, [[0.0, -0.5 / 6, 0.75 / 6, 0.0], [0.0, 0.0, 1.0 / 6, 0.0]])
+    with pytest.raises(ValueError, match="is_weights has shape"):
+        policy_loss(logp, old_logp, adv, mask, is_weights=torch.ones(2, 3))
+
+
+def test_truncated_is_weights_hand_values():
+    old = torch.tensor([[0.0, -1.0, -0.5, 5.0]])
+    behaviour = torch.tensor([[0.0, -2.0, -0.25, 0.0]])  # old - behaviour = [0, 1, -0.25, pad]
+    mask = torch.tensor([[1, 1, 1, 0]])
+    w, stats = truncated_is_weights(old, behaviour, mask, cap=2.0)
+    # exp([0, 1, -0.25]) = [1, 2.71828 -> capped 2, 0.77880]; padding 0
+    close(w, [[1.0, 2.0, 0.7788008, 0.0]])
+    assert stats["is/weight_mean"] == pytest.approx((1 + 2 + 0.7788008) / 3, abs=1e-6)
+    assert stats["is/truncated_fraction"] == pytest.approx(1 / 3)
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        truncated_is_weights(old, behaviour, mask, cap=0.0)
 
 
 def test_policy_loss_dual_clip():

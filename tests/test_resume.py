@@ -1,17 +1,21 @@
-"""Driver-level resume: a run that stopped after its step-2 checkpoint, resumed with
-``run.resume=auto``, logs for steps 3-4 exactly what the uninterrupted run logged
-(deterministic mode: fp32 engine and learner, per-request sampling seeds)."""
+"""Driver-level resume: a run that stopped after its step-2 checkpoint (its log torn, or
+its driver SIGKILLed mid-step), resumed with ``run.resume=auto``, logs for steps 3-4
+exactly what the uninterrupted run logged (deterministic mode: fp32 engine and learner,
+per-request sampling seeds)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from conftest import recipe_copier
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +49,27 @@ def _steps(path: Path) -> dict[int, dict]:
     return out
 
 
-def test_resume_auto_continues_exactly(tmp_path: Path, recipe_copy) -> None:
-    a = tmp_path / "a"
-    _run(_recipe(recipe_copy, a))
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> Path:
+    """The uninterrupted 4-step run, shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("full")
+    a = tmp / "a"
+    _run(_recipe(recipe_copier(tmp), a))
+    return a
+
+
+def _assert_same_steps(resumed: dict[int, dict], full: dict[int, dict]) -> None:
+    assert sorted(resumed) == [0, 1, 2, 3, 4], "each step once"
+    for step in (3, 4):
+        # Rewards, losses, KL, gradient norms, counts: identical. The engine-vs-learner logprob gap
+        # (~2e-7 here) moves by ~1e-9 with vLLM's fp32 kernel noise, hence the absolute tolerance.
+        assert resumed[step] == pytest.approx(full[step], rel=0, abs=1e-8), f"step {step} differs after resume"
+        exact = {k for k in full[step] if k.startswith(("reward/", "loss/", "kl/", "grad/", "eval/reward/", "rollout/tokens"))}
+        assert {k: resumed[step][k] for k in exact} == {k: full[step][k] for k in exact}
+
+
+def test_resume_auto_continues_exactly(tmp_path: Path, recipe_copy, full_run: Path) -> None:
+    a = full_run
     full = _steps(a / "metrics.jsonl")
     assert sorted(full) == [0, 1, 2, 3, 4]
     assert any(v["grad/norm"] > 0 for s, v in full.items() if s)
@@ -60,16 +82,44 @@ def test_resume_auto_continues_exactly(tmp_path: Path, recipe_copy) -> None:
     lines = (b / "metrics.jsonl").read_text().splitlines()
     (b / "metrics.jsonl").write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])  # step 3 logged, a torn line
     _run(_recipe(recipe_copy, b), "run.resume=auto")
-    resumed = _steps(b / "metrics.jsonl")
-    assert sorted(resumed) == [0, 1, 2, 3, 4], "each step once"
-    for step in (3, 4):
-        # Rewards, losses, KL, gradient norms, counts: identical. The engine-vs-learner logprob gap
-        # (~2e-7 here) moves by ~1e-9 with vLLM's fp32 kernel noise, hence the absolute tolerance.
-        assert resumed[step] == pytest.approx(full[step], rel=0, abs=1e-8), f"step {step} differs after resume"
-        exact = {k for k in full[step] if k.startswith(("reward/", "loss/", "kl/", "grad/", "eval/reward/", "rollout/tokens"))}
-        assert {k: resumed[step][k] for k in exact} == {k: full[step][k] for k in exact}
+    _assert_same_steps(_steps(b / "metrics.jsonl"), full)
     discarded = [json.loads(x)["step"] for x in (b / "metrics.discarded.jsonl").read_text().splitlines()]
     assert discarded == [3], "the step logged after the last checkpoint is kept aside, not lost"
+    assert (b / "DONE").is_file()
+
+
+def test_sigkilled_driver_resumes_exactly(tmp_path: Path, recipe_copy, full_run: Path) -> None:
+    """SIGKILL of the driver process (no cleanup code runs) once the step-2 checkpoint is on
+    disk; the resumed run redoes step 3 onwards and matches the uninterrupted run, and what
+    the killed run left in /dev/shm is freed by the resumed one."""
+    full = _steps(full_run / "metrics.jsonl")
+    b = tmp_path / "b"
+    recipe = _recipe(recipe_copy, b)
+    shm_before = set(os.listdir("/dev/shm"))
+    exe = Path(sys.executable).with_name("jointrl")
+    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 500
+        while not (b / "checkpoints" / "step_000002" / "step.json").is_file():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no step-2 checkpoint"
+            time.sleep(0.2)
+        time.sleep(1.0)  # into step 3
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (b / "DONE").exists()
+    # Ray's own processes die with their driver; give them a moment before the next run starts.
+    time.sleep(3)
+    leaked = set(os.listdir("/dev/shm")) - shm_before
+    assert leaked, "a SIGKILLed run cannot clean up after itself"
+    _run(recipe, "run.resume=auto")
+    _assert_same_steps(_steps(b / "metrics.jsonl"), full)
+    still = {n for n in leaked if os.path.exists(f"/dev/shm/{n}")}
+    assert not {n for n in still if n.startswith(("psm_", "jointrl-"))}, f"left in /dev/shm: {sorted(still)}"
     assert (b / "DONE").is_file()
 
 

@@ -1,0 +1,304 @@
+"""Injected faults: a rollout worker killed by pid mid-call, a run whose updates keep
+coming out non-finite, and a driver killed with SIGKILL then resumed (issue #9).
+
+The reward-worker faults (crash, hang, raise, NaN) are in tests/test_reward_service.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rl.loop import BadStepGuard, RunAborted
+
+# ---------------------------------------------------------------- BadStepGuard (no Ray)
+
+
+def test_guard_counts_skipped_steps_in_a_row_and_resets(tmp_path: Path, capsys) -> None:
+    g = BadStepGuard(3, tmp_path)
+    g.check(1, {"learner/skipped_update": 1.0, "loss/policy": float("nan"), "grad/norm": float("nan")})
+    g.check(2, {"learner/skipped_update": 0.5, "loss/policy": 0.1, "grad/norm": float("inf")})
+    assert g.streak == 2
+    err = capsys.readouterr().err
+    assert "step 1" in err and "non-finite loss" in err
+    assert "step 2" in err and "non-finite gradient norm" in err
+    g.check(3, {"learner/skipped_update": 0.0, "loss/policy": 0.1})
+    assert g.streak == 0, "a good step ends the streak"
+    g.check(4, {"loss/policy": 0.1})  # no key: nothing skipped
+    assert g.streak == 0
+
+
+def test_guard_stops_after_the_limit_naming_the_last_checkpoint(tmp_path: Path) -> None:
+    ck = tmp_path / "checkpoints" / "step_000002"
+    ck.mkdir(parents=True)
+    (ck / "step.json").write_text('{"step": 2}\n')
+    g = BadStepGuard(2, tmp_path)
+    bad = {"learner/skipped_update": 1.0, "loss/policy": float("nan")}
+    g.check(3, bad)
+    with pytest.raises(RunAborted, match=r"2 steps in a row \(up to step 4\).*max_bad_steps=2.*step_000002"):
+        g.check(4, bad)
+
+
+# ---------------------------------------------------------------- rollout worker killed (Ray + vLLM)
+
+
+@pytest.fixture(scope="module")
+def ray_cpus():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+                                       "JOINTRL_CACHE": os.environ["JOINTRL_CACHE"],
+                                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isdir(p))}})
+    yield
+    ray.shutdown()
+
+
+def _perturbed_weights(model_path: str, out: Path) -> str:
+    """The tiny model's weights, every tensor shifted: an engine that loaded them scores differently."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(Path(model_path) / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    w = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=g)).contiguous() for k, v in w.items()}
+    if "lm_head.weight" not in w and "model.embed_tokens.weight" in w:
+        w["lm_head.weight"] = w["model.embed_tokens.weight"].clone()
+    path = out / "perturbed.safetensors"
+    save_file(w, str(path))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(tmp_path: Path, tiny_model_path: str,
+                                                                    ray_cpus) -> None:
+    from envs.io import load_tasks
+    from envs.types import Sampling
+    from rollout.pool import EngineFailure, RolloutPool
+
+    tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
+    groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
+    sampling = Sampling(256, 1.0, 1.0, 1, 1024)
+    pool = RolloutPool(1, tiny_model_path, [("tool_call", "envs.toolcall.ToolCallEnv", {})], dtype="float32",
+                       max_model_len=1024, max_restarts=1)
+    try:
+        pool.sync_weights(_perturbed_weights(tiny_model_path, tmp_path))
+        prompt, cont = [1, 2, 3, 4], [5, 6, 7]
+        synced = pool.score(prompt, cont)[0]
+        before = pool.generate(tasks, groups, seeds, sampling)
+        assert pool.metrics() == {"faults/rollout_restarts": 0.0}
+
+        # 1. Killed while generating: the step still gets every trajectory, sampled as before.
+        pid, (_, segments) = pool.pids()[0], pool._placement[0]
+        assert segments, "the engine's shared memory is recorded"
+        killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        after = pool.generate(tasks, groups, seeds, sampling)
+        killer.join()
+        assert pool.restarts == 1 and pool.pids()[0] != pid
+        assert [t.response_ids for t in after] == [t.response_ids for t in before], "same seeds, same samples"
+        assert not [s for s in segments if os.path.exists(s)], "the dead engine's shared memory is freed"
+        # The replacement serves the synced weights, not the checkpoint on disk.
+        assert pool.score(prompt, cont)[0] == pytest.approx(synced, abs=1e-5)
+        assert pool.metrics() == {"faults/rollout_restarts": 1.0}
+        assert pool.metrics() == {"faults/rollout_restarts": 0.0}, "counted once"
+
+        # 2. A worker that dies again within the same call, beyond max_restarts: a clear error.
+        def kill_each(n: int) -> None:
+            for _ in range(n):
+                victim = pool.pids()[0]
+                os.kill(victim, signal.SIGKILL)
+                while os.path.exists(f"/proc/{victim}") and open(f"/proc/{victim}/stat").read().split()[2] != "Z":
+                    time.sleep(0.05)
+
+        kill_each(1)
+        original_replace = pool._replace
+
+        def replace_then_kill(i, why):  # the replacement dies too before it can serve
+            original_replace(i, why)
+            os.kill(pool.pids()[0], signal.SIGKILL)
+
+        pool._replace = replace_then_kill
+        with pytest.raises(EngineFailure, match="died 2 times in one call"):
+            pool.generate(tasks[:2], [0, 1], [0, 1], sampling)
+    finally:
+        pool.shutdown()
+
+
+# ---------------------------------------------------------------- non-finite updates stop the run
+
+HUGE = '''
+class Huge:
+    """Finite Python floats whose Dr.GRPO advantages (r - group mean) are inf in float32: the loss is not finite."""
+    name = "huge"
+    domains = ("tool_call",)
+    def __call__(self, traj):
+        return 1e300 if traj.response_ids and traj.response_ids[0] % 2 else 0.0
+'''
+
+
+@pytest.mark.slow
+def test_non_finite_updates_stop_the_run_with_checkpoint_intact(tmp_path: Path, recipe_copy) -> None:
+    (tmp_path / "huge_reward.py").write_text(HUGE)
+
+    def edit(d: dict) -> None:
+        d["run"].update(save_every=1)
+        d["train"].update(steps=6, max_bad_steps=2)
+        d["algo"].update(name="dr_grpo")
+        d["wandb"]["mode"] = "disabled"
+        d["data"]["eval_files"] = []
+        d["rewards"] = [{"cls": "huge_reward.Huge", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}]
+
+    recipe = recipe_copy("tiny.yaml", filename="huge.yaml", edit=edit)
+    exe = Path(sys.executable).with_name("jointrl")
+    env = {**os.environ, "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([str(exe), "train", str(recipe)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "skipped their update" in r.stderr and "train.max_bad_steps=2" in r.stderr
+    assert "Traceback" not in r.stderr
+    out = tmp_path / "out"
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [0, 1, 2], "every step up to the stop is logged"
+    assert all(s["learner/skipped_update"] == 1.0 for s in steps[1:])
+    # Step 1 (one skip, the run goes on) was checkpointed; step 2 ended the run before its checkpoint.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
+
+
+# ---------------------------------------------------------------- disk full
+
+
+def test_full_disk_at_start_is_a_recipe_error(recipe_copy, monkeypatch) -> None:
+    import shutil as _shutil
+
+    from rl.config import RecipeError, load_recipe, validate_recipe
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"))
+    validate_recipe(cfg)
+    usage = _shutil.disk_usage("/")
+    monkeypatch.setattr("rl.config.shutil.disk_usage", lambda p: usage._replace(free=5 * 2**20))
+    with pytest.raises(RecipeError, match=r"run\.output_dir: only 5 MiB free under .*need about \d+ MiB"):
+        validate_recipe(cfg)
+
+
+def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path, recipe_copy) -> None:
+    import errno
+
+    from rl.config import load_recipe
+    from rl.loop import Actors, latest_checkpoint, make_normalizer
+
+    class Learners:
+        def __init__(self) -> None:
+            self.fail = False
+
+        def save_checkpoint(self, path: str) -> None:
+            Path(path).mkdir(parents=True)
+            (Path(path) / "model.bin").write_bytes(b"x" * 10)
+            if self.fail:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+    class Mixer:
+        def state_dict(self) -> dict:
+            return {}
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"))
+    actors = Actors(cfg, "unused", tmp_path, False)
+    actors.learners = Learners()
+    actors.checkpoint(tmp_path, 1, 2, Mixer(), make_normalizer(cfg))
+    actors.learners.fail = True
+    with pytest.raises(RunAborted, match=r"step-2 checkpoint.*No space left on device.*intact: .*step_000001"):
+        actors.checkpoint(tmp_path, 2, 2, Mixer(), make_normalizer(cfg))
+    assert latest_checkpoint(tmp_path).name == "step_000001"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"], "no partial checkpoint"
+
+
+# ---------------------------------------------------------------- SIGTERM
+
+
+def _shm_bytes() -> int:
+    return sum(f.stat().st_size for f in Path("/dev/shm").iterdir() if f.is_file())
+
+
+@pytest.mark.slow
+def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> None:
+    def edit(d: dict) -> None:
+        d["train"].update(steps=200)
+        d["wandb"]["mode"] = "disabled"
+
+    recipe = recipe_copy("tiny.yaml", edit=edit)
+    out = tmp_path / "out"
+    shm0 = _shm_bytes()
+    exe = Path(sys.executable).with_name("jointrl")
+    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read().decode()
+    assert rc == 130 and "interrupted; engines shut down, outputs so far kept" in err, err[-3000:]
+    assert "Traceback" not in err
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:2] == [0, 1] and steps == list(range(len(steps)))
+    assert not (out / ".live.json").exists() and not (out / "DONE").exists()
+    time.sleep(2)
+    assert _shm_bytes() - shm0 < 50 * 2**20, "engines and the weights folder were freed"
+
+
+@pytest.mark.slow
+def test_training_run_survives_a_killed_rollout_worker(tmp_path: Path, recipe_copy) -> None:
+    """The whole loop: a rollout worker SIGKILLed by pid mid-run; the run completes every step
+    and counts the restart."""
+    def edit(d: dict) -> None:
+        d["train"].update(steps=6)
+        d["wandb"]["mode"] = "disabled"
+
+    recipe = recipe_copy("tiny.yaml", edit=edit)
+    out = tmp_path / "out"
+    exe = Path(sys.executable).with_name("jointrl")
+    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        # The run's own rollout worker: a descendant of the driver (raylet -> worker process).
+        from rollout.pool import _descendants
+
+        victims = []
+        for pid in _descendants(proc.pid):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RolloutWorker"):
+                    victims.append(pid)
+            except OSError:
+                pass
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read().decode()
+    assert rc == 0, err[-3000:]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(7)) and (out / "DONE").is_file()
+    assert sum(r.get("faults/rollout_restarts", 0.0) for r in recs) == 1.0
+    assert "rollout worker 0 died" in err
