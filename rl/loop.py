@@ -511,15 +511,6 @@ def _raise_on_term(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def _actor_env(verbose: bool) -> dict[str, str]:
     """Env vars every actor process needs (Ray sets OMP_NUM_THREADS=1 for fractional-CPU actors)."""
     env = {
