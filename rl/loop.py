@@ -482,10 +482,14 @@ def free_dead_run(live: Path) -> list[str]:
 
             sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-            removed += ray.get(sweep.remote(segments), timeout=60)
+            removed += ray.get(sweep.remote(segments, 60.0), timeout=120)
         else:  # the driver's own local cluster, gone with it: this machine
-            removed += unlink_unmapped(segments)
+            removed += unlink_unmapped(segments, wait_s=60.0)
     live.unlink(missing_ok=True)
+    left = [p for _, segs in rec.get("engines", []) for p in segs if p not in removed and os.path.exists(p)]
+    if left:
+        print(f"jointrl: shared memory of the killed run still in use after 60 s, left in place: {left}",
+              file=sys.stderr)
     if removed:
         print(f"jointrl: freed {len(removed)} shared-memory object(s) left by the killed run", file=sys.stderr)
     return removed

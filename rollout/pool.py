@@ -14,6 +14,7 @@ import glob
 import logging
 import os
 import tempfile
+import time
 from typing import Any, Callable
 
 from envs.base import resolve
@@ -151,7 +152,7 @@ class RolloutPool:
             sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
             try:
-                ray.get(sweep.remote(segments), timeout=60)
+                ray.get(sweep.remote(segments, 30.0), timeout=90)  # its engine core may take seconds to die
             except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
                 log.warning("could not free the dead engine's shared memory %s: %s", segments, e)
         self.workers[i] = self._spawn(i)
@@ -309,33 +310,49 @@ def shm_segments(pid: int) -> list[str]:
     return sorted(found)
 
 
-def unlink_unmapped(paths: list[str]) -> list[str]:
-    """Unlink each of ``paths`` that no live process on this node maps or holds open; return those removed."""
-    wanted = {p for p in paths if os.path.exists(p)}
+def unlink_unmapped(paths: list[str], wait_s: float = 0.0) -> list[str]:
+    """Unlink each of ``paths`` that no live process on this node maps or holds open; return those removed.
+
+    ``wait_s``: how long to wait for processes still using some of them to exit (the engine
+    processes of a killed run die on their own, seconds after their parent).
+    """
+    deadline = time.monotonic() + wait_s
+    removed: list[str] = []
+    todo = {p for p in paths if os.path.exists(p)}
+    while todo:
+        busy = _in_use(todo)
+        for p in sorted(todo - busy):
+            try:
+                os.unlink(p)
+                removed.append(p)
+            except OSError:
+                pass
+        todo = {p for p in busy if os.path.exists(p)}
+        if not todo or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    return removed
+
+
+def _in_use(paths: set[str]) -> set[str]:
+    """Those of ``paths`` some process on this node maps or holds open."""
     in_use: set[str] = set()
-    for d in os.listdir("/proc") if wanted else []:
+    for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/maps") as f:
-                in_use |= {ln.split()[-1] for ln in f if "/dev/shm/" in ln} & wanted
+                in_use |= {ln.split()[-1] for ln in f if "/dev/shm/" in ln} & paths
             for fd in os.listdir(f"/proc/{d}/fd"):
                 try:
                     t = os.readlink(f"/proc/{d}/fd/{fd}")
                 except OSError:
                     continue
-                if t in wanted:
+                if t in paths:
                     in_use.add(t)
         except OSError:
             continue
-    removed = []
-    for p in sorted(wanted - in_use):
-        try:
-            os.unlink(p)
-            removed.append(p)
-        except OSError:
-            pass
-    return removed
+    return in_use
 
 
 def _descendants(pid: int) -> list[int]:
