@@ -224,6 +224,20 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
 # ---------------------------------------------------------------- SIGTERM
 
 
+def _train_until_step_1(recipe: Path, out: Path) -> subprocess.Popen:
+    """``jointrl train recipe`` in its own session, returned once step 1 is logged."""
+    exe = Path(sys.executable).with_name("jointrl")
+    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no step 1 logged: {proc.stderr.read().decode()[-3000:]}")
+        time.sleep(0.2)
+    return proc
+
+
 def _shm_bytes() -> int:
     return sum(f.stat().st_size for f in Path("/dev/shm").iterdir() if f.is_file())
 
@@ -237,15 +251,8 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
     recipe = recipe_copy("tiny.yaml", edit=edit)
     out = tmp_path / "out"
     shm0 = _shm_bytes()
-    exe = Path(sys.executable).with_name("jointrl")
-    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    proc = _train_until_step_1(recipe, out)
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=120)
     finally:
@@ -271,15 +278,8 @@ def test_training_run_survives_a_killed_rollout_worker(tmp_path: Path, recipe_co
 
     recipe = recipe_copy("tiny.yaml", edit=edit)
     out = tmp_path / "out"
-    exe = Path(sys.executable).with_name("jointrl")
-    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    proc = _train_until_step_1(recipe, out)
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         # The run's own rollout worker: a descendant of the driver (raylet -> worker process).
         from rollout.pool import _descendants
 
