@@ -10,7 +10,8 @@ prefill jointrl's rollout builds) and scores each completion with jointrl's own 
 and reward classes (``rollout.episode.run_episodes`` replaying TRL's tokens through the
 task's env, then ``rewards.service.RewardScorer``), so reward means the same on both sides.
 
-``RESULT.json``: per optimizer step its wall time (``on_step_begin`` -> ``on_step_end``:
+With ``save_dir`` in the plan, the final model and tokenizer are saved there (outside the
+timings). ``RESULT.json``: per optimizer step its wall time (``on_step_begin`` -> ``on_step_end``:
 generation, reward, reference and policy forward/backward, optimizer step), mean reward,
 generated tokens; TRL's own logs; versions; the total wall time.
 """
@@ -156,6 +157,9 @@ def main(plan_path: str, out_path: str) -> None:
     t_train = time.perf_counter()
     trainer.train()
     t_end = time.perf_counter()
+    if plan.get("save_dir"):  # the final weights, scored afterwards by the same `jointrl eval` as jointrl's
+        trainer.save_model(plan["save_dir"])
+        tok.save_pretrained(plan["save_dir"])
     result = {
         "step_s": steps, "reward_mean": record["reward_mean"], "tokens": record["tokens"], "samples": record["samples"],
         "task_ids": record["task_ids"], "logs": record_logs, "prompt_token_mismatch": prompt_mismatch,

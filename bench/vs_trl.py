@@ -55,7 +55,7 @@ from bench import _device  # noqa: E402
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=5, help="optimizer steps on each side (2: a quick check)")
+    p.add_argument("--steps", type=int, default=12, help="optimizer steps on each side (2: a quick check)")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--group", type=int, default=4, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -65,7 +65,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recipe", default=str(ROOT / "recipes" / "quickstart.yaml"), help="jointrl's base recipe")
     p.add_argument("--eval-limit", type=int, default=4,
-                   help="held-out tasks jointrl evaluates at start and end (outside the step times; 0 = all 50)")
+                   help="held-out tasks jointrl evaluates at start and end inside its run (outside the step times)")
+    p.add_argument("--heldout", type=int, default=50,
+                   help="after training, score the base model and each side's final model greedily on the first N "
+                        "held-out tasks with the same `jointrl eval` (0: skip; 50 = all)")
+    p.add_argument("--async", dest="async_run", action="store_true",
+                   help="also run jointrl one-step-off async (rollout.async_steps=1, algo.tis_cap=2.0)")
     p.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="python of the TRL venv")
     p.add_argument("--trl-grad-accum", type=int, default=4,
                    help="TRL micro-batches per step (prompts x group / this = completions per forward)")
@@ -81,6 +86,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.group < 2:
         p.error("--group must be >= 2 (GRPO needs a group to compare)")
+    if args.heldout < 0:
+        p.error("--heldout must be >= 0")
     if args.k < 0 or args.k > args.steps:
         p.error("--k must be between 0 and --steps")
     return args
@@ -164,7 +171,7 @@ def summarize(step_s: list[float], rewards: list[float], tokens: list[float], co
 
 
 def run_jointrl(args: argparse.Namespace, overrides: list[str], out_dir: Path, env: dict[str, str]) -> dict:
-    log = out_dir.parent / "jointrl.log"
+    log = out_dir.parent / f"{out_dir.name}.log"
     cmd = [sys.executable, "-m", "rl.cli", "train", args.recipe, *overrides]
     print(f"[jointrl] {' '.join(cmd)}\n[jointrl] log: {log}", flush=True)
     t0 = time.perf_counter()
@@ -210,6 +217,38 @@ def run_trl(args: argparse.Namespace, plan: dict, work: Path, env: dict[str, str
     return res
 
 
+def heldout_eval(args: argparse.Namespace, overrides: list[str], model: str, label: str, work: Path,
+                 env: dict[str, str]) -> dict:
+    """Greedy held-out score of ``model`` by ``jointrl eval`` (the same command for every side).
+
+    Returns ``{"mean": mean reward, "per_task": {task id: reward}}`` over the first
+    ``args.heldout`` held-out tasks of the recipe (``data.eval_files``)."""
+    samples, log = work / f"heldout_{label}.jsonl", work / f"heldout_{label}.log"
+    cmd = [sys.executable, "-m", "rl.cli", "eval", args.recipe, *overrides, "--model", model,
+           "--limit", str(args.heldout), "--out", str(work / f"heldout_{label}_failures.jsonl"),
+           "--samples-out", str(samples)]
+    print(f"[eval {label}] {model}", flush=True)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=f, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise SystemExit(f"jointrl eval of {model} failed (exit {proc.returncode}); last lines of {log}:\n{tail}")
+    summary = json.loads(proc.stdout)
+    return {"mean": summary["mean_reward"], "per_task": {r["task_id"]: r["reward"] for r in read_jsonl(samples)}}
+
+
+def paired_difference(a: dict[str, float | None], b: dict[str, float | None]) -> tuple[float, float, int]:
+    """Mean and standard error of ``a[t] - b[t]`` over the tasks both scored (errored samples left out)."""
+    d = [a[t] - b[t] for t in a if t in b and a[t] is not None and b[t] is not None]  # type: ignore[operator]
+    if not d:
+        return float("nan"), float("nan"), 0
+    se = statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("nan")
+    return statistics.fmean(d), se, len(d)
+
+
+SIDES = {"jointrl": "jointrl", "jointrl_async": "jointrl async (one step off)", "trl": "TRL GRPOTrainer"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     device = _device.select(args.device)
@@ -231,17 +270,32 @@ def main(argv: list[str] | None = None) -> int:
     model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None)
     task_ids = plan_task_ids(cfg, args.steps)
     plan = make_plan(args, cfg, model_path, task_ids, str(work), device)
+    if args.heldout:
+        plan["save_dir"] = str(work / "trl_final")
     env = dict(os.environ)
     k = reward_k(args)
     n = args.prompts * args.group
     load0 = os.getloadavg()
     res: dict[str, dict] = {}
     raw: dict[str, dict] = {}
+    heldout: dict[str, dict] = {}
+    async_ov = ["rollout.async_steps=1", "algo.tis_cap=2.0"]
+    async_dir = work / "jointrl_async"
     try:
         if args.only in ("both", "jointrl"):
             raw["jointrl"] = run_jointrl(args, overrides, out_dir, env)
+            if args.async_run:
+                ov = jointrl_overrides(args, str(async_dir), device, gpus) + async_ov
+                raw["jointrl_async"] = run_jointrl(args, ov, async_dir, env)
         if args.only in ("both", "trl"):
             raw["trl"] = run_trl(args, plan, work, env)
+        t_eval = time.perf_counter()
+        if args.heldout:
+            models = {"base": cfg.model.path, "jointrl": str(out_dir), "jointrl_async": str(async_dir),
+                      "trl": str(work / "trl_final")}
+            for label in ["base", *raw]:
+                heldout[label] = heldout_eval(args, overrides, models[label], label, work, env)
+        eval_s = time.perf_counter() - t_eval
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -249,47 +303,67 @@ def main(argv: list[str] | None = None) -> int:
     for side, r in raw.items():
         if len(r["step_s"]) != args.steps:
             raise SystemExit(f"{side}: {len(r['step_s'])} steps recorded, expected {args.steps}")
-        res[side] = summarize(r["step_s"], r["rewards"] if side == "jointrl" else r["reward_mean"], r["tokens"], n, k)
+        res[side] = summarize(r["step_s"], r["reward_mean"] if side == "trl" else r["rewards"], r["tokens"], n, k)
         res[side]["wall_s"] = r["wall_s"]
         res[side]["same_tasks"] = same_tasks(task_ids, r["task_ids"], args.group)
 
     f2, f3 = (lambda x: f"{x:.2f}"), (lambda x: f"{x:.3f}")  # noqa: E731
-    headers = ["", "completions/s", "generated tokens/s", "mean step s", f"reward, first {k} steps",
-               f"reward, last {k} steps", "reward gain", "wall s (whole command)", "planned tasks"]
+    headers = ["", "completions/s", "generated tokens/s", "mean step s", f"train reward, first {k} steps",
+               f"train reward, last {k} steps", "train reward gain"]
+    if heldout:
+        headers += [f"held-out reward after ({args.heldout} tasks, greedy)", "held-out gain"]
+    headers += ["wall s (training command)", "planned tasks"]
+    base = heldout["base"]["mean"] if heldout else 0.0
     rows = []
-    for side, label in (("jointrl", "jointrl"), ("trl", "TRL GRPOTrainer")):
-        if side in res:
-            s = res[side]
-            rows.append([label, f2(s["completions_s"]), f"{s['tokens_s']:.0f}", f2(s["mean_step_s"]), f3(s["reward_first"]),
-                         f3(s["reward_last"]), f"{s['reward_gain']:+.3f}", f"{s['wall_s']:.0f}",
-                         "yes" if s["same_tasks"] else "NO"])
-    verdict = ""
-    if len(res) == 2:
-        j, t = res["jointrl"], res["trl"]
-        ratio = j["completions_s"] / t["completions_s"]
-        rows.append(["**jointrl / TRL**", f"**{ratio:.2f}x**", f"{j['tokens_s'] / t['tokens_s']:.2f}x",
-                     f"{j['mean_step_s'] / t['mean_step_s']:.2f}x", "", "",
-                     f"{j['reward_gain'] - t['reward_gain']:+.3f} (difference)", "", ""])
-        verdict = (f"Goal from the issue: jointrl >= 2.2x TRL's completions/s with an equal or better reward gain. "
-                   f"Measured: {ratio:.2f}x ({'met' if ratio >= 2.2 else 'NOT met'}); reward gain "
-                   f"{j['reward_gain']:+.3f} vs {t['reward_gain']:+.3f} "
-                   f"({'equal or better' if j['reward_gain'] >= t['reward_gain'] else 'WORSE'}). With "
-                   f"{args.steps} steps of 64 samples and one seed the gains are noisy (see the per-step rewards).")
+    for side, s in res.items():
+        row = [SIDES[side], f2(s["completions_s"]), f"{s['tokens_s']:.0f}", f2(s["mean_step_s"]), f3(s["reward_first"]),
+               f3(s["reward_last"]), f"{s['reward_gain']:+.3f}"]
+        if heldout:
+            row += [f3(heldout[side]["mean"]), f"{heldout[side]['mean'] - base:+.3f}"]
+        rows.append(row + [f"{s['wall_s']:.0f}", "yes" if s["same_tasks"] else "NO"])
+    verdicts = []
+    if "trl" in res:
+        t = res["trl"]
+        for side, goal in (("jointrl", 2.2), ("jointrl_async", 2.8)):
+            if side not in res:
+                continue
+            j = res[side]
+            ratio = j["completions_s"] / t["completions_s"]
+            row = [f"**{SIDES[side]} / TRL**", f"**{ratio:.2f}x**", f"{j['tokens_s'] / t['tokens_s']:.2f}x",
+                   f"{j['mean_step_s'] / t['mean_step_s']:.2f}x", "", "",
+                   f"{j['reward_gain'] - t['reward_gain']:+.3f} (difference)"]
+            text = (f"{SIDES[side]}: {ratio:.2f}x TRL's completions/s (goal >= {goal}x: "
+                    f"{'met' if ratio >= goal else 'NOT met'})")
+            if heldout:
+                d, se, m = paired_difference(heldout[side]["per_task"], heldout["trl"]["per_task"])
+                row += [f"{d:+.3f} ± {se:.3f} (paired, {m} tasks)", ""]
+                verdict = "equal or better" if d >= 0 else ("within 2 SE" if d >= -2 * se else "WORSE")
+                text += (f"; held-out reward after training {heldout[side]['mean']:.3f} vs TRL's "
+                         f"{heldout['trl']['mean']:.3f} from the same base {base:.3f}: difference {d:+.3f} "
+                         f"± {se:.3f} (standard error over {m} paired tasks): {verdict}")
+            else:
+                gain = "equal or better" if j["reward_gain"] >= t["reward_gain"] else "WORSE"
+                text += f"; train reward gain {j['reward_gain']:+.3f} vs {t['reward_gain']:+.3f} ({gain})"
+            rows.append(row + ["", ""])
+            verdicts.append(text + ".")
     per_step = []
     for side in res:
         s = res[side]
         per_step.append(f"- {side}: step s {', '.join(f2(x) for x in s['step_s'])}; train reward "
                         f"{', '.join(f3(x) for x in s['rewards'])}; generated tokens "
                         f"{', '.join(str(int(x)) for x in s['tokens'])}")
-    if "jointrl" in raw:
-        p = raw["jointrl"]["parts"]
-        per_step.append(f"- jointrl mean step parts: rollout {f2(p['rollout'])} s, reward {f2(p['reward'])} s, "
-                        f"learner {f2(p['learner'])} s, weight sync {f2(p['sync'])} s")
+    for side in ("jointrl", "jointrl_async"):
+        if side in raw:
+            p = raw[side]["parts"]
+            per_step.append(f"- {side} mean step parts: rollout {f2(p['rollout'])} s, reward {f2(p['reward'])} s, "
+                            f"learner {f2(p['learner'])} s, weight sync {f2(p['sync'])} s")
     if "trl" in raw:
         t = raw["trl"]
         per_step.append(f"- TRL: trl {t['versions']['trl']}, transformers {t['versions']['transformers']}, torch "
                         f"{t['versions']['torch']}; config {json.dumps(t['config'])}; prompts whose TRL tokenization "
                         f"differs from jointrl's: {t['prompt_token_mismatch']}")
+    if heldout:
+        per_step.append(f"- held-out: base model {base:.3f}; evaluations took {eval_s:.0f} s (outside every step time)")
     body = (f"Workload: SmolLM2-135M-Instruct, tool-call quickstart tasks, {args.prompts} prompts x group {args.group} = "
             f"{n} completions per step, <= {args.max_new_tokens} new tokens, temperature 1, k3 KL coefficient "
             f"{args.beta} on both, lr {args.lr} constant, fp32 weights + bf16 autocast on both, {args.steps} steps each, "
@@ -299,13 +373,17 @@ def main(argv: list[str] | None = None) -> int:
             f"({'HF generate' if device == 'cpu' else 'colocated vLLM'}, no gradient checkpointing, "
             f"{args.trl_grad_accum} micro-batches per step). Step time: jointrl `timing/step_s`, TRL on_step_begin -> "
             "on_step_end; completions/s = completions per step / mean step time; tokens/s counts generated tokens. "
-            f"Load average (1 min) at start / end: {load0[0]:.1f} / {load1[0]:.1f} (other work on the machine slows both).\n\n"
-            + table(headers, rows) + ("\n\n" + verdict if verdict else "") + "\n\nPer step:\n\n" + "\n".join(per_step))
+            + (f"Held-out: the base model and each side's final weights scored by the same `jointrl eval` (vLLM, "
+               f"greedy, first {args.heldout} tasks of `data.eval_files`); the paired difference is per task, "
+               "final jointrl minus final TRL. " if heldout else "")
+            + f"Load average (1 min) at start / end: {load0[0]:.1f} / {load1[0]:.1f} (other work on the machine slows both).\n\n"
+            + table(headers, rows) + ("\n\n" + "\n\n".join(verdicts) if verdicts else "")
+            + "\n\nPer step:\n\n" + "\n".join(per_step))
     print()
     print(machine())
     print(table(headers, rows))
-    if verdict:
-        print(verdict)
+    for v in verdicts:
+        print(v)
     print("\n".join(per_step))
     if not args.no_write and args.only == "both":
         write_section("vs_trl", "jointrl vs. TRL GRPOTrainer (`bench/vs_trl.py`)", body)

@@ -19,13 +19,15 @@ from bench import vs_trl  # noqa: E402
 
 def test_defaults_are_the_issue_workload() -> None:
     a = vs_trl.parse([])
-    assert (a.steps, a.prompts, a.group, a.max_new_tokens, a.beta, a.lr) == (5, 16, 4, 64, 0.04, 1e-5)
-    assert a.device == "auto" and vs_trl.reward_k(a) == 2
+    assert (a.steps, a.prompts, a.group, a.max_new_tokens, a.beta, a.lr) == (12, 16, 4, 64, 0.04, 1e-5)
+    assert a.device == "auto" and vs_trl.reward_k(a) == 6
+    assert a.heldout == 50 and not a.async_run and vs_trl.parse(["--async"]).async_run
     assert vs_trl.reward_k(vs_trl.parse(["--steps", "2"])) == 1
     assert vs_trl.reward_k(vs_trl.parse(["--steps", "6", "--k", "3"])) == 3
 
 
-@pytest.mark.parametrize("bad", [["--steps", "0"], ["--group", "1"], ["--k", "9"], ["--device", "tpu"]])
+@pytest.mark.parametrize("bad", [["--steps", "0"], ["--group", "1"], ["--k", "13"], ["--device", "tpu"],
+                                 ["--heldout", "-1"]])
 def test_bad_arguments_exit(bad: list[str]) -> None:
     with pytest.raises(SystemExit):
         vs_trl.parse(bad)
@@ -69,3 +71,12 @@ def test_same_tasks_and_summary() -> None:
     s = vs_trl.summarize([10.0, 30.0], [0.1, 0.4], [100.0, 300.0], 64, 1)
     assert s["mean_step_s"] == 20.0 and s["completions_s"] == 3.2 and s["tokens_s"] == 10.0
     assert s["reward_gain"] == pytest.approx(0.3)
+
+
+def test_paired_difference_by_hand() -> None:
+    a = {"t1": 0.5, "t2": 1.0, "t3": 0.2, "t4": None, "t5": 0.0}
+    b = {"t1": 0.2, "t2": 1.0, "t3": 0.5, "t4": 1.0}  # t4 errored on a's side, t5 missing on b's
+    d, se, n = vs_trl.paired_difference(a, b)
+    # differences 0.3, 0.0, -0.3: mean 0, sample stdev 0.3, SE 0.3 / sqrt(3)
+    assert n == 3 and d == pytest.approx(0.0) and se == pytest.approx(0.3 / 3 ** 0.5)
+    assert vs_trl.paired_difference({"x": 1.0}, {"y": 1.0})[2] == 0
