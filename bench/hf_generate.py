@@ -13,16 +13,18 @@ of that comparison is shown to run in its fastest working mode:
 The prompts are step 1's: the 16 task ids jointrl's mixer draws for the quickstart recipe,
 each x group 4 = 64 rows, rendered exactly as jointrl's rollout renders them, left-padded
 in one batch (TRL's generation batch). Exactly 64 new tokens per row (``min_new_tokens``),
-sampling at temperature 1, so every setting does the same work. One run per setting, in
-the order given; no warm-up (the first run pays one-off costs; see the numbers).
+sampling at temperature 1, so every setting does the same work. A short warm-up per setting,
+then ``--reps`` timed runs each, the order reversed every other round (single runs of the
+same setting differed by up to 1.6x here, the first run of a process being the slowest).
 
-    .venv/bin/python bench/hf_generate.py                 # ~6 min on 2 CPU cores
+    .venv/bin/python bench/hf_generate.py                 # ~13 min on 2 CPU cores
     .venv/bin/python bench/hf_generate.py --attn sdpa --no-write
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--reps", type=int, default=2, help="timed runs per setting")
     p.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
     args = p.parse_args(argv)
 
@@ -66,24 +69,37 @@ def main(argv: list[str] | None = None) -> int:
     rows_, width = enc["input_ids"].shape
     print(f"{rows_} prompts, padded to {width} tokens; {args.max_new_tokens} new tokens each", flush=True)
 
+    settings = [(attn, autocast) for attn in args.attn.split(",") for autocast in (False, True)]
+    models = {attn: AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                         attn_implementation=attn).eval()
+              for attn in args.attn.split(",")}
+
+    def generate(attn: str, autocast: bool, new_tokens: int) -> float:
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            models[attn].generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
+                                  temperature=1.0, top_p=1.0, pad_token_id=tok.pad_token_id)
+        return time.perf_counter() - t0
+
+    for attn, autocast in settings:  # warm-up: one-off costs (first allocations, kernel selection)
+        generate(attn, autocast, 4)
+    times: dict[tuple[str, bool], list[float]] = {k: [] for k in settings}
+    for rep in range(args.reps):  # alternate the order so that drift over time hits every setting alike
+        for key in (settings if rep % 2 == 0 else settings[::-1]):
+            times[key].append(generate(*key, args.max_new_tokens))
+            print(f"rep {rep}: {key[0]} {'bf16 autocast' if key[1] else 'fp32'} {times[key][-1]:.1f} s", flush=True)
     rows = []
-    for attn in args.attn.split(","):
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation=attn).eval()
-        for autocast in (False, True):
-            torch.manual_seed(0)
-            t0 = time.perf_counter()
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                out = model.generate(**enc, max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
-                                     do_sample=True, temperature=1.0, top_p=1.0, pad_token_id=tok.pad_token_id)
-            dt = time.perf_counter() - t0
-            new = (out.shape[1] - width) * rows_
-            rows.append([attn, "bf16 autocast" if autocast else "fp32", f"{dt:.1f}", f"{new / dt:.0f}"])
-            print(" | ".join(rows[-1]), flush=True)
-        del model
-    headers = ["attention", "precision", "generate s", "new tokens/s"]
+    for (attn, autocast), ts in times.items():
+        med = statistics.median(ts)
+        rows.append([attn, "bf16 autocast" if autocast else "fp32", f"{med:.1f}", ", ".join(f"{t:.1f}" for t in ts),
+                     f"{rows_ * args.max_new_tokens / med:.0f}"])
+    headers = ["attention", "precision", "generate s (median)", "every run s", "new tokens/s"]
     body = (f"SmolLM2-135M-Instruct (transformers, CPU), vs_trl step 1's prompts: {rows_} rows ({args.prompts} tasks x "
             f"group {args.group}), left-padded to {width} tokens in one batch, exactly {args.max_new_tokens} new tokens "
-            "each, sampling at temperature 1. One run per setting, in table order.\n\n" + table(headers, rows))
+            f"each, sampling at temperature 1. A 4-token warm-up per setting, then {args.reps} runs per setting, the "
+            "order reversed every other round. TRL runs `sdpa` + fp32 (the defaults; it generates outside autocast)."
+            "\n\n" + table(headers, rows))
     print(machine())
     print(table(headers, rows))
     if not args.no_write:

@@ -24,12 +24,17 @@ computed here first and handed to TRL, and both runs' logs are checked against t
   over the whole batch), jointrl's ``token-mean``.
 
 Reported for each: completions/s (completions per step / mean step time), generated tokens/s,
-mean step time, reward gain (mean train reward of the last k steps minus the first k), and
-jointrl/TRL ratios. Writes its section of ``bench/RESULTS.md`` (``--no-write``: print only).
+mean step time, train reward gain (mean train reward of the last k steps minus the first k),
+and, with ``--heldout N`` (default 50), the held-out reward of each side's final weights: the
+base model, jointrl's final checkpoint(s) and TRL's saved model are scored by the same
+``jointrl eval`` (vLLM, greedy, the first N tasks of ``data.eval_files``), and the final
+jointrl vs. final TRL difference is given per task (paired) with its standard error.
+``--async`` adds a third run: jointrl one step off (``rollout.async_steps=1``,
+``algo.tis_cap=2.0``). Writes its section of ``bench/RESULTS.md`` (``--no-write``: print only).
 
     bash bench/setup_trl.sh                      # once: bench/.venv-trl
-    .venv/bin/python bench/vs_trl.py             # 5 steps each (~10 min on 2 CPU cores)
-    .venv/bin/python bench/vs_trl.py --steps 2 --no-write   # a quick check
+    .venv/bin/python bench/vs_trl.py --async     # 12 steps each side (~55 min on 2 CPU cores)
+    .venv/bin/python bench/vs_trl.py --steps 1 --heldout 4 --no-write   # a quick check
 """
 
 from __future__ import annotations
