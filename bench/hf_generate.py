@@ -14,8 +14,8 @@ The prompts are step 1's: the 16 task ids jointrl's mixer draws for the quicksta
 each x group 4 = 64 rows, rendered exactly as jointrl's rollout renders them, left-padded
 in one batch (TRL's generation batch). Exactly 64 new tokens per row (``min_new_tokens``),
 sampling at temperature 1, so every setting does the same work. A short warm-up per setting,
-then ``--reps`` timed runs each, the order reversed every other round (single runs of the
-same setting differed by up to 1.6x here, the first run of a process being the slowest).
+then ``--reps`` timed runs each, the order reversed every other round (single runs of one
+setting differed by up to 1.9x here).
 
     .venv/bin/python bench/hf_generate.py                 # ~13 min on 2 CPU cores
     .venv/bin/python bench/hf_generate.py --attn sdpa --no-write

@@ -175,6 +175,11 @@ def summarize(step_s: list[float], rewards: list[float], tokens: list[float], co
             "reward_gain": last - first, "step_s": list(step_s), "rewards": list(rewards), "tokens": list(tokens)}
 
 
+def log_tail(log: Path, n: int = 30) -> str:
+    """The last ``n`` lines of a subprocess's log, for the error that reports its failure."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+
+
 def run_jointrl(args: argparse.Namespace, overrides: list[str], out_dir: Path, env: dict[str, str]) -> dict:
     log = out_dir.parent / f"{out_dir.name}.log"
     cmd = [sys.executable, "-m", "rl.cli", "train", args.recipe, *overrides]
@@ -184,8 +189,7 @@ def run_jointrl(args: argparse.Namespace, overrides: list[str], out_dir: Path, e
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - t0
     if rc != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise SystemExit(f"jointrl train failed (exit {rc}); last lines of {log}:\n{tail}")
+        raise SystemExit(f"jointrl train failed (exit {rc}); last lines of {log}:\n{log_tail(log)}")
     metrics = [m for m in read_jsonl(out_dir / "metrics.jsonl") if m.get("step", 0) >= 1 and "timing/step_s" in m]
     rows = [r for r in read_jsonl(out_dir / "rollouts.jsonl") if r.get("split") == "train"]
     by_step: dict[int, list[str]] = collections.defaultdict(list)
@@ -215,8 +219,7 @@ def run_trl(args: argparse.Namespace, plan: dict, work: Path, env: dict[str, str
         rc = proc.wait()
     wall = time.perf_counter() - t0
     if rc != 0 or not out_path.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise SystemExit(f"TRL side failed (exit {rc}); last lines of {log}:\n{tail}")
+        raise SystemExit(f"TRL side failed (exit {rc}); last lines of {log}:\n{log_tail(log)}")
     res = json.loads(out_path.read_text())
     res["wall_s"] = wall
     return res
@@ -236,8 +239,8 @@ def heldout_eval(args: argparse.Namespace, overrides: list[str], model: str, lab
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=f, text=True)
     if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise SystemExit(f"jointrl eval of {model} failed (exit {proc.returncode}); last lines of {log}:\n{tail}")
+        raise SystemExit(f"jointrl eval of {model} failed (exit {proc.returncode}); last lines of {log}:\n"
+                         f"{log_tail(log)}")
     summary = json.loads(proc.stdout)
     return {"mean": summary["mean_reward"], "per_task": {r["task_id"]: r["reward"] for r in read_jsonl(samples)}}
 

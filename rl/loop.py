@@ -453,6 +453,11 @@ class Actors:
 LIVE_FILE = ".live.json"
 
 
+# How long a resumed run waits for a killed run's orphaned engine processes to exit (they die on
+# their own, seconds after their parent) before it leaves their shared memory in place.
+_DEAD_ENGINE_WAIT_S = 60.0
+
+
 def free_dead_run(live: Path) -> list[str]:
     """Free the shared memory a dead driver's run left (its weights folder, its engines' segments).
 
@@ -482,14 +487,14 @@ def free_dead_run(live: Path) -> list[str]:
 
             sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-            removed += ray.get(sweep.remote(segments, 60.0), timeout=120)
+            removed += ray.get(sweep.remote(segments, _DEAD_ENGINE_WAIT_S), timeout=2 * _DEAD_ENGINE_WAIT_S)
         else:  # the driver's own local cluster, gone with it: this machine
-            removed += unlink_unmapped(segments, wait_s=60.0)
+            removed += unlink_unmapped(segments, wait_s=_DEAD_ENGINE_WAIT_S)
     live.unlink(missing_ok=True)
     left = [p for _, segs in rec.get("engines", []) for p in segs if p not in removed and os.path.exists(p)]
     if left:
-        print(f"jointrl: shared memory of the killed run still in use after 60 s, left in place: {left}",
-              file=sys.stderr)
+        print(f"jointrl: shared memory of the killed run still in use after {_DEAD_ENGINE_WAIT_S:.0f} s, "
+              f"left in place: {left}", file=sys.stderr)
     if removed:
         print(f"jointrl: freed {len(removed)} shared-memory object(s) left by the killed run", file=sys.stderr)
     return removed
