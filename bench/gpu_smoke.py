@@ -8,7 +8,7 @@ Stages (``--model`` default ``embedded:tiny``, any local HF folder works, e.g. Q
 
 1. **generate**: a CUDA vLLM engine (bf16, ``enable_sleep_mode``, a ``weight_transfer_config``)
    samples ``--prompts`` x ``--max-tokens`` tokens; prints tokens/s.
-2. **learner step**: jointrl's ``rl.learner.Learner`` (fp32 master weights, bf16 autocast,
+2. **learner step**: jointrl's ``rl.trainer.learner.Learner`` (fp32 master weights, bf16 autocast,
    AdamW, GRPO loss with a k3 KL to the bf16 reference) takes ``--steps`` steps on those
    samples (random advantages, ``--lr``, large enough to move the logprobs); prints s/step.
 3. **weight sync round trip**: the updated learner weights go into the running engine, and
@@ -154,7 +154,7 @@ def main() -> int:
         print("--transport nccl needs 2 GPUs: NCCL refuses two ranks on one device ('Duplicate GPU detected'); "
               "use ipc (same GPU) or file")
         return 2
-    from rl.models import resolve_model
+    from rl.trainer.hub import resolve_model
 
     model_path = resolve_model(args.model)
     print(f"model {model_path}; {n_gpu} GPU(s): {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
@@ -188,9 +188,9 @@ def main() -> int:
         n = sum(len(g[1]) for g in gens)
         st.detail = f"{n} tokens in {dt:.2f}s = {n / dt:.0f} tok/s"
 
-    from rl.batch import Batch, Sample
-    from rl.config import AlgoConfig, ModelConfig
-    from rl.learner import Learner
+    from rl.algos.batch import Batch, Sample
+    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.trainer.learner import Learner
 
     learner = None
     with stage("2. learner start (jointrl Learner, fp32 master, bf16 autocast)") as st:

@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.vs_trl import plan_task_ids
     from envs.base import resolve
     from envs.io import load_tasks
-    from rl.config import load_recipe, resolve_path
-    from rl.models import resolve_model
+    from rl.config.recipe import load_recipe, resolve_path
+    from rl.trainer.hub import resolve_model
     from rollout.episode import render
 
     cfg = load_recipe(str(ROOT / "recipes" / "quickstart.yaml"),

@@ -2,7 +2,7 @@
 
 Builds a synthetic GRPO batch (random prompt and response token ids, ``--samples`` samples in
 groups of ``--group-size`` sharing a prompt, nonzero advantages) and times
-``rl.learner.Learner.step`` on it, in-process, with the prompt-shared forward on and off side
+``rl.trainer.learner.Learner.step`` on it, in-process, with the prompt-shared forward on and off side
 by side on the same batch and weights (``--share-prompt both``, the default), then prints the
 on/off ratio. Throughput counts the batch's tokens (prompt + response of every sample, as one
 unshared forward would run them) per second of wall time of the whole step; ``policy tok/s``
@@ -57,7 +57,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_batch(args: argparse.Namespace, vocab: int):
-    from rl.batch import Batch, Sample
+    from rl.algos.batch import Batch, Sample
 
     rng = random.Random(args.seed)
     samples = []
@@ -76,8 +76,8 @@ def make_batch(args: argparse.Namespace, vocab: int):
 def run_mode(args: argparse.Namespace, model_path: str, share: bool) -> dict[str, float]:
     import torch
 
-    from rl.config import AlgoConfig, ModelConfig
-    from rl.learner import Learner
+    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.trainer.learner import Learner
 
     mcfg = ModelConfig(path=args.model, learner_dtype=args.dtype, autocast=args.autocast == "on")
     algo = AlgoConfig(name="grpo", lr=1e-6, kl_coef=args.kl_coef, micro_batch_tokens=args.micro_batch_tokens,
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    from rl.models import resolve_model
+    from rl.trainer.hub import resolve_model
 
     model_path = resolve_model(args.model)
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.share_prompt]

@@ -2,7 +2,7 @@
 
 Two domains whose rewards differ 10x in scale (terminal in [0, 10], code in [0, 1]), the
 same number of GRPO groups each, on the embedded tiny model. For each normalization mode
-it computes the advantages (rl.mixer.RewardNormalizer after a warm-up of 20 batches), then
+it computes the advantages (rl.data.mixer.RewardNormalizer after a warm-up of 20 batches), then
 the gradient of the clipped policy loss restricted to each domain's samples, and prints
 each domain's gradient norm and its share of the sum.
 
@@ -29,9 +29,9 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from rl.losses import policy_loss, token_logprobs
-    from rl.mixer import RewardNormalizer
-    from rl.models import resolve_model
+    from rl.algos.losses import policy_loss, token_logprobs
+    from rl.data.mixer import RewardNormalizer
+    from rl.trainer.hub import resolve_model
 
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)

@@ -7,7 +7,7 @@ actors, ``ray.get`` round trips) is NOT included in any number here.
 
 Setup: SmolLM2-135M-Instruct, recipes/quickstart.yaml (its model and algo config: GRPO,
 kl_coef 0.02, zero_variance drop), 8 tasks of recipes/data/toolcall_quickstart.train.jsonl
-x group 8 = 64 samples, max_new_tokens 64, temperature 1, fixed seeds (``rl.loop.expand``).
+x group 8 = 64 samples, max_new_tokens 64, temperature 1, fixed seeds (``rl.driver.loop.expand``).
 
 Parts, each timed alone on tasks 0-7:
   (i)   pure generate: ``engine.generate`` of the 64 prompts' token ids (built as
@@ -18,7 +18,7 @@ Parts, each timed alone on tasks 0-7:
   (iii) pure weight sync: ``export_weights`` + ``engine.load_weights``.
 Whole (iv), on the NEXT 8 tasks (8-15), same sizes: ``run_episodes`` (engine + ToolCallEnv)
   + ``RewardScorer.score`` + ``build_batch`` + ``Learner.step`` + export/reload, as
-  ``rl.loop.train`` composes a synchronous step.
+  ``rl.driver.loop.train`` composes a synchronous step.
 Reports (iv) / ((i)+(ii)+(iii)); the issue's goal is <= 1.10 in synchronous mode. Two
 repetitions (pure first, then whole first, to balance warm-up effects), medians reported.
 The two task sets differ, so their token counts are printed next to the times.
@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     from envs.io import load_tasks
     from envs.types import Sampling
     from rewards.service import RewardFnSpec, RewardScorer
-    from rl.batch import build_batch
-    from rl.config import load_recipe, resolve_path
-    from rl.learner import Learner
-    from rl.loop import expand
-    from rl.models import resolve_model
+    from rl.algos.batch import build_batch
+    from rl.config.recipe import load_recipe, resolve_path
+    from rl.trainer.learner import Learner
+    from rl.driver.loop import expand
+    from rl.trainer.hub import resolve_model
     from rollout.engine import VLLMEngine
     from rollout.episode import encode, render, run_episodes
 

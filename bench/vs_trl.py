@@ -10,7 +10,7 @@ optimizer step per batch, the same number of steps, the same reward
 and the same prompts in the same order: the task ids jointrl's mixer draws for each step are
 computed here first and handed to TRL, and both runs' logs are checked against them.
 
-* jointrl: the real ``jointrl train`` (``python -m rl.cli train recipes/quickstart.yaml
+* jointrl: the real ``jointrl train`` (``python -m rl.cli.main train recipes/quickstart.yaml
   key=value ...``) in a subprocess with .venv's python: Ray actors, a vLLM engine, the learner,
   weight sync every step. Step time = its ``timing/step_s`` (rollout + reward + learner +
   sync; the held-out evaluations at start and end and the final checkpoint are outside it).
@@ -125,7 +125,7 @@ def plan_task_ids(cfg, steps: int) -> list[list[str]]:
     The quickstart's mixer (one domain, one stratum, no curriculum) draws independently of
     the rewards it sees, so this equals what the run draws; the run's rollouts are checked
     against it anyway."""
-    from rl.loop import load_task_sets, make_mixer
+    from rl.driver.loop import load_task_sets, make_mixer
 
     sources, _ = load_task_sets(cfg)
     mixer = make_mixer(cfg, sources)
@@ -135,7 +135,7 @@ def plan_task_ids(cfg, steps: int) -> list[list[str]]:
 def make_plan(args: argparse.Namespace, cfg, model_path: str, task_ids: list[list[str]], work_dir: str,
               device: str) -> dict:
     """Everything TRL's side needs, as JSON (read by ``bench/_trl_worker.py``)."""
-    from rl.config import resolve_path
+    from rl.config.recipe import resolve_path
 
     a, r = cfg.algo, cfg.rollout
     return {
@@ -182,7 +182,7 @@ def log_tail(log: Path, n: int = 30) -> str:
 
 def run_jointrl(args: argparse.Namespace, overrides: list[str], out_dir: Path, env: dict[str, str]) -> dict:
     log = out_dir.parent / f"{out_dir.name}.log"
-    cmd = [sys.executable, "-m", "rl.cli", "train", args.recipe, *overrides]
+    cmd = [sys.executable, "-m", "rl.cli.main", "train", args.recipe, *overrides]
     print(f"[jointrl] {' '.join(cmd)}\n[jointrl] log: {log}", flush=True)
     t0 = time.perf_counter()
     with open(log, "w") as f:
@@ -232,7 +232,7 @@ def heldout_eval(args: argparse.Namespace, overrides: list[str], model: str, lab
     Returns ``{"mean": mean reward, "per_task": {task id: reward}}`` over the first
     ``args.heldout`` held-out tasks of the recipe (``data.eval_files``)."""
     samples, log = work / f"heldout_{label}.jsonl", work / f"heldout_{label}.log"
-    cmd = [sys.executable, "-m", "rl.cli", "eval", args.recipe, *overrides, "--model", model,
+    cmd = [sys.executable, "-m", "rl.cli.main", "eval", args.recipe, *overrides, "--model", model,
            "--limit", str(args.heldout), "--out", str(work / f"heldout_{label}_failures.jsonl"),
            "--samples-out", str(samples)]
     print(f"[eval {label}] {model}", flush=True)
@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     device = _device.select(args.device)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from bench._results import machine, table, write_section
-    from rl.config import load_recipe
-    from rl.models import resolve_model
+    from rl.config.recipe import load_recipe
+    from rl.trainer.hub import resolve_model
 
     gpus = 0
     if device == "cuda":

@@ -50,9 +50,9 @@ def bench_model(name: str, n: int, device: str = "cpu") -> dict:
 
     from safetensors.torch import save_file
 
-    from rl.config import AlgoConfig, ModelConfig
-    from rl.learner import Learner
-    from rl.models import resolve_model
+    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.trainer.learner import Learner
+    from rl.trainer.hub import resolve_model
     from rollout.engine import VLLMEngine
 
     path = resolve_model(MODELS[name])

@@ -111,7 +111,7 @@ class RolloutPool:
                  num_cpus: float = 0.5, num_gpus: float = 0, max_restarts: int = 2,
                  actor_options: list[dict[str, Any]] | None = None,
                  length_estimator: Callable[[Task], float | None] | None = None, **worker_kwargs: Any) -> None:
-        """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.placement.Placement.options``:
+        """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.placement.Placement.options``:
         its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
         gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
         used to balance engines (``plan_shards``); default ``task.meta["est_len"]``."""

@@ -20,7 +20,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
     """Local HF folder of ``embedded:tiny`` (a ~1M-param Qwen2 with a ChatML tokenizer)."""
-    from rl.models import resolve_model
+    from rl.trainer.hub import resolve_model
 
     return resolve_model("embedded:tiny")
 

@@ -1,9 +1,9 @@
-"""Tests for rl.advantages against hand-computed values (arithmetic in the comments)."""
+"""Tests for rl.algos.advantages against hand-computed values (arithmetic in the comments)."""
 
 import pytest
 import torch
 
-from rl.advantages import gae, group_normalized, reinforce_pp, whiten
+from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 
 
 def close(actual, expected, atol=1e-5):

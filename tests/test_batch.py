@@ -1,4 +1,4 @@
-"""rl.batch: build_batch (advantages, exclusions, skipping zero-advantage samples) and rollout_metrics.
+"""rl.algos.batch: build_batch (advantages, exclusions, skipping zero-advantage samples) and rollout_metrics.
 
 Every expected number is a literal worked out by hand (arithmetic in the comments).
 """
@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 from envs.types import Message, Task, Trajectory
-from rl.batch import Batch, Sample, build_batch, rollout_metrics
-from rl.config import AlgoConfig
+from rl.algos.batch import Batch, Sample, build_batch, rollout_metrics
+from rl.config.recipe import AlgoConfig
 
 TOL = 1e-5  # GRPO divides by (std + 1e-6): relative error ~2e-6 against the exact value
 
@@ -300,7 +300,7 @@ def test_seq_level_domains_weigh_per_sequence():
     domain weighted per sequence, each terminal sample's advantage is scaled by
     mean tokens / own tokens: mean = (2+2+6+6)/4 = 4, so terminal (6 tokens) x 4/6."""
     from envs.types import Message, Task, Trajectory
-    from rl.config import AlgoConfig
+    from rl.config.recipe import AlgoConfig
 
     def tr(domain, g, reward, n):
         t = Task(id=f"{domain}{g}", domain=domain, messages=(Message("user", "q"),))

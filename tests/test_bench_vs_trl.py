@@ -34,7 +34,7 @@ def test_bad_arguments_exit(bad: list[str]) -> None:
 
 
 def test_overrides_make_a_valid_recipe_and_plan(tmp_path: Path) -> None:
-    from rl.config import load_recipe
+    from rl.config.recipe import load_recipe
 
     args = vs_trl.parse(["--steps", "3", "--jointrl-override", "algo.max_grad_norm=0.5"])
     ov = vs_trl.jointrl_overrides(args, str(tmp_path / "out"), "cpu")

@@ -13,8 +13,8 @@ import shutil
 
 import torch
 
-from rl.config import AlgoConfig, ModelConfig
-from rl.learner import Learner
+from rl.config.recipe import AlgoConfig, ModelConfig
+from rl.trainer.learner import Learner
 
 
 def _expected(lrn: Learner, dtype: torch.dtype) -> dict[str, torch.Tensor]:

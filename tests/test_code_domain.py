@@ -24,7 +24,7 @@ from envs.code import (
     run_tests,
     split_tests,
 )
-from envs.code_tasks_src import OUT_FILE, build_tasks
+from rl.data.tasks.code_tasks import OUT_FILE, build_tasks
 from envs.io import TaskFormatError, load_tasks, save_tasks
 from envs.sandbox import Sandbox, SandboxUnavailable, check_sandbox
 from envs.types import CodeSpec, Message, Task, ToolCallSpec, Trajectory
@@ -361,7 +361,7 @@ def test_code_env_max_turns_reached_is_truncated():
 def test_shipped_tasks_file_is_generated_from_source(tmp_path):
     out = tmp_path / "code_tasks.jsonl"
     save_tasks(build_tasks(), out)
-    assert out.read_bytes() == OUT_FILE.read_bytes(), "run `python -m envs.code_tasks_src` to regenerate"
+    assert out.read_bytes() == OUT_FILE.read_bytes(), "run `python -m rl.data.tasks.code_tasks` to regenerate"
 
 
 def test_shipped_tasks_shape():

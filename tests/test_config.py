@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl.cli import main
-from rl.config import FREE_FORM_DICTS, Recipe, RecipeError, load_recipe, recipe_to_dict, validate_recipe
+from rl.cli.main import main
+from rl.config.recipe import FREE_FORM_DICTS, Recipe, RecipeError, load_recipe, recipe_to_dict, validate_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""``docs/recipe-reference.md`` is generated from rl/config.py and must not go stale."""
+"""``docs/recipe-reference.md`` is generated from rl/config/recipe.py and must not go stale."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from rl import config
-from rl.docgen import field_docs, main, recipe_reference, reference_path
+from rl.config import recipe as config
+from rl.config.docgen import field_docs, main, recipe_reference, reference_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_recipe_reference_is_up_to_date() -> None:
     path = reference_path()
     assert path == ROOT / "docs" / "recipe-reference.md"
-    assert path.is_file(), "docs/recipe-reference.md is missing: run `.venv/bin/python -m rl.docgen`"
+    assert path.is_file(), "docs/recipe-reference.md is missing: run `.venv/bin/python -m rl.config.docgen`"
     assert path.read_text() == recipe_reference(), \
-        "docs/recipe-reference.md is stale (rl/config.py changed): run `.venv/bin/python -m rl.docgen`"
+        "docs/recipe-reference.md is stale (rl/config/recipe.py changed): run `.venv/bin/python -m rl.config.docgen`"
 
 
 def _keys(cls: type, prefix: str) -> list[str]:
@@ -97,8 +97,8 @@ class A:
 
 def test_check_mode(tmp_path: Path, monkeypatch, capsys) -> None:
     target = tmp_path / "docs" / "recipe-reference.md"
-    monkeypatch.setattr("rl.docgen.reference_path", lambda: target)
-    assert main(["--check"]) == 1 and "run `.venv/bin/python -m rl.docgen`" in capsys.readouterr().err
+    monkeypatch.setattr("rl.config.docgen.reference_path", lambda: target)
+    assert main(["--check"]) == 1 and "run `.venv/bin/python -m rl.config.docgen`" in capsys.readouterr().err
     assert main([]) == 0 and target.read_text() == recipe_reference()
     assert main(["--check"]) == 0
 
@@ -112,7 +112,7 @@ def test_envs_doc_example_works(tmp_path: Path, monkeypatch) -> None:
     from envs.base import check_env
     from envs.io import load_tasks
     from envs.types import Message, Trajectory
-    from rl.config import load_recipe, validate_recipe
+    from rl.config.recipe import load_recipe, validate_recipe
 
     md = (ROOT / "docs" / "envs.md").read_text()
     code = next(b for b in _blocks(md, "python") if "class ArithEnv" in b)

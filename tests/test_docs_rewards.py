@@ -81,7 +81,7 @@ def test_example_module_through_the_scorer(example):
     from envs.io import load_tasks
     from rewards.protocol import AsyncRewardFn, BatchedRewardFn, RewardFn, call_mode
     from rewards.service import RewardFnSpec, RewardScorer
-    from rl.commands import build_trajectories, read_completions
+    from rl.cli.evaluate import build_trajectories, read_completions
 
     import my_rewards
 
@@ -107,7 +107,7 @@ def test_example_module_through_the_scorer(example):
 
 def test_recipe_snippet_validates(example):
     tmp, _, _ = example
-    from rl.config import load_recipe, validate_recipe
+    from rl.config.recipe import load_recipe, validate_recipe
 
     d = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
     d["data"]["train_files"] = [str(REPO / "recipes" / f) for f in d["data"]["train_files"]]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl.batch import Batch, Sample
-from rl.config import AlgoConfig
-from rl.distributed import shard_batch
-from rl.learner import Learner
+from rl.algos.batch import Batch, Sample
+from rl.config.recipe import AlgoConfig
+from rl.trainer.distributed import shard_batch
+from rl.trainer.learner import Learner
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
 
 PROMPT_C = "<|im_start|>user\nset a timer for 10 minutes<|im_end|>\n<|im_start|>assistant\n"
@@ -102,7 +102,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_learners_equal_one(ray2, tiny_model_path, tiny_tokenizer, tmp_path, case):
-    from rl.distributed import LearnerGroup
+    from rl.trainer.distributed import LearnerGroup
 
     algo, skip, optimizer = CASES[case]
     single = Learner(tiny_model_path, MODEL_CFG, dataclasses.replace(algo, learner_workers=1), threads=1,

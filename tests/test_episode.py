@@ -116,7 +116,7 @@ def smollm2_tokenizer():
     """SmolLM2-135M-Instruct's own tokenizer and chat template, read from the embedded GGUF."""
     from transformers import AutoTokenizer
 
-    from rl.models import smollm2_gguf
+    from rl.trainer.hub import smollm2_gguf
 
     gguf = smollm2_gguf()
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

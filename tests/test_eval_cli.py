@@ -14,8 +14,8 @@ import yaml
 
 from envs.io import load_tasks
 from envs.types import Message, Task, Trajectory
-from rl.cli import main
-from rl.commands import CommandError, eval_summary, pass_at_k, resolve_model_arg
+from rl.cli.main import main
+from rl.cli.evaluate import CommandError, eval_summary, pass_at_k, resolve_model_arg
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,7 +165,7 @@ def test_eval_tiny_model_pass_at_k_and_failures_file(tmp_path, capsys, tiny_mode
         assert t.meta["eval"]["passed"] == 0 and t.meta["eval"]["samples"] == 2
         assert t.messages == by_id[t.id].messages and t.tool_call == by_id[t.id].tool_call
     # The failures file feeds a recipe as training data.
-    from rl.config import load_recipe, validate_recipe
+    from rl.config.recipe import load_recipe, validate_recipe
 
     if failed:
         validate_recipe(load_recipe(recipe, [f"data.train_files=[{failures}]", f"run.output_dir={tmp_path / 'o2'}"]))

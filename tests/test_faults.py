@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.loop import BadStepGuard, RunAborted
+from rl.driver.loop import BadStepGuard, RunAborted
 
 # ---------------------------------------------------------------- BadStepGuard (no Ray)
 
@@ -180,12 +180,12 @@ def test_non_finite_updates_stop_the_run_with_checkpoint_intact(tmp_path: Path, 
 def test_full_disk_at_start_is_a_recipe_error(recipe_copy, monkeypatch) -> None:
     import shutil as _shutil
 
-    from rl.config import RecipeError, load_recipe, validate_recipe
+    from rl.config.recipe import RecipeError, load_recipe, validate_recipe
 
     cfg = load_recipe(recipe_copy("tiny.yaml"))
     validate_recipe(cfg)
     usage = _shutil.disk_usage("/")
-    monkeypatch.setattr("rl.config.shutil.disk_usage", lambda p: usage._replace(free=5 * 2**20))
+    monkeypatch.setattr("rl.config.recipe.shutil.disk_usage", lambda p: usage._replace(free=5 * 2**20))
     with pytest.raises(RecipeError, match=r"run\.output_dir: only 5 MiB free under .*need about \d+ MiB"):
         validate_recipe(cfg)
 
@@ -193,8 +193,8 @@ def test_full_disk_at_start_is_a_recipe_error(recipe_copy, monkeypatch) -> None:
 def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path, recipe_copy) -> None:
     import errno
 
-    from rl.config import load_recipe
-    from rl.loop import Actors, latest_checkpoint, make_normalizer
+    from rl.config.recipe import load_recipe
+    from rl.driver.loop import Actors, latest_checkpoint, make_normalizer
 
     class Learners:
         def __init__(self) -> None:

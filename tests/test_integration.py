@@ -48,10 +48,10 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_
     steps with a weight sync each, they have moved with the learner's (fp32 end to end)."""
     import ray
 
-    from rl.batch import build_batch
-    from rl.config import load_recipe
-    from rl.loop import Actors, expand, load_task_sets, make_mixer
-    from rl.models import resolve_model
+    from rl.algos.batch import build_batch
+    from rl.config.recipe import load_recipe
+    from rl.driver.loop import Actors, expand, load_task_sets, make_mixer
+    from rl.trainer.hub import resolve_model
     from envs.types import Sampling
 
     recipe = _tiny_recipe(recipe_copy, {

@@ -1,4 +1,4 @@
-"""rl.learner.Learner in-process on the tiny model, in float32 without autocast (exact comparisons)."""
+"""rl.trainer.learner.Learner in-process on the tiny model, in float32 without autocast (exact comparisons)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from rl.batch import Batch, Sample
-from rl.config import AlgoConfig, ModelConfig
-from rl.learner import Learner
+from rl.algos.batch import Batch, Sample
+from rl.config.recipe import AlgoConfig, ModelConfig
+from rl.trainer.learner import Learner
 
 MODEL_CFG = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
 ALGO = AlgoConfig(name="grpo", lr=1e-2)
@@ -75,7 +75,7 @@ def test_step_updates_weights(make_learner, tiny_tokenizer):
     s1 = sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=1.0)
     s2 = sample(tok, PROMPT_B, [("convert", 1), ("\n<|im_start|>tool\nresult 1<|im_end|>\n", 0), ("100 USD", 1)], adv=-0.5)
     n1, n2 = sum(s1.loss_mask), sum(s2.loss_mask)
-    # 5 more tokens from a zero-advantage sample left out of the compute (see rl/batch.py).
+    # 5 more tokens from a zero-advantage sample left out of the compute (see rl/algos/batch.py).
     batch = Batch([s1, s2], num_tokens=n1 + n2 + 5, num_seqs=3)
     before = params(lrn)
     m = lrn.step(batch)
@@ -395,16 +395,16 @@ def test_entropy_bonus_alone_raises_entropy(make_learner, tiny_tokenizer):
 
 
 def test_clip_settings_reach_the_policy_loss(make_learner, tiny_tokenizer, monkeypatch):
-    import rl.learner
+    import rl.trainer.learner
 
     seen = []
-    real = rl.learner.policy_loss
+    real = rl.trainer.learner.policy_loss
 
     def spy(*args, **kw):
         seen.append(kw)
         return real(*args, **kw)
 
-    monkeypatch.setattr(rl.learner, "policy_loss", spy)
+    monkeypatch.setattr(rl.trainer.learner, "policy_loss", spy)
     lrn = make_learner(dataclasses.replace(ALGO, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
                                            loss_agg="seq-mean-token-sum"))
     m = lrn.step(make_batch(tiny_tokenizer))

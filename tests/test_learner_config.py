@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import AlgoConfig, RecipeError, load_recipe, validate_recipe
+from rl.config.recipe import AlgoConfig, RecipeError, load_recipe, validate_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""rl.schedules: the LR multiplier and the KL controllers, against hand-computed values."""
+"""rl.algos.schedules: the LR multiplier and the KL controllers, against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rl.schedules import AdaptiveKLController, FixedKLController, LRSchedule, kl_controller
+from rl.algos.schedules import AdaptiveKLController, FixedKLController, LRSchedule, kl_controller
 
 
 def test_warmup_then_constant():

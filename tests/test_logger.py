@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envs.types import Message, Task, Trajectory
-from rl.logger import TABLE_ROWS, ProgressBar, RunLogger, rollout_table_rows, summary, wandb_mode
+from rl.driver.logger import TABLE_ROWS, ProgressBar, RunLogger, rollout_table_rows, summary, wandb_mode
 
 
 def traj(i: int, domain: str = "tool_call", reward: float | None = 0.5, scores: dict | None = None) -> Trajectory:

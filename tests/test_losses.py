@@ -1,11 +1,11 @@
-"""Tests for rl.losses against hand-computed values (arithmetic in the comments)."""
+"""Tests for rl.algos.losses against hand-computed values (arithmetic in the comments)."""
 
 import math
 
 import pytest
 import torch
 
-from rl.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights, value_loss
+from rl.algos.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights, value_loss
 
 
 def close(actual, expected, atol=1e-5):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from envs.types import Message, Task, Trajectory
-from rl.mixer import RewardNormalizer, Source, TaskMixer, TaskSampler, largest_remainder, sources_by_domain
+from rl.data.mixer import RewardNormalizer, Source, TaskMixer, TaskSampler, largest_remainder, sources_by_domain
 
 
 def mk(domain: str, i: int, est_len: int | None = None, prefix: str = "") -> Task:

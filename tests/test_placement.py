@@ -1,4 +1,4 @@
-"""Placement groups per role (rl/placement.py): the plan from the recipe's ``cluster`` section (pure), the
+"""Placement groups per role (rl/driver/placement.py): the plan from the recipe's ``cluster`` section (pure), the
 device resolution errors, and a group the cluster cannot hold failing fast with the resources named."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import RecipeError, load_recipe
-from rl.placement import PlacementError, local_ray_cpus, plan_placement, reserve, resolve_device
+from rl.config.recipe import RecipeError, load_recipe
+from rl.driver.placement import PlacementError, local_ray_cpus, plan_placement, reserve, resolve_device
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_unsatisfiable_placement_fails_fast_naming_the_resources(recipe_file: Pa
 )
 def test_cli_train_fails_fast_on_placement(recipe_file: Path, capsys: pytest.CaptureFixture, overrides: list[str],
                                            expected: list[str]) -> None:
-    from rl.cli import main
+    from rl.cli.main import main
 
     t0 = time.monotonic()
     rc = main(["train", str(recipe_file), *overrides])

@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 
-from rl.advantages import gae, group_normalized, reinforce_pp, whiten
-from rl.batch import Batch, Sample
-from rl.config import AlgoConfig
-from rl.learner import Learner
-from rl.losses import kl
+from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
+from rl.algos.batch import Batch, Sample
+from rl.config.recipe import AlgoConfig
+from rl.trainer.learner import Learner
+from rl.algos.losses import kl
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
 
 PPO = AlgoConfig(name="ppo", lr=1e-3, gamma=1.0, lam=0.95, kl_coef=0.0)

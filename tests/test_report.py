@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.report import (DOMAIN_COLORS, ENTROPY_COLOR, KL_COLOR, TIMING_PHASES, ReportError, add_parser, last_rollouts,
+from rl.cli.report import (DOMAIN_COLORS, ENTROPY_COLOR, KL_COLOR, TIMING_PHASES, ReportError, add_parser, last_rollouts,
                        read_metrics, render_report, write_report)
 
 INJECT = '</pre><script>alert("x")</script><img src=x onerror=alert(1)> & "quotes"'

@@ -244,7 +244,7 @@ def test_validate_requires_domains_for_the_judge(tmp_path):
     """The judge has no default domains: a recipe must list them (checked by jointrl validate)."""
     import yaml
 
-    from rl.config import RecipeError, load_recipe, validate_recipe
+    from rl.config.recipe import RecipeError, load_recipe, validate_recipe
 
     repo = __import__("pathlib").Path(__file__).resolve().parents[1]
     d = yaml.safe_load((repo / "recipes" / "tiny.yaml").read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.runs import add_parser, format_runs, list_runs, run_info
+from rl.cli.runs import add_parser, format_runs, list_runs, run_info
 
 
 def make(d: Path, steps: int, *, done: bool = False, age_s: float = 0.0, total: int | None = 10,

@@ -15,7 +15,7 @@ import yaml
 from envs.io import save_tasks
 from envs.sandbox import SandboxUnavailable, check_sandbox
 from envs.types import ExpectedCall, Message, Task, TerminalSpec, ToolCallSpec
-from rl.cli import main
+from rl.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""rl.stream.EpisodeStream with a recording fake pool: what is generated when, with which
+"""rl.driver.stream.EpisodeStream with a recording fake pool: what is generated when, with which
 weights, and what a checkpoint of an async run holds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from envs.types import Sampling, Task
-from rl.stream import EpisodeStream
+from rl.driver.stream import EpisodeStream
 
 SAMPLING = Sampling(8, 1.0, 1.0, 1, 64)
 

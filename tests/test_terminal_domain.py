@@ -12,7 +12,7 @@ from envs.base import check_env
 from envs.io import load_tasks
 from envs.sandbox import SandboxUnavailable, check_sandbox
 from envs.terminal import TerminalEnv, extract_command, parse_action, parse_check_result, truncate_output
-from envs.terminal_tasks_src import DEFAULT_OUT, build_tasks
+from rl.data.tasks.terminal_tasks import DEFAULT_OUT, build_tasks
 from envs.types import Message, Task, TerminalSpec, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
 from rewards.terminal import TerminalCheckReward
@@ -278,7 +278,7 @@ SHIPPED = load_tasks(DATA)
 
 def test_task_file_is_generated_and_well_formed():
     assert DEFAULT_OUT == DATA
-    assert SHIPPED == build_tasks(), "recipes/data/terminal_tasks.jsonl is stale: run python -m envs.terminal_tasks_src"
+    assert SHIPPED == build_tasks(), "recipes/data/terminal_tasks.jsonl is stale: run python -m rl.data.tasks.terminal_tasks"
     assert len(SHIPPED) >= 30 and len({t.id for t in SHIPPED}) == len(SHIPPED)
     cats = Counter(t.meta["category"] for t in SHIPPED)
     assert set(cats) == {"files", "text", "archive", "python", "permissions", "process", "git"}

@@ -16,7 +16,7 @@ from envs.toolcall import (
     parse_tool_calls,
     validate_arguments,
 )
-from envs.toolcall_gen import EVAL_FILE, FUNCTIONS, TRAIN_FILE, generate, write_quickstart
+from rl.data.tasks.toolcall_gen import EVAL_FILE, FUNCTIONS, TRAIN_FILE, generate, write_quickstart
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec, Trajectory
 from rewards.toolcall import ToolCallReward, arguments_match, values_match
 
@@ -392,8 +392,8 @@ def test_generator_deterministic():
 
 def test_shipped_data_matches_generator(tmp_path):
     train_path, eval_path = write_quickstart(tmp_path)
-    assert train_path.read_bytes() == (DATA / TRAIN_FILE).read_bytes(), "regenerate: python -m envs.toolcall_gen --out-dir recipes/data"
-    assert eval_path.read_bytes() == (DATA / EVAL_FILE).read_bytes(), "regenerate: python -m envs.toolcall_gen --out-dir recipes/data"
+    assert train_path.read_bytes() == (DATA / TRAIN_FILE).read_bytes(), "regenerate: python -m rl.data.tasks.toolcall_gen --out-dir recipes/data"
+    assert eval_path.read_bytes() == (DATA / EVAL_FILE).read_bytes(), "regenerate: python -m rl.data.tasks.toolcall_gen --out-dir recipes/data"
 
 
 def test_shipped_data_shape():

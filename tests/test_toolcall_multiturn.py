@@ -17,8 +17,8 @@ from envs.toolcall import (
     normalize_bfcl_schema,
     validate_arguments,
 )
-from envs.toolcall_gen import EVAL_FILE, TRAIN_FILE
-from envs.toolcall_tasks_src import OUT_FILE, build_tasks, write_tasks
+from rl.data.tasks.toolcall_gen import EVAL_FILE, TRAIN_FILE
+from rl.data.tasks.toolcall_tasks import OUT_FILE, build_tasks, write_tasks
 from envs.toolcall_tools import TOOLS, ToolError, run_tool, safe_eval, tool_schema
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec, Trajectory
 from rewards.toolcall import (
@@ -574,7 +574,7 @@ ANSWER = [t for t in SHIPPED if t.tool_call.mode == "answer"]
 
 def test_shipped_tasks_match_generator(tmp_path):
     assert write_tasks(tmp_path / OUT_FILE).read_bytes() == (DATA / OUT_FILE).read_bytes(), \
-        "regenerate: python -m envs.toolcall_tasks_src"
+        "regenerate: python -m rl.data.tasks.toolcall_tasks"
     assert build_tasks() == SHIPPED
 
 

@@ -2,7 +2,7 @@
 
 Actors: N rollout workers (vLLM + envs), learners, a reward pool, placed per ``cluster``.
 The driver draws tasks, moves typed records between actors, logs, evaluates and
-checkpoints. Episodes come from ``rl.stream.EpisodeStream``: generated on demand, or one
+checkpoints. Episodes come from ``rl.driver.stream.EpisodeStream``: generated on demand, or one
 step ahead while the learner trains (``rollout.async_steps=1``). Engines are shut down on
 every exit path (normal end, exception, Ctrl-C, SIGTERM); faults the run survives are
 counted (``faults/...``), those it cannot end it with one message (docs/reliability.md).
@@ -23,12 +23,12 @@ from typing import Any, Callable
 from envs.io import TaskFormatError, load_tasks
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardService
-from rl.batch import build_batch, rollout_metrics
-from rl.config import Recipe, recipe_to_dict, resolve_output_dir, resolve_path
-from rl.logger import ProgressBar, RunLogger
-from rl.mixer import RewardNormalizer, Source, TaskMixer, normalize_step, sources_by_domain
-from rl.stream import EpisodeStream
-from rl.models import resolve_model
+from rl.algos.batch import build_batch, rollout_metrics
+from rl.config.recipe import Recipe, recipe_to_dict, resolve_output_dir, resolve_path
+from rl.driver.logger import ProgressBar, RunLogger
+from rl.data.mixer import RewardNormalizer, Source, TaskMixer, normalize_step, sources_by_domain
+from rl.driver.stream import EpisodeStream
+from rl.trainer.hub import resolve_model
 from rollout.pool import RolloutPool
 
 
@@ -275,7 +275,7 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
 class Actors:
     """The run's Ray actors, their start-up and their shutdown.
 
-    Learners: ``algo.learner_workers`` data-parallel ``Learner`` actors (``rl.distributed.LearnerGroup``);
+    Learners: ``algo.learner_workers`` data-parallel ``Learner`` actors (``rl.trainer.distributed.LearnerGroup``);
     ``learner`` is rank 0's handle (weights export, log-probs, checkpoints).
     """
 
@@ -286,7 +286,7 @@ class Actors:
         self.learners: Any = None
         self.learner: Any = None
         self._own_ray = False
-        self.placement: Any = None  # rl.placement.Placement: the run's placement groups
+        self.placement: Any = None  # rl.driver.placement.Placement: the run's placement groups
         self.colocated = False
         self._old_term: Any = None
         self.shm_dir = ""
@@ -300,8 +300,8 @@ class Actors:
         """
         import ray
 
-        from rl.distributed import LearnerGroup
-        from rl.placement import actor_nodes, local_ray_cpus, plan_placement, reserve, resolve_device
+        from rl.trainer.distributed import LearnerGroup
+        from rl.driver.placement import actor_nodes, local_ray_cpus, plan_placement, reserve, resolve_device
 
         cfg, r = self.cfg, self.cfg.rollout
         address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS") or None
@@ -316,7 +316,7 @@ class Actors:
         # SIGTERM becomes an exception so that `finally` shuts the engines down. Installed after
         # ray.init, whose own handler (print a stack trace, abort) would otherwise replace it.
         self._old_term = signal.signal(signal.SIGTERM, _raise_on_term)
-        from rl.models import cache_dir  # noqa: F401 - the actors resolve the same cache through the env
+        from rl.trainer.hub import cache_dir  # noqa: F401 - the actors resolve the same cache through the env
 
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.

@@ -1,4 +1,4 @@
-"""The ``jointrl`` command: ``train`` and ``validate`` a recipe; ``score`` and ``eval`` (in ``rl/commands.py``).
+"""The ``jointrl`` command: ``train`` and ``validate`` a recipe; ``score`` and ``eval`` (in ``rl/cli/evaluate.py``).
 
 Bad input (recipe, overrides, files, models, output dir) exits with code 2 and one
 message, before any actor starts; ``--debug`` shows the traceback too. A run that cannot
@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 
-from rl.config import RecipeError, load_recipe, validate_recipe
+from rl.config.recipe import RecipeError, load_recipe, validate_recipe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,11 +28,11 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", help="show tracebacks")
         if name == "train":
             s.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
-    from rl.commands import add_parsers
+    from rl.cli.evaluate import add_parsers
 
     add_parsers(sub)  # score, eval
-    from rl.report import add_parser as add_report_parser
-    from rl.runs import add_parser as add_runs_parser
+    from rl.cli.report import add_parser as add_report_parser
+    from rl.cli.runs import add_parser as add_runs_parser
 
     add_report_parser(sub)  # report RUN_DIR [--out FILE]
     add_runs_parser(sub)  # runs [DIR]
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = [a for a in argv if a in ("--debug", "--verbose")]
     rest = [a for a in argv if a not in ("--debug", "--verbose")]
     args = _parser().parse_args(rest[:1] + flags + rest[1:])
-    if getattr(args, "run", None) is not None:  # score, eval: rl/commands.py
+    if getattr(args, "run", None) is not None:  # score, eval: rl/cli/evaluate.py
         return args.run(args)
     try:
         cfg = load_recipe(args.recipe, args.overrides)
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose:
         os.environ["JOINTRL_VERBOSE"] = "1"
     from envs.io import TaskFormatError
-    from rl.placement import PlacementError
-    from rl.loop import RunAborted, train
+    from rl.driver.placement import PlacementError
+    from rl.driver.loop import RunAborted, train
     from rollout.pool import EngineFailure
 
     try:

@@ -1,6 +1,6 @@
 """Deterministic generator of the quickstart's tool-call tasks.
 
-    python -m envs.toolcall_gen --out-dir recipes/data
+    python -m rl.data.tasks.toolcall_gen --out-dir recipes/data
 
 writes ``toolcall_quickstart.train.jsonl`` (200 tasks) and ``toolcall_quickstart.eval.jsonl``
 (50 held-out tasks; no user request appears in both). Same seed, same bytes.
@@ -407,7 +407,7 @@ def write_quickstart(out_dir: str | Path, n_train: int = 200, n_eval: int = 50, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m envs.toolcall_gen", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rl.data.tasks.toolcall_gen", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default="recipes/data", help="directory to write the two .jsonl files into")
     parser.add_argument("--n-train", type=int, default=200)
     parser.add_argument("--n-eval", type=int, default=50)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.logger import read_step_records
+from rl.driver.logger import read_step_records
 
 __all__ = ["RunInfo", "run_info", "list_runs", "format_runs", "add_parser", "RUNNING_WINDOW_S"]
 
@@ -177,8 +177,8 @@ def run_runs(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rl.runs [DIR]``."""
-    p = argparse.ArgumentParser(prog="python -m rl.runs")
+    """``python -m rl.cli.runs [DIR]``."""
+    p = argparse.ArgumentParser(prog="python -m rl.cli.runs")
     sub = p.add_subparsers(dest="cmd", required=True)
     add_parser(sub)
     args = p.parse_args(["runs", *(sys.argv[1:] if argv is None else argv)])

@@ -1,6 +1,6 @@
 """Source of ``recipes/data/toolcall_tasks.jsonl``: tool-call tasks written for jointrl.
 
-    python -m envs.toolcall_tasks_src --out recipes/data/toolcall_tasks.jsonl
+    python -m rl.data.tasks.toolcall_tasks --out recipes/data/toolcall_tasks.jsonl
 
 Same code, same bytes. Three kinds (``meta["kind"]``; ``meta["source"] == "jointrl"``):
 
@@ -424,7 +424,7 @@ def write_tasks(path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m envs.toolcall_tasks_src", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rl.data.tasks.toolcall_tasks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=f"recipes/data/{OUT_FILE}", help="the .jsonl file to write")
     args = parser.parse_args(argv)
     print(write_tasks(args.out))

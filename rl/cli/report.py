@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.logger import read_step_records
+from rl.driver.logger import read_step_records
 
 __all__ = ["write_report", "render_report", "read_metrics", "last_rollouts", "add_parser", "ReportError"]
 
@@ -398,7 +398,7 @@ font-family:"DejaVu Sans Mono",monospace;max-height:360px;overflow:auto}
 
 def render_report(run_dir: str | os.PathLike[str]) -> str:
     """The HTML of the report of ``run_dir`` (see the module docstring)."""
-    from rl.runs import run_info
+    from rl.cli.runs import run_info
 
     d = Path(run_dir)
     if not d.is_dir():
@@ -465,8 +465,8 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rl.report RUN_DIR [--out FILE]``."""
-    p = argparse.ArgumentParser(prog="python -m rl.report")
+    """``python -m rl.cli.report RUN_DIR [--out FILE]``."""
+    p = argparse.ArgumentParser(prog="python -m rl.cli.report")
     sub = p.add_subparsers(dest="cmd", required=True)
     add_parser(sub)
     args = p.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])

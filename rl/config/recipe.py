@@ -63,7 +63,7 @@ class MixerConfig:
     strata: int = 1  # length strata per dataset (by estimated trajectory length)
     strata_proportions: list[float] = field(default_factory=list)  # prompts per stratum ([] = proportional to stratum sizes)
     length_ema: float = 0.5  # weight of a task's newest observed length in its estimate
-    normalization: str = "none"  # none | group | domain | domain_then_group (see rl/mixer.py)
+    normalization: str = "none"  # none | group | domain | domain_then_group (see rl/data/mixer.py)
     norm_stat: str = "welford"  # running per-domain reward statistics: welford | ema
     norm_ema: float = 0.1  # EMA weight when norm_stat is ema
     curriculum_window: int = 0  # tasks all solved or all failed over their last N visits are sampled less (0 = off)
@@ -464,7 +464,7 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
     if recipe.wandb.table_every < 0:
         fail("wandb.table_every", "must be >= 0")
     mx = recipe.mixer
-    from rl.mixer import NORMALIZATIONS
+    from rl.data.mixer import NORMALIZATIONS
 
     if mx.normalization not in NORMALIZATIONS:
         fail("mixer.normalization", f"unknown normalization {mx.normalization!r}; choose one of {', '.join(NORMALIZATIONS)}")

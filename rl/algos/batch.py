@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from envs.types import Trajectory
-from rl.advantages import group_normalized, reinforce_pp
-from rl.config import AlgoConfig
+from rl.algos.advantages import group_normalized, reinforce_pp
+from rl.config.recipe import AlgoConfig
 
 GROUP_ALGOS = ("grpo", "dr_grpo", "rloo")
 
@@ -72,7 +72,7 @@ def build_batch(trajs: list[Trajectory], algo: AlgoConfig, advantages: list[floa
                 seq_level_domains: tuple[str, ...] = ()) -> tuple[Batch, dict[str, float]]:
     """Advantages and samples for ``trajs`` under ``algo``; returns (batch, stats).
 
-    ``advantages`` (one per trajectory, e.g. from per-domain normalization in ``rl.mixer``)
+    ``advantages`` (one per trajectory, e.g. from per-domain normalization in ``rl.data.mixer``)
     replace the algorithm's outcome advantages; only for outcome-advantage algorithms.
 
     ``seq_level_domains``: samples of these domains weigh per sequence, not per token:

@@ -1,6 +1,6 @@
 """The terminal domain's task set, written for jointrl, graded easy -> hard.
 
-    python -m envs.terminal_tasks_src [--out recipes/data/terminal_tasks.jsonl]
+    python -m rl.data.tasks.terminal_tasks [--out recipes/data/terminal_tasks.jsonl]
 
 writes the tasks (domain ``"terminal"``) with :func:`envs.io.save_tasks`; same code, same
 bytes (data is generated from fixed seeds).
@@ -44,7 +44,7 @@ from envs.types import Message, Task, TerminalSpec
 __all__ = ["DEFAULT_OUT", "SOURCE", "build_tasks", "write_tasks", "main"]
 
 SOURCE = "jointrl"
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "recipes" / "data" / "terminal_tasks.jsonl"
+DEFAULT_OUT = Path(__file__).resolve().parents[3] / "recipes" / "data" / "terminal_tasks.jsonl"
 _TIME_LIMIT = {"easy": 60.0, "medium": 90.0, "hard": 120.0}
 _DIFFICULTY_ORDER = {"easy": 0, "medium": 1, "hard": 2}
 
@@ -761,7 +761,7 @@ def write_tasks(out: str | Path = DEFAULT_OUT) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m envs.terminal_tasks_src", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rl.data.tasks.terminal_tasks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the .jsonl file to write")
     args = parser.parse_args(argv)
     print(write_tasks(args.out))

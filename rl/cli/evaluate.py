@@ -110,7 +110,7 @@ def _fail(msg: str, debug: bool) -> int:
 
 
 def _guarded(fn: Any, args: argparse.Namespace) -> int:
-    from rl.config import RecipeError
+    from rl.config.recipe import RecipeError
 
     try:
         return fn(args)
@@ -165,7 +165,7 @@ def load_task_file(path: str, fmt: str = "native", answers: str | None = None) -
 
 def recipe_reward_specs(recipe_path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[list[RewardFnSpec], Any]:
     """The recipe's reward specs (each class imported and its kwargs checked, naming the recipe key) and the recipe."""
-    from rl.config import load_recipe
+    from rl.config.recipe import load_recipe
 
     cfg = load_recipe(recipe_path, list(overrides))
     specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
@@ -369,7 +369,7 @@ def _write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
 def _load_tokenizer(spec: str) -> Any:
     from transformers import AutoTokenizer
 
-    from rl.models import resolve_model
+    from rl.trainer.hub import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(spec))
 
@@ -486,7 +486,7 @@ def resolve_model_arg(arg: str) -> tuple[str, Path | None]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rl.config import load_recipe, resolve_path, validate_recipe
+    from rl.config.recipe import load_recipe, resolve_path, validate_recipe
 
     if args.k < 1:
         raise CommandError("--k must be >= 1")
@@ -606,7 +606,7 @@ def _generate(cfg: Any, tasks: list[Task], n: int, temperature: float, batch: in
     """``n`` episodes per task (consecutive, in task order) from one in-process vLLM engine."""
     from envs.base import resolve
     from envs.types import Sampling
-    from rl.models import resolve_model
+    from rl.trainer.hub import resolve_model
 
     if verbose:
         os.environ["JOINTRL_VERBOSE"] = "1"

@@ -1,12 +1,12 @@
 """The learner: policy-gradient updates of an HF causal LM (GRPO family, REINFORCE++, PPO with a critic).
 
 ``Learner`` is a plain class (the Ray actor wraps it; tests run it in-process). One
-``step(batch)`` is one learner step over a batch from ``rl.batch.build_batch``:
+``step(batch)`` is one learner step over a batch from ``rl.algos.batch.build_batch``:
 
 1. *Prepare* (no grad; only when needed: several updates per batch, a critic, or
    ``algo.kl_in_reward``): one pass of the policy before any update gives the "old"
    log-probs of the ratio, the reference's log-probs (cached for every epoch) and the
-   critic's values. Then the learner-side advantages (``rl.batch.learner_advantages``):
+   critic's values. Then the learner-side advantages (``rl.algos.batch.learner_advantages``):
    ``ppo``: per-token rewards (the outcome on the last policy token, minus ``kl_coef x KL``
    per token with ``kl_in_reward``), GAE (``gamma``, ``lam``), advantages whitened over the
    whole batch, returns as value targets; ``reinforce_pp`` with ``kl_in_reward``: KL-penalised
@@ -16,7 +16,7 @@
    (one optimizer step each). A minibatch runs in micro-batches bounded by
    ``algo.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
    minibatch's, or the batch's with one minibatch, counting ``Batch.skipped``). Loss per
-   token: clipped policy loss (clip-higher, dual clip; ``rl.losses.policy_loss``)
+   token: clipped policy loss (clip-higher, dual clip; ``rl.algos.losses.policy_loss``)
    ``+ kl_coef x KL`` (unless in the reward) ``- entropy_coef x entropy``
    ``+ vf_coef x`` clipped value loss (with a critic). Global-norm gradient clipping; LR
    warmup + constant/cosine schedule stepped once per optimizer step.
@@ -33,9 +33,9 @@ final hidden states (trained with the policy, its own learning rate ``critic_lr`
 ``separate`` is its own copy of the model's transformer with a scalar head and its own
 optimizer. Neither is sent to the engines.
 
-Data parallel (``world_size > 1``, see ``rl.distributed``): gradients, whitening statistics
+Data parallel (``world_size > 1``, see ``rl.trainer.distributed``): gradients, whitening statistics
 and metrics are SUM-all-reduced; the update equals the single learner's on the same batch.
-The KL coefficient (fixed or ``rl.schedules.AdaptiveKLController``) is updated once per step
+The KL coefficient (fixed or ``rl.algos.schedules.AdaptiveKLController``) is updated once per step
 from the batch's ``kl/mean``.
 
 ``export_weights`` writes the policy as one safetensors file into shared memory for the
@@ -59,13 +59,13 @@ from typing import Any
 
 import torch
 
-from rl.advantages import gae, group_normalized, reinforce_pp, whiten
-from rl.batch import Batch, Sample, learner_advantages
-from rl.config import AlgoConfig, ModelConfig
-from rl.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
-from rl.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
+from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
+from rl.algos.batch import Batch, Sample, learner_advantages
+from rl.config.recipe import AlgoConfig, ModelConfig
+from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
+from rl.algos.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
                        value_loss)
-from rl.schedules import LRSchedule, kl_controller
+from rl.algos.schedules import LRSchedule, kl_controller
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -97,7 +97,7 @@ class Learner:
                  world_size: int = 1, dist_port: int = 0) -> None:
         """``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
-        ``dist_port``: data-parallel position and rendezvous (``rl.distributed``)."""
+        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -326,7 +326,7 @@ class Learner:
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
         gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update;
         with ``algo.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
-        importance weights (``rl.losses.truncated_is_weights``).
+        importance weights (``rl.algos.losses.truncated_is_weights``).
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
         An empty batch (nothing to compute on any rank) leaves the weights alone.
         """

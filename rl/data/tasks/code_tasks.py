@@ -1,6 +1,6 @@
 """Source of ``recipes/data/code_tasks.jsonl``: small Python function tasks written for jointrl.
 
-    python -m envs.code_tasks_src            # rewrites recipes/data/code_tasks.jsonl
+    python -m rl.data.tasks.code_tasks            # rewrites recipes/data/code_tasks.jsonl
 
 Each entry of :data:`TASKS` is one function to write: its signature, what it does, a
 reference solution, and 3-6 assert tests (style ``"assert"``), graded easy -> medium ->
@@ -19,7 +19,7 @@ from envs.types import CodeSpec, Message, Task
 
 __all__ = ["TASKS", "SYSTEM_PROMPT", "OUT_FILE", "build_tasks", "main"]
 
-OUT_FILE = Path(__file__).resolve().parents[1] / "recipes" / "data" / "code_tasks.jsonl"
+OUT_FILE = Path(__file__).resolve().parents[3] / "recipes" / "data" / "code_tasks.jsonl"
 SOURCE = "jointrl"
 SYSTEM_PROMPT = (
     "You are a careful Python programmer. Write correct, self-contained Python 3 code using only the "

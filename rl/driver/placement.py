@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rl.config import Recipe, RecipeError, check_cluster
+from rl.config.recipe import Recipe, RecipeError, check_cluster
 
 __all__ = ["GroupPlan", "Slot", "Plan", "PlacementError", "plan_placement", "resolve_device", "reserve", "Placement",
            "local_ray_cpus"]

@@ -1,11 +1,11 @@
-"""Data-parallel learner: collectives for ``rl.learner.Learner`` and the group of learner actors.
+"""Data-parallel learner: collectives for ``rl.trainer.learner.Learner`` and the group of learner actors.
 
 Design (``algo.learner_workers = N``):
 
 * N Ray actors each hold a full replica (policy, reference, critic, optimizers). They join
   one ``torch.distributed`` process group (gloo on CPU, NCCL on GPU; world size N). Without a
   placement, every learner runs on the driver's node and meets at ``127.0.0.1`` on a port the
-  driver found free. With one (``actor_options`` from ``rl.placement``), a probe task in rank
+  driver found free. With one (``actor_options`` from ``rl.driver.placement``), a probe task in rank
   0's bundle finds a free port on rank 0's node; the rendezvous is ``127.0.0.1`` when every
   rank's bundle is on that node, else that node's IP (``JOINTRL_DIST_ADDR`` in each learner's
   environment). Rank 0 broadcasts its parameters at start so that replicas begin identical.
@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import torch
 
-from rl.batch import Batch, Sample
+from rl.algos.batch import Batch, Sample
 
 __all__ = ["free_port", "init_process_group", "all_reduce_sum", "all_reduce_grads", "broadcast_params",
            "shard_batch", "LearnerGroup"]
@@ -197,13 +197,13 @@ class LearnerGroup:
                  actor_options: list[dict[str, Any]] | None = None) -> None:
         """``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
         ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads.
-        ``actor_options`` (one dict of Ray actor options per rank, e.g. ``rl.placement.Placement.options``)
+        ``actor_options`` (one dict of Ray actor options per rank, e.g. ``rl.driver.placement.Placement.options``)
         replaces ``num_cpus``/``num_gpus``: each rank goes where its options say (its placement-group bundle)."""
         import os
 
         import ray
 
-        from rl.learner import Learner
+        from rl.trainer.learner import Learner
 
         if n < 1:
             raise ValueError(f"learner_workers must be >= 1, got {n}")

@@ -255,7 +255,7 @@ def value_loss(
     """PPO clipped value loss (to minimise).
 
     Shapes: ``values`` (critic output, requires grad), ``old_values`` (critic at rollout
-    time), ``returns`` (targets, e.g. from :func:`rl.advantages.gae`), ``mask``: [B, T].
+    time), ``returns`` (targets, e.g. from :func:`rl.algos.advantages.gae`), ``mask``: [B, T].
     Per masked token::
 
         v_clip = clamp(v, old_v - clip, old_v + clip)
