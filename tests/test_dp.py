@@ -1,4 +1,4 @@
-"""Data-parallel learner: 2 Ray learner actors (gloo, CPU) give the same update as one learner on the same batch.
+"""Sharded learner: 2 Ray learner actors (FSDP2 over gloo, CPU) give the same update as one learner on the same batch.
 
 fp32 without autocast. Besides the weights (Adam is nearly blind to a gradient's scale, so they
 alone would not catch a mean-instead-of-sum all-reduce), the gradients themselves, the pre-clip
@@ -66,13 +66,23 @@ def ray2():
     ray.shutdown()
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter or gradient gathered in full (a collective: every rank calls it)."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
 def _state(lrn: Learner) -> dict[str, torch.Tensor]:
-    out = {k: v.detach().clone() for k, v in lrn.model.named_parameters()}
-    out |= {f"grad.{k}": v.grad.detach().clone() for k, v in lrn.model.named_parameters() if v.grad is not None}
+    out = {k: _full(v) for k, v in lrn.model.named_parameters()}
+    out |= {f"grad.{k}": _full(v.grad) for k, v in lrn.model.named_parameters() if v.grad is not None}
     crit = lrn._critic_module()
     if crit is not None:
         out |= {f"critic.{k}": v.detach().clone() for k, v in crit.named_parameters()}
     return out
+
+
+def _local_numel(lrn: Learner) -> int:
+    """Elements of the policy's parameters held by this rank (its shards)."""
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in lrn.model.parameters())
 
 
 def _use_sgd(lrn: Learner) -> None:
@@ -126,6 +136,10 @@ def test_two_learners_equal_one(ray2, tiny_model_path, tiny_tokenizer, tmp_path,
             assert m2["learner/tokens"] == m1["learner/tokens"] == sum(s.num_tokens for s in batch.samples)
             assert m2["grad/norm"] == pytest.approx(m1["grad/norm"], rel=1e-5), step
             assert m2["lr"] == m1["lr"]
+        # The policy (and reference) are sharded: each rank holds about half of every sharded parameter.
+        local = ray2.get([a.__ray_call__.remote(_local_numel) for a in group.actors])
+        full = sum(p.numel() for p in single.model.parameters())
+        assert all(n <= 0.55 * full for n in local), (local, full)
         ranks = ray2.get([a.__ray_call__.remote(_state) for a in group.actors])
         want = _state(single)
         assert ranks[0].keys() == want.keys() and any(k.startswith("grad.") for k in want)

@@ -376,9 +376,7 @@ class Actors:
         return self.pool.metrics() | self.rewards.metrics()
 
     def sync_weights(self) -> None:
-        import ray
-
-        path = ray.get(self.learner.export_weights.remote(self.cfg.model.engine_dtype))
+        path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered
         # Engines on the learner's node read the file in shared memory; others get its bytes
         # through Ray's object store (one copy per node), written to their own shared memory.
         self.pool.sync_weights(path, self.learner_node, lambda: self.learner.read_weights.remote(path))

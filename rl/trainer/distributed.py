@@ -2,22 +2,25 @@
 
 Design (``algo.learner_workers = N``):
 
-* N Ray actors each hold a full replica (policy, reference, critic, optimizers). They join
-  one ``torch.distributed`` process group (gloo on CPU, NCCL on GPU; world size N). Without a
+* N Ray actors join one ``torch.distributed`` process group (gloo on CPU, NCCL on GPU; world
+  size N). The policy and the reference model are sharded over them with FSDP2
+  (``rl.trainer.fsdp``): each rank holds 1/N of the parameters, gradients and AdamW state.
+  The value head and a separate critic are small or optional and stay replicated (their
+  gradients SUM-all-reduced by :func:`all_reduce_grads`). Without a
   placement, every learner runs on the driver's node and meets at ``127.0.0.1`` on a port the
   driver found free. With one (``actor_options`` from ``rl.driver.placement``), a probe task in rank
   0's bundle finds a free port on rank 0's node; the rendezvous is ``127.0.0.1`` when every
   rank's bundle is on that node, else that node's IP (``JOINTRL_DIST_ADDR`` in each learner's
-  environment). Rank 0 broadcasts its parameters at start so that replicas begin identical.
+  environment). Rank 0 broadcasts the replicated parameters at start so that they begin identical.
 * The driver shards each batch (:func:`shard_batch`): whole GRPO groups per shard (group
   statistics stay local), balanced by token count. Every shard keeps the *global* loss
   denominators (``num_tokens``, ``num_seqs`` of the full batch), so each rank's loss is
-  its part of the full-batch loss and the SUM all-reduce of the gradients
-  (:func:`all_reduce_grads`) is exactly the single-learner gradient; every rank then takes
-  the same clipped optimizer step. Whole-batch statistics (advantage whitening, per-minibatch
+  its part of the full-batch loss and the SUM of the gradients (FSDP's reduce-scatter for the
+  sharded models, :func:`all_reduce_grads` for the replicated ones) is exactly the
+  single-learner gradient; every rank then steps its shard with the same global clip factor. Whole-batch statistics (advantage whitening, per-minibatch
   token counts, metrics) are SUM all-reduces of partial sums (:func:`all_reduce_sum`).
-* Rank 0 exports weights for the engines, answers ``logprobs`` and writes checkpoints;
-  every rank loads one.
+* Every rank takes part in a weight export (tensors are gathered one at a time; rank 0
+  writes the engines' file) and in a checkpoint (each rank writes its shard).
 
 With ``algo.minibatches > 1`` each rank draws its minibatches from its own shard, so the
 k-th global minibatch is a random 1/M of the batch as with one learner, but not the same
@@ -188,8 +191,8 @@ class LearnerGroup:
     """N ``Learner`` Ray actors in one process group (N = 1: a single actor, no torch.distributed).
 
     ``step`` shards the batch and returns rank 0's metrics (already reduced over the
-    ranks); ``export_weights``, ``logprobs`` and ``save_checkpoint`` go to rank 0;
-    ``load_checkpoint`` to every rank. ``actors[0]`` is rank 0's handle.
+    ranks); ``export_weights``, ``save_checkpoint`` and ``load_checkpoint`` go to every rank
+    (collectives over the shards) and return rank 0's answer. ``actors[0]`` is rank 0's handle.
     """
 
     def __init__(self, n: int, model_path: str, model_cfg: Any, algo: Any, *, seed: int = 0, threads: int = 0,
@@ -260,12 +263,12 @@ class LearnerGroup:
     def export_weights(self, dtype: str) -> str:
         import ray
 
-        return ray.get(self.actors[0].export_weights.remote(dtype))
+        return ray.get([a.export_weights.remote(dtype) for a in self.actors])[0]
 
     def save_checkpoint(self, path: str) -> None:
         import ray
 
-        ray.get(self.actors[0].save_checkpoint.remote(path))
+        ray.get([a.save_checkpoint.remote(path) for a in self.actors])
 
     def load_checkpoint(self, path: str) -> None:
         import ray

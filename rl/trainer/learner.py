@@ -62,6 +62,7 @@ import torch
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 from rl.algos.batch import Batch, Sample, learner_advantages
 from rl.config.recipe import AlgoConfig, ModelConfig
+from rl.trainer import fsdp
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
                        value_loss)
@@ -116,10 +117,18 @@ class Learner:
         self.model.train()
         self.model.config.use_cache = False
         hidden_size = self.model.config.hidden_size
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
+        self.lock = fsdp.Lockstep(self.pad_id)
+        bf16_compute = model_cfg.autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
+        if world_size > 1:  # sharded before the optimizer is built: its state is sharded too
+            fsdp.shard(self.model, bf16_compute=bf16_compute)
         self.ref = None
-        if algo.kl_coef > 0:
+        if algo.kl_coef > 0:  # no KL term: no reference model at all, and no reference forward
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
             self.ref.eval().requires_grad_(False)
+            if world_size > 1:
+                fsdp.shard(self.ref, bf16_compute=bf16_compute)
         self.value_head: torch.nn.Linear | None = None
         self.critic: Critic | None = None
         critic_lr = algo.critic_lr or algo.lr
@@ -144,11 +153,10 @@ class Learner:
             self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
                 self.critic_opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
         self.kl_ctl = kl_controller(algo.kl_coef, algo.kl_target, algo.kl_horizon)
-        if world_size > 1:  # replicas start identical
-            broadcast_params(self._trainable())
+        if world_size > 1:  # replicated modules (value head, separate critic) start identical; shards are disjoint
+            broadcast_params([p for p in self._trainable() if not _is_dtensor(p)])
             if self.critic is not None:
                 broadcast_params(self.critic.parameters())
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if shm_dir:
             self.shm_dir = Path(shm_dir)  # owned (and removed) by the caller
             self.shm_dir.mkdir(parents=True, exist_ok=True)
@@ -174,12 +182,42 @@ class Learner:
     # ---- forward --------------------------------------------------------------------------
     def _autocast(self):
         enabled = self.model_cfg.autocast and self.device.type in ("cpu", "cuda")
+        if self.device.type == "cuda" and fsdp.is_sharded(self.model):
+            enabled = False  # FSDP's MixedPrecisionPolicy computes in bf16 (rl.trainer.fsdp.shard)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def _response_logits(self, model: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits at response positions only: (logits [N, V], targets [N], index [N]); see ``_response_hidden``."""
-        hidden, targets, index = self._response_hidden(_trunk(model), samples)
-        return model.get_output_embeddings()(hidden), targets, index
+        """Logits at response positions only: (logits [N, V], targets [N], index [N]); see ``_response_hidden``.
+        For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
+        (_, logits, targets, index), _ = self._forward(model, samples)
+        return logits, targets, index
+
+    def _forward(self, model: Any, samples: list[Sample]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """((hidden [N, H], logits [N, V], targets [N], index [N]), pad) of ``model`` on ``samples``.
+
+        Runs inside the root of a sharded model (``rl.trainer.fsdp.Lockstep.root``); ``pad`` (None
+        unless sharded) is the zero scalar of the dummy calls that keep the ranks in step, to add
+        to a loss before its backward. ``samples`` may be empty (a rank with fewer micro-batches).
+        """
+        def run() -> tuple[torch.Tensor, ...]:
+            if not samples:
+                return ()
+            hidden, targets, index = self._response_hidden(_trunk(model), samples)
+            return hidden, model.get_output_embeddings()(hidden), targets, index
+
+        return self.lock.root(model, run, self._trunk_calls(samples))
+
+    def _trunk_calls(self, samples: list[Sample]) -> int:
+        """How many trunk forwards ``_response_hidden`` makes on ``samples`` (a sharded model checks it)."""
+        if not samples:
+            return 0
+        if not self.algo.share_prompt:
+            return 1
+        longest: dict[tuple[int, ...], int] = {}
+        for s in samples:
+            key = tuple(s.input_ids[: s.prompt_len])
+            longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
+        return sum(1 + (r > 1) for r in longest.values())  # the prompt, then the responses when longer than 1
 
     def _response_hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states of the transformer ``base`` at the positions predicting response tokens.
@@ -233,7 +271,7 @@ class Learner:
         for g, s in enumerate(members):
             ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
             att[g, : len(s.input_ids)] = 1
-        hidden = base(input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
+        hidden = self.lock.trunk(base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
         g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
         # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
         pos = [members[g].prompt_len + j - 1 for g, j in zip(g_idx, j_idx)]
@@ -245,7 +283,7 @@ class Learner:
         G = len(members)
         R = max(len(s.input_ids) - p for s in members)
         prompt = torch.tensor([members[0].input_ids[:p]], device=self.device)
-        out = base(input_ids=prompt, use_cache=True)
+        out = self.lock.trunk(base, input_ids=prompt, use_cache=True)
         last = out.last_hidden_state[:, -1:].expand(G, 1, -1)  # predicts response token 0
         if R > 1:
             cache = out.past_key_values
@@ -258,7 +296,7 @@ class Learner:
                 ids[g, : len(resp)] = torch.tensor(resp)
                 att[g, p : p + len(resp)] = 1
             pos = torch.arange(p, p + R - 1).expand(G, -1)
-            h2 = base(input_ids=ids.to(self.device), attention_mask=att.to(self.device), past_key_values=cache,
+            h2 = self.lock.trunk(base, input_ids=ids.to(self.device), attention_mask=att.to(self.device), past_key_values=cache,
                       position_ids=pos.to(self.device), use_cache=True).last_hidden_state
             hidden = torch.cat([last, h2], dim=1)  # [G, R, H]: position j predicts response token j
         else:
@@ -357,10 +395,14 @@ class Learner:
                     if self.critic_opt is not None:
                         self.critic_opt.zero_grad(set_to_none=True)
                     work = [s for s in mb if id(s) in computed]
-                    if work:
-                        for micro in self._micro_batches(work):
-                            self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
-                    elif mb:  # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
+                    micros = self._micro_batches(work) if work else []
+                    n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
+                    for micro in micros:
+                        self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
+                    for _ in range(n_micro - len(micros)):
+                        self._pad_micro(prep)
+                    if not n_micro and self.lock.count(int(bool(mb))):
+                        # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
                         for p in self._trainable():
                             p.grad = torch.zeros_like(p)
                     updates += self._update(st)
@@ -443,10 +485,15 @@ class Learner:
         """No-grad pass before the first update: old log-probs, reference log-probs and values
         per sample (flat over its masked tokens); then the learner-side advantages and returns."""
         prep: dict[str, dict[int, torch.Tensor]] = {"old": {}, "ref": {}, "values": {}, "adv": {}, "returns": {}}
-        for micro in self._micro_batches(batch.samples):
+        micros = self._micro_batches(batch.samples) if batch.samples else []
+        for _ in range(self.lock.count(len(micros)) - len(micros)):  # a sharded rank with fewer: dummy calls
             with self._autocast():
-                hidden, targets, _ = self._response_hidden(_trunk(self.model), micro)
-                logits = self.model.get_output_embeddings()(hidden)
+                self._forward(self.model, [])
+                if self.ref is not None:
+                    self._forward(self.ref, [])
+        for micro in micros:
+            with self._autocast():
+                (hidden, logits, targets, _), _ = self._forward(self.model, micro)
             old = token_logprobs(logits, targets)
             del logits
             self._split(old, micro, prep["old"])
@@ -524,8 +571,7 @@ class Learner:
         nt, ns = denom
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
         with self._autocast():
-            hidden, targets, index = self._response_hidden(_trunk(self.model), mb)
-            logits = self.model.get_output_embeddings()(hidden)
+            (hidden, logits, targets, index), pad = self._forward(self.model, mb)
         values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
         del hidden
         logp_flat = token_logprobs(logits, targets)
@@ -590,7 +636,7 @@ class Learner:
             sums["value/error_sum"] += vst["value/error"] * ntok
             sums["value/clip_count"] += vst["value/clip_fraction"] * ntok
             sums["returns/sum"] += float((ret * mask).sum())
-        total.backward()
+        (total if pad is None else total + pad).backward()
         if prep is None and first_epoch:
             self._logprob_diff(logp_flat, mb, sums)
         sums["loss/policy"] += float(loss.detach())
@@ -601,18 +647,33 @@ class Learner:
         if first_epoch:
             sums["tokens/first_epoch"] += ntok
 
+    def _pad_micro(self, prep: dict[str, dict[int, torch.Tensor]] | None) -> None:
+        """A micro-batch with no samples on a sharded rank that has fewer than the others: the same
+        module calls as ``_accumulate`` (policy, then the reference when it runs there), all dummies."""
+        with self._autocast():
+            _, pad = self._forward(self.model, [])
+            if self.ref is not None and prep is None:
+                with torch.no_grad():
+                    self._forward(self.ref, [])
+        if pad is not None:
+            pad.backward()
+
     def _update(self, st: dict[str, Any]) -> int:
-        """All-reduce (data parallel), clip and apply the accumulated gradients; 1 if the policy stepped."""
+        """Reduce, clip and apply the accumulated gradients; 1 if the policy stepped.
+
+        Sharded parameters already hold their shard of the summed gradient (FSDP's
+        reduce-scatter); replicated ones (value head) are SUM-all-reduced here.
+        """
         a = self.algo
         params = self._trainable()
-        all_reduce_grads(params)
+        all_reduce_grads([p for p in params if not _is_dtensor(p)])
         norm = _grad_norm(params)
         st["norms"].append(float(norm))
         st["lr"] = self.opt.param_groups[0]["lr"]
         stepped = 0
         if math.isfinite(float(norm)):
             if a.max_grad_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, a.max_grad_norm, norm)
+                _clip(params, a.max_grad_norm, norm)
             self.opt.step()
             self.sched.step()
             self.updates_done += 1
@@ -626,7 +687,7 @@ class Learner:
             st["critic_norms"].append(float(cnorm))
             if math.isfinite(float(cnorm)):
                 if a.max_grad_norm > 0:
-                    torch.nn.utils.clip_grads_with_norm_(cps, a.max_grad_norm, cnorm)
+                    _clip(cps, a.max_grad_norm, cnorm)
                 self.critic_opt.step()  # type: ignore[union-attr]
                 self.critic_sched.step()  # type: ignore[union-attr]
         return stepped
@@ -641,19 +702,38 @@ class Learner:
         ``_ShmWeights``): one ``copy_`` per tensor, dtype conversion included, straight into the
         pages the engines read, then published by an atomic rename. A reader never sees a
         partial file, and the file it opened stays unchanged until the export after next.
+
+        Sharded (several learners): every rank must call it. Tensors are gathered one at a time
+        (``rl.trainer.fsdp.full_tensors``) and only rank 0 writes them, so no rank ever holds a
+        full copy of the model; the other ranks return ``""``.
         """
-        tensors = dict(self.model.state_dict())
+        tensors = dict(self.model.state_dict(keep_vars=True))  # the parameters themselves: ties stay visible
         head = self.model.get_output_embeddings()
         if head is not None:
             tensors["lm_head.weight"] = head.weight
         dt = DTYPES[dtype]
-        layout = [(k, dt, tuple(v.shape)) for k, v in tensors.items()]
-        out = getattr(self, "_shm_weights", None)
-        if out is None or not out.fits(self.shm_dir, layout):
-            if out is not None:
-                out.close()
-            out = self._shm_weights = _ShmWeights(self.shm_dir, "policy.safetensors", layout)
-        return out.write(tensors)
+        out = None
+        if self.rank == 0:
+            layout = [(k, dt, tuple(v.shape)) for k, v in tensors.items()]
+            out = getattr(self, "_shm_weights", None)
+            if out is None or not out.fits(self.shm_dir, layout):
+                if out is not None:
+                    out.close()
+                out = self._shm_weights = _ShmWeights(self.shm_dir, "policy.safetensors", layout)
+            views = out.begin()
+        first: dict[int, str] = {}  # id(tensor) -> the key it was first written under (a tied head)
+        with torch.no_grad():
+            for key, t in tensors.items():
+                if id(t) in first:
+                    if out is not None:
+                        views[key].copy_(views[first[id(t)]])
+                    continue
+                first[id(t)] = key
+                full = t.full_tensor() if _is_dtensor(t) else t  # a collective when sharded
+                if out is not None:
+                    views[key].copy_(full.detach())
+                del full
+        return out.publish() if out is not None else ""
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training)."""
@@ -814,8 +894,7 @@ class _ShmWeights:
 
     def write(self, tensors: dict[str, torch.Tensor]) -> str:
         """Copy ``tensors`` (the layout's names; any device/dtype) into the next slot and publish it; return the path."""
-        i = self._next
-        path, _, _, views = self._open(i)
+        views = self.begin()
         done: dict[tuple[Any, ...], torch.Tensor] = {}
         with torch.no_grad():
             for key, dst in views.items():
@@ -824,7 +903,17 @@ class _ShmWeights:
                          tuple(src.shape), src.dtype)
                 dst.copy_(done.get(alias, src))
                 done.setdefault(alias, dst)
-        if any(t.is_cuda for t in tensors.values()):
+        return self.publish()
+
+    def begin(self) -> dict[str, torch.Tensor]:
+        """The next slot's tensor views, to ``copy_`` into one at a time; then ``publish``."""
+        return self._open(self._next)[3]
+
+    def publish(self) -> str:
+        """Publish the slot ``begin`` handed out (atomic rename); return the published path."""
+        i = self._next
+        path = self._open(i)[0]
+        if torch.cuda.is_available():
             torch.cuda.synchronize()
         tmp = self.folder / f".{self.name}.{os.getpid()}.tmp"
         try:
@@ -857,8 +946,19 @@ def _trunk(model: Any) -> Any:
 
 
 def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Global L2 norm of the gradients (float32; 0 without any gradient)."""
-    norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-    if not norms:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(norms))
+    """Global L2 norm of the gradients (float32; 0 without any gradient), over every rank's shard."""
+    return fsdp.grad_sq_sum(params).sqrt()
+
+
+def _clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:
+    """Scale the gradients by ``max_norm / (norm + 1e-6)`` when below 1 (``clip_grads_with_norm_``'s rule),
+    with a Python float, so that sharded (DTensor) and plain gradients take the same path."""
+    coef = max_norm / (float(norm) + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.detach().mul_(coef)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "to_local")
