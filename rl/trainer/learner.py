@@ -751,51 +751,89 @@ class Learner:
         """The bytes of an exported weights file, for engines on other nodes (through Ray's object store)."""
         return Path(path).read_bytes()
 
+    def _state_modules(self) -> torch.nn.Module:
+        """The modules of the main optimizer under stable names (``policy``, ``value_head``), for
+        ``torch.distributed.checkpoint``'s parameter <-> name mapping."""
+        mods = torch.nn.ModuleDict({"policy": self.model})
+        if self.value_head is not None:
+            mods["value_head"] = self.value_head
+        return mods
+
     def save_checkpoint(self, path: str) -> None:
-        """Into folder ``path``: ``model/`` (HF folder + tokenizer), ``critic.safetensors`` (value
-        head or separate critic, if any) and ``learner_state.pt`` (optimizers, LR schedulers,
-        KL controller, torch/Python/shuffle/CUDA RNG states, ``steps_done``, ``updates_done``)."""
+        """Into folder ``path`` (every rank calls it, into the same folder):
+
+        - ``dcp/``: the policy (and value head) and its AdamW state through
+          ``torch.distributed.checkpoint``, each rank writing its own shard;
+        - ``model/``: the policy as an HF folder + tokenizer (gathered on rank 0; what
+          ``jointrl eval``/``score`` and vLLM load);
+        - ``critic.safetensors``: value head or separate critic, if any (rank 0);
+        - ``learner_state.pt`` (rank 0): the critic's optimizer, LR schedulers, KL controller,
+          rank 0's torch/Python/shuffle/CUDA RNG states, ``steps_done``, ``updates_done``;
+          ``rng_rank<r>.pt``: rank r's RNG states (r > 0).
+        """
+        import torch.distributed.checkpoint as dcp
         from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
 
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(p / "model")
+        mods = self._state_modules()
+        dcp.save({"model": get_model_state_dict(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
+                 checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        rng = {"torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "shuffle_rng": self.gen.get_state(),
+               "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        if self.rank > 0:
+            torch.save(rng, p / f"rng_rank{self.rank}.pt")
+            return
+        self.model.save_pretrained(p / "model", state_dict=full)
         self.tokenizer.save_pretrained(p / "model")
+        del full
         crit = self._critic_module()
         if crit is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors"))
         state = {
-            "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "scheduler": self.sched.state_dict(),
             "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
             "critic_scheduler": self.critic_sched.state_dict() if self.critic_sched is not None else None,
             "kl_controller": self.kl_ctl.state_dict(), "steps_done": self.steps_done, "updates_done": self.updates_done,
-            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "shuffle_rng": self.gen.get_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "algo": self.algo.name, "critic": self.algo.critic if crit is not None else None,
+            "world_size": self.world_size, **rng,
         }
         torch.save(state, p / "learner_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore everything ``save_checkpoint`` wrote; the learner must be built with the same algorithm and critic."""
+        """Restore everything ``save_checkpoint`` wrote (every rank calls it); the learner must be built with
+        the same algorithm and critic.
+
+        Onto the same number of learners the restore is exact. Onto a different number,
+        ``torch.distributed.checkpoint`` reshards the weights and optimizer state (exact too);
+        ranks without an RNG file of their own take rank 0's, and the batch is sharded
+        differently, so later steps match a same-size resume only in distribution.
+        """
+        import torch.distributed.checkpoint as dcp
         from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                             set_model_state_dict, set_optimizer_state_dict)
 
         p = Path(path)
+        if not (p / "dcp" / ".metadata").is_file():
+            raise ValueError(f"{p}: not a learner checkpoint of this version (no dcp/.metadata: sharded weights "
+                             "and optimizer state)")
         st = torch.load(p / "learner_state.pt", weights_only=False)
         crit = self._critic_module()
         if st.get("critic") != (self.algo.critic if crit is not None else None):
             raise ValueError(f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
                              f"({self.algo.critic if crit is not None else None!r})")
-        sd: dict[str, torch.Tensor] = {}
-        for f in sorted((p / "model").glob("*.safetensors")):
-            sd.update(load_file(str(f)))
-        missing, unexpected = self.model.load_state_dict(sd, strict=False)
-        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        if unexpected or set(missing) - tied:
-            raise ValueError(f"{p / 'model'}: weights do not fit the model (missing {sorted(set(missing) - tied)}, "
-                             f"unexpected {sorted(unexpected)})")
+        mods = self._state_modules()
+        state = {"model": get_model_state_dict(mods), "optim": get_optimizer_state_dict(mods, self.opt)}
+        dcp.load(state, checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
+        set_model_state_dict(mods, state["model"])
+        set_optimizer_state_dict(mods, self.opt, state["optim"])
+        del state
         if crit is not None:
             crit.load_state_dict(load_file(str(p / "critic.safetensors")))
-        self.opt.load_state_dict(st["optimizer"])
         self.sched.load_state_dict(st["scheduler"])
         if self.critic_opt is not None:
             self.critic_opt.load_state_dict(st["critic_optimizer"])
@@ -803,11 +841,13 @@ class Learner:
         self.kl_ctl.load_state_dict(st["kl_controller"])
         self.steps_done = st["steps_done"]
         self.updates_done = st.get("updates_done", 0)
-        torch.set_rng_state(st["torch_rng"])
-        random.setstate(st["python_rng"])
-        self.gen.set_state(st["shuffle_rng"])
-        if st.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(st["cuda_rng"])
+        own = p / f"rng_rank{self.rank}.pt"
+        rng = torch.load(own, weights_only=False) if self.rank > 0 and own.is_file() else st
+        torch.set_rng_state(rng["torch_rng"])
+        random.setstate(rng["python_rng"])
+        self.gen.set_state(rng["shuffle_rng"])
+        if rng.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda_rng"])
 
     def shutdown(self) -> None:
         shutil.rmtree(self.shm_dir, ignore_errors=True)
