@@ -173,6 +173,10 @@ def recipe_reference() -> str:
         out += _table(sec_t, f"{sec.name}.", docs)
         for f in dataclasses.fields(sec_t):
             sub = _item_class(sec_t, f)
+            nested = typing.get_type_hints(sec_t)[f.name]
+            if dataclasses.is_dataclass(nested):  # a sub-section (model.lora): its own table
+                out += ["", f"### `{sec.name}.{f.name}` ({nested.__name__})", ""]
+                out += _table(nested, f"{sec.name}.{f.name}.", docs)
             if sub is not None:
                 out += ["", f"### `{sec.name}.{f.name}` items ({sub.__name__})", ""]
                 if _doc_of(sub):

@@ -47,6 +47,7 @@ not generate text or score rewards.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -62,7 +63,7 @@ import torch
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 from rl.algos.batch import Batch, Sample, learner_advantages
 from rl.config.recipe import AlgoConfig, ModelConfig
-from rl.trainer import fsdp
+from rl.trainer import fsdp, lora
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
                        value_loss)
@@ -99,7 +100,7 @@ class Learner:
         """``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
         ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         torch.set_num_threads(threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
@@ -111,47 +112,12 @@ class Learner:
             init_process_group(rank, world_size, dist_port, self.device)
         self._reduce = all_reduce_sum if world_size > 1 else None
         self.gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
-        dtype = DTYPES[model_cfg.learner_dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
-        self.model.train()
-        self.model.config.use_cache = False
-        hidden_size = self.model.config.hidden_size
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
-        bf16_compute = model_cfg.autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
-        if world_size > 1:  # sharded before the optimizer is built: its state is sharded too
-            fsdp.shard(self.model, bf16_compute=bf16_compute)
-        self.ref = None
-        if algo.kl_coef > 0:  # no KL term: no reference model at all, and no reference forward
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
-            self.ref.eval().requires_grad_(False)
-            if world_size > 1:
-                fsdp.shard(self.ref, bf16_compute=bf16_compute)
-        self.value_head: torch.nn.Linear | None = None
-        self.critic: Critic | None = None
-        critic_lr = algo.critic_lr or algo.lr
-        groups = [{"params": list(self.model.parameters()), "lr": algo.lr}]
-        if algo.name == "ppo" and algo.critic == "value_head":
-            self.value_head = _value_head(hidden_size).to(self.device, dtype)
-            groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
-        elif algo.name == "ppo":
-            trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-            trunk_src.config.use_cache = False
-            self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
-            del trunk_src
-            self.critic.train()
-        self.opt = torch.optim.AdamW(groups, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999), eps=1e-8)
-        updates = total_steps * algo.epochs * algo.minibatches
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
-        self.critic_opt = self.critic_sched = None
-        if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.weight_decay,
-                                                betas=(0.9, 0.999), eps=1e-8)
-            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+        self._build_models(model_path)
+        self._build_optimizers(total_steps)
         self.kl_ctl = kl_controller(algo.kl_coef, algo.kl_target, algo.kl_horizon)
         if world_size > 1:  # replicated modules (value head, separate critic) start identical; shards are disjoint
             broadcast_params([p for p in self._trainable() if not _is_dtensor(p)])
@@ -166,12 +132,73 @@ class Learner:
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
 
+    def _build_models(self, model_path: str) -> None:
+        """The policy (LoRA adapters attached when ``model.lora.rank > 0``, sharded over 2+ learners), the
+        reference (only with a KL term; with LoRA the policy with adapters disabled) and the critic."""
+        from transformers import AutoModelForCausalLM
+
+        algo, model_cfg = self.algo, self.model_cfg
+        dtype = DTYPES[model_cfg.learner_dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        self.model.config.use_cache = False
+        self.peft = lora.attach(self.model, model_cfg.lora) if lora.enabled(getattr(model_cfg, "lora", None)) else None
+        self.model.train()
+        bf16_compute = model_cfg.autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
+        if self.world_size > 1:  # sharded before the optimizer is built: its state is sharded too
+            fsdp.shard(self.model, bf16_compute=bf16_compute)
+        self.ref = None
+        self.has_ref = algo.kl_coef > 0  # no KL term: no reference model, and no reference forward
+        if self.has_ref and self.peft is None:
+            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
+            self.ref.eval().requires_grad_(False)
+            if self.world_size > 1:
+                fsdp.shard(self.ref, bf16_compute=bf16_compute)
+        self.value_head: torch.nn.Linear | None = None
+        self.critic: Critic | None = None
+        hidden_size = self.model.config.hidden_size
+        if algo.name == "ppo" and algo.critic == "value_head":
+            self.value_head = _value_head(hidden_size).to(self.device, dtype)
+        elif algo.name == "ppo":
+            trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+            trunk_src.config.use_cache = False
+            self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
+            del trunk_src
+            self.critic.train()
+
+    def _build_optimizers(self, total_steps: int) -> None:
+        """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the
+        separate critic's own AdamW; their LR schedules."""
+        algo = self.algo
+        critic_lr = algo.critic_lr or algo.lr
+        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": algo.lr}]
+        if self.value_head is not None:
+            groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
+        self.opt = torch.optim.AdamW(groups, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+        updates = total_steps * algo.epochs * algo.minibatches
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+        self.critic_opt = self.critic_sched = None
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.weight_decay,
+                                                betas=(0.9, 0.999), eps=1e-8)
+            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
+                self.critic_opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+
     def _trainable(self) -> list[torch.nn.Parameter]:
-        """Parameters of the main optimizer: the policy, and the value head if any."""
-        ps = list(self.model.parameters())
+        """Parameters of the main optimizer: the policy's trainable ones (adapters with LoRA), and the value head."""
+        ps = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
             ps += list(self.value_head.parameters())
         return ps
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The reference model for a forward: the frozen copy, or with LoRA the policy with its adapters disabled."""
+        if self.peft is None:
+            yield self.ref
+        else:
+            with self.peft.disable_adapter():
+                yield self.model
 
     @property
     def needs_prepare(self) -> bool:
@@ -429,7 +456,7 @@ class Learner:
             m["is/truncated_fraction"] = tot["is/truncated_count"] / n
         if a.entropy_coef:
             m["loss/entropy"] = tot["loss/entropy"] / n_up
-        if self.ref is not None:
+        if self.has_ref:
             m["loss/kl"] = tot["loss/kl"] / n_up
             m["kl/mean"] = tot["kl/sum"] / n
             m["kl/coef"] = coef
@@ -489,8 +516,9 @@ class Learner:
         for _ in range(self.lock.count(len(micros)) - len(micros)):  # a sharded rank with fewer: dummy calls
             with self._autocast():
                 self._forward(self.model, [])
-                if self.ref is not None:
-                    self._forward(self.ref, [])
+                if self.has_ref:
+                    with self._reference() as ref:
+                        self._forward(ref, [])
         for micro in micros:
             with self._autocast():
                 (hidden, logits, targets, _), _ = self._forward(self.model, micro)
@@ -500,9 +528,9 @@ class Learner:
             if self.value_head is not None:
                 self._split(self._values(self.value_head, hidden), micro, prep["values"])
             del hidden
-            if self.ref is not None:
-                with self._autocast():
-                    ref_logits, _, _ = self._response_logits(self.ref, micro)
+            if self.has_ref:
+                with self._autocast(), self._reference() as ref:
+                    ref_logits, _, _ = self._response_logits(ref, micro)
                 self._split(token_logprobs(ref_logits, targets), micro, prep["ref"])
                 del ref_logits
             if self.critic is not None:
@@ -602,12 +630,12 @@ class Learner:
                                 dual_clip=a.dual_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns,
                                 is_weights=is_w)
         total = loss
-        if self.ref is not None:
+        if self.has_ref:
             if prep is not None:
                 ref_flat = self._cat(prep["ref"], mb)
             else:
-                with torch.no_grad(), self._autocast():
-                    ref_logits, _, _ = self._response_logits(self.ref, mb)
+                with torch.no_grad(), self._autocast(), self._reference() as ref:
+                    ref_logits, _, _ = self._response_logits(ref, mb)
                     ref_flat = token_logprobs(ref_logits, targets)
                     del ref_logits
             kl_tok = kl(logp.detach() if a.kl_in_reward else logp, grid(ref_flat), a.kl_kind)
@@ -652,9 +680,9 @@ class Learner:
         module calls as ``_accumulate`` (policy, then the reference when it runs there), all dummies."""
         with self._autocast():
             _, pad = self._forward(self.model, [])
-            if self.ref is not None and prep is None:
-                with torch.no_grad():
-                    self._forward(self.ref, [])
+            if self.has_ref and prep is None:
+                with torch.no_grad(), self._reference() as ref:
+                    self._forward(ref, [])
         if pad is not None:
             pad.backward()
 
@@ -707,10 +735,7 @@ class Learner:
         (``rl.trainer.fsdp.full_tensors``) and only rank 0 writes them, so no rank ever holds a
         full copy of the model; the other ranks return ``""``.
         """
-        tensors = dict(self.model.state_dict(keep_vars=True))  # the parameters themselves: ties stay visible
-        head = self.model.get_output_embeddings()
-        if head is not None:
-            tensors["lm_head.weight"] = head.weight
+        tensors = self._export_tensors()
         dt = DTYPES[dtype]
         out = None
         if self.rank == 0:
@@ -730,10 +755,26 @@ class Learner:
                     continue
                 first[id(t)] = key
                 full = t.full_tensor() if _is_dtensor(t) else t  # a collective when sharded
+                if callable(full):  # a LoRA-merged weight, computed only now (one at a time)
+                    full = full()
                 if out is not None:
                     views[key].copy_(full.detach())
                 del full
         return out.publish() if out is not None else ""
+
+    def _export_tensors(self) -> dict[str, Any]:
+        """What the engines load, by HF name: the parameters themselves (so that ties stay visible) plus
+        ``lm_head.weight``; with LoRA, adapted weights as a zero-argument function computing base + B A
+        (``rl.trainer.lora.merged_tensors``), adapters left out."""
+        if self.peft is None:
+            tensors: dict[str, Any] = dict(self.model.state_dict(keep_vars=True))
+        else:
+            tensors = dict(lora.merged_tensors(self.model, lazy=True))
+        head = self.model.get_output_embeddings()
+        if head is not None:
+            base = getattr(head, "base_layer", head)  # an adapted lm_head keeps its base weight there
+            tensors.setdefault("lm_head.weight", base.weight)
+        return tensors
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training)."""
@@ -762,10 +803,12 @@ class Learner:
     def save_checkpoint(self, path: str) -> None:
         """Into folder ``path`` (every rank calls it, into the same folder):
 
-        - ``dcp/``: the policy (and value head) and its AdamW state through
-          ``torch.distributed.checkpoint``, each rank writing its own shard;
-        - ``model/``: the policy as an HF folder + tokenizer (gathered on rank 0; what
-          ``jointrl eval``/``score`` and vLLM load);
+        - ``dcp/``: the policy's trainable weights (all of them; with LoRA the adapters only),
+          the value head and their AdamW state through ``torch.distributed.checkpoint``, each
+          rank writing its own shard;
+        - ``model/``: the policy as an HF folder + tokenizer (gathered on rank 0; with LoRA the
+          merged weights; what ``jointrl eval``/``score``, transformers and vLLM load);
+        - ``adapter/``: with LoRA, the adapters as a ``peft`` folder;
         - ``critic.safetensors``: value head or separate critic, if any (rank 0);
         - ``learner_state.pt`` (rank 0): the critic's optimizer, LR schedulers, KL controller,
           rank 0's torch/Python/shuffle/CUDA RNG states, ``steps_done``, ``updates_done``;
@@ -779,9 +822,12 @@ class Learner:
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         mods = self._state_modules()
-        dcp.save({"model": get_model_state_dict(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
+        dcp.save({"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
                  checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.peft is not None:
+            full = {k: v.detach().cpu() for k, v in lora.merged_tensors(self.model)}
+        else:
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         rng = {"torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "shuffle_rng": self.gen.get_state(),
                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         if self.rank > 0:
@@ -790,6 +836,8 @@ class Learner:
         self.model.save_pretrained(p / "model", state_dict=full)
         self.tokenizer.save_pretrained(p / "model")
         del full
+        if self.peft is not None:
+            self.peft.save_pretrained(p / "adapter")
         crit = self._critic_module()
         if crit is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors"))
@@ -814,8 +862,9 @@ class Learner:
         """
         import torch.distributed.checkpoint as dcp
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                             set_model_state_dict, set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict, set_model_state_dict,
+                                                             set_optimizer_state_dict)
 
         p = Path(path)
         if not (p / "dcp" / ".metadata").is_file():
@@ -827,9 +876,9 @@ class Learner:
             raise ValueError(f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
                              f"({self.algo.critic if crit is not None else None!r})")
         mods = self._state_modules()
-        state = {"model": get_model_state_dict(mods), "optim": get_optimizer_state_dict(mods, self.opt)}
+        state = {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)}
         dcp.load(state, checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
-        set_model_state_dict(mods, state["model"])
+        set_model_state_dict(mods, state["model"], options=StateDictOptions(strict=False))
         set_optimizer_state_dict(mods, self.opt, state["optim"])
         del state
         if crit is not None:
@@ -998,6 +1047,17 @@ def _clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor)
         for p in params:
             if p.grad is not None:
                 p.grad.detach().mul_(coef)
+
+
+def _trainable_state(mods: torch.nn.Module) -> dict[str, Any]:
+    """``get_model_state_dict(mods)`` without frozen parameters (LoRA's base: it never changes and is not
+    checkpointed). Filtered by name because ``ignore_frozen_params`` lets a tied alias (lm_head) through."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    live = {k for k, v in mods.named_parameters(remove_duplicate=False) if v.requires_grad}
+    frozen = {k for k, v in mods.named_parameters(remove_duplicate=False) if not v.requires_grad}
+    sd = get_model_state_dict(mods, options=StateDictOptions(ignore_frozen_params=True))
+    return {k: v for k, v in sd.items() if k in live or k not in frozen}
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

@@ -1,0 +1,112 @@
+"""LoRA for the learner through ``peft``: adapters on a frozen base, merged weights for the engines.
+
+``attach(model, cfg)`` injects LoRA adapters (``model.lora``: rank, alpha, dropout, target
+modules) into an HF causal LM in place with ``peft.get_peft_model`` and returns the
+``PeftModel`` wrapper; the HF model keeps its own forward (the learner calls it as before)
+and only the adapters' ``lora_A``/``lora_B`` weights require gradients, so only they get
+gradients and optimizer state. The reference model of a KL term is the same model with the
+adapters disabled (``peft``'s ``disable_adapter``): no second copy.
+
+``merged_tensors(model)`` yields the HF state dict of base + adapters one tensor at a time,
+under the base model's own names (``W + scaling * B @ A`` for every adapted linear, through
+``peft``'s ``get_delta_weight``): what the engines load and what an HF export holds.
+``check_targets(model_dir, cfg)`` checks, before any actor starts, that every target module
+is a linear layer of the model (built on the meta device from ``config.json``: no weights are read).
+
+This module does not train, and it does not send adapters to an engine on its own
+(the engines get merged weights; adapter-only transfer is not implemented).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+__all__ = ["enabled", "attach", "merged_tensors", "check_targets", "adapter_state"]
+
+
+def enabled(cfg: Any) -> bool:
+    """Whether ``cfg`` (a ``rl.config.recipe.LoraConfig`` or None) asks for LoRA."""
+    return cfg is not None and cfg.rank > 0
+
+
+def _peft_config(cfg: Any) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                      target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def attach(model: torch.nn.Module, cfg: Any) -> Any:
+    """Inject adapters into ``model`` (in place; the base is frozen); return the ``PeftModel``."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, _peft_config(cfg))
+
+
+def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+class Merged:
+    """A merged weight computed on call (``shape`` known before): base + the active adapters' deltas."""
+
+    def __init__(self, base: torch.Tensor, layer: Any) -> None:
+        self.base, self.layer, self.shape = base, layer, base.shape
+
+    def __call__(self) -> torch.Tensor:
+        with torch.no_grad():
+            w = self.base.detach().clone()
+            for adapter in self.layer.active_adapters:
+                if adapter in self.layer.lora_A:
+                    w += self.layer.get_delta_weight(adapter).to(w.dtype)
+        return w
+
+
+def merged_tensors(model: torch.nn.Module, lazy: bool = False) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) of the merged weights of ``model`` (an HF model with injected adapters).
+
+    Adapted linears give ``base.weight + delta`` under the base's name (``.base_layer`` dropped;
+    a ``Merged`` to call instead when ``lazy``, so that one merged copy exists at a time);
+    adapter tensors themselves are left out; everything else is the parameter itself, so that
+    tied tensors stay tied.
+    """
+    layers = _lora_layers(model)
+    for key, t in model.state_dict(keep_vars=True).items():
+        if ".lora_" in key:
+            continue
+        name = key.replace(".base_layer.", ".")
+        owner = key.rsplit(".base_layer.", 1)[0] if ".base_layer." in key else None
+        if owner in layers and key.endswith(".base_layer.weight"):
+            m = Merged(t, layers[owner])
+            yield name, (m if lazy else m())
+        else:
+            yield name, t
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors (detached, on CPU), under their state-dict names."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items() if ".lora_" in k}
+
+
+def check_targets(model_dir: str, cfg: Any, key: str = "model.lora.target_modules") -> None:
+    """Raise ``rl.config.recipe.RecipeError`` naming ``key`` when none of ``cfg.target_modules`` is a linear layer of the model
+    in ``model_dir`` (built on the meta device from its config: no weights read). No-op when LoRA is off."""
+    if not enabled(cfg):
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rl.config.recipe import RecipeError
+
+    conf = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(conf)
+    linear = {name.rsplit(".", 1)[-1] for name, m in meta.named_modules() if isinstance(m, torch.nn.Linear)}
+    wanted = set(cfg.target_modules)
+    missing = sorted(wanted - linear)
+    if missing:
+        raise RecipeError(f"{key}: {missing} not linear layers of {conf.model_type} ({model_dir}); "
+                         f"its linear layers are {sorted(linear)}")
