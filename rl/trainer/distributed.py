@@ -191,7 +191,7 @@ class LearnerGroup:
     """N ``Learner`` Ray actors in one process group (N = 1: a single actor, no torch.distributed).
 
     ``step`` shards the batch and returns rank 0's metrics (already reduced over the
-    ranks); ``export_weights``, ``save_checkpoint`` and ``load_checkpoint`` go to every rank
+    ranks); ``export_weights``, ``logprobs``, ``save_checkpoint`` and ``load_checkpoint`` go to every rank
     (collectives over the shards) and return rank 0's answer. ``actors[0]`` is rank 0's handle.
     """
 
@@ -264,6 +264,12 @@ class LearnerGroup:
         import ray
 
         return ray.get([a.export_weights.remote(dtype) for a in self.actors])[0]
+
+    def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        """The policy's log-probs of ``continuation`` after ``prompt`` (every rank: a sharded forward)."""
+        import ray
+
+        return ray.get([a.logprobs.remote(prompt, continuation) for a in self.actors])[0]
 
     def save_checkpoint(self, path: str) -> None:
         import ray

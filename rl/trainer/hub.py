@@ -5,10 +5,17 @@
   folder in the cache (``$JOINTRL_CACHE`` or ``~/.cache/jointrl``).
 - ``embedded:tiny``: a ~1M-parameter random Qwen2 with a byte-level BPE tokenizer trained
   locally on a fixed synthetic corpus; built in seconds, for tests.
-- anything else: a local Hugging Face model folder, used as is.
+- a local Hugging Face model folder (one with ``config.json``), used as is;
+- a Hub id (``org/name``, with ``model.revision``: a branch, tag or commit; default ``main``),
+  resolved through ``huggingface_hub.snapshot_download`` into the Hub cache. The standard
+  variables apply and are read when ``resolve_model`` runs: ``HF_HOME`` / ``HF_HUB_CACHE``
+  (where the cache is), ``HF_HUB_OFFLINE=1`` (the cache only: a model that is not cached is an
+  error saying so, before any actor starts), ``HF_TOKEN`` (gated and private models). A model
+  already in the cache is not downloaded again. ``prefetch_on_nodes`` resolves it once on
+  every Ray node (for actors on other machines), each node into its own cache.
 
-Nothing here downloads from a model hub. Builds are atomic (temp dir + rename) and
-guarded by a file lock, so concurrent processes build once.
+Builds of embedded models are atomic (temp dir + rename) and guarded by a file lock, so
+concurrent processes build once.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("JOINTRL_CACHE") or Path.home() / ".cache" / "jointrl")
 
 
-def resolve_model(path: str, base: Path | None = None) -> str:
-    """Return a local HF model folder for ``model.path``, building embedded models on first use."""
+def resolve_model(path: str, base: Path | None = None, revision: str = "") -> str:
+    """Return a local HF model folder for ``model.path``: embedded models built on first use, local
+    folders as they are, Hub ids from the Hub cache (downloaded into it unless offline)."""
     if path == "embedded:smollm2-135m-instruct":
         return str(_built(cache_dir() / "models" / "smollm2-135m-instruct", _build_smollm2))
     if path == "embedded:tiny":
@@ -42,9 +50,77 @@ def resolve_model(path: str, base: Path | None = None) -> str:
     p = Path(os.path.expanduser(path))
     if not p.is_absolute() and base is not None:
         p = base / p
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"model folder not found or not a HF model folder (no config.json): {p}")
-    return str(p)
+    if (p / "config.json").is_file():
+        return str(p)
+    if is_hub_id(path) and not p.exists():
+        return hub_snapshot(path, revision)
+    raise FileNotFoundError(f"model folder not found or not a HF model folder (no config.json): {p}")
+
+
+def is_hub_id(path: str) -> bool:
+    """``org/name`` (one slash, no path-like start): what the Hub calls a repo id."""
+    parts = path.split("/")
+    return (len(parts) == 2 and all(parts) and not path.startswith((".", "~", "/"))
+            and all(c.isalnum() or c in "-_." for part in parts for c in part))
+
+
+def hub_cache() -> Path:
+    """The Hub cache as huggingface_hub finds it: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub`` (read now, not when huggingface_hub was imported)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_snapshot(repo_id: str, revision: str = "") -> str:
+    """The local folder of Hub model ``repo_id`` at ``revision`` (default ``main``), from the cache or downloaded
+    into it (weights, config and tokenizer files only). Raises ``FileNotFoundError`` naming ``model.path``
+    when offline and not cached, or when the download fails."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    rev = revision or "main"
+    offline = hub_offline()
+    try:
+        folder = snapshot_download(repo_id, revision=rev, cache_dir=hub_cache(), local_files_only=offline,
+                                   token=os.environ.get("HF_TOKEN") or None, allow_patterns=_HUB_FILES)
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
+        how = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
+        raise FileNotFoundError(
+            f"model.path: Hub model {repo_id!r} (model.revision {rev!r}) is not in the Hub cache {hub_cache()} "
+            f"and {how}; download it where the Hub is reachable (`hf download {repo_id} --revision {rev}`) "
+            "into this cache (HF_HOME / HF_HUB_CACHE), or point model.path at a local folder") from e
+    except HfHubHTTPError as e:
+        raise FileNotFoundError(f"model.path: Hub model {repo_id!r} (model.revision {rev!r}) could not be "
+                                f"downloaded: {e} (a gated or private model needs HF_TOKEN)") from e
+    if not (Path(folder) / "config.json").is_file():
+        raise FileNotFoundError(f"model.path: Hub model {repo_id!r} at {rev!r} has no config.json ({folder}): "
+                                "not a transformers model")
+    return str(folder)
+
+
+# What a learner and a vLLM engine read; other files of a model repo (other formats, images) are skipped.
+_HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]
+
+
+def prefetch_on_nodes(path: str, revision: str = "") -> dict[str, str]:
+    """Resolve a Hub id once on every alive Ray node (a zero-CPU task pinned to each), so that actors on
+    any node find it in that node's cache; returns {node id: local folder}. A local path or embedded
+    model is resolved on the driver only (it must be reachable from the nodes as it is)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not is_hub_id(path) or Path(path).exists():
+        return {ray.get_runtime_context().get_node_id(): resolve_model(path, revision=revision)}
+    task = ray.remote(num_cpus=0)(hub_snapshot)
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(path, revision)
+            for n in nodes]
+    return dict(zip(nodes, ray.get(refs)))
 
 
 def _built(target: Path, build) -> Path:

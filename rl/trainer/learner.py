@@ -141,7 +141,11 @@ class Learner:
         dtype = DTYPES[model_cfg.learner_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         self.model.config.use_cache = False
-        self.peft = lora.attach(self.model, model_cfg.lora) if lora.enabled(getattr(model_cfg, "lora", None)) else None
+        self.peft = None
+        if lora.enabled(getattr(model_cfg, "lora", None)):
+            if self.world_size > 1:
+                raise ValueError("model.lora: LoRA runs on one learner worker (sharded LoRA is not implemented yet)")
+            self.peft = lora.attach(self.model, model_cfg.lora)
         self.model.train()
         bf16_compute = model_cfg.autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
         if self.world_size > 1:  # sharded before the optimizer is built: its state is sharded too
