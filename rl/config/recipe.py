@@ -59,6 +59,8 @@ class ModelConfig:
     autocast: bool = True  # bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)
     reference_dtype: str = "bfloat16"  # frozen reference model for the KL term
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters instead of full fine-tuning (rl/trainer/lora.py)
+    activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward (needs algo.share_prompt: false)
+    precision: str = "manual"  # manual: model.autocast decides | auto: time bf16 autocast vs fp32 at start, use the faster (logged)
 
 
 @dataclass(frozen=True)
@@ -472,6 +474,11 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
                      ("model.reference_dtype", recipe.model.reference_dtype)):
         if val not in DTYPES:
             fail(key, f"unknown dtype {val!r}; choose one of {', '.join(DTYPES)}")
+    if recipe.model.precision not in ("manual", "auto"):
+        fail("model.precision", f"choose manual or auto, got {recipe.model.precision!r}")
+    if recipe.model.activation_checkpointing and a.share_prompt:
+        fail("model.activation_checkpointing", "needs algo.share_prompt: false (a shared prompt's key/value cache "
+                                               "would be written twice when its layers are recomputed)")
     lo = recipe.model.lora
     if lo.rank < 0:
         fail("model.lora.rank", f"must be >= 0 (0 = off), got {lo.rank}")

@@ -63,7 +63,7 @@ import torch
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 from rl.algos.batch import Batch, Sample, learner_advantages
 from rl.config.recipe import AlgoConfig, ModelConfig
-from rl.trainer import fsdp, lora
+from rl.trainer import fsdp, lora, precision
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
                        value_loss)
@@ -113,6 +113,13 @@ class Learner:
         self._reduce = all_reduce_sum if world_size > 1 else None
         self.gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.use_autocast = model_cfg.autocast
+        self.precision_note = ""
+        if getattr(model_cfg, "precision", "manual") == "auto":  # timed on this host (rl.trainer.precision)
+            choice = precision.pick(self.device)
+            self.use_autocast, self.precision_note = choice.autocast, choice.describe()
+            if rank == 0:
+                print(f"jointrl learner: {self.precision_note}", flush=True)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
@@ -141,13 +148,15 @@ class Learner:
         dtype = DTYPES[model_cfg.learner_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         self.model.config.use_cache = False
+        if getattr(model_cfg, "activation_checkpointing", False):  # per decoder layer, recomputed in the backward
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.peft = None
         if lora.enabled(getattr(model_cfg, "lora", None)):
             if self.world_size > 1:
                 raise ValueError("model.lora: LoRA runs on one learner worker (sharded LoRA is not implemented yet)")
             self.peft = lora.attach(self.model, model_cfg.lora)
         self.model.train()
-        bf16_compute = model_cfg.autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
+        bf16_compute = self.use_autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
         if self.world_size > 1:  # sharded before the optimizer is built: its state is sharded too
             fsdp.shard(self.model, bf16_compute=bf16_compute)
         self.ref = None
@@ -212,7 +221,7 @@ class Learner:
 
     # ---- forward --------------------------------------------------------------------------
     def _autocast(self):
-        enabled = self.model_cfg.autocast and self.device.type in ("cpu", "cuda")
+        enabled = self.use_autocast and self.device.type in ("cpu", "cuda")
         if self.device.type == "cuda" and fsdp.is_sharded(self.model):
             enabled = False  # FSDP's MixedPrecisionPolicy computes in bf16 (rl.trainer.fsdp.shard)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
