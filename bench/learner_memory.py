@@ -1,0 +1,182 @@
+"""Learner memory you can predict: per-rank state bytes and peak resident memory against a floor.
+
+For one model (default SmolLM2-135M, ``embedded:smollm2-135m-instruct``) and one quickstart-shaped
+batch (``--prompts`` groups of ``--group`` completions, a ``--prompt-len``-token prompt each and
+responses of up to ``--resp-len`` tokens; random token ids), in one run and side by side:
+
+* per-rank bytes of parameters + gradients + AdamW state after one learner step, for 1 worker,
+  for 2 FSDP workers (gloo, each holding its shards) and with LoRA (rank ``--lora-rank``), and
+  the reference model's bytes where a KL term keeps one;
+* each configuration's peak resident memory (``ru_maxrss`` of its own fresh process) and the
+  part above the process's resident memory before the model was loaded (Python, torch, HF);
+* an analytic floor: the state bytes plus one micro-batch's activations, estimated as
+  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (the tensors a decoder layer saves for its
+  backward, counted at 4 bytes each) plus ``3 x 4 B x response tokens x V`` for the logits,
+  their log-softmax and softmax. It is an estimate, not a measurement: the ratio tells how far
+  the learner is from what its state and one micro-batch need.
+
+Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
+and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-job lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing as mp
+import os
+import resource
+import socket
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _batch(tok_vocab: int, args: argparse.Namespace, seed: int = 0):
+    import torch
+
+    from rl.algos.batch import Batch, Sample
+
+    g = torch.Generator().manual_seed(seed)
+    samples, uid = [], 0
+    for gid in range(args.prompts):
+        prompt = torch.randint(10, tok_vocab, (args.prompt_len,), generator=g).tolist()
+        for j in range(args.group):
+            n = int(torch.randint(args.resp_len // 2, args.resp_len + 1, (1,), generator=g))
+            resp = torch.randint(10, tok_vocab, (n,), generator=g).tolist()
+            adv = 1.0 if j % 2 else -1.0
+            samples.append(Sample(prompt + resp, len(prompt), [1] * n, [-1.0] * n, adv, "tool_call", reward=adv,
+                                  group_id=gid, uid=uid))
+            uid += 1
+    return Batch(samples, sum(s.num_tokens for s in samples), len(samples))
+
+
+def _nbytes(t) -> int:
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
+def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: argparse.Namespace, q) -> None:
+    import torch
+
+    from rl.config.recipe import AlgoConfig, LoraConfig, ModelConfig
+    from rl.trainer.distributed import shard_batch
+    from rl.trainer.learner import Learner
+
+    torch.set_num_threads(max(1, args.threads // world))
+    before = _rss()
+    lora = LoraConfig(rank=args.lora_rank) if kind == "lora" else LoraConfig()
+    cfg = ModelConfig(path=model_path, learner_dtype="float32", autocast=args.autocast, lora=lora)
+    algo = AlgoConfig(name="grpo", lr=1e-5, kl_coef=args.kl_coef, learner_workers=world,
+                      micro_batch_tokens=args.micro_batch_tokens)
+    lrn = Learner(model_path, cfg, algo, threads=max(1, args.threads // world), rank=rank, world_size=world,
+                  dist_port=port)
+    batch = _batch(len(lrn.tokenizer), args)
+    if world > 1:
+        batch = shard_batch(batch, world)[rank]
+    m = lrn.step(batch)
+    params = [p for p in lrn.model.parameters()]
+    out = {
+        "kind": kind, "rank": rank,
+        "params": sum(_nbytes(p) for p in params),
+        "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        "optim": sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v)),
+        "reference": sum(_nbytes(p) for p in lrn.ref.parameters()) if lrn.ref is not None else 0,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rss_before": before, "step_s": m["timing/learner_compute_s"],
+        "config": lrn.model.config.to_dict(), "micros": len(lrn._micro_batches(batch.samples)),
+        "max_micro_tokens": max(sum(len(s.input_ids) for s in mb) for mb in lrn._micro_batches(batch.samples)),
+        "resp_tokens": sum(s.num_tokens for s in batch.samples),
+    }
+    q.put(out)
+    lrn.shutdown()
+
+
+def _run(kind: str, world: int, model_path: str, args: argparse.Namespace) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = 0
+    if world > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    procs = [ctx.Process(target=_worker, args=(kind, r, world, port, model_path, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    res = [q.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join()
+    return sorted(res, key=lambda r: r["rank"])
+
+
+def _floor(r: dict) -> int:
+    c = r["config"]
+    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv = h * c.get("num_key_value_heads", c["num_attention_heads"]) // c["num_attention_heads"]
+    act = 4 * r["max_micro_tokens"] * layers * (8 * h + 2 * kv + 4 * i)
+    logits = 3 * 4 * r["resp_tokens"] // max(r["micros"], 1) * v
+    return r["params"] + r["grads"] + r["optim"] + r["reference"] + act + logits
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=254)
+    ap.add_argument("--resp-len", type=int, default=64)
+    ap.add_argument("--micro-batch-tokens", type=int, default=4096)
+    ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--kl-coef", type=float, default=0.0)
+    ap.add_argument("--autocast", action="store_true", help="bf16 autocast (default: fp32)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--results", action="store_true", help="append the table to bench/RESULTS.md")
+    args = ap.parse_args(argv)
+    from rl.trainer.hub import resolve_model
+
+    path = resolve_model(args.model)
+    rows = {"1 worker": _run("full", 1, path, args), "2 FSDP workers": _run("full", 2, path, args),
+            f"LoRA r={args.lora_rank}": _run("lora", 1, path, args)}
+    full = rows["1 worker"][0]
+    state_full = full["params"] + full["grads"] + full["optim"]
+    lines = [f"learner_memory: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, "
+             f"responses <= {args.resp_len} tokens, micro_batch_tokens {args.micro_batch_tokens}, "
+             f"{'bf16 autocast' if args.autocast else 'fp32'}, kl_coef {args.kl_coef}",
+             "", "| config | rank | params MB | grads MB | AdamW MB | state / 1-worker state | AdamW / full AdamW | "
+             "peak RSS MB | peak - pre-load RSS MB | floor MB | (peak - pre-load) / floor | step s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    mb = 2**20
+    for name, rs in rows.items():
+        for r in rs:
+            state = r["params"] + r["grads"] + r["optim"]
+            fl = _floor(r)
+            lines.append(f"| {name} | {r['rank']} | {r['params'] / mb:.1f} | {r['grads'] / mb:.1f} | {r['optim'] / mb:.1f} | "
+                         f"{state / state_full:.3f} | {r['optim'] / full['optim']:.4f} | {r['peak_rss'] / mb:.0f} | "
+                         f"{(r['peak_rss'] - r['rss_before']) / mb:.0f} | {fl / mb:.0f} | "
+                         f"{(r['peak_rss'] - r['rss_before']) / fl:.2f} | {r['step_s']:.1f} |")
+    n = full["params"] // 4
+    lines += ["", f"bytes per parameter (1 worker, fp32 AdamW): {state_full / n:.1f}"]
+    text = "\n".join(lines)
+    print(text)
+    if args.results:
+        import platform
+        import subprocess
+
+        cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), platform.processor())
+        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+            f.write(f"\n## learner_memory ({model}, {os.cpu_count()} cores)\n\n"
+                    f"`python bench/learner_memory.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                    + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
