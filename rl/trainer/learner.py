@@ -33,15 +33,27 @@ final hidden states (trained with the policy, its own learning rate ``critic_lr`
 ``separate`` is its own copy of the model's transformer with a scalar head and its own
 optimizer. Neither is sent to the engines.
 
-Data parallel (``world_size > 1``, see ``rl.trainer.distributed``): gradients, whitening statistics
-and metrics are SUM-all-reduced; the update equals the single learner's on the same batch.
-The KL coefficient (fixed or ``rl.algos.schedules.AdaptiveKLController``) is updated once per step
-from the batch's ``kl/mean``.
+Several learners (``world_size > 1``, see ``rl.trainer.distributed`` and ``rl.trainer.fsdp``): the
+policy and the reference are sharded with FSDP2 (``fully_shard`` per decoder layer + root), so
+each rank holds 1/N of the parameters, gradients and AdamW state; gradients are SUM-reduced
+(each rank's loss uses the whole batch's denominators), so the update equals the single
+learner's on the same batch. Every forward of a sharded model is a collective, so the ranks
+pad their micro-batches and trunk calls to the same counts (``fsdp.Lockstep``). The value head
+and a separate critic stay replicated (SUM all-reduce). Whitening statistics and metrics are
+SUM-all-reduced. The KL coefficient (fixed or ``rl.algos.schedules.AdaptiveKLController``) is
+updated once per step from the batch's ``kl/mean``.
 
-``export_weights`` writes the policy as one safetensors file into shared memory for the
-engines (``lm_head.weight`` always included: with tied embeddings an engine otherwise
-keeps a stale head). ``save_checkpoint``/``load_checkpoint`` round-trip the model, critic,
-optimizers, LR schedulers, KL controller, RNG states and step counters. This module does
+LoRA (``model.lora.rank > 0``, ``rl.trainer.lora``, one learner): only the adapters train; the
+reference is the policy with its adapters disabled. ``model.activation_checkpointing``
+recomputes each decoder layer in the backward; ``model.precision: auto`` picks fp32 or bf16
+autocast by timing both at start (``rl.trainer.precision``).
+
+``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
+memory for the engines, gathering sharded tensors one at a time (``lm_head.weight`` always
+included: with tied embeddings an engine otherwise keeps a stale head).
+``save_checkpoint``/``load_checkpoint`` round-trip the model (sharded, through
+``torch.distributed.checkpoint``), critic, optimizers, LR schedulers, KL controller, RNG
+states and step counters. This module does
 not generate text or score rewards.
 """
 
@@ -55,6 +67,7 @@ import shutil
 import tempfile
 import time
 import weakref
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +84,59 @@ from rl.algos.schedules import LRSchedule, kl_controller
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Additive per-step sums, all-reduced over data-parallel ranks in this order.
-_SUMS = ("loss/policy", "loss/kl", "loss/value", "loss/entropy", "kl/sum", "entropy/sum", "clip/count",
-         "dual_clip/count", "tokens", "tokens/first_epoch", "logprob_diff/sum", "logprob_diff/tokens",
-         "value/sum", "value/error_sum", "value/clip_count", "returns/sum", "is/weight_sum", "is/truncated_count")
+@dataclass
+class Sums:
+    """Additive per-step statistics (floats), summed over micro-batches and then over the ranks.
+
+    The loss terms are each minibatch's aggregated term (summed over optimizer steps); the
+    others are sums over tokens, turned into means by ``Learner._metrics``.
+    """
+
+    policy_loss: float = 0.0
+    kl_loss: float = 0.0
+    value_loss: float = 0.0
+    entropy_loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    clipped: float = 0.0
+    dual_clipped: float = 0.0
+    tokens: float = 0.0
+    tokens_first_epoch: float = 0.0
+    logprob_diff: float = 0.0
+    logprob_diff_tokens: float = 0.0
+    value: float = 0.0
+    value_error: float = 0.0
+    value_clipped: float = 0.0
+    returns: float = 0.0
+    is_weight: float = 0.0
+    is_truncated: float = 0.0
+
+    def values(self) -> list[float]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Sums":
+        return cls(*values)
+
+
+@dataclass
+class _Grid:
+    """One micro-batch's policy tokens on its [B, T] response grid (flat tensors index into it)."""
+
+    index: torch.Tensor  # [N] positions of the flat (sample, masked position) order in the grid
+    B: int
+    T: int
+    mask: torch.Tensor  # [B, T] 1 at policy tokens
+    ntok: float
+    denom: tuple[float, float]  # the loss denominators (tokens, sequences) of the minibatch
+
+    def __call__(self, flat: torch.Tensor) -> torch.Tensor:
+        grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
+        return grid.index_put((self.index,), flat).view(self.B, self.T)
+
+    def agg(self, per_token: torch.Tensor, how: str) -> torch.Tensor:
+        nt, ns = self.denom
+        return aggregate(per_token, self.mask, how, num_tokens=nt, num_seqs=ns)
 
 
 class Critic(torch.nn.Module):
@@ -345,11 +407,6 @@ class Learner:
         return hidden[torch.tensor(g_idx, dtype=torch.long, device=self.device),
                       torch.tensor(j_idx, dtype=torch.long, device=self.device)], tgt, ix
 
-    @staticmethod
-    def _to_grid(values: torch.Tensor, index: torch.Tensor, B: int, T: int) -> torch.Tensor:
-        grid = torch.zeros(B * T, dtype=values.dtype, device=values.device)
-        return grid.index_put((index,), values).view(B, T)
-
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """Split into micro-batches of at most ``algo.micro_batch_tokens`` padded tokens.
 
@@ -409,81 +466,97 @@ class Learner:
         An empty batch (nothing to compute on any rank) leaves the weights alone.
         """
         t0 = time.perf_counter()
-        a = self.algo
-        sums = dict.fromkeys(_SUMS, 0.0)
+        sums = Sums()
         members = sorted(batch.samples + batch.skipped, key=lambda s: s.uid)
+        n_computed = self._plan(batch, members)
+        coef = self.kl_ctl.value
+        st: dict[str, Any] = {"norms": [], "critic_norms": [], "skipped": 0, "lr": self.opt.param_groups[0]["lr"]}
+        updates = self._run_updates(batch, members, sums, coef, st) if n_computed else 0
+        if updates:
+            self.steps_done += 1
+        tot = Sums.of(self._global(sums.values()))
+        m = self._metrics(tot, st, updates, n_computed, coef)
+        if self.has_ref and n_computed:
+            self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
+        m["timing/learner_compute_s"] = time.perf_counter() - t0
+        return m
+
+    def _plan(self, batch: Batch, members: list[Sample]) -> int:
+        """The number of computed samples over every rank; checks the counts minibatches rely on."""
+        a = self.algo
         n_computed, m_tokens, m_seqs = self._global(
             [len(batch.samples), sum(s.num_tokens for s in members), sum(1 for s in members if s.num_tokens > 0)])
         if a.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
             raise ValueError(f"batch.num_tokens/num_seqs ({batch.num_tokens}, {batch.num_seqs}) do not count exactly its "
                              f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
                              "to (build_batch's batches do)")
-        coef = self.kl_ctl.value
-        st: dict[str, Any] = {"norms": [], "critic_norms": [], "skipped": 0, "lr": self.opt.param_groups[0]["lr"]}
+        return int(n_computed)
+
+    def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, st: dict[str, Any]) -> int:
+        """The prepare pass (when needed), then ``epochs x minibatches`` optimizer steps; returns the steps taken."""
+        a = self.algo
+        prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
+        computed = {id(s) for s in batch.samples}
         updates = 0
-        if n_computed:
-            prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
-            computed = {id(s) for s in batch.samples}
-            for epoch in range(a.epochs):
-                for mb in self._minibatches(members):
-                    if a.minibatches == 1:
-                        denom = (batch.num_tokens, batch.num_seqs)
-                    else:  # the global minibatch's counts: the sum of the ranks' local ones
-                        nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
-                        denom = (nt, ns)
-                    self.opt.zero_grad(set_to_none=True)
-                    if self.critic_opt is not None:
-                        self.critic_opt.zero_grad(set_to_none=True)
-                    work = [s for s in mb if id(s) in computed]
-                    micros = self._micro_batches(work) if work else []
-                    n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
-                    for micro in micros:
-                        self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
-                    for _ in range(n_micro - len(micros)):
-                        self._pad_micro(prep)
-                    if not n_micro and self.lock.count(int(bool(mb))):
-                        # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
-                        for p in self._trainable():
-                            p.grad = torch.zeros_like(p)
-                    updates += self._update(st)
-            if updates:
-                self.steps_done += 1
-        tot = dict(zip(_SUMS, self._global([sums[k] for k in _SUMS])))
+        for epoch in range(a.epochs):
+            for mb in self._minibatches(members):
+                if a.minibatches == 1:
+                    denom = (batch.num_tokens, batch.num_seqs)
+                else:  # the global minibatch's counts: the sum of the ranks' local ones
+                    nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
+                    denom = (nt, ns)
+                self.opt.zero_grad(set_to_none=True)
+                if self.critic_opt is not None:
+                    self.critic_opt.zero_grad(set_to_none=True)
+                work = [s for s in mb if id(s) in computed]
+                micros = self._micro_batches(work) if work else []
+                n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
+                for micro in micros:
+                    self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
+                for _ in range(n_micro - len(micros)):
+                    self._pad_micro(prep)
+                if not n_micro and self.lock.count(int(bool(mb))):
+                    # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
+                    for p in self._trainable():
+                        p.grad = torch.zeros_like(p)
+                updates += self._update(st)
+        return updates
+
+    def _metrics(self, tot: Sums, st: dict[str, Any], updates: int, n_computed: int, coef: float) -> dict[str, float]:
+        """The step's metrics (see ``step``) from the whole batch's sums."""
+        a = self.algo
         n_up = a.epochs * a.minibatches if n_computed else 1
-        n = max(tot["tokens"], 1.0)
+        n = max(tot.tokens, 1.0)
         m = {
-            "loss/policy": tot["loss/policy"] / n_up,
-            "entropy/mean": tot["entropy/sum"] / n,
-            "clip/fraction": tot["clip/count"] / n,
+            "loss/policy": tot.policy_loss / n_up,
+            "entropy/mean": tot.entropy / n,
+            "clip/fraction": tot.clipped / n,
             "grad/norm": sum(st["norms"]) / len(st["norms"]) if st["norms"] else 0.0,
             "lr": st["lr"],
-            "learner/tokens": tot["tokens/first_epoch"],
+            "learner/tokens": tot.tokens_first_epoch,
             "learner/updates": float(updates),
             "learner/skipped_update": st["skipped"] / n_up if n_computed else 0.0,
-            "rollout/logprob_diff": tot["logprob_diff/sum"] / max(tot["logprob_diff/tokens"], 1.0),
+            "rollout/logprob_diff": tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
         }
         if a.dual_clip:
-            m["clip/dual_fraction"] = tot["dual_clip/count"] / n
+            m["clip/dual_fraction"] = tot.dual_clipped / n
         if a.tis_cap:
-            m["is/weight_mean"] = tot["is/weight_sum"] / n
-            m["is/truncated_fraction"] = tot["is/truncated_count"] / n
+            m["is/weight_mean"] = tot.is_weight / n
+            m["is/truncated_fraction"] = tot.is_truncated / n
         if a.entropy_coef:
-            m["loss/entropy"] = tot["loss/entropy"] / n_up
+            m["loss/entropy"] = tot.entropy_loss / n_up
         if self.has_ref:
-            m["loss/kl"] = tot["loss/kl"] / n_up
-            m["kl/mean"] = tot["kl/sum"] / n
+            m["loss/kl"] = tot.kl_loss / n_up
+            m["kl/mean"] = tot.kl / n
             m["kl/coef"] = coef
-            if n_computed:
-                self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
         if self.value_head is not None or self.critic is not None:
-            m["loss/value"] = tot["loss/value"] / n_up
-            m["value/mean"] = tot["value/sum"] / n
-            m["value/error"] = tot["value/error_sum"] / n
-            m["value/clip_fraction"] = tot["value/clip_count"] / n
-            m["returns/mean"] = tot["returns/sum"] / n
+            m["loss/value"] = tot.value_loss / n_up
+            m["value/mean"] = tot.value / n
+            m["value/error"] = tot.value_error / n
+            m["value/clip_fraction"] = tot.value_clipped / n
+            m["returns/mean"] = tot.returns / n
         if self.critic is not None:
             m["critic/grad_norm"] = sum(st["critic_norms"]) / len(st["critic_norms"]) if st["critic_norms"] else 0.0
-        m["timing/learner_compute_s"] = time.perf_counter() - t0
         return m
 
     def prepare(self, batch: Batch) -> dict[str, list[list[float]]]:
@@ -493,7 +566,7 @@ class Learner:
         log-probs), and where they apply ``ref`` (reference log-probs), ``values`` (critic),
         ``adv`` and ``returns`` (learner-side advantages and value targets).
         """
-        prep = self._prepare(batch, dict.fromkeys(_SUMS, 0.0), self.kl_ctl.value)
+        prep = self._prepare(batch, Sums(), self.kl_ctl.value)
         return {k: [v[id(s)].tolist() for s in batch.samples] for k, v in prep.items() if v}
 
     def _global(self, values: list[float]) -> list[float]:
@@ -521,7 +594,7 @@ class Learner:
             store[id(s)] = piece
 
     @torch.no_grad()
-    def _prepare(self, batch: Batch, sums: dict[str, float], coef: float) -> dict[str, dict[int, torch.Tensor]]:
+    def _prepare(self, batch: Batch, sums: Sums, coef: float) -> dict[str, dict[int, torch.Tensor]]:
         """No-grad pass before the first update: old log-probs, reference log-probs and values
         per sample (flat over its masked tokens); then the learner-side advantages and returns."""
         prep: dict[str, dict[int, torch.Tensor]] = {"old": {}, "ref": {}, "values": {}, "adv": {}, "returns": {}}
@@ -560,11 +633,11 @@ class Learner:
         return torch.tensor([lp for s in mb for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m],
                             dtype=torch.float32, device=self.device)
 
-    def _logprob_diff(self, logp_flat: torch.Tensor, mb: list[Sample], sums: dict[str, float]) -> None:
+    def _logprob_diff(self, logp_flat: torch.Tensor, mb: list[Sample], sums: Sums) -> None:
         engine = self._engine_logprobs(mb)
         # logp_flat is row-major over (sample, masked position), the same order as this flattening.
-        sums["logprob_diff/sum"] += float((logp_flat.detach() - engine).abs().sum())
-        sums["logprob_diff/tokens"] += float(engine.numel())
+        sums.logprob_diff += float((logp_flat.detach() - engine).abs().sum())
+        sums.logprob_diff_tokens += float(engine.numel())
 
     def _advantages(self, samples: list[Sample], prep: dict[str, dict[int, torch.Tensor]], coef: float) -> None:
         """Learner-side advantages (and PPO returns) into ``prep["adv"]``/``prep["returns"]``; see the module docstring."""
@@ -606,11 +679,9 @@ class Learner:
                 prep["returns"][id(s)] = returns[i][mask[i]].float()
 
     def _accumulate(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, denom: tuple[float, float],
-                    sums: dict[str, float], coef: float, first_epoch: bool) -> None:
+                    sums: Sums, coef: float, first_epoch: bool) -> None:
         """Forward + backward of one micro-batch; gradients accumulate (the loss is its part of the minibatch's)."""
         a = self.algo
-        nt, ns = denom
-        B, T = len(mb), max(len(s.loss_mask) for s in mb)
         with self._autocast():
             (hidden, logits, targets, index), pad = self._forward(self.model, mb)
         values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
@@ -622,71 +693,97 @@ class Learner:
             with torch.no_grad():
                 ent_flat = entropy_from_logits(logits.detach())
         del logits
+        B, T = len(mb), max(len(s.loss_mask) for s in mb)
+        g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom)
+        g.mask = g(torch.ones_like(logp_flat))
+        logp = g(logp_flat)
+        loss = self._policy_term(mb, prep, g, logp, sums)
+        total = loss
+        for term in (self._kl_term(mb, prep, g, logp, targets, sums, coef), self._entropy_term(g, ent_flat, sums),
+                     self._value_term(mb, prep, g, values_flat, sums)):
+            if term is not None:
+                total = total + term
+        (total if pad is None else total + pad).backward()
+        if prep is None and first_epoch:
+            self._logprob_diff(logp_flat, mb, sums)
+        sums.policy_loss += float(loss.detach())
+        sums.entropy += float(ent_flat.detach().sum())
+        sums.tokens += g.ntok
+        if first_epoch:
+            sums.tokens_first_epoch += g.ntok
 
-        def grid(flat: torch.Tensor) -> torch.Tensor:
-            return self._to_grid(flat, index, B, T)
-
-        logp = grid(logp_flat)
-        mask = grid(torch.ones_like(logp_flat))
-        old = grid(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
+    def _policy_term(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, g: _Grid,
+                     logp: torch.Tensor, sums: Sums) -> torch.Tensor:
+        """The clipped policy loss (``rl.algos.losses.policy_loss``), truncated IS weights with ``algo.tis_cap``."""
+        a = self.algo
+        old = g(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
         if prep is not None and learner_advantages(a):
-            adv = grid(self._cat(prep["adv"], mb))
+            adv = g(self._cat(prep["adv"], mb))
         else:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
         is_w = None
         if a.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
-            is_w, ist = truncated_is_weights(old, grid(self._engine_logprobs(mb)), mask, a.tis_cap)
-            n_tok = float(mask.sum())
-            sums["is/weight_sum"] += ist["is/weight_mean"] * n_tok
-            sums["is/truncated_count"] += ist["is/truncated_fraction"] * n_tok
-        loss, pst = policy_loss(logp, old, adv, mask, clip_low=a.clip_low, clip_high=a.clip_high,
+            is_w, ist = truncated_is_weights(old, g(self._engine_logprobs(mb)), g.mask, a.tis_cap)
+            sums.is_weight += ist["is/weight_mean"] * g.ntok
+            sums.is_truncated += ist["is/truncated_fraction"] * g.ntok
+        nt, ns = g.denom
+        loss, pst = policy_loss(logp, old, adv, g.mask, clip_low=a.clip_low, clip_high=a.clip_high,
                                 dual_clip=a.dual_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns,
                                 is_weights=is_w)
-        total = loss
-        if self.has_ref:
-            if prep is not None:
-                ref_flat = self._cat(prep["ref"], mb)
-            else:
-                with torch.no_grad(), self._autocast(), self._reference() as ref:
-                    ref_logits, _, _ = self._response_logits(ref, mb)
-                    ref_flat = token_logprobs(ref_logits, targets)
-                    del ref_logits
-            kl_tok = kl(logp.detach() if a.kl_in_reward else logp, grid(ref_flat), a.kl_kind)
-            kl_loss = aggregate(kl_tok, mask, a.loss_agg, num_tokens=nt, num_seqs=ns)
-            if not a.kl_in_reward:
-                total = total + coef * kl_loss
-            sums["loss/kl"] += float(kl_loss.detach())
-            sums["kl/sum"] += float((kl_tok.detach() * mask).sum())
-        if a.entropy_coef > 0:
-            ent_loss = aggregate(grid(ent_flat), mask, a.loss_agg, num_tokens=nt, num_seqs=ns)
-            total = total - a.entropy_coef * ent_loss
-            sums["loss/entropy"] += float(ent_loss.detach())
-        ntok = float(mask.sum())
+        sums.clipped += pst["clip/fraction"] * g.ntok
+        sums.dual_clipped += pst["clip/dual_fraction"] * g.ntok
+        return loss
+
+    def _kl_term(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, g: _Grid,
+                 logp: torch.Tensor, targets: torch.Tensor, sums: Sums, coef: float) -> torch.Tensor | None:
+        """``kl_coef x`` the aggregated KL to the reference (None without a reference, or 0-weighted when the
+        KL is in the reward: then it is only measured)."""
+        a = self.algo
+        if not self.has_ref:
+            return None
+        if prep is not None:
+            ref_flat = self._cat(prep["ref"], mb)
+        else:
+            with torch.no_grad(), self._autocast(), self._reference() as ref:
+                ref_logits, _, _ = self._response_logits(ref, mb)
+                ref_flat = token_logprobs(ref_logits, targets)
+                del ref_logits
+        kl_tok = kl(logp.detach() if a.kl_in_reward else logp, g(ref_flat), a.kl_kind)
+        kl_loss = g.agg(kl_tok, a.loss_agg)
+        sums.kl_loss += float(kl_loss.detach())
+        sums.kl += float((kl_tok.detach() * g.mask).sum())
+        return None if a.kl_in_reward else coef * kl_loss
+
+    def _entropy_term(self, g: _Grid, ent_flat: torch.Tensor, sums: Sums) -> torch.Tensor | None:
+        """``- entropy_coef x`` the aggregated entropy (None when the coefficient is 0)."""
+        a = self.algo
+        if a.entropy_coef <= 0:
+            return None
+        ent_loss = g.agg(g(ent_flat), a.loss_agg)
+        sums.entropy_loss += float(ent_loss.detach())
+        return -a.entropy_coef * ent_loss
+
+    def _value_term(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, g: _Grid,
+                    values_flat: torch.Tensor | None, sums: Sums) -> torch.Tensor | None:
+        """``vf_coef x`` the clipped value loss of the value head or separate critic (None without one)."""
+        a = self.algo
         if self.critic is not None:
             with self._autocast():
                 ch, _, _ = self._response_hidden(self.critic.trunk, mb)
             values_flat = self._values(self.critic.head, ch)
-        if values_flat is not None:
-            assert prep is not None  # a critic always runs the prepare pass
-            ret = grid(self._cat(prep["returns"], mb))
-            vloss, vst = value_loss(grid(values_flat), grid(self._cat(prep["values"], mb)), ret, mask,
-                                    clip=a.value_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns)
-            total = total + a.vf_coef * vloss
-            sums["loss/value"] += float(vloss.detach())
-            sums["value/sum"] += vst["value/mean"] * ntok
-            sums["value/error_sum"] += vst["value/error"] * ntok
-            sums["value/clip_count"] += vst["value/clip_fraction"] * ntok
-            sums["returns/sum"] += float((ret * mask).sum())
-        (total if pad is None else total + pad).backward()
-        if prep is None and first_epoch:
-            self._logprob_diff(logp_flat, mb, sums)
-        sums["loss/policy"] += float(loss.detach())
-        sums["entropy/sum"] += float(ent_flat.detach().sum())
-        sums["clip/count"] += pst["clip/fraction"] * ntok
-        sums["dual_clip/count"] += pst["clip/dual_fraction"] * ntok
-        sums["tokens"] += ntok
-        if first_epoch:
-            sums["tokens/first_epoch"] += ntok
+        if values_flat is None:
+            return None
+        assert prep is not None  # a critic always runs the prepare pass
+        nt, ns = g.denom
+        ret = g(self._cat(prep["returns"], mb))
+        vloss, vst = value_loss(g(values_flat), g(self._cat(prep["values"], mb)), ret, g.mask,
+                                clip=a.value_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns)
+        sums.value_loss += float(vloss.detach())
+        sums.value += vst["value/mean"] * g.ntok
+        sums.value_error += vst["value/error"] * g.ntok
+        sums.value_clipped += vst["value/clip_fraction"] * g.ntok
+        sums.returns += float((ret * g.mask).sum())
+        return a.vf_coef * vloss
 
     def _pad_micro(self, prep: dict[str, dict[int, torch.Tensor]] | None) -> None:
         """A micro-batch with no samples on a sharded rank that has fewer than the others: the same
