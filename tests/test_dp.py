@@ -211,3 +211,65 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
         assert all(s["step"] == 1 for s in one.opt.state_dict()["state"].values())
     finally:
         one.shutdown()
+
+
+def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
+    """One of 2 sharded LoRA learners (torch.multiprocessing, no Ray): two SGD steps, then its gathered state."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    lrn = Learner(path, LORA_CFG, LORA_ALGO, threads=1, rank=rank, world_size=2, dist_port=port,
+                  shm_dir=f"{out}/shm{rank}")
+    _use_sgd(lrn)
+    metrics = [lrn.step(shard_batch(dp_batch(tok, skip), 2)[rank]) for skip in (False, True)]
+    state = _state(lrn)
+    exported = lrn.export_weights("float32")
+    if rank == 0:
+        from safetensors.torch import load_file
+
+        torch.save({"state": state, "metrics": metrics, "export": load_file(exported)}, f"{out}/rank0.pt")
+    lrn.shutdown()
+
+
+LORA_ALGO = AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, learner_workers=2)
+
+
+def _lora_cfg():
+    from rl.config.recipe import LoraConfig
+
+    return dataclasses.replace(MODEL_CFG, lora=LoraConfig(rank=4, alpha=8.0))
+
+
+LORA_CFG = _lora_cfg()
+
+
+@pytest.mark.slow
+def test_sharded_lora_equals_one_learner(tiny_model_path, tiny_tokenizer, tmp_path):
+    """LoRA on 2 FSDP ranks (adapters sharded with their layers; the KL reference is the base with
+    adapters disabled) takes the same two updates as LoRA on one learner, and exports the same merged weights."""
+    import torch.multiprocessing as mp
+
+    from rl.trainer.distributed import free_port
+
+    mp.spawn(_lora_rank, args=(free_port(), tiny_model_path, str(tmp_path)), nprocs=2)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    one = Learner(tiny_model_path, LORA_CFG, dataclasses.replace(LORA_ALGO, learner_workers=1), threads=1,
+                  shm_dir=str(tmp_path / "one"))
+    try:
+        _use_sgd(one)
+        metrics = [one.step(dp_batch(tiny_tokenizer, skip)) for skip in (False, True)]
+        for m1, m2 in zip(metrics, got["metrics"]):
+            for k in ("loss/policy", "loss/kl", "kl/mean", "grad/norm"):
+                assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+        want = _state(one)
+        assert want.keys() == got["state"].keys() and any(".lora_B." in k for k in want)
+        for k, v in want.items():
+            torch.testing.assert_close(got["state"][k], v, rtol=0, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+        from safetensors.torch import load_file
+
+        mine = load_file(one.export_weights("float32"))
+        assert mine.keys() == got["export"].keys()
+        for k, v in mine.items():
+            torch.testing.assert_close(got["export"][k], v, rtol=0, atol=1e-6)
+    finally:
+        one.shutdown()

@@ -484,9 +484,6 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail("model.lora.rank", f"must be >= 0 (0 = off), got {lo.rank}")
     if lo.rank > 0 and (lo.alpha <= 0 or not 0 <= lo.dropout < 1 or not lo.target_modules):
         fail("model.lora", f"need alpha > 0, 0 <= dropout < 1 and target_modules, got {lo}")
-    if lo.rank > 0 and a.learner_workers > 1:
-        fail("model.lora.rank", f"LoRA runs on one learner worker (algo.learner_workers: 1, got {a.learner_workers}); "
-                                "sharded LoRA is not implemented yet")
     if lo.rank > 0 and a.name == "ppo" and a.critic == "separate":
         fail("model.lora.rank", "LoRA with a separate critic is not supported (use algo.critic: value_head)")
     if recipe.run.resume not in ("never", "auto"):

@@ -213,9 +213,7 @@ class Learner:
         if getattr(model_cfg, "activation_checkpointing", False):  # per decoder layer, recomputed in the backward
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.peft = None
-        if lora.enabled(getattr(model_cfg, "lora", None)):
-            if self.world_size > 1:
-                raise ValueError("model.lora: LoRA runs on one learner worker (sharded LoRA is not implemented yet)")
+        if lora.enabled(getattr(model_cfg, "lora", None)):  # before sharding: the adapters shard with their layers
             self.peft = lora.attach(self.model, model_cfg.lora)
         self.model.train()
         bf16_compute = self.use_autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
@@ -934,8 +932,16 @@ class Learner:
         mods = self._state_modules()
         dcp.save({"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
                  checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
-        if self.peft is not None:
-            full = {k: v.detach().cpu() for k, v in lora.merged_tensors(self.model)}
+        adapter = None
+        if self.peft is not None:  # merged one tensor at a time (gathered when sharded); rank 0 keeps them
+            adapter = {k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
+                       for k, v in self.peft.state_dict().items() if ".lora_" in k}
+            full = {}
+            for k, v in lora.merged_tensors(self.model):
+                v = v.full_tensor() if _is_dtensor(v) else v
+                if self.rank == 0:
+                    full[k] = v.detach().cpu()
+                del v
         else:
             full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         rng = {"torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "shuffle_rng": self.gen.get_state(),
@@ -947,7 +953,7 @@ class Learner:
         self.tokenizer.save_pretrained(p / "model")
         del full
         if self.peft is not None:
-            self.peft.save_pretrained(p / "adapter")
+            self.peft.save_pretrained(p / "adapter", state_dict=adapter)
         crit = self._critic_module()
         if crit is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors"))

@@ -13,8 +13,10 @@ under the base model's own names (``W + scaling * B @ A`` for every adapted line
 ``check_targets(model_dir, cfg)`` checks, before any actor starts, that every target module
 is a linear layer of the model (built on the meta device from ``config.json``: no weights are read).
 
-This module does not train, and it does not send adapters to an engine on its own
-(the engines get merged weights; adapter-only transfer is not implemented).
+Sharded (FSDP2, several learners): the adapters are sharded with the layers they belong to;
+merging gathers base, A and B one layer at a time. This module does not train, and it does
+not send adapters to an engine on its own (the engines get merged weights; adapter-only
+transfer is not implemented).
 """
 
 from __future__ import annotations
@@ -51,18 +53,33 @@ def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) tensor gathered in full (a collective), or ``t`` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 class Merged:
-    """A merged weight computed on call (``shape`` known before): base + the active adapters' deltas."""
+    """A merged weight computed on call (``shape`` known before): base + the active adapters' deltas.
+
+    Sharded weights are gathered first (every rank must call it, in the same order), so the merge
+    is the same ``W + scaling x B @ A`` as peft's ``get_delta_weight`` on full tensors.
+    """
 
     def __init__(self, base: torch.Tensor, layer: Any) -> None:
         self.base, self.layer, self.shape = base, layer, base.shape
 
     def __call__(self) -> torch.Tensor:
         with torch.no_grad():
-            w = self.base.detach().clone()
+            w = _full(self.base.detach()).clone()
             for adapter in self.layer.active_adapters:
-                if adapter in self.layer.lora_A:
-                    w += self.layer.get_delta_weight(adapter).to(w.dtype)
+                if adapter not in self.layer.lora_A:
+                    continue
+                a = _full(self.layer.lora_A[adapter].weight.detach()).float()
+                b = _full(self.layer.lora_B[adapter].weight.detach()).float()
+                delta = b @ a
+                if self.layer.fan_in_fan_out:
+                    delta = delta.T
+                w += (delta * self.layer.scaling[adapter]).to(w.dtype)
         return w
 
 
@@ -72,7 +89,7 @@ def merged_tensors(model: torch.nn.Module, lazy: bool = False) -> Iterator[tuple
     Adapted linears give ``base.weight + delta`` under the base's name (``.base_layer`` dropped;
     a ``Merged`` to call instead when ``lazy``, so that one merged copy exists at a time);
     adapter tensors themselves are left out; everything else is the parameter itself, so that
-    tied tensors stay tied.
+    tied tensors stay tied (sharded: a DTensor, which the caller gathers).
     """
     layers = _lora_layers(model)
     for key, t in model.state_dict(keep_vars=True).items():
