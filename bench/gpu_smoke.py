@@ -198,7 +198,7 @@ def main() -> int:
             torch.cuda.set_device(1)  # the learner on its own GPU: NCCL needs distinct devices
         shm = tempfile.mkdtemp(prefix="jointrl-smoke-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         learner = Learner(model_path, ModelConfig(path=model_path, learner_dtype="float32", autocast=True),
-                          AlgoConfig(name="grpo", lr=args.lr, kl_coef=0.01), shm_dir=shm)
+                          AlgoConfig(name="grpo", optim=OptimConfig(lr=args.lr), kl=KLConfig(coef=0.01)), shm_dir=shm)
         st.detail = f"on {next(learner.model.parameters()).device}"
     if learner is None or not gens:
         return _report()

@@ -16,12 +16,12 @@ import torch
 
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 from rl.algos.batch import Batch, Sample
-from rl.config.recipe import AlgoConfig
+from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LossConfig, OptimConfig, ReturnsConfig, UpdateConfig
 from rl.trainer.learner import Learner
 from rl.algos.losses import kl
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
 
-PPO = AlgoConfig(name="ppo", lr=1e-3, gamma=1.0, lam=0.95, kl_coef=0.0)
+PPO = AlgoConfig(name="ppo", optim=OptimConfig(lr=1e-3), returns=ReturnsConfig(gamma=1.0, lam=0.95), kl=KLConfig(coef=0.0))
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_ppo_gae_with_critic_values_and_kl_penalty(make_learner, tiny_tokenizer,
     # After one update the critic's values are nonzero; with the KL in the reward the learner's
     # advantages must be whiten(gae(r, V)) with r = -coef * kl(old, ref) per policy token plus the
     # outcome on the last one, and its returns gae's returns.
-    algo = dataclasses.replace(PPO, critic=critic, kl_coef=0.1, kl_kind="k1", kl_in_reward=True, gamma=0.9, lam=0.8)
+    algo = dataclasses.replace(PPO, critic=dataclasses.replace(PPO.critic, model=critic), kl=dataclasses.replace(PPO.kl, coef=0.1, kind="k1", in_reward=True), returns=dataclasses.replace(PPO.returns, gamma=0.9, lam=0.8))
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     lrn.step(batch)
@@ -110,7 +110,7 @@ def test_ppo_gae_with_critic_values_and_kl_penalty(make_learner, tiny_tokenizer,
 
 @pytest.mark.parametrize("critic", ["value_head", "separate"])
 def test_ppo_critic_learns_the_returns(make_learner, tiny_tokenizer, critic):
-    algo = dataclasses.replace(PPO, critic=critic, critic_lr=1e-3, epochs=2, minibatches=2, vf_coef=1.0, value_clip=0.0)
+    algo = dataclasses.replace(PPO, critic=dataclasses.replace(PPO.critic, model=critic, lr=1e-3, vf_coef=1.0, value_clip=0.0), update=dataclasses.replace(PPO.update, epochs=2, minibatches=2))
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     ms = [lrn.step(batch) for _ in range(6)]
@@ -129,7 +129,7 @@ def test_ppo_critic_learns_the_returns(make_learner, tiny_tokenizer, critic):
 
 
 def test_reinforce_pp_with_kl_in_reward(make_learner, tiny_tokenizer):
-    algo = AlgoConfig(name="reinforce_pp", lr=1e-3, kl_coef=0.2, kl_kind="k3", kl_in_reward=True, gamma=0.99)
+    algo = AlgoConfig(name="reinforce_pp", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.2, kind="k3", in_reward=True), returns=ReturnsConfig(gamma=0.99))
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     lrn.step(batch)  # move away from the reference
@@ -146,7 +146,7 @@ def test_reinforce_pp_with_kl_in_reward(make_learner, tiny_tokenizer):
 @pytest.mark.parametrize("name", ["grpo", "rloo"])
 def test_group_advantages_with_kl_in_reward(make_learner, tiny_tokenizer, name):
     # Sequence-level: reward - coef * sum_t KL, then the group baseline (group 0 = s1, s3; group 1 = s2).
-    algo = AlgoConfig(name=name, lr=1e-3, kl_coef=0.5, kl_kind="k2", kl_in_reward=True)
+    algo = AlgoConfig(name=name, optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.5, kind="k2", in_reward=True))
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     if name == "rloo":  # RLOO needs two members per group: give s2 a partner
@@ -170,7 +170,8 @@ def test_kl_in_reward_is_not_a_loss_term(make_learner, tiny_tokenizer):
     # reference in fp32 and equal rewards in each group) the group advantages are exactly 0, so
     # the gradient is 0 although kl_coef is large (in the loss, k1's gradient would be 5 x grad log p).
     batch = hand_batch(tiny_tokenizer, rewards=(1.0, 1.0, 1.0))
-    lrn = make_learner(AlgoConfig(name="dr_grpo", lr=1e-3, kl_coef=5.0, kl_kind="k1", kl_in_reward=True))
+    lrn = make_learner(AlgoConfig(name="dr_grpo", optim=OptimConfig(lr=1e-3), loss=LossConfig(norm_tokens=16),
+                                  kl=KLConfig(coef=5.0, kind="k1", in_reward=True)))
     lrn.ref.to(torch.float32)  # bf16 reference rounding would make the KL (and the advantages) nonzero
     for p, q in zip(lrn.ref.parameters(), lrn.model.parameters()):
         p.data.copy_(q.data)
@@ -179,9 +180,7 @@ def test_kl_in_reward_is_not_a_loss_term(make_learner, tiny_tokenizer):
 
 
 def _resume_algo(critic: str) -> AlgoConfig:
-    return AlgoConfig(name="ppo", critic=critic, lr=3e-3, critic_lr=1e-2, kl_coef=0.05, kl_kind="k1", kl_in_reward=True,
-                      kl_target=0.01, kl_horizon=20, epochs=2, minibatches=2, lr_warmup_steps=1, lr_schedule="cosine",
-                      lr_min_ratio=0.1, entropy_coef=0.01, dual_clip=3.0, clip_high=0.28)
+    return AlgoConfig(name="ppo", critic=CriticConfig(model=critic, lr=1e-2), optim=OptimConfig(lr=3e-3, warmup_steps=1, schedule="cosine", min_lr_ratio=0.1), kl=KLConfig(coef=0.05, kind="k1", in_reward=True, target=0.01, horizon=20), update=UpdateConfig(epochs=2, minibatches=2), loss=LossConfig(entropy_coef=0.01, dual_clip=3.0, clip_high=0.28))
 
 
 @pytest.mark.parametrize("critic", ["value_head", "separate"])
@@ -223,9 +222,9 @@ def test_checkpoint_resume_continues_identically(make_learner, tiny_tokenizer, t
 
 
 def test_checkpoint_of_another_critic_is_refused(make_learner, tiny_tokenizer, tmp_path):
-    a = make_learner(dataclasses.replace(PPO, critic="value_head"))
+    a = make_learner(dataclasses.replace(PPO, critic=dataclasses.replace(PPO.critic, model="value_head")))
     a.step(hand_batch(tiny_tokenizer))
     a.save_checkpoint(str(tmp_path / "ck"))
-    b = make_learner(dataclasses.replace(PPO, critic="separate"))
+    b = make_learner(dataclasses.replace(PPO, critic=dataclasses.replace(PPO.critic, model="separate")))
     with pytest.raises(ValueError, match="critic"):
         b.load_checkpoint(str(tmp_path / "ck"))
