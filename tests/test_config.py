@@ -261,3 +261,100 @@ def test_cluster_section_loads_custom_resources(recipe_file: Path) -> None:
     assert (c.engine_cpus, c.learner_cpus, c.reward_cpus, c.engine_tp) == (0.5, 1.0, 0.1, 1)  # today's CPU shares
     with pytest.raises(RecipeError, match="cluster.engine_resources.node_b"):
         load_recipe(recipe_file, ["cluster.engine_resources.node_b=lots"])
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # Passed validation before and failed at step 1 (build_batch refused the normalized advantages).
+        (["algo.reward_norm.mode=domain", "algo.kl.in_reward=true"],
+         "algo.reward_norm.mode: per-domain normalization shapes outcome rewards before the estimator; "
+         "algo.kl.in_reward puts a per-token KL penalty in the reward"),
+        (["algo.reward_norm.mode=domain", "algo.name=ppo"], "'ppo' computes its advantages in the learner"),
+        # Passed validation before and was silently ignored (no rescaling of learner-side advantages).
+        (["mixer.seq_level_domains=[tool_call]", "algo.kl.in_reward=true"],
+         "mixer.seq_level_domains: rescales outcome advantages per sequence; algo.kl.in_reward"),
+        (["mixer.seq_level_domains=[tool_call]", "algo.name=ppo"], "so it would be ignored"),
+        (["mixer.seq_level_domains=[math]"], "mixer.seq_level_domains: domains ['math'] have no env"),
+        (["algo.name=rloo", "rollout.group_size=1"], "rollout.group_size: rloo needs a group of at least 2"),
+    ],
+)
+def test_cross_section_rules_fail_at_validate_time(recipe_file: Path, overrides: list[str], expected: str) -> None:
+    with pytest.raises(RecipeError) as e:
+        validate_recipe(load_recipe(recipe_file, overrides))
+    assert expected in str(e.value), str(e.value)
+    assert str(e.value).startswith(f"{recipe_file.resolve()}")
+
+
+def test_dr_grpo_defaults_to_the_papers_aggregation(recipe_file: Path) -> None:
+    # (recipe_file holds every key resolved for grpo: `auto` stands for what a recipe leaves out.)
+    a = load_recipe(recipe_file, ["algo.name=dr_grpo", "algo.loss.agg=auto"]).algo
+    # tiny: max_new_tokens 24, one turn -> the constant normalizer is the generation budget, 24 tokens
+    assert (a.loss.agg, a.loss.norm_tokens) == ("seq-mean-token-sum-norm", 24)
+    a = load_recipe(recipe_file, ["algo.name=dr_grpo", "algo.loss.agg=auto", "rollout.max_turns=3"]).algo
+    assert a.loss.norm_tokens == 72
+    a = load_recipe(recipe_file, ["algo.name=dr_grpo", "algo.loss.agg=token-mean"]).algo
+    assert (a.loss.agg, a.loss.norm_tokens) == ("token-mean", 0)  # an explicit choice stays
+    assert load_recipe(recipe_file, ["algo.name=grpo", "algo.loss.agg=auto"]).algo.loss.agg == "token-mean"
+
+
+def test_engine_kwargs_owned_by_recipe_keys_are_refused(recipe_file: Path) -> None:
+    for key, owner in (("max_model_len", "rollout.max_model_len"), ("dtype", "model.engine_dtype"),
+                       ("tensor_parallel_size", "cluster.engine_tp"), ("seed", "run.seed")):
+        with pytest.raises(RecipeError) as e:
+            validate_recipe(load_recipe(recipe_file, [f"rollout.engine_kwargs.{key}=1"]))
+        assert f"rollout.engine_kwargs.{key}: jointrl sets {key} itself from {owner}" in str(e.value)
+
+
+def test_engine_kwargs_checked_against_vllm_engine_args(recipe_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rl.config import recipe as recipe_mod
+
+    monkeypatch.setattr(recipe_mod, "vllm_engine_arg_names", lambda: {"max_num_seqs", "enable_prefix_caching"})
+    cfg = load_recipe(recipe_file, ["rollout.engine_kwargs={max_num_seqs: 64, enable_prefix_caching: false}"])
+    validate_recipe(cfg)
+    assert cfg.rollout.engine_kwargs == {"max_num_seqs": 64, "enable_prefix_caching": False}
+    with pytest.raises(RecipeError) as e:
+        validate_recipe(load_recipe(recipe_file, ["rollout.engine_kwargs.max_num_seq=64"]))
+    assert "rollout.engine_kwargs.max_num_seq: not an argument of the installed vLLM's EngineArgs; did you mean " \
+           "max_num_seqs?" in str(e.value)
+
+
+@pytest.mark.slow  # imports vLLM (~10 s here)
+def test_engine_kwargs_against_the_installed_vllm(recipe_file: Path) -> None:
+    from rl.config.recipe import vllm_engine_arg_names
+
+    names = vllm_engine_arg_names()
+    assert {"max_num_seqs", "enable_prefix_caching", "quantization", "speculative_config"} <= names
+    validate_recipe(load_recipe(recipe_file, ["rollout.engine_kwargs={max_num_seqs: 32, enable_prefix_caching: false}"]))
+    with pytest.raises(RecipeError, match="rollout.engine_kwargs.prefix_cache: not an argument"):
+        validate_recipe(load_recipe(recipe_file, ["rollout.engine_kwargs.prefix_cache=true"]))
+
+
+def test_cli_validate_print_shows_the_full_resolved_recipe(recipe_file: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", str(recipe_file), "--print", "algo.name=dr_grpo", "algo.loss.agg=auto"]) == 0
+    out = capsys.readouterr()
+    printed = yaml.safe_load(out.out)
+    every = _flat_keys({k: v for k, v in recipe_to_dict(Recipe()).items() if k != "source"})
+    assert _flat_keys(printed) == every  # every key, defaults filled
+    assert printed["algo"]["loss"]["agg"] == "seq-mean-token-sum-norm" and printed["algo"]["optim"]["lr"] == 1e-3
+    assert "ok" in out.err
+
+
+def test_cli_old_flat_key_exits_2_naming_its_new_place(recipe_file: Path, capsys: pytest.CaptureFixture) -> None:
+    old = recipe_file.parent / "old.yaml"
+    old.write_text("algo:\n  name: grpo\n  kl_coef: 0.1\n")
+    assert main(["validate", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jointrl: error: {old}:3: recipe key 'algo.kl_coef' moved to 'algo.kl.coef'")
+
+
+def test_sections_check_themselves_when_built_in_code() -> None:
+    from rl.config.fields import FieldError
+    from rl.config.recipe import KLConfig, OptimConfig
+
+    with pytest.raises(FieldError, match="lr: must be > 0, got 0"):
+        OptimConfig(lr=0.0)
+    with pytest.raises(FieldError, match="kind: choose one of k1, k2, k3; got 'k4'"):
+        KLConfig(kind="k4")  # type: ignore[arg-type]
+    with pytest.raises(FieldError, match="in_reward: needs algo.kl.coef > 0"):
+        KLConfig(in_reward=True)

@@ -175,8 +175,10 @@ def policy_loss(
       i.e. the clamp changed the objective (and zeroed the gradient);
     * ``"clip/dual_fraction"``: fraction of tokens where the dual clip is active
       (``A < 0`` and ``-A * c`` strictly below the clipped objective); 0 without dual clip;
-    * ``"kl/old_approx"``: mean of the k2 estimator ``0.5 * (logp - old_logp)**2``;
-    * ``"ratio/mean"``, ``"ratio/max"``: mean and max of ``r``.
+    * ``"kl/old_approx"``: mean of the k2 estimator ``0.5 * (logp - old_logp)**2``.
+
+    (Mean and max of ``r`` are not computed: each cost a device sync per micro-batch and no
+    caller read them.)
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
@@ -212,7 +214,7 @@ def policy_loss(
     with torch.no_grad():
         n_masked = int(m.sum())
         if n_masked == 0:
-            keys = ("clip/fraction", "clip/dual_fraction", "kl/old_approx", "ratio/mean", "ratio/max")
+            keys = ("clip/fraction", "clip/dual_fraction", "kl/old_approx")
             stats = {k: 0.0 for k in keys}
         else:
             n = torch.tensor(float(n_masked), dtype=logp.dtype, device=logp.device)
@@ -221,8 +223,6 @@ def policy_loss(
                 "clip/fraction": float(clipped.sum()) / n_masked,
                 "clip/dual_fraction": float(dual_active.sum()) / n_masked,
                 "kl/old_approx": _masked_mean(0.5 * log_ratio * log_ratio, m, n),
-                "ratio/mean": _masked_mean(ratio, m, n),
-                "ratio/max": float(ratio[m].max()),
             }
     return loss, stats
 

@@ -1,0 +1,92 @@
+"""Estimators as registered objects (rl/algos/estimators.py): declarations, the registry, a user's
+own estimator by dotted path, and what build_batch and the recipe checks ask of them."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from envs.types import Message, Task, Trajectory
+from rl.algos.batch import build_batch
+from rl.algos.estimators import ESTIMATORS, PPO, EstimatorError, ReinforcePP, estimator_class, get_estimator
+from rl.config.recipe import AlgoConfig, KLConfig, RecipeError, load_recipe, validate_recipe
+
+
+def test_builtin_estimators_declare_their_needs() -> None:
+    assert list(ESTIMATORS) == ["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"]
+    needs = {n: (c.needs_critic, c.sections, c.default_agg, c.min_group_size) for n, c in ESTIMATORS.items()}
+    assert needs == {
+        "grpo": (False, (), "token-mean", 1),
+        "dr_grpo": (False, (), "seq-mean-token-sum-norm", 1),
+        "rloo": (False, (), "token-mean", 2),
+        "reinforce_pp": (False, ("returns",), "token-mean", 1),
+        "ppo": (True, ("critic", "returns"), "token-mean", 1),
+    }
+    assert get_estimator(AlgoConfig(name="ppo")).learner_advantages()
+    assert not get_estimator(AlgoConfig(name="grpo")).learner_advantages()
+    assert get_estimator(AlgoConfig(name="grpo", kl=KLConfig(coef=0.1, in_reward=True))).learner_advantages()
+    with pytest.raises(EstimatorError, match="unknown algorithm 'a2c'; choose one of grpo, dr_grpo"):
+        estimator_class("a2c")
+    with pytest.raises(NotImplementedError):
+        PPO(AlgoConfig(name="ppo")).outcome(torch.zeros(2), torch.zeros(2, dtype=torch.long))
+
+
+def test_reinforce_pp_outcome_is_the_batch_baseline() -> None:
+    adv = ReinforcePP(AlgoConfig(name="reinforce_pp")).outcome(torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64),
+                                                               torch.tensor([0, 0, 1, 1]))
+    assert adv.tolist() == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)  # (r - 0.5) / 0.5
+
+
+USER_ESTIMATOR = '''
+import torch
+from rl.algos.estimators import Estimator
+
+
+class MedianBaseline(Estimator):
+    """Advantage = reward - the group's median, times a scale from algo.kwargs."""
+
+    name = "median"
+
+    def __init__(self, algo, scale=1.0):
+        super().__init__(algo)
+        self.scale = scale
+
+    def outcome(self, scores, group_ids):
+        out = torch.zeros_like(scores)
+        for g in group_ids.unique():
+            sel = group_ids == g
+            out[sel] = (scores[sel] - scores[sel].median()) * self.scale
+        return out
+
+
+class NotOne:
+    pass
+'''
+
+
+def _trajs(rewards: list[float]) -> list[Trajectory]:
+    task = Task(id="t", domain="tool_call", messages=(Message("user", "q"),))
+    return [Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[5, 6], loss_mask=[1, 1], logprobs=[-1.0] * 2,
+                       messages=[], terminated=True, truncated=False, finish_reason="stop", reward=r) for r in rewards]
+
+
+def test_user_estimator_by_dotted_path(recipe_copy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_estimators.py").write_text(textwrap.dedent(USER_ESTIMATOR))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = recipe_copy("tiny.yaml")
+    cfg = load_recipe(recipe, ["algo.name=my_estimators.MedianBaseline", "algo.kwargs={scale: 2.0}"])
+    validate_recipe(cfg)
+    assert cfg.algo.loss.agg == "token-mean"  # the base class's default, resolved from `auto`
+    batch, _ = build_batch(_trajs([0.0, 1.0, 3.0]), cfg.algo)
+    assert [s.advantage for s in batch.samples] == [-2.0, 0.0, 4.0]  # median 1, scale 2
+    for overrides, words in ((["algo.name=my_estimators.NotOne"], "is not a subclass of rl.algos.estimators.Estimator"),
+                             (["algo.name=my_estimators.Nope"], "cannot import 'my_estimators.Nope'"),
+                             (["algo.name=my_estimators.MedianBaseline", "algo.kwargs={bogus: 1}"],
+                              "algo.kwargs do not match"),
+                             (["algo.kwargs={scale: 2.0}"], "algo.kwargs are for an estimator named by dotted path")):
+        with pytest.raises(RecipeError) as e:
+            validate_recipe(load_recipe(recipe, overrides))
+        assert ": algo.name: " in str(e.value) and words in str(e.value), str(e.value)
