@@ -189,7 +189,7 @@ def main() -> int:
         st.detail = f"{n} tokens in {dt:.2f}s = {n / dt:.0f} tok/s"
 
     from rl.algos.batch import Batch, Sample
-    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.config.recipe import AlgoConfig, KLConfig, ModelConfig, OptimConfig
     from rl.trainer.learner import Learner
 
     learner = None
@@ -205,7 +205,7 @@ def main() -> int:
     rng = random.Random(0)
     with stage(f"2. learner steps x{args.steps} (GRPO + k3 KL, AdamW)") as st:
         times = []
-        for step in range(args.steps):
+        for _ in range(args.steps):
             samples = [Sample(p + r, len(p), [1] * len(r), lp, rng.uniform(-1, 1), "smoke", group_id=i // 4, uid=i)
                        for i, (p, r, lp) in enumerate(gens) if r]
             batch = Batch(samples, sum(len(s.loss_mask) for s in samples), len(samples))

@@ -11,13 +11,23 @@ import pytest
 
 from envs.types import Message, Task, Trajectory
 from rl.algos.batch import Batch, Sample, build_batch, rollout_metrics
-from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LossConfig, OptimConfig, ReturnsConfig, UpdateConfig
+from rl.config.recipe import AlgoConfig, KLConfig, LossConfig, UpdateConfig
 
 TOL = 1e-5  # GRPO divides by (std + 1e-6): relative error ~2e-6 against the exact value
 
 
-def traj(reward, group_id, loss_mask, *, domain="tool_call", reward_error=None, scores=None,
-         truncated=False, num_turns=1, tid=None) -> Trajectory:
+def traj(
+    reward,
+    group_id,
+    loss_mask,
+    *,
+    domain="tool_call",
+    reward_error=None,
+    scores=None,
+    truncated=False,
+    num_turns=1,
+    tid=None,
+) -> Trajectory:
     """A hand-made trajectory: prompt [7, 8], one response token per loss_mask entry."""
     n = len(loss_mask)
     task = Task(id=tid or f"t{group_id}", domain=domain, messages=(Message("user", "hi"),))
@@ -117,9 +127,17 @@ def test_sample_fields():
     trajs = two_groups()
     batch, _ = build_batch(trajs, AlgoConfig(name="dr_grpo"))
     b = batch.samples[1]  # trajectory b: prompt [7, 8], response [100, 101, 102], mask [1, 0, 1]
-    assert b == Sample(input_ids=[7, 8, 100, 101, 102], prompt_len=2, loss_mask=[1, 0, 1],
-                       rollout_logprobs=[-0.5, 0.0, -0.5], advantage=pytest.approx(-0.3333333, abs=TOL),
-                       domain="tool_call", reward=0.0, group_id=0, uid=1)
+    assert b == Sample(
+        input_ids=[7, 8, 100, 101, 102],
+        prompt_len=2,
+        loss_mask=[1, 0, 1],
+        rollout_logprobs=[-0.5, 0.0, -0.5],
+        advantage=pytest.approx(-0.3333333, abs=TOL),
+        domain="tool_call",
+        reward=0.0,
+        group_id=0,
+        uid=1,
+    )
     assert b.num_tokens == 2
     # Skipped (zero-advantage) samples carry their fields too: d is the first of group 1.
     d = batch.skipped[0]
@@ -222,8 +240,14 @@ def test_reinforce_pp_batch_normalised_advantages():
     assert stats["groups/zero_variance_fraction"] == 0.5  # reported for every algorithm
 
 
-@pytest.mark.parametrize("algo", [AlgoConfig(name="ppo"), AlgoConfig(name="grpo", kl=KLConfig(coef=0.1, in_reward=True)),
-                                  AlgoConfig(name="reinforce_pp", kl=KLConfig(coef=0.1, in_reward=True))])
+@pytest.mark.parametrize(
+    "algo",
+    [
+        AlgoConfig(name="ppo"),
+        AlgoConfig(name="grpo", kl=KLConfig(coef=0.1, in_reward=True)),
+        AlgoConfig(name="reinforce_pp", kl=KLConfig(coef=0.1, in_reward=True)),
+    ],
+)
 def test_learner_side_advantages_carry_rewards_and_groups(algo):
     # PPO and KL-in-reward advantages need the learner's models: build_batch leaves them at 0,
     # keeps every sample (none skipped) and hands over the scalar rewards and group ids.
@@ -304,9 +328,19 @@ def test_seq_level_domains_weigh_per_sequence():
 
     def tr(domain, g, reward, n):
         t = Task(id=f"{domain}{g}", domain=domain, messages=(Message("user", "q"),))
-        return Trajectory(task=t, group_id=g, prompt_ids=[1], response_ids=[2] * n, loss_mask=[1] * n,
-                          logprobs=[-1.0] * n, messages=[], terminated=True, truncated=False, finish_reason="stop",
-                          reward=reward)
+        return Trajectory(
+            task=t,
+            group_id=g,
+            prompt_ids=[1],
+            response_ids=[2] * n,
+            loss_mask=[1] * n,
+            logprobs=[-1.0] * n,
+            messages=[],
+            terminated=True,
+            truncated=False,
+            finish_reason="stop",
+            reward=reward,
+        )
 
     trajs = [tr("code", 0, 1.0, 2), tr("code", 0, 0.0, 2), tr("terminal", 1, 1.0, 6), tr("terminal", 1, 0.0, 6)]
     algo = AlgoConfig(name="dr_grpo")

@@ -54,8 +54,17 @@ def test_every_shipped_recipe_lists_only_what_it_changes_and_is_valid(path: Path
 
 
 def test_overrides_and_types(recipe_file: Path) -> None:
-    cfg = load_recipe(recipe_file, ["train.steps=7", "algo.optim.lr=3e-4", "run.output_dir=/tmp/x", "wandb.tags=[a, b]",
-                                    "rewards.0.kwargs.format_weight=0.1", "rollout.envs.0.domain=tool_call"])
+    cfg = load_recipe(
+        recipe_file,
+        [
+            "train.steps=7",
+            "algo.optim.lr=3e-4",
+            "run.output_dir=/tmp/x",
+            "wandb.tags=[a, b]",
+            "rewards.0.kwargs.format_weight=0.1",
+            "rollout.envs.0.domain=tool_call",
+        ],
+    )
     assert cfg.train.steps == 7 and cfg.algo.optim.lr == pytest.approx(3e-4) and cfg.run.output_dir == "/tmp/x"
     assert cfg.wandb.tags == ["a", "b"] and cfg.rewards[0].kwargs["format_weight"] == 0.1
     assert cfg.source == str(recipe_file.resolve())
@@ -85,21 +94,30 @@ def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
     "text, overrides, expected",
     [
         ("algo:\n  lrr: 1\n", [], ["r.yaml:2", "unknown recipe key 'algo.lrr'", "valid keys here", "optim"]),
-        ("algo:\n  optim:\n    lrr: 1\n", [], ["r.yaml:3", "unknown recipe key 'algo.optim.lrr'", "valid keys here",
-                                                  "warmup_steps"]),
+        (
+            "algo:\n  optim:\n    lrr: 1\n",
+            [],
+            ["r.yaml:3", "unknown recipe key 'algo.optim.lrr'", "valid keys here", "warmup_steps"],
+        ),
         ("nosuch:\n  a: 1\n", [], ["r.yaml:1", "unknown recipe key 'nosuch'"]),
         ("algo:\n  optim:\n    lr: abc\n", [], ["r.yaml:3", "algo.optim.lr", "abc"]),
         ("algo:\n  lr: 0.1\n", [], ["r.yaml:2", "recipe key 'algo.lr' moved to 'algo.optim.lr'"]),
         ("algo:\n  name: ppo\n  critic: separate\n", [], ["r.yaml:3", "algo.critic.model"]),
-        ("mixer:\n  normalization: domain_then_group\n", [],
-         ["r.yaml:2", "moved to 'algo.reward_norm.mode'", "algo.reward_norm.mode: domain with algo.name: dr_grpo"]),
+        (
+            "mixer:\n  normalization: domain_then_group\n",
+            [],
+            ["r.yaml:2", "moved to 'algo.reward_norm.mode'", "algo.reward_norm.mode: domain with algo.name: dr_grpo"],
+        ),
         ("train:\n  steps: 2\n", ["algo.kl_coef=0.1"], ["override 'algo.kl_coef=0.1'", "moved to 'algo.kl.coef'"]),
         ("train:\n  steps: 2\n", ["algo.learner_workers=2"], ["moved to 'learner.workers'"]),
         ("train:\n  steps: -1\n", [], ["r.yaml:2", "train.steps: must be >= 0, got -1"]),
         ("algo:\n  loss:\n    agg: mean\n", [], ["r.yaml:3", "algo.loss.agg: choose one of auto, token-mean"]),
         ("run:\n  overwrite: 1\n", [], ["r.yaml:2", "run.overwrite: expected true or false"]),
-        ("rollout:\n  envs:\n    - domain: code\n      clss: x\n", [],
-         ["r.yaml:4", "unknown recipe key 'rollout.envs.0.clss'"]),
+        (
+            "rollout:\n  envs:\n    - domain: code\n      clss: x\n",
+            [],
+            ["r.yaml:4", "unknown recipe key 'rollout.envs.0.clss'"],
+        ),
         ("train:\n  steps: [1\n", [], ["r.yaml", "YAML syntax error"]),
         ("- a\n- b\n", [], ["a recipe is a mapping"]),
         ("train:\n  steps: 2\n", ["train.stepz=3"], ["override 'train.stepz=3'", "unknown recipe key"]),
@@ -161,15 +179,20 @@ def test_validate_errors(recipe_file: Path, overrides: list[str], expected: str)
 
 def test_reward_without_call_or_domains(recipe_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "userrew.py").write_text(
-        "class NoCall:\n    domains = ('tool_call',)\n\nclass NoDomains:\n    def __call__(self, t):\n        return 1.0\n")
+        "class NoCall:\n    domains = ('tool_call',)\n\nclass NoDomains:\n    def __call__(self, t):\n        return 1.0\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(RecipeError, match=r"rewards\.0\.cls: userrew\.NoCall has no __call__"):
         validate_recipe(load_recipe(recipe_file, ["rewards.0.cls=userrew.NoCall", "rewards.0.kwargs={}"]))
     with pytest.raises(RecipeError, match=r"rewards\.0\.domains: userrew\.NoDomains has no `domains`"):
-        validate_recipe(load_recipe(recipe_file, ["rewards.0.cls=userrew.NoDomains", "rewards.0.kwargs={}",
-                                                  "rewards.0.domains=[]"]))
-    validate_recipe(load_recipe(recipe_file, ["rewards.0.cls=userrew.NoDomains", "rewards.0.kwargs={}",
-                                              "rewards.0.domains=[tool_call]"]))
+        validate_recipe(
+            load_recipe(recipe_file, ["rewards.0.cls=userrew.NoDomains", "rewards.0.kwargs={}", "rewards.0.domains=[]"])
+        )
+    validate_recipe(
+        load_recipe(
+            recipe_file, ["rewards.0.cls=userrew.NoDomains", "rewards.0.kwargs={}", "rewards.0.domains=[tool_call]"]
+        )
+    )
 
 
 def test_existing_run_is_refused_without_overwrite(recipe_file: Path) -> None:
@@ -192,7 +215,9 @@ def test_existing_run_is_refused_without_overwrite(recipe_file: Path) -> None:
         (["train", "{recipe}", "run.output_dir=/proc/x"], "not writable"),
     ],
 )
-def test_cli_exit_code_2_no_traceback(recipe_file: Path, capsys: pytest.CaptureFixture, args: list[str], expected: str) -> None:
+def test_cli_exit_code_2_no_traceback(
+    recipe_file: Path, capsys: pytest.CaptureFixture, args: list[str], expected: str
+) -> None:
     rc = main([a.replace("{recipe}", str(recipe_file)) for a in args])
     err = capsys.readouterr().err
     assert rc == 2
@@ -209,8 +234,9 @@ def test_cli_subprocess_bad_yaml(tmp_path: Path) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text("train:\n  steps: [\n")
     exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run([str(exe), "train", str(p)], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "RAY_ADDRESS": ""})
+    r = subprocess.run(
+        [str(exe), "train", str(p)], capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": ""}
+    )
     assert r.returncode == 2
     assert "YAML syntax error" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()
@@ -222,18 +248,46 @@ def test_cli_subprocess_bad_yaml(tmp_path: Path) -> None:
         (["cluster.device=tpu"], "cluster.device: choose one of auto, cpu, gpu; got 'tpu'"),
         (["cluster.placement=spread"], "cluster.placement: choose one of split, colocated; got 'spread'"),
         (["cluster.device=cpu", "cluster.placement=colocated"], "cluster.placement: colocated shares GPUs"),
-        (["cluster.device=cpu", "cluster.engine_tp=2", "cluster.engine_gpus=2"],
-         "cluster.engine_tp: tensor parallelism (2) needs GPUs"),
+        (
+            ["cluster.device=cpu", "cluster.engine_tp=2", "cluster.engine_gpus=2"],
+            "cluster.engine_tp: tensor parallelism (2) needs GPUs",
+        ),
         (["cluster.device=gpu", "cluster.engine_tp=2"], "cluster.engine_gpus: an engine with cluster.engine_tp=2"),
         (["cluster.engine_tp=0"], "cluster.engine_tp: must be >= 1"),
-        (["cluster.device=gpu", "cluster.placement=colocated"],
-         "cluster.engine_gpus: colocated: an engine and a learner worker share one GPU"),
-        (["cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5",
-          "rollout.num_engines=2"], "rollout.num_engines (2) must equal learner.workers (1)"),
-        (["cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5",
-          "cluster.engine_tp=2"], "cluster.engine_tp: colocated"),
-        (["cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5",
-          "rollout.async_steps=1"], "rollout.async_steps: async rollouts overlap generation"),
+        (
+            ["cluster.device=gpu", "cluster.placement=colocated"],
+            "cluster.engine_gpus: colocated: an engine and a learner worker share one GPU",
+        ),
+        (
+            [
+                "cluster.device=gpu",
+                "cluster.placement=colocated",
+                "cluster.engine_gpus=0.5",
+                "cluster.learner_gpus=0.5",
+                "rollout.num_engines=2",
+            ],
+            "rollout.num_engines (2) must equal learner.workers (1)",
+        ),
+        (
+            [
+                "cluster.device=gpu",
+                "cluster.placement=colocated",
+                "cluster.engine_gpus=0.5",
+                "cluster.learner_gpus=0.5",
+                "cluster.engine_tp=2",
+            ],
+            "cluster.engine_tp: colocated",
+        ),
+        (
+            [
+                "cluster.device=gpu",
+                "cluster.placement=colocated",
+                "cluster.engine_gpus=0.5",
+                "cluster.learner_gpus=0.5",
+                "rollout.async_steps=1",
+            ],
+            "rollout.async_steps: async rollouts overlap generation",
+        ),
         (["cluster.device=gpu", "cluster.learner_gpus=0"], "cluster.learner_gpus: must be > 0 on GPU"),
         (["cluster.engine_gpus=1.5"], "cluster.engine_gpus: must be a fraction in [0, 1] or a whole number"),
         (["cluster.engine_gpus=2"], "cluster.engine_tp: an engine with cluster.engine_gpus=2 would use one of them"),
@@ -252,9 +306,17 @@ def test_cluster_errors_name_the_key(recipe_file: Path, overrides: list[str], ex
 
 
 def test_cluster_section_loads_custom_resources(recipe_file: Path) -> None:
-    cfg = load_recipe(recipe_file, ["cluster.engine_resources.node_b=0.5", "cluster.learner_resources={node_a: 1}",
-                                    "cluster.device=gpu", "cluster.placement=colocated", "cluster.engine_gpus=0.5",
-                                    "cluster.learner_gpus=0.5"])
+    cfg = load_recipe(
+        recipe_file,
+        [
+            "cluster.engine_resources.node_b=0.5",
+            "cluster.learner_resources={node_a: 1}",
+            "cluster.device=gpu",
+            "cluster.placement=colocated",
+            "cluster.engine_gpus=0.5",
+            "cluster.learner_gpus=0.5",
+        ],
+    )
     validate_recipe(cfg)  # colocated on GPU is valid before any GPU is seen
     c = cfg.cluster
     assert c.engine_resources == {"node_b": 0.5} and c.learner_resources == {"node_a": 1.0}
@@ -267,13 +329,17 @@ def test_cluster_section_loads_custom_resources(recipe_file: Path) -> None:
     "overrides, expected",
     [
         # Passed validation before and failed at step 1 (build_batch refused the normalized advantages).
-        (["algo.reward_norm.mode=domain", "algo.kl.in_reward=true"],
-         "algo.reward_norm.mode: per-domain normalization shapes outcome rewards before the estimator; "
-         "algo.kl.in_reward puts a per-token KL penalty in the reward"),
+        (
+            ["algo.reward_norm.mode=domain", "algo.kl.in_reward=true"],
+            "algo.reward_norm.mode: per-domain normalization shapes outcome rewards before the estimator; "
+            "algo.kl.in_reward puts a per-token KL penalty in the reward",
+        ),
         (["algo.reward_norm.mode=domain", "algo.name=ppo"], "'ppo' computes its advantages in the learner"),
         # Passed validation before and was silently ignored (no rescaling of learner-side advantages).
-        (["mixer.seq_level_domains=[tool_call]", "algo.kl.in_reward=true"],
-         "mixer.seq_level_domains: rescales outcome advantages per sequence; algo.kl.in_reward"),
+        (
+            ["mixer.seq_level_domains=[tool_call]", "algo.kl.in_reward=true"],
+            "mixer.seq_level_domains: rescales outcome advantages per sequence; algo.kl.in_reward",
+        ),
         (["mixer.seq_level_domains=[tool_call]", "algo.name=ppo"], "so it would be ignored"),
         (["mixer.seq_level_domains=[math]"], "mixer.seq_level_domains: domains ['math'] have no env"),
         (["algo.name=rloo", "rollout.group_size=1"], "rollout.group_size: rloo needs a group of at least 2"),
@@ -299,8 +365,12 @@ def test_dr_grpo_defaults_to_the_papers_aggregation(recipe_file: Path) -> None:
 
 
 def test_engine_kwargs_owned_by_recipe_keys_are_refused(recipe_file: Path) -> None:
-    for key, owner in (("max_model_len", "rollout.max_model_len"), ("dtype", "model.engine_dtype"),
-                       ("tensor_parallel_size", "cluster.engine_tp"), ("seed", "run.seed")):
+    for key, owner in (
+        ("max_model_len", "rollout.max_model_len"),
+        ("dtype", "model.engine_dtype"),
+        ("tensor_parallel_size", "cluster.engine_tp"),
+        ("seed", "run.seed"),
+    ):
         with pytest.raises(RecipeError) as e:
             validate_recipe(load_recipe(recipe_file, [f"rollout.engine_kwargs.{key}=1"]))
         assert f"rollout.engine_kwargs.{key}: jointrl sets {key} itself from {owner}" in str(e.value)
@@ -315,8 +385,10 @@ def test_engine_kwargs_checked_against_vllm_engine_args(recipe_file: Path, monke
     assert cfg.rollout.engine_kwargs == {"max_num_seqs": 64, "enable_prefix_caching": False}
     with pytest.raises(RecipeError) as e:
         validate_recipe(load_recipe(recipe_file, ["rollout.engine_kwargs.max_num_seq=64"]))
-    assert "rollout.engine_kwargs.max_num_seq: not an argument of the installed vLLM's EngineArgs; did you mean " \
-           "max_num_seqs?" in str(e.value)
+    assert (
+        "rollout.engine_kwargs.max_num_seq: not an argument of the installed vLLM's EngineArgs; did you mean "
+        "max_num_seqs?" in str(e.value)
+    )
 
 
 @pytest.mark.slow  # imports vLLM (~10 s here)
@@ -325,7 +397,9 @@ def test_engine_kwargs_against_the_installed_vllm(recipe_file: Path) -> None:
 
     names = vllm_engine_arg_names()
     assert {"max_num_seqs", "enable_prefix_caching", "quantization", "speculative_config"} <= names
-    validate_recipe(load_recipe(recipe_file, ["rollout.engine_kwargs={max_num_seqs: 32, enable_prefix_caching: false}"]))
+    validate_recipe(
+        load_recipe(recipe_file, ["rollout.engine_kwargs={max_num_seqs: 32, enable_prefix_caching: false}"])
+    )
     with pytest.raises(RecipeError, match="rollout.engine_kwargs.prefix_cache: not an argument"):
         validate_recipe(load_recipe(recipe_file, ["rollout.engine_kwargs.prefix_cache=true"]))
 

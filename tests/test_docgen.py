@@ -19,8 +19,9 @@ def test_recipe_reference_is_up_to_date() -> None:
     path = reference_path()
     assert path == ROOT / "docs" / "recipe-reference.md"
     assert path.is_file(), "docs/recipe-reference.md is missing: run `.venv/bin/python -m rl.config.docgen`"
-    assert path.read_text() == recipe_reference(), \
+    assert path.read_text() == recipe_reference(), (
         "docs/recipe-reference.md is stale (rl/config/recipe.py changed): run `.venv/bin/python -m rl.config.docgen`"
+    )
 
 
 def _keys(cls: type, prefix: str) -> list[str]:
@@ -42,8 +43,9 @@ def _keys(cls: type, prefix: str) -> list[str]:
 
 def test_every_key_is_listed_with_type_default_and_doc() -> None:
     text = recipe_reference()
-    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in text.splitlines()
-             if line.startswith("| `")]
+    cells = [
+        [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in text.splitlines() if line.startswith("| `")
+    ]
     rows = {c[0].strip("`"): c[1:] for c in cells}
     keys = _keys(config.Recipe, "")
     assert "rewards.<i>.cls" in keys and "rollout.envs.<i>.domain" in keys
@@ -52,9 +54,11 @@ def test_every_key_is_listed_with_type_default_and_doc() -> None:
     assert rows["run.threads"][2] == ">= 0" and rows["algo.loss.clip_low"][2] == "in [0, 1)"
     assert rows["algo.optim.lr"][:2] == ["`float`", "`1.0e-05`"]
     assert rows["run.ray_address"][1] == '`""`'
-    assert rows["algo.loss.agg"][0] == ("`auto \\| token-mean \\| seq-mean-token-mean \\| seq-mean-token-sum \\| "
-                                        "seq-mean-token-sum-norm`")  # Literal choices, pipes escaped
+    assert rows["algo.loss.agg"][0] == (
+        "`auto \\| token-mean \\| seq-mean-token-mean \\| seq-mean-token-sum \\| seq-mean-token-sum-norm`"
+    )  # Literal choices, pipes escaped
     assert rows["rollout.envs"][1] == "`[{domain: tool_call, cls: envs.toolcall.ToolCallEnv, kwargs: {}}]`"
+
     # Every key of the shipped recipes is documented.
     def walk(node, prefix):
         if isinstance(node, dict):
@@ -69,6 +73,7 @@ def test_every_key_is_listed_with_type_default_and_doc() -> None:
         elif isinstance(node, list):
             for item in node:
                 yield from walk(item, prefix + "<i>.")
+
     for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
         for key in walk(yaml.safe_load(recipe.read_text()), ""):
             assert key in rows, f"{recipe.name}: {key} is not in the reference"
@@ -87,8 +92,12 @@ class _Outer(Section):
 
 
 def test_doc_lines_come_from_the_field_declarations() -> None:
-    assert field_docs(_Outer) == {("_Outer", "x"): "the x | with a pipe", ("_Outer", "z"): "",
-                                  ("_Outer", "inner"): "a section", ("_Inner", "y"): "about y"}
+    assert field_docs(_Outer) == {
+        ("_Outer", "x"): "the x | with a pipe",
+        ("_Outer", "z"): "",
+        ("_Outer", "inner"): "a section",
+        ("_Inner", "y"): "about y",
+    }
 
 
 def test_every_field_of_the_recipe_has_a_doc() -> None:
@@ -131,10 +140,21 @@ def test_envs_doc_example_works(tmp_path: Path, monkeypatch) -> None:
 
     ts = load_tasks(tmp_path / "arith.train.jsonl")
     check_env(ArithEnv(), ts[0], action="42")
+
     def answer(text: str) -> Trajectory:
-        return Trajectory(task=ts[0], group_id=0, prompt_ids=[], response_ids=[], loss_mask=[], logprobs=[],
-                          messages=[*ts[0].messages, Message("assistant", text)], terminated=True, truncated=False,
-                          finish_reason="stop")
+        return Trajectory(
+            task=ts[0],
+            group_id=0,
+            prompt_ids=[],
+            response_ids=[],
+            loss_mask=[],
+            logprobs=[],
+            messages=[*ts[0].messages, Message("assistant", text)],
+            terminated=True,
+            truncated=False,
+            finish_reason="stop",
+        )
+
     assert ArithReward()(answer("17 + 25 = 42")) == 1.0 and ArithReward()(answer("It is 41")) == 0.0
     cfg = load_recipe(tmp_path / "arith.yaml", [f"run.output_dir={tmp_path / 'out'}"])
     validate_recipe(cfg)

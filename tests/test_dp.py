@@ -7,7 +7,6 @@ grad norm and the batch metrics (loss, KL, value loss, token counts) must match.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 

@@ -35,8 +35,9 @@ def test_builtin_estimators_declare_their_needs() -> None:
 
 
 def test_reinforce_pp_outcome_is_the_batch_baseline() -> None:
-    adv = ReinforcePP(AlgoConfig(name="reinforce_pp")).outcome(torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64),
-                                                               torch.tensor([0, 0, 1, 1]))
+    adv = ReinforcePP(AlgoConfig(name="reinforce_pp")).outcome(
+        torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64), torch.tensor([0, 0, 1, 1])
+    )
     assert adv.tolist() == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)  # (r - 0.5) / 0.5
 
 
@@ -69,8 +70,22 @@ class NotOne:
 
 def _trajs(rewards: list[float]) -> list[Trajectory]:
     task = Task(id="t", domain="tool_call", messages=(Message("user", "q"),))
-    return [Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[5, 6], loss_mask=[1, 1], logprobs=[-1.0] * 2,
-                       messages=[], terminated=True, truncated=False, finish_reason="stop", reward=r) for r in rewards]
+    return [
+        Trajectory(
+            task=task,
+            group_id=0,
+            prompt_ids=[1],
+            response_ids=[5, 6],
+            loss_mask=[1, 1],
+            logprobs=[-1.0] * 2,
+            messages=[],
+            terminated=True,
+            truncated=False,
+            finish_reason="stop",
+            reward=r,
+        )
+        for r in rewards
+    ]
 
 
 def test_user_estimator_by_dotted_path(recipe_copy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,11 +97,12 @@ def test_user_estimator_by_dotted_path(recipe_copy, tmp_path: Path, monkeypatch:
     assert cfg.algo.loss.agg == "token-mean"  # the base class's default, resolved from `auto`
     batch, _ = build_batch(_trajs([0.0, 1.0, 3.0]), cfg.algo)
     assert [s.advantage for s in batch.samples] == [-2.0, 0.0, 4.0]  # median 1, scale 2
-    for overrides, words in ((["algo.name=my_estimators.NotOne"], "is not a subclass of rl.algos.estimators.Estimator"),
-                             (["algo.name=my_estimators.Nope"], "cannot import 'my_estimators.Nope'"),
-                             (["algo.name=my_estimators.MedianBaseline", "algo.kwargs={bogus: 1}"],
-                              "algo.kwargs do not match"),
-                             (["algo.kwargs={scale: 2.0}"], "algo.kwargs are for an estimator named by dotted path")):
+    for overrides, words in (
+        (["algo.name=my_estimators.NotOne"], "is not a subclass of rl.algos.estimators.Estimator"),
+        (["algo.name=my_estimators.Nope"], "cannot import 'my_estimators.Nope'"),
+        (["algo.name=my_estimators.MedianBaseline", "algo.kwargs={bogus: 1}"], "algo.kwargs do not match"),
+        (["algo.kwargs={scale: 2.0}"], "algo.kwargs are for an estimator named by dotted path"),
+    ):
         with pytest.raises(RecipeError) as e:
             validate_recipe(load_recipe(recipe, overrides))
         assert ": algo.name: " in str(e.value) and words in str(e.value), str(e.value)

@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from rl.algos.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights, value_loss
+from rl.algos.losses import (
+    aggregate,
+    entropy_from_logits,
+    kl,
+    policy_loss,
+    token_logprobs,
+    truncated_is_weights,
+    value_loss,
+)
 
 
 def close(actual, expected, atol=1e-5):
@@ -127,7 +135,9 @@ def test_policy_loss_gradient_accumulation_identity():
         full, _ = policy_loss(logp, old_logp, adv, mask, dual_clip=3.0, agg=agg)
         (g_full,) = torch.autograd.grad(full, logp)
         acc = sum(
-            policy_loss(logp[s], old_logp[s], adv[s], mask[s], dual_clip=3.0, agg=agg, num_tokens=n_tok, num_seqs=n_seq)[0]
+            policy_loss(
+                logp[s], old_logp[s], adv[s], mask[s], dual_clip=3.0, agg=agg, num_tokens=n_tok, num_seqs=n_seq
+            )[0]
             for s in (slice(0, 1), slice(1, 4))
         )
         (g_acc,) = torch.autograd.grad(acc, logp)
@@ -368,7 +378,9 @@ def test_aggregate_seq_mean_token_sum_norm_is_a_constant_normalizer():
     # (6 + 4) / (2 sequences x 10 tokens): no per-sequence length normalization (Dr.GRPO; verl's mode)
     close(aggregate(x, m, "seq-mean-token-sum-norm", norm_tokens=10), 0.5)
     # Accumulation: micro-batches with the full batch's num_seqs sum to the whole.
-    parts = [aggregate(x[i:i + 1], m[i:i + 1], "seq-mean-token-sum-norm", num_seqs=2, norm_tokens=10) for i in (0, 1)]
+    parts = [
+        aggregate(x[i : i + 1], m[i : i + 1], "seq-mean-token-sum-norm", num_seqs=2, norm_tokens=10) for i in (0, 1)
+    ]
     close(sum(parts), 0.5)
     with pytest.raises(ValueError, match="needs norm_tokens > 0"):
         aggregate(x, m, "seq-mean-token-sum-norm")

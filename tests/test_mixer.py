@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import random
 
 import pytest
-import torch
 
 from envs.types import Message, Task, Trajectory
 from rl.data.mixer import Source, TaskMixer, largest_remainder, sources_by_domain

@@ -91,9 +91,19 @@ def test_normalizer_state_round_trip_and_ema() -> None:
 
 def _traj(domain: str, i: int, group: int, reward: float) -> Trajectory:
     task = Task(id=f"{domain}-{group}", domain=domain, messages=(Message("user", "q"),))
-    return Trajectory(task=task, group_id=group, prompt_ids=[1, 2], response_ids=[5] * (3 + i), loss_mask=[1] * (3 + i),
-                      logprobs=[-1.0] * (3 + i), messages=[], terminated=True, truncated=False, finish_reason="stop",
-                      reward=reward)
+    return Trajectory(
+        task=task,
+        group_id=group,
+        prompt_ids=[1, 2],
+        response_ids=[5] * (3 + i),
+        loss_mask=[1] * (3 + i),
+        logprobs=[-1.0] * (3 + i),
+        messages=[],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        reward=reward,
+    )
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])

@@ -70,8 +70,12 @@ def _usable(trajs: list[Trajectory], est: Estimator, stats: dict[str, float]) ->
     return ok
 
 
-def build_batch(trajs: list[Trajectory], algo: AlgoConfig, rewards: list[float] | None = None,
-                seq_level_domains: tuple[str, ...] = ()) -> tuple[Batch, dict[str, float]]:
+def build_batch(
+    trajs: list[Trajectory],
+    algo: AlgoConfig,
+    rewards: list[float] | None = None,
+    seq_level_domains: tuple[str, ...] = (),
+) -> tuple[Batch, dict[str, float]]:
     """Advantages and samples for ``trajs`` under ``algo``; returns (batch, stats).
 
     ``rewards`` (one per trajectory, e.g. the shaped rewards of ``rl.algos.shaping.shape_step``)
@@ -90,7 +94,9 @@ def build_batch(trajs: list[Trajectory], algo: AlgoConfig, rewards: list[float] 
         if len(rewards) != len(trajs):
             raise ValueError(f"{len(rewards)} rewards for {len(trajs)} trajectories")
         if in_learner:
-            raise ValueError(f"algo {algo.name!r} computes its advantages in the learner; no shaped rewards can be given")
+            raise ValueError(
+                f"algo {algo.name!r} computes its advantages in the learner; no shaped rewards can be given"
+            )
     if seq_level_domains and in_learner:
         raise ValueError(f"seq_level_domains rescales outcome advantages; {algo.name!r} computes them in the learner")
     given = {id(t): r for t, r in zip(trajs, rewards)} if rewards is not None else None
@@ -117,16 +123,26 @@ def build_batch(trajs: list[Trajectory], algo: AlgoConfig, rewards: list[float] 
         adv = est.outcome(scores, torch.tensor([t.group_id for t in ok], dtype=torch.long)).to(torch.float64)
     if seq_level_domains:
         mean_tokens = sum(t.num_policy_tokens for t in ok) / len(ok)
-        scale = torch.tensor([mean_tokens / t.num_policy_tokens if t.task.domain in seq_level_domains else 1.0
-                              for t in ok], dtype=torch.float64)
+        scale = torch.tensor(
+            [mean_tokens / t.num_policy_tokens if t.task.domain in seq_level_domains else 1.0 for t in ok],
+            dtype=torch.float64,
+        )
         adv = adv * scale
     # Exactly no gradient: skip the compute, keep it in the denominators.
     can_skip = not in_learner and algo.kl.coef == 0.0 and algo.loss.entropy_coef == 0.0
     samples, skipped = [], []
     for uid, (t, a, r) in enumerate(zip(ok, adv.tolist(), scores.tolist())):
-        s = Sample(input_ids=list(t.prompt_ids) + list(t.response_ids), prompt_len=len(t.prompt_ids),
-                   loss_mask=list(t.loss_mask), rollout_logprobs=list(t.logprobs), advantage=float(a),
-                   domain=t.task.domain, reward=float(r), group_id=t.group_id, uid=uid)
+        s = Sample(
+            input_ids=list(t.prompt_ids) + list(t.response_ids),
+            prompt_len=len(t.prompt_ids),
+            loss_mask=list(t.loss_mask),
+            rollout_logprobs=list(t.logprobs),
+            advantage=float(a),
+            domain=t.task.domain,
+            reward=float(r),
+            group_id=t.group_id,
+            uid=uid,
+        )
         (skipped if can_skip and a == 0.0 else samples).append(s)
     stats["batch/samples"] = float(len(samples))
     if not in_learner:

@@ -29,8 +29,19 @@ import torch
 
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 
-__all__ = ["Estimator", "EstimatorError", "register", "estimator_class", "get_estimator", "ESTIMATORS",
-           "GRPO", "DrGRPO", "RLOO", "ReinforcePP", "PPO"]
+__all__ = [
+    "Estimator",
+    "EstimatorError",
+    "register",
+    "estimator_class",
+    "get_estimator",
+    "ESTIMATORS",
+    "GRPO",
+    "DrGRPO",
+    "RLOO",
+    "ReinforcePP",
+    "PPO",
+]
 
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]
 
@@ -65,9 +76,15 @@ class Estimator:
         """Per-sequence advantages. Shapes: ``scores`` float [B], ``group_ids`` long [B] -> [B]."""
         raise NotImplementedError(f"{type(self).__name__} has no outcome-only advantages")
 
-    def token_advantages(self, scores: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                         kl_penalty: torch.Tensor | None, values: torch.Tensor | None,
-                         reduce_sum: ReduceSum | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def token_advantages(
+        self,
+        scores: torch.Tensor,
+        group_ids: torch.Tensor,
+        mask: torch.Tensor,
+        kl_penalty: torch.Tensor | None,
+        values: torch.Tensor | None,
+        reduce_sum: ReduceSum | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Learner-side advantages. Shapes: ``scores`` [B], ``group_ids`` [B], ``mask`` bool [B, T],
         ``kl_penalty`` [B, T] (``-coef * kl`` per token, or None), ``values`` [B, T] (critic, or None)
         -> ``(advantages [B, T], returns [B, T] or None)``; 0 off the mask.
@@ -167,8 +184,10 @@ def estimator_class(name: str) -> type[Estimator]:
     if name in ESTIMATORS:
         return ESTIMATORS[name]
     if "." not in name:
-        raise EstimatorError(f"unknown algorithm {name!r}; choose one of {', '.join(ESTIMATORS)}, "
-                             "or a dotted path pkg.module.Class of an Estimator subclass")
+        raise EstimatorError(
+            f"unknown algorithm {name!r}; choose one of {', '.join(ESTIMATORS)}, "
+            "or a dotted path pkg.module.Class of an Estimator subclass"
+        )
     from envs.base import resolve
 
     try:
@@ -184,8 +203,10 @@ def get_estimator(algo: Any) -> Estimator:
     """The estimator object of ``algo`` (an ``AlgoConfig``); ``algo.kwargs`` go to a user estimator."""
     cls = estimator_class(algo.name)
     if algo.kwargs and algo.name in ESTIMATORS:
-        raise EstimatorError(f"algo.kwargs are for an estimator named by dotted path; {algo.name!r} takes its "
-                             f"settings from algo.* sections")
+        raise EstimatorError(
+            f"algo.kwargs are for an estimator named by dotted path; {algo.name!r} takes its "
+            f"settings from algo.* sections"
+        )
     try:
         return cls(algo, **algo.kwargs)
     except TypeError as e:

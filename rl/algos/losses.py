@@ -227,8 +227,9 @@ def policy_loss(
     return loss, stats
 
 
-def truncated_is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
-                         cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+def truncated_is_weights(
+    old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance weights ``w = min(exp(old_logp - behaviour_logp), cap)`` (no gradient).
 
     Shapes: all ``[B, T]``; returns ``(w, stats)`` with ``w`` 0 on unmasked tokens. ``old_logp``
@@ -250,8 +251,10 @@ def truncated_is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, m
         raw = torch.exp(torch.where(m, old_logp - behaviour_logp, zero))
         w = torch.where(m, raw.clamp(max=cap), zero)
         n = int(m.sum())
-        stats = {"is/weight_mean": float(w.sum()) / n if n else 0.0,
-                 "is/truncated_fraction": float((m & (raw > cap)).sum()) / n if n else 0.0}
+        stats = {
+            "is/weight_mean": float(w.sum()) / n if n else 0.0,
+            "is/truncated_fraction": float((m & (raw > cap)).sum()) / n if n else 0.0,
+        }
     return w, stats
 
 

@@ -85,7 +85,8 @@ class RewardNormalizer:
 
     def metrics(self) -> dict[str, float]:
         return {f"reward/{d}/running_mean": self.mean[d] for d in self.mean} | {
-            f"reward/{d}/running_std": self.std(d) for d in self.mean}
+            f"reward/{d}/running_std": self.std(d) for d in self.mean
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"n": dict(self.n), "mean": dict(self.mean), "m2": dict(self.m2)}
@@ -101,8 +102,14 @@ def shape_step(normalizer: RewardNormalizer, trajs: list[Trajectory]) -> tuple[l
     domain-standardized rewards), and the running statistics.
     """
     scored = [t for t in trajs if t.reward is not None]
-    shaped = normalizer.shape([float(t.reward) for t in scored],  # type: ignore[arg-type]
-                              [t.task.domain for t in scored]) if scored else None
+    shaped = (
+        normalizer.shape(
+            [float(t.reward) for t in scored],  # type: ignore[arg-type]
+            [t.task.domain for t in scored],
+        )
+        if scored
+        else None
+    )
     m: dict[str, float] = {}
     by: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(scored):

@@ -129,8 +129,10 @@ def _table(cls: type, prefix: str) -> list[str]:
     for f in dataclasses.fields(cls):
         if _section_class(cls, f) is not None:
             continue  # its own table below
-        rows.append(f"| {_cell(prefix + f.name, True)} | {_cell(_type_name(cls, f), True)} | "
-                    f"{_cell(_yaml(_default(f)), True)} | {_cell(bounds_text(f))} | {_cell(doc_of(f))} |")
+        rows.append(
+            f"| {_cell(prefix + f.name, True)} | {_cell(_type_name(cls, f), True)} | "
+            f"{_cell(_yaml(_default(f)), True)} | {_cell(bounds_text(f))} | {_cell(doc_of(f))} |"
+        )
     return rows
 
 
@@ -181,8 +183,11 @@ def recipe_reference() -> str:
 def undocumented() -> list[str]:
     """Recipe keys without a doc line (no ``doc`` declared in rl/config/recipe.py)."""
     text = recipe_reference()
-    return [line.split("|")[1].strip().strip("`") for line in text.splitlines()
-            if line.startswith("| `") and line.rstrip().endswith("|  |")]
+    return [
+        line.split("|")[1].strip().strip("`")
+        for line in text.splitlines()
+        if line.startswith("| `") and line.rstrip().endswith("|  |")
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,9 +34,17 @@ class FieldError(ValueError):
         self.value = value  # a well-typed value out of range or against a rule (not a shape or type error)
 
 
-def knob(default: Any = _MISSING, doc: str = "", *, factory: Callable[[], Any] | None = None,
-         ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-         check: Callable[[Any], str | None] | None = None) -> Any:
+def knob(
+    default: Any = _MISSING,
+    doc: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    check: Callable[[Any], str | None] | None = None,
+) -> Any:
     """A recipe field: ``default`` (or ``factory`` for mutable defaults), its doc line and bounds.
 
     ``check(value)`` returns an error message (``None`` when fine) for rules bounds cannot say; it may
@@ -77,8 +85,12 @@ def _check_field(f: dataclasses.Field, value: Any, tp: Any) -> None:
         raise FieldError(f.name, f"choose one of {', '.join(map(str, typing.get_args(tp)))}; got {value!r}")
     md = f.metadata
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        bad = ((md.get("ge") is not None and not value >= md["ge"]) or (md.get("gt") is not None and not value > md["gt"])
-               or (md.get("le") is not None and not value <= md["le"]) or (md.get("lt") is not None and not value < md["lt"]))
+        bad = (
+            (md.get("ge") is not None and not value >= md["ge"])
+            or (md.get("gt") is not None and not value > md["gt"])
+            or (md.get("le") is not None and not value <= md["le"])
+            or (md.get("lt") is not None and not value < md["lt"])
+        )
         if bad:
             raise FieldError(f.name, f"must be {bounds_text(f)}, got {value:g}")
     if md.get("check") is not None:

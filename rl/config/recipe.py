@@ -21,7 +21,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -38,7 +38,11 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 
 
 def _dotted_class(v: str) -> str | None:
-    return None if "." in v and all(p.isidentifier() for p in v.split(".")) else f"expected a dotted path pkg.module.Class, got {v!r}"
+    return (
+        None
+        if "." in v and all(p.isidentifier() for p in v.split("."))
+        else f"expected a dotted path pkg.module.Class, got {v!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,11 @@ def _model_path(v: str) -> str | None:
 class ModelConfig(Section):
     """The policy model and its precisions (the place for model.revision and learner precision choices)."""
 
-    path: str = knob("embedded:smollm2-135m-instruct",
-                     "local HF folder, or embedded:smollm2-135m-instruct | embedded:tiny", check=_model_path)
+    path: str = knob(
+        "embedded:smollm2-135m-instruct",
+        "local HF folder, or embedded:smollm2-135m-instruct | embedded:tiny",
+        check=_model_path,
+    )
     engine_dtype: Dtype = knob("bfloat16", "vLLM weights")
     learner_dtype: Literal["float32", "bfloat16"] = knob("float32", "learner master weights")
     autocast: bool = knob(True, "bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)")
@@ -91,15 +98,22 @@ class DataConfig(Section):
 class MixerConfig(Section):
     """Which tasks each step draws (rl/data/mixer.py). Reward normalization moved to ``algo.reward_norm``."""
 
-    domain_weights: dict[str, float] = knob(doc="share of each step's prompts per domain ({} = by task counts)", factory=dict)
+    domain_weights: dict[str, float] = knob(
+        doc="share of each step's prompts per domain ({} = by task counts)", factory=dict
+    )
     strata: int = knob(1, "length strata per dataset (by estimated trajectory length)", ge=1)
     strata_proportions: list[float] = knob(doc="prompts per stratum ([] = proportional to stratum sizes)", factory=list)
     length_ema: float = knob(0.5, "weight of a task's newest observed length in its estimate", gt=0, le=1)
-    curriculum_window: int = knob(0, "tasks all solved or all failed over their last N visits are sampled less (0 = off)", ge=0)
+    curriculum_window: int = knob(
+        0, "tasks all solved or all failed over their last N visits are sampled less (0 = off)", ge=0
+    )
     curriculum_weight: float = knob(1.0, "chance that such a task stays in a pass over its stratum", ge=0, le=1)
     solved_threshold: float = knob(1.0, "a visit counts as solved when the mean reward of its group reaches this")
-    seq_level_domains: list[str] = knob(doc="domains whose samples weigh per sequence, not per token (outcome-advantage "
-                                            "estimators, no algo.kl.in_reward)", factory=list)
+    seq_level_domains: list[str] = knob(
+        doc="domains whose samples weigh per sequence, not per token (outcome-advantage "
+        "estimators, no algo.kl.in_reward)",
+        factory=list,
+    )
 
     def check(self) -> None:
         w = self.domain_weights.values()
@@ -131,12 +145,18 @@ class RolloutConfig(Section):
     top_p: float = knob(1.0, "nucleus sampling for training rollouts", gt=0, le=1)
     kv_cache_gib: float = knob(1.0, "VLLM_CPU_KVCACHE_SPACE on CPU", gt=0)
     gpu_memory_utilization: float = knob(0.5, "on GPU", gt=0, le=1)
-    async_steps: Literal[0, 1] = knob(0, "0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains")
-    max_restarts: int = knob(2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0)
+    async_steps: Literal[0, 1] = knob(
+        0, "0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains"
+    )
+    max_restarts: int = knob(
+        2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0
+    )
     envs: list[EnvSpec] = knob(doc="one env class per domain (domain, cls, kwargs)", factory=lambda: [EnvSpec()])
-    engine_kwargs: dict[str, Any] = knob(doc="extra vLLM engine arguments (e.g. max_num_seqs, enable_prefix_caching, "
-                                             "quantization, speculative_config), checked against the installed vLLM",
-                                         factory=dict)
+    engine_kwargs: dict[str, Any] = knob(
+        doc="extra vLLM engine arguments (e.g. max_num_seqs, enable_prefix_caching, "
+        "quantization, speculative_config), checked against the installed vLLM",
+        factory=dict,
+    )
 
     def check(self) -> None:
         if self.max_model_len <= self.max_new_tokens:
@@ -168,7 +188,9 @@ class OptimConfig(Section):
     weight_decay: float = knob(0.0, "AdamW weight decay", ge=0)
     max_grad_norm: float = knob(1.0, "global-norm clipping (0 = off)", ge=0)
     warmup_steps: int = knob(0, "optimizer steps of linear warmup", ge=0)
-    schedule: Literal["constant", "cosine"] = knob("constant", "after warmup: constant | cosine (to lr * min_lr_ratio at the last step)")
+    schedule: Literal["constant", "cosine"] = knob(
+        "constant", "after warmup: constant | cosine (to lr * min_lr_ratio at the last step)"
+    )
     min_lr_ratio: float = knob(0.0, "cosine floor, as a fraction of lr", ge=0, le=1)
 
 
@@ -179,16 +201,30 @@ LossAgg = Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-s
 class LossConfig(Section):
     """The clipped policy objective and how token losses are aggregated."""
 
-    agg: LossAgg = knob("auto", "auto (the estimator's own: token-mean; dr_grpo: seq-mean-token-sum-norm) | token-mean | "
-                                "seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (sum / norm_tokens)")
-    norm_tokens: int = knob(0, "constant token normalizer of seq-mean-token-sum-norm (0 = rollout.max_new_tokens x "
-                               "rollout.max_turns, the generation budget, as in the Dr.GRPO paper)", ge=0)
+    agg: LossAgg = knob(
+        "auto",
+        "auto (the estimator's own: token-mean; dr_grpo: seq-mean-token-sum-norm) | token-mean | "
+        "seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (sum / norm_tokens)",
+    )
+    norm_tokens: int = knob(
+        0,
+        "constant token normalizer of seq-mean-token-sum-norm (0 = rollout.max_new_tokens x "
+        "rollout.max_turns, the generation budget, as in the Dr.GRPO paper)",
+        ge=0,
+    )
     clip_low: float = knob(0.2, "ratio clip below 1", ge=0, lt=1)
     clip_high: float = knob(0.2, "ratio clip above 1 (clip-higher when > clip_low)", ge=0)
-    dual_clip: float = knob(0.0, "dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)",
-                            check=lambda v: None if v == 0 or v > 1 else f"must be 0 (off) or > 1, got {v:g}")
-    tis_cap: float = knob(0.0, "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), "
-                               "correcting for stale (async) or numerically different engine samples (0 = off)", ge=0)
+    dual_clip: float = knob(
+        0.0,
+        "dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)",
+        check=lambda v: None if v == 0 or v > 1 else f"must be 0 (off) or > 1, got {v:g}",
+    )
+    tis_cap: float = knob(
+        0.0,
+        "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), "
+        "correcting for stale (async) or numerically different engine samples (0 = off)",
+        ge=0,
+    )
     entropy_coef: float = knob(0.0, "entropy bonus weight (0 = off)", ge=0)
 
 
@@ -196,9 +232,13 @@ class LossConfig(Section):
 class KLConfig(Section):
     """The KL-to-reference term (a frozen reference model is kept only when coef > 0)."""
 
-    coef: float = knob(0.0, "KL-to-reference coefficient, the initial one when adaptive (0 = no reference model is kept)", ge=0)
+    coef: float = knob(
+        0.0, "KL-to-reference coefficient, the initial one when adaptive (0 = no reference model is kept)", ge=0
+    )
     kind: Literal["k1", "k2", "k3"] = knob("k3", "KL estimator")
-    in_reward: bool = knob(False, "false: coefficient x aggregated KL in the loss; true: -coefficient x KL per token in the reward")
+    in_reward: bool = knob(
+        False, "false: coefficient x aggregated KL in the loss; true: -coefficient x KL per token in the reward"
+    )
     target: float = knob(0.0, "> 0: adaptive coefficient steering kl/mean toward this target (0 = fixed coef)", ge=0)
     horizon: int = knob(10000, "adaptive KL: samples over which the coefficient may change by +-20%", ge=1)
 
@@ -214,7 +254,8 @@ class CriticConfig(Section):
     """The value model (estimators that need a critic: ppo)."""
 
     model: Literal["value_head", "separate"] = knob(
-        "value_head", "value_head (linear head on the policy's last hidden states) | separate (own model copy)")
+        "value_head", "value_head (linear head on the policy's last hidden states) | separate (own model copy)"
+    )
     lr: float = knob(0.0, "learning rate of the value head / separate critic (0 = algo.optim.lr)", ge=0)
     vf_coef: float = knob(0.5, "weight of the value loss", ge=0)
     value_clip: float = knob(0.2, "clip of the value update around the old values (0 = unclipped value loss)", ge=0)
@@ -232,16 +273,20 @@ class ReturnsConfig(Section):
 class UpdateConfig(Section):
     epochs: int = knob(1, "passes over each batch", ge=1)
     minibatches: int = knob(1, "optimizer steps per epoch (shuffled minibatches of the batch)", ge=1)
-    zero_variance: Literal["keep", "drop"] = knob("keep", "groups whose rewards are all equal: keep (KL still acts) | "
-                                                          "drop (DAPO-style filter)")
+    zero_variance: Literal["keep", "drop"] = knob(
+        "keep", "groups whose rewards are all equal: keep (KL still acts) | drop (DAPO-style filter)"
+    )
 
 
 @dataclass(frozen=True)
 class RewardNormConfig(Section):
     """Reward shaping before the estimator: per-domain running statistics (rl/algos/shaping.py)."""
 
-    mode: Literal["none", "domain"] = knob("none", "none | domain: each reward becomes (r - mu_d) / (sigma_d + eps) with "
-                                                   "its domain's running mean and std, then the estimator runs")
+    mode: Literal["none", "domain"] = knob(
+        "none",
+        "none | domain: each reward becomes (r - mu_d) / (sigma_d + eps) with "
+        "its domain's running mean and std, then the estimator runs",
+    )
     stat: Literal["welford", "ema"] = knob("welford", "running per-domain statistics: welford (all rewards seen) | ema")
     ema: float = knob(0.1, "EMA weight when stat is ema", gt=0, le=1)
 
@@ -250,17 +295,24 @@ class RewardNormConfig(Section):
 class AlgoConfig(Section):
     """The advantage estimator and the learner's objective (rl/algos/estimators.py)."""
 
-    name: str = knob("grpo", "estimator: grpo | dr_grpo | rloo (group baselines) | reinforce_pp (batch baseline) | ppo "
-                             "(GAE critic) | a dotted path pkg.module.Class of your own (see docs/algorithms.md)",
-                     check=lambda v: None if v else "an estimator name is needed")
-    kwargs: dict[str, Any] = knob(doc="constructor keyword arguments of a user estimator (algo.name a dotted path)", factory=dict)
+    name: str = knob(
+        "grpo",
+        "estimator: grpo | dr_grpo | rloo (group baselines) | reinforce_pp (batch baseline) | ppo "
+        "(GAE critic) | a dotted path pkg.module.Class of your own (see docs/algorithms.md)",
+        check=lambda v: None if v else "an estimator name is needed",
+    )
+    kwargs: dict[str, Any] = knob(
+        doc="constructor keyword arguments of a user estimator (algo.name a dotted path)", factory=dict
+    )
     optim: OptimConfig = knob(doc="optimizer", factory=OptimConfig)
     loss: LossConfig = knob(doc="policy loss", factory=LossConfig)
     kl: KLConfig = knob(doc="KL to the reference model", factory=KLConfig)
     critic: CriticConfig = knob(doc="value model (ppo)", factory=CriticConfig)
     returns: ReturnsConfig = knob(doc="discounting (ppo, reinforce_pp)", factory=ReturnsConfig)
     update: UpdateConfig = knob(doc="epochs and minibatches per batch", factory=UpdateConfig)
-    reward_norm: RewardNormConfig = knob(doc="per-domain reward normalization before the estimator", factory=RewardNormConfig)
+    reward_norm: RewardNormConfig = knob(
+        doc="per-domain reward normalization before the estimator", factory=RewardNormConfig
+    )
 
 
 @dataclass(frozen=True)
@@ -276,8 +328,11 @@ RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 def _gpus(v: float) -> str | None:
-    return None if v >= 0 and (v <= 1 or v == int(v)) else \
-        f"must be a fraction in [0, 1] or a whole number of GPUs (Ray's rule), got {v:g}"
+    return (
+        None
+        if v >= 0 and (v <= 1 or v == int(v))
+        else f"must be a fraction in [0, 1] or a whole number of GPUs (Ray's rule), got {v:g}"
+    )
 
 
 def _resources(v: dict[str, float]) -> str | None:
@@ -297,41 +352,59 @@ class ClusterConfig(Section):
 
     device: Literal["auto", "cpu", "gpu"] = knob("auto", "auto (GPUs when the Ray cluster has any) | cpu | gpu")
     placement: Literal["split", "colocated"] = knob(
-        "split", "split: one bundle per engine and per learner worker | colocated: engine i and learner i share one GPU "
-                 "(GPU only; vLLM sleeps during the learner step)")
-    engine_gpus: float = knob(1.0, "GPUs per engine on GPU (a fraction packs engines onto one GPU; must equal engine_tp "
-                                   "when engine_tp > 1)", check=_gpus)
+        "split",
+        "split: one bundle per engine and per learner worker | colocated: engine i and learner i share one GPU "
+        "(GPU only; vLLM sleeps during the learner step)",
+    )
+    engine_gpus: float = knob(
+        1.0,
+        "GPUs per engine on GPU (a fraction packs engines onto one GPU; must equal engine_tp when engine_tp > 1)",
+        check=_gpus,
+    )
     engine_tp: int = knob(1, "tensor-parallel size of each vLLM engine (GPU only)", ge=1)
     engine_cpus: float = knob(0.5, "Ray CPUs per engine", gt=0)
-    engine_resources: dict[str, float] = knob(doc="custom Ray resources per engine, e.g. {node_b: 1} (nodes get them from "
-                                                  "`ray start --resources`)", factory=dict, check=_resources)
+    engine_resources: dict[str, float] = knob(
+        doc="custom Ray resources per engine, e.g. {node_b: 1} (nodes get them from `ray start --resources`)",
+        factory=dict,
+        check=_resources,
+    )
     learner_gpus: float = knob(1.0, "GPUs per learner worker on GPU", check=_gpus)
     learner_cpus: float = knob(1.0, "Ray CPUs per learner worker", gt=0)
-    learner_resources: dict[str, float] = knob(doc="custom Ray resources per learner worker", factory=dict, check=_resources)
+    learner_resources: dict[str, float] = knob(
+        doc="custom Ray resources per learner worker", factory=dict, check=_resources
+    )
     reward_cpus: float = knob(0.1, "Ray CPUs per reward worker", gt=0)
-    reward_resources: dict[str, float] = knob(doc="custom Ray resources per reward worker", factory=dict, check=_resources)
-    placement_timeout_s: float = knob(120.0, "fail, naming the resources asked for, when the cluster cannot place the "
-                                             "actors within this", gt=0)
+    reward_resources: dict[str, float] = knob(
+        doc="custom Ray resources per reward worker", factory=dict, check=_resources
+    )
+    placement_timeout_s: float = knob(
+        120.0, "fail, naming the resources asked for, when the cluster cannot place the actors within this", gt=0
+    )
 
 
 @dataclass(frozen=True)
 class TrainConfig(Section):
     steps: int = knob(20, "optimizer steps (one batch each)", ge=0)
-    eval_every: int = knob(0, "held-out evaluation every N steps; it always runs at start and end (0 = only then)", ge=0)
-    max_bad_steps: int = knob(3, "stop after this many steps in a row whose update was skipped (non-finite loss or "
-                                 "gradients)", ge=1)
+    eval_every: int = knob(
+        0, "held-out evaluation every N steps; it always runs at start and end (0 = only then)", ge=0
+    )
+    max_bad_steps: int = knob(
+        3, "stop after this many steps in a row whose update was skipped (non-finite loss or gradients)", ge=1
+    )
 
 
 @dataclass(frozen=True)
 class WandbConfig(Section):
     mode: Literal["", "online", "offline", "disabled"] = knob(
-        "", 'online | offline | disabled; "" = $WANDB_MODE, else online with an API key, else offline')
+        "", 'online | offline | disabled; "" = $WANDB_MODE, else online with an API key, else offline'
+    )
     project: str = knob("jointrl", "W&B project")
     entity: str = knob("", 'W&B entity (team or user; "" = your default)')
     run_name: str = knob("", 'W&B run name ("" = the output dir\'s name)')
     tags: list[str] = knob(doc="W&B tags", factory=list)
-    table_every: int = knob(0, "W&B table of rollouts (prompt, response, scores) every N steps and at the last step "
-                               "(0 = never)", ge=0)
+    table_every: int = knob(
+        0, "W&B table of rollouts (prompt, response, scores) every N steps and at the last step (0 = never)", ge=0
+    )
 
 
 @dataclass(frozen=True)
@@ -354,22 +427,37 @@ class Recipe(Section):
 
 # The flat layout before the nested one: an old key is refused, naming its new place.
 RENAMED = {
-    "algo.lr": "algo.optim.lr", "algo.weight_decay": "algo.optim.weight_decay",
-    "algo.max_grad_norm": "algo.optim.max_grad_norm", "algo.lr_warmup_steps": "algo.optim.warmup_steps",
-    "algo.lr_schedule": "algo.optim.schedule", "algo.lr_min_ratio": "algo.optim.min_lr_ratio",
-    "algo.clip_low": "algo.loss.clip_low", "algo.clip_high": "algo.loss.clip_high",
-    "algo.dual_clip": "algo.loss.dual_clip", "algo.tis_cap": "algo.loss.tis_cap", "algo.loss_agg": "algo.loss.agg",
+    "algo.lr": "algo.optim.lr",
+    "algo.weight_decay": "algo.optim.weight_decay",
+    "algo.max_grad_norm": "algo.optim.max_grad_norm",
+    "algo.lr_warmup_steps": "algo.optim.warmup_steps",
+    "algo.lr_schedule": "algo.optim.schedule",
+    "algo.lr_min_ratio": "algo.optim.min_lr_ratio",
+    "algo.clip_low": "algo.loss.clip_low",
+    "algo.clip_high": "algo.loss.clip_high",
+    "algo.dual_clip": "algo.loss.dual_clip",
+    "algo.tis_cap": "algo.loss.tis_cap",
+    "algo.loss_agg": "algo.loss.agg",
     "algo.entropy_coef": "algo.loss.entropy_coef",
-    "algo.kl_coef": "algo.kl.coef", "algo.kl_kind": "algo.kl.kind", "algo.kl_in_reward": "algo.kl.in_reward",
-    "algo.kl_target": "algo.kl.target", "algo.kl_horizon": "algo.kl.horizon",
-    "algo.epochs": "algo.update.epochs", "algo.minibatches": "algo.update.minibatches",
+    "algo.kl_coef": "algo.kl.coef",
+    "algo.kl_kind": "algo.kl.kind",
+    "algo.kl_in_reward": "algo.kl.in_reward",
+    "algo.kl_target": "algo.kl.target",
+    "algo.kl_horizon": "algo.kl.horizon",
+    "algo.epochs": "algo.update.epochs",
+    "algo.minibatches": "algo.update.minibatches",
     "algo.zero_variance": "algo.update.zero_variance",
-    "algo.critic": "algo.critic.model", "algo.critic_lr": "algo.critic.lr", "algo.vf_coef": "algo.critic.vf_coef",
+    "algo.critic": "algo.critic.model",
+    "algo.critic_lr": "algo.critic.lr",
+    "algo.vf_coef": "algo.critic.vf_coef",
     "algo.value_clip": "algo.critic.value_clip",
-    "algo.gamma": "algo.returns.gamma", "algo.lam": "algo.returns.lam",
-    "algo.micro_batch_tokens": "learner.micro_batch_tokens", "algo.share_prompt": "learner.share_prompt",
+    "algo.gamma": "algo.returns.gamma",
+    "algo.lam": "algo.returns.lam",
+    "algo.micro_batch_tokens": "learner.micro_batch_tokens",
+    "algo.share_prompt": "learner.share_prompt",
     "algo.learner_workers": "learner.workers",
-    "mixer.normalization": "algo.reward_norm.mode", "mixer.norm_stat": "algo.reward_norm.stat",
+    "mixer.normalization": "algo.reward_norm.mode",
+    "mixer.norm_stat": "algo.reward_norm.stat",
     "mixer.norm_ema": "algo.reward_norm.ema",
 }
 # Values of mixer.normalization that were estimators of their own, and what gives them now.
@@ -378,8 +466,14 @@ OLD_NORMALIZATIONS = {
     "domain_then_group": "algo.reward_norm.mode: domain with algo.name: dr_grpo (group baseline, domain scale)",
     "domain": "algo.reward_norm.mode: domain (the estimator then runs on the normalized rewards)",
 }
-FREE_FORM_DICTS = ("kwargs", "domain_weights", "engine_resources", "learner_resources", "reward_resources",
-                   "engine_kwargs")
+FREE_FORM_DICTS = (
+    "kwargs",
+    "domain_weights",
+    "engine_resources",
+    "learner_resources",
+    "reward_resources",
+    "engine_kwargs",
+)
 
 
 def _yaml_line(text: str, dotted: str) -> int | None:
@@ -410,7 +504,6 @@ def _yaml_line(text: str, dotted: str) -> int | None:
 def _where(path: str, text: str, key: str) -> str:
     line = _yaml_line(text, key) if text else None
     return f"{path}:{line}" if line else path
-
 
 
 def load_recipe(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -455,7 +548,9 @@ def _refuse_old_normalization(raw: dict) -> None:
     old = raw["mixer"].get("normalization") if isinstance(raw.get("mixer"), dict) else None
     if old is not None:
         then = f"; for {old!r} use {OLD_NORMALIZATIONS[old]}" if old in OLD_NORMALIZATIONS else ""
-        raise FieldError("mixer.normalization", f"recipe key 'mixer.normalization' moved to 'algo.reward_norm.mode'{then}")
+        raise FieldError(
+            "mixer.normalization", f"recipe key 'mixer.normalization' moved to 'algo.reward_norm.mode'{then}"
+        )
 
 
 def _locate(e: FieldError, src: str, text: str, overridden: dict[str, str]) -> str:
@@ -481,7 +576,9 @@ def resolve_defaults(recipe: Recipe) -> Recipe:
     except EstimatorError:
         return recipe
     norm = loss.norm_tokens or recipe.rollout.max_new_tokens * recipe.rollout.max_turns
-    loss = dataclasses.replace(loss, agg=agg, norm_tokens=norm if agg == "seq-mean-token-sum-norm" else loss.norm_tokens)
+    loss = dataclasses.replace(
+        loss, agg=agg, norm_tokens=norm if agg == "seq-mean-token-sum-norm" else loss.norm_tokens
+    )
     return dataclasses.replace(recipe, algo=dataclasses.replace(recipe.algo, loss=loss))
 
 
@@ -577,12 +674,20 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
         yield "rollout.group_size", f"{a.name} needs a group of at least {est.min_group_size} samples"
     n = r.prompts_per_step * r.group_size
     if a.update.minibatches > n:
-        yield "algo.update.minibatches", (f"{a.update.minibatches} minibatches from batches of {n} samples "
-                                          "(rollout.prompts_per_step x rollout.group_size) would leave some empty")
+        yield (
+            "algo.update.minibatches",
+            (
+                f"{a.update.minibatches} minibatches from batches of {n} samples "
+                "(rollout.prompts_per_step x rollout.group_size) would leave some empty"
+            ),
+        )
     # Both act on outcome advantages computed before the learner; the learner computes them
     # itself for a critic (GAE) or for a per-token KL penalty in the reward.
-    why = (f"{a.name!r} computes its advantages in the learner (GAE on the critic)" if est.needs_critic else
-           "algo.kl.in_reward puts a per-token KL penalty in the reward, so the learner computes the advantages")
+    why = (
+        f"{a.name!r} computes its advantages in the learner (GAE on the critic)"
+        if est.needs_critic
+        else "algo.kl.in_reward puts a per-token KL penalty in the reward, so the learner computes the advantages"
+    )
     if a.reward_norm.mode != "none" and est.learner_advantages(a):
         yield "algo.reward_norm.mode", f"per-domain normalization shapes outcome rewards before the estimator; {why}"
     if mx.seq_level_domains and est.learner_advantages(a):
@@ -605,10 +710,16 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
 OWNED_SECTIONS = {"critic": ("ppo",), "returns": ("ppo", "reinforce_pp")}
 # vLLM engine arguments jointrl sets itself, and the recipe key that owns each.
 ENGINE_KWARGS_OWNED = {
-    "model": "model.path", "tokenizer": "model.path", "dtype": "model.engine_dtype", "seed": "run.seed",
-    "max_model_len": "rollout.max_model_len", "gpu_memory_utilization": "rollout.gpu_memory_utilization",
-    "kv_cache_memory_bytes": "rollout.kv_cache_gib", "tensor_parallel_size": "cluster.engine_tp",
-    "distributed_executor_backend": "cluster.engine_tp", "enable_sleep_mode": "cluster.placement",
+    "model": "model.path",
+    "tokenizer": "model.path",
+    "dtype": "model.engine_dtype",
+    "seed": "run.seed",
+    "max_model_len": "rollout.max_model_len",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "kv_cache_memory_bytes": "rollout.kv_cache_gib",
+    "tensor_parallel_size": "cluster.engine_tp",
+    "distributed_executor_backend": "cluster.engine_tp",
+    "enable_sleep_mode": "cluster.placement",
 }
 
 
@@ -635,8 +746,11 @@ def check_engine_kwargs(kwargs: dict[str, Any], fail) -> None:
     for k in kwargs:
         if k not in names:
             close = difflib.get_close_matches(k, sorted(names), n=3)
-            fail(f"rollout.engine_kwargs.{k}", f"not an argument of the installed vLLM's EngineArgs"
-                                               f"{'; did you mean ' + ', '.join(close) + '?' if close else ''}")
+            fail(
+                f"rollout.engine_kwargs.{k}",
+                f"not an argument of the installed vLLM's EngineArgs"
+                f"{'; did you mean ' + ', '.join(close) + '?' if close else ''}",
+            )
 
 
 def _check_files(recipe: Recipe, fail) -> None:
@@ -683,34 +797,60 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
     on_cpu = f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''})"
     if c.placement == "colocated":
         if dev == "cpu":
-            fail("cluster.placement", f"colocated shares GPUs between engines and learners; the run is on CPU "
-                                      f"{on_cpu}: use placement split")
+            fail(
+                "cluster.placement",
+                f"colocated shares GPUs between engines and learners; the run is on CPU {on_cpu}: use placement split",
+            )
         if r.async_steps:
-            fail("rollout.async_steps", "async rollouts overlap generation with the learner step; colocated engines "
-                                        "sleep during that step: use cluster.placement split, or async_steps 0")
+            fail(
+                "rollout.async_steps",
+                "async rollouts overlap generation with the learner step; colocated engines "
+                "sleep during that step: use cluster.placement split, or async_steps 0",
+            )
         if c.engine_tp != 1:
-            fail("cluster.engine_tp", "colocated placement puts one engine and one learner worker on each GPU: "
-                                      f"engine_tp must be 1, got {c.engine_tp}")
+            fail(
+                "cluster.engine_tp",
+                "colocated placement puts one engine and one learner worker on each GPU: "
+                f"engine_tp must be 1, got {c.engine_tp}",
+            )
         if r.num_engines != n_lrn:
-            fail("cluster.placement", f"colocated placement pairs engine i with learner worker i on one GPU: "
-                                      f"rollout.num_engines ({r.num_engines}) must equal learner.workers ({n_lrn})")
+            fail(
+                "cluster.placement",
+                f"colocated placement pairs engine i with learner worker i on one GPU: "
+                f"rollout.num_engines ({r.num_engines}) must equal learner.workers ({n_lrn})",
+            )
         if not (c.engine_gpus > 0 and c.learner_gpus > 0 and c.engine_gpus + c.learner_gpus <= 1):
-            fail("cluster.engine_gpus", f"colocated: an engine and a learner worker share one GPU, so "
-                                        f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
-                                        f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}")
+            fail(
+                "cluster.engine_gpus",
+                f"colocated: an engine and a learner worker share one GPU, so "
+                f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
+                f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}",
+            )
     if c.learner_gpus > 1:
-        fail("cluster.learner_gpus", f"a learner worker uses one GPU (no model parallelism); for more GPUs raise "
-                                     f"learner.workers (data parallel), got {c.learner_gpus}")
+        fail(
+            "cluster.learner_gpus",
+            f"a learner worker uses one GPU (no model parallelism); for more GPUs raise "
+            f"learner.workers (data parallel), got {c.learner_gpus}",
+        )
     if c.engine_gpus > 1 and c.engine_tp == 1 and dev != "cpu":
-        fail("cluster.engine_tp", f"an engine with cluster.engine_gpus={c.engine_gpus:g} would use one of them: set "
-                                  f"cluster.engine_tp to {c.engine_gpus:g} (tensor parallel) or engine_gpus to 1")
+        fail(
+            "cluster.engine_tp",
+            f"an engine with cluster.engine_gpus={c.engine_gpus:g} would use one of them: set "
+            f"cluster.engine_tp to {c.engine_gpus:g} (tensor parallel) or engine_gpus to 1",
+        )
     if c.engine_tp > 1:
         if dev == "cpu":
-            fail("cluster.engine_tp", f"tensor parallelism ({c.engine_tp}) needs GPUs; the run is on CPU {on_cpu}, "
-                                      "where each engine is one vLLM-cpu process: use 1")
+            fail(
+                "cluster.engine_tp",
+                f"tensor parallelism ({c.engine_tp}) needs GPUs; the run is on CPU {on_cpu}, "
+                "where each engine is one vLLM-cpu process: use 1",
+            )
         if c.engine_gpus != c.engine_tp:
-            fail("cluster.engine_gpus", f"an engine with cluster.engine_tp={c.engine_tp} needs one GPU per "
-                                        f"tensor-parallel rank: set cluster.engine_gpus to {c.engine_tp}, got {c.engine_gpus}")
+            fail(
+                "cluster.engine_gpus",
+                f"an engine with cluster.engine_tp={c.engine_tp} needs one GPU per "
+                f"tensor-parallel rank: set cluster.engine_gpus to {c.engine_tp}, got {c.engine_gpus}",
+            )
 
 
 def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve) -> Any:
@@ -746,12 +886,18 @@ def _check_output_dir(recipe: Recipe, fail) -> None:
     need = checkpoint_bytes_estimate(recipe) * (max(recipe.run.keep_checkpoints, 1) + 1) + 64 * 2**20
     free = shutil.disk_usage(probe).free
     if free < need:
-        fail("run.output_dir", f"only {free / 2**20:.0f} MiB free under {probe}; checkpoints (model + optimizer, "
-                              f"run.keep_checkpoints={recipe.run.keep_checkpoints} kept, one being written) and logs "
-                              f"need about {need / 2**20:.0f} MiB")
+        fail(
+            "run.output_dir",
+            f"only {free / 2**20:.0f} MiB free under {probe}; checkpoints (model + optimizer, "
+            f"run.keep_checkpoints={recipe.run.keep_checkpoints} kept, one being written) and logs "
+            f"need about {need / 2**20:.0f} MiB",
+        )
     if (out / "metrics.jsonl").exists() and not recipe.run.overwrite and recipe.run.resume != "auto":
-        fail("run.output_dir", f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
-                              "to replace it, or choose another run.output_dir")
+        fail(
+            "run.output_dir",
+            f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
+            "to replace it, or choose another run.output_dir",
+        )
 
 
 # Weights file bytes per parameter -> checkpoint bytes per parameter (fp32 master weights + AdamW's
@@ -766,7 +912,9 @@ def checkpoint_bytes_estimate(recipe: Recipe) -> int:
     if mp in _EMBEDDED_WEIGHT_BYTES:
         return _CKPT_PER_FILE_BYTE * _EMBEDDED_WEIGHT_BYTES[mp]
     folder = resolve_path(recipe, mp)
-    size = sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in folder.glob(pat)) if folder.is_dir() else 0
+    size = (
+        sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in folder.glob(pat)) if folder.is_dir() else 0
+    )
     return _CKPT_PER_FILE_BYTE * size
 
 

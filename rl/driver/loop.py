@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envs.io import TaskFormatError, load_tasks
-from envs.types import Sampling, Task, Trajectory
+from envs.types import Sampling, Task
 from rewards.service import RewardFnSpec, RewardService
 from rl.algos.batch import build_batch, rollout_metrics
 from rl.config.recipe import Recipe, recipe_to_dict, resolve_output_dir, resolve_path
