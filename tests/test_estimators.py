@@ -3,11 +3,11 @@ own estimator by dotted path, and what build_batch and the recipe checks ask of 
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from envs.types import Message, Task, Trajectory
 from rl.algos.batch import build_batch
@@ -41,31 +41,15 @@ def test_reinforce_pp_outcome_is_the_batch_baseline() -> None:
     assert adv.tolist() == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)  # (r - 0.5) / 0.5
 
 
-USER_ESTIMATOR = '''
-import torch
-from rl.algos.estimators import Estimator
+REPO = Path(__file__).resolve().parents[1]
 
 
-class MedianBaseline(Estimator):
-    """Advantage = reward - the group's median, times a scale from algo.kwargs."""
-
-    name = "median"
-
-    def __init__(self, algo, scale=1.0):
-        super().__init__(algo)
-        self.scale = scale
-
-    def outcome(self, scores, group_ids):
-        out = torch.zeros_like(scores)
-        for g in group_ids.unique():
-            sel = group_ids == g
-            out[sel] = (scores[sel] - scores[sel].median()) * self.scale
-        return out
-
-
-class NotOne:
-    pass
-'''
+def _doc_example() -> tuple[str, dict]:
+    """The python and yaml blocks of docs/algorithms.md's "Your own estimator"."""
+    text = (REPO / "docs" / "algorithms.md").read_text().split("## Your own estimator", 1)[1]
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    recipe = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    return code + "\n\nclass NotOne:\n    pass\n", recipe
 
 
 def _trajs(rewards: list[float]) -> list[Trajectory]:
@@ -89,10 +73,12 @@ def _trajs(rewards: list[float]) -> list[Trajectory]:
 
 
 def test_user_estimator_by_dotted_path(recipe_copy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "my_estimators.py").write_text(textwrap.dedent(USER_ESTIMATOR))
+    code, snippet = _doc_example()
+    (tmp_path / "my_estimators.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     recipe = recipe_copy("tiny.yaml")
-    cfg = load_recipe(recipe, ["algo.name=my_estimators.MedianBaseline", "algo.kwargs={scale: 2.0}"])
+    a = snippet["algo"]
+    cfg = load_recipe(recipe, [f"algo.name={a['name']}", f"algo.kwargs={a['kwargs']}", "algo.loss.agg=auto"])
     validate_recipe(cfg)
     assert cfg.algo.loss.agg == "token-mean"  # the base class's default, resolved from `auto`
     batch, _ = build_batch(_trajs([0.0, 1.0, 3.0]), cfg.algo)
