@@ -91,4 +91,21 @@ def test_user_estimator_by_dotted_path(recipe_copy, tmp_path: Path, monkeypatch:
     ):
         with pytest.raises(RecipeError) as e:
             validate_recipe(load_recipe(recipe, overrides))
-        assert ": algo.name: " in str(e.value) and words in str(e.value), str(e.value)
+        key = "algo.kwargs" if "kwargs" in words else "algo.name"
+        assert f": {key}: " in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_no_module_compares_algorithm_names() -> None:
+    # The estimator object answers what an algorithm needs; a name literal elsewhere would be a comparison.
+    names = [f'"{n}"' for n in ESTIMATORS] + [f"'{n}'" for n in ESTIMATORS]
+    offenders = []
+    for root in ("rl", "rollout", "rewards", "envs"):
+        for path in (REPO / root).rglob("*.py"):
+            if path.name == "estimators.py":
+                continue
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if any(n in line for n in names) and "__all__" not in line:
+                    offenders.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
+    # The recipe's default name is the one literal allowed.
+    assert [o for o in offenders if not o.startswith("rl/config/recipe.py")] == [], offenders
+    assert len(offenders) == 1, offenders

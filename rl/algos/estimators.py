@@ -47,7 +47,11 @@ ReduceSum = Callable[[torch.Tensor], torch.Tensor]
 
 
 class EstimatorError(ValueError):
-    """``algo.name`` names no estimator (or a class that is not one)."""
+    """``algo.name`` names no estimator (or a class that is not one), or ``algo.kwargs`` do not fit it."""
+
+    def __init__(self, msg: str, key: str = "algo.name") -> None:
+        super().__init__(msg)
+        self.key = key  # the recipe key to blame
 
 
 class Estimator:
@@ -205,9 +209,10 @@ def get_estimator(algo: Any) -> Estimator:
     if algo.kwargs and algo.name in ESTIMATORS:
         raise EstimatorError(
             f"algo.kwargs are for an estimator named by dotted path; {algo.name!r} takes its "
-            f"settings from algo.* sections"
+            f"settings from algo.* sections",
+            key="algo.kwargs",
         )
     try:
         return cls(algo, **algo.kwargs)
     except TypeError as e:
-        raise EstimatorError(f"algo.kwargs do not match {algo.name}'s constructor: {e}") from None
+        raise EstimatorError(f"algo.kwargs do not match {algo.name}'s constructor: {e}", key="algo.kwargs") from None

@@ -662,13 +662,13 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
 
 def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     """``(key, message)`` for each broken rule that spans sections, in order; the one place for them."""
-    from rl.algos.estimators import EstimatorError, get_estimator
+    from rl.algos.estimators import ESTIMATORS, EstimatorError, get_estimator
 
     r, a, mx = recipe.rollout, recipe.algo, recipe.mixer
     try:
         est = get_estimator(a)
     except EstimatorError as e:
-        yield "algo.name", str(e)
+        yield e.key, str(e)
         return
     if r.group_size < est.min_group_size:
         yield "rollout.group_size", f"{a.name} needs a group of at least {est.min_group_size} samples"
@@ -692,9 +692,14 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
         yield "algo.reward_norm.mode", f"per-domain normalization shapes outcome rewards before the estimator; {why}"
     if mx.seq_level_domains and est.learner_advantages(a):
         yield "mixer.seq_level_domains", f"rescales outcome advantages per sequence; {why}, so it would be ignored"
-    for section, owners in OWNED_SECTIONS.items():
+    # Sections only some estimators read: set for another one, they would be silently ignored.
+    owners: dict[str, list[str]] = {}
+    for name, cls in ESTIMATORS.items():
+        for section in cls.sections:
+            owners.setdefault(section, []).append(name)
+    for section, names in owners.items():
         if section not in est.sections and getattr(a, section) != getattr(AlgoConfig(), section):
-            yield f"algo.{section}", f"is used by {' and '.join(owners)} only; {a.name} would ignore it"
+            yield f"algo.{section}", f"is used by {' and '.join(names)} only; {a.name} would ignore it"
     domains = {e.domain for e in r.envs}
     for key, used in (("mixer.domain_weights", mx.domain_weights), ("mixer.seq_level_domains", mx.seq_level_domains)):
         bad = sorted(set(used) - domains)
@@ -706,8 +711,6 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
         yield "rewards", "at least one reward class is needed"
 
 
-# Algo sections only some estimators read (a recipe setting one for another estimator is refused).
-OWNED_SECTIONS = {"critic": ("ppo",), "returns": ("ppo", "reinforce_pp")}
 # vLLM engine arguments jointrl sets itself, and the recipe key that owns each.
 ENGINE_KWARGS_OWNED = {
     "model": "model.path",
