@@ -343,6 +343,8 @@ def test_cluster_section_loads_custom_resources(recipe_file: Path) -> None:
         (["mixer.seq_level_domains=[tool_call]", "algo.name=ppo"], "so it would be ignored"),
         (["mixer.seq_level_domains=[math]"], "mixer.seq_level_domains: domains ['math'] have no env"),
         (["algo.name=rloo", "rollout.group_size=1"], "rollout.group_size: rloo needs a group of at least 2"),
+        # Passed validation before and failed when the learner started (LRSchedule needs the total).
+        (["algo.optim.schedule=cosine", "train.steps=0"], "algo.optim.schedule: cosine decays over the run's"),
     ],
 )
 def test_cross_section_rules_fail_at_validate_time(recipe_file: Path, overrides: list[str], expected: str) -> None:

@@ -681,6 +681,8 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
                 "(rollout.prompts_per_step x rollout.group_size) would leave some empty"
             ),
         )
+    if a.optim.schedule == "cosine" and recipe.train.steps == 0:
+        yield "algo.optim.schedule", "cosine decays over the run's optimizer steps; train.steps is 0 (use constant)"
     # Both act on outcome advantages computed before the learner; the learner computes them
     # itself for a critic (GAE) or for a per-token KL penalty in the reward.
     why = (
