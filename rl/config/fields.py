@@ -9,6 +9,9 @@ relative to the section. ``build(cls, data)`` turns the plain data of a YAML fil
 sections, checking types on the way (``1`` is a float where a float is due, ``true`` is no
 int), and prefixes each error's key with the section's dotted path.
 
+(OmegaConf's structured configs, used before, take no ``Literal`` field types and check no
+bounds; this builder is the part of them the recipe needs.)
+
 What this module does not do: read files, know any particular section, or check rules that
 span sections (``rl/config/recipe.py`` keeps those in one place).
 """
