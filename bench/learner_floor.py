@@ -5,7 +5,7 @@ One quickstart-shaped learner step (``--prompts`` groups of ``--group`` completi
 GRPO, ``--kl-coef``) on one model (default SmolLM2-135M), in one run:
 
 1. FLOPs of the step, counted from the passes the learner runs (``Learner.needs_prepare``,
-   ``algo.share_prompt``, the reference only with a KL term): per token through the decoder,
+   ``learner.share_prompt``, the reference only with a KL term): per token through the decoder,
    ``2 x N_layer_params`` for a forward and twice that for a backward, plus attention's
    ``4 x layers x H x context`` per token (scores and values); ``lm_head`` only at response
    positions (``2 x H x V`` each, three times with its backward). Forward passes: the policy
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, ModelConfig, OptimConfig
     from rl.trainer import precision
     from rl.trainer.hub import resolve_model
     from rl.trainer.learner import Learner
@@ -81,18 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model)
     prec = "auto" if args.autocast == "auto" else "manual"
-    cfg = ModelConfig(path=path, learner_dtype="float32", autocast=args.autocast == "on", precision=prec)
-    algo = AlgoConfig(name="grpo", lr=1e-6, kl_coef=args.kl_coef, share_prompt=args.share_prompt == "on")
-    lrn = Learner(path, cfg, algo, threads=args.threads)
+    cfg = ModelConfig(path=path, learner_dtype="float32", autocast=args.autocast == "on")
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-6), kl=KLConfig(coef=args.kl_coef))
+    learner = LearnerConfig(share_prompt=args.share_prompt == "on", precision=prec)
+    lrn = Learner(path, cfg, algo, threads=args.threads, learner=learner)
     batch = _batch(len(lrn.tokenizer), args)
     conf = lrn.model.config.to_dict()
-    flops = step_flops(conf, batch.samples, share_prompt=algo.share_prompt)
+    flops = step_flops(conf, batch.samples, share_prompt=learner.share_prompt)
     passes = ["policy fwd+bwd"]
     if lrn.needs_prepare:
-        flops += step_flops(conf, batch.samples, share_prompt=algo.share_prompt, backward=False)
+        flops += step_flops(conf, batch.samples, share_prompt=learner.share_prompt, backward=False)
         passes.append("prepare fwd")
     if lrn.has_ref:
-        flops += step_flops(conf, batch.samples, share_prompt=algo.share_prompt, backward=False)
+        flops += step_flops(conf, batch.samples, share_prompt=learner.share_prompt, backward=False)
         passes.append("reference fwd")
     dtype = torch.bfloat16 if lrn.use_autocast else torch.float32
     rate = precision.matmul_gflops(dtype, seconds=1.0) * 1e9

@@ -66,18 +66,18 @@ def _nbytes(t) -> int:
 def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: argparse.Namespace, q) -> None:
     import torch
 
-    from rl.config.recipe import AlgoConfig, LoraConfig, ModelConfig
+    from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, LoraConfig, ModelConfig, OptimConfig
     from rl.trainer.distributed import shard_batch
     from rl.trainer.learner import Learner
 
     torch.set_num_threads(max(1, args.threads // world))
     before = _rss()
     lora = LoraConfig(rank=args.lora_rank) if kind == "lora" else LoraConfig()
-    cfg = ModelConfig(path=model_path, learner_dtype="float32", autocast=args.autocast, lora=lora)
-    algo = AlgoConfig(name="grpo", lr=1e-5, kl_coef=args.kl_coef, learner_workers=world,
-                      micro_batch_tokens=args.micro_batch_tokens)
+    cfg = ModelConfig(path=model_path, learner_dtype="float32", autocast=args.autocast)
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-5), kl=KLConfig(coef=args.kl_coef))
+    learner = LearnerConfig(workers=world, micro_batch_tokens=args.micro_batch_tokens, lora=lora)
     lrn = Learner(model_path, cfg, algo, threads=max(1, args.threads // world), rank=rank, world_size=world,
-                  dist_port=port)
+                  dist_port=port, learner=learner)
     batch = _batch(len(lrn.tokenizer), args)
     if world > 1:
         batch = shard_batch(batch, world)[rank]

@@ -7,7 +7,6 @@ grad norm and the batch metrics (loss, KL, value loss, token counts) must match.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from rl.algos.batch import Batch, Sample
-from rl.config.recipe import AlgoConfig
+from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LearnerConfig, LoraConfig, LossConfig, OptimConfig
 from rl.trainer.distributed import shard_batch
 from rl.trainer.learner import Learner
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
@@ -97,20 +96,21 @@ def _use_sgd(lrn: Learner) -> None:
 # case: (algo, skip zero-advantage samples, optimizer)
 CASES = {
     # GRPO with the KL loss, an entropy bonus, seq-mean aggregation: every sample computed.
-    "grpo_kl": (AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, entropy_coef=0.01, loss_agg="seq-mean-token-mean",
-                           learner_workers=2), False, "sgd"),
-    # Dr.GRPO without KL: group C is skipped (in Batch.skipped), so one shard computes a single group.
-    "dr_grpo_skip": (AlgoConfig(name="dr_grpo", lr=1e-3, learner_workers=2), True, "sgd"),
+    "grpo_kl": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1),
+                           loss=LossConfig(entropy_coef=0.01, agg="seq-mean-token-mean")), False, "sgd"),
+    # Dr.GRPO without KL: group C is skipped (in Batch.skipped), so one shard computes a single group;
+    # its own aggregation, seq-mean-token-sum-norm, over a constant of 16 tokens.
+    "dr_grpo_skip": (AlgoConfig(name="dr_grpo", optim=OptimConfig(lr=1e-3), loss=LossConfig(norm_tokens=16)), True, "sgd"),
     # PPO, separate critic, KL in the reward: advantages whitened over the whole batch across the ranks.
-    "ppo_kl_reward": (AlgoConfig(name="ppo", lr=1e-3, kl_coef=0.05, kl_kind="k1", kl_in_reward=True, critic="separate",
-                                 learner_workers=2), False, "sgd"),
+    "ppo_kl_reward": (AlgoConfig(name="ppo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.05, kind="k1", in_reward=True),
+                                 critic=CriticConfig(model="separate")), False, "sgd"),
     # The default AdamW: its first step is ~lr * sign(g), so entries whose gradient is ~0 flip with float
     # summation-order noise; weights are compared where |g| >= 1e-6, and the replicas must stay identical.
-    "grpo_adamw": (AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, learner_workers=2), False, "adamw"),
+    "grpo_adamw": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1)), False, "adamw"),
     # Small micro-batches, group C skipped: the ranks run different numbers of micro-batches and of
     # shared-prompt trunk calls, so the sharded ranks must pad with dummy calls to stay in step.
-    "grpo_uneven_micro": (AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, micro_batch_tokens=24, learner_workers=2),
-                          True, "sgd"),
+    "grpo_uneven_micro": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1)), True, "sgd",
+                          LearnerConfig(micro_batch_tokens=24)),
 }
 
 
@@ -118,10 +118,11 @@ CASES = {
 def test_two_learners_equal_one(ray2, tiny_model_path, tiny_tokenizer, tmp_path, case):
     from rl.trainer.distributed import LearnerGroup
 
-    algo, skip, optimizer = CASES[case]
-    single = Learner(tiny_model_path, MODEL_CFG, dataclasses.replace(algo, learner_workers=1), threads=1,
-                     shm_dir=str(tmp_path / "one"))
-    group = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "dp"), num_cpus=1)
+    algo, skip, optimizer, *lcfg = CASES[case]
+    learner = lcfg[0] if lcfg else None
+    single = Learner(tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path / "one"), learner=learner)
+    group = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "dp"), num_cpus=1,
+                         learner=learner)
     try:
         group.ready()
         if optimizer == "sgd":
@@ -175,7 +176,7 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
 
     from rl.trainer.distributed import LearnerGroup
 
-    algo = AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, learner_workers=2)
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1))
     ck = tmp_path / "ck"
     a = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "a"), num_cpus=1)
     try:
@@ -190,7 +191,7 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
     hf = AutoModelForCausalLM.from_pretrained(ck / "model", dtype=torch.float32)
     for k, v in hf.named_parameters():
         assert torch.equal(v.detach(), saved[k]), k
-    b = LearnerGroup(2, tiny_model_path, MODEL_CFG, dataclasses.replace(algo), seed=7, threads=2,
+    b = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, seed=7, threads=2,
                      shm_dir=str(tmp_path / "b"), num_cpus=1)
     try:
         b.load_checkpoint(str(ck))
@@ -201,8 +202,7 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
     assert m_b["loss/policy"] == m_a["loss/policy"] and m_b["grad/norm"] == m_a["grad/norm"]
     for k, v in after.items():
         assert torch.equal(got[k], v), k
-    one = Learner(tiny_model_path, MODEL_CFG, dataclasses.replace(algo, learner_workers=1), threads=1,
-                  shm_dir=str(tmp_path / "one"))
+    one = Learner(tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path / "one"))
     try:
         one.load_checkpoint(str(ck))
         assert one.steps_done == 1
@@ -218,8 +218,8 @@ def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    lrn = Learner(path, LORA_CFG, LORA_ALGO, threads=1, rank=rank, world_size=2, dist_port=port,
-                  shm_dir=f"{out}/shm{rank}")
+    lrn = Learner(path, MODEL_CFG, LORA_ALGO, threads=1, rank=rank, world_size=2, dist_port=port,
+                  shm_dir=f"{out}/shm{rank}", learner=LORA_LEARNER)
     _use_sgd(lrn)
     metrics = [lrn.step(shard_batch(dp_batch(tok, skip), 2)[rank]) for skip in (False, True)]
     state = _state(lrn)
@@ -231,16 +231,8 @@ def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
     lrn.shutdown()
 
 
-LORA_ALGO = AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, learner_workers=2)
-
-
-def _lora_cfg():
-    from rl.config.recipe import LoraConfig
-
-    return dataclasses.replace(MODEL_CFG, lora=LoraConfig(rank=4, alpha=8.0))
-
-
-LORA_CFG = _lora_cfg()
+LORA_ALGO = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1))
+LORA_LEARNER = LearnerConfig(lora=LoraConfig(rank=4, alpha=8.0))
 
 
 @pytest.mark.slow
@@ -253,8 +245,8 @@ def test_sharded_lora_equals_one_learner(tiny_model_path, tiny_tokenizer, tmp_pa
 
     mp.spawn(_lora_rank, args=(free_port(), tiny_model_path, str(tmp_path)), nprocs=2)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
-    one = Learner(tiny_model_path, LORA_CFG, dataclasses.replace(LORA_ALGO, learner_workers=1), threads=1,
-                  shm_dir=str(tmp_path / "one"))
+    one = Learner(tiny_model_path, MODEL_CFG, LORA_ALGO, threads=1, shm_dir=str(tmp_path / "one"),
+                  learner=LORA_LEARNER)
     try:
         _use_sgd(one)
         metrics = [one.step(dp_batch(tiny_tokenizer, skip)) for skip in (False, True)]

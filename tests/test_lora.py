@@ -13,21 +13,26 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rl.config.recipe import AlgoConfig, LoraConfig, RecipeError
+from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, LoraConfig, OptimConfig, RecipeError
 from rl.trainer import lora
 from rl.trainer.learner import Learner
-from test_learner import MODEL_CFG, make_batch
+from test_learner import ALGO, MODEL_CFG, make_batch
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
-LORA_CFG = dataclasses.replace(MODEL_CFG, lora=LORA)
+LORA_LEARNER = LearnerConfig(lora=LORA)
+
+
+def kl_algo(coef: float) -> AlgoConfig:
+    return AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2), kl=KLConfig(coef=coef))
 
 
 @pytest.fixture
 def make(tiny_model_path, tmp_path):
     made: list[Learner] = []
 
-    def build(algo: AlgoConfig = AlgoConfig(name="grpo", lr=1e-2), cfg=LORA_CFG, seed: int = 0) -> Learner:
-        lrn = Learner(tiny_model_path, cfg, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"))
+    def build(algo: AlgoConfig = ALGO, seed: int = 0) -> Learner:
+        lrn = Learner(tiny_model_path, MODEL_CFG, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"),
+                      learner=LORA_LEARNER)
         made.append(lrn)
         return lrn
 
@@ -89,7 +94,7 @@ def test_export_is_base_plus_scaled_ba(make, tiny_tokenizer, tiny_model_path):
 
 
 def test_kl_reference_is_the_base_without_a_copy(make, tiny_tokenizer):
-    lrn = make(AlgoConfig(name="grpo", lr=1e-2, kl_coef=0.1))
+    lrn = make(kl_algo(0.1))
     assert lrn.ref is None and lrn.has_ref
     m1 = lrn.step(make_batch(tiny_tokenizer))
     assert m1["kl/mean"] == 0.0  # B = 0 at start: the policy is the base
@@ -132,7 +137,7 @@ def test_checkpoint_holds_adapters_and_resumes(make, tiny_tokenizer, tmp_path):
 
 
 def test_bad_target_modules_are_named(tiny_model_path):
-    with pytest.raises(RecipeError, match=r"model\.lora\.target_modules: \['c_attn'\]"):
+    with pytest.raises(RecipeError, match=r"learner\.lora\.target_modules: \['c_attn'\]"):
         lora.check_targets(tiny_model_path, LoraConfig(rank=4, target_modules=["q_proj", "c_attn"]))
     lora.check_targets(tiny_model_path, LORA)  # fine
     lora.check_targets(tiny_model_path, LoraConfig(rank=0, target_modules=["nope"]))  # off: not checked

@@ -4,17 +4,17 @@
 ``step(batch)`` is one learner step over a batch from ``rl.algos.batch.build_batch``:
 
 1. *Prepare* (no grad; only when needed: several updates per batch, a critic, or
-   ``algo.kl_in_reward``): one pass of the policy before any update gives the "old"
+   ``algo.kl.in_reward``): one pass of the policy before any update gives the "old"
    log-probs of the ratio, the reference's log-probs (cached for every epoch) and the
-   critic's values. Then the learner-side advantages (``rl.algos.batch.learner_advantages``):
+   critic's values. Then the learner-side advantages (the estimator's ``token_advantages``, rl/algos/estimators.py):
    ``ppo``: per-token rewards (the outcome on the last policy token, minus ``kl_coef x KL``
    per token with ``kl_in_reward``), GAE (``gamma``, ``lam``), advantages whitened over the
    whole batch, returns as value targets; ``reinforce_pp`` with ``kl_in_reward``: KL-penalised
    return-to-go, whitened; GRPO family with ``kl_in_reward``: ``reward - kl_coef x sum_t KL``
    normalised per group. Otherwise the advantages come from ``build_batch``.
-2. *Update*: ``algo.epochs`` passes, each over ``algo.minibatches`` shuffled minibatches
+2. *Update*: ``algo.update.epochs`` passes, each over ``algo.update.minibatches`` shuffled minibatches
    (one optimizer step each). A minibatch runs in micro-batches bounded by
-   ``algo.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
+   ``learner.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
    minibatch's, or the batch's with one minibatch, counting ``Batch.skipped``). Loss per
    token: clipped policy loss (clip-higher, dual clip; ``rl.algos.losses.policy_loss``)
    ``+ kl_coef x KL`` (unless in the reward) ``- entropy_coef x entropy``
@@ -28,8 +28,8 @@ detached log-probs (the engine's log-probs differ by bf16/kernel noise and are r
 prompt's logits are never materialised); with ``share_prompt`` a group's prompt runs once.
 Log-probs are computed in float32 under bf16 autocast.
 
-Critic (``algo.name: ppo``): ``algo.critic: value_head`` is a linear head on the policy's
-final hidden states (trained with the policy, its own learning rate ``critic_lr``);
+Critic (an estimator with ``needs_critic``: ppo): ``algo.critic.model: value_head`` is a linear head on the
+policy's final hidden states (trained with the policy, its own learning rate ``algo.critic.lr``);
 ``separate`` is its own copy of the model's transformer with a scalar head and its own
 optimizer. Neither is sent to the engines.
 
@@ -43,9 +43,9 @@ and a separate critic stay replicated (SUM all-reduce). Whitening statistics and
 SUM-all-reduced. The KL coefficient (fixed or ``rl.algos.schedules.AdaptiveKLController``) is
 updated once per step from the batch's ``kl/mean``.
 
-LoRA (``model.lora.rank > 0``, ``rl.trainer.lora``, one learner): only the adapters train; the
-reference is the policy with its adapters disabled. ``model.activation_checkpointing``
-recomputes each decoder layer in the backward; ``model.precision: auto`` picks fp32 or bf16
+LoRA (``learner.lora.rank > 0``, ``rl.trainer.lora``): only the adapters train; the
+reference is the policy with its adapters disabled. ``learner.activation_checkpointing``
+recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
 autocast by timing both at start (``rl.trainer.precision``).
 
 ``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
@@ -73,9 +73,9 @@ from typing import Any
 
 import torch
 
-from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
-from rl.algos.batch import Batch, Sample, learner_advantages
-from rl.config.recipe import AlgoConfig, ModelConfig
+from rl.algos.batch import Batch, Sample
+from rl.algos.estimators import get_estimator
+from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import fsdp, lora, precision
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
@@ -129,6 +129,7 @@ class _Grid:
     mask: torch.Tensor  # [B, T] 1 at policy tokens
     ntok: float
     denom: tuple[float, float]  # the loss denominators (tokens, sequences) of the minibatch
+    norm_tokens: int | None = None  # the constant of seq-mean-token-sum-norm
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
@@ -136,7 +137,7 @@ class _Grid:
 
     def agg(self, per_token: torch.Tensor, how: str) -> torch.Tensor:
         nt, ns = self.denom
-        return aggregate(per_token, self.mask, how, num_tokens=nt, num_seqs=ns)
+        return aggregate(per_token, self.mask, how, num_tokens=nt, num_seqs=ns, norm_tokens=self.norm_tokens)
 
 
 class Critic(torch.nn.Module):
@@ -158,16 +159,26 @@ def _value_head(hidden_size: int) -> torch.nn.Linear:
 class Learner:
     def __init__(self, model_path: str, model_cfg: ModelConfig, algo: AlgoConfig, *, seed: int = 0,
                  threads: int = 0, shm_dir: str | None = None, total_steps: int = 0, rank: int = 0,
-                 world_size: int = 1, dist_port: int = 0) -> None:
+                 world_size: int = 1, dist_port: int = 0, learner: LearnerConfig | None = None) -> None:
         """``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
-        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``)."""
+        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``).
+        ``learner``: micro-batching, prompt sharing, LoRA, activation checkpointing and precision
+        (the recipe's ``learner`` section)."""
         from transformers import AutoTokenizer
 
         torch.set_num_threads(threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
         random.seed(seed)
         self.algo, self.model_cfg = algo, model_cfg
+        self.lcfg = learner if learner is not None else LearnerConfig()
+        self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
+        self.agg, self.norm_tokens = algo.loss.agg, algo.loss.norm_tokens or None
+        if self.agg == "auto":  # a config built in code, not by load_recipe (which resolves it)
+            self.agg = self.est.default_agg
+        if self.agg == "seq-mean-token-sum-norm" and not self.norm_tokens:
+            raise ValueError("algo.loss.norm_tokens must be > 0 for seq-mean-token-sum-norm (load_recipe sets it to "
+                             "rollout.max_new_tokens x rollout.max_turns)")
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if world_size > 1:
@@ -177,7 +188,7 @@ class Learner:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.use_autocast = model_cfg.autocast
         self.precision_note = ""
-        if getattr(model_cfg, "precision", "manual") == "auto":  # timed on this host (rl.trainer.precision)
+        if self.lcfg.precision == "auto":  # timed on this host (rl.trainer.precision)
             choice = precision.pick(self.device)
             self.use_autocast, self.precision_note = choice.autocast, choice.describe()
             if rank == 0:
@@ -187,7 +198,7 @@ class Learner:
         self.lock = fsdp.Lockstep(self.pad_id)
         self._build_models(model_path)
         self._build_optimizers(total_steps)
-        self.kl_ctl = kl_controller(algo.kl_coef, algo.kl_target, algo.kl_horizon)
+        self.kl_ctl = kl_controller(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         if world_size > 1:  # replicated modules (value head, separate critic) start identical; shards are disjoint
             broadcast_params([p for p in self._trainable() if not _is_dtensor(p)])
             if self.critic is not None:
@@ -202,7 +213,7 @@ class Learner:
         self.updates_done = 0  # optimizer steps
 
     def _build_models(self, model_path: str) -> None:
-        """The policy (LoRA adapters attached when ``model.lora.rank > 0``, sharded over 2+ learners), the
+        """The policy (LoRA adapters attached when ``learner.lora.rank > 0``, sharded over 2+ learners), the
         reference (only with a KL term; with LoRA the policy with adapters disabled) and the critic."""
         from transformers import AutoModelForCausalLM
 
@@ -210,17 +221,17 @@ class Learner:
         dtype = DTYPES[model_cfg.learner_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         self.model.config.use_cache = False
-        if getattr(model_cfg, "activation_checkpointing", False):  # per decoder layer, recomputed in the backward
+        if self.lcfg.activation_checkpointing:  # per decoder layer, recomputed in the backward
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.peft = None
-        if lora.enabled(getattr(model_cfg, "lora", None)):  # before sharding: the adapters shard with their layers
-            self.peft = lora.attach(self.model, model_cfg.lora)
+        if lora.enabled(self.lcfg.lora):  # before sharding: the adapters shard with their layers
+            self.peft = lora.attach(self.model, self.lcfg.lora)
         self.model.train()
         bf16_compute = self.use_autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
         if self.world_size > 1:  # sharded before the optimizer is built: its state is sharded too
             fsdp.shard(self.model, bf16_compute=bf16_compute)
         self.ref = None
-        self.has_ref = algo.kl_coef > 0  # no KL term: no reference model, and no reference forward
+        self.has_ref = self.est.needs_reference(algo)  # no KL term: no reference model, and no reference forward
         if self.has_ref and self.peft is None:
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
             self.ref.eval().requires_grad_(False)
@@ -229,9 +240,9 @@ class Learner:
         self.value_head: torch.nn.Linear | None = None
         self.critic: Critic | None = None
         hidden_size = self.model.config.hidden_size
-        if algo.name == "ppo" and algo.critic == "value_head":
+        if self.est.needs_critic and algo.critic.model == "value_head":
             self.value_head = _value_head(hidden_size).to(self.device, dtype)
-        elif algo.name == "ppo":
+        elif self.est.needs_critic:
             trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             trunk_src.config.use_cache = False
             self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
@@ -242,20 +253,20 @@ class Learner:
         """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the
         separate critic's own AdamW; their LR schedules."""
         algo = self.algo
-        critic_lr = algo.critic_lr or algo.lr
-        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": algo.lr}]
+        critic_lr = algo.critic.lr or algo.optim.lr
+        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": algo.optim.lr}]
         if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
-        self.opt = torch.optim.AdamW(groups, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999), eps=1e-8)
-        updates = total_steps * algo.epochs * algo.minibatches
+        self.opt = torch.optim.AdamW(groups, lr=algo.optim.lr, weight_decay=algo.optim.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+        updates = total_steps * algo.update.epochs * algo.update.minibatches
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+            self.opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio))
         self.critic_opt = self.critic_sched = None
         if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.weight_decay,
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.optim.weight_decay,
                                                 betas=(0.9, 0.999), eps=1e-8)
             self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+                self.critic_opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio))
 
     def _trainable(self) -> list[torch.nn.Parameter]:
         """Parameters of the main optimizer: the policy's trainable ones (adapters with LoRA), and the value head."""
@@ -277,7 +288,7 @@ class Learner:
     def needs_prepare(self) -> bool:
         """Whether a no-grad pass runs before the first update (see the module docstring)."""
         a = self.algo
-        return a.epochs * a.minibatches > 1 or a.name == "ppo" or a.kl_in_reward
+        return a.update.epochs * a.update.minibatches > 1 or self.est.learner_advantages(a)
 
     # ---- forward --------------------------------------------------------------------------
     def _autocast(self):
@@ -311,7 +322,7 @@ class Learner:
         """How many trunk forwards ``_response_hidden`` makes on ``samples`` (a sharded model checks it)."""
         if not samples:
             return 0
-        if not self.algo.share_prompt:
+        if not self.lcfg.share_prompt:
             return 1
         longest: dict[tuple[int, ...], int] = {}
         for s in samples:
@@ -330,7 +341,7 @@ class Learner:
         sample runs its full sequence.
         """
         T = max(len(s.loss_mask) for s in samples)
-        if not self.algo.share_prompt:
+        if not self.lcfg.share_prompt:
             return self._full_hidden(base, samples, list(range(len(samples))), T)
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for b, s in enumerate(samples):
@@ -411,14 +422,14 @@ class Learner:
         Samples sharing a prompt stay together (their prompt is computed once and costs
         its length once); a group too large for the budget is split.
         """
-        budget = self.algo.micro_batch_tokens
+        budget = self.lcfg.micro_batch_tokens
         groups: dict[tuple[int, ...], list[Sample]] = {}
         for s in sorted(samples, key=lambda s: len(s.input_ids)):
-            groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.algo.share_prompt else (id(s),), []).append(s)
+            groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.lcfg.share_prompt else (id(s),), []).append(s)
 
         def cost(group: list[Sample]) -> int:
             longest = max(len(s.input_ids) for s in group)
-            if not self.algo.share_prompt:
+            if not self.lcfg.share_prompt:
                 return len(group) * longest
             return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
 
@@ -484,7 +495,7 @@ class Learner:
         a = self.algo
         n_computed, m_tokens, m_seqs = self._global(
             [len(batch.samples), sum(s.num_tokens for s in members), sum(1 for s in members if s.num_tokens > 0)])
-        if a.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
+        if a.update.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
             raise ValueError(f"batch.num_tokens/num_seqs ({batch.num_tokens}, {batch.num_seqs}) do not count exactly its "
                              f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
                              "to (build_batch's batches do)")
@@ -496,9 +507,9 @@ class Learner:
         prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
         computed = {id(s) for s in batch.samples}
         updates = 0
-        for epoch in range(a.epochs):
+        for epoch in range(a.update.epochs):
             for mb in self._minibatches(members):
-                if a.minibatches == 1:
+                if a.update.minibatches == 1:
                     denom = (batch.num_tokens, batch.num_seqs)
                 else:  # the global minibatch's counts: the sum of the ranks' local ones
                     nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
@@ -523,7 +534,7 @@ class Learner:
     def _metrics(self, tot: Sums, st: dict[str, Any], updates: int, n_computed: int, coef: float) -> dict[str, float]:
         """The step's metrics (see ``step``) from the whole batch's sums."""
         a = self.algo
-        n_up = a.epochs * a.minibatches if n_computed else 1
+        n_up = a.update.epochs * a.update.minibatches if n_computed else 1
         n = max(tot.tokens, 1.0)
         m = {
             "loss/policy": tot.policy_loss / n_up,
@@ -536,12 +547,12 @@ class Learner:
             "learner/skipped_update": st["skipped"] / n_up if n_computed else 0.0,
             "rollout/logprob_diff": tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
         }
-        if a.dual_clip:
+        if a.loss.dual_clip:
             m["clip/dual_fraction"] = tot.dual_clipped / n
-        if a.tis_cap:
+        if a.loss.tis_cap:
             m["is/weight_mean"] = tot.is_weight / n
             m["is/truncated_fraction"] = tot.is_truncated / n
-        if a.entropy_coef:
+        if a.loss.entropy_coef:
             m["loss/entropy"] = tot.entropy_loss / n_up
         if self.has_ref:
             m["loss/kl"] = tot.kl_loss / n_up
@@ -576,10 +587,10 @@ class Learner:
     def _minibatches(self, members: list[Sample]) -> list[list[Sample]]:
         """One epoch's minibatches: ``algo.minibatches`` parts of a random permutation (in batch order for one update)."""
         a = self.algo
-        if a.epochs * a.minibatches == 1:
+        if a.update.epochs * a.update.minibatches == 1:
             return [members]
         perm = torch.randperm(len(members), generator=self.gen)
-        return [[members[i] for i in part.tolist()] for part in torch.tensor_split(perm, a.minibatches)]
+        return [[members[i] for i in part.tolist()] for part in torch.tensor_split(perm, a.update.minibatches)]
 
     @staticmethod
     def _cat(store: dict[int, torch.Tensor], mb: list[Sample]) -> torch.Tensor:
@@ -622,7 +633,7 @@ class Learner:
                     ch, _, _ = self._response_hidden(self.critic.trunk, micro)
                 self._split(self._values(self.critic.head, ch), micro, prep["values"])
             self._logprob_diff(old, micro, sums)
-        if learner_advantages(self.algo):
+        if self.est.learner_advantages(self.algo):
             self._advantages(batch.samples, prep, coef)
         return prep
 
@@ -652,25 +663,12 @@ class Learner:
             return g
 
         scores = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
-        kl_tok = None
-        if a.kl_in_reward:
-            kl_tok = torch.where(mask, kl(grid(prep["old"]), grid(prep["ref"]), a.kl_kind), 0.0)
-        returns = None
-        if a.name == "ppo":
-            rewards = -coef * kl_tok if kl_tok is not None else torch.zeros(B, T, device=dev)
-            pos = torch.arange(T, device=dev).expand(B, T)
-            last = torch.where(mask, pos, -1).amax(dim=1) if T else torch.zeros(B, dtype=torch.long, device=dev)
-            rewards = rewards + torch.where(mask & (pos == last[:, None]), scores[:, None], 0.0)
-            adv, returns = gae(rewards, grid(prep["values"]), mask, a.gamma, a.lam)
-            adv = whiten(adv, mask, shift_mean=True, reduce_sum=self._reduce)
-        elif a.name == "reinforce_pp":
-            pen = -coef * kl_tok if kl_tok is not None else None
-            adv = reinforce_pp(scores, mask, token_rewards=pen, gamma=a.gamma, reduce_sum=self._reduce)
-        else:  # GRPO family with the KL in the reward: a sequence-level penalty, then group baselines
-            seq = scores - coef * kl_tok.sum(dim=1)  # type: ignore[union-attr]
-            gids = torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)
-            per_seq = group_normalized(seq, gids, std_normalize=a.name == "grpo", leave_one_out=a.name == "rloo")
-            adv = torch.where(mask, per_seq[:, None].float(), 0.0)
+        pen = None
+        if a.kl.in_reward:
+            pen = -coef * torch.where(mask, kl(grid(prep["old"]), grid(prep["ref"]), a.kl.kind), 0.0)
+        gids = torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)
+        values = grid(prep["values"]) if self.est.needs_critic else None
+        adv, returns = self.est.token_advantages(scores, gids, mask, pen, values, reduce_sum=self._reduce)
         for i, s in enumerate(samples):
             prep["adv"][id(s)] = adv[i][mask[i]].float()
             if returns is not None:
@@ -685,14 +683,14 @@ class Learner:
         values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
         del hidden
         logp_flat = token_logprobs(logits, targets)
-        if a.entropy_coef > 0:
+        if a.loss.entropy_coef > 0:
             ent_flat = entropy_from_logits(logits)
         else:
             with torch.no_grad():
                 ent_flat = entropy_from_logits(logits.detach())
         del logits
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
-        g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom)
+        g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
         g.mask = g(torch.ones_like(logp_flat))
         logp = g(logp_flat)
         loss = self._policy_term(mb, prep, g, logp, sums)
@@ -715,19 +713,19 @@ class Learner:
         """The clipped policy loss (``rl.algos.losses.policy_loss``), truncated IS weights with ``algo.tis_cap``."""
         a = self.algo
         old = g(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
-        if prep is not None and learner_advantages(a):
+        if prep is not None and self.est.learner_advantages(a):
             adv = g(self._cat(prep["adv"], mb))
         else:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
         is_w = None
-        if a.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
-            is_w, ist = truncated_is_weights(old, g(self._engine_logprobs(mb)), g.mask, a.tis_cap)
+        if a.loss.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
+            is_w, ist = truncated_is_weights(old, g(self._engine_logprobs(mb)), g.mask, a.loss.tis_cap)
             sums.is_weight += ist["is/weight_mean"] * g.ntok
             sums.is_truncated += ist["is/truncated_fraction"] * g.ntok
         nt, ns = g.denom
-        loss, pst = policy_loss(logp, old, adv, g.mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                                dual_clip=a.dual_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns,
-                                is_weights=is_w)
+        loss, pst = policy_loss(logp, old, adv, g.mask, clip_low=a.loss.clip_low, clip_high=a.loss.clip_high,
+                                dual_clip=a.loss.dual_clip or None, agg=self.agg, num_tokens=nt, num_seqs=ns,
+                                norm_tokens=self.norm_tokens, is_weights=is_w)
         sums.clipped += pst["clip/fraction"] * g.ntok
         sums.dual_clipped += pst["clip/dual_fraction"] * g.ntok
         return loss
@@ -746,20 +744,20 @@ class Learner:
                 ref_logits, _, _ = self._response_logits(ref, mb)
                 ref_flat = token_logprobs(ref_logits, targets)
                 del ref_logits
-        kl_tok = kl(logp.detach() if a.kl_in_reward else logp, g(ref_flat), a.kl_kind)
-        kl_loss = g.agg(kl_tok, a.loss_agg)
+        kl_tok = kl(logp.detach() if a.kl.in_reward else logp, g(ref_flat), a.kl.kind)
+        kl_loss = g.agg(kl_tok, self.agg)
         sums.kl_loss += float(kl_loss.detach())
         sums.kl += float((kl_tok.detach() * g.mask).sum())
-        return None if a.kl_in_reward else coef * kl_loss
+        return None if a.kl.in_reward else coef * kl_loss
 
     def _entropy_term(self, g: _Grid, ent_flat: torch.Tensor, sums: Sums) -> torch.Tensor | None:
         """``- entropy_coef x`` the aggregated entropy (None when the coefficient is 0)."""
         a = self.algo
-        if a.entropy_coef <= 0:
+        if a.loss.entropy_coef <= 0:
             return None
-        ent_loss = g.agg(g(ent_flat), a.loss_agg)
+        ent_loss = g.agg(g(ent_flat), self.agg)
         sums.entropy_loss += float(ent_loss.detach())
-        return -a.entropy_coef * ent_loss
+        return -a.loss.entropy_coef * ent_loss
 
     def _value_term(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, g: _Grid,
                     values_flat: torch.Tensor | None, sums: Sums) -> torch.Tensor | None:
@@ -775,13 +773,14 @@ class Learner:
         nt, ns = g.denom
         ret = g(self._cat(prep["returns"], mb))
         vloss, vst = value_loss(g(values_flat), g(self._cat(prep["values"], mb)), ret, g.mask,
-                                clip=a.value_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns)
+                                clip=a.critic.value_clip or None, agg=self.agg, num_tokens=nt, num_seqs=ns,
+                                norm_tokens=self.norm_tokens)
         sums.value_loss += float(vloss.detach())
         sums.value += vst["value/mean"] * g.ntok
         sums.value_error += vst["value/error"] * g.ntok
         sums.value_clipped += vst["value/clip_fraction"] * g.ntok
         sums.returns += float((ret * g.mask).sum())
-        return a.vf_coef * vloss
+        return a.critic.vf_coef * vloss
 
     def _pad_micro(self, prep: dict[str, dict[int, torch.Tensor]] | None) -> None:
         """A micro-batch with no samples on a sharded rank that has fewer than the others: the same
@@ -808,8 +807,8 @@ class Learner:
         st["lr"] = self.opt.param_groups[0]["lr"]
         stepped = 0
         if math.isfinite(float(norm)):
-            if a.max_grad_norm > 0:
-                _clip(params, a.max_grad_norm, norm)
+            if a.optim.max_grad_norm > 0:
+                _clip(params, a.optim.max_grad_norm, norm)
             self.opt.step()
             self.sched.step()
             self.updates_done += 1
@@ -822,8 +821,8 @@ class Learner:
             cnorm = _grad_norm(cps)
             st["critic_norms"].append(float(cnorm))
             if math.isfinite(float(cnorm)):
-                if a.max_grad_norm > 0:
-                    _clip(cps, a.max_grad_norm, cnorm)
+                if a.optim.max_grad_norm > 0:
+                    _clip(cps, a.optim.max_grad_norm, cnorm)
                 self.critic_opt.step()  # type: ignore[union-attr]
                 self.critic_sched.step()  # type: ignore[union-attr]
         return stepped
@@ -962,7 +961,7 @@ class Learner:
             "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
             "critic_scheduler": self.critic_sched.state_dict() if self.critic_sched is not None else None,
             "kl_controller": self.kl_ctl.state_dict(), "steps_done": self.steps_done, "updates_done": self.updates_done,
-            "algo": self.algo.name, "critic": self.algo.critic if crit is not None else None,
+            "algo": self.algo.name, "critic": self.algo.critic.model if crit is not None else None,
             "world_size": self.world_size, **rng,
         }
         torch.save(state, p / "learner_state.pt")
@@ -988,9 +987,9 @@ class Learner:
                              "and optimizer state)")
         st = torch.load(p / "learner_state.pt", weights_only=False)
         crit = self._critic_module()
-        if st.get("critic") != (self.algo.critic if crit is not None else None):
+        if st.get("critic") != (self.algo.critic.model if crit is not None else None):
             raise ValueError(f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
-                             f"({self.algo.critic if crit is not None else None!r})")
+                             f"({self.algo.critic.model if crit is not None else None!r})")
         mods = self._state_modules()
         state = {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)}
         dcp.load(state, checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())

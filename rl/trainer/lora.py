@@ -1,6 +1,6 @@
 """LoRA for the learner through ``peft``: adapters on a frozen base, merged weights for the engines.
 
-``attach(model, cfg)`` injects LoRA adapters (``model.lora``: rank, alpha, dropout, target
+``attach(model, cfg)`` injects LoRA adapters (``learner.lora``: rank, alpha, dropout, target
 modules) into an HF causal LM in place with ``peft.get_peft_model`` and returns the
 ``PeftModel`` wrapper; the HF model keeps its own forward (the learner calls it as before)
 and only the adapters' ``lora_A``/``lora_B`` weights require gradients, so only they get
@@ -109,7 +109,7 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items() if ".lora_" in k}
 
 
-def check_targets(model_dir: str, cfg: Any, key: str = "model.lora.target_modules") -> None:
+def check_targets(model_dir: str, cfg: Any, key: str = "learner.lora.target_modules") -> None:
     """Raise ``rl.config.recipe.RecipeError`` naming ``key`` when none of ``cfg.target_modules`` is a linear layer of the model
     in ``model_dir`` (built on the meta device from its config: no weights read). No-op when LoRA is off."""
     if not enabled(cfg):

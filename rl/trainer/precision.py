@@ -1,4 +1,4 @@
-"""Choosing the learner's compute precision by measurement (``model.precision: auto``).
+"""Choosing the learner's compute precision by measurement (``learner.precision: auto``).
 
 Hosts of one kind differ: on one CPU bf16 autocast ran 2-2.7x faster than fp32, on another
 (avx512_bf16 without AMX) bf16 matmuls ran at 56% of fp32's speed (docs in
