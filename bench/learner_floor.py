@@ -102,12 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     lrn.step(_batch(len(lrn.tokenizer), args, seed=1))
     wall = time.perf_counter() - t0
     floor = flops / rate
-    text = "\n".join([
-        f"learner_floor: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, responses <= "
-        f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
-        f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'})",
-        "", "| passes | TFLOP | matmul GFLOP/s | floor s | step s | step / floor |", "|---|---|---|---|---|---|",
-        f"| {' + '.join(passes)} | {flops / 1e12:.3f} | {rate / 1e9:.0f} | {floor:.2f} | {wall:.2f} | {wall / floor:.2f} |"])
+    text = "\n".join(
+        [
+            f"learner_floor: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, responses <= "
+            f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
+            f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'})",
+            "",
+            "| passes | TFLOP | matmul GFLOP/s | floor s | step s | step / floor |",
+            "|---|---|---|---|---|---|",
+            f"| {' + '.join(passes)} | {flops / 1e12:.3f} | {rate / 1e9:.0f} | {floor:.2f} | {wall:.2f} | {wall / floor:.2f} |",
+        ]
+    )
     print(text)
     if args.results:
         import subprocess
@@ -115,9 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
         model = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), "?")
         with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-            f.write(f"\n## learner_floor ({model}, {os.cpu_count()} cores)\n\n"
-                    f"`python bench/learner_floor.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
-                    + text + "\n")
+            f.write(
+                f"\n## learner_floor ({model}, {os.cpu_count()} cores)\n\n"
+                f"`python bench/learner_floor.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                + text
+                + "\n"
+            )
     lrn.shutdown()
     return 0
 

@@ -22,7 +22,6 @@ and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-j
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import multiprocessing as mp
 import os
 import resource
@@ -52,8 +51,11 @@ def _batch(tok_vocab: int, args: argparse.Namespace, seed: int = 0):
             n = int(torch.randint(args.resp_len // 2, args.resp_len + 1, (1,), generator=g))
             resp = torch.randint(10, tok_vocab, (n,), generator=g).tolist()
             adv = 1.0 if j % 2 else -1.0
-            samples.append(Sample(prompt + resp, len(prompt), [1] * n, [-1.0] * n, adv, "tool_call", reward=adv,
-                                  group_id=gid, uid=uid))
+            samples.append(
+                Sample(
+                    prompt + resp, len(prompt), [1] * n, [-1.0] * n, adv, "tool_call", reward=adv, group_id=gid, uid=uid
+                )
+            )
             uid += 1
     return Batch(samples, sum(s.num_tokens for s in samples), len(samples))
 
@@ -76,22 +78,33 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
     cfg = ModelConfig(path=model_path, learner_dtype="float32", autocast=args.autocast)
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-5), kl=KLConfig(coef=args.kl_coef))
     learner = LearnerConfig(workers=world, micro_batch_tokens=args.micro_batch_tokens, lora=lora)
-    lrn = Learner(model_path, cfg, algo, threads=max(1, args.threads // world), rank=rank, world_size=world,
-                  dist_port=port, learner=learner)
+    lrn = Learner(
+        model_path,
+        cfg,
+        algo,
+        threads=max(1, args.threads // world),
+        rank=rank,
+        world_size=world,
+        dist_port=port,
+        learner=learner,
+    )
     batch = _batch(len(lrn.tokenizer), args)
     if world > 1:
         batch = shard_batch(batch, world)[rank]
     m = lrn.step(batch)
     params = [p for p in lrn.model.parameters()]
     out = {
-        "kind": kind, "rank": rank,
+        "kind": kind,
+        "rank": rank,
         "params": sum(_nbytes(p) for p in params),
         "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
         "optim": sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v)),
         "reference": sum(_nbytes(p) for p in lrn.ref.parameters()) if lrn.ref is not None else 0,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "rss_before": before, "step_s": m["timing/learner_compute_s"],
-        "config": lrn.model.config.to_dict(), "micros": len(lrn._micro_batches(batch.samples)),
+        "rss_before": before,
+        "step_s": m["timing/learner_compute_s"],
+        "config": lrn.model.config.to_dict(),
+        "micros": len(lrn._micro_batches(batch.samples)),
         "max_micro_tokens": max(sum(len(s.input_ids) for s in mb) for mb in lrn._micro_batches(batch.samples)),
         "resp_tokens": sum(s.num_tokens for s in batch.samples),
     }
@@ -142,25 +155,33 @@ def main(argv: list[str] | None = None) -> int:
     from rl.trainer.hub import resolve_model
 
     path = resolve_model(args.model)
-    rows = {"1 worker": _run("full", 1, path, args), "2 FSDP workers": _run("full", 2, path, args),
-            f"LoRA r={args.lora_rank}": _run("lora", 1, path, args)}
+    rows = {
+        "1 worker": _run("full", 1, path, args),
+        "2 FSDP workers": _run("full", 2, path, args),
+        f"LoRA r={args.lora_rank}": _run("lora", 1, path, args),
+    }
     full = rows["1 worker"][0]
     state_full = full["params"] + full["grads"] + full["optim"]
-    lines = [f"learner_memory: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, "
-             f"responses <= {args.resp_len} tokens, micro_batch_tokens {args.micro_batch_tokens}, "
-             f"{'bf16 autocast' if args.autocast else 'fp32'}, kl_coef {args.kl_coef}",
-             "", "| config | rank | params MB | grads MB | AdamW MB | state / 1-worker state | AdamW / full AdamW | "
-             "peak RSS MB | peak - pre-load RSS MB | floor MB | (peak - pre-load) / floor | step s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"learner_memory: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, "
+        f"responses <= {args.resp_len} tokens, micro_batch_tokens {args.micro_batch_tokens}, "
+        f"{'bf16 autocast' if args.autocast else 'fp32'}, kl_coef {args.kl_coef}",
+        "",
+        "| config | rank | params MB | grads MB | AdamW MB | state / 1-worker state | AdamW / full AdamW | "
+        "peak RSS MB | peak - pre-load RSS MB | floor MB | (peak - pre-load) / floor | step s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     mb = 2**20
     for name, rs in rows.items():
         for r in rs:
             state = r["params"] + r["grads"] + r["optim"]
             fl = _floor(r)
-            lines.append(f"| {name} | {r['rank']} | {r['params'] / mb:.1f} | {r['grads'] / mb:.1f} | {r['optim'] / mb:.1f} | "
-                         f"{state / state_full:.3f} | {r['optim'] / full['optim']:.4f} | {r['peak_rss'] / mb:.0f} | "
-                         f"{(r['peak_rss'] - r['rss_before']) / mb:.0f} | {fl / mb:.0f} | "
-                         f"{(r['peak_rss'] - r['rss_before']) / fl:.2f} | {r['step_s']:.1f} |")
+            lines.append(
+                f"| {name} | {r['rank']} | {r['params'] / mb:.1f} | {r['grads'] / mb:.1f} | {r['optim'] / mb:.1f} | "
+                f"{state / state_full:.3f} | {r['optim'] / full['optim']:.4f} | {r['peak_rss'] / mb:.0f} | "
+                f"{(r['peak_rss'] - r['rss_before']) / mb:.0f} | {fl / mb:.0f} | "
+                f"{(r['peak_rss'] - r['rss_before']) / fl:.2f} | {r['step_s']:.1f} |"
+            )
     n = full["params"] // 4
     lines += ["", f"bytes per parameter (1 worker, fp32 AdamW): {state_full / n:.1f}"]
     text = "\n".join(lines)
@@ -170,11 +191,17 @@ def main(argv: list[str] | None = None) -> int:
         import subprocess
 
         cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), platform.processor())
+        model = next(
+            (ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")),
+            platform.processor(),
+        )
         with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-            f.write(f"\n## learner_memory ({model}, {os.cpu_count()} cores)\n\n"
-                    f"`python bench/learner_memory.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
-                    + text + "\n")
+            f.write(
+                f"\n## learner_memory ({model}, {os.cpu_count()} cores)\n\n"
+                f"`python bench/learner_memory.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                + text
+                + "\n"
+            )
     return 0
 
 

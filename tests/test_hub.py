@@ -61,8 +61,11 @@ def test_hub_id_resolves_offline_from_the_cache(offline_hub, tiny_model_path):
 
 
 def test_not_cached_while_offline_is_a_clear_error(offline_hub):
-    with pytest.raises(FileNotFoundError, match=r"model\.path: Hub model 'jointrl-test/other' .*not in the Hub "
-                                                r"cache .*HF_HUB_OFFLINE is set"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"model\.path: Hub model 'jointrl-test/other' .*not in the Hub "
+        r"cache .*HF_HUB_OFFLINE is set",
+    ):
         resolve_model("jointrl-test/other")
     with pytest.raises(FileNotFoundError, match=r"model\.revision 'v2'"):
         hub_snapshot("jointrl-test/tiny", "v2")
@@ -82,8 +85,13 @@ def test_cli_exits_2_before_actors_for_an_uncached_hub_id(tmp_path, recipe_copy)
     recipe = recipe_copy("tiny.yaml")
     env = {**os.environ, "HF_HOME": str(tmp_path / "empty-hf"), "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
     exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run([str(exe), "train", str(recipe), "model.path=jointrl-test/missing"], capture_output=True,
-                       text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [str(exe), "train", str(recipe), "model.path=jointrl-test/missing"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "model.path: Hub model 'jointrl-test/missing'" in r.stderr and "not in the Hub cache" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out" / "placement.json").exists()

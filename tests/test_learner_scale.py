@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -20,7 +19,9 @@ def _learner(path, tmp_path, name, learner, algo):
 def test_activation_checkpointing_gives_the_same_update(tiny_model_path, tiny_tokenizer, tmp_path):
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2), kl=KLConfig(coef=0.1))
     plain = _learner(tiny_model_path, tmp_path, "a", LearnerConfig(share_prompt=False), algo)
-    ckpt = _learner(tiny_model_path, tmp_path, "b", LearnerConfig(share_prompt=False, activation_checkpointing=True), algo)
+    ckpt = _learner(
+        tiny_model_path, tmp_path, "b", LearnerConfig(share_prompt=False, activation_checkpointing=True), algo
+    )
     try:
         assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
         for lrn in (plain, ckpt):
@@ -42,8 +43,12 @@ def test_activation_checkpointing_refuses_a_shared_prompt(recipe_copy):
         load_recipe(path, ["learner.activation_checkpointing=true", "learner.share_prompt=true"])
     with pytest.raises(RecipeError, match="learner.precision"):
         load_recipe(path, ["learner.precision=fast"])
-    validate_recipe(load_recipe(path, ["learner.activation_checkpointing=true", "learner.share_prompt=false",
-                                       "learner.precision=auto"]), check_imports=False)
+    validate_recipe(
+        load_recipe(
+            path, ["learner.activation_checkpointing=true", "learner.share_prompt=false", "learner.precision=auto"]
+        ),
+        check_imports=False,
+    )
 
 
 def test_precision_auto_picks_the_faster_measured(tiny_model_path, tmp_path):

@@ -7,7 +7,6 @@ checkpoints hold the adapters and resume exactly; bad target modules are refused
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -31,8 +30,15 @@ def make(tiny_model_path, tmp_path):
     made: list[Learner] = []
 
     def build(algo: AlgoConfig = ALGO, seed: int = 0) -> Learner:
-        lrn = Learner(tiny_model_path, MODEL_CFG, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"),
-                      learner=LORA_LEARNER)
+        lrn = Learner(
+            tiny_model_path,
+            MODEL_CFG,
+            algo,
+            seed=seed,
+            threads=1,
+            shm_dir=str(tmp_path / f"shm{len(made)}"),
+            learner=LORA_LEARNER,
+        )
         made.append(lrn)
         return lrn
 
@@ -104,9 +110,9 @@ def test_kl_reference_is_the_base_without_a_copy(make, tiny_tokenizer):
     batch = make_batch(tiny_tokenizer)
     s = batch.samples[0]
     with lrn._reference() as ref:
-        base_lp = Learner.logprobs(lrn, s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len:])
+        base_lp = Learner.logprobs(lrn, s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len :])
         assert ref is lrn.model
-    now = lrn.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len:])
+    now = lrn.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len :])
     assert base_lp != now
 
 

@@ -78,7 +78,9 @@ class ModelConfig(Section):
         "local HF folder, Hub id (org/name), or embedded:smollm2-135m-instruct | embedded:tiny",
         check=_model_path,
     )
-    revision: str = knob("", 'Hub branch, tag or commit of a Hub id ("" = main); HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply')
+    revision: str = knob(
+        "", 'Hub branch, tag or commit of a Hub id ("" = main); HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply'
+    )
     engine_dtype: Dtype = knob("bfloat16", "vLLM weights")
     learner_dtype: Literal["float32", "bfloat16"] = knob("float32", "learner master weights")
     autocast: bool = knob(True, "bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)")
@@ -340,7 +342,9 @@ class LearnerConfig(Section):
     """The learner runtime: workers (FSDP2-sharded when more than one), micro-batching, LoRA, activation
     checkpointing and compute precision."""
 
-    workers: int = knob(1, "learner actors; 2+ shard the policy and reference with FSDP2 (gloo on CPU, NCCL on GPU)", ge=1)
+    workers: int = knob(
+        1, "learner actors; 2+ shard the policy and reference with FSDP2 (gloo on CPU, NCCL on GPU)", ge=1
+    )
     micro_batch_tokens: int = knob(4096, "forward/backward in micro-batches of at most this many tokens", ge=1)
     share_prompt: bool = knob(True, "run a group's shared prompt once (its KV cache serves every member)")
     lora: LoraConfig = knob(doc="adapters instead of full fine-tuning", factory=LoraConfig)

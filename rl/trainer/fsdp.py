@@ -55,8 +55,10 @@ def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     trunk = getattr(model, getattr(model, "base_model_prefix", ""), model)
     layers = getattr(trunk, "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layers found at .{model.base_model_prefix}.layers; "
-                         "sharding needs a Llama/Qwen2-style causal LM")
+        raise ValueError(
+            f"{type(model).__name__}: no decoder layers found at .{model.base_model_prefix}.layers; "
+            "sharding needs a Llama/Qwen2-style causal LM"
+        )
     return list(layers)
 
 
@@ -72,8 +74,11 @@ def shard(model: torch.nn.Module, *, bf16_compute: bool = False) -> torch.nn.Mod
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_compute else \
-        MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16_compute
+        else MixedPrecisionPolicy()
+    )
     for layer in _layers(model):
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
@@ -125,8 +130,10 @@ class Lockstep:
             most = self.count(calls)  # first, on every rank: right after the root's all-gather
             out = fn()
             if self._calls != calls:
-                raise RuntimeError(f"sharded forward: {self._calls} trunk calls made, {calls} planned "
-                                   "(the ranks would fall out of step)")
+                raise RuntimeError(
+                    f"sharded forward: {self._calls} trunk calls made, {calls} planned "
+                    "(the ranks would fall out of step)"
+                )
             missing = most - calls
             pad = None
             trunk = getattr(model, model.base_model_prefix)

@@ -977,8 +977,7 @@ class Learner:
         """
         import torch.distributed.checkpoint as dcp
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict, set_model_state_dict,
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
         p = Path(path)

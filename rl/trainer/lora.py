@@ -36,8 +36,14 @@ def enabled(cfg: Any) -> bool:
 def _peft_config(cfg: Any) -> Any:
     from peft import LoraConfig
 
-    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                      target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def attach(model: torch.nn.Module, cfg: Any) -> Any:
@@ -125,5 +131,7 @@ def check_targets(model_dir: str, cfg: Any, key: str = "learner.lora.target_modu
     wanted = set(cfg.target_modules)
     missing = sorted(wanted - linear)
     if missing:
-        raise RecipeError(f"{key}: {missing} not linear layers of {conf.model_type} ({model_dir}); "
-                         f"its linear layers are {sorted(linear)}")
+        raise RecipeError(
+            f"{key}: {missing} not linear layers of {conf.model_type} ({model_dir}); "
+            f"its linear layers are {sorted(linear)}"
+        )

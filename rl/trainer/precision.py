@@ -28,8 +28,9 @@ class Choice:
         pick = "bf16 autocast" if self.autocast else "fp32"
         if not self.fp32_gflops:
             return f"precision auto: {pick} (not timed on this device)"
-        return (f"precision auto: {pick} (matmul fp32 {self.fp32_gflops:.0f} GFLOP/s, "
-                f"bf16 {self.bf16_gflops:.0f} GFLOP/s)")
+        return (
+            f"precision auto: {pick} (matmul fp32 {self.fp32_gflops:.0f} GFLOP/s, bf16 {self.bf16_gflops:.0f} GFLOP/s)"
+        )
 
 
 def matmul_gflops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.4, device: str = "cpu") -> float:
