@@ -10,7 +10,8 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
 * each configuration's peak resident memory (``ru_maxrss`` of its own fresh process) and the
   part above the process's resident memory before the model was loaded (Python, torch, HF);
 * an analytic floor: the state bytes plus one micro-batch's activations, estimated as
-  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (the tensors a decoder layer saves for its
+  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (tokens: those the largest micro-batch runs,
+  a shared prompt once; the tensors a decoder layer saves for its
   backward, counted at 4 bytes each) plus ``3 x 4 B x response tokens x V`` for the logits,
   their log-softmax and softmax. It is an estimate, not a measurement: the ratio tells how far
   the learner is from what its state and one micro-batch need.
@@ -60,6 +61,14 @@ def _batch(tok_vocab: int, args: argparse.Namespace, seed: int = 0):
     return Batch(samples, sum(s.num_tokens for s in samples), len(samples))
 
 
+def _tokens_run(mb: list, share_prompt: bool) -> int:
+    """Tokens a micro-batch runs through the decoder: with a shared prompt, each prompt once."""
+    if not share_prompt:
+        return sum(len(s.input_ids) for s in mb)
+    prompts = {tuple(s.input_ids[: s.prompt_len]) for s in mb}
+    return sum(len(p) for p in prompts) + sum(len(s.input_ids) - s.prompt_len for s in mb)
+
+
 def _nbytes(t) -> int:
     t = t.to_local() if hasattr(t, "to_local") else t
     return t.numel() * t.element_size()
@@ -105,7 +114,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "step_s": m["timing/learner_compute_s"],
         "config": lrn.model.config.to_dict(),
         "micros": len(lrn._micro_batches(batch.samples)),
-        "max_micro_tokens": max(sum(len(s.input_ids) for s in mb) for mb in lrn._micro_batches(batch.samples)),
+        "max_micro_tokens": max(_tokens_run(mb, lrn.lcfg.share_prompt) for mb in lrn._micro_batches(batch.samples)),
         "resp_tokens": sum(s.num_tokens for s in batch.samples),
     }
     q.put(out)
