@@ -70,6 +70,8 @@ class MixerConfig:
     curriculum_weight: float = 1.0  # chance that such a task stays in a pass over its stratum
     solved_threshold: float = 1.0  # a visit counts as solved when the mean reward of its group reaches this
     seq_level_domains: list[str] = field(default_factory=list)  # domains whose samples weigh per sequence, not per token
+    mode: str = "fixed"  # fixed | adaptive: domain weights follow each domain's learning signal (rl/data/mixer.py)
+    adaptive: dict[str, Any] = field(default_factory=dict)  # adaptive mode: floor, ceiling, rate, signal_ema, trend_fast, trend_slow, trend_coef, initial_signal
 
 
 @dataclass(frozen=True)
@@ -490,6 +492,17 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail("mixer.seq_level_domains", f"needs outcome advantages; {a.name!r} computes its own")
     if mx.curriculum_window < 0:
         fail("mixer.curriculum_window", "must be >= 0")
+    from rl.data.mixer import MIXER_MODES, AdaptiveConfig
+
+    if mx.mode not in MIXER_MODES:
+        fail("mixer.mode", f"choose one of {', '.join(MIXER_MODES)}, got {mx.mode!r}")
+    if mx.adaptive and mx.mode != "adaptive":
+        fail("mixer.adaptive", "is set but mixer.mode is not adaptive")
+    try:
+        AdaptiveConfig.from_dict(dict(mx.adaptive)).bounds(sorted({e.domain for e in r.envs}))
+    except ValueError as e:  # its message starts with the offending key (mixer.adaptive.<key>)
+        key, _, msg = str(e).partition(": ")
+        fail(key if key.startswith("mixer.adaptive") else "mixer.adaptive", msg if key.startswith("mixer.") else str(e))
     if recipe.data.train_weights and (len(recipe.data.train_weights) != len(recipe.data.train_files)
                                       or min(recipe.data.train_weights) < 0):
         fail("data.train_weights", f"need one non-negative weight per train file ({len(recipe.data.train_files)})")
