@@ -11,8 +11,9 @@ envs and rollout settings, scores them with the recipe's rewards (the same path 
 - ``base_pass``: ``{"model", "samples", "passed", "errors", "mean_reward", "temperature",
   "threshold"}`` (``mean_reward`` keeps partial credit visible).
 
-The files are the recipe's ``data.train_files`` unless ``--files`` names others; they are
-rewritten in place (or into ``--out-dir``), every other field unchanged, so the
+The files are the recipe's ``data.train_files`` unless ``--files`` names others; each is
+rewritten in place (or into ``--out-dir``) as soon as it is measured (one vLLM engine per
+file, so a stopped run keeps the files it finished), every other field unchanged, so the
 measurement travels with the tasks: the mixer's curriculum and the adaptive domain weights
 start from it (:mod:`rl.data.mixer`), and the ladder generators keep it when they
 regenerate an unchanged task. ``--limit N`` measures the first N tasks of each file only
@@ -119,10 +120,30 @@ def _files(args: argparse.Namespace, cfg: Any) -> list[Path]:
     return files
 
 
+def _measure_file(args: argparse.Namespace, cfg: Any, scorer: Any, tasks: list[Task], n: int,
+                  out: Path) -> tuple[list[Task], dict[str, Any]]:
+    """Measure the first ``n`` of ``tasks``, write all of them to ``out``; (measured, summary)."""
+    from envs.io import save_tasks
+    from rl.cli.evaluate import CommandError, _generate
+
+    t0 = time.perf_counter()
+    trajs = _generate(cfg, tasks[:n], args.k, args.temperature, args.batch, args.verbose)
+    t1 = time.perf_counter()
+    scored, _ = scorer.score_with_stats(trajs)
+    measured = apply_difficulty(tasks[:n], scored, args.k, args.pass_threshold, cfg.model.path, args.temperature)
+    try:
+        save_tasks(measured + tasks[n:], out)
+    except OSError as e:
+        raise CommandError(f"cannot write {out}: {e.strerror or e}") from None
+    print(f"difficulty: {out}: {n} tasks measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return measured, {**difficulty_summary(measured), "timing": {"generate_s": round(t1 - t0, 3),
+                                                                  "score_s": round(time.perf_counter() - t1, 3)}}
+
+
 def _difficulty(args: argparse.Namespace) -> int:
-    from envs.io import load_tasks, save_tasks
+    from envs.io import load_tasks
     from rewards.service import RewardFnSpec
-    from rl.cli.evaluate import CommandError, _generate, make_scorer, resolve_model_arg
+    from rl.cli.evaluate import CommandError, make_scorer, resolve_model_arg
     from rl.config.recipe import load_recipe, validate_recipe
 
     if args.k < 1 or args.limit < 0 or args.batch < 1:
@@ -142,31 +163,22 @@ def _difficulty(args: argparse.Namespace) -> int:
         if bad is not None:
             raise CommandError(f"{f}: task {bad.id!r} has domain {bad.domain!r}, but the recipe's rollout.envs "
                                f"serves only {sorted(served)}")
-    everything = [t for ts in chosen for t in ts]
-    if not everything:
+    if not any(chosen):
         raise CommandError(f"no tasks in {', '.join(map(str, files))}")
 
     specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
     scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
-    t0 = time.perf_counter()
-    trajs = _generate(cfg, everything, args.k, args.temperature, args.batch, args.verbose)
-    t1 = time.perf_counter()
-    scored, _ = scorer.score_with_stats(trajs)
-    measured = apply_difficulty(everything, scored, args.k, args.pass_threshold, cfg.model.path, args.temperature)
     summary: dict[str, Any] = {"model": cfg.model.path, "k": args.k, "temperature": args.temperature,
                                "pass_threshold": args.pass_threshold, "files": {}}
-    at = 0
+    measured_all: list[Task] = []
+    # One file at a time, each written as soon as it is measured: a long run that is stopped keeps
+    # the files it finished (one engine start per file is small next to k samples of every task).
     for f, ts, chosen_ts in zip(files, per_file, chosen):
-        new = measured[at:at + len(chosen_ts)] + ts[len(chosen_ts):]
-        at += len(chosen_ts)
-        out = Path(args.out_dir) / f.name if args.out_dir else f
-        try:
-            save_tasks(new, out)
-        except OSError as e:
-            raise CommandError(f"cannot write {out}: {e.strerror or e}") from None
-        summary["files"][str(out)] = difficulty_summary(new[:len(chosen_ts)])
-    summary["domains"] = difficulty_summary(measured)
-    summary["timing"] = {"generate_s": round(t1 - t0, 3), "score_s": round(time.perf_counter() - t1, 3)}
+        if chosen_ts:
+            out = Path(args.out_dir) / f.name if args.out_dir else f
+            measured, summary["files"][str(out)] = _measure_file(args, cfg, scorer, ts, len(chosen_ts), out)
+            measured_all += measured
+    summary["domains"] = difficulty_summary(measured_all)
     print(json.dumps(summary, indent=2))
     sys.stdout.flush()
     return 0
