@@ -219,8 +219,8 @@ def _sum_multiples_scaled(rng: random.Random) -> Task:
 
 
 def _replace_vowels(rng: random.Random) -> Task:
-    ch = rng.choice("*#_-+")
-    name = f"mask_vowels_{'star hash under dash plus'.split()['*#_-+'.index(ch)]}"
+    ch, label = rng.choice([("*", "star"), ("#", "hash"), ("_", "under"), ("-", "dash"), ("+", "plus")])
+    name = f"mask_vowels_{label}"
     return _task(name, f"{name}(s: str) -> str",
                  f"returns `s` with every vowel (a, e, i, o, u, either case) replaced by {ch!r}.",
                  f"def {name}(s: str) -> str:\n    return ''.join({ch!r} if c.lower() in 'aeiou' else c for c in s)\n",
@@ -242,8 +242,8 @@ def _chunk_sums(rng: random.Random) -> Task:
 
 
 def _rle(rng: random.Random) -> Task:
-    sep = rng.choice(["", ":", "x", "-"])
-    name = f"run_lengths{'_' + {':': 'colon', 'x': 'x', '-': 'dash'}[sep] if sep else ''}"
+    sep, label = rng.choice([("", ""), (":", "_colon"), ("x", "_x"), ("-", "_dash")])
+    name = f"run_lengths{label}"
     sol = (f"def {name}(s: str) -> str:\n    out = []\n    i = 0\n    while i < len(s):\n        j = i\n"
            f"        while j < len(s) and s[j] == s[i]:\n            j += 1\n"
            f"        out.append(s[i] + {sep!r} + str(j - i))\n        i = j\n    return ''.join(out)\n")

@@ -34,6 +34,7 @@ from typing import Any
 from envs.io import save_tasks
 from envs.toolcall import format_tools_system_prompt
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
+from rl.data.tasks.ladder import Template, draw, write_ladder
 
 __all__ = ["FUNCTIONS", "SOURCE", "PREFILL", "LADDER_SOURCE", "generate", "write_quickstart", "generate_ladder",
            "write_ladder_files", "main"]
@@ -458,12 +459,10 @@ def _ladder_task(rng: random.Random, targets: tuple[str, ...], n_tools: int, pic
                 meta={"functions": tools, "example_function": example_fn})
 
 
-def ladder_templates() -> tuple[Any, ...]:
+def ladder_templates() -> tuple[Template, ...]:
     """The ladder's templates: rung 0 = one listed function with one argument; 1 = one listed
     function, any; 2 = two listed (one distractor); 3 = three listed. Train and eval templates of
     a rung differ in the request phrasings they draw from."""
-    from rl.data.tasks.ladder import Template
-
     rungs = [("single_arg", 0, SINGLE_ARG, 1), ("one_tool", 1, tuple(FUNCTIONS), 1),
              ("two_tools", 2, tuple(FUNCTIONS), 2), ("three_tools", 3, tuple(FUNCTIONS), 3)]
     out = []
@@ -476,16 +475,12 @@ def ladder_templates() -> tuple[Any, ...]:
 
 def generate_ladder(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) tool-call ladder tasks; deterministic in ``seed``; no held-out phrasing in train."""
-    from rl.data.tasks.ladder import draw
-
     templates = ladder_templates()
     return (draw(templates, "train", n_train, seed, LADDER_SOURCE),
             draw(templates, "eval", n_eval, seed, LADDER_SOURCE))
 
 
 def write_ladder_files(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
-    from rl.data.tasks.ladder import write_ladder
-
     train, held = generate_ladder(n_train, n_eval, seed)
     return write_ladder({"train": train, "eval": held}, out_dir, LADDER_SOURCE)
 
