@@ -143,7 +143,8 @@ class TaskMixer:
         """Start the curriculum from the task's measured base pass rate (``meta["base_pass_rate"]``,
         written by ``jointrl difficulty``) instead of from nothing: a rate of 0 or 1 counts as a
         full window of failed or solved visits (no signal yet), one strictly between as a window
-        holding both (so it is drawn as a task with signal). Tasks without the key start with no visits; with the curriculum off, no-op."""
+        holding both (so it is drawn as a task with signal). Tasks without the key start with no
+        visits; with the curriculum off this does nothing."""
         p = task.meta.get("base_pass_rate")
         st = self.stats[task.id]
         if self.curriculum_window <= 0 or st.visits or isinstance(p, bool) or not isinstance(p, (int, float)):
