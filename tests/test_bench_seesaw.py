@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -98,4 +97,5 @@ def test_single_domain_overrides_validate():
     for c in CONFIGS:
         cfg = load_recipe(recipe, ["run.output_dir=/tmp/jointrl-seesaw-unused", "model.path=embedded:tiny", *overrides(c)])
         validate_recipe(cfg)
-        assert math.isfinite(cfg.algo.lr)
+        assert len(cfg.data.train_files) == (1 if c.startswith("single_") else 3)
+        assert cfg.mixer.mode == ("adaptive" if c == "joint_adaptive" else "fixed")

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envs.io import TaskFormatError, load_tasks
-from envs.types import Sampling, Task, Trajectory
+from envs.types import Sampling, Task
 from rewards.service import RewardFnSpec, RewardService
 from rl.algos.batch import build_batch, rollout_metrics
 from rl.config.recipe import Recipe, recipe_to_dict, resolve_output_dir, resolve_path
 from rl.driver.logger import ProgressBar, RunLogger
-from rl.data.mixer import AdaptiveTaskMixer, RewardNormalizer, Source, TaskMixer, normalize_step, sources_by_domain
+from rl.algos.shaping import RewardNormalizer, shape_step
+from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
 from rl.driver.stream import EpisodeStream
 from rl.trainer.hub import resolve_model
 from rollout.pool import RolloutPool
@@ -61,8 +62,8 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True) -> Path:
             trajs = actors.rewards.score(trajs)                                                    # 3. rewards
             t2 = time.perf_counter()
             mixer.update(trajs)
-            advantages, norm_metrics = normalize_step(normalizer, trajs)                          # 4. per-domain norm
-            batch, batch_stats = build_batch(trajs, cfg.algo, advantages, tuple(cfg.mixer.seq_level_domains))
+            shaped, norm_metrics = shape_step(normalizer, trajs)                      # 4. reward shaping (per-domain norm)
+            batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
             metrics = actors.learner_step(batch)                                                   # 5. update
             t3 = time.perf_counter()
             episodes.weights_updated()                              # 6. weight sync (async: once the engines are idle)
@@ -166,7 +167,8 @@ def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
 
 
 def make_normalizer(cfg: Recipe) -> RewardNormalizer:
-    return RewardNormalizer(cfg.mixer.normalization, stat=cfg.mixer.norm_stat, ema=cfg.mixer.norm_ema)
+    n = cfg.algo.reward_norm
+    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema)
 
 
 def expand(tasks: list[Task], group_size: int, seed: int, step: int) -> tuple[list[Task], list[int], list[int]]:
@@ -276,7 +278,7 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
 class Actors:
     """The run's Ray actors, their start-up and their shutdown.
 
-    Learners: ``algo.learner_workers`` data-parallel ``Learner`` actors (``rl.trainer.distributed.LearnerGroup``);
+    Learners: ``learner.workers`` data-parallel ``Learner`` actors (``rl.trainer.distributed.LearnerGroup``);
     ``learner`` is rank 0's handle (weights export, log-probs, checkpoints).
     """
 
@@ -329,16 +331,17 @@ class Actors:
         # away on every exit path, even when the learner is busy or dead.
         free_dead_run(self.out / LIVE_FILE)  # what a killed driver of this output dir left behind
         self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self.learners = LearnerGroup(cfg.algo.learner_workers, self.model_path, cfg.model, cfg.algo, seed=cfg.run.seed,
+        self.learners = LearnerGroup(cfg.learner.workers, self.model_path, cfg.model, cfg.algo, seed=cfg.run.seed,
                                      threads=cfg.run.threads, shm_dir=self.shm_dir, total_steps=cfg.train.steps,
-                                     actor_options=self.placement.options("learner"))
+                                     actor_options=self.placement.options("learner"), learner=cfg.learner)
         self.learner = self.learners.actors[0]
         self.pool = RolloutPool(r.num_engines, self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
                                 actor_options=self.placement.options("engine"), length_estimator=length_estimate,
                                 dtype=cfg.model.engine_dtype, seed=cfg.run.seed,
                                 max_model_len=r.max_model_len, kv_cache_gib=r.kv_cache_gib,
                                 gpu_memory_utilization=r.gpu_memory_utilization,
-                                tensor_parallel_size=cfg.cluster.engine_tp, enable_sleep_mode=plan.colocated)
+                                tensor_parallel_size=cfg.cluster.engine_tp, enable_sleep_mode=plan.colocated,
+                                engine_kwargs=dict(r.engine_kwargs))
         specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
         self.rewards = RewardService(specs, workers=cfg.reward_service.workers, timeout_s=cfg.reward_service.timeout_s,
                                      actor_options=self.placement.options("reward"))
