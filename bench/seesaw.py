@@ -44,8 +44,11 @@ sys.path.insert(0, str(ROOT))
 
 RECIPE = ROOT / "recipes" / "joint_rl.yaml"
 DOMAINS = ("code", "terminal", "tool_call")
-TRAIN_FILES = {"tool_call": "data/toolcall_ladder.train.jsonl", "code": "data/code_ladder.train.jsonl",
-               "terminal": "data/terminal_ladder.train.jsonl"}
+TRAIN_FILES = {
+    "tool_call": "data/toolcall_ladder.train.jsonl",
+    "code": "data/code_ladder.train.jsonl",
+    "terminal": "data/terminal_ladder.train.jsonl",
+}
 CONFIGS = ("joint_fixed", "joint_adaptive", *(f"single_{d}" for d in DOMAINS))
 
 
@@ -55,8 +58,8 @@ def overrides(config: str) -> list[str]:
         return []
     if config == "joint_adaptive":
         return ["mixer.mode=adaptive"]
-    if config.startswith("single_") and config[len("single_"):] in DOMAINS:
-        d = config[len("single_"):]
+    if config.startswith("single_") and config[len("single_") :] in DOMAINS:
+        d = config[len("single_") :]
         return [f"data.train_files=[{TRAIN_FILES[d]}]", "mixer.domain_weights={}"]
     raise ValueError(f"unknown config {config!r}; choose from {', '.join(CONFIGS)}")
 
@@ -119,7 +122,9 @@ def analyse(runs: dict[str, tuple[dict, dict]]) -> dict[str, Any]:
         joint = runs["joint_fixed"][1]
         for name, (_, last) in runs.items():
             if name.startswith("single_"):
-                out["joint_vs_single"][name] = {d: paired(last[d], joint[d]) for d in DOMAINS if d in last and d in joint}
+                out["joint_vs_single"][name] = {
+                    d: paired(last[d], joint[d]) for d in DOMAINS if d in last and d in joint
+                }
         if "joint_adaptive" in runs:
             ada = runs["joint_adaptive"][1]
             out["adaptive_vs_fixed"] = {d: paired(joint[d], ada[d]) for d in DOMAINS if d in joint and d in ada}
@@ -134,27 +139,40 @@ def render(result: dict[str, Any], meta: dict[str, Any]) -> str:
     """The Markdown body of the RESULTS.md section."""
     from bench._results import table
 
-    lines = [f"Recipe `recipes/joint_rl.yaml`, {meta['steps']} steps per run, {meta['samples']} samples per run "
-             f"(prompts/step x group size x steps), held-out = the three `*_ladder.eval.jsonl` files "
-             f"(greedy; n tasks per domain in the tables). ± is one paired standard error; a change is called "
-             f"up/down only beyond two of them, else noise.", "",
-             "Before -> after, each run on each domain (held-out mean reward):", ""]
+    lines = [
+        f"Recipe `recipes/joint_rl.yaml`, {meta['steps']} steps per run, {meta['samples']} samples per run "
+        f"(prompts/step x group size x steps), held-out = the three `*_ladder.eval.jsonl` files "
+        f"(greedy; n tasks per domain in the tables). ± is one paired standard error; a change is called "
+        f"up/down only beyond two of them, else noise.",
+        "",
+        "Before -> after, each run on each domain (held-out mean reward):",
+        "",
+    ]
     rows = []
     for name, per in result["change"].items():
-        rows.append([name, f"{meta['wall_s'].get(name, float('nan')):.0f}"]
-                    + [f"{per[d]['a']:.3f} -> {per[d]['b']:.3f}, {_fmt(per[d])}, n={per[d]['n']}" if d in per else "-"
-                       for d in DOMAINS])
+        rows.append(
+            [name, f"{meta['wall_s'].get(name, float('nan')):.0f}"]
+            + [
+                f"{per[d]['a']:.3f} -> {per[d]['b']:.3f}, {_fmt(per[d])}, n={per[d]['n']}" if d in per else "-"
+                for d in DOMAINS
+            ]
+        )
     lines += [table(["run", "wall s", *DOMAINS], rows), ""]
     if result["joint_vs_single"]:
         lines += ["Joint (fixed) minus single-domain, final held-out reward (positive: joint is better there):", ""]
-        rows = [[name] + [_fmt(per[d]) if d in per else "-" for d in DOMAINS]
-                for name, per in result["joint_vs_single"].items()]
+        rows = [
+            [name] + [_fmt(per[d]) if d in per else "-" for d in DOMAINS]
+            for name, per in result["joint_vs_single"].items()
+        ]
         lines += [table(["vs", *DOMAINS], rows), ""]
     if result["adaptive_vs_fixed"]:
         per = result["adaptive_vs_fixed"]
-        lines += ["Adaptive minus fixed mixing, final held-out reward:", "",
-                  table(["", *DOMAINS], [["adaptive - fixed"] + [_fmt(per[d]) if d in per else "-" for d in DOMAINS]]),
-                  ""]
+        lines += [
+            "Adaptive minus fixed mixing, final held-out reward:",
+            "",
+            table(["", *DOMAINS], [["adaptive - fixed"] + [_fmt(per[d]) if d in per else "-" for d in DOMAINS]]),
+            "",
+        ]
     lines += ["What this supports: " + conclusions(result)]
     return "\n".join(lines)
 
@@ -165,8 +183,10 @@ def conclusions(result: dict[str, Any]) -> str:
     for name, per in result["change"].items():
         ups = [d for d, p in per.items() if verdict(p) == "up"]
         downs = [d for d, p in per.items() if verdict(p) == "down"]
-        said.append(f"{name} improved {', '.join(ups) or 'no domain'} beyond 2 SE"
-                    + (f" and got worse on {', '.join(downs)}" if downs else ""))
+        said.append(
+            f"{name} improved {', '.join(ups) or 'no domain'} beyond 2 SE"
+            + (f" and got worse on {', '.join(downs)}" if downs else "")
+        )
     for name, per in result["joint_vs_single"].items():
         sig = [f"{d} ({verdict(p)})" for d, p in per.items() if verdict(p) in ("up", "down")]
         said.append(f"joint vs {name}: " + (", ".join(sig) if sig else "no domain differs beyond 2 SE"))
@@ -181,8 +201,20 @@ def conclusions(result: dict[str, Any]) -> str:
 
 def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str]) -> float:
     """Run ``jointrl train`` for ``config``; return its wall time in seconds."""
-    cmd = [sys.executable, "-m", "rl.cli.main", "train", str(RECIPE), f"run.output_dir={out}", "run.overwrite=true",
-           f"train.steps={steps}", f"data.eval_limit={eval_limit}", "run.save_every=0", *overrides(config), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl.cli.main",
+        "train",
+        str(RECIPE),
+        f"run.output_dir={out}",
+        "run.overwrite=true",
+        f"train.steps={steps}",
+        f"data.eval_limit={eval_limit}",
+        "run.save_every=0",
+        *overrides(config),
+        *extra,
+    ]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -197,8 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
-    ap.add_argument("--eval-limit", type=int, default=0,
-                    help="data.eval_limit of each run (0 = every held-out task; the limit takes the first N overall)")
+    ap.add_argument(
+        "--eval-limit",
+        type=int,
+        default=0,
+        help="data.eval_limit of each run (0 = every held-out task; the limit takes the first N overall)",
+    )
     ap.add_argument("--out", default=str(ROOT / "runs" / "seesaw"), help="run directories go here")
     ap.add_argument("--from-runs", action="store_true", help="analyse the runs already in --out; train nothing")
     ap.add_argument("--no-write", action="store_true", help="print; do not write bench/RESULTS.md")

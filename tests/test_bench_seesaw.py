@@ -82,8 +82,10 @@ def test_eval_rewards_needs_two_evaluations(tmp_path):
 
 def test_configs_map_to_recipe_overrides():
     assert overrides("joint_fixed") == [] and overrides("joint_adaptive") == ["mixer.mode=adaptive"]
-    assert overrides("single_terminal") == ["data.train_files=[data/terminal_ladder.train.jsonl]",
-                                            "mixer.domain_weights={}"]
+    assert overrides("single_terminal") == [
+        "data.train_files=[data/terminal_ladder.train.jsonl]",
+        "mixer.domain_weights={}",
+    ]
     assert len(CONFIGS) == 5
     with pytest.raises(ValueError, match="unknown config"):
         overrides("single_math")
@@ -95,7 +97,9 @@ def test_single_domain_overrides_validate():
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "joint_rl.yaml"
     for c in CONFIGS:
-        cfg = load_recipe(recipe, ["run.output_dir=/tmp/jointrl-seesaw-unused", "model.path=embedded:tiny", *overrides(c)])
+        cfg = load_recipe(
+            recipe, ["run.output_dir=/tmp/jointrl-seesaw-unused", "model.path=embedded:tiny", *overrides(c)]
+        )
         validate_recipe(cfg)
         assert len(cfg.data.train_files) == (1 if c.startswith("single_") else 3)
         assert cfg.mixer.mode == ("adaptive" if c == "joint_adaptive" else "fixed")

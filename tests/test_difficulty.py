@@ -21,9 +21,19 @@ DATA = Path(__file__).resolve().parents[1] / "recipes" / "data"
 
 
 def _traj(task, text: str, reward: float | None = None) -> Trajectory:
-    return Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[0.0],
-                      messages=[*task.messages, Message("assistant", text)], terminated=True, truncated=False,
-                      finish_reason="stop", reward=reward)
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        loss_mask=[1],
+        logprobs=[0.0],
+        messages=[*task.messages, Message("assistant", text)],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        reward=reward,
+    )
 
 
 def _right(task) -> str:
@@ -37,8 +47,15 @@ def test_metadata_round_trips_through_the_task_file(tmp_path):
     scored = [_traj(t, "", r) for t, rs in zip(tasks, rewards) for r in rs]
     measured = apply_difficulty(tasks, scored, 4, 1.0, "embedded:x", 1.0)
     assert [t.meta["base_pass_rate"] for t in measured] == [0.75, 0.0, 1.0]
-    assert measured[1].meta["base_pass"] == {"model": "embedded:x", "samples": 4, "passed": 0, "errors": 1,
-                                             "mean_reward": pytest.approx(1 / 6, abs=1e-6), "temperature": 1.0, "threshold": 1.0}
+    assert measured[1].meta["base_pass"] == {
+        "model": "embedded:x",
+        "samples": 4,
+        "passed": 0,
+        "errors": 1,
+        "mean_reward": pytest.approx(1 / 6, abs=1e-6),
+        "temperature": 1.0,
+        "threshold": 1.0,
+    }
     path = tmp_path / "t.jsonl"
     save_tasks(measured, path)
     back = load_tasks(path)
@@ -71,13 +88,20 @@ def test_command_writes_measurements_through_the_real_scorer(tmp_path, monkeypat
 
     def fake_generate(cfg, tasks, n, temperature, batch, verbose):
         assert n == k and temperature == 1.0
-        return [_traj(t, _right(t) if i < j else "<tool_call>{\"name\": \"nope\"}</tool_call>")
-                for j, t in enumerate(tasks) for i in range(n)]
+        return [
+            _traj(t, _right(t) if i < j else '<tool_call>{"name": "nope"}</tool_call>')
+            for j, t in enumerate(tasks)
+            for i in range(n)
+        ]
 
     monkeypatch.setattr("rl.cli.evaluate._generate", fake_generate)
     recipe = recipe_copy("joint_rl.yaml")
-    assert main(["difficulty", str(recipe), "model.path=embedded:tiny", "--k", str(k), "--files", str(src),
-                 "--limit", "6"]) == 0
+    assert (
+        main(
+            ["difficulty", str(recipe), "model.path=embedded:tiny", "--k", str(k), "--files", str(src), "--limit", "6"]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     back = load_tasks(src)
     assert [t.meta["base_pass_rate"] for t in back[:6]] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
@@ -101,7 +125,20 @@ def test_command_with_vllm_on_the_tiny_model(tmp_path, capsys, recipe_copy):
     src = tmp_path / "tool.jsonl"
     save_tasks(load_tasks(DATA / "toolcall_ladder.train.jsonl")[:2], src)
     recipe = recipe_copy("joint_rl.yaml")
-    assert main(["difficulty", str(recipe), "model.path=embedded:tiny", "rollout.max_new_tokens=16", "--k", "2",
-                 "--files", str(src)]) == 0
+    assert (
+        main(
+            [
+                "difficulty",
+                str(recipe),
+                "model.path=embedded:tiny",
+                "rollout.max_new_tokens=16",
+                "--k",
+                "2",
+                "--files",
+                str(src),
+            ]
+        )
+        == 0
+    )
     back = load_tasks(src)
     assert all(t.meta["base_pass"]["samples"] == 2 and 0.0 <= t.meta["base_pass_rate"] <= 1.0 for t in back)

@@ -10,8 +10,16 @@ import random
 import pytest
 
 from envs.types import Message, Task, Trajectory
-from rl.data.mixer import (AdaptiveConfig, AdaptiveDomainWeights, AdaptiveTaskMixer, Source, TaskMixer,
-                           difficulty_priors, domain_signal, project_weights)
+from rl.data.mixer import (
+    AdaptiveConfig,
+    AdaptiveDomainWeights,
+    AdaptiveTaskMixer,
+    Source,
+    TaskMixer,
+    difficulty_priors,
+    domain_signal,
+    project_weights,
+)
 
 DOMAINS = ("code", "terminal", "tool_call")
 
@@ -25,9 +33,19 @@ def sources(n: int = 20, **meta) -> list[Source]:
 
 
 def traj(t: Task, reward: float, group: int) -> Trajectory:
-    return Trajectory(task=t, group_id=group, prompt_ids=[1], response_ids=[5] * 8, loss_mask=[1] * 8,
-                      logprobs=[-1.0] * 8, messages=[], terminated=True, truncated=False, finish_reason="stop",
-                      reward=reward)
+    return Trajectory(
+        task=t,
+        group_id=group,
+        prompt_ids=[1],
+        response_ids=[5] * 8,
+        loss_mask=[1] * 8,
+        logprobs=[-1.0] * 8,
+        messages=[],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        reward=reward,
+    )
 
 
 def rollouts(tasks: list[Task], reward_of, rng: random.Random, group_size: int = 4) -> list[Trajectory]:
@@ -52,7 +70,9 @@ def test_project_weights_respects_bounds_and_proportions():
     w = project_weights({"a": 10.0, "b": 1.0, "c": 0.0}, floor, ceiling)
     assert sum(w.values()) == pytest.approx(1.0)
     assert w["a"] == pytest.approx(0.6) and w["c"] == pytest.approx(0.1) and w["b"] == pytest.approx(0.3)
-    assert project_weights({"a": 0, "b": 0, "c": 0}, floor, ceiling) == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+    assert project_weights({"a": 0, "b": 0, "c": 0}, floor, ceiling) == pytest.approx(
+        {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}
+    )
     with pytest.raises(ValueError, match="infeasible"):
         project_weights({"a": 1, "b": 1}, {"a": 0.6, "b": 0.6}, {"a": 1, "b": 1})
     rng = random.Random(0)
@@ -113,6 +133,7 @@ def _reward_of(step: int):
         if domain == "code":
             return float(rng.random() < 0.5)
         return float(rng.random() < min(0.9, 0.05 * step))  # tool_call starts learning
+
     return reward_of
 
 
@@ -136,16 +157,18 @@ def test_mixer_draws_follow_the_weights_and_log_them():
 
 def test_resume_is_exact():
     def run(steps: int, resume_at: int | None = None) -> list[list[str]]:
-        m = AdaptiveTaskMixer(sources(), per_step=9, seed=7, adaptive={"floor": 0.05}, curriculum_window=2,
-                              curriculum_weight=0.5)
+        m = AdaptiveTaskMixer(
+            sources(), per_step=9, seed=7, adaptive={"floor": 0.05}, curriculum_window=2, curriculum_weight=0.5
+        )
         rng = random.Random(1)
         drawn = []
         for step in range(1, steps + 1):
             if resume_at is not None and step == resume_at:
                 state = json.loads(json.dumps(m.state_dict()))  # checkpoints store JSON-like data
                 rng_state = rng.getstate()
-                m = AdaptiveTaskMixer(sources(), per_step=9, seed=7, adaptive={"floor": 0.05}, curriculum_window=2,
-                                      curriculum_weight=0.5)
+                m = AdaptiveTaskMixer(
+                    sources(), per_step=9, seed=7, adaptive={"floor": 0.05}, curriculum_window=2, curriculum_weight=0.5
+                )
                 m.load_state_dict(state)
                 rng.setstate(rng_state)
             tasks = m.sample(step)
@@ -171,9 +194,11 @@ def test_fixed_mode_is_unchanged_by_the_adaptive_code():
 
 
 def test_measured_difficulty_seeds_the_signal_and_the_curriculum():
-    srcs = [Source("code", "code", [mk("code", i, base_pass_rate=r) for i, r in enumerate([0.0, 0.25, 0.5, 1.0])]),
-            Source("terminal", "terminal", [mk("terminal", i, base_pass_rate=0.0) for i in range(4)]),
-            Source("tool_call", "tool_call", [mk("tool_call", i) for i in range(4)])]
+    srcs = [
+        Source("code", "code", [mk("code", i, base_pass_rate=r) for i, r in enumerate([0.0, 0.25, 0.5, 1.0])]),
+        Source("terminal", "terminal", [mk("terminal", i, base_pass_rate=0.0) for i in range(4)]),
+        Source("tool_call", "tool_call", [mk("tool_call", i) for i in range(4)]),
+    ]
     assert difficulty_priors(srcs) == {"code": 0.5, "terminal": 0.0}
     m = AdaptiveTaskMixer(srcs, 6, curriculum_window=3, adaptive={"initial_signal": 0.4})
     assert m.adaptive.signal == {"code": 0.5, "terminal": 0.0, "tool_call": 0.4}
@@ -186,11 +211,16 @@ def test_measured_difficulty_seeds_the_signal_and_the_curriculum():
     assert drawn["code-1"] + drawn["code-2"] > drawn["code-0"] + drawn["code-3"]
 
 
-@pytest.mark.parametrize("mixer, key", [({"mode": "dynamic"}, "mixer.mode"),
-                                        ({"mode": "fixed", "adaptive": {"rate": 0.5}}, "mixer.adaptive"),
-                                        ({"mode": "adaptive", "adaptive": {"rate": 2}}, "mixer.adaptive.rate"),
-                                        ({"mode": "adaptive", "adaptive": {"bogus": 1}}, "mixer.adaptive.bogus"),
-                                        ({"mode": "adaptive", "adaptive": {"floor": 0.6}}, "mixer.adaptive")])
+@pytest.mark.parametrize(
+    "mixer, key",
+    [
+        ({"mode": "dynamic"}, "mixer.mode"),
+        ({"mode": "fixed", "adaptive": {"rate": 0.5}}, "mixer.adaptive"),
+        ({"mode": "adaptive", "adaptive": {"rate": 2}}, "mixer.adaptive.rate"),
+        ({"mode": "adaptive", "adaptive": {"bogus": 1}}, "mixer.adaptive.bogus"),
+        ({"mode": "adaptive", "adaptive": {"floor": 0.6}}, "mixer.adaptive"),
+    ],
+)
 def test_recipe_errors_name_the_mixer_key(recipe_copy, mixer, key):
     from rl.config.recipe import RecipeError, load_recipe, validate_recipe
 
@@ -203,8 +233,10 @@ def test_recipe_builds_the_adaptive_mixer(recipe_copy):
     from rl.config.recipe import load_recipe, validate_recipe
     from rl.driver.loop import make_mixer
 
-    path = recipe_copy("joint_rl.yaml", edit=lambda d: d["mixer"].update(
-        {"mode": "adaptive", "adaptive": {"floor": 0.1, "ceiling": 0.6}}))
+    path = recipe_copy(
+        "joint_rl.yaml",
+        edit=lambda d: d["mixer"].update({"mode": "adaptive", "adaptive": {"floor": 0.1, "ceiling": 0.6}}),
+    )
     cfg = load_recipe(path, ["model.path=embedded:tiny"])
     validate_recipe(cfg)
     m = make_mixer(cfg, sources())

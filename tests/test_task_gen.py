@@ -60,7 +60,8 @@ def test_shipped_files_are_the_generated_ones(domain, generated):
     for split, tasks in (("train", train), ("eval", held)):
         shipped = load_tasks(DATA / f"{SOURCES[domain]}.{split}.jsonl")
         assert [strip_measured(t) for t in shipped] == tasks, (
-            f"recipes/data/{SOURCES[domain]}.{split}.jsonl is stale: regenerate it (see the generator's docstring)")
+            f"recipes/data/{SOURCES[domain]}.{split}.jsonl is stale: regenerate it (see the generator's docstring)"
+        )
 
 
 @pytest.mark.parametrize("domain", sorted(GENERATORS))
@@ -118,8 +119,9 @@ def test_write_ladder_keeps_a_measurement_only_for_unchanged_tasks(tmp_path):
     write_ladder({"train": train, "eval": held}, tmp_path, "lad")
     measured = [dataclasses.replace(t, meta={**t.meta, "base_pass_rate": 0.5}) for t in train]
     write_ladder({"train": measured}, tmp_path, "lad")
-    changed = [train[0]] + [dataclasses.replace(t, messages=t.messages[:1] + (Message("user", "new"),))
-                            for t in train[1:]]
+    changed = [train[0]] + [
+        dataclasses.replace(t, messages=t.messages[:1] + (Message("user", "new"),)) for t in train[1:]
+    ]
     write_ladder({"train": changed}, tmp_path, "lad")
     back = load_tasks(tmp_path / "lad.train.jsonl")
     assert back[0].meta["base_pass_rate"] == 0.5
@@ -176,9 +178,19 @@ def _toolcall_traj(task, text):
     _, term, _, info = env.step(text)
     env.close()
     assert term
-    return Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[0.0],
-                      messages=[*messages, Message("assistant", text)], terminated=True, truncated=False,
-                      finish_reason="stop", env_reward=info.get("reward"))
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        loss_mask=[1],
+        logprobs=[0.0],
+        messages=[*messages, Message("assistant", text)],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        env_reward=info.get("reward"),
+    )
 
 
 def _toolcall_check(tasks):

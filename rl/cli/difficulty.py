@@ -41,9 +41,12 @@ __all__ = ["add_parser", "apply_difficulty", "difficulty_summary", "run_difficul
 
 def add_parser(sub: Any) -> None:
     """Add ``difficulty`` to ``jointrl``'s subparsers."""
-    p = sub.add_parser("difficulty", help="measure each task's pass rate (k samples) and write it into the task files",
-                       description="Sample k completions per task with the recipe's model, score them with its "
-                                   "rewards, and write meta.base_pass_rate into the task files.")
+    p = sub.add_parser(
+        "difficulty",
+        help="measure each task's pass rate (k samples) and write it into the task files",
+        description="Sample k completions per task with the recipe's model, score them with its "
+        "rewards, and write meta.base_pass_rate into the task files.",
+    )
     p.add_argument("recipe", help="recipe YAML file (model, rollout, envs, rewards, data.train_files)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.max_new_tokens=128")
     p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
@@ -51,7 +54,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=0, help="measure the first N tasks of each file only (0 = all)")
     p.add_argument("--model", help="model to measure with (default: the recipe's model.path)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    p.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)")
+    p.add_argument(
+        "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
+    )
     p.add_argument("--out-dir", help="write the measured files here (same names) instead of in place")
     p.add_argument("--batch", type=int, default=256, help="episodes per engine call (default 256)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -59,22 +64,29 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run_difficulty)
 
 
-def apply_difficulty(tasks: list[Task], scored: list[Trajectory], k: int, threshold: float, model: str,
-                     temperature: float) -> list[Task]:
+def apply_difficulty(
+    tasks: list[Task], scored: list[Trajectory], k: int, threshold: float, model: str, temperature: float
+) -> list[Task]:
     """``tasks`` with ``meta["base_pass_rate"]`` / ``meta["base_pass"]`` from ``scored``: ``k``
     consecutive samples per task, in task order. An errored sample (reward None) does not pass."""
     if len(scored) != k * len(tasks):
         raise ValueError(f"need {k} samples per task ({k * len(tasks)}), got {len(scored)}")
     out = []
     for i, task in enumerate(tasks):
-        group = scored[i * k:(i + 1) * k]
+        group = scored[i * k : (i + 1) * k]
         if any(t.task.id != task.id for t in group):
             raise ValueError(f"samples {i * k}..{(i + 1) * k - 1} are not all of task {task.id!r}")
         rewards = [float(t.reward) for t in group if t.reward is not None]
         passed = sum(r >= threshold for r in rewards)
-        info = {"model": model, "samples": k, "passed": passed, "errors": k - len(rewards),
-                "mean_reward": round(sum(rewards) / len(rewards), 6) if rewards else None,
-                "temperature": temperature, "threshold": threshold}
+        info = {
+            "model": model,
+            "samples": k,
+            "passed": passed,
+            "errors": k - len(rewards),
+            "mean_reward": round(sum(rewards) / len(rewards), 6) if rewards else None,
+            "temperature": temperature,
+            "threshold": threshold,
+        }
         out.append(dataclasses.replace(task, meta={**task.meta, "base_pass_rate": passed / k, "base_pass": info}))
     return out
 
@@ -93,11 +105,16 @@ def difficulty_summary(tasks: list[Task]) -> dict[str, Any]:
         rates = [float(t.meta["base_pass_rate"]) for t in ts]
         k = int(ts[0].meta["base_pass"]["samples"])
         rewards = [t.meta["base_pass"]["mean_reward"] for t in ts if t.meta["base_pass"].get("mean_reward") is not None]
-        out[d] = {"tasks": len(ts), "never": sum(r == 0 for r in rates), "sometimes": sum(0 < r < 1 for r in rates),
-                  "always": sum(r == 1 for r in rates), "signal_fraction": round(sum(0 < r < 1 for r in rates) / len(ts), 4),
-                  "pass@1": round(sum(rates) / len(ts), 4),
-                  f"pass@{k}": round(sum(pass_at_k(k, round(r * k), k) for r in rates) / len(ts), 4),
-                  "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None}
+        out[d] = {
+            "tasks": len(ts),
+            "never": sum(r == 0 for r in rates),
+            "sometimes": sum(0 < r < 1 for r in rates),
+            "always": sum(r == 1 for r in rates),
+            "signal_fraction": round(sum(0 < r < 1 for r in rates) / len(ts), 4),
+            "pass@1": round(sum(rates) / len(ts), 4),
+            f"pass@{k}": round(sum(pass_at_k(k, round(r * k), k) for r in rates) / len(ts), 4),
+            "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
+        }
     return out
 
 
@@ -120,8 +137,9 @@ def _files(args: argparse.Namespace, cfg: Any) -> list[Path]:
     return files
 
 
-def _measure_file(args: argparse.Namespace, cfg: Any, scorer: Any, tasks: list[Task], n: int,
-                  out: Path) -> tuple[list[Task], dict[str, Any]]:
+def _measure_file(
+    args: argparse.Namespace, cfg: Any, scorer: Any, tasks: list[Task], n: int, out: Path
+) -> tuple[list[Task], dict[str, Any]]:
     """Measure the first ``n`` of ``tasks``, write all of them to ``out``; (measured, summary)."""
     from envs.io import save_tasks
     from rl.cli.evaluate import CommandError, _generate
@@ -136,8 +154,10 @@ def _measure_file(args: argparse.Namespace, cfg: Any, scorer: Any, tasks: list[T
     except OSError as e:
         raise CommandError(f"cannot write {out}: {e.strerror or e}") from None
     print(f"difficulty: {out}: {n} tasks measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    return measured, {**difficulty_summary(measured), "timing": {"generate_s": round(t1 - t0, 3),
-                                                                  "score_s": round(time.perf_counter() - t1, 3)}}
+    return measured, {
+        **difficulty_summary(measured),
+        "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(time.perf_counter() - t1, 3)},
+    }
 
 
 def _difficulty(args: argparse.Namespace) -> int:
@@ -161,15 +181,22 @@ def _difficulty(args: argparse.Namespace) -> int:
     for f, ts in zip(files, chosen):
         bad = next((t for t in ts if t.domain not in served), None)
         if bad is not None:
-            raise CommandError(f"{f}: task {bad.id!r} has domain {bad.domain!r}, but the recipe's rollout.envs "
-                               f"serves only {sorted(served)}")
+            raise CommandError(
+                f"{f}: task {bad.id!r} has domain {bad.domain!r}, but the recipe's rollout.envs "
+                f"serves only {sorted(served)}"
+            )
     if not any(chosen):
         raise CommandError(f"no tasks in {', '.join(map(str, files))}")
 
     specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
     scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
-    summary: dict[str, Any] = {"model": cfg.model.path, "k": args.k, "temperature": args.temperature,
-                               "pass_threshold": args.pass_threshold, "files": {}}
+    summary: dict[str, Any] = {
+        "model": cfg.model.path,
+        "k": args.k,
+        "temperature": args.temperature,
+        "pass_threshold": args.pass_threshold,
+        "files": {},
+    }
     measured_all: list[Task] = []
     # One file at a time, each written as soon as it is measured: a long run that is stopped keeps
     # the files it finished (one engine start per file is small next to k samples of every task).

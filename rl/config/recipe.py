@@ -114,7 +114,9 @@ class MixerConfig(Section):
         "estimators, no algo.kl.in_reward)",
         factory=list,
     )
-    mode: str = knob("fixed", "fixed | adaptive: domain weights follow each domain's learning signal (rl/data/mixer.py)")
+    mode: str = knob(
+        "fixed", "fixed | adaptive: domain weights follow each domain's learning signal (rl/data/mixer.py)"
+    )
     adaptive: dict[str, Any] = knob(
         doc="adaptive mode: floor, ceiling (a number or {domain: number}), rate, signal_ema, trend_fast, "
         "trend_slow, trend_coef, initial_signal",

@@ -72,8 +72,10 @@ def draw(templates: Iterable[Template], split: str, n: int, seed: int, source: s
         template = pool[len(out) % len(pool)]
         attempts += 1
         if attempts > 50 * n + 500:
-            raise RuntimeError(f"{source}: cannot draw {n} distinct {split} tasks; template {template.name!r} "
-                               f"repeats its prompts (its value pools are too small)")
+            raise RuntimeError(
+                f"{source}: cannot draw {n} distinct {split} tasks; template {template.name!r} "
+                f"repeats its prompts (its value pools are too small)"
+            )
         task = template.make(rng)
         key = _content_key(task)
         if key in seen:
