@@ -179,10 +179,12 @@ def test_resume_is_exact():
     assert run(16) == run(16, resume_at=9)
 
 
-def test_resume_from_a_fixed_mixer_checkpoint_is_refused():
+def test_resume_across_a_mode_change_is_refused():
     state = TaskMixer(sources(), 6).state_dict()
     with pytest.raises(ValueError, match="not adaptive"):
         AdaptiveTaskMixer(sources(), 6).load_state_dict(state)
+    with pytest.raises(ValueError, match="was adaptive"):
+        TaskMixer(sources(), 6).load_state_dict(AdaptiveTaskMixer(sources(), 6).state_dict())
 
 
 def test_fixed_mode_is_unchanged_by_the_adaptive_code():

@@ -239,6 +239,8 @@ class TaskMixer:
                 "drawn": {k: list(v) for k, v in self._drawn.items()}, "drawn_total": dict(self._drawn_total)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "adaptive" in state and not hasattr(self, "adaptive"):
+            raise ValueError("the checkpoint's mixer was adaptive (mixer.mode changed since it was written)")
         self.rng.setstate(_as_rng_state(state["rng"]))
         for k, (est, visits) in state["stats"].items():
             if k in self.stats:
