@@ -58,7 +58,9 @@ def add_parser(sub: Any) -> None:
         "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
     )
     p.add_argument("--out-dir", help="write the measured files here (same names) instead of in place")
-    p.add_argument("--batch", type=int, default=256, help="episodes per engine call (default 256)")
+    # 256 (eval's default) failed here: SmolLM2 on 2 busy CPU cores spent over vLLM's RPC timeout
+    # on one 16k-token prefill step of 176 new requests, and the engine died.
+    p.add_argument("--batch", type=int, default=32, help="episodes per engine call (default 32)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--verbose", action="store_true", help="show vLLM logs")
     p.set_defaults(run=run_difficulty)
