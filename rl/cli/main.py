@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_report_parser(sub)  # report RUN_DIR [--out FILE]
     add_runs_parser(sub)  # runs [DIR]
+    from rl.cli.difficulty import add_parser as add_difficulty_parser
+
+    add_difficulty_parser(sub)  # difficulty RECIPE --k 8
     return p
 
 

@@ -119,6 +119,14 @@ class MixerConfig(Section):
         "estimators, no algo.kl.in_reward)",
         factory=list,
     )
+    mode: str = knob(
+        "fixed", "fixed | adaptive: domain weights follow each domain's learning signal (rl/data/mixer.py)"
+    )
+    adaptive: dict[str, Any] = knob(
+        doc="adaptive mode: floor, ceiling (a number or {domain: number}), rate, signal_ema, trend_fast, "
+        "trend_slow, trend_coef, initial_signal",
+        factory=dict,
+    )
 
     def check(self) -> None:
         w = self.domain_weights.values()
@@ -127,6 +135,17 @@ class MixerConfig(Section):
         sp = self.strata_proportions
         if sp and (len(sp) != self.strata or min(sp) < 0):
             raise FieldError("strata_proportions", f"need {self.strata} non-negative numbers, got {sp}")
+        from rl.data.mixer import MIXER_MODES, AdaptiveConfig
+
+        if self.mode not in MIXER_MODES:
+            raise FieldError("mode", f"choose one of {', '.join(MIXER_MODES)}, got {self.mode!r}")
+        if self.adaptive and self.mode != "adaptive":
+            raise FieldError("adaptive", "is set but mixer.mode is not adaptive")
+        try:
+            AdaptiveConfig.from_dict(dict(self.adaptive), where="adaptive")
+        except ValueError as e:  # its message starts with the offending key (adaptive.<key>)
+            key, _, msg = str(e).partition(": ")
+            raise FieldError(key, msg) from None
 
 
 @dataclass(frozen=True)
@@ -749,6 +768,13 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
             yield key, f"domains {bad} have no env in rollout.envs"
     if recipe.learner.lora.rank > 0 and est.needs_critic and a.critic.model == "separate":
         yield "learner.lora.rank", "LoRA with a separate critic is not supported (use algo.critic.model: value_head)"
+    if mx.mode == "adaptive":
+        from rl.data.mixer import AdaptiveConfig
+
+        try:
+            AdaptiveConfig.from_dict(dict(mx.adaptive)).bounds(sorted(domains))
+        except ValueError as e:
+            yield "mixer.adaptive", str(e).removeprefix("mixer.adaptive: ")
     if not recipe.data.train_files:
         yield "data.train_files", "at least one task file is needed"
     if not recipe.rewards:

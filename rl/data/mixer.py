@@ -21,6 +21,13 @@ Drawing (``TaskMixer.sample``), per step:
    once per pass. A task whose last ``curriculum_window`` visits were all solved or all
    failed (no learning signal) sits out a pass with probability ``1 - curriculum_weight``.
 
+Adaptive domain weights (``mixer.mode: adaptive``, :class:`AdaptiveTaskMixer`; fixed weights
+are the default): each domain's weight follows its learning signal online, the fraction of
+its groups with reward variance plus the size of its recent reward trend, within a floor
+and a ceiling per domain, smoothed (:class:`AdaptiveDomainWeights`). The curriculum and the
+adaptive signal both start from a task set's measured difficulty (``meta["base_pass_rate"]``,
+written by ``jointrl difficulty``) when the tasks carry it.
+
 The whole state (RNG, length estimates, visit history) is in
 ``state_dict()``: a resumed run draws exactly what the uninterrupted run would have.
 This module does not run rollouts or touch models.
@@ -111,11 +118,28 @@ class TaskMixer:
             for t in s.tasks:
                 prior = t.meta.get("est_len") if isinstance(t.meta.get("est_len"), (int, float)) else None
                 self.stats.setdefault(t.id, _TaskStats(float(prior or DEFAULT_LENGTH.get(t.domain, 128))))
+                self._seed_visits(t)
         # Per (source, stratum): a shuffled queue of task indices, refilled when empty.
         self._queues: dict[tuple[int, int], list[int]] = {}
         self._drawn: dict[str, list[int]] = {}  # cumulative counts per quota key
         self._drawn_total: dict[str, int] = {}
         self.last_counts: dict[str, float] = {}
+
+    def _seed_visits(self, task: Task) -> None:
+        """Start the curriculum from the task's measured base pass rate (``meta["base_pass_rate"]``,
+        written by ``jointrl difficulty``) instead of from nothing: a rate of 0 or 1 counts as a
+        full window of failed or solved visits (no signal yet), one strictly between as a window
+        holding both (so it is drawn as a task with signal). Tasks without the key start with no
+        visits; with the curriculum off this does nothing."""
+        p = task.meta.get("base_pass_rate")
+        st = self.stats[task.id]
+        if self.curriculum_window <= 0 or st.visits or isinstance(p, bool) or not isinstance(p, (int, float)):
+            return
+        w = self.curriculum_window
+        if p <= 0 or p >= 1:
+            st.visits.extend([int(p >= 1)] * w)
+        elif w >= 2:  # a window of 1 cannot hold both outcomes: leave it empty (= has signal)
+            st.visits.extend([1] + [0] * (w - 1))
 
     # -- drawing -----------------------------------------------------------------------
     def _strata_of(self, si: int) -> list[list[int]]:
@@ -215,6 +239,8 @@ class TaskMixer:
                 "drawn": {k: list(v) for k, v in self._drawn.items()}, "drawn_total": dict(self._drawn_total)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "adaptive" in state and not hasattr(self, "adaptive"):
+            raise ValueError("the checkpoint's mixer was adaptive (mixer.mode changed since it was written)")
         self.rng.setstate(_as_rng_state(state["rng"]))
         for k, (est, visits) in state["stats"].items():
             if k in self.stats:
@@ -236,3 +262,266 @@ def sources_by_domain(tasks: list[Task], name: str, weight: float = 1.0) -> list
     for t in tasks:
         by[t.domain].append(t)
     return [Source(f"{name}[{d}]", d, ts, weight) for d, ts in sorted(by.items())]
+
+
+# ---------------------------------------------------------------------------- adaptive domain weights
+
+MIXER_MODES = ("fixed", "adaptive")
+
+
+def domain_signal(trajs: list[Trajectory], eps: float = 1e-9) -> dict[str, tuple[float, float]]:
+    """Per domain: (fraction of its groups whose rewards vary, mean reward) over scored samples.
+
+    A group is one task's samples in a step (same ``group_id``); one with fewer than two scored
+    samples counts as without variance (it teaches a group-baseline algorithm nothing either).
+    Domains without a scored sample are left out.
+    """
+    groups: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for t in trajs:
+        if t.reward is not None:
+            groups[(t.task.domain, t.group_id)].append(float(t.reward))
+    varied: dict[str, list[bool]] = defaultdict(list)
+    rewards: dict[str, list[float]] = defaultdict(list)
+    for (d, _), rs in groups.items():
+        varied[d].append(len(rs) >= 2 and max(rs) - min(rs) > eps)
+        rewards[d] += rs
+    return {d: (sum(v) / len(v), sum(rewards[d]) / len(rewards[d])) for d, v in varied.items()}
+
+
+def project_weights(raw: dict[str, float], floor: dict[str, float], ceiling: dict[str, float],
+                    mass: float = 1.0) -> dict[str, float]:
+    """The weights proportional to ``raw`` (>= 0), summing to ``mass``, each within [floor, ceiling].
+
+    That is ``clip(lam * raw, floor, ceiling)`` with the ``lam`` that makes them sum to
+    ``mass`` (found by bisection; the sum grows with ``lam``): domains whose share would fall
+    below their floor get the floor, those above their ceiling the ceiling, the others keep
+    their proportions. Domains with ``raw == 0`` get their floor, unless the others' ceilings
+    cannot absorb the mass; then they share the rest equally. All ``raw`` 0: equal shares.
+    Raises ``ValueError`` unless ``sum(floor) <= mass <= sum(ceiling)``.
+    """
+    if sum(floor.values()) > mass + 1e-9 or sum(ceiling.values()) < mass - 1e-9:
+        raise ValueError(f"infeasible bounds: floors sum to {sum(floor.values()):.3f} (must be <= {mass:g}), ceilings "
+                         f"to {sum(ceiling.values()):.3f} (must be >= {mass:g})")
+    pos = [d for d in raw if raw[d] > 0]
+    if not pos:
+        raw, pos = {d: 1.0 for d in raw}, list(raw)
+    zero = [d for d in raw if d not in pos]
+    if zero and sum(ceiling[d] for d in pos) + sum(floor[d] for d in zero) < mass:
+        out = {d: ceiling[d] for d in pos}
+        rest = project_weights({d: 1.0 for d in zero}, {d: floor[d] for d in zero}, {d: ceiling[d] for d in zero},
+                               mass - sum(out.values()))
+        return out | rest
+
+    def at(lam: float) -> dict[str, float]:
+        return {d: min(max(lam * raw[d], floor[d]), ceiling[d]) for d in raw}
+
+    lo, hi = 0.0, max(ceiling[d] / raw[d] for d in pos)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(at(mid).values()) < mass else (lo, mid)
+    return at(hi)
+
+
+@dataclass
+class AdaptiveConfig:
+    """Settings of the adaptive mode (``mixer.adaptive`` in a recipe; every key optional).
+
+    ``floor`` / ``ceiling``: a domain's weight bounds, one number for every domain or a
+    ``{domain: number}`` map (missing domains get ``0.05`` / ``1.0``). ``rate``: how far the
+    weights move toward their target per step (smoothing; 1 = jump). ``signal_ema``: EMA
+    weight of a step's fraction of groups with reward variance. ``trend_fast`` /
+    ``trend_slow``: EMA weights of the two reward averages whose difference is the trend.
+    ``trend_coef``: how much one unit of |trend| adds to the signal. ``initial_signal``: a
+    domain's signal before any step when its tasks carry no measured difficulty.
+    """
+
+    floor: float | dict[str, float] = 0.05
+    ceiling: float | dict[str, float] = 1.0
+    rate: float = 0.3
+    signal_ema: float = 0.5
+    trend_fast: float = 0.5
+    trend_slow: float = 0.1
+    trend_coef: float = 2.0
+    initial_signal: float = 0.5
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "mixer.adaptive") -> "AdaptiveConfig":
+        from dataclasses import fields
+
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"{where}.{unknown[0]}: unknown key (allowed: {', '.join(names)})")
+        cfg = cls(**d)
+        for key in ("rate", "signal_ema", "trend_fast", "trend_slow"):
+            v = getattr(cfg, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ValueError(f"{where}.{key}: must be a number in (0, 1], got {v!r}")
+        for key in ("trend_coef", "initial_signal"):
+            v = getattr(cfg, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"{where}.{key}: must be a number >= 0, got {v!r}")
+        for key in ("floor", "ceiling"):
+            v = getattr(cfg, key)
+            vals = v.values() if isinstance(v, dict) else [v]
+            if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1 for x in vals):
+                raise ValueError(f"{where}.{key}: must be a number in [0, 1] or a {{domain: number}} map, got {v!r}")
+        return cfg
+
+    def bounds(self, domains: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+        def per(v: float | dict[str, float], default: float) -> dict[str, float]:
+            return {d: float(v.get(d, default)) for d in domains} if isinstance(v, dict) else {d: float(v) for d in domains}
+
+        floor, ceiling = per(self.floor, 0.05), per(self.ceiling, 1.0)
+        for key, v in (("floor", self.floor), ("ceiling", self.ceiling)):
+            if isinstance(v, dict) and set(v) - set(domains):
+                raise ValueError(f"mixer.adaptive.{key}: names domains without tasks: {sorted(set(v) - set(domains))}")
+        bad = [d for d in domains if floor[d] > ceiling[d]]
+        if bad:
+            raise ValueError(f"mixer.adaptive: floor above ceiling for {bad}")
+        if sum(floor.values()) > 1 + 1e-9 or sum(ceiling.values()) < 1 - 1e-9:
+            raise ValueError(f"mixer.adaptive: infeasible bounds for {len(domains)} domains: floors sum to "
+                             f"{sum(floor.values()):.3f} (must be <= 1), ceilings to {sum(ceiling.values()):.3f} "
+                             f"(must be >= 1)")
+        return floor, ceiling
+
+
+class AdaptiveDomainWeights:
+    """Domain weights that follow each domain's learning signal, online.
+
+    Per domain and step (:meth:`update`, fed by :func:`domain_signal`):
+
+    - ``signal``: EMA of the fraction of its groups with reward variance (the share of its
+      compute that a group-baseline update can learn from);
+    - ``trend``: fast EMA minus slow EMA of its mean reward (a domain that is improving, or
+      getting worse because another domain's training pulls it away, moves; a flat one does not);
+    - score = ``signal + trend_coef * |trend|``; target = configured base weight x score,
+      projected onto the floors and ceilings (:func:`project_weights`; all scores 0 -> the base
+      weights); weight <- ``(1 - rate) * weight + rate * target`` (a convex combination of
+      points inside the bounds stays inside them).
+
+    A domain with no scored sample in a step keeps its signal and trend. The initial signal of
+    a domain is the fraction of its tasks whose measured base pass rate
+    (``meta["base_pass_rate"]``, written by ``jointrl difficulty``) is strictly between 0 and
+    1, when its tasks carry one, else ``initial_signal``. The initial weights are the base
+    weights projected onto the bounds. Deterministic (no RNG); :meth:`state_dict` holds it all.
+    """
+
+    def __init__(self, base: dict[str, float], config: AdaptiveConfig, priors: dict[str, float] | None = None):
+        self.domains = sorted(base)
+        s = sum(base.values())
+        if s <= 0:
+            raise ValueError("every domain weight is 0")
+        self.base = {d: base[d] / s for d in self.domains}
+        self.config = config
+        self.floor, self.ceiling = config.bounds(self.domains)
+        priors = priors or {}
+        self.signal = {d: float(priors.get(d, config.initial_signal)) for d in self.domains}
+        self.fast: dict[str, float | None] = {d: None for d in self.domains}
+        self.slow: dict[str, float | None] = {d: None for d in self.domains}
+        self.weights = project_weights(self.base, self.floor, self.ceiling)
+
+    def trend(self, d: str) -> float:
+        f, s = self.fast[d], self.slow[d]
+        return 0.0 if f is None or s is None else f - s
+
+    def score(self, d: str) -> float:
+        return self.signal[d] + self.config.trend_coef * abs(self.trend(d))
+
+    def update(self, observed: dict[str, tuple[float, float]]) -> dict[str, float]:
+        """Fold one step's ``{domain: (variance fraction, mean reward)}`` in; return the new weights."""
+        c = self.config
+        for d, (varied, reward) in observed.items():
+            if d not in self.signal:
+                continue
+            self.signal[d] = (1 - c.signal_ema) * self.signal[d] + c.signal_ema * varied
+            f, s = self.fast[d], self.slow[d]
+            self.fast[d] = reward if f is None else (1 - c.trend_fast) * f + c.trend_fast * reward
+            self.slow[d] = reward if s is None else (1 - c.trend_slow) * s + c.trend_slow * reward
+        raw = {d: self.base[d] * self.score(d) for d in self.domains}
+        target = project_weights(raw if sum(raw.values()) > 0 else self.base, self.floor, self.ceiling)
+        self.weights = {d: (1 - c.rate) * self.weights[d] + c.rate * target[d] for d in self.domains}
+        return dict(self.weights)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for d in self.domains:
+            out[f"mixer/{d}/weight"] = self.weights[d]
+            out[f"mixer/{d}/signal"] = self.signal[d]
+            out[f"mixer/{d}/trend"] = self.trend(d)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"signal": dict(self.signal), "fast": dict(self.fast), "slow": dict(self.slow),
+                "weights": dict(self.weights)}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        missing = sorted(set(self.domains) - set(s["weights"]))
+        if missing:
+            raise ValueError(f"the checkpoint's adaptive mixer has no state for domains {missing}")
+        for key in ("signal", "fast", "slow", "weights"):
+            setattr(self, key, {d: s[key][d] for d in self.domains})
+
+
+def difficulty_priors(sources: list[Source]) -> dict[str, float]:
+    """Per domain: the fraction of its tasks with a measured base pass rate strictly in (0, 1),
+    over the tasks that carry one (``meta["base_pass_rate"]``); domains with none are left out."""
+    rates: dict[str, list[float]] = defaultdict(list)
+    for s in sources:
+        for t in s.tasks:
+            p = t.meta.get("base_pass_rate")
+            if isinstance(p, (int, float)) and not isinstance(p, bool):
+                rates[s.domain].append(float(p))
+    return {d: sum(0 < p < 1 for p in ps) / len(ps) for d, ps in rates.items() if ps}
+
+
+class AdaptiveTaskMixer(TaskMixer):
+    """:class:`TaskMixer` whose domain weights follow :class:`AdaptiveDomainWeights` (``mixer.mode: adaptive``).
+
+    Drawing is the base mixer's, except the per-step domain counts: they follow cumulative
+    targets that add up each step's share under that step's weights (largest remainder on
+    what is still owed), so every step is within one of its share and the totals follow the
+    weights as they moved. Each :meth:`sample` adds ``mixer/<domain>/weight`` (and ``signal``,
+    ``trend``) to ``last_counts``, which the trainer logs. Checkpointed with the mixer.
+    """
+
+    def __init__(self, sources: list[Source], per_step: int, seed: int = 0, *,
+                 adaptive: AdaptiveConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(sources, per_step, seed, **kwargs)
+        cfg = adaptive if isinstance(adaptive, AdaptiveConfig) else AdaptiveConfig.from_dict(dict(adaptive or {}))
+        self.adaptive = AdaptiveDomainWeights(dict(self.domain_weights), cfg, difficulty_priors(self.sources))
+        self.domain_weights = dict(self.adaptive.weights)
+        self._targets: dict[str, float] = {d: 0.0 for d in self.domain_weights}
+
+    def _quota(self, key: str, total: int, weights: list[float]) -> list[int]:
+        if key != "domains":
+            return super()._quota(key, total, weights)
+        domains = sorted(self.domain_weights)
+        drawn = self._drawn.setdefault(key, [0] * len(domains))
+        w = sum(weights)
+        for d, x in zip(domains, weights):
+            self._targets[d] += total * x / w
+        owed = [max(self._targets[d] - n, 0.0) for d, n in zip(domains, drawn)]
+        counts = largest_remainder(total, owed, self.rng) if total and sum(owed) > 0 else [0] * len(domains)
+        self._drawn[key] = [n + c for n, c in zip(drawn, counts)]
+        return counts
+
+    def sample(self, step: int) -> list[Task]:
+        out = super().sample(step)
+        self.last_counts |= self.adaptive.metrics()
+        return out
+
+    def update(self, trajs: list[Trajectory]) -> None:
+        super().update(trajs)
+        self.domain_weights = self.adaptive.update(domain_signal(trajs))
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"adaptive": self.adaptive.state_dict(), "targets": dict(self._targets)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "adaptive" not in state:
+            raise ValueError("the checkpoint's mixer was not adaptive (mixer.mode changed since it was written)")
+        self.adaptive.load_state_dict(state["adaptive"])
+        self.domain_weights = dict(self.adaptive.weights)
+        self._targets = {d: float(state["targets"][d]) for d in self.domain_weights}

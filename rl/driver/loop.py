@@ -27,7 +27,7 @@ from rl.algos.batch import build_batch, rollout_metrics
 from rl.config.recipe import Recipe, recipe_to_dict, resolve_output_dir, resolve_path
 from rl.driver.logger import ProgressBar, RunLogger
 from rl.algos.shaping import RewardNormalizer, shape_step
-from rl.data.mixer import Source, TaskMixer, sources_by_domain
+from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
 from rl.driver.stream import EpisodeStream
 from rl.trainer.hub import resolve_model
 from rl.trainer.lora import check_targets
@@ -159,12 +159,13 @@ def make_episode_stream(cfg: Recipe, actors: Actors, mixer: TaskMixer, sources: 
 
 def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
     mx = cfg.mixer
-    return TaskMixer(sources, cfg.rollout.prompts_per_step, cfg.run.seed,
-                     domain_weights=dict(mx.domain_weights) or {d: float(sum(len(s.tasks) for s in sources if s.domain == d))
-                                                               for d in {s.domain for s in sources}},
-                     strata=mx.strata, strata_proportions=list(mx.strata_proportions), length_ema=mx.length_ema,
-                     curriculum_window=mx.curriculum_window, curriculum_weight=mx.curriculum_weight,
-                     solved_threshold=mx.solved_threshold)
+    cls, extra = (AdaptiveTaskMixer, {"adaptive": dict(mx.adaptive)}) if mx.mode == "adaptive" else (TaskMixer, {})
+    return cls(sources, cfg.rollout.prompts_per_step, cfg.run.seed, **extra,
+               domain_weights=dict(mx.domain_weights) or {d: float(sum(len(s.tasks) for s in sources if s.domain == d))
+                                                         for d in {s.domain for s in sources}},
+               strata=mx.strata, strata_proportions=list(mx.strata_proportions), length_ema=mx.length_ema,
+               curriculum_window=mx.curriculum_window, curriculum_weight=mx.curriculum_weight,
+               solved_threshold=mx.solved_threshold)
 
 
 def make_normalizer(cfg: Recipe) -> RewardNormalizer:

@@ -3,7 +3,9 @@
     python -m rl.data.tasks.toolcall_gen --out-dir recipes/data
 
 writes ``toolcall_quickstart.train.jsonl`` (200 tasks) and ``toolcall_quickstart.eval.jsonl``
-(50 held-out tasks; no user request appears in both). Same seed, same bytes.
+(50 held-out tasks; no user request appears in both). Same seed, same bytes. With
+``--ladder`` it writes the graded ``toolcall_ladder.{train,eval}.jsonl`` instead (held out by
+phrasing template; see the ladder section below).
 
 Design (from a GRPO run in which SmolLM2-135M-Instruct learned a task like this):
 
@@ -32,8 +34,10 @@ from typing import Any
 from envs.io import save_tasks
 from envs.toolcall import format_tools_system_prompt
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
+from rl.data.tasks.ladder import Template, draw, write_ladder
 
-__all__ = ["FUNCTIONS", "SOURCE", "PREFILL", "generate", "write_quickstart", "main"]
+__all__ = ["FUNCTIONS", "SOURCE", "PREFILL", "LADDER_SOURCE", "generate", "write_quickstart", "generate_ladder",
+           "write_ladder_files", "main"]
 
 SOURCE = "toolcall_quickstart"
 PREFILL = "<tool_call>"
@@ -84,12 +88,19 @@ def _fn(name: str, description: str, properties: dict[str, Any], required: list[
 
 # A sampler returns (user request, arguments the user asked for, allowed values per parameter).
 Sample = tuple[str, dict[str, Any], dict[str, list[Any]]]
+# How a sampler picks its request's wording among its phrasings: the quickstart draws from all of
+# them; the ladder draws train requests and held-out requests from disjoint phrasings.
+Pick = Callable[[random.Random, list[str]], str]
+
+
+def _choice(rng: random.Random, options: list[str]) -> str:
+    return rng.choice(options)
 
 
 @dataclass(frozen=True)
 class FunctionSpec:
     schema: dict[str, Any]
-    sample: Callable[[random.Random], Sample]
+    sample: Callable[..., Sample]  # (rng, pick=_choice) -> Sample
 
     @property
     def name(self) -> str:
@@ -100,11 +111,11 @@ def _exact(args: dict[str, Any]) -> dict[str, list[Any]]:
     return {k: [v] for k, v in args.items()}
 
 
-def _sample_weather(rng: random.Random) -> Sample:
+def _sample_weather(rng: random.Random, pick: Pick = _choice) -> Sample:
     city = rng.choice(CITIES)
     if rng.random() < 0.4:
         unit = rng.choice(["celsius", "fahrenheit"])
-        text = rng.choice([
+        text = pick(rng, [
             "What's the weather in {city} in {unit}?",
             "Give me the current temperature in {city}, in {unit} please.",
             "How warm is it in {city} right now? Use {unit}.",
@@ -112,7 +123,7 @@ def _sample_weather(rng: random.Random) -> Sample:
         ]).format(city=city, unit=unit)
         args = {"city": city, "unit": unit}
         return text, args, _exact(args)
-    text = rng.choice([
+    text = pick(rng, [
         "What's the weather like in {city}?",
         "Is it raining in {city} right now?",
         "Can you check the weather in {city} for me?",
@@ -128,10 +139,10 @@ def _amount(rng: random.Random) -> int | float:
     return round(rng.uniform(1, 999), 2)
 
 
-def _sample_currency(rng: random.Random) -> Sample:
+def _sample_currency(rng: random.Random, pick: Pick = _choice) -> Sample:
     amount = _amount(rng)
     src, dst = rng.sample(CURRENCIES, 2)
-    text = rng.choice([
+    text = pick(rng, [
         "Convert {amount} {src} to {dst}.",
         "How much is {amount} {src} in {dst}?",
         "What is {amount} {src} worth in {dst}?",
@@ -142,9 +153,9 @@ def _sample_currency(rng: random.Random) -> Sample:
     return text, args, _exact(args)
 
 
-def _sample_timer(rng: random.Random) -> Sample:
+def _sample_timer(rng: random.Random, pick: Pick = _choice) -> Sample:
     minutes = rng.randint(1, 90)
-    text = rng.choice([
+    text = pick(rng, [
         "Set a timer for {m} minutes.",
         "Start a {m} minute timer.",
         "Remind me in {m} minutes with a timer.",
@@ -155,10 +166,10 @@ def _sample_timer(rng: random.Random) -> Sample:
     return text, args, _exact(args)
 
 
-def _sample_email(rng: random.Random) -> Sample:
+def _sample_email(rng: random.Random, pick: Pick = _choice) -> Sample:
     to = f"{rng.choice(PEOPLE)}@{rng.choice(EMAIL_DOMAINS)}"
     subject = rng.choice(SUBJECTS)
-    text = rng.choice([
+    text = pick(rng, [
         'Send an email to {to} with the subject "{subject}".',
         'Email {to}, subject "{subject}".',
         'Please write to {to} using the subject line "{subject}".',
@@ -175,10 +186,10 @@ def _date(rng: random.Random) -> str:
     return f"2025-{month:02d}-{day:02d}"
 
 
-def _sample_flights(rng: random.Random) -> Sample:
+def _sample_flights(rng: random.Random, pick: Pick = _choice) -> Sample:
     origin, destination = rng.sample(CITIES, 2)
     date = _date(rng)
-    text = rng.choice([
+    text = pick(rng, [
         "Find flights from {o} to {d} on {date}.",
         "Search for a flight {o} to {d}, departing {date}.",
         "Are there any flights from {o} to {d} on {date}?",
@@ -189,11 +200,11 @@ def _sample_flights(rng: random.Random) -> Sample:
     return text, args, _exact(args)
 
 
-def _sample_table(rng: random.Random) -> Sample:
+def _sample_table(rng: random.Random, pick: Pick = _choice) -> Sample:
     restaurant = rng.choice(RESTAURANTS)
     people = rng.randint(1, 12)
     time = f"{rng.randint(12, 21)}:{rng.choice(['00', '15', '30', '45'])}"
-    text = rng.choice([
+    text = pick(rng, [
         "Book a table at {r} for {p} people at {t}.",
         "Reserve a table for {p} at {r}, {t}.",
         "Can you get us a table for {p} at {r} at {t}?",
@@ -204,9 +215,9 @@ def _sample_table(rng: random.Random) -> Sample:
     return text, args, _exact(args)
 
 
-def _sample_stock(rng: random.Random) -> Sample:
+def _sample_stock(rng: random.Random, pick: Pick = _choice) -> Sample:
     symbol = rng.choice(SYMBOLS)
-    text = rng.choice([
+    text = pick(rng, [
         "What's the stock price of {s}?",
         "How much is {s} trading at right now?",
         "Get me the latest price for {s}.",
@@ -217,17 +228,17 @@ def _sample_stock(rng: random.Random) -> Sample:
     return text, args, _exact(args)
 
 
-def _sample_translate(rng: random.Random) -> Sample:
+def _sample_translate(rng: random.Random, pick: Pick = _choice) -> Sample:
     phrase = rng.choice(PHRASES)
     target = rng.choice(LANGUAGES)
     if rng.random() < 0.3:
-        text = rng.choice([
+        text = pick(rng, [
             'Translate "{x}" from English to {t}.',
             'Please translate this English text into {t}: "{x}"',
         ]).format(x=phrase, t=target)
         args = {"text": phrase, "target_language": target, "source_language": "English"}
         return text, args, _exact(args)
-    text = rng.choice([
+    text = pick(rng, [
         'Translate "{x}" into {t}.',
         'How do you say "{x}" in {t}?',
         'What is "{x}" in {t}?',
@@ -406,14 +417,90 @@ def write_quickstart(out_dir: str | Path, n_train: int = 200, n_eval: int = 50, 
     return train_path, eval_path
 
 
+# ---------------------------------------------------------------------------- the ladder
+# A graded task family for joint RL (``toolcall_ladder.{train,eval}.jsonl``): the same
+# functions and value pools, with difficulty knobs (how many tools are listed, how many
+# arguments the call needs) and held-out phrasings: each request sampler's wordings are split,
+# the last ~2/5 of every list serve only held-out tasks, so a held-out gain needs the policy to
+# read a request it never saw phrased that way. Rewards give partial credit (format, name,
+# arguments: ``rewards.toolcall.ToolCallReward``); "fully correct" is reward 1.0.
+
+LADDER_SOURCE = "toolcall_ladder"
+SINGLE_ARG = ("set_timer", "get_stock_price", "get_weather")
+
+
+def _held_out_count(n: int) -> int:
+    return max(1, n * 2 // 5)
+
+
+def _pick_train(rng: random.Random, options: list[str]) -> str:
+    return rng.choice(options[: len(options) - _held_out_count(len(options))])
+
+
+def _pick_eval(rng: random.Random, options: list[str]) -> str:
+    return rng.choice(options[len(options) - _held_out_count(len(options)):])
+
+
+def _ladder_task(rng: random.Random, targets: tuple[str, ...], n_tools: int, pick: Pick) -> Task:
+    """One request for a function of ``targets``, with ``n_tools`` functions listed (the rest distractors)."""
+    names = list(FUNCTIONS)
+    target = rng.choice(list(targets))
+    tools = [target] + rng.sample([n for n in names if n != target], n_tools - 1)
+    rng.shuffle(tools)
+    example_fn = rng.choice([n for n in names if n not in tools])
+    example_text, example_args, _ = FUNCTIONS[example_fn].sample(rng, pick)
+    request, _, allowed = FUNCTIONS[target].sample(rng, pick)
+    system = format_tools_system_prompt([FUNCTIONS[n].schema for n in tools],
+                                        example=(example_text, ToolCall(name=example_fn, arguments=example_args)))
+    return Task(id="", domain="tool_call", messages=(Message("system", system), Message("user", request)),
+                prefill=PREFILL,
+                tool_call=ToolCallSpec(tools=tuple(FUNCTIONS[n].schema for n in tools),
+                                       expected=(ExpectedCall(name=target, allowed=allowed),)),
+                meta={"functions": tools, "example_function": example_fn})
+
+
+def ladder_templates() -> tuple[Template, ...]:
+    """The ladder's templates: rung 0 = one listed function with one argument; 1 = one listed
+    function, any; 2 = two listed (one distractor); 3 = three listed. Train and eval templates of
+    a rung differ in the request phrasings they draw from."""
+    rungs = [("single_arg", 0, SINGLE_ARG, 1), ("one_tool", 1, tuple(FUNCTIONS), 1),
+             ("two_tools", 2, tuple(FUNCTIONS), 2), ("three_tools", 3, tuple(FUNCTIONS), 3)]
+    out = []
+    for name, rung, targets, n_tools in rungs:
+        for split, pick in (("train", _pick_train), ("eval", _pick_eval)):
+            out.append(Template(name, rung, split,
+                                lambda rng, t=targets, k=n_tools, p=pick: _ladder_task(rng, t, k, p)))
+    return tuple(out)
+
+
+def generate_ladder(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """(train, eval) tool-call ladder tasks; deterministic in ``seed``; no held-out phrasing in train."""
+    templates = ladder_templates()
+    return (draw(templates, "train", n_train, seed, LADDER_SOURCE),
+            draw(templates, "eval", n_eval, seed, LADDER_SOURCE))
+
+
+def write_ladder_files(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
+    train, held = generate_ladder(n_train, n_eval, seed)
+    return write_ladder({"train": train, "eval": held}, out_dir, LADDER_SOURCE)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rl.data.tasks.toolcall_gen", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default="recipes/data", help="directory to write the two .jsonl files into")
     parser.add_argument("--n-train", type=int, default=200)
     parser.add_argument("--n-eval", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ladder", action="store_true",
+                        help="write the graded ladder (toolcall_ladder.*.jsonl, 120/60 by default) instead")
     args = parser.parse_args(argv)
-    for p in write_quickstart(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed):
+    if args.ladder:
+        n_train = 120 if args.n_train == 200 else args.n_train
+        n_eval = 60 if args.n_eval == 50 else args.n_eval
+        paths = write_ladder_files(args.out_dir, n_train, n_eval, args.seed)
+    else:
+        paths = write_quickstart(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed)
+    for p in paths:
         print(p)
 
 

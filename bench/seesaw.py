@@ -1,0 +1,270 @@
+"""The seesaw, measured: joint RL vs. single-domain RL, and fixed vs. adaptive domain mixing.
+
+Every configuration trains SmolLM2-135M-Instruct with ``recipes/joint_rl.yaml`` (the real
+``jointrl train``, in a subprocess) for the same number of steps with the same prompts per
+step and group size, so every run draws the same number of samples:
+
+* ``joint_fixed``: all three ladders, the recipe's fixed domain weights;
+* ``joint_adaptive``: the same, ``mixer.mode=adaptive``;
+* ``single_<domain>``: only that domain's training file (``mixer.domain_weights={}``).
+
+Each run evaluates greedily on all three held-out ladders at its start (the base model) and
+at its end (the run's own step-0 and final held-out evaluations, read per task from its
+``rollouts.jsonl``). Reported, per domain, with paired standard errors over the same
+held-out tasks (SE = sample std of the per-task differences / sqrt(n)):
+
+* each run's before -> after change (did the domain improve?);
+* joint minus each single-domain run, final rewards (does joint training cost a domain what
+  single-domain training on it gains, or does single-domain training on another domain
+  cost it: the seesaw);
+* adaptive minus fixed, final rewards.
+
+A difference is called out only when it exceeds two standard errors; the rest is reported
+as not distinguishable from noise. Writes its section of ``bench/RESULTS.md``
+(``--no-write``: print only); ``--from-runs DIR`` re-analyses finished runs without training.
+
+    .venv/bin/python bench/seesaw.py --steps 12           # 5 runs; long on 2 CPU cores
+    .venv/bin/python bench/seesaw.py --steps 1 --configs joint_fixed --eval-limit 6 --no-write   # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RECIPE = ROOT / "recipes" / "joint_rl.yaml"
+DOMAINS = ("code", "terminal", "tool_call")
+TRAIN_FILES = {
+    "tool_call": "data/toolcall_ladder.train.jsonl",
+    "code": "data/code_ladder.train.jsonl",
+    "terminal": "data/terminal_ladder.train.jsonl",
+}
+CONFIGS = ("joint_fixed", "joint_adaptive", *(f"single_{d}" for d in DOMAINS))
+
+
+def overrides(config: str) -> list[str]:
+    """The ``key=value`` overrides of ``joint_rl.yaml`` that make ``config``."""
+    if config == "joint_fixed":
+        return []
+    if config == "joint_adaptive":
+        return ["mixer.mode=adaptive"]
+    if config.startswith("single_") and config[len("single_") :] in DOMAINS:
+        d = config[len("single_") :]
+        return [f"data.train_files=[{TRAIN_FILES[d]}]", "mixer.domain_weights={}"]
+    raise ValueError(f"unknown config {config!r}; choose from {', '.join(CONFIGS)}")
+
+
+# ---------------------------------------------------------------------------- pure analysis
+
+
+def paired(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """Mean of ``b[t] - a[t]`` over the tasks both hold, its standard error, and n.
+
+    SE = sample standard deviation of the differences / sqrt(n) (0 when n < 2: unknown,
+    reported as such by :func:`verdict`). Raises ``ValueError`` when no task is shared.
+    """
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise ValueError("the two evaluations share no task")
+    diffs = [b[t] - a[t] for t in common]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n) if n > 1 else 0.0
+    return {"diff": mean, "se": se, "n": n, "a": sum(a[t] for t in common) / n, "b": sum(b[t] for t in common) / n}
+
+
+def verdict(p: dict[str, float]) -> str:
+    """``up`` / ``down`` when the paired difference exceeds two standard errors, else ``noise``."""
+    if p["n"] < 2:
+        return "n < 2"
+    if p["se"] == 0:
+        return "no change" if p["diff"] == 0 else ("up" if p["diff"] > 0 else "down")
+    z = p["diff"] / p["se"]
+    return "up" if z > 2 else "down" if z < -2 else "noise"
+
+
+def eval_rewards(rollouts: Path) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """(first, last) held-out evaluation of a run: ``{domain: {task_id: reward}}`` each.
+
+    Reads the ``split == "eval"`` records of ``rollouts.jsonl``; first = the lowest step
+    (0, the base model), last = the highest. An unscored sample (reward null) counts 0, as
+    the trainer's held-out mean does not (it is reported in its own metric): say so here by
+    counting it as a failure, the conservative reading for a before/after comparison.
+    """
+    by_step: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for line in rollouts.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r.get("split") == "eval":
+            by_step[int(r["step"])][r["domain"]][r["task_id"]] = float(r["reward"] or 0.0)
+    if len(by_step) < 2:
+        raise ValueError(f"{rollouts}: needs held-out evaluations at two steps, found {sorted(by_step)}")
+    return by_step[min(by_step)], by_step[max(by_step)]
+
+
+def analyse(runs: dict[str, tuple[dict, dict]]) -> dict[str, Any]:
+    """Every comparison the report shows, from ``{config: (first, last)}`` evaluations."""
+    out: dict[str, Any] = {"change": {}, "joint_vs_single": {}, "adaptive_vs_fixed": {}}
+    for name, (first, last) in runs.items():
+        out["change"][name] = {d: paired(first[d], last[d]) for d in DOMAINS if d in first and d in last}
+    if "joint_fixed" in runs:
+        joint = runs["joint_fixed"][1]
+        for name, (_, last) in runs.items():
+            if name.startswith("single_"):
+                out["joint_vs_single"][name] = {
+                    d: paired(last[d], joint[d]) for d in DOMAINS if d in last and d in joint
+                }
+        if "joint_adaptive" in runs:
+            ada = runs["joint_adaptive"][1]
+            out["adaptive_vs_fixed"] = {d: paired(joint[d], ada[d]) for d in DOMAINS if d in joint and d in ada}
+    return out
+
+
+def _fmt(p: dict[str, float]) -> str:
+    return f"{p['diff']:+.3f} ± {p['se']:.3f} ({verdict(p)})"
+
+
+def render(result: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The Markdown body of the RESULTS.md section."""
+    from bench._results import table
+
+    lines = [
+        f"Recipe `recipes/joint_rl.yaml`, {meta['steps']} steps per run, {meta['samples']} samples per run "
+        f"(prompts/step x group size x steps), held-out = the three `*_ladder.eval.jsonl` files "
+        f"(greedy; n tasks per domain in the tables). ± is one paired standard error; a change is called "
+        f"up/down only beyond two of them, else noise.",
+        "",
+        "Before -> after, each run on each domain (held-out mean reward):",
+        "",
+    ]
+    rows = []
+    for name, per in result["change"].items():
+        rows.append(
+            [name, f"{meta['wall_s'].get(name, float('nan')):.0f}"]
+            + [
+                f"{per[d]['a']:.3f} -> {per[d]['b']:.3f}, {_fmt(per[d])}, n={per[d]['n']}" if d in per else "-"
+                for d in DOMAINS
+            ]
+        )
+    lines += [table(["run", "wall s", *DOMAINS], rows), ""]
+    if result["joint_vs_single"]:
+        lines += ["Joint (fixed) minus single-domain, final held-out reward (positive: joint is better there):", ""]
+        rows = [
+            [name] + [_fmt(per[d]) if d in per else "-" for d in DOMAINS]
+            for name, per in result["joint_vs_single"].items()
+        ]
+        lines += [table(["vs", *DOMAINS], rows), ""]
+    if result["adaptive_vs_fixed"]:
+        per = result["adaptive_vs_fixed"]
+        lines += [
+            "Adaptive minus fixed mixing, final held-out reward:",
+            "",
+            table(["", *DOMAINS], [["adaptive - fixed"] + [_fmt(per[d]) if d in per else "-" for d in DOMAINS]]),
+            "",
+        ]
+    lines += ["What this supports: " + conclusions(result)]
+    return "\n".join(lines)
+
+
+def conclusions(result: dict[str, Any]) -> str:
+    """Plain sentences: only differences beyond two standard errors are claims."""
+    said = []
+    for name, per in result["change"].items():
+        ups = [d for d, p in per.items() if verdict(p) == "up"]
+        downs = [d for d, p in per.items() if verdict(p) == "down"]
+        said.append(
+            f"{name} improved {', '.join(ups) or 'no domain'} beyond 2 SE"
+            + (f" and got worse on {', '.join(downs)}" if downs else "")
+        )
+    for name, per in result["joint_vs_single"].items():
+        sig = [f"{d} ({verdict(p)})" for d, p in per.items() if verdict(p) in ("up", "down")]
+        said.append(f"joint vs {name}: " + (", ".join(sig) if sig else "no domain differs beyond 2 SE"))
+    if result["adaptive_vs_fixed"]:
+        sig = [f"{d} ({verdict(p)})" for d, p in result["adaptive_vs_fixed"].items() if verdict(p) in ("up", "down")]
+        said.append("adaptive vs fixed: " + (", ".join(sig) if sig else "no domain differs beyond 2 SE"))
+    return "; ".join(said) + ". One seed per configuration: run-to-run variance is not in these standard errors."
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str]) -> float:
+    """Run ``jointrl train`` for ``config``; return its wall time in seconds."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl.cli.main",
+        "train",
+        str(RECIPE),
+        f"run.output_dir={out}",
+        "run.overwrite=true",
+        f"train.steps={steps}",
+        f"data.eval_limit={eval_limit}",
+        "run.save_every=0",
+        *overrides(config),
+        *extra,
+    ]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        tail = "\n".join((p.stdout + p.stderr).splitlines()[-30:])
+        raise RuntimeError(f"{config}: jointrl train exited {p.returncode}:\n{tail}")
+    (out / "seesaw_wall_s.txt").write_text(f"{wall:.1f}\n")
+    return wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
+    ap.add_argument(
+        "--eval-limit",
+        type=int,
+        default=0,
+        help="data.eval_limit of each run (0 = every held-out task; the limit takes the first N overall)",
+    )
+    ap.add_argument("--out", default=str(ROOT / "runs" / "seesaw"), help="run directories go here")
+    ap.add_argument("--from-runs", action="store_true", help="analyse the runs already in --out; train nothing")
+    ap.add_argument("--no-write", action="store_true", help="print; do not write bench/RESULTS.md")
+    ap.add_argument("extra", nargs="*", help="more key=value overrides for every run")
+    args = ap.parse_args(argv)
+    configs = [c for c in args.configs.split(",") if c]
+    for c in configs:
+        overrides(c)  # validates the name
+    out = Path(args.out)
+    runs, wall = {}, {}
+    for c in configs:
+        run_dir = out / c
+        if not args.from_runs:
+            print(f"seesaw: training {c} ({args.steps} steps)...", file=sys.stderr, flush=True)
+            wall[c] = train(c, run_dir, args.steps, args.eval_limit, args.extra)
+        elif (run_dir / "seesaw_wall_s.txt").is_file():
+            wall[c] = float((run_dir / "seesaw_wall_s.txt").read_text())
+        runs[c] = eval_rewards(run_dir / "rollouts.jsonl")
+    import yaml
+
+    r = yaml.safe_load(RECIPE.read_text())["rollout"]
+    meta = {"steps": args.steps, "samples": r["prompts_per_step"] * r["group_size"] * args.steps, "wall_s": wall}
+    body = render(analyse(runs), meta)
+    print(body)
+    if not args.no_write:
+        from bench._results import write_section
+
+        write_section("seesaw", "Joint vs. single-domain RL, fixed vs. adaptive mixing (`bench/seesaw.py`)", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""``jointrl difficulty``: measure each task's pass rate under a model and write it into the task files.
+
+    jointrl difficulty RECIPE [key=value ...] [--k 8] [--files F ...] [--limit N] [--out-dir DIR]
+
+samples ``k`` completions per task (temperature 1.0 by default) with the recipe's model,
+envs and rollout settings, scores them with the recipe's rewards (the same path as
+``jointrl eval``), and writes into each task's ``meta``:
+
+- ``base_pass_rate``: the fraction of its ``k`` samples whose reward reached
+  ``--pass-threshold`` (default 1.0: fully correct);
+- ``base_pass``: ``{"model", "samples", "passed", "errors", "mean_reward", "temperature",
+  "threshold"}`` (``mean_reward`` keeps partial credit visible).
+
+The files are the recipe's ``data.train_files`` unless ``--files`` names others; each is
+rewritten in place (or into ``--out-dir``) as soon as it is measured (one vLLM engine per
+file, so a stopped run keeps the files it finished), every other field unchanged, so the
+measurement travels with the tasks: the mixer's curriculum and the adaptive domain weights
+start from it (:mod:`rl.data.mixer`), and the ladder generators keep it when they
+regenerate an unchanged task. ``--limit N`` measures the first N tasks of each file only
+(the others keep what they had). A JSON summary per file and domain is printed: how many
+tasks have ``0 < pass rate < 1`` (a group of samples on them has reward variance, i.e.
+learning signal), how many are never or always solved, and mean pass@1 / pass@k.
+
+This module does not train; it reuses ``jointrl eval``'s engine loop and scorer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from envs.types import Task, Trajectory
+
+__all__ = ["add_parser", "apply_difficulty", "difficulty_summary", "run_difficulty"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``difficulty`` to ``jointrl``'s subparsers."""
+    p = sub.add_parser(
+        "difficulty",
+        help="measure each task's pass rate (k samples) and write it into the task files",
+        description="Sample k completions per task with the recipe's model, score them with its "
+        "rewards, and write meta.base_pass_rate into the task files.",
+    )
+    p.add_argument("recipe", help="recipe YAML file (model, rollout, envs, rewards, data.train_files)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.max_new_tokens=128")
+    p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
+    p.add_argument("--files", nargs="+", help="task files to measure (default: the recipe's data.train_files)")
+    p.add_argument("--limit", type=int, default=0, help="measure the first N tasks of each file only (0 = all)")
+    p.add_argument("--model", help="model to measure with (default: the recipe's model.path)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    p.add_argument(
+        "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
+    )
+    p.add_argument("--out-dir", help="write the measured files here (same names) instead of in place")
+    # 256 (eval's default) failed here: SmolLM2 on 2 busy CPU cores spent over vLLM's RPC timeout
+    # on one 16k-token prefill step of 176 new requests, and the engine died.
+    p.add_argument("--batch", type=int, default=32, help="episodes per engine call (default 32)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--verbose", action="store_true", help="show vLLM logs")
+    p.set_defaults(run=run_difficulty)
+
+
+def apply_difficulty(
+    tasks: list[Task], scored: list[Trajectory], k: int, threshold: float, model: str, temperature: float
+) -> list[Task]:
+    """``tasks`` with ``meta["base_pass_rate"]`` / ``meta["base_pass"]`` from ``scored``: ``k``
+    consecutive samples per task, in task order. An errored sample (reward None) does not pass."""
+    if len(scored) != k * len(tasks):
+        raise ValueError(f"need {k} samples per task ({k * len(tasks)}), got {len(scored)}")
+    out = []
+    for i, task in enumerate(tasks):
+        group = scored[i * k : (i + 1) * k]
+        if any(t.task.id != task.id for t in group):
+            raise ValueError(f"samples {i * k}..{(i + 1) * k - 1} are not all of task {task.id!r}")
+        rewards = [float(t.reward) for t in group if t.reward is not None]
+        passed = sum(r >= threshold for r in rewards)
+        info = {
+            "model": model,
+            "samples": k,
+            "passed": passed,
+            "errors": k - len(rewards),
+            "mean_reward": round(sum(rewards) / len(rewards), 6) if rewards else None,
+            "temperature": temperature,
+            "threshold": threshold,
+        }
+        out.append(dataclasses.replace(task, meta={**task.meta, "base_pass_rate": passed / k, "base_pass": info}))
+    return out
+
+
+def difficulty_summary(tasks: list[Task]) -> dict[str, Any]:
+    """Per domain, over tasks carrying ``base_pass_rate``: counts of never / sometimes / always
+    solved, the share with signal (0 < rate < 1), mean pass@1 and the mean reward."""
+    from rl.cli.evaluate import pass_at_k
+
+    by: dict[str, list[Task]] = {}
+    for t in tasks:
+        if isinstance(t.meta.get("base_pass_rate"), (int, float)):
+            by.setdefault(t.domain, []).append(t)
+    out: dict[str, Any] = {}
+    for d, ts in sorted(by.items()):
+        rates = [float(t.meta["base_pass_rate"]) for t in ts]
+        k = int(ts[0].meta["base_pass"]["samples"])
+        rewards = [t.meta["base_pass"]["mean_reward"] for t in ts if t.meta["base_pass"].get("mean_reward") is not None]
+        out[d] = {
+            "tasks": len(ts),
+            "never": sum(r == 0 for r in rates),
+            "sometimes": sum(0 < r < 1 for r in rates),
+            "always": sum(r == 1 for r in rates),
+            "signal_fraction": round(sum(0 < r < 1 for r in rates) / len(ts), 4),
+            "pass@1": round(sum(rates) / len(ts), 4),
+            f"pass@{k}": round(sum(pass_at_k(k, round(r * k), k) for r in rates) / len(ts), 4),
+            "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
+        }
+    return out
+
+
+def run_difficulty(args: argparse.Namespace) -> int:
+    from rl.cli.evaluate import _guarded
+
+    return _guarded(_difficulty, args)
+
+
+def _files(args: argparse.Namespace, cfg: Any) -> list[Path]:
+    from rl.cli.evaluate import CommandError
+    from rl.config.recipe import resolve_path
+
+    files = [Path(f) for f in args.files] if args.files else [Path(resolve_path(cfg, f)) for f in cfg.data.train_files]
+    if not files:
+        raise CommandError(f"{args.recipe}: data.train_files is empty; pass --files FILE")
+    for f in files:
+        if not f.name.endswith((".jsonl", ".jsonl.gz")):
+            raise CommandError(f"{f}: difficulty writes into the task file, which must be .jsonl or .jsonl.gz")
+    return files
+
+
+def _measure_file(
+    args: argparse.Namespace, cfg: Any, scorer: Any, tasks: list[Task], n: int, out: Path
+) -> tuple[list[Task], dict[str, Any]]:
+    """Measure the first ``n`` of ``tasks``, write all of them to ``out``; (measured, summary)."""
+    from envs.io import save_tasks
+    from rl.cli.evaluate import CommandError, _generate
+
+    t0 = time.perf_counter()
+    trajs = _generate(cfg, tasks[:n], args.k, args.temperature, args.batch, args.verbose)
+    t1 = time.perf_counter()
+    scored, _ = scorer.score_with_stats(trajs)
+    measured = apply_difficulty(tasks[:n], scored, args.k, args.pass_threshold, cfg.model.path, args.temperature)
+    try:
+        save_tasks(measured + tasks[n:], out)
+    except OSError as e:
+        raise CommandError(f"cannot write {out}: {e.strerror or e}") from None
+    print(f"difficulty: {out}: {n} tasks measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return measured, {
+        **difficulty_summary(measured),
+        "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(time.perf_counter() - t1, 3)},
+    }
+
+
+def _difficulty(args: argparse.Namespace) -> int:
+    from envs.io import load_tasks
+    from rewards.service import RewardFnSpec
+    from rl.cli.evaluate import CommandError, make_scorer, resolve_model_arg
+    from rl.config.recipe import load_recipe, validate_recipe
+
+    if args.k < 1 or args.limit < 0 or args.batch < 1:
+        raise CommandError("--k and --batch must be >= 1, --limit >= 0")
+    if args.temperature < 0:
+        raise CommandError("--temperature must be >= 0")
+    cfg = load_recipe(args.recipe, args.overrides)
+    if args.model:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=resolve_model_arg(args.model)[0]))
+    validate_recipe(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, overwrite=True)))
+    files = _files(args, cfg)
+    per_file = [load_tasks(f) for f in files]
+    chosen = [ts[: args.limit] if args.limit else ts for ts in per_file]
+    served = {e.domain for e in cfg.rollout.envs}
+    for f, ts in zip(files, chosen):
+        bad = next((t for t in ts if t.domain not in served), None)
+        if bad is not None:
+            raise CommandError(
+                f"{f}: task {bad.id!r} has domain {bad.domain!r}, but the recipe's rollout.envs "
+                f"serves only {sorted(served)}"
+            )
+    if not any(chosen):
+        raise CommandError(f"no tasks in {', '.join(map(str, files))}")
+
+    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+    scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
+    summary: dict[str, Any] = {
+        "model": cfg.model.path,
+        "k": args.k,
+        "temperature": args.temperature,
+        "pass_threshold": args.pass_threshold,
+        "files": {},
+    }
+    measured_all: list[Task] = []
+    # One file at a time, each written as soon as it is measured: a long run that is stopped keeps
+    # the files it finished (one engine start per file is small next to k samples of every task).
+    for f, ts, chosen_ts in zip(files, per_file, chosen):
+        if chosen_ts:
+            out = Path(args.out_dir) / f.name if args.out_dir else f
+            measured, summary["files"][str(out)] = _measure_file(args, cfg, scorer, ts, len(chosen_ts), out)
+            measured_all += measured
+    summary["domains"] = difficulty_summary(measured_all)
+    print(json.dumps(summary, indent=2))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,509 @@
+"""Generated code tasks: a seeded ladder of small Python functions, near-trivial to hard.
+
+    python -m rl.data.tasks.code_gen [--out-dir recipes/data] [--seed 0]
+
+writes ``code_ladder.train.jsonl`` and ``code_ladder.eval.jsonl`` (held out BY TEMPLATE:
+no eval task's shape appears in training; see :mod:`rl.data.tasks.ladder`). Same seed,
+same bytes.
+
+Rungs: 0 = one arithmetic or string operation on the input (``x + 7``); 1 = one
+built-in or comprehension with a parameter (count a character, sum the elements above
+k); 2 = a filter and a map, or a small loop (a shift cipher, every k-th element);
+3 = a loop with state (run-length encoding, a recurrence). Every template's parameters
+(constants, characters, thresholds) are drawn per instance, so two instances of one
+template differ in what the function must do, not only in its name.
+
+Each task has 5 assert tests (style ``"assert"``), so the code reward's pass fraction
+(``CodeTestsReward(mode="fraction")``) gives honest partial credit. Expected values are
+computed here by running the reference solution (our own code, in this process) on the
+test inputs; the test suite then runs every reference solution through the sandboxed
+harness and checks that it passes and that a function returning ``None`` passes nothing.
+No expected value is ``None``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from envs.types import CodeSpec, Message, Task
+from rl.data.tasks.code_tasks import SYSTEM_PROMPT
+from rl.data.tasks.ladder import Template, draw, write_ladder
+
+__all__ = ["SOURCE", "TEMPLATES", "generate", "write", "main"]
+
+SOURCE = "code_ladder"
+USER_TEMPLATE = (
+    "Write a Python function `{signature}` that {description} Example: `{example}`.\n\n"
+    "Reply with the complete function in one ```python code block."
+)
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "lemon",
+    "piano",
+    "ocean",
+    "maple",
+    "robot",
+    "sugar",
+    "candle",
+    "forest",
+    "planet",
+    "silver",
+    "window",
+]
+N_TESTS = 5
+
+
+def _task(name: str, signature: str, description: str, solution: str, inputs: list[tuple[Any, ...]]) -> Task:
+    """A code task whose tests are ``assert name(*args) == <reference output>`` per input."""
+    namespace: dict[str, Any] = {}
+    exec(compile(solution, f"<reference {name}>", "exec"), namespace)  # noqa: S102 - our own reference code
+    fn = namespace[name]
+    tests, example = [], ""
+    for args in inputs:
+        expected = fn(*args)
+        if expected is None:
+            raise ValueError(f"{name}{args!r}: the reference returns None; a no-op would pass")
+        call = f"{name}({', '.join(repr(a) for a in args)})"
+        tests.append(f"assert {call} == {expected!r}")
+        example = example or f"{call} == {expected!r}"
+    user = USER_TEMPLATE.format(signature=signature, description=description, example=example)
+    return Task(
+        id="",
+        domain="code",
+        messages=(Message("system", SYSTEM_PROMPT), Message("user", user)),
+        code=CodeSpec(tests="\n".join(tests) + "\n", entry_point=name, style="assert", solution=solution),
+    )
+
+
+def _ints(rng: random.Random, n: int, lo: int = -9, hi: int = 20) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def _lists(rng: random.Random, lo: int = -9, hi: int = 20) -> list[tuple[Any, ...]]:
+    return [(_ints(rng, rng.randint(3, 7), lo, hi),) for _ in range(N_TESTS - 1)] + [([],)]
+
+
+def _word_args(rng: random.Random) -> list[tuple[Any, ...]]:
+    return [(w,) for w in rng.sample(WORDS, N_TESTS)]
+
+
+# ------------------------------------------------------------------------ rung 0: one operation
+
+
+def _add_const(rng: random.Random) -> Task:
+    c = rng.randint(2, 19)
+    return _task(
+        f"add_{c}",
+        f"add_{c}(x: int) -> int",
+        f"returns `x` plus {c}.",
+        f"def add_{c}(x: int) -> int:\n    return x + {c}\n",
+        [(x,) for x in _ints(rng, N_TESTS, -50, 50)],
+    )
+
+
+def _times_const(rng: random.Random) -> Task:
+    c = rng.randint(2, 12)
+    return _task(
+        f"times_{c}",
+        f"times_{c}(x: int) -> int",
+        f"returns `x` multiplied by {c}.",
+        f"def times_{c}(x: int) -> int:\n    return x * {c}\n",
+        [(x,) for x in _ints(rng, N_TESTS, -30, 30)],
+    )
+
+
+def _minus_const(rng: random.Random) -> Task:
+    c = rng.randint(2, 19)
+    return _task(
+        f"minus_{c}",
+        f"minus_{c}(x: int) -> int",
+        f"returns `x` minus {c}.",
+        f"def minus_{c}(x: int) -> int:\n    return x - {c}\n",
+        [(x,) for x in _ints(rng, N_TESTS, -50, 50)],
+    )
+
+
+def _add_suffix(rng: random.Random) -> Task:
+    suffix = rng.choice(["!", "?", "...", "_x", "-ok", "42", "!!", "_v2"])
+    name = f"add_suffix_{rng.randint(1, 99)}"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns `s` followed by the text {suffix!r}.",
+        f"def {name}(s: str) -> str:\n    return s + {suffix!r}\n",
+        _word_args(rng),
+    )
+
+
+def _add_prefix(rng: random.Random) -> Task:
+    prefix = rng.choice(["#", "re", "un", "my_", "> ", "pre-", "@", "x"])
+    name = f"add_prefix_{rng.randint(1, 99)}"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns the text {prefix!r} followed by `s`.",
+        f"def {name}(s: str) -> str:\n    return {prefix!r} + s\n",
+        _word_args(rng),
+    )
+
+
+def _square_plus(rng: random.Random) -> Task:
+    c = rng.randint(1, 9)
+    return _task(
+        f"square_plus_{c}",
+        f"square_plus_{c}(x: int) -> int",
+        f"returns `x` squared plus {c}.",
+        f"def square_plus_{c}(x: int) -> int:\n    return x * x + {c}\n",
+        [(x,) for x in _ints(rng, N_TESTS, -12, 12)],
+    )
+
+
+# ------------------------------------------------------------------------ rung 1: one built-in
+
+
+def _count_char(rng: random.Random) -> Task:
+    ch = rng.choice("aeiorstln")
+    name = f"count_{ch}"
+    words = [
+        "banana",
+        "letter",
+        "sister",
+        "tomato",
+        "orange",
+        "lantern",
+        "rotation",
+        "pineapple",
+        "illusion",
+        "salsa",
+        "rattle",
+        "nonstop",
+        "a",
+        "",
+    ]
+    return _task(
+        name,
+        f"{name}(s: str) -> int",
+        f"returns how many times the letter {ch!r} occurs in `s`.",
+        f"def {name}(s: str) -> int:\n    return s.count({ch!r})\n",
+        [(w,) for w in rng.sample(words, N_TESTS)],
+    )
+
+
+def _sum_above(rng: random.Random) -> Task:
+    k = rng.randint(0, 10)
+    name = f"sum_above_{k}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns the sum of the elements of `nums` greater than {k}.",
+        f"def {name}(nums: list[int]) -> int:\n    return sum(x for x in nums if x > {k})\n",
+        _lists(rng),
+    )
+
+
+def _keep_multiples(rng: random.Random) -> Task:
+    k = rng.randint(2, 6)
+    name = f"multiples_of_{k}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns the elements of `nums` that are divisible by {k}, in their original order.",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [x for x in nums if x % {k} == 0]\n",
+        _lists(rng),
+    )
+
+
+def _count_below(rng: random.Random) -> Task:
+    k = rng.randint(0, 10)
+    name = f"count_below_{k}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns how many elements of `nums` are smaller than {k}.",
+        f"def {name}(nums: list[int]) -> int:\n    return sum(1 for x in nums if x < {k})\n",
+        _lists(rng),
+    )
+
+
+def _drop_value(rng: random.Random) -> Task:
+    v = rng.randint(0, 9)
+    name = f"drop_{v}"
+    inputs = [([rng.choice([v, v, rng.randint(0, 9)]) for _ in range(rng.randint(3, 7))],) for _ in range(N_TESTS - 1)]
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns `nums` with every occurrence of {v} removed (the other elements keep their order).",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [x for x in nums if x != {v}]\n",
+        inputs + [([],)],
+    )
+
+
+def _repeat_word(rng: random.Random) -> Task:
+    n = rng.randint(2, 5)
+    sep = rng.choice([" ", "-", ",", ""])
+    name = f"repeat_{n}_times"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns `s` repeated {n} times, separated by {sep!r}.",
+        f"def {name}(s: str) -> str:\n    return {sep!r}.join([s] * {n})\n",
+        _word_args(rng),
+    )
+
+
+# ------------------------------------------------------------------------ rung 2: filter + map, small loop
+
+
+def _scale_above(rng: random.Random) -> Task:
+    k, c = rng.randint(0, 8), rng.randint(2, 5)
+    name = f"scale_above_{k}_by_{c}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns, in order, each element of `nums` greater than {k} multiplied by {c} "
+        f"(the other elements are left out).",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [x * {c} for x in nums if x > {k}]\n",
+        _lists(rng),
+    )
+
+
+def _every_kth(rng: random.Random) -> Task:
+    k = rng.randint(2, 4)
+    start = rng.randint(0, k - 1)
+    name = f"every_{k}th_from_{start}"
+    return _task(
+        name,
+        f"{name}(items: list[int]) -> list[int]",
+        f"returns the elements of `items` at positions {start}, {start + k}, {start + 2 * k}, ... "
+        f"(every {k}th element starting at index {start}).",
+        f"def {name}(items: list[int]) -> list[int]:\n    return items[{start}::{k}]\n",
+        [(_ints(rng, rng.randint(4, 10)),) for _ in range(N_TESTS - 1)] + [([],)],
+    )
+
+
+def _shift_letters(rng: random.Random) -> Task:
+    k = rng.randint(1, 5)
+    name = f"shift_by_{k}"
+    sol = (
+        f"def {name}(s: str) -> str:\n    out = []\n    for c in s:\n        if c.islower():\n"
+        f"            out.append(chr((ord(c) - ord('a') + {k}) % 26 + ord('a')))\n        else:\n"
+        f"            out.append(c)\n    return ''.join(out)\n"
+    )
+    words = ["abc", "xyz", "hello world", "zebra", "python 3", "jump", "yak", "crazy fox"]
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"shifts every lowercase letter of `s` {k} places forward in the alphabet, wrapping from 'z' to "
+        f"'a', and leaves every other character unchanged.",
+        sol,
+        [(w,) for w in rng.sample(words, N_TESTS)],
+    )
+
+
+def _sum_multiples_scaled(rng: random.Random) -> Task:
+    m, c = rng.randint(2, 5), rng.randint(2, 4)
+    name = f"scaled_sum_of_multiples_of_{m}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns {c} times the sum of the elements of `nums` that are divisible by {m}.",
+        f"def {name}(nums: list[int]) -> int:\n    return {c} * sum(x for x in nums if x % {m} == 0)\n",
+        _lists(rng),
+    )
+
+
+def _replace_vowels(rng: random.Random) -> Task:
+    ch, label = rng.choice([("*", "star"), ("#", "hash"), ("_", "under"), ("-", "dash"), ("+", "plus")])
+    name = f"mask_vowels_{label}"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns `s` with every vowel (a, e, i, o, u, either case) replaced by {ch!r}.",
+        f"def {name}(s: str) -> str:\n    return ''.join({ch!r} if c.lower() in 'aeiou' else c for c in s)\n",
+        [(w,) for w in rng.sample(WORDS + ["AEIOU", "Sky", "Queue"], N_TESTS)],
+    )
+
+
+def _chunk_sums(rng: random.Random) -> Task:
+    k = rng.randint(2, 4)
+    name = f"sums_of_{k}_chunks"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"splits `nums` into consecutive chunks of {k} elements (the last chunk may be shorter) and "
+        f"returns the sum of each chunk.",
+        f"def {name}(nums: list[int]) -> list[int]:\n"
+        f"    return [sum(nums[i:i + {k}]) for i in range(0, len(nums), {k})]\n",
+        [(_ints(rng, rng.randint(3, 9)),) for _ in range(N_TESTS - 1)] + [([],)],
+    )
+
+
+# ------------------------------------------------------------------------ rung 3: loops with state
+
+
+def _rle(rng: random.Random) -> Task:
+    sep, label = rng.choice([("", ""), (":", "_colon"), ("x", "_x"), ("-", "_dash")])
+    name = f"run_lengths{label}"
+    sol = (
+        f"def {name}(s: str) -> str:\n    out = []\n    i = 0\n    while i < len(s):\n        j = i\n"
+        f"        while j < len(s) and s[j] == s[i]:\n            j += 1\n"
+        f"        out.append(s[i] + {sep!r} + str(j - i))\n        i = j\n    return ''.join(out)\n"
+    )
+    samples = ["aaabcc", "abcd", "zzzzzz", "aabbaa", "x", "mississippi", "ppqqqr", ""]
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns the run-length encoding of `s`: for each run of equal consecutive characters, the "
+        f"character, then {sep!r}, then the run's length, all concatenated.",
+        sol,
+        [(w,) for w in rng.sample(samples, N_TESTS)],
+    )
+
+
+def _recurrence(rng: random.Random) -> Task:
+    a, b = rng.randint(0, 3), rng.randint(1, 4)
+    name = f"seq_{a}_{b}"
+    sol = (
+        f"def {name}(n: int) -> int:\n    x, y = {a}, {b}\n    for _ in range(n):\n"
+        f"        x, y = y, x + y\n    return x\n"
+    )
+    return _task(
+        name,
+        f"{name}(n: int) -> int",
+        f"returns term `n` (counting from 0) of the sequence whose terms 0 and 1 are {a} and {b} and "
+        f"where every later term is the sum of the two before it.",
+        sol,
+        [(n,) for n in rng.sample(range(0, 15), N_TESTS)],
+    )
+
+
+def _long_word_counts(rng: random.Random) -> Task:
+    k = rng.randint(3, 5)
+    name = f"count_words_longer_than_{k}"
+    sol = (
+        f"def {name}(text: str) -> dict[str, int]:\n    out: dict[str, int] = {{}}\n"
+        f"    for w in text.split():\n        if len(w) > {k}:\n            out[w] = out.get(w, 0) + 1\n"
+        f"    return out\n"
+    )
+    texts = [
+        " ".join(rng.choice(WORDS + ["a", "to", "cat", "dog", "the"]) for _ in range(rng.randint(3, 8)))
+        for _ in range(N_TESTS)
+    ]
+    return _task(
+        name,
+        f"{name}(text: str) -> dict[str, int]",
+        f"returns a dict mapping each word of `text` (words are separated by whitespace) that is longer "
+        f"than {k} characters to how many times it occurs.",
+        sol,
+        [(t,) for t in texts],
+    )
+
+
+def _digit_power_sum(rng: random.Random) -> Task:
+    p = rng.randint(2, 4)
+    name = f"digit_power_sum_{p}"
+    return _task(
+        name,
+        f"{name}(n: int) -> int",
+        f"returns the sum of the decimal digits of the non-negative integer `n`, each raised to the power {p}.",
+        f"def {name}(n: int) -> int:\n    return sum(int(d) ** {p} for d in str(n))\n",
+        [(n,) for n in rng.sample(range(0, 10000), N_TESTS)],
+    )
+
+
+def _running_max(rng: random.Random) -> Task:
+    k = rng.choice([0, 1, 2])
+    name = f"running_max_plus_{k}"
+    sol = (
+        f"def {name}(nums: list[int]) -> list[int]:\n    out = []\n    best = None\n    for x in nums:\n"
+        f"        best = x if best is None or x > best else best\n        out.append(best + {k})\n    return out\n"
+    )
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns a list whose element i is the largest of nums[0], ..., nums[i], plus {k}.",
+        sol,
+        _lists(rng),
+    )
+
+
+def _word_lengths_sorted(rng: random.Random) -> Task:
+    rev = rng.choice([False, True])
+    name = f"words_by_length_{'desc' if rev else 'asc'}"
+    sol = (
+        f"def {name}(text: str) -> list[str]:\n"
+        f"    return sorted(text.split(), key=lambda w: ({'-' if rev else ''}len(w), w))\n"
+    )
+    texts = [" ".join(rng.sample(WORDS + ["a", "to", "cat", "dog"], rng.randint(3, 6))) for _ in range(N_TESTS)]
+    order = "longest first" if rev else "shortest first"
+    return _task(
+        name,
+        f"{name}(text: str) -> list[str]",
+        f"returns the whitespace-separated words of `text` sorted by length, {order}, words of equal length "
+        f"in alphabetical order.",
+        sol,
+        [(t,) for t in texts],
+    )
+
+
+_T = Callable[[random.Random], Task]
+_SPEC: list[tuple[str, int, str, _T]] = [
+    ("add_const", 0, "train", _add_const),
+    ("times_const", 0, "train", _times_const),
+    ("add_suffix", 0, "train", _add_suffix),
+    ("minus_const", 0, "eval", _minus_const),
+    ("add_prefix", 0, "eval", _add_prefix),
+    ("square_plus", 0, "eval", _square_plus),
+    ("count_char", 1, "train", _count_char),
+    ("sum_above", 1, "train", _sum_above),
+    ("keep_multiples", 1, "train", _keep_multiples),
+    ("count_below", 1, "eval", _count_below),
+    ("drop_value", 1, "eval", _drop_value),
+    ("repeat_word", 1, "eval", _repeat_word),
+    ("scale_above", 2, "train", _scale_above),
+    ("every_kth", 2, "train", _every_kth),
+    ("shift_letters", 2, "train", _shift_letters),
+    ("sum_multiples_scaled", 2, "eval", _sum_multiples_scaled),
+    ("replace_vowels", 2, "eval", _replace_vowels),
+    ("chunk_sums", 2, "eval", _chunk_sums),
+    ("rle", 3, "train", _rle),
+    ("recurrence", 3, "train", _recurrence),
+    ("running_max", 3, "train", _running_max),
+    ("long_word_counts", 3, "eval", _long_word_counts),
+    ("digit_power_sum", 3, "eval", _digit_power_sum),
+    ("word_lengths_sorted", 3, "eval", _word_lengths_sorted),
+]
+TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, f) for n, r, s, f in _SPEC)
+
+
+def generate(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """(train, eval) code tasks; deterministic in ``seed``; eval uses only eval templates."""
+    return draw(TEMPLATES, "train", n_train, seed, SOURCE), draw(TEMPLATES, "eval", n_eval, seed, SOURCE)
+
+
+def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
+    train, held = generate(n_train, n_eval, seed)
+    return write_ladder({"train": train, "eval": held}, out_dir, SOURCE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m rl.data.tasks.code_gen", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[3] / "recipes" / "data"))
+    ap.add_argument("--n-train", type=int, default=120)
+    ap.add_argument("--n-eval", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for p in write(args.out_dir, args.n_train, args.n_eval, args.seed):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

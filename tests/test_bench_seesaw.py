@@ -1,0 +1,105 @@
+"""bench/seesaw.py's pure parts: paired differences, standard errors, verdicts, run reading."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.seesaw import CONFIGS, analyse, conclusions, eval_rewards, overrides, paired, render, verdict  # noqa: E402
+
+
+def test_paired_difference_and_standard_error_by_hand():
+    a = {"t1": 0.0, "t2": 0.5, "t3": 1.0, "only_a": 1.0}
+    b = {"t1": 1.0, "t2": 0.5, "t3": 1.0, "only_b": 0.0}
+    p = paired(a, b)
+    # diffs 1, 0, 0: mean 1/3, sample var ((2/3)^2 + 2 (1/3)^2) / 2 = 1/3, SE = sqrt(1/3 / 3) = 1/3.
+    assert p["n"] == 3 and p["diff"] == pytest.approx(1 / 3) and p["se"] == pytest.approx(1 / 3)
+    assert (p["a"], p["b"]) == (pytest.approx(0.5), pytest.approx(5 / 6))
+    with pytest.raises(ValueError, match="share no task"):
+        paired({"x": 1.0}, {"y": 1.0})
+
+
+def test_pairing_removes_the_per_task_spread():
+    # Hard and easy tasks, each improved by exactly 0.1: the paired SE is 0, an unpaired one would not be.
+    a = {f"t{i}": (i % 2) * 0.8 for i in range(10)}
+    b = {k: v + 0.1 for k, v in a.items()}
+    p = paired(a, b)
+    assert p["diff"] == pytest.approx(0.1) and p["se"] == pytest.approx(0.0, abs=1e-12)
+    assert verdict(p) == "up"
+
+
+def test_verdict_needs_two_standard_errors():
+    assert verdict({"diff": 0.21, "se": 0.1, "n": 50}) == "up"
+    assert verdict({"diff": 0.19, "se": 0.1, "n": 50}) == "noise"
+    assert verdict({"diff": -0.3, "se": 0.1, "n": 50}) == "down"
+    assert verdict({"diff": 0.0, "se": 0.0, "n": 50}) == "no change"
+    assert verdict({"diff": 1.0, "se": 0.0, "n": 1}) == "n < 2"
+
+
+def _write_run(path: Path, before: dict, after: dict) -> Path:
+    rows = []
+    for step, ev in ((0, before), (12, after)):
+        for d, per in ev.items():
+            rows += [{"step": step, "split": "eval", "domain": d, "task_id": t, "reward": r} for t, r in per.items()]
+    rows.append({"step": 3, "split": "train", "domain": "code", "task_id": "c0", "reward": 1.0})
+    path.mkdir(parents=True)
+    (path / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path / "rollouts.jsonl"
+
+
+def test_reads_first_and_last_eval_and_renders_every_comparison(tmp_path, monkeypatch):
+    n = 20
+    base = {d: {f"{d}{i}": float(i % 4 == 0) for i in range(n)} for d in ("code", "terminal", "tool_call")}
+    up = {d: {t: 1.0 for t in per} for d, per in base.items()}
+    runs = {}
+    for name, after in (("joint_fixed", up), ("joint_adaptive", up), ("single_code", base)):
+        runs[name] = eval_rewards(_write_run(tmp_path / name, base, after))
+    first, last = runs["single_code"]
+    assert first == base and last == base
+    null = _write_run(tmp_path / "nulls", {"code": {"c0": None}}, {"code": {"c0": 1.0}})
+    assert eval_rewards(null)[0] == {"code": {"c0": 0.0}}  # unscored counts as failed
+    result = analyse(runs)
+    assert verdict(result["change"]["joint_fixed"]["code"]) == "up"
+    assert result["change"]["single_code"]["terminal"]["diff"] == 0.0
+    assert result["joint_vs_single"]["single_code"]["tool_call"]["diff"] == pytest.approx(0.75)
+    assert result["adaptive_vs_fixed"]["code"]["diff"] == 0.0
+    text = render(result, {"steps": 12, "samples": 384, "wall_s": {"joint_fixed": 100.0}})
+    assert "joint_fixed" in text and "+0.750 ± " in text and "What this supports" in text
+    assert "joint vs single_code: code (up), terminal (up), tool_call (up)" in conclusions(result)
+
+
+def test_eval_rewards_needs_two_evaluations(tmp_path):
+    p = tmp_path / "rollouts.jsonl"
+    p.write_text(json.dumps({"step": 0, "split": "eval", "domain": "code", "task_id": "a", "reward": 1.0}) + "\n")
+    with pytest.raises(ValueError, match="two steps"):
+        eval_rewards(p)
+
+
+def test_configs_map_to_recipe_overrides():
+    assert overrides("joint_fixed") == [] and overrides("joint_adaptive") == ["mixer.mode=adaptive"]
+    assert overrides("single_terminal") == [
+        "data.train_files=[data/terminal_ladder.train.jsonl]",
+        "mixer.domain_weights={}",
+    ]
+    assert len(CONFIGS) == 5
+    with pytest.raises(ValueError, match="unknown config"):
+        overrides("single_math")
+
+
+def test_single_domain_overrides_validate():
+    """Each configuration is a valid recipe (the single-domain ones drop two train files)."""
+    from rl.config.recipe import load_recipe, validate_recipe
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "joint_rl.yaml"
+    for c in CONFIGS:
+        cfg = load_recipe(
+            recipe, ["run.output_dir=/tmp/jointrl-seesaw-unused", "model.path=embedded:tiny", *overrides(c)]
+        )
+        validate_recipe(cfg)
+        assert len(cfg.data.train_files) == (1 if c.startswith("single_") else 3)
+        assert cfg.mixer.mode == ("adaptive" if c == "joint_adaptive" else "fixed")

@@ -1,0 +1,237 @@
+"""The generated task ladders (code, terminal, tool call): reproducible, split by template,
+graded, and every reference solution passes its check through the real env/reward while a
+no-op scores nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from envs.io import load_tasks
+from envs.sandbox import check_sandbox
+from envs.toolcall import ToolCallEnv, format_call
+from envs.types import Message, ToolCall, Trajectory
+from rewards.toolcall import ToolCallReward
+from rl.data.tasks import code_gen, terminal_gen, toolcall_gen
+from rl.data.tasks.ladder import Template, draw, strip_measured, write_ladder
+
+DATA = Path(__file__).resolve().parents[1] / "recipes" / "data"
+GENERATORS = {"code": code_gen.generate, "terminal": terminal_gen.generate, "tool_call": toolcall_gen.generate_ladder}
+SOURCES = {"code": code_gen.SOURCE, "terminal": terminal_gen.SOURCE, "tool_call": toolcall_gen.LADDER_SOURCE}
+
+try:
+    check_sandbox()
+    _NO_SANDBOX = ""
+except Exception as e:  # noqa: BLE001 - any reason bwrap cannot run here
+    _NO_SANDBOX = str(e)
+needs_sandbox = pytest.mark.skipif(bool(_NO_SANDBOX), reason=f"bubblewrap sandbox unavailable: {_NO_SANDBOX}")
+
+
+@pytest.fixture(scope="module")
+def generated():
+    return {d: gen() for d, gen in GENERATORS.items()}
+
+
+def _sample(tasks, per_template=2):
+    """The first ``per_template`` tasks of each template (the fast tier's subset)."""
+    seen: Counter = Counter()
+    out = []
+    for t in tasks:
+        if seen[t.meta["template"]] < per_template:
+            seen[t.meta["template"]] += 1
+            out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("domain", sorted(GENERATORS))
+def test_deterministic_for_a_seed_and_seed_changes_instances(domain, generated):
+    again = GENERATORS[domain]()
+    assert again == generated[domain]
+    other = GENERATORS[domain](seed=1)
+    assert [t.messages for t in other[0]] != [t.messages for t in generated[domain][0]]
+
+
+@pytest.mark.parametrize("domain", sorted(GENERATORS))
+def test_shipped_files_are_the_generated_ones(domain, generated):
+    train, held = generated[domain]
+    for split, tasks in (("train", train), ("eval", held)):
+        shipped = load_tasks(DATA / f"{SOURCES[domain]}.{split}.jsonl")
+        assert [strip_measured(t) for t in shipped] == tasks, (
+            f"recipes/data/{SOURCES[domain]}.{split}.jsonl is stale: regenerate it (see the generator's docstring)"
+        )
+
+
+@pytest.mark.parametrize("domain", sorted(GENERATORS))
+def test_held_out_by_template_with_every_rung_on_both_sides(domain, generated):
+    train, held = generated[domain]
+    assert len(held) >= 50 and len(train) >= 100
+    assert all(t.domain == domain for t in train + held)
+    assert len({t.id for t in train + held}) == len(train + held)
+    assert {t.meta["split"] for t in train} == {"train"} and {t.meta["split"] for t in held} == {"eval"}
+    for split, tasks in (("train", train), ("eval", held)):
+        assert set(Counter(t.meta["rung"] for t in tasks)) == {0, 1, 2, 3}, split
+        counts = Counter(t.meta["template"] for t in tasks)
+        assert max(counts.values()) - min(counts.values()) <= 1, f"{split} is not balanced over templates: {counts}"
+    if domain == "tool_call":
+        # Train and eval templates share names per rung but draw from disjoint request phrasings.
+        assert not {t.messages[-1].content for t in train} & {t.messages[-1].content for t in held}
+    else:
+        assert not {t.meta["template"] for t in train} & {t.meta["template"] for t in held}
+        # Different templates, so different entry points / instructions, not only different values.
+        assert not {t.messages[-1].content for t in train} & {t.messages[-1].content for t in held}
+
+
+def test_toolcall_ladder_knobs(generated):
+    train, held = generated["tool_call"]
+    for t in train + held:
+        n_tools = len(t.tool_call.tools)
+        assert n_tools == {0: 1, 1: 1, 2: 2, 3: 3}[t.meta["rung"]]
+        assert t.tool_call.expected[0].name in t.meta["functions"]
+        assert t.meta["example_function"] not in t.meta["functions"]
+        if t.meta["rung"] == 0:
+            assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
+
+
+def test_quickstart_generator_unchanged_by_the_ladder(tmp_path):
+    train, held = toolcall_gen.write_quickstart(tmp_path)
+    assert train.read_bytes() == (DATA / toolcall_gen.TRAIN_FILE).read_bytes()
+    assert held.read_bytes() == (DATA / toolcall_gen.EVAL_FILE).read_bytes()
+
+
+def test_draw_rejects_bad_templates_and_reports_small_pools():
+    with pytest.raises(ValueError, match="split"):
+        Template("x", 0, "test", lambda rng: None)
+    with pytest.raises(ValueError, match="rung"):
+        Template("x", 4, "train", lambda rng: None)
+    task = code_gen.generate(1, 1)[0][0]
+    constant = Template("constant", 0, "train", lambda rng: task)
+    with pytest.raises(RuntimeError, match="constant"):
+        draw([constant], "train", 2, 0, "src")
+    with pytest.raises(ValueError, match="no eval templates"):
+        draw([constant], "eval", 1, 0, "src")
+
+
+def test_write_ladder_keeps_a_measurement_only_for_unchanged_tasks(tmp_path):
+    train, held = code_gen.generate(4, 2)
+    write_ladder({"train": train, "eval": held}, tmp_path, "lad")
+    measured = [dataclasses.replace(t, meta={**t.meta, "base_pass_rate": 0.5}) for t in train]
+    write_ladder({"train": measured}, tmp_path, "lad")
+    changed = [train[0]] + [
+        dataclasses.replace(t, messages=t.messages[:1] + (Message("user", "new"),)) for t in train[1:]
+    ]
+    write_ladder({"train": changed}, tmp_path, "lad")
+    back = load_tasks(tmp_path / "lad.train.jsonl")
+    assert back[0].meta["base_pass_rate"] == 0.5
+    assert all("base_pass_rate" not in t.meta for t in back[1:])
+
+
+# ---------------------------------------------------------------- reference passes, no-op fails
+
+
+def _code_check(tasks):
+    from envs.code import CodeEnv
+
+    env = CodeEnv()
+    bad = []
+    try:
+        for t in tasks:
+            env.reset(t)
+            info = env.step(f"```python\n{t.code.solution}```")[3]
+            if info["reward"] != 1.0:
+                bad.append(f"{t.id}: reference solution scores {info['reward']}: {info.get('error')}")
+            env.reset(t)
+            info = env.step(f"```python\ndef {t.code.entry_point}(*a, **k):\n    return None\n```")[3]
+            if info["reward"] != 0.0:
+                bad.append(f"{t.id}: a function returning None scores {info['reward']}")
+    finally:
+        env.close()
+    assert not bad, "\n".join(bad)
+
+
+def _terminal_check(tasks):
+    from envs.terminal import TerminalEnv
+
+    env = TerminalEnv()
+    bad = []
+    try:
+        for t in tasks:
+            env.reset(t)
+            obs, term, trunc, _ = env.step(f"```bash\n{t.terminal.solution}\n```")
+            info = env.step("DONE")[3]
+            if info["reward"] != 1.0:
+                bad.append(f"{t.id}: reference solution scores {info['reward']}: {info['check_output'][:300]}")
+            env.reset(t)
+            info = env.step("DONE")[3]
+            if info["reward"] != 0.0:
+                bad.append(f"{t.id}: doing nothing scores {info['reward']}: {info['check_output'][:300]}")
+    finally:
+        env.close()
+    assert not bad, "\n".join(bad)
+
+
+def _toolcall_traj(task, text):
+    env = ToolCallEnv()
+    messages = env.reset(task)
+    _, term, _, info = env.step(text)
+    env.close()
+    assert term
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        loss_mask=[1],
+        logprobs=[0.0],
+        messages=[*messages, Message("assistant", text)],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        env_reward=info.get("reward"),
+    )
+
+
+def _toolcall_check(tasks):
+    reward = ToolCallReward(format_weight=0.2, name_weight=0.3, args_weight=0.5)
+    bad = []
+    for t in tasks:
+        e = t.tool_call.expected[0]
+        args = {k: v[0] for k, v in e.allowed.items() if v[0] != ""}
+        ok = reward(_toolcall_traj(t, format_call(ToolCall(e.name, args))))
+        noop = reward(_toolcall_traj(t, t.prefill))
+        if ok != 1.0 or noop != 0.0:
+            bad.append(f"{t.id}: reference scores {ok}, a no-op {noop}")
+    assert not bad, "\n".join(bad)
+
+
+CHECKS = {"code": _code_check, "terminal": _terminal_check, "tool_call": _toolcall_check}
+
+
+@pytest.mark.parametrize("domain", sorted(GENERATORS))
+def test_reference_passes_and_noop_fails_on_a_subset(domain, generated):
+    if domain != "tool_call" and _NO_SANDBOX:
+        pytest.skip(f"bubblewrap sandbox unavailable: {_NO_SANDBOX}")
+    train, held = generated[domain]
+    CHECKS[domain](_sample(train) + _sample(held))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("domain", sorted(GENERATORS))
+def test_reference_passes_and_noop_fails_on_every_shipped_task(domain):
+    if domain != "tool_call" and _NO_SANDBOX:
+        pytest.skip(f"bubblewrap sandbox unavailable: {_NO_SANDBOX}")
+    tasks = [t for split in ("train", "eval") for t in load_tasks(DATA / f"{SOURCES[domain]}.{split}.jsonl")]
+    CHECKS[domain](tasks)
+
+
+def test_terminal_partial_credit_counts_sub_checks():
+    check = terminal_gen.partial_check([("true", "a"), ("false", "b"), ("true", "c")])
+    from envs.terminal import parse_check_result  # the env's own reading of a check's output
+
+    import subprocess
+
+    p = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
+    assert p.returncode == 1 and "FAIL: b" in p.stdout
+    assert parse_check_result(p.returncode, p.stdout) == pytest.approx(2 / 3, abs=1e-4)
