@@ -188,8 +188,8 @@ class LearnerGroup:
     """N ``Learner`` Ray actors in one process group (N = 1: a single actor, no torch.distributed).
 
     ``step`` shards the batch and returns rank 0's metrics (already reduced over the
-    ranks); ``export_weights``, ``logprobs`` and ``save_checkpoint`` go to rank 0;
-    ``load_checkpoint`` to every rank. ``actors[0]`` is rank 0's handle.
+    ranks); ``save_checkpoint`` goes to rank 0, ``load_checkpoint`` to every rank; the driver
+    asks rank 0's handle itself for the weights export and log-probs. ``actors[0]`` is rank 0's handle.
     """
 
     def __init__(self, n: int, model_path: str, model_cfg: Any, algo: Any, *, seed: int = 0, threads: int = 0,
@@ -256,11 +256,6 @@ class LearnerGroup:
             return ray.get(self.actors[0].step.remote(batch))
         shards = shard_batch(batch, self.n)
         return ray.get([a.step.remote(s) for a, s in zip(self.actors, shards)])[0]
-
-    def export_weights(self, dtype: str) -> str:
-        import ray
-
-        return ray.get(self.actors[0].export_weights.remote(dtype))
 
     def save_checkpoint(self, path: str) -> None:
         import ray
