@@ -31,20 +31,23 @@ class RolloutWorker:
     def __init__(self, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]], *, dtype: str = "bfloat16",
                  seed: int = 0, max_model_len: int = 2048, kv_cache_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_sleep_mode: bool = False) -> None:
+                 enable_sleep_mode: bool = False, engine: Any = None) -> None:
+        """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
+        passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused."""
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.engine = VLLMEngine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                                 kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                                 tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode)
+        self.engine = engine if engine is not None else VLLMEngine(
+            model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+            enable_sleep_mode=enable_sleep_mode)
         # Where weights that arrive through the object store (learner on another node) are put.
         self._blob = f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors" if os.path.isdir("/dev/shm") else \
             os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")
         # The engine core's shared-memory segments (~420 MB on CPU) and that file: if this process
         # is killed nobody unlinks them, so the pool does it on this node after the death.
-        self._shm = shm_segments(os.getpid()) + [self._blob]
+        self._shm = (shm_segments(os.getpid()) if engine is None else []) + [self._blob]
 
     def _make_env(self, domain: str) -> Any:
         if domain not in self.envs:

@@ -194,13 +194,13 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
     import errno
 
     from rl.config.recipe import load_recipe
-    from rl.driver.loop import Actors, latest_checkpoint, make_normalizer
+    from rl.driver.loop import checkpoint, latest_checkpoint, make_normalizer
 
-    class Learners:
+    class Runtime:  # the learner's side of a checkpoint: a model file, then (once) a full disk
         def __init__(self) -> None:
             self.fail = False
 
-        def save_checkpoint(self, path: str) -> None:
+        def save(self, path: str) -> None:
             Path(path).mkdir(parents=True)
             (Path(path) / "model.bin").write_bytes(b"x" * 10)
             if self.fail:
@@ -211,12 +211,11 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
             return {}
 
     cfg = load_recipe(recipe_copy("tiny.yaml"))
-    actors = Actors(cfg, "unused", tmp_path, False)
-    actors.learners = Learners()
-    actors.checkpoint(tmp_path, 1, 2, Mixer(), make_normalizer(cfg))
-    actors.learners.fail = True
+    rt = Runtime()
+    checkpoint(rt, tmp_path, 1, 2, Mixer(), make_normalizer(cfg))
+    rt.fail = True
     with pytest.raises(RunAborted, match=r"step-2 checkpoint.*No space left on device.*intact: .*step_000001"):
-        actors.checkpoint(tmp_path, 2, 2, Mixer(), make_normalizer(cfg))
+        checkpoint(rt, tmp_path, 2, 2, Mixer(), make_normalizer(cfg))
     assert latest_checkpoint(tmp_path).name == "step_000001"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"], "no partial checkpoint"
 
