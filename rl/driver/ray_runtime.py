@@ -55,23 +55,10 @@ class RayRuntime:
         import ray
 
         from rl.trainer.distributed import LearnerGroup
-        from rl.driver.placement import actor_nodes, local_ray_cpus, plan_placement, reserve, resolve_device
+        from rl.driver.placement import plan_placement, reserve, resolve_device
 
-        cfg, r = self.cfg, self.cfg.rollout
-        address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS") or None
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            cpus = os.cpu_count() or 2
-            ray.init(address=address,
-                     num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, r.num_engines),
-                     include_dashboard=False, log_to_driver=self.verbose, logging_level="INFO" if self.verbose else "WARNING",
-                     runtime_env={"env_vars": _actor_env(self.verbose)})
-            self._own_ray = True
-        # SIGTERM becomes an exception so that `finally` shuts the engines down. Installed after
-        # ray.init, whose own handler (print a stack trace, abort) would otherwise replace it.
-        self._old_term = signal.signal(signal.SIGTERM, raise_on_term)
-        from rl.trainer.hub import cache_dir  # noqa: F401 - the actors resolve the same cache through the env
-
+        cfg = self.cfg
+        self._init_ray()
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
         device = resolve_device(cfg, float(ray.cluster_resources().get("GPU", 0.0)))
@@ -86,25 +73,46 @@ class RayRuntime:
                                      threads=cfg.run.threads, shm_dir=self.shm_dir, total_steps=cfg.train.steps,
                                      actor_options=self.placement.options("learner"))
         self.learner = self.learners.actors[0]
-        self.pool = RolloutPool(r.num_engines, self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
-                                actor_options=self.placement.options("engine"), length_estimator=length_estimate,
-                                dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_restarts=r.max_restarts,
-                                max_model_len=r.max_model_len, kv_cache_gib=r.kv_cache_gib,
-                                gpu_memory_utilization=r.gpu_memory_utilization,
-                                tensor_parallel_size=cfg.cluster.engine_tp, enable_sleep_mode=plan.colocated)
+        self.pool = make_rollout_pool(cfg, self.model_path, self.placement.options("engine"), length_estimate,
+                                      colocated=plan.colocated)
         specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
         self.rewards = RewardService(specs, workers=cfg.reward_service.workers, timeout_s=cfg.reward_service.timeout_s,
                                      actor_options=self.placement.options("reward"))
         self.learners.ready()
-        # Where every actor landed, asked of the actors themselves (docs/cluster.md).
-        where = {"device": device, "placement": cfg.cluster.placement,
+        self._record_placement(device)
+
+    def _init_ray(self) -> None:
+        """Connect to ``run.ray_address`` (or ``RAY_ADDRESS``) or start a local Ray sized for the plan."""
+        import ray
+
+        from rl.driver.placement import local_ray_cpus, plan_placement
+
+        cfg = self.cfg
+        address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS") or None
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            cpus = os.cpu_count() or 2
+            ray.init(address=address,
+                     num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, cfg.rollout.num_engines),
+                     include_dashboard=False, log_to_driver=self.verbose, logging_level="INFO" if self.verbose else "WARNING",
+                     runtime_env={"env_vars": _actor_env(self.verbose)})
+            self._own_ray = True
+        # SIGTERM becomes an exception so that `finally` shuts the engines down. Installed after
+        # ray.init, whose own handler (print a stack trace, abort) would otherwise replace it.
+        self._old_term = signal.signal(signal.SIGTERM, raise_on_term)
+
+    def _record_placement(self, device: str) -> None:
+        """``placement.json``: where every actor landed, asked of the actors themselves (docs/cluster.md);
+        ``.live.json``: read by the next run in this dir if this driver dies without cleaning up (SIGKILL, OOM)."""
+        from rl.driver.placement import actor_nodes
+
+        where = {"device": device, "placement": self.cfg.cluster.placement,
                  "engine": actor_nodes(self.pool.workers), "learner": actor_nodes(self.learners.actors),
                  "reward": actor_nodes(self.rewards.workers)}
         self.learner_node = where["learner"][0]["node_id"]
         for i, e in enumerate(where["engine"]):
             e["weights"] = self.pool.route(i, self.learner_node)  # file (same node) | object_store
         (self.out / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
-        # Read by the next run in this dir if this driver dies without cleaning up (SIGKILL, OOM).
         (self.out / LIVE_FILE).write_text(json.dumps({"pid": os.getpid(), "shm_dir": self.shm_dir,
                                                       "engines": self.pool.shm_owned()}) + "\n")
 
@@ -172,6 +180,20 @@ class RayRuntime:
                 ray.shutdown()
             if self._old_term is not None:
                 signal.signal(signal.SIGTERM, self._old_term)
+
+
+def make_rollout_pool(cfg: Recipe, model_path: str, actor_options: list[dict[str, Any]],
+                      length_estimate: Callable[[Task], float | None] | None, *, colocated: bool) -> RolloutPool:
+    """The run's ``rollout.num_engines`` rollout workers, each with its placement ``actor_options``.
+
+    ``rollout.max_restarts``: how often one call replaces a dead worker before it gives up.
+    """
+    r = cfg.rollout
+    return RolloutPool(r.num_engines, model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
+                       actor_options=actor_options, length_estimator=length_estimate, max_restarts=r.max_restarts,
+                       dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len,
+                       kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization,
+                       tensor_parallel_size=cfg.cluster.engine_tp, enable_sleep_mode=colocated)
 
 
 def _actor_env(verbose: bool) -> dict[str, str]:
