@@ -134,6 +134,63 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(tmp_path: Pa
         pool.shutdown()
 
 
+def _engine_core_pids(worker_pid: int) -> list[int]:
+    """The vLLM engine core processes under a rollout worker's process (``VLLM::EngineCore``)."""
+    import psutil
+
+    found = []
+    for p in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
+                found.append(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tiny_model_path: str,
+                                                             ray_cpus) -> None:
+    """The engine core process (not the actor) SIGKILLed mid-generate, as the OOM killer would: vLLM's client
+    then waits forever; the pool's health probe sees the dead core, replaces the worker and re-issues the
+    prompts, within a bound."""
+    from envs.io import load_tasks
+    from envs.types import Sampling
+    from rollout.pool import RolloutPool
+
+    tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
+    groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
+    sampling = Sampling(256, 1.0, 1.0, 1, 1024)
+    pool = RolloutPool(1, tiny_model_path, [("tool_call", "envs.toolcall.ToolCallEnv", {})], dtype="float32",
+                       max_model_len=1024, max_restarts=1, probe_every_s=1.0, probe_timeout_s=30.0)
+    try:
+        before = pool.generate(tasks, groups, seeds, sampling)
+        worker = pool.pids()[0]
+        cores = _engine_core_pids(worker)
+        assert len(cores) == 1, f"one engine core under the worker {worker}: {cores}"
+        import ray
+
+        assert ray.get(pool.workers[0].engine_pids.remote()) == cores, "the engine knows its core's pid"
+        killer = threading.Timer(0.3, os.kill, (cores[0], signal.SIGKILL))
+        t0 = time.monotonic()
+        killer.start()
+        after = pool.generate(tasks, groups, seeds, sampling)
+        elapsed = time.monotonic() - t0
+        killer.join()
+        assert pool.restarts == 1, "the worker with the dead engine core was replaced"
+        print(f"engine core killed: recovered in {elapsed:.1f} s; {pool.failures}")
+        (i, why), = pool.failures
+        # The health probe saw it (vLLM's flag, or the core process's exit), or vLLM raised EngineDeadError.
+        assert i == 0 and ("engine core" in why or "EngineDeadError" in why), why
+        assert elapsed < 240, f"recovered in {elapsed:.0f} s (start-up of the replacement included)"
+        assert [t.response_ids for t in after] == [t.response_ids for t in before], "same seeds, same samples"
+        new_worker = pool.pids()[0]
+        assert new_worker != worker and _engine_core_pids(new_worker) != cores
+        assert pool.metrics() == {"faults/rollout_restarts": 1.0}
+    finally:
+        pool.shutdown()
+
+
 # ---------------------------------------------------------------- non-finite updates stop the run
 
 HUGE = '''
