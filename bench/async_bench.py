@@ -2,7 +2,7 @@
 
 Runs ``jointrl train`` (the real CLI: Ray actors, vLLM engine, learner, reward service)
 twice on the same recipe and seed: ``rollout.async_steps=0`` and ``rollout.async_steps=1``
-(with ``algo.tis_cap`` for the policy lag). Reports, from each run's ``metrics.jsonl``:
+(with ``algo.loss.tis_cap`` for the policy lag). Reports, from each run's ``metrics.jsonl``:
 mean ``timing/step_s`` over steps 2..N (step 1 cannot overlap anything), the time the loop
 waited for episodes, the generation time, and the train reward of the first and last
 thirds of the run; then the ratio async / sync of the step time (the issue's goal: <= 0.75).
@@ -74,7 +74,7 @@ def main() -> None:
     walls: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="jointrl-async-bench-") as tmp:
         for name, extra in (("sync", ["rollout.async_steps=0"]),
-                            ("async", ["rollout.async_steps=1", f"algo.tis_cap={args.tis_cap}"])):
+                            ("async", ["rollout.async_steps=1", f"algo.loss.tis_cap={args.tis_cap}"])):
             recs, walls[name] = run(args.recipe, Path(tmp) / name, args.steps, extra)
             res[name] = summarize(recs)
             print(name, {k: round(v, 3) for k, v in res[name].items()}, f"wall {walls[name]:.0f} s", flush=True)
@@ -84,7 +84,7 @@ def main() -> None:
         f"{r['staleness']:.2f} | {r['reward_first']:.3f} -> {r['reward_last']:.3f} | {walls[n]:.0f} |"
         for n, r in res.items())
     body = (f"Recipe `{os.path.relpath(args.recipe, ROOT)}`, {args.steps} steps each, same seed; step times are means "
-            f"over steps 2..{args.steps}; async uses `algo.tis_cap={args.tis_cap}`.\n\n"
+            f"over steps 2..{args.steps}; async uses `algo.loss.tis_cap={args.tis_cap}`.\n\n"
             "| mode | step s | waited for episodes s | generating s | learner s | staleness | train reward first third -> last third | wall s |\n"
             "|---|---|---|---|---|---|---|---|\n" + rows +
             f"\n\n**async / sync step time: {ratio:.2f}** (goal <= 0.75)\n")

@@ -189,7 +189,7 @@ def main() -> int:
         st.detail = f"{n} tokens in {dt:.2f}s = {n / dt:.0f} tok/s"
 
     from rl.algos.batch import Batch, Sample
-    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.config.recipe import AlgoConfig, KLConfig, ModelConfig, OptimConfig
     from rl.trainer.learner import Learner
 
     learner = None
@@ -198,14 +198,14 @@ def main() -> int:
             torch.cuda.set_device(1)  # the learner on its own GPU: NCCL needs distinct devices
         shm = tempfile.mkdtemp(prefix="jointrl-smoke-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         learner = Learner(model_path, ModelConfig(path=model_path, learner_dtype="float32", autocast=True),
-                          AlgoConfig(name="grpo", lr=args.lr, kl_coef=0.01), shm_dir=shm)
+                          AlgoConfig(name="grpo", optim=OptimConfig(lr=args.lr), kl=KLConfig(coef=0.01)), shm_dir=shm)
         st.detail = f"on {next(learner.model.parameters()).device}"
     if learner is None or not gens:
         return _report()
     rng = random.Random(0)
     with stage(f"2. learner steps x{args.steps} (GRPO + k3 KL, AdamW)") as st:
         times = []
-        for step in range(args.steps):
+        for _ in range(args.steps):
             samples = [Sample(p + r, len(p), [1] * len(r), lp, rng.uniform(-1, 1), "smoke", group_id=i // 4, uid=i)
                        for i, (p, r, lp) in enumerate(gens) if r]
             batch = Batch(samples, sum(len(s.loss_mask) for s in samples), len(samples))

@@ -76,14 +76,14 @@ def make_batch(args: argparse.Namespace, vocab: int):
 def run_mode(args: argparse.Namespace, model_path: str, share: bool) -> dict[str, float]:
     import torch
 
-    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, ModelConfig, OptimConfig
     from rl.trainer.learner import Learner
 
     mcfg = ModelConfig(path=args.model, learner_dtype=args.dtype, autocast=args.autocast == "on")
-    algo = AlgoConfig(name="grpo", lr=1e-6, kl_coef=args.kl_coef, micro_batch_tokens=args.micro_batch_tokens,
-                      share_prompt=share)
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-6), kl=KLConfig(coef=args.kl_coef))
     with tempfile.TemporaryDirectory(prefix="jointrl-bench-") as shm:
-        lrn = Learner(model_path, mcfg, algo, seed=args.seed, threads=args.threads, shm_dir=shm)
+        lrn = Learner(model_path, mcfg, algo, seed=args.seed, threads=args.threads, shm_dir=shm,
+                      learner=LearnerConfig(micro_batch_tokens=args.micro_batch_tokens, share_prompt=share))
         batch = make_batch(args, lrn.model.config.vocab_size)
         for _ in range(args.warmup):
             lrn.step(batch)

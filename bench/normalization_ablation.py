@@ -1,15 +1,15 @@
 """Ablation: per-domain reward normalization and each domain's share of the policy gradient.
 
 Two domains whose rewards differ 10x in scale (terminal in [0, 10], code in [0, 1]), the
-same number of GRPO groups each, on the embedded tiny model. For each normalization mode
-it computes the advantages (rl.data.mixer.RewardNormalizer after a warm-up of 20 batches), then
+same number of GRPO groups each, on the embedded tiny model. For each shaping mode and estimator
+it computes the advantages (rl.algos.shaping.RewardNormalizer after a warm-up of 20 batches, then the estimator), then
 the gradient of the clipped policy loss restricted to each domain's samples, and prints
 each domain's gradient norm and its share of the sum.
 
     .venv/bin/python bench/normalization_ablation.py [--groups 8] [--group-size 4] [--seed 0]
 
-`none` here is Dr.GRPO centering (r - group mean, no scaling), where the 10x domain
-dominates; `domain_then_group` divides by each domain's running std instead.
+`none + dr_grpo` is Dr.GRPO centering (r - group mean, no scaling), where the 10x domain
+dominates; `domain + dr_grpo` (the old `domain_then_group`) divides by each domain's running std instead.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from rl.algos.losses import policy_loss, token_logprobs
-    from rl.data.mixer import RewardNormalizer
+    from rl.algos.estimators import get_estimator
+    from rl.algos.shaping import RewardNormalizer
+    from rl.config.recipe import AlgoConfig
     from rl.trainer.hub import resolve_model
 
     torch.manual_seed(args.seed)
@@ -62,22 +64,19 @@ def main() -> None:
         loss.backward()
         return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])))
 
-    print(f"{'mode':<20} {'|g| code':>10} {'|g| terminal':>13} {'terminal share':>15}")
-    for mode in ("none", "group", "domain", "domain_then_group"):
+    print(f"{'shaping + estimator':<20} {'|g| code':>10} {'|g| terminal':>13} {'terminal share':>15}")
+    for mode, name in (("none", "dr_grpo"), ("none", "grpo"), ("domain", "dr_grpo"), ("domain", "reinforce_pp")):
         norm = RewardNormalizer(mode)
         for _ in range(20):  # warm the running statistics up
-            r, g, d = batch()
-            norm.advantages(r, g, d)
-        adv = norm.advantages(rewards, groups, doms)
-        if adv is None:  # the algorithm's own advantages: Dr.GRPO centering
-            r = torch.tensor(rewards, dtype=torch.float64)
-            gt = torch.tensor(groups)
-            means = torch.stack([r[gt == k].mean() for k in range(int(gt.max()) + 1)])[gt]
-            adv = r - means
+            r, _, d = batch()
+            norm.shape(r, d)
+        shaped = norm.shape(rewards, doms)
+        scores = shaped if shaped is not None else torch.tensor(rewards, dtype=torch.float64)
+        adv = get_estimator(AlgoConfig(name=name)).outcome(scores, torch.tensor(groups))
         gn = {d: grad_norm(adv, torch.tensor([x == d for x in doms], dtype=torch.float64)) for d in domains}
         share = gn["terminal"] / (gn["terminal"] + gn["code"])
-        print(f"{mode:<20} {gn['code']:>10.4f} {gn['terminal']:>13.4f} {share:>15.2f}")
-
+        label = f"{mode} + {name}"
+        print(f"{label:<20} {gn['code']:>10.4f} {gn['terminal']:>13.4f} {share:>15.2f}")
 
 if __name__ == "__main__":
     main()

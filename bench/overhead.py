@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     headers = ["phase", f"median s ({args.reps} reps)", "notes (per rep)"]
     body = (f"Device: {device}. One process, no Ray: the Ray actor hop of a real `jointrl train` run is NOT included. "
-            f"SmolLM2-135M-Instruct, {args.recipe and Path(args.recipe).name} (GRPO, kl_coef {cfg.algo.kl_coef}, "
-            f"zero_variance {cfg.algo.zero_variance}), {n} tasks x group {r.group_size}, max_new_tokens "
+            f"SmolLM2-135M-Instruct, {args.recipe and Path(args.recipe).name} (GRPO, kl_coef {cfg.algo.kl.coef}, "
+            f"zero_variance {cfg.algo.update.zero_variance}), {n} tasks x group {r.group_size}, max_new_tokens "
             f"{r.max_new_tokens}, temperature {r.temperature}, fixed seeds. (i)-(iii) on tasks 0-{n - 1}, (iv) on tasks "
             f"{n}-{2 * n - 1}, so the generated lengths differ (see notes). Prefix cache cleared before each "
             "generation, as after a real sync. Reps alternate order (pure first, then whole first).\n\n"

@@ -30,7 +30,7 @@ base model, jointrl's final checkpoint(s) and TRL's saved model are scored by th
 ``jointrl eval`` (vLLM, greedy, the first N tasks of ``data.eval_files``), and the final
 jointrl vs. final TRL difference is given per task (paired) with its standard error.
 ``--async`` adds a third run: jointrl one step off (``rollout.async_steps=1``,
-``algo.tis_cap=2.0``). Writes its section of ``bench/RESULTS.md`` (``--no-write``: print only).
+``algo.loss.tis_cap=2.0``). Writes its section of ``bench/RESULTS.md`` (``--no-write``: print only).
 
     bash bench/setup_trl.sh                      # once: bench/.venv-trl
     .venv/bin/python bench/vs_trl.py --async     # 12 steps each side (~55 min on 2 CPU cores)
@@ -75,7 +75,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after training, score the base model and each side's final model greedily on the first N "
                         "held-out tasks with the same `jointrl eval` (0: skip; 50 = all)")
     p.add_argument("--async", dest="async_run", action="store_true",
-                   help="also run jointrl one-step-off async (rollout.async_steps=1, algo.tis_cap=2.0)")
+                   help="also run jointrl one-step-off async (rollout.async_steps=1, algo.loss.tis_cap=2.0)")
     p.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="python of the TRL venv")
     p.add_argument("--trl-grad-accum", type=int, default=4,
                    help="TRL micro-batches per step (prompts x group / this = completions per forward)")
@@ -109,7 +109,7 @@ def jointrl_overrides(args: argparse.Namespace, out_dir: str, device: str, gpus:
         "run.rollouts_every=1",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
-        f"algo.lr={args.lr}", f"algo.kl_coef={args.beta}", "algo.kl_kind=k3", "algo.epochs=1", "algo.minibatches=1",
+        f"algo.optim.lr={args.lr}", f"algo.kl.coef={args.beta}", "algo.kl.kind=k3", "algo.update.epochs=1", "algo.update.minibatches=1",
         f"train.steps={args.steps}", "train.eval_every=0", f"data.eval_limit={args.eval_limit}", "wandb.mode=disabled",
     ]
     if device == "cuda":
@@ -146,8 +146,8 @@ def make_plan(args: argparse.Namespace, cfg, model_path: str, task_ids: list[lis
                     for s in cfg.rewards],
         "task_ids": task_ids, "steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
         "max_new_tokens": r.max_new_tokens, "max_model_len": r.max_model_len, "temperature": r.temperature,
-        "top_p": r.top_p, "lr": a.lr, "weight_decay": a.weight_decay, "max_grad_norm": a.max_grad_norm,
-        "beta": a.kl_coef, "clip": a.clip_low, "seed": args.seed, "threads": cfg.run.threads,
+        "top_p": r.top_p, "lr": a.optim.lr, "weight_decay": a.optim.weight_decay, "max_grad_norm": a.optim.max_grad_norm,
+        "beta": a.kl.coef, "clip": a.loss.clip_low, "seed": args.seed, "threads": cfg.run.threads,
         "bf16": bool(cfg.model.autocast), "learner_dtype": cfg.model.learner_dtype,
         "grad_accum": args.trl_grad_accum, "vllm_gpu_memory_utilization": r.gpu_memory_utilization,
         "master_port": 29500 + os.getpid() % 1000,
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, dict] = {}
     raw: dict[str, dict] = {}
     heldout: dict[str, dict] = {}
-    async_ov = ["rollout.async_steps=1", "algo.tis_cap=2.0"]
+    async_ov = ["rollout.async_steps=1", "algo.loss.tis_cap=2.0"]
     async_dir = work / "jointrl_async"
     try:
         if args.only in ("both", "jointrl"):

@@ -31,7 +31,6 @@ whole :class:`Task` objects, and :func:`load_tasks` does validation and duplicat
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator

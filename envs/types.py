@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DOMAINS = ("code", "terminal", "tool_call")
-
 
 @dataclass(frozen=True)
 class Message:

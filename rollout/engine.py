@@ -43,9 +43,11 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, *, dtype: str = "bfloat16", seed: int = 0, max_model_len: int = 2048,
                  kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_sleep_mode: bool = False) -> None:
+                 enable_sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None) -> None:
         """``tensor_parallel_size`` > 1 and ``enable_sleep_mode`` (colocated placement: ``sleep`` /
-        ``wake_up`` around the learner step) are GPU-only."""
+        ``wake_up`` around the learner step) are GPU-only. ``engine_kwargs`` (``rollout.engine_kwargs``,
+        checked against vLLM's ``EngineArgs`` by the recipe) go to ``LLM`` last: they may replace the
+        defaults below (prefix caching, eager mode, chunked prefill), not the options set from recipe keys."""
         configure_vllm_env(kv_cache_gib)
         from vllm import LLM
 
@@ -69,6 +71,7 @@ class VLLMEngine:
             # not use offset"); whole-prompt prefill keeps per-request seeds usable.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(16384, max_model_len)
+        kwargs.update(engine_kwargs or {})
         self.model_path = model_path
         self.llm = LLM(**kwargs)
         self._closed = False

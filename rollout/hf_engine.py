@@ -38,13 +38,17 @@ class HFEngine:
         self.eos = eos
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[Generation]:
         """One completion per prompt, in order; ``seeds[i]`` (default ``seed + i``) seeds prompt i's sampling."""
         out = []
         for i, p in enumerate(prompts):
             room = sampling.max_model_len - len(p)
             if room < 1:
-                raise ValueError(f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}")
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}"
+                )
             seed = int(seeds[i]) if seeds is not None else self.seed + i
             out.append(self._sample(p, min(sampling.max_new_tokens, room), sampling, seed % (2**31)))
         return out
@@ -61,8 +65,9 @@ class HFEngine:
             lps.append(float(torch.log_softmax(logits, -1)[tok]))
             if tok in self.eos:
                 return Generation(token_ids=ids, logprobs=lps, finish_reason="stop")
-            res = self.model(torch.tensor([[tok]], device=self.device), past_key_values=res.past_key_values,
-                             use_cache=True)
+            res = self.model(
+                torch.tensor([[tok]], device=self.device), past_key_values=res.past_key_values, use_cache=True
+            )
         return Generation(token_ids=ids, logprobs=lps, finish_reason="length")
 
     @torch.no_grad()

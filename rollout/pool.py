@@ -31,7 +31,8 @@ class RolloutWorker:
     def __init__(self, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]], *, dtype: str = "bfloat16",
                  seed: int = 0, max_model_len: int = 2048, kv_cache_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_sleep_mode: bool = False, engine: Any = None) -> None:
+                 enable_sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None,
+                 engine: Any = None) -> None:
         """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
         passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused."""
         from transformers import AutoTokenizer
@@ -41,7 +42,7 @@ class RolloutWorker:
         self.engine = engine if engine is not None else VLLMEngine(
             model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-            enable_sleep_mode=enable_sleep_mode)
+            enable_sleep_mode=enable_sleep_mode, engine_kwargs=engine_kwargs)
         # Where weights that arrive through the object store (learner on another node) are put.
         self._blob = f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors" if os.path.isdir("/dev/shm") else \
             os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")

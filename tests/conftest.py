@@ -36,12 +36,15 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def recipe_copier(tmp_path: Path):
-    """A function that writes a copy of a shipped recipe into ``tmp_path``: task-file paths made
-    absolute, ``run.output_dir`` set to ``tmp_path / out``, then ``edit(d)`` applied to the parsed
-    YAML; returns the file's path (``tmp_path / filename``, default the recipe's own name)."""
+    """A function that writes a copy of a shipped recipe into ``tmp_path``: every key of the resolved
+    recipe (shipped recipes list only what they change), task-file paths made absolute,
+    ``run.output_dir`` set to ``tmp_path / out``, then ``edit(d)`` applied to that dict; returns the
+    file's path (``tmp_path / filename``, default the recipe's own name)."""
 
     def make(name: str = "tiny.yaml", *, out: str = "out", filename: str | None = None, edit=None) -> Path:
-        d = yaml.safe_load((RECIPES / name).read_text())
+        from rl.config.recipe import load_recipe, recipe_to_dict
+
+        d = {k: v for k, v in recipe_to_dict(load_recipe(RECIPES / name)).items() if k != "source"}
         for key in ("train_files", "eval_files"):
             d["data"][key] = [str(RECIPES / f) for f in d["data"][key]]
         d["run"]["output_dir"] = str(tmp_path / out)

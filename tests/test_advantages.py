@@ -192,8 +192,11 @@ def test_reinforce_pp_reduce_sum_duplicated_batch():
     double = lambda t: 2 * t  # noqa: E731
     close(reinforce_pp(scores, mask, reduce_sum=double), reinforce_pp(scores, mask), atol=1e-6)
     tok = torch.tensor([[-0.1, 0.2, 0.0], [0.3, 0.0, 0.0], [0.0, -0.2, 0.1]])
-    close(reinforce_pp(scores, mask, token_rewards=tok, reduce_sum=double),
-          reinforce_pp(scores, mask, token_rewards=tok), atol=1e-6)
+    close(
+        reinforce_pp(scores, mask, token_rewards=tok, reduce_sum=double),
+        reinforce_pp(scores, mask, token_rewards=tok),
+        atol=1e-6,
+    )
     # And a reduce that adds a different shard changes the result (the hook is used): shard 1 = one
     # score 3.0 -> mean (1 + 0 + 0.5 + 3) / 4 = 1.125; population var = (0.015625 + 1.265625 + 0.390625
     # + 3.515625) / 4 = 1.296875, std 1.1388041; A(1.0) = -0.125 / 1.1388051 = -0.1097642

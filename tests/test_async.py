@@ -32,7 +32,7 @@ def test_async_run_is_one_step_stale_and_resumes_the_in_flight_draw(tmp_path: Pa
     def edit(d: dict) -> None:
         d["run"].update(save_every=1, keep_checkpoints=5)
         d["rollout"].update(async_steps=1)
-        d["algo"].update(tis_cap=2.0)
+        d["algo"]["loss"].update(tis_cap=2.0)
         d["train"].update(steps=4)
         d["wandb"]["mode"] = "disabled"
 

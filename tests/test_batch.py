@@ -11,13 +11,23 @@ import pytest
 
 from envs.types import Message, Task, Trajectory
 from rl.algos.batch import Batch, Sample, build_batch, rollout_metrics
-from rl.config.recipe import AlgoConfig
+from rl.config.recipe import AlgoConfig, KLConfig, LossConfig, UpdateConfig
 
 TOL = 1e-5  # GRPO divides by (std + 1e-6): relative error ~2e-6 against the exact value
 
 
-def traj(reward, group_id, loss_mask, *, domain="tool_call", reward_error=None, scores=None,
-         truncated=False, num_turns=1, tid=None) -> Trajectory:
+def traj(
+    reward,
+    group_id,
+    loss_mask,
+    *,
+    domain="tool_call",
+    reward_error=None,
+    scores=None,
+    truncated=False,
+    num_turns=1,
+    tid=None,
+) -> Trajectory:
     """A hand-made trajectory: prompt [7, 8], one response token per loss_mask entry."""
     n = len(loss_mask)
     task = Task(id=tid or f"t{group_id}", domain=domain, messages=(Message("user", "hi"),))
@@ -80,7 +90,7 @@ def advs(batch: Batch) -> list[float]:
 )
 def test_advantages_and_skipping_without_kl(name, group0, abs_mean):
     trajs = two_groups()
-    batch, stats = build_batch(trajs, AlgoConfig(name=name, kl_coef=0.0))
+    batch, stats = build_batch(trajs, AlgoConfig(name=name, kl=KLConfig(coef=0.0)))
     # Group 1 has advantage exactly 0 and no KL term: its 3 samples are left out of the compute ...
     assert advs(batch) == pytest.approx(group0, abs=TOL)
     assert len(batch.samples) == 3
@@ -105,7 +115,7 @@ def test_advantages_and_skipping_without_kl(name, group0, abs_mean):
     ],
 )
 def test_zero_advantage_samples_kept_with_kl(name, group0):
-    batch, stats = build_batch(two_groups(), AlgoConfig(name=name, kl_coef=0.05))
+    batch, stats = build_batch(two_groups(), AlgoConfig(name=name, kl=KLConfig(coef=0.05)))
     # With a KL term a zero-advantage sample still has a gradient: all 6 are kept.
     assert advs(batch) == pytest.approx(group0 + [0.0, 0.0, 0.0], abs=TOL)
     assert len(batch.samples) == 6
@@ -117,9 +127,17 @@ def test_sample_fields():
     trajs = two_groups()
     batch, _ = build_batch(trajs, AlgoConfig(name="dr_grpo"))
     b = batch.samples[1]  # trajectory b: prompt [7, 8], response [100, 101, 102], mask [1, 0, 1]
-    assert b == Sample(input_ids=[7, 8, 100, 101, 102], prompt_len=2, loss_mask=[1, 0, 1],
-                       rollout_logprobs=[-0.5, 0.0, -0.5], advantage=pytest.approx(-0.3333333, abs=TOL),
-                       domain="tool_call", reward=0.0, group_id=0, uid=1)
+    assert b == Sample(
+        input_ids=[7, 8, 100, 101, 102],
+        prompt_len=2,
+        loss_mask=[1, 0, 1],
+        rollout_logprobs=[-0.5, 0.0, -0.5],
+        advantage=pytest.approx(-0.3333333, abs=TOL),
+        domain="tool_call",
+        reward=0.0,
+        group_id=0,
+        uid=1,
+    )
     assert b.num_tokens == 2
     # Skipped (zero-advantage) samples carry their fields too: d is the first of group 1.
     d = batch.skipped[0]
@@ -193,18 +211,18 @@ def test_equal_inexact_rewards_are_a_zero_variance_group(name):
     batch, stats = build_batch(trajs, AlgoConfig(name=name))
     assert stats["groups/zero_variance_fraction"] == 0.5
     assert len(batch.samples) == 3
-    batch_kl, _ = build_batch(trajs, AlgoConfig(name=name, kl_coef=0.1))
+    batch_kl, _ = build_batch(trajs, AlgoConfig(name=name, kl=KLConfig(coef=0.1)))
     assert advs(batch_kl)[3:] == [0.0, 0.0, 0.0]
 
 
 def test_entropy_bonus_keeps_zero_advantage_samples():
     # An entropy bonus gives every sample a gradient: nothing may be skipped.
-    batch, _ = build_batch(two_groups(), AlgoConfig(name="grpo", entropy_coef=0.01))
+    batch, _ = build_batch(two_groups(), AlgoConfig(name="grpo", loss=LossConfig(entropy_coef=0.01)))
     assert len(batch.samples) == 6 and batch.skipped == []
 
 
 def test_drop_zero_variance_groups():
-    batch, stats = build_batch(two_groups(), AlgoConfig(name="grpo", zero_variance="drop"))
+    batch, stats = build_batch(two_groups(), AlgoConfig(name="grpo", update=UpdateConfig(zero_variance="drop")))
     # Group 1 leaves the batch and its denominators: tokens 2 + 2 + 1 = 5, sequences 3.
     assert (batch.num_tokens, batch.num_seqs) == (5, 3)
     assert [s.group_id for s in batch.samples] == [0, 0, 0] and batch.skipped == []
@@ -222,8 +240,14 @@ def test_reinforce_pp_batch_normalised_advantages():
     assert stats["groups/zero_variance_fraction"] == 0.5  # reported for every algorithm
 
 
-@pytest.mark.parametrize("algo", [AlgoConfig(name="ppo"), AlgoConfig(name="grpo", kl_coef=0.1, kl_in_reward=True),
-                                  AlgoConfig(name="reinforce_pp", kl_coef=0.1, kl_in_reward=True)])
+@pytest.mark.parametrize(
+    "algo",
+    [
+        AlgoConfig(name="ppo"),
+        AlgoConfig(name="grpo", kl=KLConfig(coef=0.1, in_reward=True)),
+        AlgoConfig(name="reinforce_pp", kl=KLConfig(coef=0.1, in_reward=True)),
+    ],
+)
 def test_learner_side_advantages_carry_rewards_and_groups(algo):
     # PPO and KL-in-reward advantages need the learner's models: build_batch leaves them at 0,
     # keeps every sample (none skipped) and hands over the scalar rewards and group ids.
@@ -239,7 +263,7 @@ def test_learner_side_advantages_carry_rewards_and_groups(algo):
 def test_build_batch_does_not_mutate_input():
     trajs = two_groups()
     before = [dataclasses.asdict(t) for t in trajs]
-    build_batch(trajs, AlgoConfig(name="grpo", kl_coef=0.1))
+    build_batch(trajs, AlgoConfig(name="grpo", kl=KLConfig(coef=0.1)))
     assert [dataclasses.asdict(t) for t in trajs] == before
 
 
@@ -304,9 +328,19 @@ def test_seq_level_domains_weigh_per_sequence():
 
     def tr(domain, g, reward, n):
         t = Task(id=f"{domain}{g}", domain=domain, messages=(Message("user", "q"),))
-        return Trajectory(task=t, group_id=g, prompt_ids=[1], response_ids=[2] * n, loss_mask=[1] * n,
-                          logprobs=[-1.0] * n, messages=[], terminated=True, truncated=False, finish_reason="stop",
-                          reward=reward)
+        return Trajectory(
+            task=t,
+            group_id=g,
+            prompt_ids=[1],
+            response_ids=[2] * n,
+            loss_mask=[1] * n,
+            logprobs=[-1.0] * n,
+            messages=[],
+            terminated=True,
+            truncated=False,
+            finish_reason="stop",
+            reward=reward,
+        )
 
     trajs = [tr("code", 0, 1.0, 2), tr("code", 0, 0.0, 2), tr("terminal", 1, 1.0, 6), tr("terminal", 1, 0.0, 6)]
     algo = AlgoConfig(name="dr_grpo")

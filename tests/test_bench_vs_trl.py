@@ -36,12 +36,12 @@ def test_bad_arguments_exit(bad: list[str]) -> None:
 def test_overrides_make_a_valid_recipe_and_plan(tmp_path: Path) -> None:
     from rl.config.recipe import load_recipe
 
-    args = vs_trl.parse(["--steps", "3", "--jointrl-override", "algo.max_grad_norm=0.5"])
+    args = vs_trl.parse(["--steps", "3", "--jointrl-override", "algo.optim.max_grad_norm=0.5"])
     ov = vs_trl.jointrl_overrides(args, str(tmp_path / "out"), "cpu")
     assert not any(o.startswith("cluster.") for o in ov)
     cfg = load_recipe(args.recipe, ov)
     assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens) == (16, 4, 64)
-    assert (cfg.algo.kl_coef, cfg.algo.lr, cfg.algo.max_grad_norm, cfg.train.steps) == (0.04, 1e-5, 0.5, 3)
+    assert (cfg.algo.kl.coef, cfg.algo.optim.lr, cfg.algo.optim.max_grad_norm, cfg.train.steps) == (0.04, 1e-5, 0.5, 3)
     assert cfg.model.path == "embedded:smollm2-135m-instruct" and cfg.model.autocast
     assert [r.cls for r in cfg.rewards] == ["rewards.toolcall.ToolCallReward"]
 

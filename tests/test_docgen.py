@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
 from pathlib import Path
 
 import yaml
 
 from rl.config import recipe as config
 from rl.config.docgen import field_docs, main, recipe_reference, reference_path
+from rl.config.fields import Section, hints, knob
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,8 +19,9 @@ def test_recipe_reference_is_up_to_date() -> None:
     path = reference_path()
     assert path == ROOT / "docs" / "recipe-reference.md"
     assert path.is_file(), "docs/recipe-reference.md is missing: run `.venv/bin/python -m rl.config.docgen`"
-    assert path.read_text() == recipe_reference(), \
+    assert path.read_text() == recipe_reference(), (
         "docs/recipe-reference.md is stale (rl/config/recipe.py changed): run `.venv/bin/python -m rl.config.docgen`"
+    )
 
 
 def _keys(cls: type, prefix: str) -> list[str]:
@@ -28,7 +29,7 @@ def _keys(cls: type, prefix: str) -> list[str]:
     for f in dataclasses.fields(cls):
         if f.name == "source":
             continue
-        t = config._field_type(cls, f.name)
+        t = hints(cls)[f.name]
         if dataclasses.is_dataclass(t):
             out += _keys(t, f"{prefix}{f.name}.")
         else:
@@ -42,23 +43,28 @@ def _keys(cls: type, prefix: str) -> list[str]:
 
 def test_every_key_is_listed_with_type_default_and_doc() -> None:
     text = recipe_reference()
-    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in text.splitlines()
-             if line.startswith("| `")]
+    cells = [
+        [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in text.splitlines() if line.startswith("| `")
+    ]
     rows = {c[0].strip("`"): c[1:] for c in cells}
     keys = _keys(config.Recipe, "")
     assert "rewards.<i>.cls" in keys and "rollout.envs.<i>.domain" in keys
     assert set(keys) <= set(rows), set(keys) - set(rows)
-    assert rows["run.seed"] == ["`int`", "`0`", "seeds task order, sampling and torch"]
-    assert rows["algo.lr"][:2] == ["`float`", "`1.0e-05`"]
+    assert rows["run.seed"] == ["`int`", "`0`", "", "seeds task order, sampling and torch"]
+    assert rows["run.threads"][2] == ">= 0" and rows["algo.loss.clip_low"][2] == "in [0, 1)"
+    assert rows["algo.optim.lr"][:2] == ["`float`", "`1.0e-05`"]
     assert rows["run.ray_address"][1] == '`""`'
-    assert rows["algo.loss_agg"][2] == "token-mean \\| seq-mean-token-mean \\| seq-mean-token-sum"  # pipes escaped
+    assert rows["algo.loss.agg"][0] == (
+        "`auto \\| token-mean \\| seq-mean-token-mean \\| seq-mean-token-sum \\| seq-mean-token-sum-norm`"
+    )  # Literal choices, pipes escaped
     assert rows["rollout.envs"][1] == "`[{domain: tool_call, cls: envs.toolcall.ToolCallEnv, kwargs: {}}]`"
+
     # Every key of the shipped recipes is documented.
     def walk(node, prefix):
         if isinstance(node, dict):
             for k, v in node.items():
                 key = f"{prefix}{k}"
-                if key.endswith((".kwargs", ".domain_weights")):  # free-form mappings
+                if key.endswith((".kwargs", ".domain_weights", ".engine_kwargs")):  # free-form mappings
                     yield key
                 elif isinstance(v, dict) or (isinstance(v, list) and v and isinstance(v[0], dict)):
                     yield from walk(v, key + ".")
@@ -67,32 +73,36 @@ def test_every_key_is_listed_with_type_default_and_doc() -> None:
         elif isinstance(node, list):
             for item in node:
                 yield from walk(item, prefix + "<i>.")
+
     for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
         for key in walk(yaml.safe_load(recipe.read_text()), ""):
             assert key in rows, f"{recipe.name}: {key} is not in the reference"
 
 
-def test_doc_lines_come_from_trailing_or_preceding_comments() -> None:
-    src = '''
-from dataclasses import dataclass
+@dataclasses.dataclass(frozen=True)
+class _Inner(Section):
+    y: str = knob("a", "about y")
 
-@dataclass
-class A:
-    x: int = 1  # the x | with a pipe
-    # about y,
-    # on two lines
-    y: str = "a"
+
+@dataclasses.dataclass(frozen=True)
+class _Outer(Section):
+    x: int = knob(1, "the x | with a pipe", ge=0)
     z: float = 0.5
-    w: list = None  # a value on
-'''
-    mod = types.ModuleType("fake_cfg")
-    import inspect
-    import unittest.mock as mock
+    inner: _Inner = knob(doc="a section", factory=_Inner)
 
-    with mock.patch.object(inspect, "getsource", lambda m: src):
-        docs = field_docs(mod)
-    assert docs == {("A", "x"): "the x | with a pipe", ("A", "y"): "about y, on two lines", ("A", "z"): "",
-                    ("A", "w"): "a value on"}
+
+def test_doc_lines_come_from_the_field_declarations() -> None:
+    assert field_docs(_Outer) == {
+        ("_Outer", "x"): "the x | with a pipe",
+        ("_Outer", "z"): "",
+        ("_Outer", "inner"): "a section",
+        ("_Inner", "y"): "about y",
+    }
+
+
+def test_every_field_of_the_recipe_has_a_doc() -> None:
+    missing = [k for k, d in field_docs().items() if not d]
+    assert not missing, missing
 
 
 def test_check_mode(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -130,10 +140,21 @@ def test_envs_doc_example_works(tmp_path: Path, monkeypatch) -> None:
 
     ts = load_tasks(tmp_path / "arith.train.jsonl")
     check_env(ArithEnv(), ts[0], action="42")
+
     def answer(text: str) -> Trajectory:
-        return Trajectory(task=ts[0], group_id=0, prompt_ids=[], response_ids=[], loss_mask=[], logprobs=[],
-                          messages=[*ts[0].messages, Message("assistant", text)], terminated=True, truncated=False,
-                          finish_reason="stop")
+        return Trajectory(
+            task=ts[0],
+            group_id=0,
+            prompt_ids=[],
+            response_ids=[],
+            loss_mask=[],
+            logprobs=[],
+            messages=[*ts[0].messages, Message("assistant", text)],
+            terminated=True,
+            truncated=False,
+            finish_reason="stop",
+        )
+
     assert ArithReward()(answer("17 + 25 = 42")) == 1.0 and ArithReward()(answer("It is 41")) == 0.0
     cfg = load_recipe(tmp_path / "arith.yaml", [f"run.output_dir={tmp_path / 'out'}"])
     validate_recipe(cfg)

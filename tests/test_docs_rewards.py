@@ -129,4 +129,4 @@ def test_every_builtin_in_the_table_imports():
         cells = line.split("|")
         cls_path, name = re.findall(r"`([^`]+)`", cells[1])[0], cells[2].strip().strip("`")
         cls = resolve(cls_path)
-        assert getattr(cls, "name") == name, (cls_path, name)
+        assert cls.name == name, (cls_path, name)

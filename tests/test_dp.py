@@ -7,7 +7,6 @@ grad norm and the batch metrics (loss, KL, value loss, token counts) must match.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from rl.algos.batch import Batch, Sample
-from rl.config.recipe import AlgoConfig
+from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LossConfig, OptimConfig
 from rl.trainer.distributed import shard_batch
 from rl.trainer.learner import Learner
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
@@ -87,16 +86,17 @@ def _use_sgd(lrn: Learner) -> None:
 # case: (algo, skip zero-advantage samples, optimizer)
 CASES = {
     # GRPO with the KL loss, an entropy bonus, seq-mean aggregation: every sample computed.
-    "grpo_kl": (AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, entropy_coef=0.01, loss_agg="seq-mean-token-mean",
-                           learner_workers=2), False, "sgd"),
-    # Dr.GRPO without KL: group C is skipped (in Batch.skipped), so one shard computes a single group.
-    "dr_grpo_skip": (AlgoConfig(name="dr_grpo", lr=1e-3, learner_workers=2), True, "sgd"),
+    "grpo_kl": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1),
+                           loss=LossConfig(entropy_coef=0.01, agg="seq-mean-token-mean")), False, "sgd"),
+    # Dr.GRPO without KL: group C is skipped (in Batch.skipped), so one shard computes a single group;
+    # its own aggregation, seq-mean-token-sum-norm, over a constant of 16 tokens.
+    "dr_grpo_skip": (AlgoConfig(name="dr_grpo", optim=OptimConfig(lr=1e-3), loss=LossConfig(norm_tokens=16)), True, "sgd"),
     # PPO, separate critic, KL in the reward: advantages whitened over the whole batch across the ranks.
-    "ppo_kl_reward": (AlgoConfig(name="ppo", lr=1e-3, kl_coef=0.05, kl_kind="k1", kl_in_reward=True, critic="separate",
-                                 learner_workers=2), False, "sgd"),
+    "ppo_kl_reward": (AlgoConfig(name="ppo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.05, kind="k1", in_reward=True),
+                                 critic=CriticConfig(model="separate")), False, "sgd"),
     # The default AdamW: its first step is ~lr * sign(g), so entries whose gradient is ~0 flip with float
     # summation-order noise; weights are compared where |g| >= 1e-6, and the replicas must stay identical.
-    "grpo_adamw": (AlgoConfig(name="grpo", lr=1e-3, kl_coef=0.1, learner_workers=2), False, "adamw"),
+    "grpo_adamw": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1)), False, "adamw"),
 }
 
 
@@ -105,7 +105,7 @@ def test_two_learners_equal_one(ray2, tiny_model_path, tiny_tokenizer, tmp_path,
     from rl.trainer.distributed import LearnerGroup
 
     algo, skip, optimizer = CASES[case]
-    single = Learner(tiny_model_path, MODEL_CFG, dataclasses.replace(algo, learner_workers=1), threads=1,
+    single = Learner(tiny_model_path, MODEL_CFG, algo, threads=1,
                      shm_dir=str(tmp_path / "one"))
     group = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "dp"), num_cpus=1)
     try:

@@ -56,7 +56,7 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_
 
     recipe = _tiny_recipe(recipe_copy, {
         "model": {"engine_dtype": "float32", "autocast": False},
-        "algo": {"lr": 3e-3, "kl_coef": 0.0},
+        "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
         "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
     })
     cfg = load_recipe(recipe)

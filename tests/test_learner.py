@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from rl.algos.batch import Batch, Sample
-from rl.config.recipe import AlgoConfig, ModelConfig
+from rl.config.recipe import AlgoConfig, LearnerConfig, LossConfig, ModelConfig, OptimConfig
 from rl.trainer.learner import Learner
 
 MODEL_CFG = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
-ALGO = AlgoConfig(name="grpo", lr=1e-2)
+ALGO = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2))
 
 PROMPT_A = "<|im_start|>user\nweather in Paris<|im_end|>\n<|im_start|>assistant\n"
 PROMPT_B = "<|im_start|>user\nconvert 100 USD to EUR<|im_end|>\n<|im_start|>assistant\n"
@@ -27,9 +27,9 @@ def enc(tok, text: str) -> list[int]:
 def make_learner(tiny_model_path, tmp_path):
     made: list[Learner] = []
 
-    def make(algo: AlgoConfig = ALGO, seed: int = 0, total_steps: int = 0) -> Learner:
+    def make(algo: AlgoConfig = ALGO, seed: int = 0, total_steps: int = 0, learner: LearnerConfig | None = None) -> Learner:
         lrn = Learner(tiny_model_path, MODEL_CFG, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"),
-                      total_steps=total_steps)
+                      total_steps=total_steps, learner=learner)
         made.append(lrn)
         return lrn
 
@@ -129,7 +129,7 @@ def _with_engine_logprobs(lrn: Learner, batch: Batch, shift) -> Batch:
 def test_truncated_is_weights_reweight_the_gradient(make_learner, tiny_tokenizer):
     # Engine log-probs log(4) below the learner's on every policy token: each raw weight is 4,
     # truncated to tis_cap = 2, so with plain SGD (no clipping) the update is exactly twice the unweighted one.
-    algo = dataclasses.replace(ALGO, max_grad_norm=0.0)
+    algo = dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, max_grad_norm=0.0))
     base = make_learner(algo)
     use_sgd(base, lr=0.1)
     batch = _with_engine_logprobs(base, make_batch(tiny_tokenizer), lambda i: -math.log(4.0))
@@ -138,7 +138,7 @@ def test_truncated_is_weights_reweight_the_gradient(make_learner, tiny_tokenizer
     d0 = {k: v - p0[k] for k, v in params(base).items()}
     assert "is/weight_mean" not in m0
 
-    tis = make_learner(dataclasses.replace(algo, tis_cap=2.0))
+    tis = make_learner(dataclasses.replace(algo, loss=dataclasses.replace(algo.loss, tis_cap=2.0)))
     use_sgd(tis, lr=0.1)
     m1 = tis.step(batch)
     d1 = {k: v - p0[k] for k, v in params(tis).items()}
@@ -149,7 +149,7 @@ def test_truncated_is_weights_reweight_the_gradient(make_learner, tiny_tokenizer
         torch.testing.assert_close(d1[k], 2 * d0[k], atol=1e-6, rtol=1e-4)
 
     # Engine equal to the learner: weights 1, nothing truncated, the plain update.
-    same = make_learner(dataclasses.replace(algo, tis_cap=2.0))
+    same = make_learner(dataclasses.replace(algo, loss=dataclasses.replace(algo.loss, tis_cap=2.0)))
     use_sgd(same, lr=0.1)
     m2 = same.step(_with_engine_logprobs(same, make_batch(tiny_tokenizer), lambda i: 0.0))
     assert m2["is/weight_mean"] == pytest.approx(1.0, abs=1e-4) and m2["is/truncated_fraction"] == 0.0
@@ -165,12 +165,12 @@ def test_empty_batch_does_not_step(make_learner):
     assert all(torch.equal(before[k], v) for k, v in params(lrn).items())
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_gradient_accumulation_matches_one_micro_batch(make_learner, tiny_tokenizer, loss_agg):
     batch = make_batch(tiny_tokenizer)
-    algo = dataclasses.replace(ALGO, loss_agg=loss_agg)
-    small = make_learner(dataclasses.replace(algo, micro_batch_tokens=1))  # no two samples fit together
-    large = make_learner(dataclasses.replace(algo, micro_batch_tokens=1 << 16))  # all in one
+    algo = dataclasses.replace(ALGO, loss=LossConfig(agg=loss_agg, norm_tokens=8))
+    small = make_learner(algo, learner=LearnerConfig(micro_batch_tokens=1))  # no two samples fit together
+    large = make_learner(algo, learner=LearnerConfig(micro_batch_tokens=1 << 16))  # all in one
     assert len(small._micro_batches(batch.samples)) >= 2
     assert len(large._micro_batches(batch.samples)) == 1
     assert all(torch.equal(a, b) for a, b in zip(params(small).values(), params(large).values()))
@@ -196,8 +196,8 @@ def test_gradient_accumulation_params_with_sgd(make_learner, tiny_tokenizer):
     # The same equality over every parameter entry, with plain SGD in place of AdamW (an update
     # linear in the gradient, so parameters differ by lr * grad noise only).
     batch = make_batch(tiny_tokenizer)
-    small = make_learner(dataclasses.replace(ALGO, micro_batch_tokens=1))
-    large = make_learner(dataclasses.replace(ALGO, micro_batch_tokens=1 << 16))
+    small = make_learner(ALGO, learner=LearnerConfig(micro_batch_tokens=1))
+    large = make_learner(ALGO, learner=LearnerConfig(micro_batch_tokens=1 << 16))
     for lrn in (small, large):
         use_sgd(lrn)
     before = params(small)
@@ -212,15 +212,13 @@ def test_gradient_accumulation_params_with_sgd(make_learner, tiny_tokenizer):
 def test_shared_prompt_matches_full_sequences(make_learner, tiny_tokenizer):
     # Running a group's shared prompt once (KV cache reused by every member) must give the same
     # loss and gradients as running every sample's full sequence.
-    if "share_prompt" not in {f.name for f in dataclasses.fields(AlgoConfig)}:
-        pytest.skip("AlgoConfig has no share_prompt option")
     tok = tiny_tokenizer
     batch = make_batch(tok)
     # A third PROMPT_A member whose response is a single token (shortest possible continuation).
     one = sample(tok, PROMPT_A, [("", 1)], adv=-0.3)
     batch = Batch(batch.samples + [one], batch.num_tokens + 1, batch.num_seqs + 1)
-    shared = make_learner(dataclasses.replace(ALGO, share_prompt=True))
-    full = make_learner(dataclasses.replace(ALGO, share_prompt=False))
+    shared = make_learner(ALGO, learner=LearnerConfig(share_prompt=True))
+    full = make_learner(ALGO, learner=LearnerConfig(share_prompt=False))
     for lrn in (shared, full):
         use_sgd(lrn)
     m_s, m_f = shared.step(batch), full.step(batch)
@@ -235,7 +233,7 @@ def test_shared_prompt_matches_full_sequences(make_learner, tiny_tokenizer):
 
 def test_kl_metrics_only_with_kl(make_learner, tiny_tokenizer):
     batch = make_batch(tiny_tokenizer)
-    with_kl = make_learner(dataclasses.replace(ALGO, kl_coef=0.1, kl_kind="k3"))
+    with_kl = make_learner(dataclasses.replace(ALGO, kl=dataclasses.replace(ALGO.kl, coef=0.1, kind="k3")))
     assert with_kl.ref is not None
     m = with_kl.step(batch)
     assert "kl/mean" in m and "loss/kl" in m
@@ -256,7 +254,7 @@ def test_kl_keeps_zero_advantage_samples_trainable(make_learner, tiny_tokenizer)
     # step (policy == reference up to bf16 rounding of the reference) must still produce a finite step.
     tok = tiny_tokenizer
     s = sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=0.0)
-    lrn = make_learner(dataclasses.replace(ALGO, kl_coef=1.0))
+    lrn = make_learner(dataclasses.replace(ALGO, kl=dataclasses.replace(ALGO.kl, coef=1.0)))
     m = lrn.step(Batch([s], num_tokens=sum(s.loss_mask), num_seqs=1))
     assert m["loss/policy"] == 0.0
     assert math.isfinite(m["grad/norm"]) and lrn.steps_done == 1
@@ -350,7 +348,7 @@ def test_checkpoint_round_trip(make_learner, tiny_tokenizer, tmp_path):
 
 def test_lr_warmup_then_cosine_in_metrics(make_learner, tiny_tokenizer):
     batch = make_batch(tiny_tokenizer)
-    lrn = make_learner(dataclasses.replace(ALGO, lr=1e-2, lr_warmup_steps=2, lr_schedule="cosine", lr_min_ratio=0.1),
+    lrn = make_learner(dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, lr=1e-2, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)),
                        total_steps=4)
     lrs = [lrn.step(batch)["lr"] for _ in range(5)]
     # 1e-2 x [1/2, 2/2, then 0.1 + 0.9 * 0.5 * (1 + cos(pi * p)), p = (s - 2) / (4 - 2) = 0, 0.5, then 1 (floor)]
@@ -360,19 +358,19 @@ def test_lr_warmup_then_cosine_in_metrics(make_learner, tiny_tokenizer):
 
 def test_cosine_needs_total_steps(make_learner):
     with pytest.raises(ValueError, match="total"):
-        make_learner(dataclasses.replace(ALGO, lr_schedule="cosine"))
+        make_learner(dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, schedule="cosine")))
 
 
 def test_adaptive_kl_coefficient(make_learner, tiny_tokenizer):
     batch = make_batch(tiny_tokenizer)
-    lrn = make_learner(dataclasses.replace(ALGO, kl_coef=0.05, kl_target=1e-9, kl_horizon=10))
+    lrn = make_learner(dataclasses.replace(ALGO, kl=dataclasses.replace(ALGO.kl, coef=0.05, target=1e-9, horizon=10)))
     m1 = lrn.step(batch)
     assert m1["kl/coef"] == 0.05 and m1["kl/mean"] > 1e-9
     # kl/mean >> target: error clipped to +0.2, n_steps = 3 sequences: 0.05 * (1 + 0.2 * 3 / 10) = 0.053
     m2 = lrn.step(batch)
     assert m2["kl/coef"] == pytest.approx(0.053)
     assert lrn.kl_ctl.value == pytest.approx(0.053 * 1.06)
-    fixed = make_learner(dataclasses.replace(ALGO, kl_coef=0.05))
+    fixed = make_learner(dataclasses.replace(ALGO, kl=dataclasses.replace(ALGO.kl, coef=0.05)))
     fixed.step(batch)
     assert fixed.step(batch)["kl/coef"] == 0.05
 
@@ -382,7 +380,7 @@ def test_entropy_bonus_alone_raises_entropy(make_learner, tiny_tokenizer):
     tok = tiny_tokenizer
     s = [sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=0.0), sample(tok, PROMPT_B, [("100 USD", 1)], adv=0.0)]
     batch = Batch(s, num_tokens=sum(x.num_tokens for x in s), num_seqs=2)
-    lrn = make_learner(dataclasses.replace(ALGO, entropy_coef=1.0, lr=1e-3))
+    lrn = make_learner(dataclasses.replace(ALGO, loss=dataclasses.replace(ALGO.loss, entropy_coef=1.0), optim=dataclasses.replace(ALGO.optim, lr=1e-3)))
     m1 = lrn.step(batch)
     assert m1["loss/policy"] == 0.0 and m1["grad/norm"] > 0
     assert m1["loss/entropy"] == pytest.approx(m1["entropy/mean"], rel=1e-6)  # token-mean over the same tokens
@@ -405,8 +403,7 @@ def test_clip_settings_reach_the_policy_loss(make_learner, tiny_tokenizer, monke
         return real(*args, **kw)
 
     monkeypatch.setattr(rl.trainer.learner, "policy_loss", spy)
-    lrn = make_learner(dataclasses.replace(ALGO, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
-                                           loss_agg="seq-mean-token-sum"))
+    lrn = make_learner(dataclasses.replace(ALGO, loss=dataclasses.replace(ALGO.loss, clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg="seq-mean-token-sum")))
     m = lrn.step(make_batch(tiny_tokenizer))
     assert seen and all((k["clip_low"], k["clip_high"], k["dual_clip"], k["agg"]) == (0.2, 0.28, 3.0, "seq-mean-token-sum")
                         for k in seen)
@@ -422,10 +419,10 @@ def test_clip_settings_reach_the_policy_loss(make_learner, tiny_tokenizer, monke
 
 def test_epochs_ratio_uses_old_logprobs_from_before_the_update(make_learner, tiny_tokenizer):
     batch = make_batch(tiny_tokenizer)
-    one = make_learner(dataclasses.replace(ALGO, lr=3e-2))
+    one = make_learner(dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, lr=3e-2)))
     m1 = one.step(batch)
     assert m1["clip/fraction"] == 0.0 and m1["learner/updates"] == 1
-    two = make_learner(dataclasses.replace(ALGO, lr=3e-2, epochs=2))
+    two = make_learner(dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, lr=3e-2), update=dataclasses.replace(ALGO.update, epochs=2)))
     old = two.prepare(batch)["old"]
     # The prepare pass's old log-probs are the policy's before any update ...
     for s, lp in zip(batch.samples, old):
@@ -459,7 +456,7 @@ def test_minibatches_skip_zero_advantage_samples_exactly(make_learner, tiny_toke
     # Two epochs x three shuffled minibatches: leaving the zero-advantage samples out of the compute
     # (Batch.skipped) must give the same three optimizer steps as computing them: they count in their
     # minibatch's denominators and in the shuffle (by uid) all the same.
-    algo = dataclasses.replace(ALGO, epochs=2, minibatches=3, loss_agg=loss_agg)
+    algo = dataclasses.replace(ALGO, update=dataclasses.replace(ALGO.update, epochs=2, minibatches=3), loss=dataclasses.replace(ALGO.loss, agg=loss_agg))
     skip, full = make_learner(algo), make_learner(algo)
     for lrn in (skip, full):
         use_sgd(lrn, lr=0.5)
@@ -491,7 +488,7 @@ def test_minibatch_of_only_skipped_samples_is_an_adamw_step(make_learner, tiny_t
     z = sample(tok, PROMPT_B, [("100 USD", 1)], adv=0.0)
     a.uid, z.uid = 0, 1
     n = a.num_tokens + z.num_tokens
-    algo = dataclasses.replace(ALGO, minibatches=2, weight_decay=0.1)
+    algo = dataclasses.replace(ALGO, update=dataclasses.replace(ALGO.update, minibatches=2), optim=dataclasses.replace(ALGO.optim, weight_decay=0.1))
     skip, full = make_learner(algo), make_learner(algo)
     for _ in range(2):
         ms = skip.step(Batch([a], n, 2, skipped=[z]))
@@ -503,6 +500,6 @@ def test_minibatch_of_only_skipped_samples_is_an_adamw_step(make_learner, tiny_t
 
 def test_minibatches_need_exact_counts(make_learner, tiny_tokenizer):
     s = sample(tiny_tokenizer, PROMPT_A, [("get weather Paris", 1)], adv=1.0)
-    lrn = make_learner(dataclasses.replace(ALGO, minibatches=2))
+    lrn = make_learner(dataclasses.replace(ALGO, update=dataclasses.replace(ALGO.update, minibatches=2)))
     with pytest.raises(ValueError, match="num_tokens"):
         lrn.step(Batch([s], num_tokens=s.num_tokens + 5, num_seqs=2))  # 5 tokens of unknown samples

@@ -59,6 +59,7 @@ def user_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _cfg(recipe_copy, reward: str = "parity_reward.Parity", out: str = "out", **sections: dict):
     """The tiny recipe, smaller (2 prompts x 4 samples, 16 tokens, 4 held-out tasks, one torch thread),
     deterministic (fp32 engine and learner), W&B off, ``sections`` merged in."""
+
     def edit(d: dict) -> None:
         d.setdefault("wandb", {})["mode"] = "disabled"
         d.setdefault("model", {}).update(engine_dtype="float32", autocast=False)
@@ -66,12 +67,19 @@ def _cfg(recipe_copy, reward: str = "parity_reward.Parity", out: str = "out", **
         d.setdefault("rollout", {}).update(prompts_per_step=2, group_size=4, max_new_tokens=16)
         d.setdefault("data", {})["eval_limit"] = 4
         d["rewards"] = [{"cls": reward, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}]
-        for name, values in sections.items():
-            d.setdefault(name, {}).update(values)
+        _merge(d, sections)
 
     cfg = load_recipe(recipe_copy("tiny.yaml", out=out, filename=f"{out}.yaml", edit=edit))
     validate_recipe(cfg)
     return cfg
+
+
+def _merge(d: dict, extra: dict) -> None:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            _merge(d[k], v)
+        else:
+            d[k] = v
 
 
 def local(cfg, model_path, out, verbose):
@@ -80,8 +88,10 @@ def local(cfg, model_path, out, verbose):
 
 def _metrics(out: Path) -> dict[int, dict]:
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith("timing/") and not k.endswith("latency_s")}
-            for r in recs}
+    return {
+        r["step"]: {k: v for k, v in r.items() if not k.startswith("timing/") and not k.endswith("latency_s")}
+        for r in recs
+    }
 
 
 def test_inprocess_run_writes_every_output(tmp_path: Path, recipe_copy, user_rewards) -> None:
@@ -129,7 +139,7 @@ def test_inprocess_resume_continues_exactly(tmp_path: Path, recipe_copy, user_re
         train(cfg_b, progress=False, runtime=crashing)
     b = Path(cfg_b.run.output_dir)
     assert latest_checkpoint(b).name == "step_000002" and not (b / "DONE").exists()
-    cfg_b = _cfg(recipe_copy, out="b", run={**common["run"], "resume": "auto"}, train={"steps": 4})
+    cfg_b = _cfg(recipe_copy, out="b", run={**common["run"], "resume": "auto"}, train=common["train"])
     train(cfg_b, progress=False, runtime=local)
     want, got = _metrics(full), _metrics(b)
     assert sorted(got) == [0, 1, 2, 3, 4]
@@ -137,8 +147,7 @@ def test_inprocess_resume_continues_exactly(tmp_path: Path, recipe_copy, user_re
         assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-7), f"step {s} differs after the resume"
 
 
-def test_inprocess_reward_that_raises_is_counted_and_the_run_goes_on(tmp_path: Path, recipe_copy,
-                                                                     user_rewards) -> None:
+def test_inprocess_reward_that_raises_is_counted_and_the_run_goes_on(tmp_path: Path, recipe_copy, user_rewards) -> None:
     cfg = _cfg(recipe_copy, reward="flaky_reward.Flaky", train={"steps": 2})
     out = train(cfg, progress=False, runtime=local)
     steps = _metrics(out)
@@ -148,14 +157,22 @@ def test_inprocess_reward_that_raises_is_counted_and_the_run_goes_on(tmp_path: P
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     raised = [r for r in rollouts if r["split"] == "train" and r.get("reward_error")]
     assert steps[2]["eval/reward/flaky/errors"] == sum(
-        1 for r in rollouts if r["split"] == "eval" and r["step"] == 2 and r.get("reward_error")), "eval counted apart"
+        1 for r in rollouts if r["split"] == "eval" and r["step"] == 2 and r.get("reward_error")
+    ), "eval counted apart"
     assert len(raised) == errors and all("raised ValueError: flaky reward" in r["reward_error"] for r in raised)
 
 
-def test_inprocess_non_finite_updates_stop_the_run_with_checkpoint_intact(tmp_path: Path, recipe_copy,
-                                                                          user_rewards) -> None:
-    cfg = _cfg(recipe_copy, reward="huge_reward.Huge", run={"save_every": 1}, train={"steps": 6, "max_bad_steps": 2},
-               algo={"name": "dr_grpo"}, data={"eval_files": []})
+def test_inprocess_non_finite_updates_stop_the_run_with_checkpoint_intact(
+    tmp_path: Path, recipe_copy, user_rewards
+) -> None:
+    cfg = _cfg(
+        recipe_copy,
+        reward="huge_reward.Huge",
+        run={"save_every": 1},
+        train={"steps": 6, "max_bad_steps": 2},
+        algo={"name": "dr_grpo"},
+        data={"eval_files": []},
+    )
     with pytest.raises(RunAborted, match=r"skipped their update.*train\.max_bad_steps=2"):
         train(cfg, progress=False, runtime=local)
     out = Path(cfg.run.output_dir)
@@ -172,12 +189,12 @@ def test_inprocess_weight_sync_reaches_the_engine(tmp_path: Path, recipe_copy, u
     from transformers import AutoTokenizer
 
     from rl.algos.batch import build_batch
-    from rl.data.mixer import normalize_step
+    from rl.algos.shaping import shape_step
     from rl.driver.loop import expand, load_task_sets, make_normalizer
     from rl.trainer.hub import resolve_model
     from envs.types import Sampling
 
-    cfg = _cfg(recipe_copy, algo={"lr": 3e-3, "kl_coef": 0.0})
+    cfg = _cfg(recipe_copy, algo={"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}})
     model = resolve_model(cfg.model.path)
     rt = LocalRuntime(cfg, model, Path(cfg.run.output_dir))
     rt.start()
@@ -189,8 +206,8 @@ def test_inprocess_weight_sync_reaches_the_engine(tmp_path: Path, recipe_copy, u
         prompt, cont = tok("Hello there")["input_ids"], tok(" general Kenobi")["input_ids"]
         before = rt.worker.score(prompt, cont)
         assert before == pytest.approx(rt.learner.logprobs(prompt, cont), abs=1e-4), "same weights at the start"
-        advantages, _ = normalize_step(make_normalizer(cfg), trajs)
-        batch, _ = build_batch(trajs, cfg.algo, advantages, ())
+        shaped, _ = shape_step(make_normalizer(cfg), trajs)
+        batch, _ = build_batch(trajs, cfg.algo, shaped, ())
         rt.train_step(batch)
         rt.sync_weights()
         after = rt.worker.score(prompt, cont)

@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from rl.algos.losses import aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights, value_loss
+from rl.algos.losses import (
+    aggregate,
+    entropy_from_logits,
+    kl,
+    policy_loss,
+    token_logprobs,
+    truncated_is_weights,
+    value_loss,
+)
 
 
 def close(actual, expected, atol=1e-5):
@@ -127,7 +135,9 @@ def test_policy_loss_gradient_accumulation_identity():
         full, _ = policy_loss(logp, old_logp, adv, mask, dual_clip=3.0, agg=agg)
         (g_full,) = torch.autograd.grad(full, logp)
         acc = sum(
-            policy_loss(logp[s], old_logp[s], adv[s], mask[s], dual_clip=3.0, agg=agg, num_tokens=n_tok, num_seqs=n_seq)[0]
+            policy_loss(
+                logp[s], old_logp[s], adv[s], mask[s], dual_clip=3.0, agg=agg, num_tokens=n_tok, num_seqs=n_seq
+            )[0]
             for s in (slice(0, 1), slice(1, 4))
         )
         (g_acc,) = torch.autograd.grad(acc, logp)
@@ -164,9 +174,7 @@ def test_policy_loss_values_clip_fraction_and_stats():
     close(loss.detach(), 0.4)
     assert stats["clip/fraction"] == pytest.approx(2 / 6)  # a and d
     assert stats["clip/dual_fraction"] == 0.0
-    # (1.5 + 0.5 + 1.5 + 0.5 + 1.1 + 4.0) / 6 = 9.1 / 6
-    assert stats["ratio/mean"] == pytest.approx(9.1 / 6, abs=1e-5)
-    assert stats["ratio/max"] == pytest.approx(4.0, abs=1e-5)
+    assert "ratio/mean" not in stats and "ratio/max" not in stats  # dead metrics (no caller read them): removed
     # 0.5 * mean(log r)^2 = 0.5 * (2*0.1644019 + 2*0.4804530 + 0.0090840 + 1.9218121) / 6
     assert stats["kl/old_approx"] == pytest.approx(0.2683838, abs=1e-5)
     assert all(isinstance(v, float) for v in stats.values())
@@ -250,7 +258,7 @@ def test_policy_loss_no_masked_tokens():
     (g,) = torch.autograd.grad(loss, logp)
     close(loss.detach(), 0.0)
     close(g, torch.zeros(2, 4))
-    assert set(stats) == {"clip/fraction", "clip/dual_fraction", "kl/old_approx", "ratio/mean", "ratio/max"}
+    assert set(stats) == {"clip/fraction", "clip/dual_fraction", "kl/old_approx"}
     assert all(v == 0.0 for v in stats.values())
 
 
@@ -340,3 +348,39 @@ def test_token_logprobs_hand_value_and_distribution():
     assert out.dtype == torch.float32
     expected_bf = torch.distributions.Categorical(logits=logits.bfloat16().float()).log_prob(targets)
     torch.testing.assert_close(out, expected_bf, atol=1e-5, rtol=1e-5)
+
+
+def test_policy_loss_log_ratio_overflow_is_clamped():
+    # old log-prob -100, new -0.5: log r = 99.5, exp overflows float32 to inf. Unclamped, the loss was inf
+    # without dual clip and the gradient NaN even where the clip zeroes it (0 * inf in the backward).
+    logp = torch.tensor([[-0.5, -0.5, -1.0]], requires_grad=True)
+    old = torch.tensor([[-100.0, -100.0, -1.0]])
+    mask = torch.tensor([[1, 1, 1]])
+    for adv in ([[1.0, -1.0, 1.0]], [[-1.0, -1.0, -1.0]]):
+        for dual in (None, 3.0):
+            loss, stats = policy_loss(logp, old, torch.tensor(adv), mask, dual_clip=dual)
+            (g,) = torch.autograd.grad(loss, logp)
+            assert torch.isfinite(loss) and torch.isfinite(g).all(), (adv, dual, loss, g)
+            assert stats["kl/old_approx"] == pytest.approx((2 * 0.5 * 20.0**2) / 3)  # the clamped log-ratio
+    # A = +1 on the overflowing token: clipped at 1 + 0.2, no gradient through it; the in-range token keeps its own.
+    loss, _ = policy_loss(logp, old, torch.tensor([[1.0, 0.0, 1.0]]), mask)
+    (g,) = torch.autograd.grad(loss, logp)
+    close(loss.detach(), (-1.2 + 0.0 - 1.0) / 3)
+    close(g, [[0.0, 0.0, -1.0 / 3]])
+    # A < 0, no dual clip: the loss is -A * exp(20) (bounded), not inf.
+    loss, _ = policy_loss(logp[:, :1], old[:, :1], torch.tensor([[-1.0]]), mask[:, :1])
+    assert loss.item() == pytest.approx(math.exp(20.0), rel=1e-5)
+
+
+def test_aggregate_seq_mean_token_sum_norm_is_a_constant_normalizer():
+    x = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 0.0, 0.0, 9.0]])
+    m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    # (6 + 4) / (2 sequences x 10 tokens): no per-sequence length normalization (Dr.GRPO; verl's mode)
+    close(aggregate(x, m, "seq-mean-token-sum-norm", norm_tokens=10), 0.5)
+    # Accumulation: micro-batches with the full batch's num_seqs sum to the whole.
+    parts = [
+        aggregate(x[i : i + 1], m[i : i + 1], "seq-mean-token-sum-norm", num_seqs=2, norm_tokens=10) for i in (0, 1)
+    ]
+    close(sum(parts), 0.5)
+    with pytest.raises(ValueError, match="needs norm_tokens > 0"):
+        aggregate(x, m, "seq-mean-token-sum-norm")

@@ -1,18 +1,16 @@
-"""The task mixer and per-domain reward normalization: exact counts, strata, curriculum,
-seeded and resumable draws, and normalized scales."""
+"""The task mixer: exact counts, strata, curriculum, seeded and resumable draws.
+(Per-domain reward normalization moved to rl/algos/shaping.py: tests/test_shaping.py.)"""
 
 from __future__ import annotations
 
 import collections
 import json
-import math
 import random
 
 import pytest
-import torch
 
 from envs.types import Message, Task, Trajectory
-from rl.data.mixer import RewardNormalizer, Source, TaskMixer, TaskSampler, largest_remainder, sources_by_domain
+from rl.data.mixer import Source, TaskMixer, largest_remainder, sources_by_domain
 
 
 def mk(domain: str, i: int, est_len: int | None = None, prefix: str = "") -> Task:
@@ -125,9 +123,11 @@ def test_curriculum_defers_tasks_without_signal() -> None:
     assert sum(c_off[t.id] for t in solved) == 100
 
 
-def test_task_sampler_uniform_over_a_mixed_file() -> None:
+def test_uniform_draw_over_a_mixed_file() -> None:
+    # (TaskSampler, this mixer with domains weighted by their task counts, was dead code: the loop builds it so.)
     tasks = [mk("code", i) for i in range(6)] + [mk("tool_call", i) for i in range(2)]
-    s = TaskSampler(tasks, per_step=4, seed=0)
+    srcs = sources_by_domain(tasks, "train")
+    s = TaskMixer(srcs, 4, 0, domain_weights={x.domain: len(x.tasks) for x in srcs})
     c = collections.Counter(t.domain for step in range(1, 51) for t in s.sample(step))
     assert c["code"] == 150 and c["tool_call"] == 50  # 4 x (6/8, 2/8) = 3, 1 per step
     assert sources_by_domain(tasks, "f")[0].name == "f[code]"
@@ -138,68 +138,3 @@ def test_domain_weights_must_name_domains_with_tasks() -> None:
         TaskMixer(sources(), 4, 0, domain_weights={"math": 1.0})
 
 
-def test_normalizer_unit_variance_per_domain() -> None:
-    rng = random.Random(0)
-    norm = RewardNormalizer("domain")
-    for _ in range(50):
-        rewards = [rng.uniform(0, 10) for _ in range(8)] + [rng.uniform(0, 1) for _ in range(8)]
-        domains = ["terminal"] * 8 + ["code"] * 8
-        adv = norm.advantages(rewards, list(range(16)), domains)
-    # After many batches the running statistics match the distributions (uniform: std = width / sqrt(12)).
-    assert norm.std("terminal") == pytest.approx(10 / math.sqrt(12), rel=0.1)
-    assert norm.std("code") == pytest.approx(1 / math.sqrt(12), rel=0.1)
-    big = [rng.uniform(0, 10) for _ in range(4000)]
-    small = [rng.uniform(0, 1) for _ in range(4000)]
-    adv = norm.advantages(big + small, list(range(8000)), ["terminal"] * 4000 + ["code"] * 4000)
-    assert float(adv[:4000].std()) == pytest.approx(1.0, abs=0.05)
-    assert float(adv[4000:].std()) == pytest.approx(1.0, abs=0.05)
-
-
-def test_normalizer_modes_hand_values() -> None:
-    rewards, groups, domains = [0.0, 2.0, 1.0, 1.0], [0, 0, 1, 1], ["a", "a", "b", "b"]
-    # Domain a: values 0, 2 -> mean 1, unbiased std sqrt(2); domain b: 1, 1 -> std 0.
-    n = RewardNormalizer("domain_then_group", eps=0.0)
-    adv = n.advantages(rewards, groups, domains)
-    # group means 1 and 1 -> centered -1, 1, 0, 0; divided by sigma_a = sqrt(2), sigma_b = 0 (0/0 -> nan guarded by eps=0?)
-    assert adv[0].item() == pytest.approx(-1 / math.sqrt(2)) and adv[1].item() == pytest.approx(1 / math.sqrt(2))
-    g = RewardNormalizer("group").advantages(rewards, groups, domains)
-    # GRPO: group 0 = (0, 2): mean 1, std sqrt(2) -> -0.7071, 0.7071; group 1 constant -> 0.
-    assert g.tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0], abs=1e-5)
-    d = RewardNormalizer("domain", eps=1e-6).advantages(rewards, groups, domains)
-    assert d.tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0], abs=1e-5)
-    assert RewardNormalizer("none").advantages(rewards, groups, domains) is None
-    with pytest.raises(ValueError, match="unknown normalization"):
-        RewardNormalizer("batch")
-
-
-def test_normalization_balances_gradient_share_across_scales() -> None:
-    """With terminal rewards 10x code's, Dr.GRPO-style centering gives terminal ~10x the
-    advantage mass; domain_then_group gives both domains the same scale."""
-    rng = random.Random(1)
-    norm = RewardNormalizer("domain_then_group")
-    for _ in range(20):
-        rewards, groups, domains = [], [], []
-        for g in range(8):
-            scale, dom = (10.0, "terminal") if g % 2 else (1.0, "code")
-            rewards += [scale * rng.random() for _ in range(4)]
-            groups += [g] * 4
-            domains += [dom] * 4
-        adv = norm.advantages(rewards, groups, domains)
-    r = torch.tensor(rewards)
-    g = torch.tensor(groups)
-    means = torch.stack([r[g == k].mean() for k in range(8)])[g]
-    raw = (r - means).abs()
-    is_t = torch.tensor([d == "terminal" for d in domains])
-    assert raw[is_t].sum() / raw[~is_t].sum() > 5, "without normalization terminal dominates"
-    ratio = float(adv.abs()[is_t].sum() / adv.abs()[~is_t].sum())
-    assert 0.6 < ratio < 1.6, f"normalized share ratio {ratio}"
-
-
-def test_normalizer_state_round_trip_and_ema() -> None:
-    a = RewardNormalizer("domain", stat="ema", ema=0.5)
-    a.update("x", [0.0, 4.0, 4.0])
-    # EMA: mean 0 -> 2 -> 3; var 0 -> 0.5*(0 + 0.5*4^2) = 4 -> 0.5*(4 + 0.5*(4-2)^2) = 3
-    assert a.mean["x"] == 3.0 and a.std("x") == pytest.approx(math.sqrt(3))
-    b = RewardNormalizer("domain", stat="ema", ema=0.5)
-    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
-    assert b.std("x") == a.std("x") and b.mean == a.mean

@@ -29,7 +29,7 @@ def test_cpu_default_plan_keeps_todays_shares(recipe_file: Path) -> None:
 
 
 def test_split_gpu_plan_with_custom_resources(recipe_file: Path) -> None:
-    cfg = load_recipe(recipe_file, ["rollout.num_engines=3", "algo.learner_workers=2", "reward_service.workers=2",
+    cfg = load_recipe(recipe_file, ["rollout.num_engines=3", "learner.workers=2", "reward_service.workers=2",
                                     "cluster.engine_resources={node_b: 1}", "cluster.learner_resources={node_a: 0.5}",
                                     "cluster.reward_resources={node_a: 0.1}", "cluster.engine_tp=2",
                                     "cluster.engine_gpus=2", "cluster.engine_cpus=2"])
@@ -47,7 +47,7 @@ def test_split_gpu_plan_with_custom_resources(recipe_file: Path) -> None:
 
 
 def test_colocated_plan_pairs_engine_and_learner_on_one_gpu(recipe_file: Path) -> None:
-    cfg = load_recipe(recipe_file, ["cluster.placement=colocated", "rollout.num_engines=2", "algo.learner_workers=2",
+    cfg = load_recipe(recipe_file, ["cluster.placement=colocated", "rollout.num_engines=2", "learner.workers=2",
                                     "cluster.engine_gpus=0.4", "cluster.learner_gpus=0.6",
                                     "cluster.engine_resources={gpu_node: 1}"])
     plan = plan_placement(cfg, "gpu")
@@ -105,7 +105,7 @@ def test_unsatisfiable_placement_fails_fast_naming_the_resources(recipe_file: Pa
         assert "cluster.engine_resources" in msg and "rollout.num_engines" in msg
         assert "learners" not in msg  # the groups that were placed are not blamed
         # Too many CPUs: each bundle fits a node, not all at once.
-        cfg = load_recipe(recipe_file, ["cluster.learner_cpus=1.5", "algo.learner_workers=2"])
+        cfg = load_recipe(recipe_file, ["cluster.learner_cpus=1.5", "learner.workers=2"])
         with pytest.raises(PlacementError, match=r"- learners: 2 x \{CPU: 1.5\} \(strategy PACK\): each bundle fits"):
             reserve(plan_placement(cfg, "cpu"), timeout_s=2)
         deadline = time.monotonic() + 20

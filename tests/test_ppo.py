@@ -16,12 +16,14 @@ import torch
 
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 from rl.algos.batch import Batch, Sample
-from rl.config.recipe import AlgoConfig
+from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LossConfig, OptimConfig, ReturnsConfig, UpdateConfig
 from rl.trainer.learner import Learner
 from rl.algos.losses import kl
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
 
-PPO = AlgoConfig(name="ppo", lr=1e-3, gamma=1.0, lam=0.95, kl_coef=0.0)
+PPO = AlgoConfig(
+    name="ppo", optim=OptimConfig(lr=1e-3), returns=ReturnsConfig(gamma=1.0, lam=0.95), kl=KLConfig(coef=0.0)
+)
 
 
 @pytest.fixture
@@ -29,8 +31,15 @@ def make_learner(tiny_model_path, tmp_path):
     made: list[Learner] = []
 
     def make(algo: AlgoConfig, seed: int = 0, total_steps: int = 0) -> Learner:
-        lrn = Learner(tiny_model_path, MODEL_CFG, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"),
-                      total_steps=total_steps)
+        lrn = Learner(
+            tiny_model_path,
+            MODEL_CFG,
+            algo,
+            seed=seed,
+            threads=1,
+            shm_dir=str(tmp_path / f"shm{len(made)}"),
+            total_steps=total_steps,
+        )
         made.append(lrn)
         return lrn
 
@@ -43,9 +52,12 @@ def hand_batch(tok, rewards=(1.0, -1.0, 0.5)) -> Batch:
     """s1: 3 policy tokens; s2: policy, 2 env tokens, policy (multi-turn); s3: 2 policy tokens."""
     a, b = enc(tok, PROMPT_A), enc(tok, PROMPT_B)
     specs = [(a, [300, 301, 302], [1, 1, 1], 0), (b, [310, 311, 312, 313], [1, 0, 0, 1], 1), (a, [320, 321], [1, 1], 0)]
-    samples = [Sample(p + resp, len(p), mask, [-1.0 if m else 0.0 for m in mask], 0.0, "tool_call",
-                      reward=r, group_id=g, uid=i)
-               for i, ((p, resp, mask, g), r) in enumerate(zip(specs, rewards))]
+    samples = [
+        Sample(
+            p + resp, len(p), mask, [-1.0 if m else 0.0 for m in mask], 0.0, "tool_call", reward=r, group_id=g, uid=i
+        )
+        for i, ((p, resp, mask, g), r) in enumerate(zip(specs, rewards))
+    ]
     return Batch(samples, num_tokens=sum(s.num_tokens for s in samples), num_seqs=3)
 
 
@@ -73,8 +85,9 @@ def test_ppo_returns_and_advantages_by_hand(make_learner, tiny_tokenizer):
     assert prep["values"] == [[0.0] * 3, [0.0] * 2, [0.0] * 2]
     flat = lambda rows: [x for r in rows for x in r]  # noqa: E731
     assert flat(prep["returns"]) == pytest.approx([0.9025, 0.95, 1.0, -0.95, -1.0, 0.475, 0.5], abs=1e-6)
-    assert flat(prep["adv"]) == pytest.approx([0.7831661, 0.8418154, 0.9035515, -1.5041552, -1.5658911, 0.2553228,
-                                               0.2861908], abs=1e-5)
+    assert flat(prep["adv"]) == pytest.approx(
+        [0.7831661, 0.8418154, 0.9035515, -1.5041552, -1.5658911, 0.2553228, 0.2861908], abs=1e-5
+    )
     assert "ref" not in prep  # no KL, no reference model
     m = lrn.step(batch)
     assert m["loss/value"] > 0 and m["returns/mean"] == pytest.approx(1.8775 / 7, abs=1e-6)
@@ -86,7 +99,12 @@ def test_ppo_gae_with_critic_values_and_kl_penalty(make_learner, tiny_tokenizer,
     # After one update the critic's values are nonzero; with the KL in the reward the learner's
     # advantages must be whiten(gae(r, V)) with r = -coef * kl(old, ref) per policy token plus the
     # outcome on the last one, and its returns gae's returns.
-    algo = dataclasses.replace(PPO, critic=critic, kl_coef=0.1, kl_kind="k1", kl_in_reward=True, gamma=0.9, lam=0.8)
+    algo = dataclasses.replace(
+        PPO,
+        critic=dataclasses.replace(PPO.critic, model=critic),
+        kl=dataclasses.replace(PPO.kl, coef=0.1, kind="k1", in_reward=True),
+        returns=dataclasses.replace(PPO.returns, gamma=0.9, lam=0.8),
+    )
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     lrn.step(batch)
@@ -110,7 +128,11 @@ def test_ppo_gae_with_critic_values_and_kl_penalty(make_learner, tiny_tokenizer,
 
 @pytest.mark.parametrize("critic", ["value_head", "separate"])
 def test_ppo_critic_learns_the_returns(make_learner, tiny_tokenizer, critic):
-    algo = dataclasses.replace(PPO, critic=critic, critic_lr=1e-3, epochs=2, minibatches=2, vf_coef=1.0, value_clip=0.0)
+    algo = dataclasses.replace(
+        PPO,
+        critic=dataclasses.replace(PPO.critic, model=critic, lr=1e-3, vf_coef=1.0, value_clip=0.0),
+        update=dataclasses.replace(PPO.update, epochs=2, minibatches=2),
+    )
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     ms = [lrn.step(batch) for _ in range(6)]
@@ -129,7 +151,12 @@ def test_ppo_critic_learns_the_returns(make_learner, tiny_tokenizer, critic):
 
 
 def test_reinforce_pp_with_kl_in_reward(make_learner, tiny_tokenizer):
-    algo = AlgoConfig(name="reinforce_pp", lr=1e-3, kl_coef=0.2, kl_kind="k3", kl_in_reward=True, gamma=0.99)
+    algo = AlgoConfig(
+        name="reinforce_pp",
+        optim=OptimConfig(lr=1e-3),
+        kl=KLConfig(coef=0.2, kind="k3", in_reward=True),
+        returns=ReturnsConfig(gamma=0.99),
+    )
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     lrn.step(batch)  # move away from the reference
@@ -146,7 +173,7 @@ def test_reinforce_pp_with_kl_in_reward(make_learner, tiny_tokenizer):
 @pytest.mark.parametrize("name", ["grpo", "rloo"])
 def test_group_advantages_with_kl_in_reward(make_learner, tiny_tokenizer, name):
     # Sequence-level: reward - coef * sum_t KL, then the group baseline (group 0 = s1, s3; group 1 = s2).
-    algo = AlgoConfig(name=name, lr=1e-3, kl_coef=0.5, kl_kind="k2", kl_in_reward=True)
+    algo = AlgoConfig(name=name, optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.5, kind="k2", in_reward=True))
     lrn = make_learner(algo)
     batch = hand_batch(tiny_tokenizer)
     if name == "rloo":  # RLOO needs two members per group: give s2 a partner
@@ -159,8 +186,12 @@ def test_group_advantages_with_kl_in_reward(make_learner, tiny_tokenizer, name):
     old, mask = grid(prep["old"], batch)
     ref, _ = grid(prep["ref"], batch)
     seq = torch.tensor([s.reward for s in batch.samples]) - 0.5 * torch.where(mask, kl(old, ref, "k2"), 0.0).sum(1)
-    want = group_normalized(seq, torch.tensor([s.group_id for s in batch.samples]), std_normalize=name == "grpo",
-                            leave_one_out=name == "rloo")
+    want = group_normalized(
+        seq,
+        torch.tensor([s.group_id for s in batch.samples]),
+        std_normalize=name == "grpo",
+        leave_one_out=name == "rloo",
+    )
     for row, w in zip(prep["adv"], want.tolist()):
         assert row == pytest.approx([w] * len(row), abs=1e-5)
 
@@ -170,7 +201,14 @@ def test_kl_in_reward_is_not_a_loss_term(make_learner, tiny_tokenizer):
     # reference in fp32 and equal rewards in each group) the group advantages are exactly 0, so
     # the gradient is 0 although kl_coef is large (in the loss, k1's gradient would be 5 x grad log p).
     batch = hand_batch(tiny_tokenizer, rewards=(1.0, 1.0, 1.0))
-    lrn = make_learner(AlgoConfig(name="dr_grpo", lr=1e-3, kl_coef=5.0, kl_kind="k1", kl_in_reward=True))
+    lrn = make_learner(
+        AlgoConfig(
+            name="dr_grpo",
+            optim=OptimConfig(lr=1e-3),
+            loss=LossConfig(norm_tokens=16),
+            kl=KLConfig(coef=5.0, kind="k1", in_reward=True),
+        )
+    )
     lrn.ref.to(torch.float32)  # bf16 reference rounding would make the KL (and the advantages) nonzero
     for p, q in zip(lrn.ref.parameters(), lrn.model.parameters()):
         p.data.copy_(q.data)
@@ -179,9 +217,14 @@ def test_kl_in_reward_is_not_a_loss_term(make_learner, tiny_tokenizer):
 
 
 def _resume_algo(critic: str) -> AlgoConfig:
-    return AlgoConfig(name="ppo", critic=critic, lr=3e-3, critic_lr=1e-2, kl_coef=0.05, kl_kind="k1", kl_in_reward=True,
-                      kl_target=0.01, kl_horizon=20, epochs=2, minibatches=2, lr_warmup_steps=1, lr_schedule="cosine",
-                      lr_min_ratio=0.1, entropy_coef=0.01, dual_clip=3.0, clip_high=0.28)
+    return AlgoConfig(
+        name="ppo",
+        critic=CriticConfig(model=critic, lr=1e-2),
+        optim=OptimConfig(lr=3e-3, warmup_steps=1, schedule="cosine", min_lr_ratio=0.1),
+        kl=KLConfig(coef=0.05, kind="k1", in_reward=True, target=0.01, horizon=20),
+        update=UpdateConfig(epochs=2, minibatches=2),
+        loss=LossConfig(entropy_coef=0.01, dual_clip=3.0, clip_high=0.28),
+    )
 
 
 @pytest.mark.parametrize("critic", ["value_head", "separate"])
@@ -189,8 +232,10 @@ def test_checkpoint_resume_continues_identically(make_learner, tiny_tokenizer, t
     # A: 2 steps, save, 2 more. B: a fresh learner (another seed) loads the checkpoint and takes the
     # same 2 steps. Everything that shapes those steps (weights, critic, AdamW moments, LR schedule
     # position, KL coefficient, minibatch shuffle RNG) must be restored: the weights end equal.
-    batches = [hand_batch(tiny_tokenizer, rewards=r) for r in [(1.0, -1.0, 0.5), (0.0, 1.0, 0.2), (0.3, 0.3, -1.0),
-                                                                 (1.0, 0.0, 0.0)]]
+    batches = [
+        hand_batch(tiny_tokenizer, rewards=r)
+        for r in [(1.0, -1.0, 0.5), (0.0, 1.0, 0.2), (0.3, 0.3, -1.0), (1.0, 0.0, 0.0)]
+    ]
     a = make_learner(_resume_algo(critic), seed=0, total_steps=4)
     for b in batches[:2]:
         a.step(b)
@@ -218,14 +263,15 @@ def test_checkpoint_resume_continues_identically(make_learner, tiny_tokenizer, t
     c.gen.manual_seed(12345)
     for b in batches[2:]:
         c.step(b)
-    assert any(not torch.allclose(v, dict(c.model.named_parameters())[k], atol=1e-6)
-               for k, v in a.model.named_parameters())
+    assert any(
+        not torch.allclose(v, dict(c.model.named_parameters())[k], atol=1e-6) for k, v in a.model.named_parameters()
+    )
 
 
 def test_checkpoint_of_another_critic_is_refused(make_learner, tiny_tokenizer, tmp_path):
-    a = make_learner(dataclasses.replace(PPO, critic="value_head"))
+    a = make_learner(dataclasses.replace(PPO, critic=dataclasses.replace(PPO.critic, model="value_head")))
     a.step(hand_batch(tiny_tokenizer))
     a.save_checkpoint(str(tmp_path / "ck"))
-    b = make_learner(dataclasses.replace(PPO, critic="separate"))
+    b = make_learner(dataclasses.replace(PPO, critic=dataclasses.replace(PPO.critic, model="separate")))
     with pytest.raises(ValueError, match="critic"):
         b.load_checkpoint(str(tmp_path / "ck"))

@@ -152,9 +152,7 @@ def group_normalized(
     if leave_one_out:
         if bool(single.any()):
             lone = uniq[counts < 2].tolist()
-            raise ValueError(
-                f"RLOO (leave_one_out=True) needs >= 2 samples per group; group id(s) {lone} have 1"
-            )
+            raise ValueError(f"RLOO (leave_one_out=True) needs >= 2 samples per group; group id(s) {lone} have 1")
         return torch.where(constant, torch.zeros_like(s), s - (sums[inv] - s) / (n - 1))
 
     mean = sums / counts
@@ -254,9 +252,7 @@ def reinforce_pp(
     ``[sum (s - mu)^2]`` in variant 1, and :func:`whiten`'s sums in variant 2.
     """
     if mask.dim() != 2 or scores.shape != mask.shape[:1]:
-        raise ValueError(
-            f"scores must be [B] and mask [B, T]; got {tuple(scores.shape)} and {tuple(mask.shape)}"
-        )
+        raise ValueError(f"scores must be [B] and mask [B, T]; got {tuple(scores.shape)} and {tuple(mask.shape)}")
     m = mask if mask.dtype == torch.bool else mask != 0
     s = scores.to(_float_dtype(scores))
     if token_rewards is None:
@@ -273,9 +269,7 @@ def reinforce_pp(
         return torch.where(m, adv[:, None], s.new_zeros(()))
 
     if token_rewards.shape != m.shape:
-        raise ValueError(
-            f"token_rewards has shape {tuple(token_rewards.shape)}, expected {tuple(m.shape)}"
-        )
+        raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, expected {tuple(m.shape)}")
     dtype = _float_dtype(s, token_rewards)
     T = m.shape[1]
     # last masked position of each row (rows with no masked token get no outcome reward)

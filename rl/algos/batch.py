@@ -2,17 +2,13 @@
 
 ``build_batch`` drops samples whose reward errored (they are counted, never scored 0) and
 keeps each sample's tokens ragged (the learner pads per micro-batch). Every sample carries
-its scalar reward and group id; where the advantage depends on rewards alone it is computed
-here, over the whole batch:
+its scalar reward and group id. Where the advantage depends on rewards alone, the estimator
+(``rl.algos.estimators``, chosen by ``algo.name``) computes it here, over the whole batch,
+from the rewards (or the shaped rewards of ``rl.algos.shaping``, when given). Where it needs
+the learner's models (``Estimator.learner_advantages``: a critic, or ``algo.kl.in_reward``)
+it is left at 0 here and computed by the learner.
 
-* ``grpo`` / ``dr_grpo`` / ``rloo``: outcome advantages per group (``group_normalized``);
-* ``reinforce_pp``: the batch-normalised outcome (``reinforce_pp`` without token rewards).
-
-Where it needs the learner's models it is left at 0 here and computed by the learner:
-``ppo`` (GAE on the critic's values) and any algorithm with ``algo.kl_in_reward`` (the
-per-token KL penalty needs the reference model's log-probs).
-
-With ``algo.zero_variance: drop``, groups whose rewards are all equal leave the batch
+With ``algo.update.zero_variance: drop``, groups whose rewards are all equal leave the batch
 entirely. Samples whose advantage is exactly 0 carry no gradient when there is neither a KL
 term nor an entropy bonus: they are then moved to ``Batch.skipped`` (no forward/backward),
 while the loss denominators (``num_tokens``, ``num_seqs``, and the learner's per-minibatch
@@ -29,10 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from envs.types import Trajectory
-from rl.algos.advantages import group_normalized, reinforce_pp
+from rl.algos.estimators import Estimator, get_estimator
 from rl.config.recipe import AlgoConfig
-
-GROUP_ALGOS = ("grpo", "dr_grpo", "rloo")
 
 
 @dataclass
@@ -43,9 +37,9 @@ class Sample:
     prompt_len: int
     loss_mask: list[int]  # over the response tokens
     rollout_logprobs: list[float]  # engine logprobs over the response tokens (0 on env tokens)
-    advantage: float  # per-sequence advantage where computed in build_batch (else 0, see learner_advantages)
+    advantage: float  # per-sequence advantage where computed in build_batch (else 0: the learner computes it)
     domain: str
-    reward: float = 0.0  # the scalar (outcome) reward
+    reward: float = 0.0  # the scalar (outcome) reward, shaped when a shaping stage ran
     group_id: int = 0  # samples of one prompt share it (GRPO groups; kept whole on one data-parallel shard)
     uid: int = 0  # position in the step's batch: a stable order for minibatch shuffles (skipping changes nothing)
 
@@ -63,85 +57,109 @@ class Batch:
     skipped: list[Sample] = field(default_factory=list)  # zero-advantage samples counted but not computed
 
 
-def learner_advantages(algo: AlgoConfig) -> bool:
-    """Whether the learner (not ``build_batch``) computes the advantages under ``algo``."""
-    return algo.name == "ppo" or algo.kl_in_reward
+def _usable(trajs: list[Trajectory], est: Estimator, stats: dict[str, float]) -> list[Trajectory]:
+    """Scored trajectories with policy tokens, in groups big enough for the estimator's baseline
+    (RLOO: a group left with one member, its siblings errored, has none)."""
+    ok = [t for t in trajs if t.reward is not None and t.num_policy_tokens > 0]
+    if est.min_group_size > 1:
+        sizes: dict[int, int] = defaultdict(int)
+        for t in ok:
+            sizes[t.group_id] += 1
+        ok = [t for t in ok if sizes[t.group_id] >= est.min_group_size]
+    stats["batch/excluded"] = float(len(trajs) - len(ok))
+    return ok
 
 
-def build_batch(trajs: list[Trajectory], algo: AlgoConfig, advantages: list[float] | None = None,
-                seq_level_domains: tuple[str, ...] = ()) -> tuple[Batch, dict[str, float]]:
+def build_batch(
+    trajs: list[Trajectory],
+    algo: AlgoConfig,
+    rewards: list[float] | None = None,
+    seq_level_domains: tuple[str, ...] = (),
+) -> tuple[Batch, dict[str, float]]:
     """Advantages and samples for ``trajs`` under ``algo``; returns (batch, stats).
 
-    ``advantages`` (one per trajectory, e.g. from per-domain normalization in ``rl.data.mixer``)
-    replace the algorithm's outcome advantages; only for outcome-advantage algorithms.
+    ``rewards`` (one per trajectory, e.g. the shaped rewards of ``rl.algos.shaping.shape_step``)
+    replace the trajectories' rewards as the estimator's input; only for estimators whose
+    advantages come from rewards alone.
 
     ``seq_level_domains``: samples of these domains weigh per sequence, not per token:
     their advantage is scaled by ``mean policy tokens per sample / own policy tokens``, so
     under token-mean aggregation a long trajectory counts as much as a short one (the
     clipped objective is linear in a positive advantage scale, so this is exact; the KL
-    term is not rescaled).
+    term is not rescaled). Only for outcome advantages (``validate_recipe`` refuses the rest).
     """
-    if advantages is not None:
-        if len(advantages) != len(trajs):
-            raise ValueError(f"{len(advantages)} advantages for {len(trajs)} trajectories")
-        if learner_advantages(algo):
-            raise ValueError(f"algo {algo.name!r} computes its advantages in the learner; none can be given")
-        given = {id(t): a for t, a in zip(trajs, advantages)}
-    ok = [t for t in trajs if t.reward is not None and t.num_policy_tokens > 0]
-    stats: dict[str, float] = {"batch/excluded": float(len(trajs) - len(ok))}
+    est = get_estimator(algo)
+    in_learner = est.learner_advantages(algo)
+    if rewards is not None:
+        if len(rewards) != len(trajs):
+            raise ValueError(f"{len(rewards)} rewards for {len(trajs)} trajectories")
+        if in_learner:
+            raise ValueError(
+                f"algo {algo.name!r} computes its advantages in the learner; no shaped rewards can be given"
+            )
+    if seq_level_domains and in_learner:
+        raise ValueError(f"seq_level_domains rescales outcome advantages; {algo.name!r} computes them in the learner")
+    given = {id(t): r for t, r in zip(trajs, rewards)} if rewards is not None else None
+    stats: dict[str, float] = {}
+    ok = _usable(trajs, est, stats)
     if not ok:
         return Batch([], 0, 0), stats
-    if algo.name == "rloo":
-        # RLOO needs >= 2 members; a group left with one (its siblings errored) has no baseline.
-        sizes: dict[int, int] = defaultdict(int)
-        for t in ok:
-            sizes[t.group_id] += 1
-        sel = [t for t in ok if sizes[t.group_id] >= 2]
-        stats["batch/excluded"] += len(ok) - len(sel)
-        ok = sel
-        if not ok:
-            return Batch([], 0, 0), stats
 
     groups: dict[int, list[float]] = defaultdict(list)
     for t in ok:
         groups[t.group_id].append(float(t.reward))
     constant = {g for g, v in groups.items() if max(v) == min(v)}
     stats["groups/zero_variance_fraction"] = len(constant) / len(groups)
-    if algo.zero_variance == "drop":
+    if algo.update.zero_variance == "drop":
         ok = [t for t in ok if t.group_id not in constant]  # no reward signal: out of the update and the denominators
         if not ok:
             stats["batch/samples"] = 0.0
             return Batch([], 0, 0), stats
 
-    scores = torch.tensor([float(t.reward) for t in ok], dtype=torch.float64)
-    if learner_advantages(algo):
+    scores = torch.tensor([given[id(t)] if given else float(t.reward) for t in ok], dtype=torch.float64)
+    if in_learner:
         adv = torch.zeros_like(scores)
-    elif advantages is not None:
-        adv = torch.tensor([given[id(t)] for t in ok], dtype=torch.float64)
-    elif algo.name in GROUP_ALGOS:
-        gids = torch.tensor([t.group_id for t in ok], dtype=torch.long)
-        adv = group_normalized(scores, gids, std_normalize=algo.name == "grpo", leave_one_out=algo.name == "rloo")
-    elif algo.name == "reinforce_pp":
-        adv = reinforce_pp(scores, torch.ones(len(ok), 1, dtype=torch.bool))[:, 0]
     else:
-        raise ValueError(f"algo.name: unknown algorithm {algo.name!r}")
-    # Exactly no gradient: skip the compute, keep it in the denominators.
-    if seq_level_domains and not learner_advantages(algo):
+        adv = est.outcome(scores, torch.tensor([t.group_id for t in ok], dtype=torch.long)).to(torch.float64)
+    if seq_level_domains:
         mean_tokens = sum(t.num_policy_tokens for t in ok) / len(ok)
-        scale = torch.tensor([mean_tokens / t.num_policy_tokens if t.task.domain in seq_level_domains else 1.0
-                              for t in ok], dtype=torch.float64)
+        scale = torch.tensor(
+            [mean_tokens / t.num_policy_tokens if t.task.domain in seq_level_domains else 1.0 for t in ok],
+            dtype=torch.float64,
+        )
         adv = adv * scale
-    can_skip = not learner_advantages(algo) and algo.kl_coef == 0.0 and algo.entropy_coef == 0.0
+    # Exactly no gradient: skip the compute, keep it in the denominators.
+    can_skip = not in_learner and algo.kl.coef == 0.0 and algo.loss.entropy_coef == 0.0
     samples, skipped = [], []
-    for uid, (t, a) in enumerate(zip(ok, adv.tolist())):
-        s = Sample(input_ids=list(t.prompt_ids) + list(t.response_ids), prompt_len=len(t.prompt_ids),
-                   loss_mask=list(t.loss_mask), rollout_logprobs=list(t.logprobs), advantage=float(a),
-                   domain=t.task.domain, reward=float(t.reward), group_id=t.group_id, uid=uid)
+    for uid, (t, a, r) in enumerate(zip(ok, adv.tolist(), scores.tolist())):
+        s = Sample(
+            input_ids=list(t.prompt_ids) + list(t.response_ids),
+            prompt_len=len(t.prompt_ids),
+            loss_mask=list(t.loss_mask),
+            rollout_logprobs=list(t.logprobs),
+            advantage=float(a),
+            domain=t.task.domain,
+            reward=float(r),
+            group_id=t.group_id,
+            uid=uid,
+        )
         (skipped if can_skip and a == 0.0 else samples).append(s)
     stats["batch/samples"] = float(len(samples))
-    if not learner_advantages(algo):
-        stats["adv/abs_mean"] = float(adv.abs().mean())
+    if not in_learner:
+        stats |= _advantage_stats(ok, adv)
     return Batch(samples, num_tokens=sum(t.num_policy_tokens for t in ok), num_seqs=len(ok), skipped=skipped), stats
+
+
+def _advantage_stats(ok: list[Trajectory], adv: torch.Tensor) -> dict[str, float]:
+    """``adv/abs_mean`` over the batch, ``adv/<domain>/mean|std`` per domain."""
+    m = {"adv/abs_mean": float(adv.abs().mean())}
+    by: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(ok):
+        by[t.task.domain].append(i)
+    for d, idx in sorted(by.items()):
+        a = adv[idx]
+        m[f"adv/{d}/mean"], m[f"adv/{d}/std"] = float(a.mean()), float(a.std(unbiased=False))
+    return m
 
 
 def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, float]:

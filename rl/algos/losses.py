@@ -31,7 +31,8 @@ __all__ = [
 ]
 
 KL_KINDS = ("k1", "k2", "k3")
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| bound before exp in policy_loss (verl, OpenRLHF: 20)
 _K3_LOG_RATIO_CLAMP = 20.0
 
 
@@ -73,6 +74,7 @@ def aggregate(
     agg: str,
     num_tokens: int | float | torch.Tensor | None = None,
     num_seqs: int | float | torch.Tensor | None = None,
+    norm_tokens: int | float | None = None,
 ) -> torch.Tensor:
     """Reduce per-token ``values`` [B, T] to a scalar over masked tokens.
 
@@ -82,8 +84,12 @@ def aggregate(
       mean, averaged over sequences.
     * ``"seq-mean-token-sum"``:  ``sum_i (sum_t m*x) / S``: each sequence's masked sum,
       averaged over sequences.
+    * ``"seq-mean-token-sum-norm"``: ``sum_i (sum_t m*x) / (S * L)`` with the constant
+      ``L = norm_tokens`` (required; e.g. the generation budget): Dr.GRPO's aggregation
+      (verl's mode of the same name), no per-sequence length normalisation, so a long
+      response's tokens weigh as much as a short one's.
 
-    For both ``seq-mean-*`` modes ``S = num_seqs`` if given, else the number of sequences
+    For the ``seq-mean-*`` modes ``S = num_seqs`` if given, else the number of sequences
     with at least one masked token: a sequence with no masked token contributes 0 and is not
     counted (so fully padded rows are harmless).
 
@@ -97,6 +103,8 @@ def aggregate(
     """
     if agg not in AGG_MODES:
         raise ValueError(f"unknown aggregation {agg!r}; valid modes are {', '.join(AGG_MODES)}")
+    if agg == "seq-mean-token-sum-norm" and not (norm_tokens and norm_tokens > 0):
+        raise ValueError(f"seq-mean-token-sum-norm needs norm_tokens > 0 (a constant), got {norm_tokens!r}")
     if values.dim() != 2:
         raise ValueError(f"values must be [B, T], got shape {tuple(values.shape)}")
     m = _as_bool_mask(mask, values)
@@ -120,6 +128,8 @@ def aggregate(
         per_seq = seq_sum
     s = (seq_len > 0).sum() if num_seqs is None else num_seqs
     s = torch.as_tensor(s, dtype=dtype, device=x.device)
+    if agg == "seq-mean-token-sum-norm":
+        s = s * float(norm_tokens)  # type: ignore[arg-type]
     return per_seq.sum() / _safe(s)
 
 
@@ -139,6 +149,7 @@ def policy_loss(
     num_tokens: int | float | torch.Tensor | None = None,
     num_seqs: int | float | torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    norm_tokens: int | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate loss (to minimise), with asymmetric clip and optional dual clip.
 
@@ -152,9 +163,11 @@ def policy_loss(
     then ``pg * is_weights`` when given (``[B, T]``, no gradient: per-token importance weights
     for samples drawn by a behaviour policy other than ``old_logp``'s, e.g. truncated IS
     ``min(exp(old_logp - engine_logp), C)``; see ``truncated_is_weights``), then
-    ``aggregate(pg, mask, agg, num_tokens, num_seqs)``. ``clip_high > clip_low`` is
+    ``aggregate(pg, mask, agg, num_tokens, num_seqs, norm_tokens)``. ``clip_high > clip_low`` is
     DAPO's clip-higher. The log-ratio is zeroed on unmasked tokens before ``exp`` (no
-    overflow, no NaN gradient from padding); on masked tokens it is not clamped.
+    overflow, no NaN gradient from padding) and clamped to ``[-20, 20]`` on masked ones (as
+    verl and OpenRLHF do): ``exp`` of a log-ratio of e.g. 99.5 (old log-prob -100, new -0.5)
+    overflows float32 to inf, and ``0 * inf`` in the backward of a clipped token is NaN.
 
     ``stats`` (Python floats, over masked tokens only; all 0.0 when nothing is masked):
 
@@ -162,8 +175,10 @@ def policy_loss(
       i.e. the clamp changed the objective (and zeroed the gradient);
     * ``"clip/dual_fraction"``: fraction of tokens where the dual clip is active
       (``A < 0`` and ``-A * c`` strictly below the clipped objective); 0 without dual clip;
-    * ``"kl/old_approx"``: mean of the k2 estimator ``0.5 * (logp - old_logp)**2``;
-    * ``"ratio/mean"``, ``"ratio/max"``: mean and max of ``r``.
+    * ``"kl/old_approx"``: mean of the k2 estimator ``0.5 * (logp - old_logp)**2``.
+
+    (Mean and max of ``r`` are not computed: each cost a device sync per micro-batch and no
+    caller read them.)
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
@@ -180,7 +195,7 @@ def policy_loss(
         )
     zero = logp.new_zeros(())
     A = torch.where(m, advantages.to(logp.dtype), zero)
-    log_ratio = torch.where(m, logp - old_logp, zero)
+    log_ratio = torch.where(m, logp - old_logp, zero).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     pg1 = -A * ratio
     pg2 = -A * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -194,12 +209,12 @@ def policy_loss(
         if is_weights.shape != logp.shape:
             raise ValueError(f"is_weights has shape {tuple(is_weights.shape)}, expected {tuple(logp.shape)}")
         pg = pg * torch.where(m, is_weights.detach().to(pg.dtype), zero)
-    loss = aggregate(pg, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(pg, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens)
 
     with torch.no_grad():
         n_masked = int(m.sum())
         if n_masked == 0:
-            keys = ("clip/fraction", "clip/dual_fraction", "kl/old_approx", "ratio/mean", "ratio/max")
+            keys = ("clip/fraction", "clip/dual_fraction", "kl/old_approx")
             stats = {k: 0.0 for k in keys}
         else:
             n = torch.tensor(float(n_masked), dtype=logp.dtype, device=logp.device)
@@ -208,14 +223,13 @@ def policy_loss(
                 "clip/fraction": float(clipped.sum()) / n_masked,
                 "clip/dual_fraction": float(dual_active.sum()) / n_masked,
                 "kl/old_approx": _masked_mean(0.5 * log_ratio * log_ratio, m, n),
-                "ratio/mean": _masked_mean(ratio, m, n),
-                "ratio/max": float(ratio[m].max()),
             }
     return loss, stats
 
 
-def truncated_is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
-                         cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+def truncated_is_weights(
+    old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance weights ``w = min(exp(old_logp - behaviour_logp), cap)`` (no gradient).
 
     Shapes: all ``[B, T]``; returns ``(w, stats)`` with ``w`` 0 on unmasked tokens. ``old_logp``
@@ -237,8 +251,10 @@ def truncated_is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, m
         raw = torch.exp(torch.where(m, old_logp - behaviour_logp, zero))
         w = torch.where(m, raw.clamp(max=cap), zero)
         n = int(m.sum())
-        stats = {"is/weight_mean": float(w.sum()) / n if n else 0.0,
-                 "is/truncated_fraction": float((m & (raw > cap)).sum()) / n if n else 0.0}
+        stats = {
+            "is/weight_mean": float(w.sum()) / n if n else 0.0,
+            "is/truncated_fraction": float((m & (raw > cap)).sum()) / n if n else 0.0,
+        }
     return w, stats
 
 
@@ -251,6 +267,7 @@ def value_loss(
     agg: str = "token-mean",
     num_tokens: int | float | torch.Tensor | None = None,
     num_seqs: int | float | torch.Tensor | None = None,
+    norm_tokens: int | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped value loss (to minimise).
 
@@ -261,7 +278,7 @@ def value_loss(
         v_clip = clamp(v, old_v - clip, old_v + clip)
         vf     = 0.5 * max((v - R)**2, (v_clip - R)**2)      ; clip=None: 0.5 * (v - R)**2
 
-    then ``aggregate(vf, mask, agg, num_tokens, num_seqs)``. ``clip`` must be >= 0 or None.
+    then ``aggregate(vf, mask, agg, num_tokens, num_seqs, norm_tokens)``. ``clip`` must be >= 0 or None.
 
     ``stats`` (Python floats over masked tokens, all 0.0 when nothing is masked):
     ``"value/clip_fraction"`` (fraction where the clipped term is strictly larger, i.e.
@@ -289,7 +306,7 @@ def value_loss(
         vf2 = (v_clip - R) ** 2
         vf = torch.maximum(vf1, vf2)
         clipped = m & (vf2 > vf1)
-    loss = aggregate(0.5 * vf, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(0.5 * vf, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens)
 
     with torch.no_grad():
         n_masked = int(m.sum())

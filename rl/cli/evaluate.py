@@ -631,7 +631,8 @@ def _generate(cfg: Any, tasks: list[Task], n: int, temperature: float, batch: in
     expanded = [(ti, task, s) for ti, task in enumerate(tasks) for s in range(n)]
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = VLLMEngine(model_path, dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len,
-                        kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization)
+                        kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization,
+                        engine_kwargs=dict(r.engine_kwargs))
     trajs: list[Trajectory] = []
     # SIGTERM becomes an exception so that `finally` shuts the engine down (it holds shared memory).
     old_term = signal.signal(signal.SIGTERM, _raise_on_term) if threading.current_thread() is threading.main_thread() \

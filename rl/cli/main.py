@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", help="show tracebacks")
         if name == "train":
             s.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
+        else:
+            s.add_argument("--print", dest="print_recipe", action="store_true",
+                           help="print the full resolved recipe (every key, defaults filled) as YAML")
     from rl.cli.evaluate import add_parsers
 
     add_parsers(sub)  # score, eval
@@ -42,8 +45,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Flags may come after the key=value overrides (argparse stops at the first positional list).
-    flags = [a for a in argv if a in ("--debug", "--verbose")]
-    rest = [a for a in argv if a not in ("--debug", "--verbose")]
+    flags = [a for a in argv if a in ("--debug", "--verbose", "--print")]
+    rest = [a for a in argv if a not in ("--debug", "--verbose", "--print")]
     args = _parser().parse_args(rest[:1] + flags + rest[1:])
     if getattr(args, "run", None) is not None:  # score, eval: rl/cli/evaluate.py
         return args.run(args)
@@ -55,7 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - e.g. a user module that fails at import time
         return _fail(f"{type(e).__name__}: {e}", args.debug)
     if args.cmd == "validate":
-        print(f"{args.recipe}: ok")
+        if args.print_recipe:
+            import yaml
+
+            from rl.config.recipe import recipe_to_dict
+
+            print(yaml.safe_dump({k: v for k, v in recipe_to_dict(cfg).items() if k != "source"}, sort_keys=False,
+                                 default_flow_style=False, width=110), end="")
+        print(f"{args.recipe}: ok", file=sys.stderr if args.print_recipe else sys.stdout)
         return 0
     if args.verbose:
         os.environ["JOINTRL_VERBOSE"] = "1"

@@ -1,215 +1,479 @@
-"""Recipes: typed, frozen config dataclasses, loaded from YAML plus ``key=value`` overrides.
+"""Recipes: typed, frozen, nested config sections, loaded from YAML plus ``key=value`` overrides.
 
-One dataclass per recipe section, at most two levels deep. ``load_recipe`` merges the YAML
-and the overrides onto the structured defaults (unknown keys and wrong types fail, naming
-the key and the YAML line), then ``validate_recipe`` checks what types cannot: files and
-model folders exist, dotted class paths import, the output dir is writable, values are in
-range. Both raise ``RecipeError`` whose message is meant for the user as is.
+Sections are at most two levels deep (``algo.optim.lr``). Every field is declared with its
+type (``Literal`` for choices), its bounds and a one-line doc (``rl.config.fields.knob``) and
+is checked when its section is built; rules between the fields of one section sit in that
+section's ``check()``; rules that span sections are in :func:`cross_section_rules`, one
+place. ``load_recipe`` builds the ``Recipe`` from the YAML and the overrides (unknown keys,
+wrong types and out-of-range values fail there, naming the key and its YAML line; a key of
+the old flat layout names its new place), ``validate_recipe`` checks what needs the world or
+several sections: files and model folders exist, dotted class paths import, the output dir
+is writable, the algorithm's needs are met, ``rollout.engine_kwargs`` are vLLM's. Both raise
+``RecipeError`` whose message is meant for the user as is.
 
-This module does not start Ray, load models or touch the network.
+This module does not start Ray, load models or touch the network (``validate_recipe``
+imports vLLM, lazily, only to check a non-empty ``rollout.engine_kwargs``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Literal
 
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+
+from rl.config.fields import FieldError, Section, build, knob, to_plain
 
 
 class RecipeError(ValueError):
     """A recipe problem, with a message that names the file, key and line where known."""
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    output_dir: str = "runs/default"  # run outputs: metrics, rollouts, checkpoints, resolved recipe
-    seed: int = 0  # seeds task order, sampling and torch
-    ray_address: str = ""  # "" = $RAY_ADDRESS if set, else a local Ray started for this run
-    threads: int = 0  # torch threads in the learner; 0 = all cores of the machine
-    overwrite: bool = False  # allow writing into an output_dir that already holds a run
-    save_every: int = 0  # checkpoint every N steps (0 = only at the end)
-    keep_checkpoints: int = 2  # how many of the newest checkpoints to keep
-    rollouts_every: int = 1  # dump rollouts every N steps (0 = never)
-    resume: str = "never"  # never | auto: continue from the newest checkpoint in output_dir
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+def _dotted_class(v: str) -> str | None:
+    return (
+        None
+        if "." in v and all(p.isidentifier() for p in v.split("."))
+        else f"expected a dotted path pkg.module.Class, got {v!r}"
+    )
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    path: str = "embedded:smollm2-135m-instruct"  # local HF folder, or embedded:smollm2-135m-instruct | embedded:tiny
-    engine_dtype: str = "bfloat16"  # vLLM weights: bfloat16 | float32 | float16
-    learner_dtype: str = "float32"  # learner master weights: float32 | bfloat16
-    autocast: bool = True  # bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)
-    reference_dtype: str = "bfloat16"  # frozen reference model for the KL term
+class RunConfig(Section):
+    output_dir: str = knob("runs/default", "run outputs: metrics, rollouts, checkpoints, resolved recipe")
+    seed: int = knob(0, "seeds task order, sampling and torch")
+    ray_address: str = knob("", '"" = $RAY_ADDRESS if set, else a local Ray started for this run')
+    threads: int = knob(0, "torch threads in the learner; 0 = all cores of the machine", ge=0)
+    overwrite: bool = knob(False, "allow writing into an output_dir that already holds a run")
+    save_every: int = knob(0, "checkpoint every N steps (0 = only at the end)", ge=0)
+    keep_checkpoints: int = knob(2, "how many of the newest checkpoints to keep", ge=1)
+    rollouts_every: int = knob(1, "dump rollouts every N steps (0 = never)", ge=0)
+    resume: Literal["never", "auto"] = knob("never", "never | auto: continue from the newest checkpoint in output_dir")
+
+
+EMBEDDED_MODELS = ("embedded:smollm2-135m-instruct", "embedded:tiny")
+
+
+def _model_path(v: str) -> str | None:
+    if v.startswith("embedded:") and v not in EMBEDDED_MODELS:
+        return f"unknown embedded model {v!r}; choose one of {', '.join(EMBEDDED_MODELS)}"
+    return None if v else "a local Hugging Face model folder or embedded:<name> is needed"
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    train_files: list[str] = field(default_factory=list)  # task files (.jsonl, .jsonl.gz, .parquet); relative to the recipe
-    eval_files: list[str] = field(default_factory=list)  # held-out task files, evaluated greedily
-    eval_limit: int = 0  # evaluate at most N held-out tasks (0 = all)
-    train_weights: list[float] = field(default_factory=list)  # weight of each train file within its domain ([] = 1 each)
+class ModelConfig(Section):
+    """The policy model and its precisions (the place for model.revision and learner precision choices)."""
+
+    path: str = knob(
+        "embedded:smollm2-135m-instruct",
+        "local HF folder, or embedded:smollm2-135m-instruct | embedded:tiny",
+        check=_model_path,
+    )
+    engine_dtype: Dtype = knob("bfloat16", "vLLM weights")
+    learner_dtype: Literal["float32", "bfloat16"] = knob("float32", "learner master weights")
+    autocast: bool = knob(True, "bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)")
+    reference_dtype: Dtype = knob("bfloat16", "frozen reference model for the KL term")
 
 
 @dataclass(frozen=True)
-class MixerConfig:
-    domain_weights: dict[str, float] = field(default_factory=dict)  # share of each step's prompts per domain ({} = by task counts)
-    strata: int = 1  # length strata per dataset (by estimated trajectory length)
-    strata_proportions: list[float] = field(default_factory=list)  # prompts per stratum ([] = proportional to stratum sizes)
-    length_ema: float = 0.5  # weight of a task's newest observed length in its estimate
-    normalization: str = "none"  # none | group | domain | domain_then_group (see rl/data/mixer.py)
-    norm_stat: str = "welford"  # running per-domain reward statistics: welford | ema
-    norm_ema: float = 0.1  # EMA weight when norm_stat is ema
-    curriculum_window: int = 0  # tasks all solved or all failed over their last N visits are sampled less (0 = off)
-    curriculum_weight: float = 1.0  # chance that such a task stays in a pass over its stratum
-    solved_threshold: float = 1.0  # a visit counts as solved when the mean reward of its group reaches this
-    seq_level_domains: list[str] = field(default_factory=list)  # domains whose samples weigh per sequence, not per token
+class DataConfig(Section):
+    train_files: list[str] = knob(doc="task files (.jsonl, .jsonl.gz, .parquet); relative to the recipe", factory=list)
+    eval_files: list[str] = knob(doc="held-out task files, evaluated greedily", factory=list)
+    eval_limit: int = knob(0, "evaluate at most N held-out tasks (0 = all)", ge=0)
+    train_weights: list[float] = knob(doc="weight of each train file within its domain ([] = 1 each)", factory=list)
+
+    def check(self) -> None:
+        if self.train_weights and (len(self.train_weights) != len(self.train_files) or min(self.train_weights) < 0):
+            raise FieldError("train_weights", f"need one non-negative weight per train file ({len(self.train_files)})")
 
 
 @dataclass(frozen=True)
-class EnvSpec:
-    domain: str = "tool_call"  # the task domain this env serves
-    cls: str = "envs.toolcall.ToolCallEnv"  # dotted path of the env class
-    kwargs: dict[str, Any] = field(default_factory=dict)  # constructor keyword arguments
+class MixerConfig(Section):
+    """Which tasks each step draws (rl/data/mixer.py). Reward normalization moved to ``algo.reward_norm``."""
+
+    domain_weights: dict[str, float] = knob(
+        doc="share of each step's prompts per domain ({} = by task counts)", factory=dict
+    )
+    strata: int = knob(1, "length strata per dataset (by estimated trajectory length)", ge=1)
+    strata_proportions: list[float] = knob(doc="prompts per stratum ([] = proportional to stratum sizes)", factory=list)
+    length_ema: float = knob(0.5, "weight of a task's newest observed length in its estimate", gt=0, le=1)
+    curriculum_window: int = knob(
+        0, "tasks all solved or all failed over their last N visits are sampled less (0 = off)", ge=0
+    )
+    curriculum_weight: float = knob(1.0, "chance that such a task stays in a pass over its stratum", ge=0, le=1)
+    solved_threshold: float = knob(1.0, "a visit counts as solved when the mean reward of its group reaches this")
+    seq_level_domains: list[str] = knob(
+        doc="domains whose samples weigh per sequence, not per token (outcome-advantage "
+        "estimators, no algo.kl.in_reward)",
+        factory=list,
+    )
+
+    def check(self) -> None:
+        w = self.domain_weights.values()
+        if any(x < 0 for x in w) or (self.domain_weights and not sum(w) > 0):
+            raise FieldError("domain_weights", "weights must be >= 0 with a positive sum")
+        sp = self.strata_proportions
+        if sp and (len(sp) != self.strata or min(sp) < 0):
+            raise FieldError("strata_proportions", f"need {self.strata} non-negative numbers, got {sp}")
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    num_engines: int = 1  # vLLM engine actors
-    prompts_per_step: int = 8  # tasks drawn per step
-    group_size: int = 8  # samples per task (the GRPO group)
-    max_new_tokens: int = 64  # per policy turn
-    max_model_len: int = 2048  # prompt + response tokens per episode
-    max_turns: int = 1  # policy turns per episode
-    temperature: float = 1.0  # sampling temperature for training rollouts (held-out evaluation is greedy)
-    top_p: float = 1.0  # nucleus sampling for training rollouts
-    kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on CPU
-    gpu_memory_utilization: float = 0.5  # on GPU
-    async_steps: int = 0  # 0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains
-    max_restarts: int = 2  # a dead engine is replaced and its prompts re-issued, at most this often per call
-    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])  # one env class per domain (domain, cls, kwargs)
+class EnvSpec(Section):
+    """One env class per domain (the place for a per-env sandbox section)."""
+
+    domain: str = knob("tool_call", "the task domain this env serves")
+    cls: str = knob("envs.toolcall.ToolCallEnv", "dotted path of the env class", check=_dotted_class)
+    kwargs: dict[str, Any] = knob(doc="constructor keyword arguments", factory=dict)
 
 
 @dataclass(frozen=True)
-class RewardSpec:
-    cls: str = "rewards.toolcall.ToolCallReward"  # dotted path of the reward class
-    weight: float = 1.0  # weight in the final score
-    domains: list[str] = field(default_factory=list)  # [] = the class's own `domains` attribute
-    kwargs: dict[str, Any] = field(default_factory=dict)  # constructor keyword arguments
+class RolloutConfig(Section):
+    num_engines: int = knob(1, "vLLM engine actors", ge=1)
+    prompts_per_step: int = knob(8, "tasks drawn per step", ge=1)
+    group_size: int = knob(8, "samples per task (the GRPO group)", ge=1)
+    max_new_tokens: int = knob(64, "per policy turn", ge=1)
+    max_model_len: int = knob(2048, "prompt + response tokens per episode", ge=1)
+    max_turns: int = knob(1, "policy turns per episode", ge=1)
+    temperature: float = knob(1.0, "sampling temperature for training rollouts (held-out evaluation is greedy)", ge=0)
+    top_p: float = knob(1.0, "nucleus sampling for training rollouts", gt=0, le=1)
+    kv_cache_gib: float = knob(1.0, "VLLM_CPU_KVCACHE_SPACE on CPU", gt=0)
+    gpu_memory_utilization: float = knob(0.5, "on GPU", gt=0, le=1)
+    async_steps: Literal[0, 1] = knob(
+        0, "0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains"
+    )
+    max_restarts: int = knob(
+        2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0
+    )
+    envs: list[EnvSpec] = knob(doc="one env class per domain (domain, cls, kwargs)", factory=lambda: [EnvSpec()])
+    engine_kwargs: dict[str, Any] = knob(
+        doc="extra vLLM engine arguments (e.g. max_num_seqs, enable_prefix_caching, "
+        "quantization, speculative_config), checked against the installed vLLM",
+        factory=dict,
+    )
+
+    def check(self) -> None:
+        if self.max_model_len <= self.max_new_tokens:
+            raise FieldError("max_model_len", f"must exceed rollout.max_new_tokens ({self.max_new_tokens})")
+        domains = [e.domain for e in self.envs]
+        if len(set(domains)) != len(domains):
+            raise FieldError("envs", f"one env per domain, got domains {domains}")
 
 
 @dataclass(frozen=True)
-class RewardServiceConfig:
-    workers: int = 1  # reward actors
-    timeout_s: float = 60.0  # per scoring call
+class RewardSpec(Section):
+    cls: str = knob("rewards.toolcall.ToolCallReward", "dotted path of the reward class", check=_dotted_class)
+    weight: float = knob(1.0, "weight in the final score")
+    domains: list[str] = knob(doc="[] = the class's own `domains` attribute", factory=list)
+    kwargs: dict[str, Any] = knob(doc="constructor keyword arguments", factory=dict)
 
 
 @dataclass(frozen=True)
-class AlgoConfig:
-    name: str = "grpo"  # grpo | dr_grpo | rloo (group baselines) | reinforce_pp (batch baseline) | ppo (GAE critic)
-    lr: float = 1e-5  # AdamW learning rate of the policy
-    weight_decay: float = 0.0  # AdamW weight decay
-    max_grad_norm: float = 1.0  # global-norm clipping (0 = off)
-    lr_warmup_steps: int = 0  # optimizer steps of linear warmup
-    lr_schedule: str = "constant"  # after warmup: constant | cosine (to lr * lr_min_ratio at the last step)
-    lr_min_ratio: float = 0.0  # cosine floor, as a fraction of lr
-    clip_low: float = 0.2  # ratio clip below 1
-    clip_high: float = 0.2  # ratio clip above 1 (clip-higher when > clip_low)
-    dual_clip: float = 0.0  # dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)
-    tis_cap: float = 0.0  # truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), correcting for stale (async) or numerically different engine samples (0 = off)
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
-    entropy_coef: float = 0.0  # entropy bonus weight (0 = off)
-    kl_coef: float = 0.0  # KL-to-reference coefficient, the initial one when adaptive (0 = no reference model is kept)
-    kl_kind: str = "k3"  # k1 | k2 | k3
-    kl_in_reward: bool = False  # false: coefficient x aggregated KL in the loss; true: -coefficient x KL per token in the reward
-    kl_target: float = 0.0  # > 0: adaptive coefficient steering kl/mean toward this target (0 = fixed kl_coef)
-    kl_horizon: int = 10000  # adaptive KL: samples over which the coefficient may change by +-20%
-    epochs: int = 1  # passes over each batch
-    minibatches: int = 1  # optimizer steps per epoch (shuffled minibatches of the batch)
-    micro_batch_tokens: int = 4096  # forward/backward in micro-batches of at most this many tokens
-    share_prompt: bool = True  # run a group's shared prompt once (its KV cache serves every member)
-    zero_variance: str = "keep"  # groups whose rewards are all equal: keep (KL still acts) | drop (DAPO-style filter)
-    critic: str = "value_head"  # ppo: value_head (linear head on the policy's last hidden states) | separate (own model copy)
-    critic_lr: float = 0.0  # learning rate of the value head / separate critic (0 = lr)
-    vf_coef: float = 0.5  # weight of the value loss
-    value_clip: float = 0.2  # clip of the value update around the old values (0 = unclipped value loss)
-    gamma: float = 1.0  # ppo / reinforce_pp: discount per policy token
-    lam: float = 0.95  # ppo: GAE lambda
-    learner_workers: int = 1  # data-parallel learner actors (torch.distributed: gloo on CPU, NCCL on GPU)
+class RewardServiceConfig(Section):
+    workers: int = knob(1, "reward actors", ge=1)
+    timeout_s: float = knob(60.0, "per scoring call", gt=0)
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
-    """Resources and placement of the actors (counts stay in rollout.num_engines, algo.learner_workers and
+class OptimConfig(Section):
+    """AdamW and its learning-rate schedule (the place for further optimizer choices)."""
+
+    lr: float = knob(1e-5, "AdamW learning rate of the policy", gt=0)
+    weight_decay: float = knob(0.0, "AdamW weight decay", ge=0)
+    max_grad_norm: float = knob(1.0, "global-norm clipping (0 = off)", ge=0)
+    warmup_steps: int = knob(0, "optimizer steps of linear warmup", ge=0)
+    schedule: Literal["constant", "cosine"] = knob(
+        "constant", "after warmup: constant | cosine (to lr * min_lr_ratio at the last step)"
+    )
+    min_lr_ratio: float = knob(0.0, "cosine floor, as a fraction of lr", ge=0, le=1)
+
+
+LossAgg = Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+@dataclass(frozen=True)
+class LossConfig(Section):
+    """The clipped policy objective and how token losses are aggregated."""
+
+    agg: LossAgg = knob(
+        "auto",
+        "auto (the estimator's own: token-mean; dr_grpo: seq-mean-token-sum-norm) | token-mean | "
+        "seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (sum / norm_tokens)",
+    )
+    norm_tokens: int = knob(
+        0,
+        "constant token normalizer of seq-mean-token-sum-norm (0 = rollout.max_new_tokens x "
+        "rollout.max_turns, the generation budget, as in the Dr.GRPO paper)",
+        ge=0,
+    )
+    clip_low: float = knob(0.2, "ratio clip below 1", ge=0, lt=1)
+    clip_high: float = knob(0.2, "ratio clip above 1 (clip-higher when > clip_low)", ge=0)
+    dual_clip: float = knob(
+        0.0,
+        "dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)",
+        check=lambda v: None if v == 0 or v > 1 else f"must be 0 (off) or > 1, got {v:g}",
+    )
+    tis_cap: float = knob(
+        0.0,
+        "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), "
+        "correcting for stale (async) or numerically different engine samples (0 = off)",
+        ge=0,
+    )
+    entropy_coef: float = knob(0.0, "entropy bonus weight (0 = off)", ge=0)
+
+
+@dataclass(frozen=True)
+class KLConfig(Section):
+    """The KL-to-reference term (a frozen reference model is kept only when coef > 0)."""
+
+    coef: float = knob(
+        0.0, "KL-to-reference coefficient, the initial one when adaptive (0 = no reference model is kept)", ge=0
+    )
+    kind: Literal["k1", "k2", "k3"] = knob("k3", "KL estimator")
+    in_reward: bool = knob(
+        False, "false: coefficient x aggregated KL in the loss; true: -coefficient x KL per token in the reward"
+    )
+    target: float = knob(0.0, "> 0: adaptive coefficient steering kl/mean toward this target (0 = fixed coef)", ge=0)
+    horizon: int = knob(10000, "adaptive KL: samples over which the coefficient may change by +-20%", ge=1)
+
+    def check(self) -> None:
+        if self.in_reward and self.coef == 0:
+            raise FieldError("in_reward", "needs algo.kl.coef > 0 (the coefficient of the per-token KL penalty)")
+        if self.target > 0 and self.coef == 0:
+            raise FieldError("target", "an adaptive KL coefficient needs algo.kl.coef > 0 as its initial value")
+
+
+@dataclass(frozen=True)
+class CriticConfig(Section):
+    """The value model (estimators that need a critic: ppo)."""
+
+    model: Literal["value_head", "separate"] = knob(
+        "value_head", "value_head (linear head on the policy's last hidden states) | separate (own model copy)"
+    )
+    lr: float = knob(0.0, "learning rate of the value head / separate critic (0 = algo.optim.lr)", ge=0)
+    vf_coef: float = knob(0.5, "weight of the value loss", ge=0)
+    value_clip: float = knob(0.2, "clip of the value update around the old values (0 = unclipped value loss)", ge=0)
+
+
+@dataclass(frozen=True)
+class ReturnsConfig(Section):
+    """Discounted returns of per-token rewards (ppo: GAE; reinforce_pp: return-to-go)."""
+
+    gamma: float = knob(1.0, "discount per policy token (ppo, reinforce_pp)", ge=0, le=1)
+    lam: float = knob(0.95, "GAE lambda (ppo)", ge=0, le=1)
+
+
+@dataclass(frozen=True)
+class UpdateConfig(Section):
+    epochs: int = knob(1, "passes over each batch", ge=1)
+    minibatches: int = knob(1, "optimizer steps per epoch (shuffled minibatches of the batch)", ge=1)
+    zero_variance: Literal["keep", "drop"] = knob(
+        "keep", "groups whose rewards are all equal: keep (KL still acts) | drop (DAPO-style filter)"
+    )
+
+
+@dataclass(frozen=True)
+class RewardNormConfig(Section):
+    """Reward shaping before the estimator: per-domain running statistics (rl/algos/shaping.py)."""
+
+    mode: Literal["none", "domain"] = knob(
+        "none",
+        "none | domain: each reward becomes (r - mu_d) / (sigma_d + eps) with "
+        "its domain's running mean and std, then the estimator runs",
+    )
+    stat: Literal["welford", "ema"] = knob("welford", "running per-domain statistics: welford (all rewards seen) | ema")
+    ema: float = knob(0.1, "EMA weight when stat is ema", gt=0, le=1)
+
+
+@dataclass(frozen=True)
+class AlgoConfig(Section):
+    """The advantage estimator and the learner's objective (rl/algos/estimators.py)."""
+
+    name: str = knob(
+        "grpo",
+        "estimator: grpo | dr_grpo | rloo (group baselines) | reinforce_pp (batch baseline) | ppo "
+        "(GAE critic) | a dotted path pkg.module.Class of your own (see docs/algorithms.md)",
+        check=lambda v: None if v else "an estimator name is needed",
+    )
+    kwargs: dict[str, Any] = knob(
+        doc="constructor keyword arguments of a user estimator (algo.name a dotted path)", factory=dict
+    )
+    optim: OptimConfig = knob(doc="optimizer", factory=OptimConfig)
+    loss: LossConfig = knob(doc="policy loss", factory=LossConfig)
+    kl: KLConfig = knob(doc="KL to the reference model", factory=KLConfig)
+    critic: CriticConfig = knob(doc="value model (ppo)", factory=CriticConfig)
+    returns: ReturnsConfig = knob(doc="discounting (ppo, reinforce_pp)", factory=ReturnsConfig)
+    update: UpdateConfig = knob(doc="epochs and minibatches per batch", factory=UpdateConfig)
+    reward_norm: RewardNormConfig = knob(
+        doc="per-domain reward normalization before the estimator", factory=RewardNormConfig
+    )
+
+
+@dataclass(frozen=True)
+class LearnerConfig(Section):
+    """The learner runtime: data parallelism and micro-batching (the place for sharding, LoRA, activation checkpointing)."""
+
+    workers: int = knob(1, "data-parallel learner actors (torch.distributed: gloo on CPU, NCCL on GPU)", ge=1)
+    micro_batch_tokens: int = knob(4096, "forward/backward in micro-batches of at most this many tokens", ge=1)
+    share_prompt: bool = knob(True, "run a group's shared prompt once (its KV cache serves every member)")
+
+
+RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def _gpus(v: float) -> str | None:
+    return (
+        None
+        if v >= 0 and (v <= 1 or v == int(v))
+        else f"must be a fraction in [0, 1] or a whole number of GPUs (Ray's rule), got {v:g}"
+    )
+
+
+def _resources(v: dict[str, float]) -> str | None:
+    for name, amount in v.items():
+        if name in RESERVED_RESOURCES:
+            raise FieldError(name, f"{name!r} is set by cluster.*_cpus / cluster.*_gpus, not as a custom resource")
+        if not amount > 0:
+            raise FieldError(name, f"must be > 0, got {amount:g}")
+    return None
+
+
+@dataclass(frozen=True)
+class ClusterConfig(Section):
+    """Resources and placement of the actors (counts stay in rollout.num_engines, learner.workers and
     reward_service.workers). Each role is reserved with a Ray placement group before any actor starts; see
     docs/cluster.md."""
 
-    device: str = "auto"  # auto (GPUs when the Ray cluster has any) | cpu | gpu
-    placement: str = "split"  # split: one bundle per engine and per learner worker | colocated: engine i and learner i share one GPU (GPU only; vLLM sleeps during the learner step)
-    engine_gpus: float = 1.0  # GPUs per engine on GPU (a fraction packs engines onto one GPU; must equal engine_tp when engine_tp > 1)
-    engine_tp: int = 1  # tensor-parallel size of each vLLM engine (GPU only)
-    engine_cpus: float = 0.5  # Ray CPUs per engine
-    engine_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine, e.g. {node_b: 1} (nodes get them from `ray start --resources`)
-    learner_gpus: float = 1.0  # GPUs per learner worker on GPU
-    learner_cpus: float = 1.0  # Ray CPUs per learner worker
-    learner_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner worker
-    reward_cpus: float = 0.1  # Ray CPUs per reward worker
-    reward_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per reward worker
-    placement_timeout_s: float = 120.0  # fail, naming the resources asked for, when the cluster cannot place the actors within this
+    device: Literal["auto", "cpu", "gpu"] = knob("auto", "auto (GPUs when the Ray cluster has any) | cpu | gpu")
+    placement: Literal["split", "colocated"] = knob(
+        "split",
+        "split: one bundle per engine and per learner worker | colocated: engine i and learner i share one GPU "
+        "(GPU only; vLLM sleeps during the learner step)",
+    )
+    engine_gpus: float = knob(
+        1.0,
+        "GPUs per engine on GPU (a fraction packs engines onto one GPU; must equal engine_tp when engine_tp > 1)",
+        check=_gpus,
+    )
+    engine_tp: int = knob(1, "tensor-parallel size of each vLLM engine (GPU only)", ge=1)
+    engine_cpus: float = knob(0.5, "Ray CPUs per engine", gt=0)
+    engine_resources: dict[str, float] = knob(
+        doc="custom Ray resources per engine, e.g. {node_b: 1} (nodes get them from `ray start --resources`)",
+        factory=dict,
+        check=_resources,
+    )
+    learner_gpus: float = knob(1.0, "GPUs per learner worker on GPU", check=_gpus)
+    learner_cpus: float = knob(1.0, "Ray CPUs per learner worker", gt=0)
+    learner_resources: dict[str, float] = knob(
+        doc="custom Ray resources per learner worker", factory=dict, check=_resources
+    )
+    reward_cpus: float = knob(0.1, "Ray CPUs per reward worker", gt=0)
+    reward_resources: dict[str, float] = knob(
+        doc="custom Ray resources per reward worker", factory=dict, check=_resources
+    )
+    placement_timeout_s: float = knob(
+        120.0, "fail, naming the resources asked for, when the cluster cannot place the actors within this", gt=0
+    )
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 20  # optimizer steps (one batch each)
-    eval_every: int = 0  # held-out evaluation every N steps; it always runs at start and end (0 = only then)
-    max_bad_steps: int = 3  # stop after this many steps in a row whose update was skipped (non-finite loss or gradients)
+class TrainConfig(Section):
+    steps: int = knob(20, "optimizer steps (one batch each)", ge=0)
+    eval_every: int = knob(
+        0, "held-out evaluation every N steps; it always runs at start and end (0 = only then)", ge=0
+    )
+    max_bad_steps: int = knob(
+        3, "stop after this many steps in a row whose update was skipped (non-finite loss or gradients)", ge=1
+    )
 
 
 @dataclass(frozen=True)
-class WandbConfig:
-    mode: str = ""  # online | offline | disabled; "" = $WANDB_MODE, else online with an API key, else offline
-    project: str = "jointrl"  # W&B project
-    entity: str = ""  # W&B entity (team or user; "" = your default)
-    run_name: str = ""  # W&B run name ("" = the output dir's name)
-    tags: list[str] = field(default_factory=list)  # W&B tags
-    table_every: int = 0  # W&B table of rollouts (prompt, response, scores) every N steps and at the last step (0 = never)
+class WandbConfig(Section):
+    mode: Literal["", "online", "offline", "disabled"] = knob(
+        "", 'online | offline | disabled; "" = $WANDB_MODE, else online with an API key, else offline'
+    )
+    project: str = knob("jointrl", "W&B project")
+    entity: str = knob("", 'W&B entity (team or user; "" = your default)')
+    run_name: str = knob("", 'W&B run name ("" = the output dir\'s name)')
+    tags: list[str] = knob(doc="W&B tags", factory=list)
+    table_every: int = knob(
+        0, "W&B table of rollouts (prompt, response, scores) every N steps and at the last step (0 = never)", ge=0
+    )
 
 
 @dataclass(frozen=True)
-class Recipe:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    mixer: MixerConfig = field(default_factory=MixerConfig)
-    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
-    reward_service: RewardServiceConfig = field(default_factory=RewardServiceConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+class Recipe(Section):
+    run: RunConfig = knob(doc="outputs, seed, resume", factory=RunConfig)
+    model: ModelConfig = knob(doc="the policy model", factory=ModelConfig)
+    data: DataConfig = knob(doc="task files", factory=DataConfig)
+    rollout: RolloutConfig = knob(doc="generation", factory=RolloutConfig)
+    mixer: MixerConfig = knob(doc="task drawing", factory=MixerConfig)
+    rewards: list[RewardSpec] = knob(doc="reward classes, weighted", factory=lambda: [RewardSpec()])
+    reward_service: RewardServiceConfig = knob(doc="reward actors", factory=RewardServiceConfig)
+    algo: AlgoConfig = knob(doc="estimator and objective", factory=AlgoConfig)
+    learner: LearnerConfig = knob(doc="learner runtime", factory=LearnerConfig)
+    cluster: ClusterConfig = knob(doc="resources and placement", factory=ClusterConfig)
+    train: TrainConfig = knob(doc="steps and evaluation", factory=TrainConfig)
+    wandb: WandbConfig = knob(doc="Weights & Biases", factory=WandbConfig)
     # Where the recipe came from; relative paths in it resolve against this folder.
-    source: str = ""
+    source: str = knob("", "set by jointrl: the recipe file's path")
 
 
-ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
-LR_SCHEDULES = ("constant", "cosine")
-CRITICS = ("value_head", "separate")
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_KINDS = ("k1", "k2", "k3")
-DTYPES = ("float32", "bfloat16", "float16")
-WANDB_MODES = ("", "online", "offline", "disabled")
-FREE_FORM_DICTS = ("kwargs", "domain_weights", "engine_resources", "learner_resources", "reward_resources")
-EMBEDDED_MODELS = ("embedded:smollm2-135m-instruct", "embedded:tiny")
-DEVICES = ("auto", "cpu", "gpu")
-PLACEMENTS = ("split", "colocated")
-RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+# The flat layout before the nested one: an old key is refused, naming its new place.
+RENAMED = {
+    "algo.lr": "algo.optim.lr",
+    "algo.weight_decay": "algo.optim.weight_decay",
+    "algo.max_grad_norm": "algo.optim.max_grad_norm",
+    "algo.lr_warmup_steps": "algo.optim.warmup_steps",
+    "algo.lr_schedule": "algo.optim.schedule",
+    "algo.lr_min_ratio": "algo.optim.min_lr_ratio",
+    "algo.clip_low": "algo.loss.clip_low",
+    "algo.clip_high": "algo.loss.clip_high",
+    "algo.dual_clip": "algo.loss.dual_clip",
+    "algo.tis_cap": "algo.loss.tis_cap",
+    "algo.loss_agg": "algo.loss.agg",
+    "algo.entropy_coef": "algo.loss.entropy_coef",
+    "algo.kl_coef": "algo.kl.coef",
+    "algo.kl_kind": "algo.kl.kind",
+    "algo.kl_in_reward": "algo.kl.in_reward",
+    "algo.kl_target": "algo.kl.target",
+    "algo.kl_horizon": "algo.kl.horizon",
+    "algo.epochs": "algo.update.epochs",
+    "algo.minibatches": "algo.update.minibatches",
+    "algo.zero_variance": "algo.update.zero_variance",
+    "algo.critic": "algo.critic.model",
+    "algo.critic_lr": "algo.critic.lr",
+    "algo.vf_coef": "algo.critic.vf_coef",
+    "algo.value_clip": "algo.critic.value_clip",
+    "algo.gamma": "algo.returns.gamma",
+    "algo.lam": "algo.returns.lam",
+    "algo.micro_batch_tokens": "learner.micro_batch_tokens",
+    "algo.share_prompt": "learner.share_prompt",
+    "algo.learner_workers": "learner.workers",
+    "mixer.normalization": "algo.reward_norm.mode",
+    "mixer.norm_stat": "algo.reward_norm.stat",
+    "mixer.norm_ema": "algo.reward_norm.ema",
+}
+# Values of mixer.normalization that were estimators of their own, and what gives them now.
+OLD_NORMALIZATIONS = {
+    "group": "algo.name: grpo with algo.reward_norm.mode: none (GRPO's group z-score)",
+    "domain_then_group": "algo.reward_norm.mode: domain with algo.name: dr_grpo (group baseline, domain scale)",
+    "domain": "algo.reward_norm.mode: domain (the estimator then runs on the normalized rewards)",
+}
+FREE_FORM_DICTS = (
+    "kwargs",
+    "domain_weights",
+    "engine_resources",
+    "learner_resources",
+    "reward_resources",
+    "engine_kwargs",
+)
 
 
 def _yaml_line(text: str, dotted: str) -> int | None:
@@ -245,8 +509,9 @@ def _where(path: str, text: str, key: str) -> str:
 def load_recipe(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read a recipe YAML, apply ``key=value`` overrides, and return a frozen ``Recipe``.
 
-    Raises ``RecipeError`` for a missing file, invalid YAML, unknown keys, wrong types
-    or a malformed override. Does not check files or models (see ``validate_recipe``).
+    Raises ``RecipeError`` for a missing file, invalid YAML, unknown or moved keys, wrong
+    types, out-of-range values or a malformed override, naming the key and its YAML line (or
+    the override). Does not check files, models or rules across sections (``validate_recipe``).
     """
     p = Path(path)
     if not p.is_file():
@@ -264,49 +529,57 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
         raise RecipeError(f"{p}: a recipe is a mapping of sections (run, model, data, ...), got {type(raw).__name__}")
     if "source" in raw:
         raise RecipeError(f"{_where(str(p), text, 'source')}: 'source' is set by jointrl, not by the recipe")
-    base = OmegaConf.structured(Recipe)
-    OmegaConf.set_struct(base, True)
-    _open_free_form_dicts(base)
-    try:
-        merged = OmegaConf.merge(base, OmegaConf.create(raw))
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", "") or ""
-        raise RecipeError(f"{_where(str(p), text, key)}: {_explain(e, key)}") from None
-    # Overrides edit the full plain tree, then everything is re-validated in one merge;
-    # a type error on an overridden key is reported against the override.
-    tree = OmegaConf.to_container(merged)
     overridden: dict[str, str] = {}
     for ov in overrides:
         key, value = _parse_override(ov)
-        _set_path(tree, key, value, ov)
+        _set_path(raw, key, value, ov)
         overridden[key] = ov
-    tree["source"] = str(p.resolve())
+    raw["source"] = str(p.resolve())
     try:
-        final = OmegaConf.merge(base, OmegaConf.create(tree))
-        return OmegaConf.to_object(final)
-    except OmegaConfBaseException as e:
-        key = _dotted(getattr(e, "full_key", "") or "")
-        for k, ov in overridden.items():
-            if key == k or key.startswith(k + "."):
-                raise RecipeError(f"override {ov!r}: {_explain(e, key)}") from None
-        raise RecipeError(f"{_where(str(p), text, key)}: {_explain(e, key)}") from None
+        _refuse_old_normalization(raw)
+        recipe = build(Recipe, raw, renamed=RENAMED)
+    except FieldError as e:
+        raise RecipeError(_locate(e, str(p), text, overridden)) from None
+    return resolve_defaults(recipe)
 
 
-def _open_free_form_dicts(node: Any) -> None:
-    """Dict-typed fields (``mixer.domain_weights``, ``kwargs``) take any keys; sections stay strict."""
-    if OmegaConf.is_dict(node):
-        if OmegaConf.get_type(node) is dict:
-            OmegaConf.set_struct(node, False)
-        for k in node.keys():
-            _open_free_form_dicts(node._get_node(k))
-    elif OmegaConf.is_list(node):
-        for i in range(len(node)):
-            _open_free_form_dicts(node._get_node(i))
+def _refuse_old_normalization(raw: dict) -> None:
+    """``mixer.normalization`` moved, and two of its values were estimators of their own: name what gives each now."""
+    old = raw["mixer"].get("normalization") if isinstance(raw.get("mixer"), dict) else None
+    if old is not None:
+        then = f"; for {old!r} use {OLD_NORMALIZATIONS[old]}" if old in OLD_NORMALIZATIONS else ""
+        raise FieldError(
+            "mixer.normalization", f"recipe key 'mixer.normalization' moved to 'algo.reward_norm.mode'{then}"
+        )
 
 
-def _dotted(full_key: str) -> str:
-    """OmegaConf's ``rewards[0].cls`` as ``rewards.0.cls``."""
-    return full_key.replace("[", ".").replace("]", "")
+def _locate(e: FieldError, src: str, text: str, overridden: dict[str, str]) -> str:
+    """``e`` as the user reads it: the override that set the key, else the key's YAML line."""
+    body = e.msg if f"'{e.key}'" in e.msg else f"{e.key}: {e.msg}"
+    for k, ov in overridden.items():
+        if e.key == k or e.key.startswith(k + ".") or k.startswith(e.key + "."):
+            if e.value:  # a value out of range: where it sits in the recipe, and what set it
+                return f"{_where(src, text, e.key)}: {body} (set by override {ov!r})"
+            return f"override {ov!r}: {body}"
+    return f"{_where(src, text, e.key)}: {body}"
+
+
+def resolve_defaults(recipe: Recipe) -> Recipe:
+    """Fill the values that default to another section's: ``algo.loss.agg: auto`` (the estimator's
+    own aggregation) and ``algo.loss.norm_tokens: 0`` (the generation budget). An unknown estimator is
+    left for ``validate_recipe`` to report."""
+    from rl.algos.estimators import EstimatorError, estimator_class
+
+    loss = recipe.algo.loss
+    try:
+        agg = estimator_class(recipe.algo.name).default_agg if loss.agg == "auto" else loss.agg
+    except EstimatorError:
+        return recipe
+    norm = loss.norm_tokens or recipe.rollout.max_new_tokens * recipe.rollout.max_turns
+    loss = dataclasses.replace(
+        loss, agg=agg, norm_tokens=norm if agg == "seq-mean-token-sum-norm" else loss.norm_tokens
+    )
+    return dataclasses.replace(recipe, algo=dataclasses.replace(recipe.algo, loss=loss))
 
 
 def _parse_override(ov: str) -> tuple[str, Any]:
@@ -321,50 +594,33 @@ def _parse_override(ov: str) -> tuple[str, Any]:
     return key.strip(), parsed
 
 
-def _set_path(tree: Any, key: str, value: Any, ov: str) -> None:
+def _set_path(tree: dict, key: str, value: Any, ov: str) -> None:
+    """Set dotted ``key`` in the plain YAML ``tree``; sections and default lists left out of the YAML are
+    created on the way (``rewards.0.weight=0.5`` edits the default reward). Unknown keys are set as
+    given and refused by ``build``, which names them."""
     parts = key.split(".")
-    node = tree
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, dict) and part in node and part != "source":
-            if last:
-                node[part] = value
-            else:
-                node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            if last:
-                node[int(part)] = value
-            else:
-                node = node[int(part)]
-        elif isinstance(node, dict) and i == len(parts) - 1 and i > 0 and parts[i - 1] in FREE_FORM_DICTS:
-            node[part] = value  # free-form mappings (kwargs, domain weights): new keys are allowed
-        else:
-            raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'{_suggest(key)}")
-
-
-def _explain(e: OmegaConfBaseException, key: str) -> str:
-    msg = str(e).splitlines()[0]
-    if "not in struct" in msg or "Key '" in msg and "not" in msg:
-        return f"unknown recipe key '{key}'{_suggest(key)}"
-    return f"recipe key '{key}': {msg}" if key else msg
-
-
-def _suggest(key: str) -> str:
-    """'; valid keys here: ...' for the section of an unknown key."""
-    parts = key.split(".")
-    cls: Any = Recipe
+    if not key or not all(parts) or parts[0] == "source":
+        raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'")
+    node: Any = tree
+    default: Any = to_plain(Recipe())
     for part in parts[:-1]:
-        f = {x.name: x for x in fields(cls)}.get(part)
-        if f is None or not is_dataclass(_field_type(cls, part)):
-            return ""
-        cls = _field_type(cls, part)
-    return f"; valid keys here: {', '.join(x.name for x in fields(cls) if x.name != 'source')}"
-
-
-def _field_type(cls: Any, name: str) -> Any:
-    import typing
-
-    return typing.get_type_hints(cls)[name]
+        if isinstance(node, dict):
+            sub = default.get(part) if isinstance(default, dict) else None
+            if not isinstance(node.get(part), (dict, list)):
+                node[part] = [dict(x) if isinstance(x, dict) else x for x in sub] if isinstance(sub, list) else {}
+            node, default = node[part], sub
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+            default = default[0] if isinstance(default, list) and default else None
+        else:
+            raise RecipeError(f"override {ov!r}: unknown recipe key '{key}' (no item {part} here)")
+    last = parts[-1]
+    if isinstance(node, dict):
+        node[last] = value
+    elif isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        node[int(last)] = value
+    else:
+        raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'")
 
 
 def resolve_path(recipe: Recipe, p: str) -> Path:
@@ -375,163 +631,158 @@ def resolve_path(recipe: Recipe, p: str) -> Path:
     return Path(recipe.source).parent / q
 
 
-def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
-    """Check everything about ``recipe`` that can be checked without starting anything.
-
-    Raises ``RecipeError`` naming the first problem's key. ``check_imports`` resolves the
-    env and reward classes named by dotted path (importing user code).
-    """
+def _failer(recipe: Recipe):
     src = recipe.source or "recipe"
     text = Path(recipe.source).read_text() if recipe.source and Path(recipe.source).is_file() else ""
 
     def fail(key: str, msg: str) -> None:
         raise RecipeError(f"{_where(src, text, key)}: {key}: {msg}")
 
-    r, a, t = recipe.rollout, recipe.algo, recipe.train
-    if t.steps < 0:
-        fail("train.steps", f"must be >= 0, got {t.steps}")
-    if t.eval_every < 0:
-        fail("train.eval_every", "must be >= 0")
-    if t.max_bad_steps < 1:
-        fail("train.max_bad_steps", f"must be >= 1, got {t.max_bad_steps}")
-    if r.max_restarts < 0:
-        fail("rollout.max_restarts", f"must be >= 0, got {r.max_restarts}")
-    if r.async_steps not in (0, 1):
-        fail("rollout.async_steps", f"choose 0 (synchronous) or 1 (one-step-off), got {r.async_steps}")
-    if a.tis_cap < 0:
-        fail("algo.tis_cap", f"must be >= 0 (0 = off), got {a.tis_cap}")
-    for key, val in (("rollout.num_engines", r.num_engines), ("rollout.prompts_per_step", r.prompts_per_step),
-                     ("rollout.group_size", r.group_size), ("rollout.max_new_tokens", r.max_new_tokens),
-                     ("rollout.max_turns", r.max_turns), ("reward_service.workers", recipe.reward_service.workers),
-                     ("algo.micro_batch_tokens", a.micro_batch_tokens)):
-        if val < 1:
-            fail(key, f"must be >= 1, got {val}")
-    if r.max_model_len <= r.max_new_tokens:
-        fail("rollout.max_model_len", f"must exceed rollout.max_new_tokens ({r.max_new_tokens})")
-    if a.name not in ALGOS:
-        fail("algo.name", f"unknown algorithm {a.name!r}; choose one of {', '.join(ALGOS)}")
-    if a.name == "rloo" and r.group_size < 2:
-        fail("rollout.group_size", "rloo needs a group of at least 2 samples")
-    if a.loss_agg not in LOSS_AGGS:
-        fail("algo.loss_agg", f"unknown aggregation {a.loss_agg!r}; choose one of {', '.join(LOSS_AGGS)}")
-    if a.zero_variance not in ("keep", "drop"):
-        fail("algo.zero_variance", f"choose keep or drop, got {a.zero_variance!r}")
-    if a.kl_kind not in KL_KINDS:
-        fail("algo.kl_kind", f"unknown KL estimator {a.kl_kind!r}; choose one of {', '.join(KL_KINDS)}")
-    if a.lr <= 0:
-        fail("algo.lr", f"must be > 0, got {a.lr}")
-    if a.kl_coef < 0:
-        fail("algo.kl_coef", "must be >= 0")
-    if not (0 <= a.clip_low < 1) or a.clip_high < 0:
-        fail("algo.clip_low", "need 0 <= clip_low < 1 and clip_high >= 0")
-    if a.dual_clip != 0 and not a.dual_clip > 1:
-        fail("algo.dual_clip", f"must be 0 (off) or > 1, got {a.dual_clip}")
-    if a.lr_schedule not in LR_SCHEDULES:
-        fail("algo.lr_schedule", f"unknown schedule {a.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
-    if not 0 <= a.lr_min_ratio <= 1:
-        fail("algo.lr_min_ratio", f"must be in [0, 1], got {a.lr_min_ratio}")
-    if a.kl_in_reward and a.kl_coef == 0:
-        fail("algo.kl_in_reward", "needs algo.kl_coef > 0 (the coefficient of the per-token KL penalty)")
-    if a.kl_target < 0:
-        fail("algo.kl_target", f"must be >= 0, got {a.kl_target}")
-    if a.kl_target > 0 and a.kl_coef == 0:
-        fail("algo.kl_target", "an adaptive KL coefficient needs algo.kl_coef > 0 as its initial value")
-    if a.critic not in CRITICS:
-        fail("algo.critic", f"unknown critic {a.critic!r}; choose one of {', '.join(CRITICS)}")
-    if not (0 <= a.gamma <= 1):
-        fail("algo.gamma", f"must be in [0, 1], got {a.gamma}")
-    if not (0 <= a.lam <= 1):
-        fail("algo.lam", f"must be in [0, 1], got {a.lam}")
-    for key, val in (("algo.lr_warmup_steps", a.lr_warmup_steps), ("algo.entropy_coef", a.entropy_coef),
-                     ("algo.critic_lr", a.critic_lr), ("algo.vf_coef", a.vf_coef), ("algo.value_clip", a.value_clip)):
-        if val < 0:
-            fail(key, f"must be >= 0, got {val}")
-    for key, val in (("algo.epochs", a.epochs), ("algo.minibatches", a.minibatches), ("algo.kl_horizon", a.kl_horizon),
-                     ("algo.learner_workers", a.learner_workers)):
-        if val < 1:
-            fail(key, f"must be >= 1, got {val}")
-    if a.minibatches > r.prompts_per_step * r.group_size:
-        fail("algo.minibatches", f"{a.minibatches} minibatches from batches of {r.prompts_per_step * r.group_size} "
-                                 "samples (rollout.prompts_per_step x rollout.group_size) would leave some empty")
-    if r.temperature < 0:
-        fail("rollout.temperature", "must be >= 0")
-    for key, val in (("model.engine_dtype", recipe.model.engine_dtype), ("model.learner_dtype", recipe.model.learner_dtype),
-                     ("model.reference_dtype", recipe.model.reference_dtype)):
-        if val not in DTYPES:
-            fail(key, f"unknown dtype {val!r}; choose one of {', '.join(DTYPES)}")
-    if recipe.run.resume not in ("never", "auto"):
-        fail("run.resume", f"choose never or auto, got {recipe.run.resume!r}")
-    if recipe.wandb.table_every < 0:
-        fail("wandb.table_every", "must be >= 0")
-    mx = recipe.mixer
-    from rl.data.mixer import NORMALIZATIONS
+    return fail
 
-    if mx.normalization not in NORMALIZATIONS:
-        fail("mixer.normalization", f"unknown normalization {mx.normalization!r}; choose one of {', '.join(NORMALIZATIONS)}")
-    if mx.normalization != "none" and a.name not in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
-        fail("mixer.normalization", f"per-domain normalization gives outcome advantages; {a.name!r} computes its own")
-    if mx.norm_stat not in ("welford", "ema"):
-        fail("mixer.norm_stat", f"choose welford or ema, got {mx.norm_stat!r}")
-    if mx.strata < 1:
-        fail("mixer.strata", "must be >= 1")
-    if mx.strata_proportions and (len(mx.strata_proportions) != mx.strata or min(mx.strata_proportions) < 0):
-        fail("mixer.strata_proportions", f"need {mx.strata} non-negative numbers, got {mx.strata_proportions}")
-    if any(w < 0 for w in mx.domain_weights.values()) or (mx.domain_weights and not sum(mx.domain_weights.values()) > 0):
-        fail("mixer.domain_weights", "weights must be >= 0 with a positive sum")
-    unknown_domains = sorted(set(mx.domain_weights) - {e.domain for e in r.envs})
-    if unknown_domains:
-        fail("mixer.domain_weights", f"domains {unknown_domains} have no env in rollout.envs")
-    if not 0 < mx.length_ema <= 1 or not 0 < mx.norm_ema <= 1 or not 0 <= mx.curriculum_weight <= 1:
-        fail("mixer.length_ema", "length_ema and norm_ema must be in (0, 1], curriculum_weight in [0, 1]")
-    bad = sorted(set(mx.seq_level_domains) - {e.domain for e in r.envs})
-    if bad:
-        fail("mixer.seq_level_domains", f"domains {bad} have no env in rollout.envs")
-    if mx.seq_level_domains and a.name not in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
-        fail("mixer.seq_level_domains", f"needs outcome advantages; {a.name!r} computes its own")
-    if mx.curriculum_window < 0:
-        fail("mixer.curriculum_window", "must be >= 0")
-    if recipe.data.train_weights and (len(recipe.data.train_weights) != len(recipe.data.train_files)
-                                      or min(recipe.data.train_weights) < 0):
-        fail("data.train_weights", f"need one non-negative weight per train file ({len(recipe.data.train_files)})")
-    if recipe.wandb.mode not in WANDB_MODES:
-        fail("wandb.mode", f"unknown mode {recipe.wandb.mode!r}; choose online, offline or disabled")
+
+def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
+    """Check everything about ``recipe`` that can be checked without starting anything.
+
+    Field types, choices and bounds were checked when the recipe was built; this checks the rules
+    across sections (:func:`cross_section_rules`), the cluster section, then the world: model folder,
+    task files, env and reward classes (``check_imports`` imports them), ``rollout.engine_kwargs``
+    against the installed vLLM, and the output dir. Raises ``RecipeError`` naming the first problem's key.
+    """
+    fail = _failer(recipe)
+    for key, msg in cross_section_rules(recipe):
+        fail(key, msg)
     check_cluster(recipe)
+    _check_files(recipe, fail)
+    if check_imports:
+        _check_classes(recipe, fail)
+    check_engine_kwargs(recipe.rollout.engine_kwargs, fail)
+    _check_output_dir(recipe, fail)
 
+
+def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
+    """``(key, message)`` for each broken rule that spans sections, in order; the one place for them."""
+    from rl.algos.estimators import ESTIMATORS, EstimatorError, get_estimator
+
+    r, a, mx = recipe.rollout, recipe.algo, recipe.mixer
+    try:
+        est = get_estimator(a)
+    except EstimatorError as e:
+        yield e.key, str(e)
+        return
+    if r.group_size < est.min_group_size:
+        yield "rollout.group_size", f"{a.name} needs a group of at least {est.min_group_size} samples"
+    n = r.prompts_per_step * r.group_size
+    if a.update.minibatches > n:
+        yield (
+            "algo.update.minibatches",
+            (
+                f"{a.update.minibatches} minibatches from batches of {n} samples "
+                "(rollout.prompts_per_step x rollout.group_size) would leave some empty"
+            ),
+        )
+    if a.optim.schedule == "cosine" and recipe.train.steps == 0:
+        yield "algo.optim.schedule", "cosine decays over the run's optimizer steps; train.steps is 0 (use constant)"
+    # Both act on outcome advantages computed before the learner; the learner computes them
+    # itself for a critic (GAE) or for a per-token KL penalty in the reward.
+    why = (
+        f"{a.name!r} computes its advantages in the learner (GAE on the critic)"
+        if est.needs_critic
+        else "algo.kl.in_reward puts a per-token KL penalty in the reward, so the learner computes the advantages"
+    )
+    if a.reward_norm.mode != "none" and est.learner_advantages(a):
+        yield "algo.reward_norm.mode", f"per-domain normalization shapes outcome rewards before the estimator; {why}"
+    if mx.seq_level_domains and est.learner_advantages(a):
+        yield "mixer.seq_level_domains", f"rescales outcome advantages per sequence; {why}, so it would be ignored"
+    # Sections only some estimators read: set for another one, they would be silently ignored.
+    owners: dict[str, list[str]] = {}
+    for name, cls in ESTIMATORS.items():
+        for section in cls.sections:
+            owners.setdefault(section, []).append(name)
+    for section, names in owners.items():
+        if section not in est.sections and getattr(a, section) != getattr(AlgoConfig(), section):
+            yield f"algo.{section}", f"is used by {' and '.join(names)} only; {a.name} would ignore it"
+    domains = {e.domain for e in r.envs}
+    for key, used in (("mixer.domain_weights", mx.domain_weights), ("mixer.seq_level_domains", mx.seq_level_domains)):
+        bad = sorted(set(used) - domains)
+        if bad:
+            yield key, f"domains {bad} have no env in rollout.envs"
+    if not recipe.data.train_files:
+        yield "data.train_files", "at least one task file is needed"
+    if not recipe.rewards:
+        yield "rewards", "at least one reward class is needed"
+
+
+# vLLM engine arguments jointrl sets itself, and the recipe key that owns each.
+ENGINE_KWARGS_OWNED = {
+    "model": "model.path",
+    "tokenizer": "model.path",
+    "dtype": "model.engine_dtype",
+    "seed": "run.seed",
+    "max_model_len": "rollout.max_model_len",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "kv_cache_memory_bytes": "rollout.kv_cache_gib",
+    "tensor_parallel_size": "cluster.engine_tp",
+    "distributed_executor_backend": "cluster.engine_tp",
+    "enable_sleep_mode": "cluster.placement",
+}
+
+
+def vllm_engine_arg_names() -> set[str]:
+    """The field names of the installed vLLM's ``EngineArgs`` (imports vLLM: seconds)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def check_engine_kwargs(kwargs: dict[str, Any], fail) -> None:
+    """``rollout.engine_kwargs``: not an option jointrl sets, and one of the installed vLLM's ``EngineArgs``."""
+    import difflib
+
+    for k in kwargs:
+        if k in ENGINE_KWARGS_OWNED:
+            fail(f"rollout.engine_kwargs.{k}", f"jointrl sets {k} itself from {ENGINE_KWARGS_OWNED[k]}: set that key")
+    if not kwargs:
+        return
+    try:
+        names = vllm_engine_arg_names()
+    except ImportError as e:
+        fail("rollout.engine_kwargs", f"cannot check the engine arguments: vLLM does not import here ({e})")
+    for k in kwargs:
+        if k not in names:
+            close = difflib.get_close_matches(k, sorted(names), n=3)
+            fail(
+                f"rollout.engine_kwargs.{k}",
+                f"not an argument of the installed vLLM's EngineArgs"
+                f"{'; did you mean ' + ', '.join(close) + '?' if close else ''}",
+            )
+
+
+def _check_files(recipe: Recipe, fail) -> None:
     mp = recipe.model.path
-    if mp.startswith("embedded:"):
-        if mp not in EMBEDDED_MODELS:
-            fail("model.path", f"unknown embedded model {mp!r}; choose one of {', '.join(EMBEDDED_MODELS)}")
-    else:
+    if not mp.startswith("embedded:"):
         folder = resolve_path(recipe, mp)
         if not folder.is_dir():
             fail("model.path", f"model folder not found: {folder}")
         if not (folder / "config.json").is_file():
             fail("model.path", f"{folder} is not a Hugging Face model folder (no config.json)")
-
-    if not recipe.data.train_files:
-        fail("data.train_files", "at least one task file is needed")
     for key, files in (("data.train_files", recipe.data.train_files), ("data.eval_files", recipe.data.eval_files)):
         for i, f in enumerate(files):
             if not resolve_path(recipe, f).is_file():
                 fail(f"{key}.{i}", f"task file not found: {resolve_path(recipe, f)}")
 
-    if not recipe.rewards:
-        fail("rewards", "at least one reward class is needed")
-    domains = [e.domain for e in r.envs]
-    if len(set(domains)) != len(domains):
-        fail("rollout.envs", f"one env per domain, got domains {domains}")
-    if check_imports:
-        from envs.base import resolve
 
-        for i, e in enumerate(r.envs):
-            _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
-        for i, spec in enumerate(recipe.rewards):
-            obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve)
-            if isinstance(obj, type) and not any("__call__" in vars(k) for k in obj.__mro__):
-                fail(f"rewards.{i}.cls", f"{spec.cls} has no __call__(trajectory) method")
-            if not spec.domains and not getattr(obj, "domains", None):
-                fail(f"rewards.{i}.domains", f"{spec.cls} has no `domains` attribute: list the domains it scores")
-    _check_output_dir(recipe, fail)
+def _check_classes(recipe: Recipe, fail) -> None:
+    from envs.base import resolve
+
+    for i, e in enumerate(recipe.rollout.envs):
+        _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
+    for i, spec in enumerate(recipe.rewards):
+        obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve)
+        if isinstance(obj, type) and not any("__call__" in vars(k) for k in obj.__mro__):
+            fail(f"rewards.{i}.cls", f"{spec.cls} has no __call__(trajectory) method")
+        if not spec.domains and not getattr(obj, "domains", None):
+            fail(f"rewards.{i}.domains", f"{spec.cls} has no `domains` attribute: list the domains it scores")
 
 
 def check_cluster(recipe: Recipe, device: str | None = None) -> None:
@@ -541,71 +792,70 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
     can be checked before knowing it (``cluster.device: auto`` is resolved against the Ray
     cluster when the run starts, and this runs again then).
     """
-    src = recipe.source or "recipe"
-    text = Path(recipe.source).read_text() if recipe.source and Path(recipe.source).is_file() else ""
-
-    def fail(key: str, msg: str) -> None:
-        raise RecipeError(f"{_where(src, text, key)}: {key}: {msg}")
-
-    c, r, a = recipe.cluster, recipe.rollout, recipe.algo
-    if c.device not in DEVICES:
-        fail("cluster.device", f"unknown device {c.device!r}; choose one of {', '.join(DEVICES)}")
-    if c.placement not in PLACEMENTS:
-        fail("cluster.placement", f"unknown placement {c.placement!r}; choose one of {', '.join(PLACEMENTS)}")
-    if c.engine_tp < 1:
-        fail("cluster.engine_tp", f"must be >= 1, got {c.engine_tp}")
-    for key, val in (("cluster.engine_cpus", c.engine_cpus), ("cluster.learner_cpus", c.learner_cpus),
-                     ("cluster.reward_cpus", c.reward_cpus), ("cluster.placement_timeout_s", c.placement_timeout_s)):
-        if not val > 0:
-            fail(key, f"must be > 0, got {val}")
-    for key, val in (("cluster.engine_gpus", c.engine_gpus), ("cluster.learner_gpus", c.learner_gpus)):
-        if val < 0 or (val > 1 and val != int(val)):
-            fail(key, f"must be a fraction in [0, 1] or a whole number of GPUs (Ray's rule), got {val}")
-    for key, res in (("cluster.engine_resources", c.engine_resources), ("cluster.learner_resources", c.learner_resources),
-                     ("cluster.reward_resources", c.reward_resources)):
-        for name, amount in res.items():
-            if name in RESERVED_RESOURCES:
-                fail(f"{key}.{name}", f"{name!r} is set by cluster.*_cpus / cluster.*_gpus, not as a custom resource")
-            if not amount > 0:
-                fail(f"{key}.{name}", f"must be > 0, got {amount}")
+    fail = _failer(recipe)
+    c, r, n_lrn = recipe.cluster, recipe.rollout, recipe.learner.workers
     dev = device or (c.device if c.device != "auto" else None)
     if dev == "gpu":
         for key, val in (("cluster.engine_gpus", c.engine_gpus), ("cluster.learner_gpus", c.learner_gpus)):
             if not val > 0:
                 fail(key, "must be > 0 on GPU (CUDA vLLM and the GPU learner each need a share of a GPU)")
+    on_cpu = f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''})"
     if c.placement == "colocated":
         if dev == "cpu":
-            fail("cluster.placement", f"colocated shares GPUs between engines and learners; the run is on CPU "
-                                      f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''}): "
-                                      "use placement split")
+            fail(
+                "cluster.placement",
+                f"colocated shares GPUs between engines and learners; the run is on CPU {on_cpu}: use placement split",
+            )
         if r.async_steps:
-            fail("rollout.async_steps", "async rollouts overlap generation with the learner step; colocated engines "
-                                        "sleep during that step: use cluster.placement split, or async_steps 0")
+            fail(
+                "rollout.async_steps",
+                "async rollouts overlap generation with the learner step; colocated engines "
+                "sleep during that step: use cluster.placement split, or async_steps 0",
+            )
         if c.engine_tp != 1:
-            fail("cluster.engine_tp", "colocated placement puts one engine and one learner worker on each GPU: "
-                                      f"engine_tp must be 1, got {c.engine_tp}")
-        if r.num_engines != a.learner_workers:
-            fail("cluster.placement", f"colocated placement pairs engine i with learner worker i on one GPU: "
-                                      f"rollout.num_engines ({r.num_engines}) must equal algo.learner_workers "
-                                      f"({a.learner_workers})")
+            fail(
+                "cluster.engine_tp",
+                "colocated placement puts one engine and one learner worker on each GPU: "
+                f"engine_tp must be 1, got {c.engine_tp}",
+            )
+        if r.num_engines != n_lrn:
+            fail(
+                "cluster.placement",
+                f"colocated placement pairs engine i with learner worker i on one GPU: "
+                f"rollout.num_engines ({r.num_engines}) must equal learner.workers ({n_lrn})",
+            )
         if not (c.engine_gpus > 0 and c.learner_gpus > 0 and c.engine_gpus + c.learner_gpus <= 1):
-            fail("cluster.engine_gpus", f"colocated: an engine and a learner worker share one GPU, so "
-                                        f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
-                                        f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}")
+            fail(
+                "cluster.engine_gpus",
+                f"colocated: an engine and a learner worker share one GPU, so "
+                f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
+                f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}",
+            )
     if c.learner_gpus > 1:
-        fail("cluster.learner_gpus", f"a learner worker uses one GPU (no model parallelism); for more GPUs raise "
-                                     f"algo.learner_workers (data parallel), got {c.learner_gpus}")
+        fail(
+            "cluster.learner_gpus",
+            f"a learner worker uses one GPU (no model parallelism); for more GPUs raise "
+            f"learner.workers (data parallel), got {c.learner_gpus}",
+        )
     if c.engine_gpus > 1 and c.engine_tp == 1 and dev != "cpu":
-        fail("cluster.engine_tp", f"an engine with cluster.engine_gpus={c.engine_gpus:g} would use one of them: set "
-                                  f"cluster.engine_tp to {c.engine_gpus:g} (tensor parallel) or engine_gpus to 1")
+        fail(
+            "cluster.engine_tp",
+            f"an engine with cluster.engine_gpus={c.engine_gpus:g} would use one of them: set "
+            f"cluster.engine_tp to {c.engine_gpus:g} (tensor parallel) or engine_gpus to 1",
+        )
     if c.engine_tp > 1:
         if dev == "cpu":
-            fail("cluster.engine_tp", f"tensor parallelism ({c.engine_tp}) needs GPUs; the run is on CPU "
-                                      f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''}), "
-                                      "where each engine is one vLLM-cpu process: use 1")
+            fail(
+                "cluster.engine_tp",
+                f"tensor parallelism ({c.engine_tp}) needs GPUs; the run is on CPU {on_cpu}, "
+                "where each engine is one vLLM-cpu process: use 1",
+            )
         if c.engine_gpus != c.engine_tp:
-            fail("cluster.engine_gpus", f"an engine with cluster.engine_tp={c.engine_tp} needs one GPU per "
-                                        f"tensor-parallel rank: set cluster.engine_gpus to {c.engine_tp}, got {c.engine_gpus}")
+            fail(
+                "cluster.engine_gpus",
+                f"an engine with cluster.engine_tp={c.engine_tp} needs one GPU per "
+                f"tensor-parallel rank: set cluster.engine_gpus to {c.engine_tp}, got {c.engine_gpus}",
+            )
 
 
 def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve) -> Any:
@@ -641,12 +891,18 @@ def _check_output_dir(recipe: Recipe, fail) -> None:
     need = checkpoint_bytes_estimate(recipe) * (max(recipe.run.keep_checkpoints, 1) + 1) + 64 * 2**20
     free = shutil.disk_usage(probe).free
     if free < need:
-        fail("run.output_dir", f"only {free / 2**20:.0f} MiB free under {probe}; checkpoints (model + optimizer, "
-                              f"run.keep_checkpoints={recipe.run.keep_checkpoints} kept, one being written) and logs "
-                              f"need about {need / 2**20:.0f} MiB")
+        fail(
+            "run.output_dir",
+            f"only {free / 2**20:.0f} MiB free under {probe}; checkpoints (model + optimizer, "
+            f"run.keep_checkpoints={recipe.run.keep_checkpoints} kept, one being written) and logs "
+            f"need about {need / 2**20:.0f} MiB",
+        )
     if (out / "metrics.jsonl").exists() and not recipe.run.overwrite and recipe.run.resume != "auto":
-        fail("run.output_dir", f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
-                              "to replace it, or choose another run.output_dir")
+        fail(
+            "run.output_dir",
+            f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
+            "to replace it, or choose another run.output_dir",
+        )
 
 
 # Weights file bytes per parameter -> checkpoint bytes per parameter (fp32 master weights + AdamW's
@@ -661,7 +917,9 @@ def checkpoint_bytes_estimate(recipe: Recipe) -> int:
     if mp in _EMBEDDED_WEIGHT_BYTES:
         return _CKPT_PER_FILE_BYTE * _EMBEDDED_WEIGHT_BYTES[mp]
     folder = resolve_path(recipe, mp)
-    size = sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in folder.glob(pat)) if folder.is_dir() else 0
+    size = (
+        sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in folder.glob(pat)) if folder.is_dir() else 0
+    )
     return _CKPT_PER_FILE_BYTE * size
 
 
@@ -671,4 +929,5 @@ def resolve_output_dir(recipe: Recipe) -> Path:
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
-    return OmegaConf.to_container(OmegaConf.structured(recipe), resolve=False)  # type: ignore[return-value]
+    """The recipe as plain data (every key, resolved): what `jointrl validate --print` and recipe.resolved.yaml show."""
+    return to_plain(recipe)

@@ -1,5 +1,5 @@
-"""The task mixer: which tasks each step trains on, and how rewards of different domains
-are put on one scale.
+"""The task mixer: which tasks each step trains on. (Putting the rewards of different domains on
+one scale is a reward-shaping stage before the estimator: ``rl.algos.shaping``.)
 
 Drawing (``TaskMixer.sample``), per step:
 
@@ -21,19 +21,7 @@ Drawing (``TaskMixer.sample``), per step:
    once per pass. A task whose last ``curriculum_window`` visits were all solved or all
    failed (no learning signal) sits out a pass with probability ``1 - curriculum_weight``.
 
-Normalization (``RewardNormalizer``): running per-domain mean and std (Welford over all
-rewards seen, or an EMA), then advantages by mode (``r`` reward, ``g`` its group,
-``d`` its domain, ``mu_d``/``sigma_d`` running domain statistics including this batch):
-
-- ``none``: the algorithm's own advantages on raw rewards (``algo.name``);
-- ``group``: ``(r - mean_g) / (std_g + eps)`` (GRPO's group z-score);
-- ``domain``: ``(r - mu_d) / (sigma_d + eps)`` (domain baseline and scale, no groups);
-- ``domain_then_group``: ``r' = (r - mu_d) / (sigma_d + eps)``, then ``r' - mean_g(r')``,
-  i.e. ``(r - mean_g) / (sigma_d + eps)``: the group baseline with the domain's scale, so
-  a domain whose rewards are 10x larger does not get 10x the gradient, without GRPO's
-  per-group std (which inflates near-solved and near-impossible groups).
-
-The whole state (RNG, length estimates, visit history, normalizer statistics) is in
+The whole state (RNG, length estimates, visit history) is in
 ``state_dict()``: a resumed run draws exactly what the uninterrupted run would have.
 This module does not run rollouts or touch models.
 """
@@ -46,11 +34,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
 from envs.types import Task, Trajectory
 
-NORMALIZATIONS = ("none", "group", "domain", "domain_then_group")
 DEFAULT_LENGTH = {"tool_call": 64, "code": 256, "terminal": 512}
 
 
@@ -244,118 +230,9 @@ def _as_rng_state(s: Any) -> tuple:
     return (s[0], tuple(s[1]), s[2])
 
 
-class RewardNormalizer:
-    """Running per-domain reward statistics and the normalized advantages (see module doc)."""
-
-    def __init__(self, mode: str = "none", stat: str = "welford", ema: float = 0.1, eps: float = 1e-6) -> None:
-        if mode not in NORMALIZATIONS:
-            raise ValueError(f"unknown normalization {mode!r}; choose one of {', '.join(NORMALIZATIONS)}")
-        if stat not in ("welford", "ema"):
-            raise ValueError(f"unknown statistic {stat!r}; choose welford or ema")
-        self.mode, self.stat, self.ema, self.eps = mode, stat, ema, eps
-        self.n: dict[str, float] = {}
-        self.mean: dict[str, float] = {}
-        self.m2: dict[str, float] = {}  # Welford: sum of squared deviations; EMA: the variance
-
-    def update(self, domain: str, values: list[float]) -> None:
-        for x in values:
-            n = self.n.get(domain, 0.0)
-            mu = self.mean.get(domain, 0.0)
-            if self.stat == "welford" or n == 0:
-                n += 1
-                d = x - mu
-                mu += d / n
-                self.m2[domain] = self.m2.get(domain, 0.0) + d * (x - mu) if self.stat == "welford" else 0.0
-            else:
-                d = x - mu
-                mu += self.ema * d
-                self.m2[domain] = (1 - self.ema) * (self.m2.get(domain, 0.0) + self.ema * d * d)
-                n += 1
-            self.n[domain], self.mean[domain] = n, mu
-
-    def std(self, domain: str) -> float:
-        n = self.n.get(domain, 0.0)
-        if n < 2:
-            return 1.0  # no spread known yet: leave the scale alone
-        var = self.m2[domain] / (n - 1) if self.stat == "welford" else self.m2[domain]
-        return math.sqrt(max(var, 0.0))
-
-    def advantages(self, rewards: list[float], group_ids: list[int], domains: list[str]) -> torch.Tensor | None:
-        """Update the statistics with this batch, then return advantages [B] (None for mode ``none``)."""
-        by_domain: dict[str, list[float]] = defaultdict(list)
-        for r, d in zip(rewards, domains):
-            by_domain[d].append(r)
-        for d, vs in by_domain.items():
-            self.update(d, vs)
-        if self.mode == "none":
-            return None
-        r = torch.tensor(rewards, dtype=torch.float64)
-        g = torch.tensor(group_ids)
-        mu = torch.tensor([self.mean[d] for d in domains], dtype=torch.float64)
-        sd = torch.tensor([self.std(d) for d in domains], dtype=torch.float64)
-        if self.mode == "domain":
-            return (r - mu) / (sd + self.eps)
-        _, inv = torch.unique(g, return_inverse=True)
-        cnt = torch.bincount(inv).to(torch.float64)
-        mean_g = torch.zeros_like(cnt).index_add_(0, inv, r)[inv] / cnt[inv]
-        centered = r - mean_g
-        if self.mode == "domain_then_group":
-            return centered / (sd + self.eps)
-        var = torch.zeros_like(cnt).index_add_(0, inv, centered**2)[inv] / (cnt[inv] - 1).clamp(min=1)
-        adv = centered / (var.sqrt() + self.eps)
-        return torch.where(cnt[inv] < 2, torch.zeros_like(adv), adv)
-
-    def metrics(self) -> dict[str, float]:
-        return {f"reward/{d}/running_mean": self.mean[d] for d in self.mean} | {
-            f"reward/{d}/running_std": self.std(d) for d in self.mean}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"n": dict(self.n), "mean": dict(self.mean), "m2": dict(self.m2)}
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.n, self.mean, self.m2 = dict(s["n"]), dict(s["mean"]), dict(s["m2"])
-
-
-def normalize_step(normalizer: RewardNormalizer, trajs: list[Trajectory]) -> tuple[list[float] | None, dict[str, float]]:
-    """Per-domain normalized advantages for a step's trajectories (aligned with ``trajs``; errored
-    samples get 0 and are excluded later) and the step's per-domain reward metrics:
-    ``reward/<d>/raw_mean``, ``reward/<d>/raw_std``, ``reward/<d>/norm_mean`` (mean of the
-    domain-standardized rewards), ``adv/<d>/mean``, ``adv/<d>/std`` (with normalization on).
-    """
-    scored = [t for t in trajs if t.reward is not None]
-    adv = normalizer.advantages([float(t.reward) for t in scored], [t.group_id for t in scored],  # type: ignore[arg-type]
-                                [t.task.domain for t in scored]) if scored else None
-    m: dict[str, float] = {}
-    by: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(scored):
-        by[t.task.domain].append(i)
-    for d, idx in sorted(by.items()):
-        r = torch.tensor([float(scored[i].reward) for i in idx], dtype=torch.float64)  # type: ignore[arg-type]
-        m[f"reward/{d}/raw_mean"] = float(r.mean())
-        m[f"reward/{d}/raw_std"] = float(r.std(unbiased=False))
-        m[f"reward/{d}/norm_mean"] = float(((r - normalizer.mean[d]) / (normalizer.std(d) + normalizer.eps)).mean())
-        if adv is not None:
-            a = adv[idx]
-            m[f"adv/{d}/mean"] = float(a.mean())
-            m[f"adv/{d}/std"] = float(a.std(unbiased=False))
-    m |= normalizer.metrics()
-    if adv is None:
-        return None, m
-    pos = {id(t): float(a) for t, a in zip(scored, adv.tolist())}
-    return [pos.get(id(t), 0.0) for t in trajs], m
-
-
 def sources_by_domain(tasks: list[Task], name: str, weight: float = 1.0) -> list[Source]:
     """One ``Source`` per domain present in ``tasks`` (a file may mix domains)."""
     by: dict[str, list[Task]] = defaultdict(list)
     for t in tasks:
         by[t.domain].append(t)
     return [Source(f"{name}[{d}]", d, ts, weight) for d, ts in sorted(by.items())]
-
-
-class TaskSampler(TaskMixer):
-    """Uniform draw over ``tasks`` (domains weighted by their task counts): the quickstart's sampler."""
-
-    def __init__(self, tasks: list[Task], per_step: int, seed: int) -> None:
-        sources = sources_by_domain(tasks, "train")
-        super().__init__(sources, per_step, seed, domain_weights={s.domain: len(s.tasks) for s in sources})

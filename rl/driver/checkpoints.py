@@ -20,8 +20,16 @@ from rl.config.recipe import Recipe, recipe_to_dict, resolve_output_dir
 # overwrite removes all of it (``checkpoints/`` above all: ``run.resume=auto`` would resume it, and
 # rotation would sort the old run's steps with the new run's). ``.live.json`` stays: it names the
 # shared memory of a killed driver, which the next start frees (rl.driver.recovery.free_dead_run).
-RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "metrics.discarded.jsonl", "rollouts.discarded.jsonl", "DONE",
-             "placement.json", "recipe.resolved.yaml", "eval_failures.jsonl")
+RUN_FILES = (
+    "metrics.jsonl",
+    "rollouts.jsonl",
+    "metrics.discarded.jsonl",
+    "rollouts.discarded.jsonl",
+    "DONE",
+    "placement.json",
+    "recipe.resolved.yaml",
+    "eval_failures.jsonl",
+)
 RUN_DIRS = ("checkpoints", "wandb")
 
 
@@ -47,8 +55,10 @@ def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
         (out / "DONE").unlink(missing_ok=True)
     elif holds_run(out):
         if not cfg.run.overwrite:
-            raise FileExistsError(f"{out} already holds a run and no checkpoint to resume from; set "
-                                  "run.overwrite=true to replace it, or choose another run.output_dir")
+            raise FileExistsError(
+                f"{out} already holds a run and no checkpoint to resume from; set "
+                "run.overwrite=true to replace it, or choose another run.output_dir"
+            )
         remove_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.resolved.yaml").write_text(_yaml(recipe_to_dict(cfg)))
@@ -97,9 +107,11 @@ def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state
         shutil.rmtree(tmp, ignore_errors=True)
         last = latest_checkpoint(out)
         err = getattr(e, "cause", None) or e  # a Ray task error carries the learner's exception
-        raise RunAborted(f"could not write the step-{step} checkpoint into {ck}: {type(err).__name__}: "
-                         f"{err}; the previous checkpoint is intact: "
-                         f"{last if last is not None else 'none'}") from e
+        raise RunAborted(
+            f"could not write the step-{step} checkpoint into {ck}: {type(err).__name__}: "
+            f"{err}; the previous checkpoint is intact: "
+            f"{last if last is not None else 'none'}"
+        ) from e
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     done = sorted(p for p in ck.iterdir() if p.name.startswith("step_"))

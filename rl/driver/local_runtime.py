@@ -28,8 +28,16 @@ from rollout.pool import RolloutWorker
 class LocalRuntime:
     """Everything in this process. ``engine``: ``hf`` | ``vllm``; ``learner=False``: generate and score only."""
 
-    def __init__(self, cfg: Recipe, model_path: str, out: Path | None = None, verbose: bool = False, *,
-                 engine: str = "hf", learner: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: Recipe,
+        model_path: str,
+        out: Path | None = None,
+        verbose: bool = False,
+        *,
+        engine: str = "hf",
+        learner: bool = True,
+    ) -> None:
         self.cfg, self.model_path, self.engine_kind, self.with_learner = cfg, model_path, engine, learner
         self.worker: RolloutWorker | None = None
         self.scorer: RewardScorer | None = None
@@ -41,7 +49,11 @@ class LocalRuntime:
         cfg, r = self.cfg, self.cfg.rollout
         kwargs: dict[str, Any] = dict(dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len)
         if self.engine_kind == "vllm":
-            kwargs |= dict(kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization)
+            kwargs |= dict(
+                kv_cache_gib=r.kv_cache_gib,
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                engine_kwargs=dict(r.engine_kwargs),
+            )
         engine = make_engine(self.engine_kind, self.model_path, **kwargs)
         self.worker = RolloutWorker(self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine)
         specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
@@ -49,12 +61,23 @@ class LocalRuntime:
         if self.with_learner:
             from rl.trainer.learner import Learner
 
-            self.shm_dir = tempfile.mkdtemp(prefix="jointrl-local-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-            self.learner = Learner(self.model_path, cfg.model, cfg.algo, seed=cfg.run.seed, threads=cfg.run.threads,
-                                   shm_dir=self.shm_dir, total_steps=cfg.train.steps)
+            self.shm_dir = tempfile.mkdtemp(
+                prefix="jointrl-local-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
+            self.learner = Learner(
+                self.model_path,
+                cfg.model,
+                cfg.algo,
+                seed=cfg.run.seed,
+                threads=cfg.run.threads,
+                shm_dir=self.shm_dir,
+                total_steps=cfg.train.steps,
+                learner=cfg.learner,
+            )
 
-    def generate(self, tasks: list[Task], group_ids: list[int], seeds: list[int],
-                 sampling: Sampling) -> list[Trajectory]:
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
         return self._worker().generate(tasks, group_ids, seeds, sampling)
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:

@@ -21,8 +21,9 @@ from typing import Callable
 from envs.io import TaskFormatError, load_tasks
 from envs.types import Sampling, Task
 from rl.algos.batch import build_batch, rollout_metrics
+from rl.algos.shaping import RewardNormalizer, shape_step
 from rl.config.recipe import Recipe, recipe_to_dict, resolve_path
-from rl.data.mixer import RewardNormalizer, Source, TaskMixer, normalize_step, sources_by_domain
+from rl.data.mixer import Source, TaskMixer, sources_by_domain
 from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_dir, read_checkpoint, write_checkpoint
 from rl.driver.logger import ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard
@@ -68,8 +69,8 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
             trajs = rt.score(trajs)                                                                # 3. rewards
             t2 = time.perf_counter()
             mixer.update(trajs)
-            advantages, norm_metrics = normalize_step(normalizer, trajs)                          # 4. per-domain norm
-            batch, batch_stats = build_batch(trajs, cfg.algo, advantages, tuple(cfg.mixer.seq_level_domains))
+            shaped, norm_metrics = shape_step(normalizer, trajs)                      # 4. reward shaping (per-domain norm)
+            batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
             metrics = rt.train_step(batch)                                                         # 5. update
             t3 = time.perf_counter()
             episodes.weights_updated()                              # 6. weight sync (async: once the engines are idle)
@@ -136,7 +137,8 @@ def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
 
 
 def make_normalizer(cfg: Recipe) -> RewardNormalizer:
-    return RewardNormalizer(cfg.mixer.normalization, stat=cfg.mixer.norm_stat, ema=cfg.mixer.norm_ema)
+    n = cfg.algo.reward_norm
+    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema)
 
 
 def expand(tasks: list[Task], group_size: int, seed: int, step: int) -> tuple[list[Task], list[int], list[int]]:

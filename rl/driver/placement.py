@@ -4,7 +4,7 @@
 
 * **split** (default): one placement group of ``rollout.num_engines`` bundles
   ``{CPU: engine_cpus, GPU: engine_gpus, **engine_resources}`` (strategy PACK), one of
-  ``algo.learner_workers`` bundles ``{CPU: learner_cpus, GPU: learner_gpus, **learner_resources}``
+  ``learner.workers`` bundles ``{CPU: learner_cpus, GPU: learner_gpus, **learner_resources}``
   (PACK: on one node when it fits, which keeps the learners' rendezvous local);
 * **colocated** (GPU only): one group of ``num_engines`` (= ``learner_workers``) bundles, each
   ``{CPU: engine_cpus + learner_cpus, GPU: 1, **both resources}``;
@@ -90,7 +90,7 @@ def plan_placement(recipe: Recipe, device: str) -> Plan:
     """The placement groups and actor slots of ``recipe`` on ``device`` (``cpu`` | ``gpu``). Pure."""
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be cpu or gpu, got {device!r}")
-    c, n_eng, n_lrn = recipe.cluster, recipe.rollout.num_engines, recipe.algo.learner_workers
+    c, n_eng, n_lrn = recipe.cluster, recipe.rollout.num_engines, recipe.learner.workers
     n_rew = recipe.reward_service.workers
     gpu = device == "gpu"
     eg, lg = (c.engine_gpus, c.learner_gpus) if gpu else (0.0, 0.0)
@@ -103,7 +103,7 @@ def plan_placement(recipe: Recipe, device: str) -> Plan:
             merged[k] = merged.get(k, 0.0) + v
         groups.append(GroupPlan("engines+learners",
                                 tuple(_bundle(c.engine_cpus + c.learner_cpus, 1.0 if gpu else 0.0, merged) for _ in range(n_eng)),
-                                "PACK", "rollout.num_engines, algo.learner_workers, cluster.engine_cpus/_gpus/_resources, "
+                                "PACK", "rollout.num_engines, learner.workers, cluster.engine_cpus/_gpus/_resources, "
                                         "cluster.learner_cpus/_gpus/_resources"))
         slots["engine"] = tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng))
         slots["learner"] = tuple(Slot(0, i, c.learner_cpus, lg) for i in range(n_lrn))
@@ -112,7 +112,7 @@ def plan_placement(recipe: Recipe, device: str) -> Plan:
                                 "PACK", "rollout.num_engines, cluster.engine_cpus, cluster.engine_gpus, "
                                         "cluster.engine_resources"))
         groups.append(GroupPlan("learners", tuple(_bundle(c.learner_cpus, lg, c.learner_resources) for _ in range(n_lrn)),
-                                "PACK", "algo.learner_workers, cluster.learner_cpus, cluster.learner_gpus, "
+                                "PACK", "learner.workers, cluster.learner_cpus, cluster.learner_gpus, "
                                         "cluster.learner_resources"))
         slots["engine"] = tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng))
         slots["learner"] = tuple(Slot(1, i, c.learner_cpus, lg) for i in range(n_lrn))

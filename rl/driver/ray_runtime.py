@@ -2,7 +2,7 @@
 
 Placed per ``cluster`` (``rl.driver.placement``): N rollout workers (vLLM + envs,
 ``rollout.pool.RolloutPool``), a reward pool (``rewards.service.RewardService``) and
-``algo.learner_workers`` data-parallel learners (``rl.trainer.distributed.LearnerGroup``).
+``learner.workers`` data-parallel learners (``rl.trainer.distributed.LearnerGroup``).
 Weights travel through shared memory (same node) or Ray's object store. The actor groups
 restart their own dead actors and count it (``faults/...``); this class starts, wires and
 stops them, and frees what a killed driver of the same output dir left (``rl.driver.recovery``).
@@ -29,7 +29,7 @@ from rollout.pool import RolloutPool
 class RayRuntime:
     """The run's Ray actors (``rl.driver.runtime.Runtime``), their start-up and their shutdown.
 
-    Learners: ``algo.learner_workers`` data-parallel ``Learner`` actors (``rl.trainer.distributed.LearnerGroup``);
+    Learners: ``learner.workers`` data-parallel ``Learner`` actors (``rl.trainer.distributed.LearnerGroup``);
     ``learner`` is rank 0's handle (weights export, log-probs, checkpoints).
     """
 
@@ -69,15 +69,29 @@ class RayRuntime:
         # away on every exit path, even when the learner is busy or dead.
         free_dead_run(self.out / LIVE_FILE)  # what a killed driver of this output dir left behind
         self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self.learners = LearnerGroup(cfg.algo.learner_workers, self.model_path, cfg.model, cfg.algo, seed=cfg.run.seed,
-                                     threads=cfg.run.threads, shm_dir=self.shm_dir, total_steps=cfg.train.steps,
-                                     actor_options=self.placement.options("learner"))
+        self.learners = LearnerGroup(
+            cfg.learner.workers,
+            self.model_path,
+            cfg.model,
+            cfg.algo,
+            seed=cfg.run.seed,
+            threads=cfg.run.threads,
+            shm_dir=self.shm_dir,
+            total_steps=cfg.train.steps,
+            actor_options=self.placement.options("learner"),
+            learner=cfg.learner,
+        )
         self.learner = self.learners.actors[0]
-        self.pool = make_rollout_pool(cfg, self.model_path, self.placement.options("engine"), length_estimate,
-                                      colocated=plan.colocated)
+        self.pool = make_rollout_pool(
+            cfg, self.model_path, self.placement.options("engine"), length_estimate, colocated=plan.colocated
+        )
         specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
-        self.rewards = RewardService(specs, workers=cfg.reward_service.workers, timeout_s=cfg.reward_service.timeout_s,
-                                     actor_options=self.placement.options("reward"))
+        self.rewards = RewardService(
+            specs,
+            workers=cfg.reward_service.workers,
+            timeout_s=cfg.reward_service.timeout_s,
+            actor_options=self.placement.options("reward"),
+        )
         self.learners.ready()
         self._record_placement(device)
 
@@ -92,10 +106,14 @@ class RayRuntime:
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             cpus = os.cpu_count() or 2
-            ray.init(address=address,
-                     num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, cfg.rollout.num_engines),
-                     include_dashboard=False, log_to_driver=self.verbose, logging_level="INFO" if self.verbose else "WARNING",
-                     runtime_env={"env_vars": _actor_env(self.verbose)})
+            ray.init(
+                address=address,
+                num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, cfg.rollout.num_engines),
+                include_dashboard=False,
+                log_to_driver=self.verbose,
+                logging_level="INFO" if self.verbose else "WARNING",
+                runtime_env={"env_vars": _actor_env(self.verbose)},
+            )
             self._own_ray = True
         # SIGTERM becomes an exception so that `finally` shuts the engines down. Installed after
         # ray.init, whose own handler (print a stack trace, abort) would otherwise replace it.
@@ -106,18 +124,24 @@ class RayRuntime:
         ``.live.json``: read by the next run in this dir if this driver dies without cleaning up (SIGKILL, OOM)."""
         from rl.driver.placement import actor_nodes
 
-        where = {"device": device, "placement": self.cfg.cluster.placement,
-                 "engine": actor_nodes(self.pool.workers), "learner": actor_nodes(self.learners.actors),
-                 "reward": actor_nodes(self.rewards.workers)}
+        where = {
+            "device": device,
+            "placement": self.cfg.cluster.placement,
+            "engine": actor_nodes(self.pool.workers),
+            "learner": actor_nodes(self.learners.actors),
+            "reward": actor_nodes(self.rewards.workers),
+        }
         self.learner_node = where["learner"][0]["node_id"]
         for i, e in enumerate(where["engine"]):
             e["weights"] = self.pool.route(i, self.learner_node)  # file (same node) | object_store
         (self.out / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
-        (self.out / LIVE_FILE).write_text(json.dumps({"pid": os.getpid(), "shm_dir": self.shm_dir,
-                                                      "engines": self.pool.shm_owned()}) + "\n")
+        (self.out / LIVE_FILE).write_text(
+            json.dumps({"pid": os.getpid(), "shm_dir": self.shm_dir, "engines": self.pool.shm_owned()}) + "\n"
+        )
 
-    def generate(self, tasks: list[Task], group_ids: list[int], seeds: list[int],
-                 sampling: Sampling) -> list[Trajectory]:
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
         return self.pool.generate(tasks, group_ids, seeds, sampling)
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
@@ -182,18 +206,35 @@ class RayRuntime:
                 signal.signal(signal.SIGTERM, self._old_term)
 
 
-def make_rollout_pool(cfg: Recipe, model_path: str, actor_options: list[dict[str, Any]],
-                      length_estimate: Callable[[Task], float | None] | None, *, colocated: bool) -> RolloutPool:
+def make_rollout_pool(
+    cfg: Recipe,
+    model_path: str,
+    actor_options: list[dict[str, Any]],
+    length_estimate: Callable[[Task], float | None] | None,
+    *,
+    colocated: bool,
+) -> RolloutPool:
     """The run's ``rollout.num_engines`` rollout workers, each with its placement ``actor_options``.
 
     ``rollout.max_restarts``: how often one call replaces a dead worker before it gives up.
     """
     r = cfg.rollout
-    return RolloutPool(r.num_engines, model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
-                       actor_options=actor_options, length_estimator=length_estimate, max_restarts=r.max_restarts,
-                       dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len,
-                       kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization,
-                       tensor_parallel_size=cfg.cluster.engine_tp, enable_sleep_mode=colocated)
+    return RolloutPool(
+        r.num_engines,
+        model_path,
+        [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
+        actor_options=actor_options,
+        length_estimator=length_estimate,
+        max_restarts=r.max_restarts,
+        dtype=cfg.model.engine_dtype,
+        seed=cfg.run.seed,
+        max_model_len=r.max_model_len,
+        kv_cache_gib=r.kv_cache_gib,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=cfg.cluster.engine_tp,
+        enable_sleep_mode=colocated,
+        engine_kwargs=dict(r.engine_kwargs),
+    )
 
 
 def _actor_env(verbose: bool) -> dict[str, str]:
@@ -204,7 +245,9 @@ def _actor_env(verbose: bool) -> dict[str, str]:
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # needed to run our reload function in vLLM workers
         "JOINTRL_CACHE": os.environ.get("JOINTRL_CACHE", ""),
         # User reward/env modules importable on the driver must import in the actors too.
-        "PYTHONPATH": os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", ""), *sys.path] if p and os.path.isdir(p)),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in [os.environ.get("PYTHONPATH", ""), *sys.path] if p and os.path.isdir(p)
+        ),
         "PYTHONWARNINGS": "ignore",
     }
     if verbose:

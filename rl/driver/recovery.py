@@ -40,19 +40,26 @@ class BadStepGuard:
         self.streak += 1
         loss = metrics.get("loss/policy", float("nan"))
         why = "non-finite loss" if not _finite(loss) else "non-finite gradient norm"
-        print(f"jointrl: step {step}: {skipped:.0%} of the optimizer updates skipped ({why}: loss/policy={loss}, "
-              f"grad/norm={metrics.get('grad/norm')}); {self.streak} such step(s) in a row, the run stops at "
-              f"{self.limit}", file=sys.stderr, flush=True)
+        print(
+            f"jointrl: step {step}: {skipped:.0%} of the optimizer updates skipped ({why}: loss/policy={loss}, "
+            f"grad/norm={metrics.get('grad/norm')}); {self.streak} such step(s) in a row, the run stops at "
+            f"{self.limit}",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.streak >= self.limit:
             last = latest_checkpoint(self.out)
-            raise RunAborted(f"{self.streak} steps in a row (up to step {step}) skipped their update ({why}); "
-                             f"stopping (train.max_bad_steps={self.limit}). Metrics of every step are in "
-                             f"{self.out / 'metrics.jsonl'}; last good checkpoint: "
-                             f"{last if last is not None else 'none (set run.save_every)'}")
+            raise RunAborted(
+                f"{self.streak} steps in a row (up to step {step}) skipped their update ({why}); "
+                f"stopping (train.max_bad_steps={self.limit}). Metrics of every step are in "
+                f"{self.out / 'metrics.jsonl'}; last good checkpoint: "
+                f"{last if last is not None else 'none (set run.save_every)'}"
+            )
 
 
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
+
 
 LIVE_FILE = ".live.json"
 
@@ -90,15 +97,19 @@ def free_dead_run(live: Path) -> list[str]:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            )
             removed += ray.get(sweep.remote(segments, _DEAD_ENGINE_WAIT_S), timeout=2 * _DEAD_ENGINE_WAIT_S)
         else:  # the driver's own local cluster, gone with it: this machine
             removed += unlink_unmapped(segments, wait_s=_DEAD_ENGINE_WAIT_S)
     live.unlink(missing_ok=True)
     left = [p for _, segs in rec.get("engines", []) for p in segs if p not in removed and os.path.exists(p)]
     if left:
-        print(f"jointrl: shared memory of the killed run still in use after {_DEAD_ENGINE_WAIT_S:.0f} s, "
-              f"left in place: {left}", file=sys.stderr)
+        print(
+            f"jointrl: shared memory of the killed run still in use after {_DEAD_ENGINE_WAIT_S:.0f} s, "
+            f"left in place: {left}",
+            file=sys.stderr,
+        )
     if removed:
         print(f"jointrl: freed {len(removed)} shared-memory object(s) left by the killed run", file=sys.stderr)
     return removed

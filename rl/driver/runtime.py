@@ -23,8 +23,9 @@ class Runtime(Protocol):
     def start(self, length_estimate: LengthEstimate | None = None) -> None:
         """Start the workers. ``length_estimate(task)``: estimated trajectory tokens (balances engines)."""
 
-    def generate(self, tasks: list[Task], group_ids: list[int], seeds: list[int],
-                 sampling: Sampling) -> list[Trajectory]:
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
         """One episode per task (in order), sampled with its seed; dead engines are replaced, prompts re-issued."""
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:

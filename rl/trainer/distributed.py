@@ -1,6 +1,6 @@
 """Data-parallel learner: collectives for ``rl.trainer.learner.Learner`` and the group of learner actors.
 
-Design (``algo.learner_workers = N``):
+Design (``learner.workers = N``):
 
 * N Ray actors each hold a full replica (policy, reference, critic, optimizers). They join
   one ``torch.distributed`` process group (gloo on CPU, NCCL on GPU; world size N). Without a
@@ -19,7 +19,7 @@ Design (``algo.learner_workers = N``):
 * Rank 0 exports weights for the engines, answers ``logprobs`` and writes checkpoints;
   every rank loads one.
 
-With ``algo.minibatches > 1`` each rank draws its minibatches from its own shard, so the
+With ``algo.update.minibatches > 1`` each rank draws its minibatches from its own shard, so the
 k-th global minibatch is a random 1/M of the batch as with one learner, but not the same
 draw: the update then equals a single learner's only in distribution. With one minibatch
 (the default) it is the same update (up to float summation order).
@@ -194,8 +194,8 @@ class LearnerGroup:
 
     def __init__(self, n: int, model_path: str, model_cfg: Any, algo: Any, *, seed: int = 0, threads: int = 0,
                  shm_dir: str | None = None, total_steps: int = 0, num_cpus: float = 1.0, num_gpus: float = 0,
-                 actor_options: list[dict[str, Any]] | None = None) -> None:
-        """``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
+                 actor_options: list[dict[str, Any]] | None = None, learner: Any = None) -> None:
+        """``learner``: the recipe's ``learner`` section, passed to each ``Learner``. ``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
         ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads.
         ``actor_options`` (one dict of Ray actor options per rank, e.g. ``rl.driver.placement.Placement.options``)
         replaces ``num_cpus``/``num_gpus``: each rank goes where its options say (its placement-group bundle)."""
@@ -206,7 +206,7 @@ class LearnerGroup:
         from rl.trainer.learner import Learner
 
         if n < 1:
-            raise ValueError(f"learner_workers must be >= 1, got {n}")
+            raise ValueError(f"learner.workers must be >= 1, got {n}")
         if actor_options is not None and len(actor_options) != n:
             raise ValueError(f"{len(actor_options)} actor_options for {n} learners")
         self.n = n
@@ -228,7 +228,8 @@ class LearnerGroup:
                 for o in opts:  # merged with the job's env vars by Ray
                     o["runtime_env"] = {"env_vars": {"JOINTRL_DIST_ADDR": addr}}
         self.actors = [cls.options(**opts[r]).remote(model_path, model_cfg, algo, seed=seed, threads=per, shm_dir=shm_dir,
-                                                    total_steps=total_steps, rank=r, world_size=n, dist_port=port)
+                                                    total_steps=total_steps, rank=r, world_size=n, dist_port=port,
+                                                    learner=learner)
                        for r in range(n)]
 
     @staticmethod

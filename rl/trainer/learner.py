@@ -4,17 +4,17 @@
 ``step(batch)`` is one learner step over a batch from ``rl.algos.batch.build_batch``:
 
 1. *Prepare* (no grad; only when needed: several updates per batch, a critic, or
-   ``algo.kl_in_reward``): one pass of the policy before any update gives the "old"
+   ``algo.kl.in_reward``): one pass of the policy before any update gives the "old"
    log-probs of the ratio, the reference's log-probs (cached for every epoch) and the
-   critic's values. Then the learner-side advantages (``rl.algos.batch.learner_advantages``):
+   critic's values. Then the learner-side advantages (the estimator's ``token_advantages``, rl/algos/estimators.py):
    ``ppo``: per-token rewards (the outcome on the last policy token, minus ``kl_coef x KL``
    per token with ``kl_in_reward``), GAE (``gamma``, ``lam``), advantages whitened over the
    whole batch, returns as value targets; ``reinforce_pp`` with ``kl_in_reward``: KL-penalised
    return-to-go, whitened; GRPO family with ``kl_in_reward``: ``reward - kl_coef x sum_t KL``
    normalised per group. Otherwise the advantages come from ``build_batch``.
-2. *Update*: ``algo.epochs`` passes, each over ``algo.minibatches`` shuffled minibatches
+2. *Update*: ``algo.update.epochs`` passes, each over ``algo.update.minibatches`` shuffled minibatches
    (one optimizer step each). A minibatch runs in micro-batches bounded by
-   ``algo.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
+   ``learner.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
    minibatch's, or the batch's with one minibatch, counting ``Batch.skipped``). Loss per
    token: clipped policy loss (clip-higher, dual clip; ``rl.algos.losses.policy_loss``)
    ``+ kl_coef x KL`` (unless in the reward) ``- entropy_coef x entropy``
@@ -28,8 +28,8 @@ detached log-probs (the engine's log-probs differ by bf16/kernel noise and are r
 prompt's logits are never materialised); with ``share_prompt`` a group's prompt runs once.
 Log-probs are computed in float32 under bf16 autocast.
 
-Critic (``algo.name: ppo``): ``algo.critic: value_head`` is a linear head on the policy's
-final hidden states (trained with the policy, its own learning rate ``critic_lr``);
+Critic (an estimator with ``needs_critic``: ppo): ``algo.critic.model: value_head`` is a linear head on the
+policy's final hidden states (trained with the policy, its own learning rate ``algo.critic.lr``);
 ``separate`` is its own copy of the model's transformer with a scalar head and its own
 optimizer. Neither is sent to the engines.
 
@@ -59,9 +59,9 @@ from typing import Any
 
 import torch
 
-from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
-from rl.algos.batch import Batch, Sample, learner_advantages
-from rl.config.recipe import AlgoConfig, ModelConfig
+from rl.algos.batch import Batch, Sample
+from rl.algos.estimators import get_estimator
+from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
                        value_loss)
@@ -94,16 +94,25 @@ def _value_head(hidden_size: int) -> torch.nn.Linear:
 class Learner:
     def __init__(self, model_path: str, model_cfg: ModelConfig, algo: AlgoConfig, *, seed: int = 0,
                  threads: int = 0, shm_dir: str | None = None, total_steps: int = 0, rank: int = 0,
-                 world_size: int = 1, dist_port: int = 0) -> None:
+                 world_size: int = 1, dist_port: int = 0, learner: LearnerConfig | None = None) -> None:
         """``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
-        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``)."""
+        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``).
+        ``learner``: micro-batching and prompt sharing (the recipe's ``learner`` section)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
         random.seed(seed)
         self.algo, self.model_cfg = algo, model_cfg
+        self.lcfg = learner if learner is not None else LearnerConfig()
+        self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
+        self.agg, self.norm_tokens = algo.loss.agg, algo.loss.norm_tokens or None
+        if self.agg == "auto":  # a config built in code, not by load_recipe (which resolves it)
+            self.agg = self.est.default_agg
+        if self.agg == "seq-mean-token-sum-norm" and not self.norm_tokens:
+            raise ValueError("algo.loss.norm_tokens must be > 0 for seq-mean-token-sum-norm (load_recipe sets it to "
+                             "rollout.max_new_tokens x rollout.max_turns)")
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if world_size > 1:
@@ -117,33 +126,33 @@ class Learner:
         self.model.config.use_cache = False
         hidden_size = self.model.config.hidden_size
         self.ref = None
-        if algo.kl_coef > 0:
+        if algo.kl.coef > 0:
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
             self.ref.eval().requires_grad_(False)
         self.value_head: torch.nn.Linear | None = None
         self.critic: Critic | None = None
-        critic_lr = algo.critic_lr or algo.lr
-        groups = [{"params": list(self.model.parameters()), "lr": algo.lr}]
-        if algo.name == "ppo" and algo.critic == "value_head":
+        critic_lr = algo.critic.lr or algo.optim.lr
+        groups = [{"params": list(self.model.parameters()), "lr": algo.optim.lr}]
+        if self.est.needs_critic and algo.critic.model == "value_head":
             self.value_head = _value_head(hidden_size).to(self.device, dtype)
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
-        elif algo.name == "ppo":
+        elif self.est.needs_critic:
             trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             trunk_src.config.use_cache = False
             self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
             del trunk_src
             self.critic.train()
-        self.opt = torch.optim.AdamW(groups, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999), eps=1e-8)
-        updates = total_steps * algo.epochs * algo.minibatches
+        self.opt = torch.optim.AdamW(groups, lr=algo.optim.lr, weight_decay=algo.optim.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+        updates = total_steps * algo.update.epochs * algo.update.minibatches
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
+            self.opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio))
         self.critic_opt = self.critic_sched = None
         if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.weight_decay,
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.optim.weight_decay,
                                                 betas=(0.9, 0.999), eps=1e-8)
             self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_opt, LRSchedule(algo.lr_warmup_steps, algo.lr_schedule, updates, algo.lr_min_ratio))
-        self.kl_ctl = kl_controller(algo.kl_coef, algo.kl_target, algo.kl_horizon)
+                self.critic_opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio))
+        self.kl_ctl = kl_controller(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         if world_size > 1:  # replicas start identical
             broadcast_params(self._trainable())
             if self.critic is not None:
@@ -169,7 +178,7 @@ class Learner:
     def needs_prepare(self) -> bool:
         """Whether a no-grad pass runs before the first update (see the module docstring)."""
         a = self.algo
-        return a.epochs * a.minibatches > 1 or a.name == "ppo" or a.kl_in_reward
+        return a.update.epochs * a.update.minibatches > 1 or self.est.learner_advantages(a)
 
     # ---- forward --------------------------------------------------------------------------
     def _autocast(self):
@@ -186,13 +195,13 @@ class Learner:
 
         Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
         counts masked response tokens, in row-major (sample, position) order, and T is the
-        longest response in ``samples``. With ``algo.share_prompt``, samples with the same
+        longest response in ``samples``. With ``learner.share_prompt``, samples with the same
         prompt (a GRPO group) run the prompt once and attend to its key/value cache,
         repeated per member; gradients still flow through the prompt. Otherwise every
         sample runs its full sequence.
         """
         T = max(len(s.loss_mask) for s in samples)
-        if not self.algo.share_prompt:
+        if not self.lcfg.share_prompt:
             return self._full_hidden(base, samples, list(range(len(samples))), T)
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for b, s in enumerate(samples):
@@ -273,19 +282,19 @@ class Learner:
         return grid.index_put((index,), values).view(B, T)
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Split into micro-batches of at most ``algo.micro_batch_tokens`` padded tokens.
+        """Split into micro-batches of at most ``learner.micro_batch_tokens`` padded tokens.
 
         Samples sharing a prompt stay together (their prompt is computed once and costs
         its length once); a group too large for the budget is split.
         """
-        budget = self.algo.micro_batch_tokens
+        budget = self.lcfg.micro_batch_tokens
         groups: dict[tuple[int, ...], list[Sample]] = {}
         for s in sorted(samples, key=lambda s: len(s.input_ids)):
-            groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.algo.share_prompt else (id(s),), []).append(s)
+            groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.lcfg.share_prompt else (id(s),), []).append(s)
 
         def cost(group: list[Sample]) -> int:
             longest = max(len(s.input_ids) for s in group)
-            if not self.algo.share_prompt:
+            if not self.lcfg.share_prompt:
                 return len(group) * longest
             return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
 
@@ -325,7 +334,7 @@ class Learner:
         ``learner/tokens``: policy tokens computed per epoch; ``learner/updates``;
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
         gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update;
-        with ``algo.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
+        with ``algo.loss.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
         importance weights (``rl.algos.losses.truncated_is_weights``).
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
         An empty batch (nothing to compute on any rank) leaves the weights alone.
@@ -336,9 +345,9 @@ class Learner:
         members = sorted(batch.samples + batch.skipped, key=lambda s: s.uid)
         n_computed, m_tokens, m_seqs = self._global(
             [len(batch.samples), sum(s.num_tokens for s in members), sum(1 for s in members if s.num_tokens > 0)])
-        if a.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
+        if a.update.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
             raise ValueError(f"batch.num_tokens/num_seqs ({batch.num_tokens}, {batch.num_seqs}) do not count exactly its "
-                             f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
+                             f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.update.minibatches > 1 needs them "
                              "to (build_batch's batches do)")
         coef = self.kl_ctl.value
         st: dict[str, Any] = {"norms": [], "critic_norms": [], "skipped": 0, "lr": self.opt.param_groups[0]["lr"]}
@@ -346,9 +355,9 @@ class Learner:
         if n_computed:
             prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
             computed = {id(s) for s in batch.samples}
-            for epoch in range(a.epochs):
+            for epoch in range(a.update.epochs):
                 for mb in self._minibatches(members):
-                    if a.minibatches == 1:
+                    if a.update.minibatches == 1:
                         denom = (batch.num_tokens, batch.num_seqs)
                     else:  # the global minibatch's counts: the sum of the ranks' local ones
                         nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
@@ -367,7 +376,7 @@ class Learner:
             if updates:
                 self.steps_done += 1
         tot = dict(zip(_SUMS, self._global([sums[k] for k in _SUMS])))
-        n_up = a.epochs * a.minibatches if n_computed else 1
+        n_up = a.update.epochs * a.update.minibatches if n_computed else 1
         n = max(tot["tokens"], 1.0)
         m = {
             "loss/policy": tot["loss/policy"] / n_up,
@@ -380,12 +389,12 @@ class Learner:
             "learner/skipped_update": st["skipped"] / n_up if n_computed else 0.0,
             "rollout/logprob_diff": tot["logprob_diff/sum"] / max(tot["logprob_diff/tokens"], 1.0),
         }
-        if a.dual_clip:
+        if a.loss.dual_clip:
             m["clip/dual_fraction"] = tot["dual_clip/count"] / n
-        if a.tis_cap:
+        if a.loss.tis_cap:
             m["is/weight_mean"] = tot["is/weight_sum"] / n
             m["is/truncated_fraction"] = tot["is/truncated_count"] / n
-        if a.entropy_coef:
+        if a.loss.entropy_coef:
             m["loss/entropy"] = tot["loss/entropy"] / n_up
         if self.ref is not None:
             m["loss/kl"] = tot["loss/kl"] / n_up
@@ -421,12 +430,12 @@ class Learner:
         return self._reduce(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
 
     def _minibatches(self, members: list[Sample]) -> list[list[Sample]]:
-        """One epoch's minibatches: ``algo.minibatches`` parts of a random permutation (in batch order for one update)."""
+        """One epoch's minibatches: ``algo.update.minibatches`` parts of a random permutation (in batch order for one update)."""
         a = self.algo
-        if a.epochs * a.minibatches == 1:
+        if a.update.epochs * a.update.minibatches == 1:
             return [members]
         perm = torch.randperm(len(members), generator=self.gen)
-        return [[members[i] for i in part.tolist()] for part in torch.tensor_split(perm, a.minibatches)]
+        return [[members[i] for i in part.tolist()] for part in torch.tensor_split(perm, a.update.minibatches)]
 
     @staticmethod
     def _cat(store: dict[int, torch.Tensor], mb: list[Sample]) -> torch.Tensor:
@@ -463,7 +472,7 @@ class Learner:
                     ch, _, _ = self._response_hidden(self.critic.trunk, micro)
                 self._split(self._values(self.critic.head, ch), micro, prep["values"])
             self._logprob_diff(old, micro, sums)
-        if learner_advantages(self.algo):
+        if self.est.learner_advantages(self.algo):
             self._advantages(batch.samples, prep, coef)
         return prep
 
@@ -493,25 +502,12 @@ class Learner:
             return g
 
         scores = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
-        kl_tok = None
-        if a.kl_in_reward:
-            kl_tok = torch.where(mask, kl(grid(prep["old"]), grid(prep["ref"]), a.kl_kind), 0.0)
-        returns = None
-        if a.name == "ppo":
-            rewards = -coef * kl_tok if kl_tok is not None else torch.zeros(B, T, device=dev)
-            pos = torch.arange(T, device=dev).expand(B, T)
-            last = torch.where(mask, pos, -1).amax(dim=1) if T else torch.zeros(B, dtype=torch.long, device=dev)
-            rewards = rewards + torch.where(mask & (pos == last[:, None]), scores[:, None], 0.0)
-            adv, returns = gae(rewards, grid(prep["values"]), mask, a.gamma, a.lam)
-            adv = whiten(adv, mask, shift_mean=True, reduce_sum=self._reduce)
-        elif a.name == "reinforce_pp":
-            pen = -coef * kl_tok if kl_tok is not None else None
-            adv = reinforce_pp(scores, mask, token_rewards=pen, gamma=a.gamma, reduce_sum=self._reduce)
-        else:  # GRPO family with the KL in the reward: a sequence-level penalty, then group baselines
-            seq = scores - coef * kl_tok.sum(dim=1)  # type: ignore[union-attr]
-            gids = torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)
-            per_seq = group_normalized(seq, gids, std_normalize=a.name == "grpo", leave_one_out=a.name == "rloo")
-            adv = torch.where(mask, per_seq[:, None].float(), 0.0)
+        pen = None
+        if a.kl.in_reward:
+            pen = -coef * torch.where(mask, kl(grid(prep["old"]), grid(prep["ref"]), a.kl.kind), 0.0)
+        gids = torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)
+        values = grid(prep["values"]) if self.est.needs_critic else None
+        adv, returns = self.est.token_advantages(scores, gids, mask, pen, values, reduce_sum=self._reduce)
         for i, s in enumerate(samples):
             prep["adv"][id(s)] = adv[i][mask[i]].float()
             if returns is not None:
@@ -529,7 +525,7 @@ class Learner:
         values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
         del hidden
         logp_flat = token_logprobs(logits, targets)
-        if a.entropy_coef > 0:
+        if a.loss.entropy_coef > 0:
             ent_flat = entropy_from_logits(logits)
         else:
             with torch.no_grad():
@@ -542,19 +538,19 @@ class Learner:
         logp = grid(logp_flat)
         mask = grid(torch.ones_like(logp_flat))
         old = grid(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
-        if prep is not None and learner_advantages(a):
+        if prep is not None and self.est.learner_advantages(a):
             adv = grid(self._cat(prep["adv"], mb))
         else:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
         is_w = None
-        if a.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
-            is_w, ist = truncated_is_weights(old, grid(self._engine_logprobs(mb)), mask, a.tis_cap)
+        if a.loss.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
+            is_w, ist = truncated_is_weights(old, grid(self._engine_logprobs(mb)), mask, a.loss.tis_cap)
             n_tok = float(mask.sum())
             sums["is/weight_sum"] += ist["is/weight_mean"] * n_tok
             sums["is/truncated_count"] += ist["is/truncated_fraction"] * n_tok
-        loss, pst = policy_loss(logp, old, adv, mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                                dual_clip=a.dual_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns,
-                                is_weights=is_w)
+        loss, pst = policy_loss(logp, old, adv, mask, clip_low=a.loss.clip_low, clip_high=a.loss.clip_high,
+                                dual_clip=a.loss.dual_clip or None, agg=self.agg, num_tokens=nt, num_seqs=ns,
+                                norm_tokens=self.norm_tokens,                                is_weights=is_w)
         total = loss
         if self.ref is not None:
             if prep is not None:
@@ -564,15 +560,16 @@ class Learner:
                     ref_logits, _, _ = self._response_logits(self.ref, mb)
                     ref_flat = token_logprobs(ref_logits, targets)
                     del ref_logits
-            kl_tok = kl(logp.detach() if a.kl_in_reward else logp, grid(ref_flat), a.kl_kind)
-            kl_loss = aggregate(kl_tok, mask, a.loss_agg, num_tokens=nt, num_seqs=ns)
-            if not a.kl_in_reward:
+            kl_tok = kl(logp.detach() if a.kl.in_reward else logp, grid(ref_flat), a.kl.kind)
+            kl_loss = aggregate(kl_tok, mask, self.agg, num_tokens=nt, num_seqs=ns, norm_tokens=self.norm_tokens)
+            if not a.kl.in_reward:
                 total = total + coef * kl_loss
             sums["loss/kl"] += float(kl_loss.detach())
             sums["kl/sum"] += float((kl_tok.detach() * mask).sum())
-        if a.entropy_coef > 0:
-            ent_loss = aggregate(grid(ent_flat), mask, a.loss_agg, num_tokens=nt, num_seqs=ns)
-            total = total - a.entropy_coef * ent_loss
+        if a.loss.entropy_coef > 0:
+            ent_loss = aggregate(grid(ent_flat), mask, self.agg, num_tokens=nt, num_seqs=ns,
+                                 norm_tokens=self.norm_tokens)
+            total = total - a.loss.entropy_coef * ent_loss
             sums["loss/entropy"] += float(ent_loss.detach())
         ntok = float(mask.sum())
         if self.critic is not None:
@@ -583,8 +580,9 @@ class Learner:
             assert prep is not None  # a critic always runs the prepare pass
             ret = grid(self._cat(prep["returns"], mb))
             vloss, vst = value_loss(grid(values_flat), grid(self._cat(prep["values"], mb)), ret, mask,
-                                    clip=a.value_clip or None, agg=a.loss_agg, num_tokens=nt, num_seqs=ns)
-            total = total + a.vf_coef * vloss
+                                    clip=a.critic.value_clip or None, agg=self.agg, num_tokens=nt, num_seqs=ns,
+                                    norm_tokens=self.norm_tokens)
+            total = total + a.critic.vf_coef * vloss
             sums["loss/value"] += float(vloss.detach())
             sums["value/sum"] += vst["value/mean"] * ntok
             sums["value/error_sum"] += vst["value/error"] * ntok
@@ -611,8 +609,8 @@ class Learner:
         st["lr"] = self.opt.param_groups[0]["lr"]
         stepped = 0
         if math.isfinite(float(norm)):
-            if a.max_grad_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, a.max_grad_norm, norm)
+            if a.optim.max_grad_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, a.optim.max_grad_norm, norm)
             self.opt.step()
             self.sched.step()
             self.updates_done += 1
@@ -625,8 +623,8 @@ class Learner:
             cnorm = _grad_norm(cps)
             st["critic_norms"].append(float(cnorm))
             if math.isfinite(float(cnorm)):
-                if a.max_grad_norm > 0:
-                    torch.nn.utils.clip_grads_with_norm_(cps, a.max_grad_norm, cnorm)
+                if a.optim.max_grad_norm > 0:
+                    torch.nn.utils.clip_grads_with_norm_(cps, a.optim.max_grad_norm, cnorm)
                 self.critic_opt.step()  # type: ignore[union-attr]
                 self.critic_sched.step()  # type: ignore[union-attr]
         return stepped
@@ -691,7 +689,7 @@ class Learner:
             "kl_controller": self.kl_ctl.state_dict(), "steps_done": self.steps_done, "updates_done": self.updates_done,
             "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "shuffle_rng": self.gen.get_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "algo": self.algo.name, "critic": self.algo.critic if crit is not None else None,
+            "algo": self.algo.name, "critic": self.algo.critic.model if crit is not None else None,
         }
         torch.save(state, p / "learner_state.pt")
 
@@ -702,9 +700,9 @@ class Learner:
         p = Path(path)
         st = torch.load(p / "learner_state.pt", weights_only=False)
         crit = self._critic_module()
-        if st.get("critic") != (self.algo.critic if crit is not None else None):
+        if st.get("critic") != (self.algo.critic.model if crit is not None else None):
             raise ValueError(f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
-                             f"({self.algo.critic if crit is not None else None!r})")
+                             f"({self.algo.critic.model if crit is not None else None!r})")
         sd: dict[str, torch.Tensor] = {}
         for f in sorted((p / "model").glob("*.safetensors")):
             sd.update(load_file(str(f)))
