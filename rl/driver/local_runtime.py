@@ -26,7 +26,8 @@ from rollout.pool import RolloutWorker
 
 
 class LocalRuntime:
-    """Everything in this process. ``engine``: ``hf`` | ``vllm``; ``learner=False``: generate and score only."""
+    """Everything in this process. ``engine``: ``hf`` | ``vllm``; ``learner=False``: generate and score only;
+    ``scorer``: a reward scorer already built (``jointrl eval`` checks the rewards before any engine starts)."""
 
     def __init__(
         self,
@@ -37,10 +38,11 @@ class LocalRuntime:
         *,
         engine: str = "hf",
         learner: bool = True,
+        scorer: RewardScorer | None = None,
     ) -> None:
         self.cfg, self.model_path, self.engine_kind, self.with_learner = cfg, model_path, engine, learner
         self.worker: RolloutWorker | None = None
-        self.scorer: RewardScorer | None = None
+        self.scorer: RewardScorer | None = scorer  # None: built from the recipe's rewards at start
         self.learner: Any = None
         self.shm_dir = ""
 
@@ -56,8 +58,9 @@ class LocalRuntime:
             )
         engine = make_engine(self.engine_kind, self.model_path, **kwargs)
         self.worker = RolloutWorker(self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine)
-        specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
-        self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)
+        if self.scorer is None:
+            specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+            self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)
         if self.with_learner:
             from rl.trainer.learner import Learner
 
