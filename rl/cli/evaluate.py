@@ -489,8 +489,34 @@ def resolve_model_arg(arg: str) -> tuple[str, Path | None]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rl.config.recipe import load_recipe, resolve_path, validate_recipe
+    n, temperature = _eval_sampling(args)
+    cfg, run_dir = _eval_recipe(args)
+    tasks, source = _eval_tasks(args, cfg)
+    out_path = Path(args.out) if args.out else (run_dir or Path.cwd()) / "eval_failures.jsonl"
+    if not out_path.name.endswith((".jsonl", ".jsonl.gz")):
+        raise CommandError(f"--out {out_path}: the failures file must end in .jsonl or .jsonl.gz")
 
+    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+    scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
+    t0 = time.perf_counter()
+    trajs = _generate(cfg, tasks, n, temperature, args.batch, args.verbose, args.engine, scorer)
+    t1 = time.perf_counter()
+    scored, call = scorer.score_with_stats(trajs)
+    t2 = time.perf_counter()
+
+    summary, failed = eval_summary(tasks, scored, n, args.k, args.pass_threshold)
+    per_fn = summarize(scored, call["fn"], args.pass_threshold, scorer)["domains"]
+    for d, block in summary["domains"].items():
+        block["functions"] = per_fn.get(d, {}).get("functions", {})
+    summary = {"model": cfg.model.path, "tasks_from": source, "temperature": temperature, **summary,
+               "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(t2 - t1, 3)}}
+    summary |= _write_eval_outputs(args, scored, failed, out_path, n)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _eval_sampling(args: argparse.Namespace) -> tuple[int, float]:
+    """Samples per task and temperature from ``--k``/``--n``/``--temperature`` (checked)."""
     if args.k < 1:
         raise CommandError("--k must be >= 1")
     n = args.n if args.n is not None else args.k
@@ -501,6 +527,13 @@ def _eval(args: argparse.Namespace) -> int:
     temperature = args.temperature if args.temperature is not None else (1.0 if n > 1 else 0.0)
     if temperature < 0:
         raise CommandError("--temperature must be >= 0")
+    return n, temperature
+
+
+def _eval_recipe(args: argparse.Namespace) -> tuple[Any, Path | None]:
+    """The recipe with ``--model`` applied, validated; and the run dir ``--model`` belongs to (or None)."""
+    from rl.config.recipe import load_recipe, validate_recipe
+
     cfg = load_recipe(args.recipe, args.overrides)
     run_dir = None
     if args.model:
@@ -508,6 +541,13 @@ def _eval(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model))
     # Everything but the output dir, which eval does not write (a finished run's recipe is fine).
     validate_recipe(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, overwrite=True)))
+    return cfg, run_dir
+
+
+def _eval_tasks(args: argparse.Namespace, cfg: Any) -> tuple[list[Task], str]:
+    """The tasks to evaluate (``--tasks`` or the recipe's ``data.eval_files``, ``--limit``) and where they came from;
+    each task's domain must be served by the recipe's ``rollout.envs``."""
+    from rl.config.recipe import resolve_path
 
     if args.tasks:
         tasks, source = load_task_file(args.tasks, args.format, args.answers), args.tasks
@@ -528,31 +568,19 @@ def _eval(args: argparse.Namespace) -> int:
         if t.domain not in served:
             raise CommandError(f"{source}: task {t.id!r} has domain {t.domain!r}, but the recipe's rollout.envs "
                                f"serves only {sorted(served)}")
-    out_path = Path(args.out) if args.out else (run_dir or Path.cwd()) / "eval_failures.jsonl"
-    if not out_path.name.endswith((".jsonl", ".jsonl.gz")):
-        raise CommandError(f"--out {out_path}: the failures file must end in .jsonl or .jsonl.gz")
+    return tasks, source
 
-    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
-    scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
-    t0 = time.perf_counter()
-    trajs = _generate(cfg, tasks, n, temperature, args.batch, args.verbose, args.engine, scorer)
-    t1 = time.perf_counter()
-    scored, call = scorer.score_with_stats(trajs)
-    t2 = time.perf_counter()
 
-    summary, failed = eval_summary(tasks, scored, n, args.k, args.pass_threshold)
-    per_fn = summarize(scored, call["fn"], args.pass_threshold, scorer)["domains"]
-    for d, block in summary["domains"].items():
-        block["functions"] = per_fn.get(d, {}).get("functions", {})
-    summary = {"model": cfg.model.path, "tasks_from": source, "temperature": temperature, **summary,
-               "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(t2 - t1, 3)}}
+def _write_eval_outputs(args: argparse.Namespace, scored: list[Trajectory], failed: list[Task], out_path: Path,
+                        n: int) -> dict[str, str]:
+    """The failed tasks (native task file) and, with ``--samples-out``, every sample; returns their paths."""
     from envs.io import save_tasks
 
     try:
         save_tasks(failed, out_path)
     except OSError as e:
         raise CommandError(f"cannot write {out_path}: {e.strerror or e}") from None
-    summary["failures_file"] = str(out_path)
+    written = {"failures_file": str(out_path)}
     if args.samples_out:
         _write_jsonl(args.samples_out, [
             {"task_id": t.task.id, "sample": i % n, "domain": t.task.domain, "completion": t.completion,
@@ -560,9 +588,8 @@ def _eval(args: argparse.Namespace) -> int:
              "scores": t.scores, "reward_error": t.reward_error, "finish_reason": t.finish_reason,
              "response_tokens": t.num_policy_tokens}
             for i, t in enumerate(scored)])
-        summary["samples_file"] = str(args.samples_out)
-    print(json.dumps(summary, indent=2))
-    return 0
+        written["samples_file"] = str(args.samples_out)
+    return written
 
 
 def eval_summary(tasks: list[Task], scored: list[Trajectory], n: int, k: int,
