@@ -215,3 +215,19 @@ def test_inprocess_weight_sync_reaches_the_engine(tmp_path: Path, recipe_copy, u
         assert max(abs(a - b) for a, b in zip(after, before)) > 1e-4, "and they differ from the old ones"
     finally:
         rt.stop()
+
+
+def test_cli_train_local_runs_in_this_process(tmp_path: Path, recipe_copy, user_rewards, capsys) -> None:
+    """``jointrl train RECIPE --local``: the loop on the in-process runtime, from the command line."""
+    import yaml
+
+    from rl.cli.main import main
+
+    cfg = _cfg(recipe_copy, train={"steps": 1}, data={"eval_files": []})
+    recipe = Path(cfg.source)
+    assert yaml.safe_load(recipe.read_text())["train"]["steps"] == 1
+    assert main(["train", str(recipe), "--local", "run.save_every=1"]) == 0, capsys.readouterr().err
+    out = Path(cfg.run.output_dir)
+    assert sorted(_metrics(out)) == [0, 1] and (out / "DONE").is_file()
+    assert (out / "checkpoints" / "step_000001" / "step.json").is_file()
+    assert not (out / "placement.json").exists(), "no Ray actors were placed"
