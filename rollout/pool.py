@@ -137,11 +137,12 @@ class RolloutPool:
                  actor_options: list[dict[str, Any]] | None = None,
                  length_estimator: Callable[[Task], float | None] | None = None, *,
                  call_timeout_s: float = 3600.0, probe_every_s: float = 5.0, probe_timeout_s: float = 60.0,
-                 start_timeout_s: float = 900.0, **worker_kwargs: Any) -> None:
+                 start_timeout_s: float = 900.0, worker_cls: type | None = None, **worker_kwargs: Any) -> None:
         """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.placement.Placement.options``:
         its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
         gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
-        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``."""
+        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``. ``worker_cls``: the
+        worker class (default ``RolloutWorker``; tests pass stand-ins without an engine)."""
         import ray
 
         if actor_options is not None and len(actor_options) != n:
@@ -149,7 +150,8 @@ class RolloutPool:
         self._options = [dict(o) for o in actor_options] if actor_options is not None else [{} for _ in range(n)]
         self.length_estimator = length_estimator
         # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
-        self._actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, concurrency_groups={"health": 1})(RolloutWorker)
+        self._actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, concurrency_groups={"health": 1})(
+            worker_cls or RolloutWorker)
         self.call_timeout_s, self.probe_every_s = call_timeout_s, probe_every_s
         self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
         self._args = (model_path, env_specs)

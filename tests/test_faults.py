@@ -191,6 +191,63 @@ def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tin
         pool.shutdown()
 
 
+class StandIn:
+    """A rollout worker without an engine. The first instance of a test misbehaves as ``mode`` says (its call
+    never returns; its health probe says the engine died / never answers); its replacements serve."""
+
+    def __init__(self, model_path: str, env_specs: list, seed: int = 0, mode: str = "", flag: str = "") -> None:
+        self.mode = "" if os.path.exists(flag) else mode
+        Path(flag).touch()
+
+    def generate(self, *args) -> list[str]:
+        if self.mode:
+            time.sleep(3600)
+        return ["served"]
+
+    def health(self) -> str | None:
+        if self.mode == "no_answer":
+            time.sleep(3600)
+        return "engine core process 1234 (EngineCore_DP0) exited with code -9" if self.mode == "dead" else None
+
+    def placement(self) -> tuple[str, list[str]]:
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, why", [
+    ("stuck", "call ran past rollout call_timeout_s=4"),
+    ("dead", "engine core process 1234 (EngineCore_DP0) exited"),
+    ("no_answer", "no answer to the health probe within 2 s"),
+])
+def test_unresponsive_worker_is_replaced_and_its_call_reissued(tmp_path: Path, ray_cpus, mode: str, why: str) -> None:
+    """The pool's deadline and death check without vLLM: a call that never returns is replaced at its deadline,
+    one whose health probe reports a dead engine or does not answer is replaced at the next probe."""
+    from rollout.pool import EngineFailure, RolloutPool
+
+    pool = RolloutPool(1, "unused", [], num_cpus=0.1, worker_cls=StandIn, mode=mode, flag=str(tmp_path / "flag"),
+                       max_restarts=1, call_timeout_s=4.0, probe_every_s=0.5, probe_timeout_s=2.0)
+    try:
+        t0 = time.monotonic()
+        assert pool._call({0: ("generate", ())}) == {0: ["served"]}
+        elapsed = time.monotonic() - t0
+        assert pool.restarts == 1 and len(pool.failures) == 1 and why in pool.failures[0][1], pool.failures
+        assert elapsed < 30, f"replaced after {elapsed:.1f} s"
+        # Beyond max_restarts within one call: a clear error, not a hang.
+        (tmp_path / "flag").unlink()
+        pool._kwargs[0]["mode"], pool.max_restarts = "stuck", 0
+        pool._replace(0, RuntimeError("make the next worker misbehave"))
+        with pytest.raises(EngineFailure, match="died 1 times in one call"):
+            pool._call({0: ("generate", ())})
+    finally:
+        import ray
+
+        for w in pool.workers:  # a stuck stand-in would hold its shutdown call for 60 s
+            ray.kill(w)
+        pool.shutdown()
+
+
 # ---------------------------------------------------------------- non-finite updates stop the run
 
 HUGE = '''
