@@ -434,3 +434,21 @@ def test_sections_check_themselves_when_built_in_code() -> None:
         KLConfig(kind="k4")  # type: ignore[arg-type]
     with pytest.raises(FieldError, match="in_reward: needs algo.kl.coef > 0"):
         KLConfig(in_reward=True)
+
+
+def test_engine_kwargs_reach_vllm_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rollout.engine_kwargs go to vLLM's LLM(...) after jointrl's own defaults (a fake vllm module: no engine starts).
+    import types
+
+    from rollout import engine
+
+    seen: dict = {}
+    fake = types.ModuleType("vllm")
+    fake.LLM = lambda **kw: seen.update(kw)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(engine, "has_cuda", lambda: False)
+    monkeypatch.setattr(engine, "configure_vllm_env", lambda gib: None)
+    e = engine.VLLMEngine("/m", dtype="float32", engine_kwargs={"max_num_seqs": 7, "enable_prefix_caching": False})
+    e._closed = True  # nothing to shut down
+    assert seen["max_num_seqs"] == 7 and seen["enable_prefix_caching"] is False  # a jointrl default replaced
+    assert seen["dtype"] == "float32" and seen["model"] == "/m" and seen["enforce_eager"] is True

@@ -28,6 +28,8 @@ def test_builtin_estimators_declare_their_needs() -> None:
     assert get_estimator(AlgoConfig(name="ppo")).learner_advantages()
     assert not get_estimator(AlgoConfig(name="grpo")).learner_advantages()
     assert get_estimator(AlgoConfig(name="grpo", kl=KLConfig(coef=0.1, in_reward=True))).learner_advantages()
+    assert get_estimator(AlgoConfig(name="grpo", kl=KLConfig(coef=0.1))).needs_reference()
+    assert not get_estimator(AlgoConfig(name="ppo")).needs_reference()
     with pytest.raises(EstimatorError, match="unknown algorithm 'a2c'; choose one of grpo, dr_grpo"):
         estimator_class("a2c")
     with pytest.raises(NotImplementedError):

@@ -4,6 +4,7 @@ Each estimator is one small class that declares what it needs and computes its a
 with the pure tensor functions of ``rl.algos.advantages``:
 
 * ``needs_critic``: the learner keeps a value model (``algo.critic``) and computes GAE;
+* ``needs_reference(algo)``: the learner keeps a frozen reference model (``algo.kl.coef > 0``);
 * ``sections``: the ``algo`` sub-sections it reads besides the shared ones (a recipe that sets
   ``algo.critic`` or ``algo.returns`` for an estimator that ignores them is refused);
 * ``default_agg``: the loss aggregation ``algo.loss.agg: auto`` stands for;
@@ -75,6 +76,11 @@ class Estimator:
         """Whether the learner (not ``build_batch``) computes the advantages."""
         a = algo if algo is not None else self.algo
         return self.needs_critic or bool(a.kl.in_reward)
+
+    def needs_reference(self, algo: Any | None = None) -> bool:
+        """Whether the learner keeps a frozen reference model (a KL term, in the loss or in the reward)."""
+        a = algo if algo is not None else self.algo
+        return a.kl.coef > 0
 
     def outcome(self, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Per-sequence advantages. Shapes: ``scores`` float [B], ``group_ids`` long [B] -> [B]."""

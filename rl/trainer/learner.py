@@ -126,7 +126,7 @@ class Learner:
         self.model.config.use_cache = False
         hidden_size = self.model.config.hidden_size
         self.ref = None
-        if algo.kl.coef > 0:
+        if self.est.needs_reference(algo):
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
             self.ref.eval().requires_grad_(False)
         self.value_head: torch.nn.Linear | None = None
