@@ -318,22 +318,7 @@ class RewardScorer:
         async def one(i: int, sem: asyncio.Semaphore) -> None:
             async with sem:
                 progress()
-                t0 = time.perf_counter()
-                try:
-                    aw = fn.obj.acall(trajs[i])
-                    if not inspect.isawaitable(aw):
-                        o = FnOutcome(value=aw)  # a plain function named acall: take its value
-                    else:
-                        v = await (aw if timeout is None else asyncio.wait_for(aw, timeout))
-                        o = FnOutcome(value=v)
-                except TimeoutError as e:
-                    if timeout is not None and time.perf_counter() - t0 >= 0.999 * timeout:
-                        o = FnOutcome(error=f"timed out after {timeout:g}s", timed_out=True)
-                    else:  # the reward's own TimeoutError (e.g. a socket timeout)
-                        o = FnOutcome(error=f"raised {type(e).__name__}: {e}")
-                except Exception as e:  # noqa: BLE001 - recorded
-                    o = FnOutcome(error=f"raised {type(e).__name__}: {e}")
-                o.latency_s = time.perf_counter() - t0
+                o = await _acall(fn.obj, trajs[i], timeout)
                 with cond:
                     if state["live"]:
                         results[i] = o
@@ -355,6 +340,16 @@ class RewardScorer:
 
         th = threading.Thread(target=run, daemon=True, name="reward-acall")
         th.start()
+        crash = self._await_event_loop(th, cond, state, timeout)
+        return [r if r is not None else
+                FnOutcome(error=crash or f"timed out after {timeout:g}s (the event loop was blocked)",
+                          timed_out=crash is None, latency_s=0.0 if crash else float(timeout or 0.0))
+                for r in results]
+
+    def _await_event_loop(self, th: threading.Thread, cond: threading.Condition, state: dict[str, Any],
+                          timeout: float | None) -> str | None:
+        """Wait until the event loop on ``th`` is done, or until no call started or finished for ``timeout``
+        (+ 1 s grace): the loop is blocked, ``th`` is abandoned. Returns the loop's own crash, if any."""
         grace = 1.0
         with cond:
             while not state["done"]:
@@ -362,16 +357,33 @@ class RewardScorer:
                     cond.wait()
                     continue
                 remaining = state["t"] + timeout + grace - time.monotonic()
-                if remaining <= 0:  # no call started or finished for too long: the loop is blocked
+                if remaining <= 0:
                     state["live"] = False
                     self._abandoned.append(th)
                     break
                 cond.wait(remaining)
-            crash = state.get("crash")
-        return [r if r is not None else
-                FnOutcome(error=crash or f"timed out after {timeout:g}s (the event loop was blocked)",
-                          timed_out=crash is None, latency_s=0.0 if crash else float(timeout or 0.0))
-                for r in results]
+            return state.get("crash")
+
+
+async def _acall(obj: Any, traj: Trajectory, timeout: float | None) -> FnOutcome:
+    """One ``await obj.acall(traj)`` under ``timeout``: its value, or the error (a timeout told apart from the
+    reward's own ``TimeoutError``, e.g. a socket timeout), with its latency."""
+    t0 = time.perf_counter()
+    try:
+        aw = obj.acall(traj)
+        if not inspect.isawaitable(aw):
+            o = FnOutcome(value=aw)  # a plain function named acall: take its value
+        else:
+            o = FnOutcome(value=await (aw if timeout is None else asyncio.wait_for(aw, timeout)))
+    except TimeoutError as e:
+        if timeout is not None and time.perf_counter() - t0 >= 0.999 * timeout:
+            o = FnOutcome(error=f"timed out after {timeout:g}s", timed_out=True)
+        else:
+            o = FnOutcome(error=f"raised {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - recorded
+        o = FnOutcome(error=f"raised {type(e).__name__}: {e}")
+    o.latency_s = time.perf_counter() - t0
+    return o
 
 
 def fn_metrics(stats: dict[tuple[str, str], list[float]]) -> dict[str, float]:

@@ -75,6 +75,21 @@ class VLLMEngine:
         self.model_path = model_path
         self.llm = LLM(**kwargs)
         self._closed = False
+        self._core_procs = _core_processes(self.llm)
+
+    def alive(self) -> str | None:
+        """None while the engine can serve; else why not (its engine core process exited, or vLLM's
+        client marked it dead). Cheap and thread-safe: the rollout worker's health probe calls it from
+        another thread while ``generate`` may be blocked on a dead core (vLLM's client then waits forever)."""
+        if self._closed:
+            return "engine shut down"
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if getattr(getattr(core, "resources", None), "engine_dead", False):
+            return "vLLM marked the engine core dead"
+        for p in self._core_procs:
+            if not p.is_alive():
+                return f"engine core process {p.pid} ({p.name}) exited with code {p.exitcode}"
+        return None
 
     def generate(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Generation]:
         """Sample one completion per prompt (token ids in, token ids out), in order.
@@ -149,6 +164,14 @@ class VLLMEngine:
                 core.shutdown()
         finally:
             del self.llm
+
+
+def _core_processes(llm: Any) -> list[Any]:
+    """The engine core processes vLLM started for ``llm`` (``multiprocessing`` objects: ``is_alive``,
+    ``exitcode``, ``pid``); [] when the core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    return list(getattr(manager, "processes", None) or [])
 
 
 def _reload_from_file(worker: Any, path: str) -> bool:

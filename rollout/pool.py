@@ -31,21 +31,24 @@ class RolloutWorker:
     def __init__(self, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]], *, dtype: str = "bfloat16",
                  seed: int = 0, max_model_len: int = 2048, kv_cache_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None) -> None:
+                 enable_sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None,
+                 engine: Any = None) -> None:
+        """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
+        passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused."""
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.engine = VLLMEngine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                                 kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                                 tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode,
-                                 engine_kwargs=engine_kwargs)
+        self.engine = engine if engine is not None else VLLMEngine(
+            model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+            enable_sleep_mode=enable_sleep_mode, engine_kwargs=engine_kwargs)
         # Where weights that arrive through the object store (learner on another node) are put.
         self._blob = f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors" if os.path.isdir("/dev/shm") else \
             os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")
         # The engine core's shared-memory segments (~420 MB on CPU) and that file: if this process
         # is killed nobody unlinks them, so the pool does it on this node after the death.
-        self._shm = shm_segments(os.getpid()) + [self._blob]
+        self._shm = (shm_segments(os.getpid()) if engine is None else []) + [self._blob]
 
     def _make_env(self, domain: str) -> Any:
         if domain not in self.envs:
@@ -80,6 +83,16 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def health(self) -> str | None:
+        """None while this worker's engine can serve, else why not. The pool calls it in the ``health``
+        concurrency group (its own thread) while ``generate`` runs: the death check of a call in flight."""
+        alive = getattr(self.engine, "alive", None)
+        return alive() if alive is not None else None
+
+    def engine_pids(self) -> list[int]:
+        """Process ids of this worker's engine core processes (tests kill them to inject faults)."""
+        return [p.pid for p in getattr(self.engine, "_core_procs", [])]
+
     def placement(self) -> tuple[str, list[str]]:
         """This worker's Ray node id and the /dev/shm segments its engine maps."""
         import ray
@@ -98,6 +111,10 @@ class EngineFailure(RuntimeError):
     """A rollout worker kept dying: more than ``max_restarts`` replacements within one call."""
 
 
+class EngineUnresponsive(RuntimeError):
+    """A rollout worker whose engine died under it, or that stopped answering: it is replaced like a dead one."""
+
+
 class RolloutPool:
     """N ``RolloutWorker`` Ray actors. Requires ``ray.init`` to have run.
 
@@ -106,33 +123,48 @@ class RolloutPool:
     latest synced weights; its in-flight prompts are re-issued (same seeds, so the samples
     are those the dead engine would have drawn). ``restarts`` counts replacements; each call
     re-issues a shard at most ``max_restarts`` times before raising.
+
+    Every call has a deadline and a death check: while a call is in flight the pool probes
+    each busy worker every ``probe_every_s`` (``RolloutWorker.health``, in its own actor
+    thread); a worker whose engine core process died (vLLM's client would wait forever), that
+    does not answer the probe within ``probe_timeout_s``, or whose call runs past
+    ``call_timeout_s`` is replaced and its prompts re-issued, as if its actor had died.
+    Starting a worker has ``start_timeout_s``.
     """
 
     def __init__(self, n: int, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]],
                  num_cpus: float = 0.5, num_gpus: float = 0, max_restarts: int = 2,
                  actor_options: list[dict[str, Any]] | None = None,
-                 length_estimator: Callable[[Task], float | None] | None = None, **worker_kwargs: Any) -> None:
+                 length_estimator: Callable[[Task], float | None] | None = None, *,
+                 call_timeout_s: float = 3600.0, probe_every_s: float = 5.0, probe_timeout_s: float = 60.0,
+                 start_timeout_s: float = 900.0, worker_cls: type | None = None, **worker_kwargs: Any) -> None:
         """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.placement.Placement.options``:
         its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
         gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
-        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``."""
+        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``. ``worker_cls``: the
+        worker class (default ``RolloutWorker``; tests pass stand-ins without an engine)."""
         import ray
 
         if actor_options is not None and len(actor_options) != n:
             raise ValueError(f"{len(actor_options)} actor_options for {n} rollout workers")
         self._options = [dict(o) for o in actor_options] if actor_options is not None else [{} for _ in range(n)]
         self.length_estimator = length_estimator
-        self._actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
+        # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
+        self._actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, concurrency_groups={"health": 1})(
+            worker_cls or RolloutWorker)
+        self.call_timeout_s, self.probe_every_s = call_timeout_s, probe_every_s
+        self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
         self._args = (model_path, env_specs)
         self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
         self.max_restarts = max_restarts
         self.restarts = 0
+        self.failures: list[tuple[int, str]] = []  # (worker, why) of every replacement, oldest first
         self._restarts_logged = 0
         self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
         self._closing = False
         self.workers = [self._spawn(i) for i in range(n)]
         # Surface start-up errors (bad model, vLLM failure) here rather than at the first generate.
-        self._placement = ray.get([w.placement.remote() for w in self.workers])
+        self._placement = ray.get([w.placement.remote() for w in self.workers], timeout=start_timeout_s)
 
     def _spawn(self, i: int) -> Any:
         return self._actor.options(**self._options[i]).remote(*self._args, **self._kwargs[i])
@@ -141,7 +173,9 @@ class RolloutPool:
         """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights."""
         import ray
 
-        log.warning("rollout worker %d died (%s: %s); restarting it", i, type(why).__name__, str(why).splitlines()[0][:200])
+        reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
+        log.warning("rollout worker %d died (%s); restarting it", i, reason)
+        self.failures.append((i, reason))
         try:
             ray.kill(self.workers[i])
         except Exception:  # noqa: BLE001 - already gone
@@ -157,10 +191,10 @@ class RolloutPool:
             except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
                 log.warning("could not free the dead engine's shared memory %s: %s", segments, e)
         self.workers[i] = self._spawn(i)
-        self._placement[i] = ray.get(self.workers[i].placement.remote())
+        self._placement[i] = ray.get(self.workers[i].placement.remote(), timeout=self.start_timeout_s)
         if self._weights is not None:
             m, args = self._load_job(i)
-            ray.get(getattr(self.workers[i], m).remote(*args))
+            ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
         self.restarts += 1
 
     def _call(self, jobs: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
@@ -169,28 +203,62 @@ class RolloutPool:
 
         out: dict[int, Any] = {}
         attempts = dict.fromkeys(jobs, 0)
-        pending = {i: getattr(self.workers[i], m).remote(*a) for i, (m, a) in jobs.items()}
+        pending = {i: self._issue(i, jobs[i]) for i in jobs}
         while pending:
-            i, ref = next(iter(pending.items()))
-            try:
-                out[i] = ray.get(ref)
-            except BaseException as e:  # noqa: BLE001 - sorted out by _engine_died
-                if not _engine_died(e) or self._closing:  # shutting down: a killed worker is no fault
-                    raise
-                if attempts[i] >= self.max_restarts:
-                    raise EngineFailure(f"rollout worker {i} died {attempts[i] + 1} times in one call; giving up "
-                                       f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
-                attempts[i] += 1
-                self._replace(i, e)
-                m, a = jobs[i]
-                if m in ("load_weights", "load_weights_blob"):  # the replacement loaded the newest as it started
-                    out[i] = None
+            ready, _ = ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=self.probe_every_s)
+            if ready:
+                i = next(i for i, (ref, _) in pending.items() if ref == ready[0])
+                try:
+                    out[i] = ray.get(ready[0])
                     del pending[i]
                     continue
-                pending[i] = getattr(self.workers[i], m).remote(*a)
-                continue
-            del pending[i]
+                except BaseException as e:  # noqa: BLE001 - sorted out by _engine_died
+                    if not _engine_died(e) or self._closing:  # shutting down: a killed worker is no fault
+                        raise
+                    failed: dict[int, BaseException] = {i: e}
+            else:
+                failed = self._probe(pending)
+            for i, e in failed.items():
+                if attempts[i] >= self.max_restarts:
+                    raise EngineFailure(f"rollout worker {i} died {attempts[i] + 1} times in one call; giving up "
+                                        f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
+                attempts[i] += 1
+                self._replace(i, e)
+                if jobs[i][0] in ("load_weights", "load_weights_blob"):  # the replacement loaded the newest as it started
+                    out[i] = None
+                    del pending[i]
+                else:
+                    pending[i] = self._issue(i, jobs[i])
         return out
+
+    def _issue(self, i: int, job: tuple[str, tuple[Any, ...]]) -> tuple[Any, float]:
+        """Start ``job`` on worker ``i``: its ObjectRef and its deadline (monotonic seconds)."""
+        m, a = job
+        return getattr(self.workers[i], m).remote(*a), time.monotonic() + self.call_timeout_s
+
+    def _probe(self, pending: dict[int, tuple[Any, float]]) -> dict[int, BaseException]:
+        """The death check of calls in flight: the busy workers that are past their deadline, whose engine
+        died, or that did not answer the health probe in ``probe_timeout_s`` (-> why, for ``_replace``)."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        now, failed = time.monotonic(), {}
+        probes = {i: self.workers[i].health.options(concurrency_group="health").remote() for i in pending}
+        for i, probe in probes.items():
+            if now > pending[i][1]:
+                failed[i] = EngineUnresponsive(f"call ran past rollout call_timeout_s={self.call_timeout_s:g}")
+                continue
+            try:
+                why = ray.get(probe, timeout=self.probe_timeout_s)
+            except GetTimeoutError:
+                why = f"no answer to the health probe within {self.probe_timeout_s:g} s"
+            except BaseException as e:  # noqa: BLE001 - a dead actor: its call's ref says so next round
+                if not _engine_died(e):
+                    raise
+                continue
+            if why is not None:
+                failed[i] = EngineUnresponsive(why)
+        return failed
 
     def generate(self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling) -> list[Trajectory]:
         """Episodes for ``tasks`` (in order); whole groups go to one engine, engines balanced by estimated

@@ -169,3 +169,38 @@ def test_eval_tiny_model_pass_at_k_and_failures_file(tmp_path, capsys, tiny_mode
 
     if failed:
         validate_recipe(load_recipe(recipe, [f"data.train_files=[{failures}]", f"run.output_dir={tmp_path / 'o2'}"]))
+
+
+def test_eval_in_process_engine_samples_what_a_training_step_would(tmp_path, capsys, tiny_model_path):
+    """``--engine hf`` (no vLLM, seconds): the eval's samples are the training loop's for the same tasks,
+    seeds from ``rl.driver.loop.expand`` at step 0 (one seed formula), and a second eval repeats them."""
+    from envs.types import Sampling
+    from rl.config.recipe import load_recipe
+    from rl.driver.local_runtime import LocalRuntime
+    from rl.driver.loop import expand
+
+    recipe = tiny_recipe(tmp_path)
+    samples = tmp_path / "samples.jsonl"
+    argv = ["eval", str(recipe), "--engine", "hf", "--k", "2", "--limit", "3", "--samples-out", str(samples),
+            "--out", str(tmp_path / "failed.jsonl")]
+    assert main(argv) == 0, capsys.readouterr().err
+    s = json.loads(capsys.readouterr().out)
+    assert (s["tasks"], s["samples_per_task"], s["temperature"]) == (3, 2, 1.0)
+    rows = [json.loads(x) for x in samples.read_text().splitlines()]
+    assert [r["sample"] for r in rows] == [0, 1] * 3
+
+    cfg = load_recipe(recipe)
+    tasks = load_tasks(REPO / "recipes" / "data" / "toolcall_quickstart.eval.jsonl")[:3]
+    r = cfg.rollout
+    rt = LocalRuntime(cfg, tiny_model_path, learner=False)
+    rt.start()
+    try:
+        want = rt.generate(*expand(tasks, 2, cfg.run.seed, 0), Sampling(r.max_new_tokens, 1.0, r.top_p, r.max_turns,
+                                                                          r.max_model_len))
+    finally:
+        rt.stop()
+    assert [x["completion"] for x in rows] == [t.completion for t in want]
+    assert len({x["completion"] for x in rows}) > 1, "temperature 1: the samples differ"
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert [json.loads(x)["completion"] for x in samples.read_text().splitlines()] == [x["completion"] for x in rows]

@@ -134,6 +134,120 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(tmp_path: Pa
         pool.shutdown()
 
 
+def _engine_core_pids(worker_pid: int) -> list[int]:
+    """The vLLM engine core processes under a rollout worker's process (``VLLM::EngineCore``)."""
+    import psutil
+
+    found = []
+    for p in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
+                found.append(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tiny_model_path: str,
+                                                             ray_cpus) -> None:
+    """The engine core process (not the actor) SIGKILLed mid-generate, as the OOM killer would: vLLM's client
+    then waits forever; the pool's health probe sees the dead core, replaces the worker and re-issues the
+    prompts, within a bound."""
+    from envs.io import load_tasks
+    from envs.types import Sampling
+    from rollout.pool import RolloutPool
+
+    tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
+    groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
+    sampling = Sampling(256, 1.0, 1.0, 1, 1024)
+    pool = RolloutPool(1, tiny_model_path, [("tool_call", "envs.toolcall.ToolCallEnv", {})], dtype="float32",
+                       max_model_len=1024, max_restarts=1, probe_every_s=1.0, probe_timeout_s=30.0)
+    try:
+        before = pool.generate(tasks, groups, seeds, sampling)
+        worker = pool.pids()[0]
+        cores = _engine_core_pids(worker)
+        assert len(cores) == 1, f"one engine core under the worker {worker}: {cores}"
+        import ray
+
+        assert ray.get(pool.workers[0].engine_pids.remote()) == cores, "the engine knows its core's pid"
+        killer = threading.Timer(0.3, os.kill, (cores[0], signal.SIGKILL))
+        t0 = time.monotonic()
+        killer.start()
+        after = pool.generate(tasks, groups, seeds, sampling)
+        elapsed = time.monotonic() - t0
+        killer.join()
+        assert pool.restarts == 1, "the worker with the dead engine core was replaced"
+        print(f"engine core killed: recovered in {elapsed:.1f} s; {pool.failures}")
+        (i, why), = pool.failures
+        # The health probe saw it (vLLM's flag, or the core process's exit), or vLLM raised EngineDeadError.
+        assert i == 0 and ("engine core" in why or "EngineDeadError" in why), why
+        assert elapsed < 240, f"recovered in {elapsed:.0f} s (start-up of the replacement included)"
+        assert [t.response_ids for t in after] == [t.response_ids for t in before], "same seeds, same samples"
+        new_worker = pool.pids()[0]
+        assert new_worker != worker and _engine_core_pids(new_worker) != cores
+        assert pool.metrics() == {"faults/rollout_restarts": 1.0}
+    finally:
+        pool.shutdown()
+
+
+class StandIn:
+    """A rollout worker without an engine. The first instance of a test misbehaves as ``mode`` says (its call
+    never returns; its health probe says the engine died / never answers); its replacements serve."""
+
+    def __init__(self, model_path: str, env_specs: list, seed: int = 0, mode: str = "", flag: str = "") -> None:
+        self.mode = "" if os.path.exists(flag) else mode
+        Path(flag).touch()
+
+    def generate(self, *args) -> list[str]:
+        if self.mode:
+            time.sleep(3600)
+        return ["served"]
+
+    def health(self) -> str | None:
+        if self.mode == "no_answer":
+            time.sleep(3600)
+        return "engine core process 1234 (EngineCore_DP0) exited with code -9" if self.mode == "dead" else None
+
+    def placement(self) -> tuple[str, list[str]]:
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, why", [
+    ("stuck", "call ran past rollout call_timeout_s=4"),
+    ("dead", "engine core process 1234 (EngineCore_DP0) exited"),
+    ("no_answer", "no answer to the health probe within 2 s"),
+])
+def test_unresponsive_worker_is_replaced_and_its_call_reissued(tmp_path: Path, ray_cpus, mode: str, why: str) -> None:
+    """The pool's deadline and death check without vLLM: a call that never returns is replaced at its deadline,
+    one whose health probe reports a dead engine or does not answer is replaced at the next probe."""
+    from rollout.pool import EngineFailure, RolloutPool
+
+    pool = RolloutPool(1, "unused", [], num_cpus=0.1, worker_cls=StandIn, mode=mode, flag=str(tmp_path / "flag"),
+                       max_restarts=1, call_timeout_s=4.0, probe_every_s=0.5, probe_timeout_s=2.0)
+    try:
+        t0 = time.monotonic()
+        assert pool._call({0: ("generate", ())}) == {0: ["served"]}
+        elapsed = time.monotonic() - t0
+        assert pool.restarts == 1 and len(pool.failures) == 1 and why in pool.failures[0][1], pool.failures
+        assert elapsed < 30, f"replaced after {elapsed:.1f} s"
+        # Beyond max_restarts within one call: a clear error, not a hang.
+        (tmp_path / "flag").unlink()
+        pool._kwargs[0]["mode"], pool.max_restarts = "stuck", 0
+        pool._replace(0, RuntimeError("make the next worker misbehave"))
+        with pytest.raises(EngineFailure, match="died 1 times in one call"):
+            pool._call({0: ("generate", ())})
+    finally:
+        import ray
+
+        for w in pool.workers:  # a stuck stand-in would hold its shutdown call for 60 s
+            ray.kill(w)
+        pool.shutdown()
+
+
 # ---------------------------------------------------------------- non-finite updates stop the run
 
 HUGE = '''
@@ -194,13 +308,13 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
     import errno
 
     from rl.config.recipe import load_recipe
-    from rl.driver.loop import Actors, latest_checkpoint, make_normalizer
+    from rl.driver.loop import checkpoint, latest_checkpoint, make_normalizer
 
-    class Learners:
+    class Runtime:  # the learner's side of a checkpoint: a model file, then (once) a full disk
         def __init__(self) -> None:
             self.fail = False
 
-        def save_checkpoint(self, path: str) -> None:
+        def save(self, path: str) -> None:
             Path(path).mkdir(parents=True)
             (Path(path) / "model.bin").write_bytes(b"x" * 10)
             if self.fail:
@@ -211,12 +325,11 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
             return {}
 
     cfg = load_recipe(recipe_copy("tiny.yaml"))
-    actors = Actors(cfg, "unused", tmp_path, False)
-    actors.learners = Learners()
-    actors.checkpoint(tmp_path, 1, 2, Mixer(), make_normalizer(cfg))
-    actors.learners.fail = True
+    rt = Runtime()
+    checkpoint(rt, tmp_path, 1, 2, Mixer(), make_normalizer(cfg))
+    rt.fail = True
     with pytest.raises(RunAborted, match=r"step-2 checkpoint.*No space left on device.*intact: .*step_000001"):
-        actors.checkpoint(tmp_path, 2, 2, Mixer(), make_normalizer(cfg))
+        checkpoint(rt, tmp_path, 2, 2, Mixer(), make_normalizer(cfg))
     assert latest_checkpoint(tmp_path).name == "step_000001"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"], "no partial checkpoint"
 

@@ -44,64 +44,70 @@ def parity_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_copy) -> None:
-    """The engine's logprobs for a fixed prompt start equal to the learner's, and after 3 GRPO
-    steps with a weight sync each, they have moved with the learner's (fp32 end to end)."""
+    """``train()`` on the Ray runtime: the engine's logprobs for a fixed prompt start equal to the learner's,
+    and after 3 GRPO steps with a weight sync each, they have moved with the learner's (fp32 end to end)."""
     import ray
 
-    from rl.algos.batch import build_batch
     from rl.config.recipe import load_recipe
-    from rl.driver.loop import Actors, expand, load_task_sets, make_mixer
-    from rl.trainer.hub import resolve_model
-    from envs.types import Sampling
+    from rl.driver.loop import load_task_sets, train
+    from rl.driver.ray_runtime import RayRuntime
 
     recipe = _tiny_recipe(recipe_copy, {
         "model": {"engine_dtype": "float32", "autocast": False},
         "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
         "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
+        "train": {"steps": 3, "eval_every": 0},
+        "wandb": {"mode": "disabled"},
     })
     cfg = load_recipe(recipe)
-    out = tmp_path / "out"
-    out.mkdir()
-    train_sources, eval_tasks = load_task_sets(cfg)
-    actors = Actors(cfg, resolve_model(cfg.model.path), out, verbose=False)
-    try:
-        actors.start()
-        from transformers import AutoTokenizer
+    _, eval_tasks = load_task_sets(cfg)
 
-        from rollout.episode import encode, render
+    class Probe(RayRuntime):
+        """The Ray runtime, reading the engine's and the learner's logprobs of one continuation at the start
+        and at the end of the run, and keeping every learner step's metrics."""
 
-        tok = AutoTokenizer.from_pretrained(actors.model_path)
-        task = eval_tasks[0]
-        prompt = encode(tok, render(tok, list(task.messages), True) + task.prefill)
-        cont = encode(tok, '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
-        engine0 = actors.pool.score(prompt, cont)[0]
-        learner0 = ray.get(actors.learner.logprobs.remote(prompt, cont))
-        assert max(abs(a - b) for a, b in zip(engine0, learner0)) < 1e-3, "engine and learner start from the same weights"
+        steps: list[dict] = []
 
-        sampler = make_mixer(cfg, train_sources)
-        sampling = Sampling(cfg.rollout.max_new_tokens, 1.0, 1.0, 1, cfg.rollout.max_model_len)
-        for step in (1, 2, 3):
-            tasks, groups, seeds = expand(sampler.sample(step), cfg.rollout.group_size, 0, step)
-            trajs = actors.rewards.score(actors.pool.generate(tasks, groups, seeds, sampling))
-            assert all(t.reward is not None for t in trajs)
-            batch, stats = build_batch(trajs, cfg.algo)
+        def logprobs(self) -> tuple[list[float], list[float]]:
+            from transformers import AutoTokenizer
+
+            from rollout.episode import encode, render
+
+            tok = AutoTokenizer.from_pretrained(self.model_path)
+            task = eval_tasks[0]
+            prompt = encode(tok, render(tok, list(task.messages), True) + task.prefill)
+            cont = encode(tok, '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
+            return self.pool.score(prompt, cont)[0], ray.get(self.learner.logprobs.remote(prompt, cont))
+
+        def start(self, length_estimate=None) -> None:
+            super().start(length_estimate)
+            Probe.at_start = self.logprobs()
+
+        def train_step(self, batch) -> dict:
             assert batch.samples, "parity rewards give the groups variance"
-            m = actors.learner_step(batch)
-            assert m["grad/norm"] > 0 and m["learner/skipped_update"] == 0.0
-            # Before the sync the engine still samples from the previous weights: its logprobs
-            # on the step's own tokens equal the learner's pre-update ones (fp32), measured here.
-            assert m["rollout/logprob_diff"] < 1e-3
-            actors.sync_weights()
+            m = super().train_step(batch)
+            Probe.steps.append(m)
+            return m
 
-        engine1 = actors.pool.score(prompt, cont)[0]
-        learner1 = ray.get(actors.learner.logprobs.remote(prompt, cont))
-        moved = max(abs(a - b) for a, b in zip(learner1, learner0))
-        assert moved > 1e-2, f"the learner's weights changed ({moved})"
-        assert max(abs(a - b) for a, b in zip(engine1, learner1)) < 1e-3, "the engine holds the learner's new weights"
-        assert max(abs(a - b) for a, b in zip(engine1, engine0)) > 1e-2
-    finally:
-        actors.stop()
+        def stop(self) -> None:
+            if self.pool is not None and self.pool.workers:
+                Probe.at_end = self.logprobs()  # after the last step's weight sync
+            super().stop()
+
+    train(cfg, progress=False, runtime=Probe)
     assert not ray.is_initialized()
+    assert len(Probe.steps) == 3
+    for m in Probe.steps:
+        assert m["grad/norm"] > 0 and m["learner/skipped_update"] == 0.0
+        # Before the sync the engine still samples from the previous weights: its logprobs
+        # on the step's own tokens equal the learner's pre-update ones (fp32), measured here.
+        assert m["rollout/logprob_diff"] < 1e-3
+    (engine0, learner0), (engine1, learner1) = Probe.at_start, Probe.at_end
+    assert max(abs(a - b) for a, b in zip(engine0, learner0)) < 1e-3, "engine and learner start from the same weights"
+    moved = max(abs(a - b) for a, b in zip(learner1, learner0))
+    assert moved > 1e-2, f"the learner's weights changed ({moved})"
+    assert max(abs(a - b) for a, b in zip(engine1, learner1)) < 1e-3, "the engine holds the learner's new weights"
+    assert max(abs(a - b) for a, b in zip(engine1, engine0)) > 1e-2
 
 
 def _shm_bytes() -> int:

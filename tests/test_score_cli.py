@@ -149,7 +149,7 @@ USER_MODULE = textwrap.dedent('''
 def write_recipe(tmp: Path, rewards: list[dict], **service) -> Path:
     d = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
     d["rewards"] = rewards
-    d["reward_service"] = {**d["reward_service"], **service}
+    d["reward_service"] = {**d.get("reward_service", {}), **service}  # recipes list only what they change
     p = tmp / "recipe.yaml"
     p.write_text(yaml.safe_dump(d, sort_keys=False))
     return p

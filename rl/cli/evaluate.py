@@ -95,6 +95,9 @@ def add_parsers(sub: Any) -> None:
     e.add_argument("--out", help="failed tasks (native .jsonl); default: <run dir of --model, else .>/eval_failures.jsonl")
     e.add_argument("--samples-out", help="write every sample's completion and scores here (JSON lines)")
     e.add_argument("--batch", type=int, default=256, help="episodes per engine call (default 256)")
+    e.add_argument("--engine", choices=("vllm", "hf"), default="vllm",
+                   help="vllm (default) | hf: Transformers in this process, one request at a time (small models, "
+                        "machines without vLLM)")
     e.add_argument("--debug", action="store_true", help="show tracebacks")
     e.add_argument("--verbose", action="store_true", help="show vLLM logs")
     e.set_defaults(run=run_eval)
@@ -486,8 +489,34 @@ def resolve_model_arg(arg: str) -> tuple[str, Path | None]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rl.config.recipe import load_recipe, resolve_path, validate_recipe
+    n, temperature = _eval_sampling(args)
+    cfg, run_dir = _eval_recipe(args)
+    tasks, source = _eval_tasks(args, cfg)
+    out_path = Path(args.out) if args.out else (run_dir or Path.cwd()) / "eval_failures.jsonl"
+    if not out_path.name.endswith((".jsonl", ".jsonl.gz")):
+        raise CommandError(f"--out {out_path}: the failures file must end in .jsonl or .jsonl.gz")
 
+    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+    scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
+    t0 = time.perf_counter()
+    trajs = _generate(cfg, tasks, n, temperature, args.batch, args.verbose, args.engine, scorer)
+    t1 = time.perf_counter()
+    scored, call = scorer.score_with_stats(trajs)
+    t2 = time.perf_counter()
+
+    summary, failed = eval_summary(tasks, scored, n, args.k, args.pass_threshold)
+    per_fn = summarize(scored, call["fn"], args.pass_threshold, scorer)["domains"]
+    for d, block in summary["domains"].items():
+        block["functions"] = per_fn.get(d, {}).get("functions", {})
+    summary = {"model": cfg.model.path, "tasks_from": source, "temperature": temperature, **summary,
+               "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(t2 - t1, 3)}}
+    summary |= _write_eval_outputs(args, scored, failed, out_path, n)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _eval_sampling(args: argparse.Namespace) -> tuple[int, float]:
+    """Samples per task and temperature from ``--k``/``--n``/``--temperature`` (checked)."""
     if args.k < 1:
         raise CommandError("--k must be >= 1")
     n = args.n if args.n is not None else args.k
@@ -498,6 +527,13 @@ def _eval(args: argparse.Namespace) -> int:
     temperature = args.temperature if args.temperature is not None else (1.0 if n > 1 else 0.0)
     if temperature < 0:
         raise CommandError("--temperature must be >= 0")
+    return n, temperature
+
+
+def _eval_recipe(args: argparse.Namespace) -> tuple[Any, Path | None]:
+    """The recipe with ``--model`` applied, validated; and the run dir ``--model`` belongs to (or None)."""
+    from rl.config.recipe import load_recipe, validate_recipe
+
     cfg = load_recipe(args.recipe, args.overrides)
     run_dir = None
     if args.model:
@@ -505,6 +541,13 @@ def _eval(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model))
     # Everything but the output dir, which eval does not write (a finished run's recipe is fine).
     validate_recipe(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, overwrite=True)))
+    return cfg, run_dir
+
+
+def _eval_tasks(args: argparse.Namespace, cfg: Any) -> tuple[list[Task], str]:
+    """The tasks to evaluate (``--tasks`` or the recipe's ``data.eval_files``, ``--limit``) and where they came from;
+    each task's domain must be served by the recipe's ``rollout.envs``."""
+    from rl.config.recipe import resolve_path
 
     if args.tasks:
         tasks, source = load_task_file(args.tasks, args.format, args.answers), args.tasks
@@ -525,31 +568,19 @@ def _eval(args: argparse.Namespace) -> int:
         if t.domain not in served:
             raise CommandError(f"{source}: task {t.id!r} has domain {t.domain!r}, but the recipe's rollout.envs "
                                f"serves only {sorted(served)}")
-    out_path = Path(args.out) if args.out else (run_dir or Path.cwd()) / "eval_failures.jsonl"
-    if not out_path.name.endswith((".jsonl", ".jsonl.gz")):
-        raise CommandError(f"--out {out_path}: the failures file must end in .jsonl or .jsonl.gz")
+    return tasks, source
 
-    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
-    scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
-    t0 = time.perf_counter()
-    trajs = _generate(cfg, tasks, n, temperature, args.batch, args.verbose)
-    t1 = time.perf_counter()
-    scored, call = scorer.score_with_stats(trajs)
-    t2 = time.perf_counter()
 
-    summary, failed = eval_summary(tasks, scored, n, args.k, args.pass_threshold)
-    per_fn = summarize(scored, call["fn"], args.pass_threshold, scorer)["domains"]
-    for d, block in summary["domains"].items():
-        block["functions"] = per_fn.get(d, {}).get("functions", {})
-    summary = {"model": cfg.model.path, "tasks_from": source, "temperature": temperature, **summary,
-               "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(t2 - t1, 3)}}
+def _write_eval_outputs(args: argparse.Namespace, scored: list[Trajectory], failed: list[Task], out_path: Path,
+                        n: int) -> dict[str, str]:
+    """The failed tasks (native task file) and, with ``--samples-out``, every sample; returns their paths."""
     from envs.io import save_tasks
 
     try:
         save_tasks(failed, out_path)
     except OSError as e:
         raise CommandError(f"cannot write {out_path}: {e.strerror or e}") from None
-    summary["failures_file"] = str(out_path)
+    written = {"failures_file": str(out_path)}
     if args.samples_out:
         _write_jsonl(args.samples_out, [
             {"task_id": t.task.id, "sample": i % n, "domain": t.task.domain, "completion": t.completion,
@@ -557,9 +588,8 @@ def _eval(args: argparse.Namespace) -> int:
              "scores": t.scores, "reward_error": t.reward_error, "finish_reason": t.finish_reason,
              "response_tokens": t.num_policy_tokens}
             for i, t in enumerate(scored)])
-        summary["samples_file"] = str(args.samples_out)
-    print(json.dumps(summary, indent=2))
-    return 0
+        written["samples_file"] = str(args.samples_out)
+    return written
 
 
 def eval_summary(tasks: list[Task], scored: list[Trajectory], n: int, k: int,
@@ -602,52 +632,40 @@ def eval_summary(tasks: list[Task], scored: list[Trajectory], n: int, k: int,
     return summary, failed
 
 
-def _generate(cfg: Any, tasks: list[Task], n: int, temperature: float, batch: int, verbose: bool) -> list[Trajectory]:
-    """``n`` episodes per task (consecutive, in task order) from one in-process vLLM engine."""
-    from envs.base import resolve
+def _generate(cfg: Any, tasks: list[Task], n: int, temperature: float, batch: int, verbose: bool,
+              engine: str = "vllm", scorer: RewardScorer | None = None) -> list[Trajectory]:
+    """``n`` episodes per task (consecutive, in task order) from the in-process runtime (one engine, no learner).
+
+    Sampling seeds are the training loop's (``rl.driver.loop.expand`` at step 0: task i is group i, its
+    samples 0..n-1), so an eval samples what a training step drawing the same tasks would.
+    """
     from envs.types import Sampling
+    from rl.driver.local_runtime import LocalRuntime
+    from rl.driver.loop import expand
+    from rl.driver.recovery import raise_on_term
     from rl.trainer.hub import resolve_model
 
     if verbose:
         os.environ["JOINTRL_VERBOSE"] = "1"
     # vLLM logs to stdout by default; stdout carries the JSON summary.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    from transformers import AutoTokenizer
-
-    from rollout.engine import VLLMEngine
-    from rollout.episode import run_episodes
-
     base = Path(cfg.source).parent if cfg.source else None
-    model_path = resolve_model(cfg.model.path, base)
-    envs = {e.domain: (resolve(e.cls), dict(e.kwargs)) for e in cfg.rollout.envs}
-
-    def make_env(domain: str) -> Any:
-        cls, kwargs = envs[domain]
-        return cls(**kwargs)
-
     r = cfg.rollout
     sampling = Sampling(max_new_tokens=r.max_new_tokens, temperature=temperature,
                         top_p=r.top_p if temperature > 0 else 1.0, max_turns=r.max_turns, max_model_len=r.max_model_len)
-    expanded = [(ti, task, s) for ti, task in enumerate(tasks) for s in range(n)]
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = VLLMEngine(model_path, dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len,
-                        kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization,
-                        engine_kwargs=dict(r.engine_kwargs))
+    all_tasks, groups, seeds = expand(tasks, n, cfg.run.seed, 0)
+    rt = LocalRuntime(cfg, resolve_model(cfg.model.path, base), engine=engine, learner=False, scorer=scorer)
     trajs: list[Trajectory] = []
     # SIGTERM becomes an exception so that `finally` shuts the engine down (it holds shared memory).
-    old_term = signal.signal(signal.SIGTERM, _raise_on_term) if threading.current_thread() is threading.main_thread() \
+    old_term = signal.signal(signal.SIGTERM, raise_on_term) if threading.current_thread() is threading.main_thread() \
         else None
     try:
-        for start in range(0, len(expanded), batch):
-            chunk = expanded[start:start + batch]
-            trajs += run_episodes(engine, tokenizer, make_env, [t for _, t, _ in chunk], [ti for ti, _, _ in chunk],
-                                  [(cfg.run.seed * 1_000_003 + ti * n + s) % (2**31) for ti, _, s in chunk], sampling)
+        rt.start()
+        for start in range(0, len(all_tasks), batch):
+            end = start + batch
+            trajs += rt.generate(all_tasks[start:end], groups[start:end], seeds[start:end], sampling)
     finally:
-        engine.shutdown()
+        rt.stop()
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
     return trajs
-
-
-def _raise_on_term(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")

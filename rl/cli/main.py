@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 import traceback
+from pathlib import Path
+from typing import Any
 
 from rl.config.recipe import RecipeError, load_recipe, validate_recipe
 
@@ -28,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", help="show tracebacks")
         if name == "train":
             s.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
+            s.add_argument("--local", action="store_true",
+                           help="run everything in this process, no Ray or vLLM (Transformers generation, one "
+                                "learner): small models, smoke tests, machines without vLLM")
         else:
             s.add_argument("--print", dest="print_recipe", action="store_true",
                            help="print the full resolved recipe (every key, defaults filled) as YAML")
@@ -45,11 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_FLAGS = ("--debug", "--verbose", "--print", "--local")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Flags may come after the key=value overrides (argparse stops at the first positional list).
-    flags = [a for a in argv if a in ("--debug", "--verbose", "--print")]
-    rest = [a for a in argv if a not in ("--debug", "--verbose", "--print")]
+    flags = [a for a in argv if a in _FLAGS]
+    rest = [a for a in argv if a not in _FLAGS]
     args = _parser().parse_args(rest[:1] + flags + rest[1:])
     if getattr(args, "run", None) is not None:  # score, eval: rl/cli/evaluate.py
         return args.run(args)
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.pool import EngineFailure
 
     try:
-        out = train(cfg, verbose=args.verbose)
+        out = train(cfg, verbose=args.verbose, runtime=_local_runtime if args.local else None)
     except (FileNotFoundError, FileExistsError, TaskFormatError, RecipeError, PlacementError) as e:
         return _fail(str(e), args.debug)  # RecipeError/PlacementError: cluster section vs the Ray cluster
     except KeyboardInterrupt:
@@ -92,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     print(f"done: {out}")
     return 0
+
+
+def _local_runtime(cfg: Any, model_path: str, out: Path, verbose: bool) -> Any:
+    """``train --local``: the in-process runtime (an ``rl.driver.loop.RuntimeFactory``)."""
+    from rl.driver.local_runtime import LocalRuntime
+
+    return LocalRuntime(cfg, model_path, out, verbose)
 
 
 def _fail(msg: str, debug: bool) -> int:

@@ -20,7 +20,7 @@ in-flight draw (step and task ids): a run resumed from a checkpoint re-generates
 those tasks (with the checkpoint's weights, so an async resume is not bit-identical; a
 synchronous one is).
 
-This module does not score, train or log; the pool and the draw are given to it.
+This module does not score, train or log; the generator (the runtime) and the draw are given to it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ Draw = tuple[list[Task], list[int], list[int]]  # tasks, group ids, sampling see
 
 
 class EpisodeStream:
-    """See the module docstring. ``draw(step)`` -> (tasks, group ids, seeds); ``sync()`` pushes the learner's
+    """See the module docstring. ``pool``: anything with ``generate(tasks, group_ids, seeds, sampling)`` (the
+    runtime, ``rl.driver.runtime.Runtime``); ``draw(step)`` -> (tasks, group ids, seeds); ``sync()`` pushes the learner's
     newest weights into every engine; ``lookup(task_ids)`` -> tasks (for ``load_state_dict``)."""
 
     def __init__(self, pool: Any, draw: Callable[[int], Draw], sync: Callable[[], None], sampling: Sampling,

@@ -1,0 +1,150 @@
+"""The run's output directory and its checkpoints: prepare (fresh, overwrite or resume), write, rotate, restore.
+
+A checkpoint is ``checkpoints/step_NNNNNN``: the learner's state (written by the runtime's
+``save``) and the driver's (``driver.json``: the mixer's draw state, the reward normalizer's
+statistics, the episode stream's in-flight draw) and ``step.json``, written last, which marks
+it complete. This module does not start actors or train; the runtime is given to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rl.config.recipe import Recipe, recipe_to_dict, resolve_output_dir
+
+# Everything a run writes into its output dir that a later run could mistake for its own: an
+# overwrite removes all of it (``checkpoints/`` above all: ``run.resume=auto`` would resume it, and
+# rotation would sort the old run's steps with the new run's). ``.live.json`` stays: it names the
+# shared memory of a killed driver, which the next start frees (rl.driver.recovery.free_dead_run).
+RUN_FILES = (
+    "metrics.jsonl",
+    "rollouts.jsonl",
+    "metrics.discarded.jsonl",
+    "rollouts.discarded.jsonl",
+    "DONE",
+    "placement.json",
+    "recipe.resolved.yaml",
+    "eval_failures.jsonl",
+)
+RUN_DIRS = ("checkpoints", "wandb")
+
+
+class RunAborted(RuntimeError):
+    """The run cannot go on (e.g. too many skipped updates in a row); outputs so far are kept."""
+
+
+def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
+    """Create the output dir; return it and the checkpoint to resume from (``run.resume=auto``).
+
+    Resuming from step S keeps the metrics and rollouts of steps <= S and moves the lines of
+    later steps (logged after the last checkpoint, and about to be redone) to
+    ``*.discarded.jsonl``, so nothing computed is lost and the logs hold each step once.
+    A dir that holds a run and no checkpoint to resume is refused unless ``run.overwrite``,
+    which removes every output of the old run (``RUN_FILES``, ``RUN_DIRS``).
+    """
+    out = resolve_output_dir(cfg)
+    resume_from = latest_checkpoint(out) if cfg.run.resume == "auto" else None
+    if resume_from is not None:
+        step = json.loads((resume_from / "step.json").read_text())["step"]
+        for name in ("metrics", "rollouts"):
+            _split_log(out / f"{name}.jsonl", out / f"{name}.discarded.jsonl", step)
+        (out / "DONE").unlink(missing_ok=True)
+    elif holds_run(out):
+        if not cfg.run.overwrite:
+            raise FileExistsError(
+                f"{out} already holds a run and no checkpoint to resume from; set "
+                "run.overwrite=true to replace it, or choose another run.output_dir"
+            )
+        remove_run(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.resolved.yaml").write_text(_yaml(recipe_to_dict(cfg)))
+    return out, resume_from
+
+
+def holds_run(out: Path) -> bool:
+    """Whether ``out`` holds a previous run's metrics or checkpoints."""
+    ck = out / "checkpoints"
+    return (out / "metrics.jsonl").exists() or (ck.is_dir() and any(ck.iterdir()))
+
+
+def remove_run(out: Path) -> None:
+    """Remove every output of the run in ``out`` (``run.overwrite``); files of the user's stay."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(out / name, ignore_errors=True)
+        if (out / name).exists():
+            raise OSError(f"run.overwrite: could not remove {out / name} of the previous run")
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The newest complete checkpoint (``checkpoints/step_N`` with its ``step.json``), if any."""
+    ck = out / "checkpoints"
+    done = sorted(p for p in ck.glob("step_*") if (p / "step.json").is_file()) if ck.is_dir() else []
+    return done[-1] if done else None
+
+
+def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state: dict[str, Any]) -> Path:
+    """Atomically write ``checkpoints/step_NNNNNN`` (temp dir + rename); keep the newest ``keep``.
+
+    ``runtime.save(path)`` writes the learner's state (model, optimizer, schedules, RNG);
+    ``driver_state`` goes to ``driver.json``. A failure (e.g. a full disk) leaves the previous
+    checkpoint intact and raises :class:`RunAborted` naming it.
+    """
+    ck = out / "checkpoints"
+    ck.mkdir(exist_ok=True)
+    final, tmp = ck / f"step_{step:06d}", ck / f".step_{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        runtime.save(str(tmp))
+        (tmp / "driver.json").write_text(json.dumps(driver_state))
+        (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        last = latest_checkpoint(out)
+        err = getattr(e, "cause", None) or e  # a Ray task error carries the learner's exception
+        raise RunAborted(
+            f"could not write the step-{step} checkpoint into {ck}: {type(err).__name__}: "
+            f"{err}; the previous checkpoint is intact: "
+            f"{last if last is not None else 'none'}"
+        ) from e
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    done = sorted(p for p in ck.iterdir() if p.name.startswith("step_"))
+    for old in done[: max(len(done) - max(keep, 1), 0)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_checkpoint(ck: Path) -> tuple[int, dict[str, Any]]:
+    """A checkpoint's step and driver state (``driver.json``)."""
+    step = int(json.loads((ck / "step.json").read_text())["step"])
+    return step, json.loads((ck / "driver.json").read_text())
+
+
+def _split_log(path: Path, discarded: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep, drop = [], []
+    for line in path.read_text().splitlines():
+        try:
+            s = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by the crash
+        (keep if s <= step else drop).append(line)
+    if drop:
+        with open(discarded, "a") as f:
+            f.write("\n".join(drop) + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
+
+
+def _yaml(d: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(d, sort_keys=False)

@@ -1,0 +1,126 @@
+"""The in-process runtime (``rl.driver.runtime.Runtime``): no Ray, no actors, every part in the driver's process.
+
+One ``rollout.pool.RolloutWorker`` on an in-process engine (``engine="hf"``: Transformers on
+the model, ``rollout.hf_engine.HFEngine``; ``engine="vllm"``: an in-process ``VLLMEngine``), an
+in-process ``rewards.service.RewardScorer`` and, unless ``learner=False`` (``jointrl eval``),
+an in-process ``rl.trainer.learner.Learner`` (one rank). Weights reach the engine through the
+same safetensors export as on Ray. It runs the whole loop in seconds on the tiny model (fast
+tests); it has no process boundary, so nothing to restart: an exception in a part ends the call.
+It does not place, shard or parallelize anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from envs.types import Sampling, Task, Trajectory
+from rewards.service import RewardFnSpec, RewardScorer
+from rl.config.recipe import Recipe
+from rl.driver.runtime import LengthEstimate
+from rollout.hf_engine import make_engine
+from rollout.pool import RolloutWorker
+
+
+class LocalRuntime:
+    """Everything in this process. ``engine``: ``hf`` | ``vllm``; ``learner=False``: generate and score only;
+    ``scorer``: a reward scorer already built (``jointrl eval`` checks the rewards before any engine starts)."""
+
+    def __init__(
+        self,
+        cfg: Recipe,
+        model_path: str,
+        out: Path | None = None,
+        verbose: bool = False,
+        *,
+        engine: str = "hf",
+        learner: bool = True,
+        scorer: RewardScorer | None = None,
+    ) -> None:
+        self.cfg, self.model_path, self.engine_kind, self.with_learner = cfg, model_path, engine, learner
+        self.worker: RolloutWorker | None = None
+        self.scorer: RewardScorer | None = scorer  # None: built from the recipe's rewards at start
+        self.learner: Any = None
+        self.shm_dir = ""
+
+    def start(self, length_estimate: LengthEstimate | None = None) -> None:
+        """Build the engine, envs, reward functions and learner (``length_estimate``: unused, one engine)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        kwargs: dict[str, Any] = dict(dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len)
+        if self.engine_kind == "vllm":
+            kwargs |= dict(
+                kv_cache_gib=r.kv_cache_gib,
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                engine_kwargs=dict(r.engine_kwargs),
+            )
+        engine = make_engine(self.engine_kind, self.model_path, **kwargs)
+        self.worker = RolloutWorker(self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine)
+        if self.scorer is None:
+            specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+            self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)
+        if self.with_learner:
+            from rl.trainer.learner import Learner
+
+            self.shm_dir = tempfile.mkdtemp(
+                prefix="jointrl-local-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
+            self.learner = Learner(
+                self.model_path,
+                cfg.model,
+                cfg.algo,
+                seed=cfg.run.seed,
+                threads=cfg.run.threads,
+                shm_dir=self.shm_dir,
+                total_steps=cfg.train.steps,
+                learner=cfg.learner,
+            )
+
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
+        return self._worker().generate(tasks, group_ids, seeds, sampling)
+
+    def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        assert self.scorer is not None, "start() first"
+        return self.scorer.score(trajs)
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        return self._learner().step(batch)
+
+    def sync_weights(self) -> None:
+        self._worker().load_weights(self._learner().export_weights(self.cfg.model.engine_dtype))
+
+    def save(self, path: str) -> None:
+        self._learner().save_checkpoint(path)
+
+    def restore(self, path: str) -> None:
+        self._learner().load_checkpoint(path)
+        self.sync_weights()
+
+    def metrics(self, *, rollout: bool = True) -> dict[str, float]:
+        """Per reward function: latency and errors since the last call (no restarts: nothing to restart)."""
+        return self.scorer.metrics() if self.scorer is not None else {}
+
+    def stop(self) -> None:
+        try:
+            if self.worker is not None:
+                self.worker.shutdown()
+            if self.learner is not None:
+                self.learner.shutdown()
+        finally:
+            self.worker = self.learner = None
+            if self.shm_dir:
+                shutil.rmtree(self.shm_dir, ignore_errors=True)
+
+    def _worker(self) -> RolloutWorker:
+        if self.worker is None:
+            raise RuntimeError("LocalRuntime: start() first")
+        return self.worker
+
+    def _learner(self) -> Any:
+        if self.learner is None:
+            raise RuntimeError("LocalRuntime: no learner (learner=False, or start() not called)")
+        return self.learner

@@ -1,0 +1,253 @@
+"""The Ray runtime (``rl.driver.runtime.Runtime``): rollout workers, reward service and learners as Ray actors.
+
+Placed per ``cluster`` (``rl.driver.placement``): N rollout workers (vLLM + envs,
+``rollout.pool.RolloutPool``), a reward pool (``rewards.service.RewardService``) and
+``learner.workers`` data-parallel learners (``rl.trainer.distributed.LearnerGroup``).
+Weights travel through shared memory (same node) or Ray's object store. The actor groups
+restart their own dead actors and count it (``faults/...``); this class starts, wires and
+stops them, and frees what a killed driver of the same output dir left (``rl.driver.recovery``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from envs.types import Sampling, Task, Trajectory
+from rewards.service import RewardFnSpec, RewardService
+from rl.config.recipe import Recipe
+from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
+from rollout.pool import RolloutPool
+
+
+class RayRuntime:
+    """The run's Ray actors (``rl.driver.runtime.Runtime``), their start-up and their shutdown.
+
+    Learners: ``learner.workers`` data-parallel ``Learner`` actors (``rl.trainer.distributed.LearnerGroup``);
+    ``learner`` is rank 0's handle (weights export, log-probs, checkpoints).
+    """
+
+    def __init__(self, cfg: Recipe, model_path: str, out: Path, verbose: bool) -> None:
+        self.cfg, self.model_path, self.out, self.verbose = cfg, model_path, out, verbose
+        self.pool: Any = None
+        self.rewards: Any = None
+        self.learners: Any = None
+        self.learner: Any = None
+        self._own_ray = False
+        self.placement: Any = None  # rl.driver.placement.Placement: the run's placement groups
+        self.colocated = False
+        self._old_term: Any = None
+        self.shm_dir = ""
+        self.learner_node: str | None = None  # learner rank 0's Ray node: its weights file is there
+
+    def start(self, length_estimate: Callable[[Task], float | None] | None = None) -> None:
+        """Connect to (or start) Ray, reserve the placement groups of ``cluster``, start the actors.
+
+        ``length_estimate(task)``: estimated trajectory tokens of a task (the mixer's EMA), used by the
+        pool to balance engines; also writes ``placement.json`` (each actor's node) into the output dir.
+        """
+        import ray
+
+        from rl.trainer.distributed import LearnerGroup
+        from rl.driver.placement import plan_placement, reserve, resolve_device
+
+        cfg = self.cfg
+        self._init_ray()
+        # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
+        # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
+        device = resolve_device(cfg, float(ray.cluster_resources().get("GPU", 0.0)))
+        plan = plan_placement(cfg, device)
+        self.colocated = plan.colocated
+        self.placement = reserve(plan, cfg.cluster.placement_timeout_s)
+        # Weights travel through shared memory; the driver owns the folder so that it goes
+        # away on every exit path, even when the learner is busy or dead.
+        free_dead_run(self.out / LIVE_FILE)  # what a killed driver of this output dir left behind
+        self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.learners = LearnerGroup(
+            cfg.learner.workers,
+            self.model_path,
+            cfg.model,
+            cfg.algo,
+            seed=cfg.run.seed,
+            threads=cfg.run.threads,
+            shm_dir=self.shm_dir,
+            total_steps=cfg.train.steps,
+            actor_options=self.placement.options("learner"),
+            learner=cfg.learner,
+        )
+        self.learner = self.learners.actors[0]
+        self.pool = make_rollout_pool(
+            cfg, self.model_path, self.placement.options("engine"), length_estimate, colocated=plan.colocated
+        )
+        specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+        self.rewards = RewardService(
+            specs,
+            workers=cfg.reward_service.workers,
+            timeout_s=cfg.reward_service.timeout_s,
+            actor_options=self.placement.options("reward"),
+        )
+        self.learners.ready()
+        self._record_placement(device)
+
+    def _init_ray(self) -> None:
+        """Connect to ``run.ray_address`` (or ``RAY_ADDRESS``) or start a local Ray sized for the plan."""
+        import ray
+
+        from rl.driver.placement import local_ray_cpus, plan_placement
+
+        cfg = self.cfg
+        address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS") or None
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            cpus = os.cpu_count() or 2
+            ray.init(
+                address=address,
+                num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, cfg.rollout.num_engines),
+                include_dashboard=False,
+                log_to_driver=self.verbose,
+                logging_level="INFO" if self.verbose else "WARNING",
+                runtime_env={"env_vars": _actor_env(self.verbose)},
+            )
+            self._own_ray = True
+        # SIGTERM becomes an exception so that `finally` shuts the engines down. Installed after
+        # ray.init, whose own handler (print a stack trace, abort) would otherwise replace it.
+        self._old_term = signal.signal(signal.SIGTERM, raise_on_term)
+
+    def _record_placement(self, device: str) -> None:
+        """``placement.json``: where every actor landed, asked of the actors themselves (docs/cluster.md);
+        ``.live.json``: read by the next run in this dir if this driver dies without cleaning up (SIGKILL, OOM)."""
+        from rl.driver.placement import actor_nodes
+
+        where = {
+            "device": device,
+            "placement": self.cfg.cluster.placement,
+            "engine": actor_nodes(self.pool.workers),
+            "learner": actor_nodes(self.learners.actors),
+            "reward": actor_nodes(self.rewards.workers),
+        }
+        self.learner_node = where["learner"][0]["node_id"]
+        for i, e in enumerate(where["engine"]):
+            e["weights"] = self.pool.route(i, self.learner_node)  # file (same node) | object_store
+        (self.out / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
+        (self.out / LIVE_FILE).write_text(
+            json.dumps({"pid": os.getpid(), "shm_dir": self.shm_dir, "engines": self.pool.shm_owned()}) + "\n"
+        )
+
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
+        return self.pool.generate(tasks, group_ids, seeds, sampling)
+
+    def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        return self.rewards.score(trajs)
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One learner step: the batch sharded over the learners, metrics of the whole batch.
+
+        Colocated placement (GPU): the engines sleep (weights offloaded to CPU, KV cache freed)
+        while the learners use their GPUs, and wake up after it, before the weight sync.
+        """
+        if not self.colocated:
+            return self.learners.step(batch)
+        self.pool.sleep(1)
+        try:
+            return self.learners.step(batch)
+        finally:
+            try:
+                self.learners.release_gpu_memory()
+            finally:
+                self.pool.wake_up()
+
+    def metrics(self, *, rollout: bool = True) -> dict[str, float]:
+        """Since the last call: ``faults/rollout_restarts`` (``rollout``), reward-service restarts and
+        per-function errors."""
+        return (self.pool.metrics() if rollout else {}) | self.rewards.metrics()
+
+    def sync_weights(self) -> None:
+        path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered
+        # Engines on the learner's node read the file in shared memory; others get its bytes
+        # through Ray's object store (one copy per node), written to their own shared memory.
+        self.pool.sync_weights(path, self.learner_node, lambda: self.learner.read_weights.remote(path))
+
+    def save(self, path: str) -> None:
+        self.learners.save_checkpoint(path)
+
+    def restore(self, path: str) -> None:
+        self.learners.load_checkpoint(path)
+        self.sync_weights()
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            if self.pool is not None:
+                self.pool.shutdown()
+            if self.rewards is not None:
+                self.rewards.shutdown()
+            if self.learners is not None:
+                self.learners.kill()
+            if self.placement is not None:
+                self.placement.remove()  # frees the reserved resources on a cluster that outlives the run
+        finally:
+            if self.shm_dir:
+                shutil.rmtree(self.shm_dir, ignore_errors=True)
+                (self.out / LIVE_FILE).unlink(missing_ok=True)
+            if self._own_ray and ray.is_initialized():
+                ray.shutdown()
+            if self._old_term is not None:
+                signal.signal(signal.SIGTERM, self._old_term)
+
+
+def make_rollout_pool(
+    cfg: Recipe,
+    model_path: str,
+    actor_options: list[dict[str, Any]],
+    length_estimate: Callable[[Task], float | None] | None,
+    *,
+    colocated: bool,
+) -> RolloutPool:
+    """The run's ``rollout.num_engines`` rollout workers, each with its placement ``actor_options``.
+
+    ``rollout.max_restarts``: how often one call replaces a dead worker before it gives up.
+    """
+    r = cfg.rollout
+    return RolloutPool(
+        r.num_engines,
+        model_path,
+        [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
+        actor_options=actor_options,
+        length_estimator=length_estimate,
+        max_restarts=r.max_restarts,
+        dtype=cfg.model.engine_dtype,
+        seed=cfg.run.seed,
+        max_model_len=r.max_model_len,
+        kv_cache_gib=r.kv_cache_gib,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=cfg.cluster.engine_tp,
+        enable_sleep_mode=colocated,
+        engine_kwargs=dict(r.engine_kwargs),
+    )
+
+
+def _actor_env(verbose: bool) -> dict[str, str]:
+    """Env vars every actor process needs (Ray sets OMP_NUM_THREADS=1 for fractional-CPU actors)."""
+    env = {
+        "OMP_NUM_THREADS": str(os.cpu_count() or 1),
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # needed to run our reload function in vLLM workers
+        "JOINTRL_CACHE": os.environ.get("JOINTRL_CACHE", ""),
+        # User reward/env modules importable on the driver must import in the actors too.
+        "PYTHONPATH": os.pathsep.join(
+            p for p in [os.environ.get("PYTHONPATH", ""), *sys.path] if p and os.path.isdir(p)
+        ),
+        "PYTHONWARNINGS": "ignore",
+    }
+    if verbose:
+        env["JOINTRL_VERBOSE"] = "1"
+    return {k: v for k, v in env.items() if v}

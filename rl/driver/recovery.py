@@ -1,0 +1,136 @@
+"""What the driver does about faults it can survive or must stop on, apart from the actors' own restarts.
+
+``BadStepGuard`` stops a run whose updates keep coming out non-finite; ``free_dead_run``
+frees the shared memory a SIGKILLed driver of the same output dir left behind (its
+``.live.json``). Restarting dead actors is the actor groups' job (``rollout.pool``,
+``rewards.service``); checkpoints are ``rl.driver.checkpoints``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from rl.driver.checkpoints import RunAborted, latest_checkpoint
+
+
+class BadStepGuard:
+    """Stops the run after ``limit`` steps in a row whose update the learner skipped.
+
+    The learner skips an optimizer step whose loss or gradient norm is not finite (weights and
+    optimizer state stay as they were, ``learner/skipped_update`` > 0). One such step is logged
+    with its reason and the run goes on; ``limit`` in a row means the run is broken (a
+    diverged policy, a reward producing absurd values), so it stops before writing another
+    checkpoint: the last checkpoint on disk is from before the streak.
+    """
+
+    def __init__(self, limit: int, out: Path) -> None:
+        self.limit, self.out, self.streak = limit, out, 0
+
+    def check(self, step: int, metrics: dict[str, float]) -> None:
+        skipped = metrics.get("learner/skipped_update", 0.0)
+        if not skipped > 0:
+            self.streak = 0
+            return
+        self.streak += 1
+        loss = metrics.get("loss/policy", float("nan"))
+        why = "non-finite loss" if not _finite(loss) else "non-finite gradient norm"
+        print(
+            f"jointrl: step {step}: {skipped:.0%} of the optimizer updates skipped ({why}: loss/policy={loss}, "
+            f"grad/norm={metrics.get('grad/norm')}); {self.streak} such step(s) in a row, the run stops at "
+            f"{self.limit}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self.streak >= self.limit:
+            last = latest_checkpoint(self.out)
+            raise RunAborted(
+                f"{self.streak} steps in a row (up to step {step}) skipped their update ({why}); "
+                f"stopping (train.max_bad_steps={self.limit}). Metrics of every step are in "
+                f"{self.out / 'metrics.jsonl'}; last good checkpoint: "
+                f"{last if last is not None else 'none (set run.save_every)'}"
+            )
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+LIVE_FILE = ".live.json"
+
+
+# How long a resumed run waits for a killed run's orphaned engine processes to exit (they die on
+# their own, seconds after their parent) before it leaves their shared memory in place.
+_DEAD_ENGINE_WAIT_S = 60.0
+
+
+def free_dead_run(live: Path) -> list[str]:
+    """Free the shared memory a dead driver's run left (its weights folder, its engines' segments).
+
+    ``live`` is the run's ``.live.json`` (driver pid, weights folder, engine nodes and segments).
+    Nothing is touched while that driver is still alive; segments some live process still
+    maps are kept (``rollout.pool.unlink_unmapped``). Returns what was removed.
+    """
+    import ray
+
+    from rollout.pool import unlink_unmapped
+
+    try:
+        rec = json.loads(live.read_text())
+    except (OSError, ValueError):
+        return []
+    if rec.get("pid") != os.getpid() and _alive(int(rec.get("pid", 0))):
+        return []
+    removed = []
+    d = rec.get("shm_dir", "")
+    if d.startswith("/dev/shm/jointrl-") and os.path.isdir(d):
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} if ray.is_initialized() else set()
+    for node, segments in rec.get("engines", []):
+        if node in alive:  # a node of a cluster that outlived the driver
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            )
+            removed += ray.get(sweep.remote(segments, _DEAD_ENGINE_WAIT_S), timeout=2 * _DEAD_ENGINE_WAIT_S)
+        else:  # the driver's own local cluster, gone with it: this machine
+            removed += unlink_unmapped(segments, wait_s=_DEAD_ENGINE_WAIT_S)
+    live.unlink(missing_ok=True)
+    left = [p for _, segs in rec.get("engines", []) for p in segs if p not in removed and os.path.exists(p)]
+    if left:
+        print(
+            f"jointrl: shared memory of the killed run still in use after {_DEAD_ENGINE_WAIT_S:.0f} s, "
+            f"left in place: {left}",
+            file=sys.stderr,
+        )
+    if removed:
+        print(f"jointrl: freed {len(removed)} shared-memory object(s) left by the killed run", file=sys.stderr)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def raise_on_term(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: the signal becomes an exception, so that ``finally`` blocks shut engines down."""
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -1,0 +1,51 @@
+"""The runtime interface: everything ``rl.driver.loop.train`` asks of the processes that do the work.
+
+Two implementations: ``rl.driver.ray_runtime.RayRuntime`` (Ray actors: vLLM rollout workers,
+a reward service, data-parallel learners, placed per ``cluster``) and
+``rl.driver.local_runtime.LocalRuntime`` (everything in the driver's process: one rollout
+worker on an in-process engine, an in-process reward scorer, an in-process learner), used by
+fast tests and by ``jointrl eval``. The loop, the episode stream, checkpoints and evaluation
+only see this interface; they never import Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from envs.types import Sampling, Task, Trajectory
+
+LengthEstimate = Callable[[Task], "float | None"]
+
+
+class Runtime(Protocol):
+    """Generate, score, train step, sync, save, restore, metrics; ``start`` before, ``stop`` after (always)."""
+
+    def start(self, length_estimate: LengthEstimate | None = None) -> None:
+        """Start the workers. ``length_estimate(task)``: estimated trajectory tokens (balances engines)."""
+
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
+        """One episode per task (in order), sampled with its seed; dead engines are replaced, prompts re-issued."""
+
+    def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        """The trajectories with their rewards (``reward``, ``scores``, ``reward_error``)."""
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One learner step on ``batch`` (``rl.algos.batch.Batch``); the learner's metrics."""
+
+    def sync_weights(self) -> None:
+        """Push the learner's current weights into every engine."""
+
+    def save(self, path: str) -> None:
+        """Write the learner's state (model, optimizer, schedules, RNG) into the new folder ``path``."""
+
+    def restore(self, path: str) -> None:
+        """Load the learner's state written by ``save``, then sync it into the engines."""
+
+    def metrics(self, *, rollout: bool = True) -> dict[str, float]:
+        """Fault and reward-function metrics since the last call (then reset); ``rollout=False``: the
+        reward side only (held-out eval), the rollout restarts wait for the next call."""
+
+    def stop(self) -> None:
+        """Shut every worker down (idempotent; runs on every exit path)."""

@@ -1,0 +1,124 @@
+"""An in-process Transformers engine with ``VLLMEngine``'s interface: generate token ids, reload weights, score.
+
+It samples one request at a time with its own ``torch.Generator`` seeded by the request's
+seed, so a request's sample depends on its seed and the weights only, never on the rest of
+the batch. Meant for the tiny test models and the in-process runtime
+(``rl.driver.local_runtime``): it is not fast, has no batching and no prefix cache; real
+runs use vLLM. Log-probs are the sampled tokens' under the raw (untempered) logits, like
+vLLM's default ``raw_logprobs``. This module does not know about tasks, envs or rewards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from envs.types import Generation, Sampling
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFEngine:
+    """A causal LM from ``model_path`` on CPU (or CUDA when present). Not thread-safe."""
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 2048) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        self.model_path, self.seed, self.max_model_len = model_path, seed, max_model_len
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
+        tok = AutoTokenizer.from_pretrained(model_path)
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tok.eos_token_id is not None:
+            eos.add(tok.eos_token_id)
+        self.eos = eos
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """One completion per prompt, in order; ``seeds[i]`` (default ``seed + i``) seeds prompt i's sampling."""
+        out = []
+        for i, p in enumerate(prompts):
+            room = sampling.max_model_len - len(p)
+            if room < 1:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}"
+                )
+            seed = int(seeds[i]) if seeds is not None else self.seed + i
+            out.append(self._sample(p, min(sampling.max_new_tokens, room), sampling, seed % (2**31)))
+        return out
+
+    def _sample(self, prompt: list[int], max_tokens: int, sampling: Sampling, seed: int) -> Generation:
+        gen = torch.Generator().manual_seed(seed)
+        res = self.model(torch.tensor([prompt], device=self.device), use_cache=True)
+        ids: list[int] = []
+        lps: list[float] = []
+        for _ in range(max_tokens):
+            logits = res.logits[0, -1].float().cpu()
+            tok = _pick(logits, sampling, gen)
+            ids.append(tok)
+            lps.append(float(torch.log_softmax(logits, -1)[tok]))
+            if tok in self.eos:
+                return Generation(token_ids=ids, logprobs=lps, finish_reason="stop")
+            res = self.model(
+                torch.tensor([[tok]], device=self.device), past_key_values=res.past_key_values, use_cache=True
+            )
+        return Generation(token_ids=ids, logprobs=lps, finish_reason="length")
+
+    @torch.no_grad()
+    def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        """Log-probs the current weights give to ``continuation`` after ``prompt``."""
+        ids = list(prompt) + list(continuation)
+        logp = torch.log_softmax(self.model(torch.tensor([ids], device=self.device)).logits[0].float(), -1)
+        return [float(logp[i - 1, ids[i]]) for i in range(len(prompt), len(ids))]
+
+    def load_weights(self, path: str) -> None:
+        """Load every weight of the safetensors file at ``path`` (the learner's export) in place."""
+        from safetensors.torch import load_file
+
+        sd = load_file(path)
+        own = self.model.state_dict()
+        unknown = sorted(set(sd) - set(own))
+        if unknown:
+            raise KeyError(f"{path}: tensors {unknown[:5]} are not in the model {self.model_path}")
+        missing = sorted(set(own) - set(sd))
+        if missing:
+            raise KeyError(f"{path}: the model's tensors {missing[:5]} are missing from the file")
+        with torch.no_grad():
+            for k, v in sd.items():
+                own[k].copy_(v)
+
+    def shutdown(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+
+def _pick(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
+    """Greedy at temperature 0; else a sample from the tempered, top-p-truncated distribution."""
+    if sampling.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / sampling.temperature, -1)
+    if sampling.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, 0) - sorted_p < sampling.top_p  # the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+ENGINES = ("hf", "vllm")
+
+
+def make_engine(kind: str, model_path: str, **kwargs: Any) -> Any:
+    """``hf``: :class:`HFEngine` (dtype, seed, max_model_len); ``vllm``: ``rollout.engine.VLLMEngine`` (all its kwargs)."""
+    if kind == "hf":
+        keep = {k: kwargs[k] for k in ("dtype", "seed", "max_model_len") if k in kwargs}
+        return HFEngine(model_path, **keep)
+    if kind == "vllm":
+        from rollout.engine import VLLMEngine
+
+        return VLLMEngine(model_path, **kwargs)
+    raise ValueError(f"engine {kind!r}: expected one of {ENGINES}")

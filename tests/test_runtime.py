@@ -1,0 +1,49 @@
+"""The runtimes' wiring without starting them: what the Ray runtime hands the rollout pool, and the
+in-process runtime's errors. The loop on the in-process runtime is tests/test_loop_inprocess.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rl.config.recipe import load_recipe
+
+
+def test_rollout_max_restarts_reaches_the_pool(recipe_copy, monkeypatch) -> None:
+    from rl.driver import ray_runtime
+
+    got = {}
+
+    class Pool:
+        def __init__(self, n, model_path, env_specs, **kwargs):
+            got.update(kwargs, n=n, env_specs=env_specs)
+
+    monkeypatch.setattr(ray_runtime, "RolloutPool", Pool)
+    cfg = load_recipe(recipe_copy("tiny.yaml"))
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_restarts=5))
+    ray_runtime.make_rollout_pool(cfg, "m", [{}], None, colocated=False)
+    assert got["max_restarts"] == 5, "rollout.max_restarts, not the pool's default"
+    assert got["n"] == cfg.rollout.num_engines and got["env_specs"] == [("tool_call", "envs.toolcall.ToolCallEnv", {})]
+
+
+def test_local_runtime_without_a_learner_says_so(recipe_copy, tiny_model_path) -> None:
+    from rl.driver.local_runtime import LocalRuntime
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"))
+    rt = LocalRuntime(cfg, tiny_model_path, learner=False)
+    with pytest.raises(RuntimeError, match="start\\(\\) first"):
+        rt.generate([], [], [], None)
+    rt.start()
+    try:
+        with pytest.raises(RuntimeError, match="no learner"):
+            rt.sync_weights()
+    finally:
+        rt.stop()
+
+
+def test_unknown_engine_kind_is_named(tiny_model_path) -> None:
+    from rollout.hf_engine import make_engine
+
+    with pytest.raises(ValueError, match="engine 'tpu'"):
+        make_engine("tpu", tiny_model_path)
