@@ -17,7 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-import envs.sandbox as sbmod
+import envs.sandbox.base as sbbase
+import envs.sandbox.probe as sbmod
+import envs.sandbox.shell as sbshell
 from envs.sandbox import (
     Limits,
     Sandbox,
@@ -559,12 +561,12 @@ def test_userns_hint_names_the_sysctl(tmp_path):
 
 def test_rlimit_fallback_without_prlimit(monkeypatch):
     tools = sbmod._tools()
-    monkeypatch.setattr(sbmod, "_check_result", sbmod._Tools(**{**tools.__dict__, "prlimit": None}))
+    monkeypatch.setattr(sbmod, "_check_result", sbbase._Tools(**{**tools.__dict__, "prlimit": None}))
     with Sandbox(limits=Limits(memory_mb=256, open_files=64)) as box:
         r = box.run_python("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))\nbytearray(1 << 30)")
         assert "(64, 64)" in r.stdout and "MemoryError" in r.stderr
 
 
 def test_shell_encoding_keeps_lines_short():
-    line = sbmod._shell_encode("echo " + "é\n" * 3000)
+    line = sbshell._shell_encode("echo " + "é\n" * 3000)
     assert max(len(part) for part in line.split(b"\n")) < 1100

@@ -1,0 +1,238 @@
+"""Sandbox: run one command (or Python program) to completion in a private work dir."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from envs.sandbox.base import MODES, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, RunResult, _Tools
+from envs.sandbox.files import _open_parent, _split_rel
+from envs.sandbox.launch import (_base_env, _bwrap_command, _check_env, _inner_work_dir, _prepare_work_dir,
+                                 _sandbox_python, _temp_parent)
+from envs.sandbox.limits import _limit_launcher, _rlimit_values
+from envs.sandbox.probe import _tools
+from envs.sandbox.pump import _execute
+from envs.sandbox.reap import _count_procs, _ensure_subreaper, _retry_pending
+
+logger = logging.getLogger("envs.sandbox")
+
+# --------------------------------------------------------------------------------------
+# Sandbox
+# --------------------------------------------------------------------------------------
+
+
+class Sandbox:
+    """Runs commands to completion in a private work dir, isolated by bubblewrap.
+
+    ``mode="bwrap"`` isolates (see the module docstring); ``mode="none"`` runs directly on
+    the host with only rlimits, the timeout and the output cap, for trusted code. With
+    ``work_dir=None`` a private temporary directory is made and removed by :meth:`close`.
+    ``python`` overrides the interpreter :meth:`run_python` uses (it must be visible
+    inside); ``ro_binds`` lists extra host paths mounted read-only at the same path.
+    """
+
+    def __init__(self, work_dir: str | None = None, limits: Limits = Limits(), mode: str = "bwrap", *,
+                 python: str | None = None, ro_binds: Sequence[str] = ()) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+        self.limits = limits
+        self._tools: _Tools | None = None
+        if mode == "none":
+            logger.warning("Sandbox(mode='none'): NO ISOLATION. Code runs directly on the host as uid %d with only "
+                           "rlimits and a timeout; use it for trusted code only, never for model-generated code.",
+                           os.geteuid())
+        else:
+            self._tools = _tools()
+        self._owns_dir = work_dir is None
+        self._closed = False
+        if work_dir is None:
+            work_dir = tempfile.mkdtemp(prefix="jointrl-sandbox-", dir=_temp_parent() if mode == "bwrap" else None)
+        else:
+            os.makedirs(work_dir, exist_ok=True)
+        self.work_dir = os.path.realpath(work_dir)
+        try:
+            if mode == "bwrap":
+                _prepare_work_dir(self.work_dir)
+                self.inner_work_dir = _inner_work_dir()
+            else:
+                self.inner_work_dir = self.work_dir
+            self.ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
+            if python is not None:
+                self.python = python
+            elif mode == "none":
+                self.python = sys.executable or os.path.realpath("/usr/bin/python3")
+            else:
+                self.python = _sandbox_python(self.inner_work_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- files -------------------------------------------------------------------------
+
+    def _chown_files(self) -> bool:
+        return self.mode == "bwrap" and os.geteuid() == 0
+
+    def write_files(self, files: Mapping[str, str | bytes]) -> None:
+        """Write ``{relative path: content}`` into the work dir (str is UTF-8 encoded).
+
+        Parent directories are created. Symlinks are never followed: a symlink (or other
+        non-regular file) the sandboxed code left at a target path is replaced, and a
+        symlinked parent directory raises OSError.
+        """
+        self._check_open()
+        chown = self._chown_files()
+        for rel, content in files.items():
+            parts = _split_rel(rel)
+            data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+            dfd = _open_parent(self.work_dir, parts, create=True, chown=chown)
+            try:
+                name = parts[-1]
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        raise IsADirectoryError(f"{rel!r} is a directory in the work dir")
+                    if not stat.S_ISREG(st.st_mode):
+                        os.unlink(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        raise OSError(f"{rel!r} is not a regular file")
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    if chown:
+                        os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(dfd)
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> str:
+        """Read a regular file from the work dir as text (UTF-8, errors replaced).
+
+        Refuses symlinks anywhere in the path (OSError), so sandboxed code cannot make
+        the host read files outside the work dir.
+        """
+        self._check_open()
+        parts = _split_rel(path)
+        dfd = _open_parent(self.work_dir, parts, create=False, chown=False)
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path!r} is not a regular file")
+            chunks, left = [], (max_bytes if max_bytes is not None else -1)
+            while left != 0:
+                chunk = os.read(fd, _MiB if left < 0 else min(left, _MiB))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                if left > 0:
+                    left -= len(chunk)
+            return b"".join(chunks).decode("utf-8", errors="replace")
+        finally:
+            os.close(fd)
+
+    # -- running -----------------------------------------------------------------------
+
+    def _launch(self, argv: Sequence[str], env: Mapping[str, str] | None, limits: Limits,
+                info_fd: int | None, new_session: bool):
+        """(command, launcher env, cwd, preexec_fn) for one sandboxed process."""
+        user_env = _check_env(env)
+        if self.mode == "bwrap":
+            assert self._tools is not None
+            uid = SANDBOX_UID if os.geteuid() == 0 else os.getuid()
+            prefix, preexec = _limit_launcher(self._tools.prlimit, _rlimit_values(limits, _count_procs(uid)))
+            cmd = _bwrap_command(self._tools, argv, work_dir=self.work_dir, inner=self.inner_work_dir,
+                                 env=user_env, limits=limits, info_fd=info_fd, new_session=new_session,
+                                 ro_binds=self.ro_binds)
+            return prefix + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
+        prlimit = shutil.which("prlimit")
+        prefix, preexec = _limit_launcher(prlimit, _rlimit_values(limits, _count_procs(os.getuid())))
+        full_env = {**_base_env(self.work_dir), "PATH": os.environ.get("PATH", SANDBOX_PATH), **user_env}
+        return prefix + list(argv), full_env, self.work_dir, preexec
+
+    def run(self, argv: list[str], stdin: str | None = None, files: dict[str, str] | None = None,
+            env: dict[str, str] | None = None, limits: Limits | None = None) -> RunResult:
+        """Run ``argv`` in the sandbox (cwd = the work dir) and wait for it, within the limits.
+
+        ``files`` are written into the work dir first. ``env`` adds to a minimal
+        environment (PATH, HOME, LANG, TMPDIR). Returns when the program has exited and
+        everything it started is dead, or when the wall-clock timeout killed it all.
+        """
+        self._check_open()
+        if not argv:
+            raise ValueError("argv must not be empty")
+        lim = limits or self.limits
+        if files:
+            self.write_files(files)
+        _ensure_subreaper()
+        _retry_pending()
+        info_r = info_w = None
+        if self.mode == "bwrap":
+            info_r, info_w = os.pipe()
+        try:
+            cmd, launch_env, cwd, preexec = self._launch(list(argv), env, lim, info_w, new_session=True)
+        except BaseException:
+            for fd in (info_r, info_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        # _execute owns (and closes) both pipe ends from here on.
+        return _execute(cmd, launch_env, cwd, preexec, stdin, lim, info_r, info_w, bwrap=self.mode == "bwrap")
+
+    def run_python(self, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
+                   env: dict[str, str] | None = None, limits: Limits | None = None, *,
+                   filename: str = "main.py", args: Sequence[str] = ()) -> RunResult:
+        """Write ``code`` to ``filename`` in the work dir and run it with :attr:`python`."""
+        self.write_files({**(files or {}), filename: code})
+        return self.run([self.python, filename, *args], stdin=stdin, env=env, limits=limits)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Sandbox is closed")
+
+    def close(self) -> None:
+        """Remove the work dir if this sandbox made it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_dir and getattr(self, "work_dir", None):
+            _rmtree(self.work_dir)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Sandbox(work_dir={self.work_dir!r}, mode={self.mode!r}, limits={self.limits!r})"
+
+
+def _rmtree(path: str) -> None:
+    def onerror(func, p, _exc):  # sandboxed code may leave directories without u+rwx
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=onerror)
+
+
