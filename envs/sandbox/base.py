@@ -62,6 +62,9 @@ class RunResult:
     output_truncated: bool
     duration_s: float
     signal: int | None = None
+    stdout_bytes: int = 0  # bytes the program wrote to stdout (kept or not)
+    stderr_bytes: int = 0
+    events: tuple[str, ...] = ()  # sandbox events of this run (see envs.sandbox.events)
 
     @property
     def ok(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -9,6 +10,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from envs.sandbox.base import MODES, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, RunResult, _Tools
 from envs.sandbox.files import _open_parent, _split_rel
@@ -16,7 +18,11 @@ from envs.sandbox.launch import (_base_env, _bwrap_command, _check_env, _inner_w
                                  _sandbox_python, _temp_parent)
 from envs.sandbox.limits import _limit_launcher, _rlimit_values
 from envs.sandbox.probe import _tools
-from envs.sandbox.pump import _execute
+from envs.sandbox.pump import Launch, run_launches
+from envs.sandbox.seccomp import seccomp_fd
+from envs.sandbox.storage import Storage
+from envs.sandbox.config import SandboxConfig
+from envs.sandbox.events import classify
 from envs.sandbox.reap import _count_procs, _ensure_subreaper, _retry_pending
 
 logger = logging.getLogger("envs.sandbox")
@@ -37,12 +43,16 @@ class Sandbox:
     """
 
     def __init__(self, work_dir: str | None = None, limits: Limits = Limits(), mode: str = "bwrap", *,
-                 python: str | None = None, ro_binds: Sequence[str] = ()) -> None:
+                 python: str | None = None, ro_binds: Sequence[str] = (),
+                 config: SandboxConfig | Mapping[str, Any] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
         self.limits = limits
+        self.config = SandboxConfig.coerce(config)
         self._tools: _Tools | None = None
+        self.storage: Storage | None = None
+        self._owns_storage = False
         if mode == "none":
             logger.warning("Sandbox(mode='none'): NO ISOLATION. Code runs directly on the host as uid %d with only "
                            "rlimits and a timeout; use it for trusted code only, never for model-generated code.",
@@ -51,10 +61,15 @@ class Sandbox:
             self._tools = _tools()
         self._owns_dir = work_dir is None
         self._closed = False
-        if work_dir is None:
-            work_dir = tempfile.mkdtemp(prefix="jointrl-sandbox-", dir=_temp_parent() if mode == "bwrap" else None)
+        if work_dir is None and mode == "bwrap":
+            self.storage = Storage(_temp_parent(), self.config, sandbox_uid=True)
+            self._owns_storage = True
+            work_dir = self.storage.work
+        elif work_dir is None:
+            work_dir = tempfile.mkdtemp(prefix="jointrl-sandbox-")
         else:
             os.makedirs(work_dir, exist_ok=True)
+            self.storage = Storage.of(work_dir) if mode == "bwrap" else None
         self.work_dir = os.path.realpath(work_dir)
         try:
             if mode == "bwrap":
@@ -62,13 +77,16 @@ class Sandbox:
                 self.inner_work_dir = _inner_work_dir()
             else:
                 self.inner_work_dir = self.work_dir
+            # Other sandboxes' work dirs sit beside this one (whatever TMPDIR is): hide their parent.
+            top = self.storage.root if self.storage is not None else self.work_dir
+            self.hidden = tuple(d for d in {os.path.dirname(top), os.path.realpath(_temp_parent())} if d != "/")
             self.ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
             if python is not None:
                 self.python = python
             elif mode == "none":
                 self.python = sys.executable or os.path.realpath("/usr/bin/python3")
             else:
-                self.python = _sandbox_python(self.inner_work_dir)
+                self.python = _sandbox_python(self.inner_work_dir, self.hidden)
         except BaseException:
             self.close()
             raise
@@ -147,21 +165,60 @@ class Sandbox:
     # -- running -----------------------------------------------------------------------
 
     def _launch(self, argv: Sequence[str], env: Mapping[str, str] | None, limits: Limits,
-                info_fd: int | None, new_session: bool):
+                info_fd: int | None, new_session: bool, seccomp_fd: int | None = None):
         """(command, launcher env, cwd, preexec_fn) for one sandboxed process."""
         user_env = _check_env(env)
         if self.mode == "bwrap":
             assert self._tools is not None
             uid = SANDBOX_UID if os.geteuid() == 0 else os.getuid()
             prefix, preexec = _limit_launcher(self._tools.prlimit, _rlimit_values(limits, _count_procs(uid)))
+            st = self.storage
             cmd = _bwrap_command(self._tools, argv, work_dir=self.work_dir, inner=self.inner_work_dir,
                                  env=user_env, limits=limits, info_fd=info_fd, new_session=new_session,
-                                 ro_binds=self.ro_binds)
+                                 ro_binds=self.ro_binds, scratch=(st.tmp, st.shm) if st is not None else None,
+                                 hide=self.hidden, seccomp_fd=seccomp_fd)
             return prefix + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
         prlimit = shutil.which("prlimit")
         prefix, preexec = _limit_launcher(prlimit, _rlimit_values(limits, _count_procs(os.getuid())))
         full_env = {**_base_env(self.work_dir), "PATH": os.environ.get("PATH", SANDBOX_PATH), **user_env}
         return prefix + list(argv), full_env, self.work_dir, preexec
+
+    def prepare(self, argv: Sequence[str], *, stdin: bytes | int | None = None, stdout: int | None = None,
+                env: Mapping[str, str] | None = None, limits: Limits | None = None) -> Launch:
+        """A :class:`~envs.sandbox.pump.Launch` for ``argv`` in this sandbox (not started yet).
+
+        For :func:`~envs.sandbox.pump.run_launches`, which can run several sandboxes at
+        once with their stdio wired to each other (the code verdict). /tmp and /dev/shm are
+        emptied here, so every launch starts with empty ones.
+        """
+        self._check_open()
+        if not argv:
+            raise ValueError("argv must not be empty")
+        lim = limits or self.limits
+        _ensure_subreaper()
+        _retry_pending()
+        if self.storage is not None:
+            self.storage.clear_scratch()
+        info = os.pipe() if self.mode == "bwrap" else None
+        sfd = seccomp_fd() if self.mode == "bwrap" else None
+        try:
+            cmd, launch_env, cwd, preexec = self._launch(list(argv), env, lim, info[1] if info else None,
+                                                         new_session=True, seccomp_fd=sfd)
+        except BaseException:
+            for fd in (*(info or ()), sfd):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        return Launch(cmd, launch_env, cwd, preexec, stdin=stdin, stdout=stdout, info=info,
+                      pass_fds=(sfd,) if sfd is not None else (), bwrap=self.mode == "bwrap",
+                      output_bytes=lim.output_bytes)
+
+    def finish(self, res: RunResult) -> RunResult:
+        """``res`` with its sandbox events (see :mod:`envs.sandbox.events`) filled in."""
+        full = self.storage.full() if self.storage is not None else False
+        ev = classify(timed_out=res.timed_out, signal=res.signal, output_truncated=res.output_truncated,
+                      stderr=res.stderr, storage_full=full)
+        return dataclasses.replace(res, events=ev)
 
     def run(self, argv: list[str], stdin: str | None = None, files: dict[str, str] | None = None,
             env: dict[str, str] | None = None, limits: Limits | None = None) -> RunResult:
@@ -170,27 +227,15 @@ class Sandbox:
         ``files`` are written into the work dir first. ``env`` adds to a minimal
         environment (PATH, HOME, LANG, TMPDIR). Returns when the program has exited and
         everything it started is dead, or when the wall-clock timeout killed it all.
+        /tmp and /dev/shm start empty on every run.
         """
         self._check_open()
-        if not argv:
-            raise ValueError("argv must not be empty")
-        lim = limits or self.limits
         if files:
             self.write_files(files)
-        _ensure_subreaper()
-        _retry_pending()
-        info_r = info_w = None
-        if self.mode == "bwrap":
-            info_r, info_w = os.pipe()
-        try:
-            cmd, launch_env, cwd, preexec = self._launch(list(argv), env, lim, info_w, new_session=True)
-        except BaseException:
-            for fd in (info_r, info_w):
-                if fd is not None:
-                    os.close(fd)
-            raise
-        # _execute owns (and closes) both pipe ends from here on.
-        return _execute(cmd, launch_env, cwd, preexec, stdin, lim, info_r, info_w, bwrap=self.mode == "bwrap")
+        lim = limits or self.limits
+        spec = self.prepare(argv, stdin=stdin.encode("utf-8") if stdin is not None else None, env=env, limits=lim)
+        # run_launches owns (and closes) every fd of the spec from here on.
+        return self.finish(run_launches([spec], lim.wall_seconds)[0])
 
     def run_python(self, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
                    env: dict[str, str] | None = None, limits: Limits | None = None, *,
@@ -210,7 +255,9 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
-        if self._owns_dir and getattr(self, "work_dir", None):
+        if getattr(self, "_owns_storage", False) and self.storage is not None:
+            self.storage.close()
+        elif self._owns_dir and getattr(self, "work_dir", None):
             _rmtree(self.work_dir)
 
     def __enter__(self) -> Sandbox:

@@ -59,7 +59,17 @@ def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _bwrap_command(tools: _Tools, argv: Sequence[str], *, work_dir: str, inner: str, env: Mapping[str, str],
-                   limits: Limits, info_fd: int | None, new_session: bool, ro_binds: Sequence[str]) -> list[str]:
+                   limits: Limits, info_fd: int | None, new_session: bool, ro_binds: Sequence[str],
+                   scratch: tuple[str, str] | None = None, hide: Sequence[str] = (),
+                   seccomp_fd: int | None = None) -> list[str]:
+    """The full launcher command: setpriv (when root), then bwrap with the mounts below.
+
+    Mounts, in order (later ones cover earlier ones): the host root read-only; a private
+    /dev and /proc; ``hide`` (the directories holding other sandboxes' storage) and
+    :data:`HIDDEN_DIRS` as empty read-only tmpfs; /tmp and /dev/shm from ``scratch``
+    (the sandbox's capped storage) or, without one, bwrap tmpfs capped by size; extra
+    read-only binds; the work dir.
+    """
     cmd: list[str] = []
     if os.geteuid() == 0:
         assert tools.setpriv is not None
@@ -68,13 +78,16 @@ def _bwrap_command(tools: _Tools, argv: Sequence[str], *, work_dir: str, inner: 
     cmd.append(tools.bwrap)
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
-    size = ["--size", str(limits.memory_mb * _MiB)] if tools.has_size else []
-    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp",
-            *size, "--tmpfs", "/dev/shm"]
-    for d in HIDDEN_DIRS:
-        if os.path.isdir(d):
-            real = os.path.realpath(d)
-            cmd += [*(["--size", str(_MiB)] if tools.has_size else []), "--tmpfs", real, "--remount-ro", real]
+    small = ["--size", str(_MiB)] if tools.has_size else []
+    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for d in (*hide, *(os.path.realpath(h) for h in HIDDEN_DIRS if os.path.isdir(h))):
+        if d not in ("/", "/tmp") and os.path.isdir(d):
+            cmd += [*small, "--tmpfs", d, "--remount-ro", d]
+    if scratch is not None:
+        cmd += ["--bind", scratch[0], "/tmp", "--bind", scratch[1], "/dev/shm"]
+    else:
+        size = ["--size", str(limits.memory_mb * _MiB)] if tools.has_size else []
+        cmd += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
     for path in ro_binds:
         cmd += ["--ro-bind", path, path]
     cmd += ["--bind", work_dir, inner, "--chdir", inner,
@@ -82,6 +95,8 @@ def _bwrap_command(tools: _Tools, argv: Sequence[str], *, work_dir: str, inner: 
             "--hostname", "sandbox", "--cap-drop", "ALL"]
     if tools.has_disable_userns:
         cmd.append("--disable-userns")
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     cmd.append("--die-with-parent")
     if new_session:
         cmd.append("--new-session")
@@ -128,11 +143,12 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def _sandbox_python(inner: str) -> str:
+def _sandbox_python(inner: str, hidden: Sequence[str] = ()) -> str:
     """An absolute interpreter path that exists and can run inside the sandbox."""
     exe = sys.executable or ""
     candidates = [exe, os.path.realpath(exe), "/usr/bin/python3", "/usr/local/bin/python3"]
-    shadowed = [*(os.path.realpath(d) for d in HIDDEN_DIRS if os.path.isdir(d)), "/tmp", "/dev", "/proc", inner]
+    shadowed = [*(os.path.realpath(d) for d in HIDDEN_DIRS if os.path.isdir(d)), *hidden, "/tmp", "/dev", "/proc",
+                inner]
     for cand in candidates:
         if not cand or not os.path.isabs(cand) or not os.path.exists(cand):
             continue

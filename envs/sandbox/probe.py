@@ -13,6 +13,7 @@ from envs.sandbox.base import SANDBOX_PATH, Limits, SandboxUnavailable, _Tools
 from envs.sandbox.launch import _bwrap_command, _inner_work_dir, _prepare_work_dir, _temp_parent
 from envs.sandbox.pump import _execute
 from envs.sandbox.reap import _ensure_subreaper
+from envs.sandbox.seccomp import filter_bpf
 
 # --------------------------------------------------------------------------------------
 # Probing
@@ -71,6 +72,13 @@ def _probe() -> _Tools:
         has_size="--size" in help_text,
         has_disable_userns="--disable-userns" in help_text,
     )
+    try:
+        filter_bpf()
+    except ImportError as exc:
+        raise SandboxUnavailable("the seccomp filter needs `pyseccomp` (pip install pyseccomp) and the system "
+                                 f"libseccomp (apt-get install libseccomp2): {exc}") from exc
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise SandboxUnavailable(f"cannot build the seccomp filter with libseccomp: {exc}") from exc
     work = tempfile.mkdtemp(prefix="jointrl-sandbox-probe-", dir=_temp_parent())
     try:
         _prepare_work_dir(work)

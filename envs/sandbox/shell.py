@@ -16,6 +16,7 @@ from typing import Any
 from envs.sandbox.base import _READ_CHUNK, SANDBOX_UID, Limits, ShellResult, ShellSessionError
 from envs.sandbox.core import Sandbox
 from envs.sandbox.pump import _with_marker
+from envs.sandbox.seccomp import seccomp_fd
 from envs.sandbox.reap import (_ensure_subreaper, _finish_inner, _kill_pidfd, _killpg, _live_launchers, _open_inner,
                                _registry_lock)
 
@@ -172,14 +173,18 @@ class ShellSession:
         env = {"PS1": "", "PS2": "", "PROMPT_COMMAND": _PROMPT_COMMAND.replace("{token}", token),
                "TERM": "dumb", "HISTFILE": ""}
         argv = ["/bin/bash", "--norc", "--noprofile", "--noediting", "+H", "-i"]
-        info_r = info_w = None
+        info_r = info_w = sfd = None
         try:
             _ensure_subreaper()
             if mode == "bwrap":
                 info_r, info_w = os.pipe()
                 os.set_inheritable(info_w, True)
-            cmd, launch_env, cwd, preexec = self.sandbox._launch(argv, env, limits, info_w, new_session=False)
-            pass_fds = (info_w,) if info_w is not None else ()
+                sfd = seccomp_fd()
+                if self.sandbox.storage is not None:
+                    self.sandbox.storage.clear_scratch()
+            cmd, launch_env, cwd, preexec = self.sandbox._launch(argv, env, limits, info_w, new_session=False,
+                                                                 seccomp_fd=sfd)
+            pass_fds = tuple(fd for fd in (info_w, sfd) if fd is not None)
 
             def spawn():
                 with _registry_lock:
@@ -197,9 +202,10 @@ class ShellSession:
             self._child.delayafterterminate = 0
             self._child.ptyproc.delayafterclose = 0
             self._child.ptyproc.delayafterterminate = 0
-            if info_w is not None:
-                os.close(info_w)
-                info_w = None
+            for fd in (info_w, sfd):
+                if fd is not None:
+                    os.close(fd)
+            info_w = sfd = None
             deadline = time.monotonic() + startup_timeout
             col = _PromptCollector(self._prompt_re, limits.output_bytes, 1)
             if self._collect(col, deadline) != "prompt":
@@ -215,7 +221,7 @@ class ShellSession:
             self.close()
             raise
         finally:
-            for fd in (info_r, info_w):
+            for fd in (info_r, info_w, sfd):
                 if fd is not None:
                     os.close(fd)
 
