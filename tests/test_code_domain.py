@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import envs.sandbox as sbmod
+import envs.sandbox.core as sbmod  # Sandbox looks up _tools here
 from envs.base import Env, check_env
 from envs.code import (
     MARKER,
