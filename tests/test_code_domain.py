@@ -262,10 +262,13 @@ def test_run_tests_work_dir_is_fresh_each_run(sandbox):
              "with open('json.py', 'w') as f:\n    f.write('raise SystemExit(0)')\n"
              "def add(a, b):\n    return a + b\n")
     assert run_tests(ADD_SPEC, plant, sandbox).passed == 3
-    spec = CodeSpec(tests="import os\nassert add(1, 1) == 2\nassert os.path.exists('leftover.txt') == False\n",
-                    entry_point="add")
-    assert run_tests(spec, ADD_SPEC.solution, sandbox).passed == 2
-    assert os.listdir(sandbox.work_dir) == ["main.py"]
+    spec = CodeSpec(tests="import os\nassert add(1, 1) == 2\nassert os.path.exists('leftover.txt') == False\n"
+                          "assert seen() == []\n", entry_point="add")
+    # The candidate's own view of its work dir: nothing from run 1 is left in it.
+    looker = ADD_SPEC.solution + "import os\ndef seen():\n    return sorted(set(os.listdir('.')) - {'main.py', 'solution.py'})\n"
+    assert run_tests(spec, looker, sandbox).passed == 3
+    # The candidate's work dir holds its program and its code only (the tests live in the judge's).
+    assert sorted(os.listdir(sandbox.work_dir)) == ["main.py", "solution.py"]
 
 
 # ---------------------------------------------------------------------------- CodeEnv
