@@ -63,6 +63,7 @@ from typing import Any
 from envs.io import TaskFormatError, read_json_objects, save_tasks
 from envs.code_verdict import CANDIDATE_PROGRAM, JUDGE_PROGRAM
 from envs.sandbox import Limits, RunResult, Sandbox, SandboxUnavailable
+from envs.sandbox.config import SandboxConfig
 from envs.sandbox.pump import run_launches
 from envs.types import CodeSpec, Message, Task
 
@@ -76,6 +77,7 @@ __all__ = [
     "find_code_blocks",
     "humaneval_to_native",
     "load_humaneval",
+    "code_sandboxes",
     "run_tests",
     "split_tests",
     "SandboxUnavailable",
@@ -305,6 +307,18 @@ def _cut(text: str, limit: int) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters ...]"
 
 
+def code_sandboxes(mode: str = "bwrap", config: SandboxConfig | dict | None = None) -> tuple[Sandbox, Sandbox]:
+    """``(candidate sandbox, judge sandbox)`` as :class:`CodeEnv` and the code reward use them."""
+    cfg = SandboxConfig.coerce(config)
+    limits = Limits(output_bytes=min(cfg.output_bytes, 200_000))
+    cand = Sandbox(limits=limits, mode=mode, config=cfg)
+    try:
+        return cand, Sandbox(limits=limits, mode=mode, config=cfg)
+    except BaseException:
+        cand.close()
+        raise
+
+
 def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | None = None, *,
               judge: Sandbox | None = None) -> TestOutcome:
     """Run ``code`` against ``spec.tests`` and count the passing tests.
@@ -474,7 +488,8 @@ class CodeEnv:
     for every episode of this env instance, and removed by :meth:`close`.
     """
 
-    def __init__(self, max_turns: int = 1, sandbox: str = "bwrap", feedback_chars: int = 2000):
+    def __init__(self, max_turns: int = 1, sandbox: str = "bwrap", feedback_chars: int = 2000,
+                 sandbox_config: SandboxConfig | dict | None = None):
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if sandbox not in ("bwrap", "none"):
@@ -484,16 +499,19 @@ class CodeEnv:
         self.max_turns = max_turns
         self.sandbox_mode = sandbox
         self.feedback_chars = feedback_chars
+        self.sandbox_config = SandboxConfig.coerce(sandbox_config)
         self._sandbox: Sandbox | None = None
+        self._judge: Sandbox | None = None
         self._task: Task | None = None
         self._turns = 0
         self._done = True
         self._closed = False
 
-    def _get_sandbox(self) -> Sandbox:
+    def _get_sandboxes(self) -> tuple[Sandbox, Sandbox]:
         if self._sandbox is None:
-            self._sandbox = Sandbox(limits=Limits(output_bytes=200_000), mode=self.sandbox_mode)
-        return self._sandbox
+            self._sandbox, self._judge = code_sandboxes(self.sandbox_mode, self.sandbox_config)
+        assert self._judge is not None
+        return self._sandbox, self._judge
 
     def reset(self, task: Task) -> list[Message]:
         if self._closed:
@@ -526,10 +544,12 @@ class CodeEnv:
             outcome = TestOutcome(passed=0, total=len(split_tests(spec)[1]), error="no code found in the answer",
                                   timed_out=False, output="")
         else:
-            outcome = run_tests(spec, code, self._get_sandbox())
+            cand, judge = self._get_sandboxes()
+            outcome = run_tests(spec, code, cand, judge=judge)
         info: dict[str, Any] = {"reward": float(outcome.fraction), "passed": outcome.passed, "total": outcome.total,
                                 "error": outcome.error, "extracted": code is not None,
-                                "timed_out": outcome.timed_out, "turn": self._turns}
+                                "timed_out": outcome.timed_out, "turn": self._turns,
+                                "sandbox_events": list(outcome.events)}
         if outcome.all_passed or self.max_turns == 1:
             self._done = True
             return [], True, False, info
@@ -550,9 +570,10 @@ class CodeEnv:
         self._closed = True
         self._task = None
         self._done = True
-        if self._sandbox is not None:
-            sb, self._sandbox = self._sandbox, None
-            sb.close()
+        for sb in (self._sandbox, self._judge):
+            if sb is not None:
+                sb.close()
+        self._sandbox = self._judge = None
 
 
 # ---------------------------------------------------------------------------- HumanEval files
