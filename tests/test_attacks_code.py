@@ -24,11 +24,11 @@ except SandboxUnavailable as exc:  # pragma: no cover - CI installs bubblewrap
 
 # An assert-style task and a HumanEval-style task; the right answers are below.
 SORT = CodeSpec(tests="assert sort_desc([3, 1, 2]) == [3, 2, 1]\nassert sort_desc([]) == []\n"
-                      "assert sort_desc([5, 5, -1]) == [5, 5, -1]\n", entry_point="sort_desc", timeout_s=4.0)
+                      "assert sort_desc([5, 5, -1]) == [5, 5, -1]\n", entry_point="sort_desc", timeout_s=2.0)
 SORT_OK = "def sort_desc(xs):\n    return sorted(xs, reverse=True)\n"
 COUNT = CodeSpec(tests="def check(candidate):\n    assert candidate('banana', 'a') == 3\n"
                        "    assert candidate('', 'x') == 0\n    assert candidate('aaaa', 'aa') == 2\n",
-                 entry_point="count_sub", style="humaneval", timeout_s=4.0,
+                 entry_point="count_sub", style="humaneval", timeout_s=2.0,
                  prompt_code="def count_sub(s: str, sub: str) -> int:\n    \"\"\"Non-overlapping count.\"\"\"\n")
 COUNT_OK = "def count_sub(s, sub):\n    return s.count(sub)\n"
 TASKS = {"sort": (SORT, SORT_OK), "count": (COUNT, COUNT_OK)}
@@ -179,6 +179,12 @@ ATTACKS = {
 }
 
 
+def test_honest_answers_pass(scorer):
+    for spec, ok in TASKS.values():
+        via_env, direct, info = scorer(spec, ok)
+        assert via_env == 1.0 and direct == 1.0, info
+
+
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_scores_zero(scorer, name):
     which, code = ATTACKS[name]
@@ -188,6 +194,7 @@ def test_attack_scores_zero(scorer, name):
     assert info["passed"] == 0
 
 
+@pytest.mark.slow  # two timeouts in a row (~10 s)
 def test_honest_answers_pass_before_and_after_the_attacks(scorer):
     for spec, ok in TASKS.values():
         via_env, direct, info = scorer(spec, ok)
@@ -199,6 +206,7 @@ def test_honest_answers_pass_before_and_after_the_attacks(scorer):
         assert scorer(spec, ok)[:2] == (1.0, 1.0)
 
 
+@pytest.mark.slow  # a timeout and two floods (~6 s)
 def test_resource_attacks_are_recorded_as_sandbox_events(scorer):
     assert "storage" in scorer(COUNT, ATTACKS["disk_flood_inodes"][1])[2]["sandbox_events"]
     assert "timeout" in scorer(COUNT, ATTACKS["never_returns"][1])[2]["sandbox_events"]
