@@ -9,21 +9,20 @@ A code task (:class:`~envs.types.CodeSpec`) holds Python tests for an ``entry_po
 
 How the tests run
 -----------------
-One sandboxed program per call (``python -I -B main.py``) does, in order:
+Two sandboxed programs per call, the candidate and the judge, wired to each other; see
+:mod:`envs.code_verdict` for why the tests never share an interpreter, memory, files or
+caches with the candidate, and :mod:`envs.code_wire` for the plain data that crosses. The
+judge does, in order (what follows describes its reporting; the candidate only serves calls):
 
-1. reads a random per-run nonce from stdin, moves its real stdout to a private file
-   descriptor and points fd 1 at stderr: everything the candidate prints goes to stderr,
-   and only the harness writes to stdout, one line per event::
+1. waits for the candidate's "loaded" message (or its load error), moves its own stdout
+   to a private fd (what the tests print goes to stderr) and reports one line per event::
 
-       __JOINTRL_RESULT__ <nonce> {"i": 0, "ok": true, "msg": ""}
+       __JOINTRL_RESULT__ {"i": 0, "ok": true, "msg": ""}
 
-2. executes the candidate code in a fresh module named ``solution`` (so an
-   ``if __name__ == "__main__":`` demo block does not run; ``SystemExit`` and any other
-   exception while loading are caught and reported);
-3. runs the tests in the same namespace, statement by statement, reporting each test as
-   soon as it finishes (a later timeout or crash keeps the earlier results), then a
-   ``{"done": ...}`` line, and exits with ``os._exit(0)`` (candidate threads and atexit
-   hooks cannot hold the run open).
+2. runs the task's ``prompt_code`` (its helpers) and binds the entry point to a proxy that
+   calls the candidate;
+3. runs the tests statement by statement, reporting each test as soon as it finishes (a
+   later timeout or crash keeps the earlier results), then a ``{"done": ...}`` line.
 
 With ``style == "assert"`` the tests are split into top-level statements (``ast``): every
 statement is a *test* except imports, ``def``/``class``, assignments, ``pass`` and bare
@@ -32,16 +31,12 @@ count). ``assert a == b`` failures report both sides (``got`` / ``expected``). W
 ``style == "humaneval"`` the tests (which define ``check``) are setup and the one test is
 ``check(<entry_point>)``.
 
-What the nonce buys: text the candidate prints cannot be taken for a result (it goes to
-stderr, and it cannot contain the nonce, which is not in any file), so printing the marker,
-flooding the output or exiting early (``sys.exit``, ``os._exit``) never fakes a pass: a
-test counts only when the harness reported it. It does NOT stop a candidate that
-deliberately attacks the harness from inside the same interpreter (inspecting the
-harness's frames for the nonce, returning objects whose ``__eq__`` is always true): an
-in-process test harness cannot be made tamper-proof; run held-out evaluation with
-independent checks if that matters.
+A test counts only when the judge reported it, and the candidate has no way to write to
+the judge's report channel: printing result lines, flooding the output or exiting early
+(``sys.exit``, ``os._exit``) never fakes a pass, and neither do always-equal objects,
+patched builtins or reading the tests (they are in another sandbox).
 
-The work dir is the harness's: :func:`run_tests` empties it before each run (so files a
+Both work dirs are the harness's: :func:`run_tests` empties them before each run (so files a
 previous candidate left cannot accumulate or be seen by the next run), and ``-I`` keeps
 it off ``sys.path`` (a planted ``json.py`` cannot shadow a module).
 """

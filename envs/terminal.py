@@ -44,9 +44,14 @@ Episode and check semantics (:class:`TerminalEnv`)
   the check sees a settled state. Tasks about processes therefore check side effects
   (files a process writes when it gets a signal), not live processes.
 * The check: ``spec.check`` runs as ``bash -c <check>`` in a SEPARATE, fresh sandbox
-  process (:meth:`Sandbox.run`) over the same work dir, cwd the work dir, with a fresh
-  environment. Functions, aliases or variables the policy defined in its shell do not
-  exist there, so they cannot fake the check. Its result: exit status 0 -> ``1.0``;
+  process (:meth:`Sandbox.run`) over the same work dir, cwd the work dir, with the
+  harness's environment (:data:`CHECK_ENV`: ``HOME`` outside the work dir, a system-only
+  ``PATH``, no Python user site, ``PYTHONSAFEPATH``, no global or system git config, git
+  settings that run programs pinned off). Functions, aliases, variables, dotfiles, ``.pth``
+  files or ``~/.local/bin`` programs the policy left cannot fake the check. A task whose
+  check runs the policy's own program sets ``Task.meta["check_runs_policy_files"]``
+  (:data:`RUNS_POLICY_FILES`): its check keeps the script dir on ``sys.path``.
+  If the episode filled its capped storage, it scores 0.0 (``storage limit hit``). Its result: exit status 0 -> ``1.0``;
   otherwise, if the last non-empty stdout line parses as a float in ``[0, 1]``, that
   value (partial credit: print it and exit non-zero); otherwise ``0.0``. A check that
   times out (``check_timeout_s``) scores 0.0.

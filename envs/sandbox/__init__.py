@@ -16,9 +16,14 @@ What ``mode="bwrap"`` isolates
   calling user when it is not root).
 * **Filesystem.** The host root is bind-mounted read-only. Writable: the private work dir
   (mounted at ``/work``, or ``/tmp/work`` on hosts without a ``/work`` directory; also the
-  cwd and ``$HOME``), and private tmpfs mounts at ``/tmp`` and ``/dev/shm`` whose size is
-  capped at ``Limits.memory_mb`` each. ``/root``, ``/home`` and ``/run`` are replaced by
-  empty read-only tmpfs (home-directory secrets, ``/run/docker.sock``, D-Bus sockets).
+  cwd and ``$HOME``), ``/tmp`` and ``/dev/shm``, all three on ONE private tmpfs capped in
+  bytes and inodes (:mod:`envs.sandbox.storage`, :class:`~envs.sandbox.config.SandboxConfig`;
+  /tmp and /dev/shm are emptied before every launch). ``/root``, ``/home``, ``/run`` and
+  the directory that holds every sandbox's storage (whatever ``TMPDIR`` is) are replaced
+  by empty read-only tmpfs: no sandbox sees another's files.
+* **Kernel surface.** A seccomp filter (:mod:`envs.sandbox.seccomp`, libseccomp through
+  ``pyseccomp``) kills keyring, ptrace, perf, bpf, userfaultfd, mount and namespace calls
+  and makes io_uring look absent.
   ``/dev`` is a minimal private one (null, zero, random, urandom, tty, pts); ``/proc``
   belongs to the sandbox's own PID namespace (host processes are invisible).
 * **Network.** A new network namespace holding only a loopback interface: no outbound
@@ -34,13 +39,15 @@ What ``mode="bwrap"`` isolates
 
 What it does NOT isolate
 ------------------------
-* **The kernel.** There is no seccomp filter and no VM: a kernel exploit escapes.
+* **The kernel.** The seccomp filter is a deny list and there is no VM: a kernel exploit
+  through an allowed syscall escapes.
 * **Reads.** Anything world-readable on the host outside the hidden directories is
   readable (``/etc``, ``/usr``, ``/opt``, ``/sys``, ``/proc/sys``, ``/var``...). Keep
   secrets in ``/root``, ``/home`` or ``/run``, or make them unreadable to uid 65534.
   When the launcher is not root the code runs as the calling user (mapped to 65534),
   keeps that user's supplementary groups, and can read whatever that user can read.
-* **Disk.** The work dir is on the host disk; RLIMIT_FSIZE caps each file, not the total.
+* **Disk, without root.** Mounting the capped tmpfs needs root; otherwise the work dir is
+  on the host disk and RLIMIT_FSIZE caps each file, not the total (a warning is logged).
 * **Memory and CPU totals.** RLIMIT_AS and RLIMIT_CPU are per process, so the totals are
   bounded by ``processes`` times those limits, not by a cgroup. RLIMIT_AS also counts
   reserved address space: runtimes that reserve a lot up front (JVM, Go) need a larger

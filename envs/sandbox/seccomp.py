@@ -90,7 +90,7 @@ def _unknown(exc: Exception) -> bool:
 
 
 def seccomp_fd() -> int:
-    """A fresh fd (a sealed memfd, position 0) holding the BPF program, for bwrap ``--seccomp``.
+    """A fresh fd (a memfd at position 0) holding the BPF program, for bwrap ``--seccomp``.
 
     One fd per launch: bwrap reads it to the end, so launches cannot share one offset.
     The caller passes it to the child and closes it.
