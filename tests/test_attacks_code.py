@@ -214,10 +214,14 @@ def test_resource_attacks_are_recorded_as_sandbox_events(scorer):
 
 
 def test_a_right_answer_that_fills_its_storage_fails_with_a_reason(scorer):
-    code = SORT_OK + ("for i in range(20):\n    try:\n        open('/tmp/x%d' % i, 'wb').write(b'x' * (50 << 20))\n"
+    code = SORT_OK + ("for i in range(20):\n    try:\n        open('/tmp/x%d' % i, 'wb').write(b'x' * (4 << 20))\n"
                       "    except OSError:\n        break\n")
-    via_env, _, info = scorer(SORT, code)
-    assert via_env == 0.0 and "storage" in info["error"] and "storage" in info["sandbox_events"]
+    env = CodeEnv(sandbox_config={"storage_mb": 16})  # the recipe's kwargs path
+    env.reset(task_of(SORT))
+    info = env.step(f"```python\n{code}\n```")[3]
+    env.close()
+    assert info["reward"] == 0.0 and "storage" in info["error"] and "storage" in info["sandbox_events"], info
+    assert scorer(SORT, SORT_OK)[0] == 1.0  # the same answer without the flood passes
 
 
 def test_values_that_cannot_cross_fail_with_a_clear_reason(scorer):

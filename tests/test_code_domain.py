@@ -524,7 +524,7 @@ def test_code_tests_reward_reuses_env_reward():
     # The env scored the last answer 0.25: no code runs (and no sandbox is made).
     t = traj_for(task, fenced(ADD_SPEC.solution), env_reward=0.25)
     r = CodeTestsReward()
-    assert r(t) == 0.25 and r._sandbox is None
+    assert r(t) == 0.25 and r._boxes is None
     assert CodeTestsReward(mode="all")(t) == 0.0
     assert CodeTestsReward(mode="all")(dataclasses.replace(t, env_reward=1.0)) == 1.0
 
