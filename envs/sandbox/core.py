@@ -175,7 +175,9 @@ class Sandbox:
             st = self.storage
             cmd = _bwrap_command(self._tools, argv, work_dir=self.work_dir, inner=self.inner_work_dir,
                                  env=user_env, limits=limits, info_fd=info_fd, new_session=new_session,
-                                 ro_binds=self.ro_binds, scratch=(st.tmp, st.shm) if st is not None else None,
+                                 ro_binds=self.ro_binds,
+                                 # Uncapped storage (not root): fresh bwrap tmpfs, capped in size, per launch.
+                                 scratch=(st.tmp, st.shm) if st is not None and st.capped else None,
                                  hide=self.hidden, seccomp_fd=seccomp_fd)
             return prefix + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
         prlimit = shutil.which("prlimit")
@@ -197,7 +199,7 @@ class Sandbox:
         lim = limits or self.limits
         _ensure_subreaper()
         _retry_pending()
-        if self.storage is not None:
+        if self.storage is not None and self.storage.capped:
             self.storage.clear_scratch()
         info = os.pipe() if self.mode == "bwrap" else None
         sfd = seccomp_fd() if self.mode == "bwrap" else None
