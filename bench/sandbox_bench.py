@@ -41,9 +41,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def bench_python(box: Sandbox, n: int, rounds: int = 10) -> dict[str, list[float]]:
-    """Per-run wall times in ms, plain and sandboxed, interleaved in rounds so that load
-    from other processes on the machine hits both alike."""
+def bench_python(box: Sandbox, warm_box: Sandbox, n: int, rounds: int = 10) -> dict[str, list[float]]:
+    """Per-run wall times in ms, plain, sandboxed (cold start) and sandboxed with the next
+    sandbox pre-started (``Sandbox(warm=True)``), interleaved in rounds so that load from
+    other processes on the machine hits all three alike."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "main.py")
         with open(path, "w") as f:
@@ -57,12 +58,17 @@ def bench_python(box: Sandbox, n: int, rounds: int = 10) -> dict[str, list[float
             r = box.run_python(PROGRAM)
             assert r.exit_code == 0 and r.stdout == "ok\n", r
 
+        def warm_once() -> None:
+            r = warm_box.run_python(PROGRAM)
+            assert r.exit_code == 0 and r.stdout == "ok\n", r
+
         plain_once()  # warm-up
         sandboxed_once()
+        warm_once()
         per_round = max(1, n // rounds)
-        times: dict[str, list[float]] = {"plain": [], "sandboxed": []}
+        times: dict[str, list[float]] = {"plain": [], "sandboxed": [], "warm": []}
         for _ in range(rounds):
-            for name, fn in (("plain", plain_once), ("sandboxed", sandboxed_once)):
+            for name, fn in (("plain", plain_once), ("sandboxed", sandboxed_once), ("warm", warm_once)):
                 for _ in range(per_round):
                     t0 = time.perf_counter()
                     fn()
@@ -94,19 +100,23 @@ def main() -> None:
     if args.mode == "bwrap":
         check_sandbox()
 
-    with Sandbox(mode=args.mode) as box:
+    with Sandbox(mode=args.mode) as box, Sandbox(mode=args.mode, warm=True) as warm_box:
         python = box.python
-        times = bench_python(box, args.n)
+        times = bench_python(box, warm_box, args.n)
     shell_start, median, p95 = bench_shell(args.mode, args.shell_n)
-    plain, sandboxed = (1000 * len(times[k]) / sum(times[k]) for k in ("plain", "sandboxed"))
-    plain_med, sandboxed_med = (statistics.median(times[k]) for k in ("plain", "sandboxed"))
+    plain, sandboxed, warm = (1000 * len(times[k]) / sum(times[k]) for k in ("plain", "sandboxed", "warm"))
+    plain_med, sandboxed_med, warm_med = (statistics.median(times[k]) for k in ("plain", "sandboxed", "warm"))
 
     rows = [
         ("interpreter", python, ""),
         ("plain subprocess python", f"{plain:.1f}", "runs/s"),
         (f"sandboxed run_python ({args.mode})", f"{sandboxed:.1f}", "runs/s"),
+        (f"sandboxed run_python ({args.mode}, warm=True)", f"{warm:.1f}", "runs/s"),
+        ("sandboxed / plain", f"{sandboxed / plain:.2f}", "x"),
+        ("sandboxed warm / plain", f"{warm / plain:.2f}", "x"),
         ("plain subprocess python, median", f"{plain_med:.1f}", "ms/run"),
         (f"sandboxed run_python ({args.mode}), median", f"{sandboxed_med:.1f}", "ms/run"),
+        (f"sandboxed run_python ({args.mode}, warm=True), median", f"{warm_med:.1f}", "ms/run"),
         ("sandbox overhead per run, median", f"{sandboxed_med - plain_med:.1f}", "ms"),
         ("ShellSession start", f"{shell_start:.1f}", "ms"),
         ('ShellSession.run("echo hi") median', f"{median:.2f}", "ms"),

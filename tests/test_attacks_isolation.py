@@ -170,3 +170,32 @@ def test_no_state_crosses_runs_of_one_sandbox():
         assert r.exit_code == 0
         r = box.run(["/bin/sh", "-c", "ls -A /tmp /dev/shm; ps -e -o comm= | grep -c sleep || true"])
         assert r.stdout.split() == ["/dev/shm:", "/tmp:", "0"], r.stdout
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_no_state_crosses_runs_with_a_prestarted_sandbox(warm):
+    """``Sandbox(warm=True)`` pre-starts the next run's sandbox; each run still starts clean:
+    its own PID namespace, empty /tmp and /dev/shm, only its own environment, nothing running."""
+    with Sandbox(warm=warm) as box:
+        seen = []
+        for i in range(3):
+            r = box.run(["/bin/sh", "-c", "readlink /proc/self/ns/pid; ls -A /tmp /dev/shm | tr '\\n' ' '; echo; "
+                                          "echo \"${LEAK:-none}\"; ps -e -o comm= | grep -c sleep; "
+                                          "echo x > /tmp/t; echo y > /dev/shm/s; (sleep 30 &); true"],
+                        env={"LEAK": f"run{i}"} if i == 0 else None)
+            assert r.exit_code == 0, r
+            ns, listing, leak, sleeping = r.stdout.strip().split("\n")
+            assert listing.split() == ["/dev/shm:", "/tmp:"] and sleeping == "0", r.stdout
+            assert leak == ("run0" if i == 0 else "none")
+            seen.append(ns)
+        assert len(set(seen)) == 3
+        # The filter, the timeout and the limits hold in a pre-started sandbox too.
+        r = box.run_python(SYSCALL, args=[str(NR["keyctl"])])
+        assert r.signal == 31 and "seccomp" in r.events
+        r = box.run(["/bin/sh", "-c", "sleep 10"], limits=Limits(wall_seconds=0.5))
+        assert r.timed_out
+        assert box.run(["/bin/true"]).exit_code == 0
+    with Sandbox(warm=warm, limits=Limits(wall_seconds=0.5)) as box:  # the default limits: the warm path
+        r = box.run(["/bin/sh", "-c", "sleep 10"])
+        assert r.timed_out and "timeout" in r.events
+        assert box.run(["/bin/true"]).exit_code == 0

@@ -21,6 +21,7 @@ from envs.sandbox.probe import _tools
 from envs.sandbox.pump import Launch, run_launches
 from envs.sandbox.seccomp import seccomp_fd
 from envs.sandbox.storage import Storage
+from envs.sandbox.warm import WarmLauncher
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.events import classify
 from envs.sandbox.reap import _count_procs, _ensure_subreaper, _retry_pending
@@ -44,7 +45,7 @@ class Sandbox:
 
     def __init__(self, work_dir: str | None = None, limits: Limits = Limits(), mode: str = "bwrap", *,
                  python: str | None = None, ro_binds: Sequence[str] = (),
-                 config: SandboxConfig | Mapping[str, Any] | None = None) -> None:
+                 config: SandboxConfig | Mapping[str, Any] | None = None, warm: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
@@ -53,6 +54,7 @@ class Sandbox:
         self._tools: _Tools | None = None
         self.storage: Storage | None = None
         self._owns_storage = False
+        self._warm: WarmLauncher | None = None
         if mode == "none":
             logger.warning("Sandbox(mode='none'): NO ISOLATION. Code runs directly on the host as uid %d with only "
                            "rlimits and a timeout; use it for trusted code only, never for model-generated code.",
@@ -90,6 +92,9 @@ class Sandbox:
         except BaseException:
             self.close()
             raise
+        if warm and mode == "bwrap":
+            # Runs with the default limits use a sandbox pre-started during the previous run.
+            self._warm = WarmLauncher(self)
 
     # -- files -------------------------------------------------------------------------
 
@@ -186,7 +191,7 @@ class Sandbox:
         return prefix + list(argv), full_env, self.work_dir, preexec
 
     def prepare(self, argv: Sequence[str], *, stdin: bytes | int | None = None, stdout: int | None = None,
-                env: Mapping[str, str] | None = None, limits: Limits | None = None) -> Launch:
+                env: Mapping[str, str] | None = None, limits: Limits | None = None, clear: bool = True) -> Launch:
         """A :class:`~envs.sandbox.pump.Launch` for ``argv`` in this sandbox (not started yet).
 
         For :func:`~envs.sandbox.pump.run_launches`, which can run several sandboxes at
@@ -199,7 +204,7 @@ class Sandbox:
         lim = limits or self.limits
         _ensure_subreaper()
         _retry_pending()
-        if self.storage is not None and self.storage.capped:
+        if clear and self.storage is not None and self.storage.capped:
             self.storage.clear_scratch()
         info = os.pipe() if self.mode == "bwrap" else None
         sfd = seccomp_fd() if self.mode == "bwrap" else None
@@ -235,7 +240,16 @@ class Sandbox:
         if files:
             self.write_files(files)
         lim = limits or self.limits
-        spec = self.prepare(argv, stdin=stdin.encode("utf-8") if stdin is not None else None, env=env, limits=lim)
+        data = stdin.encode("utf-8") if stdin is not None else None
+        if self._warm is not None and lim == self.limits:
+            if not argv:
+                raise ValueError("argv must not be empty")
+            full_env = {**_base_env(self.inner_work_dir), **_check_env(env)}  # what bwrap --setenv gives cold runs
+            res = self._warm.run(argv, data or b"", full_env, lim.wall_seconds)
+            if res is not None:
+                return self.finish(res)
+            self._warm.prestart()  # none was waiting: start this run cold, the next one warm
+        spec = self.prepare(argv, stdin=data, env=env, limits=lim)
         # run_launches owns (and closes) every fd of the spec from here on.
         return self.finish(run_launches([spec], lim.wall_seconds)[0])
 
@@ -257,6 +271,8 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_warm", None) is not None:
+            self._warm.close()
         if getattr(self, "_owns_storage", False) and self.storage is not None:
             self.storage.close()
         elif self._owns_dir and getattr(self, "work_dir", None):

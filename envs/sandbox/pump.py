@@ -299,9 +299,7 @@ def _result(run: _Running, timed_out: bool, duration: float) -> RunResult:
 def run_launches(specs: list[Launch], wall_seconds: float) -> list[RunResult]:
     """Start every launcher, pump their I/O until the first one (the primary) ends or the
     wall clock runs out, kill and reap them all; one :class:`RunResult` per launcher."""
-    start = time.monotonic()
     runs: list[_Running] = []
-    sel = selectors.DefaultSelector()
     try:
         for i, spec in enumerate(specs):
             try:
@@ -313,6 +311,19 @@ def run_launches(specs: list[Launch], wall_seconds: float) -> list[RunResult]:
                 if spec.info is not None:
                     _close_fds([spec.info[0]])
                 raise
+    except BaseException:
+        for run in runs:
+            _finish(run)
+        raise
+    return pump_started(runs, wall_seconds)
+
+
+def pump_started(runs: list[_Running], wall_seconds: float) -> list[RunResult]:
+    """Pump already started launchers (see :func:`run_launches`); the wall clock starts now."""
+    start = time.monotonic()
+    sel = selectors.DefaultSelector()
+    timed_out = False
+    try:
         for run in runs:
             _register(sel, run)
         timed_out = _pump(sel, runs, wall_seconds, start)
