@@ -92,6 +92,7 @@ Layout: :mod:`~envs.sandbox.base` (limits, results, errors), :mod:`~envs.sandbox
 from __future__ import annotations
 
 from envs.sandbox.base import Limits, RunResult, SandboxUnavailable, ShellResult, ShellSessionError
+from envs.sandbox.config import SandboxConfig
 from envs.sandbox.core import Sandbox
 from envs.sandbox.probe import check_sandbox
 from envs.sandbox.shell import ShellSession
@@ -100,6 +101,7 @@ __all__ = [
     "Limits",
     "RunResult",
     "Sandbox",
+    "SandboxConfig",
     "SandboxUnavailable",
     "ShellResult",
     "ShellSession",

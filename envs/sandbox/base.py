@@ -32,7 +32,7 @@ class Limits:
     """Resource limits for one run (or, for a shell, one session's processes)."""
 
     cpu_seconds: int = 10  # RLIMIT_CPU per process (SIGXCPU, then SIGKILL one second later)
-    memory_mb: int = 1024  # RLIMIT_AS per process; also the size of the /tmp and /dev/shm tmpfs
+    memory_mb: int = 1024  # RLIMIT_AS per process; also the /tmp and /dev/shm size when storage is not capped (no root)
     file_size_mb: int = 64  # RLIMIT_FSIZE: the largest file a process may write
     processes: int = 64  # RLIMIT_NPROC budget (see the module docstring)
     open_files: int = 256  # RLIMIT_NOFILE
