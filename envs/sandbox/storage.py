@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 
 from envs.sandbox.base import SANDBOX_GID, SANDBOX_UID
 from envs.sandbox.config import SandboxConfig
@@ -86,6 +87,9 @@ class Storage:
         with _live_lock:
             _live[os.path.realpath(self.work)] = self
         self._closed = False
+        # Unmounted also when the object is collected or the interpreter exits without close();
+        # a process killed outright leaves its tmpfs mounted (the memory it holds stays in use).
+        self._finalizer = weakref.finalize(self, _release, self.root, self.capped)
 
     @staticmethod
     def of(work_dir: str) -> Storage | None:
@@ -118,10 +122,18 @@ class Storage:
         self._closed = True
         with _live_lock:
             _live.pop(os.path.realpath(getattr(self, "work", "") or "/nonexistent"), None)
-        if self.capped:
-            if _c().umount2(self.root.encode(), _MNT_DETACH) != 0:
-                logger.warning("cannot unmount sandbox storage %s: %s", self.root, os.strerror(ctypes.get_errno()))
-        _rmtree(self.root)
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        else:  # __init__ failed before the finalizer existed
+            _release(self.root, self.capped)
+
+
+def _release(root: str, capped: bool) -> None:
+    """Unmount (lazily: every sandbox process is dead by now) and remove one storage root."""
+    if capped and _c().umount2(root.encode(), _MNT_DETACH) != 0:
+        logger.warning("cannot unmount sandbox storage %s: %s", root, os.strerror(ctypes.get_errno()))
+    _rmtree(root)
 
 
 def _onerror(func, p, _exc):  # sandboxed code may leave directories without u+rwx
