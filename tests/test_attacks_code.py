@@ -251,3 +251,16 @@ def test_plain_values_cross_faithfully():
     with Sandbox() as box:
         out = run_tests(spec, code, box)
     assert out.all_passed, out.output
+
+
+def test_tests_that_raise_systemexit_or_crash_do_not_stop_the_verdict():
+    """A test statement raising SystemExit (or the judge's own tests crashing) fails that test only."""
+    spec = CodeSpec(entry_point="f", tests="assert f(1) == 1\nimport sys\nsys.exit(0)\nraise SystemExit(3)\n"
+                                           "assert f(2) == 2\n", timeout_s=5.0)
+    from envs.sandbox import Sandbox
+
+    with Sandbox() as box:
+        out = run_tests(spec, "def f(x):\n    return x\n", box)
+        assert (out.passed, out.total) == (2, 4) and "SystemExit" in out.output
+        out = run_tests(spec, "import sys\ndef f(x):\n    sys.exit(0)\n", box)
+        assert out.passed == 0
