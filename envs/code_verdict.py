@@ -272,10 +272,21 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
     ns[entry_point] = proxy(entry_point)
     # Other functions of the candidate that the tests call (helpers it was asked to write);
     # never a name the task's prompt code defines: the judge keeps the task's own version.
+    # Never a builtin (a candidate's own `abs` or `len` must not answer the tests' calls) and
+    # never a name the tests define, import, assign or take as a parameter themselves.
     offered = first.get("names") if isinstance(first, dict) else None
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    own = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            own.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.arg):
+            own.add(n.arg)
     for name in (offered if type(offered) is list else []):
-        if type(name) is str and name in used and name not in ns and name.isidentifier():
+        if (type(name) is str and name.isidentifier() and name in used and name not in ns and name not in own
+                and not hasattr(builtins, name)):
             ns[name] = proxy(name)
 
     def mentions(node):

@@ -31,7 +31,11 @@ COUNT = CodeSpec(tests="def check(candidate):\n    assert candidate('banana', 'a
                  entry_point="count_sub", style="humaneval", timeout_s=2.0,
                  prompt_code="def count_sub(s: str, sub: str) -> int:\n    \"\"\"Non-overlapping count.\"\"\"\n")
 COUNT_OK = "def count_sub(s, sub):\n    return s.count(sub)\n"
-TASKS = {"sort": (SORT, SORT_OK), "count": (COUNT, COUNT_OK)}
+MEAN = CodeSpec(tests="assert abs(mean([1, 2]) - 1.5) < 1e-9\nassert len(str(mean([4]))) == 3\n"
+                      "assert isinstance(mean([1]), float)\nassert all([mean([2, 2]) == 2.0])\n",
+                entry_point="mean", timeout_s=2.0)
+MEAN_OK = "def mean(xs):\n    return sum(xs) / len(xs)\n"
+TASKS = {"sort": (SORT, SORT_OK), "count": (COUNT, COUNT_OK), "mean": (MEAN, MEAN_OK)}
 
 
 def task_of(spec: CodeSpec) -> Task:
@@ -78,6 +82,10 @@ ATTACKS = {
     "index_override": ("count", "class I(int):\n    def __index__(self):\n        return 3\n"
                                 "    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
                                 "def count_sub(s, sub):\n    return I(0)\n"),
+    # ---- the candidate's own versions of builtins the tests call (abs, len, isinstance, all)
+    "shadow_builtins": ("mean", "def mean(xs):\n    return 'wrong'\ndef abs(x):\n    return 0\n"
+                                "def len(x):\n    return 3\ndef isinstance(a, b):\n    return True\n"
+                                "def all(x):\n    return True\n"),
     # ---- patching what a harness in the same interpreter would use
     "patch_builtins": ("sort", "import builtins\nbuiltins.exec = lambda *a, **k: None\n"
                                "builtins.eval = lambda *a, **k: True\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
