@@ -58,6 +58,7 @@ from typing import Any
 from envs.io import TaskFormatError, read_json_objects, save_tasks
 from envs.code_verdict import CANDIDATE_PROGRAM, JUDGE_PROGRAM
 from envs.sandbox import Limits, RunResult, Sandbox, SandboxUnavailable
+from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.pump import run_launches
 from envs.types import CodeSpec, Message, Task
@@ -337,7 +338,10 @@ def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | No
     if judge is None:
         judge = Sandbox(limits=sandbox.limits, mode=sandbox.mode, config=sandbox.config)
     try:
-        res_j, res_c = _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout)
+        for _ in range(SETUP_RACE_RETRIES):  # the pair starts over (work dirs rewritten) after a mount race
+            res_j, res_c = _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout)
+            if not (setup_race(res_j) or setup_race(res_c)):
+                break
     finally:
         if own_judge:
             judge.close()

@@ -67,3 +67,16 @@ def test_sandbox_config_validates_and_names_the_key():
         SandboxConfig.coerce({"storage_gb": 1})
     with pytest.raises(ValueError, match="sandbox_config.storage_mb"):
         SandboxConfig.coerce({"storage_mb": True})
+
+
+def test_setup_race_is_recognised_and_only_that():
+    from envs.sandbox.base import RunResult, setup_race
+
+    def res(code, err):
+        return RunResult(exit_code=code, stdout="", stderr=err, timed_out=False, output_truncated=False, duration_s=0)
+
+    msg = ("bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount "
+           "\"/newroot/tmp/jointrl-sb-x\": Invalid argument\n")
+    assert setup_race(res(1, msg))
+    assert not setup_race(res(0, msg)) and not setup_race(res(1, "Traceback ...\n" + msg))
+    assert not setup_race(res(1, "bwrap: execvp nope: No such file or directory\n"))

@@ -71,6 +71,19 @@ class RunResult:
         return self.exit_code == 0 and not self.timed_out
 
 
+# bwrap bind-mounts the host root recursively; when another sandbox's storage tmpfs is
+# mounted or unmounted on the host at that moment, bwrap's read-only remount of the vanished
+# submount fails before the program starts. Such a launch is retried (see setup_race).
+SETUP_RACE_RETRIES = 3
+
+
+def setup_race(res: RunResult) -> bool:
+    """Whether ``res`` is bwrap failing to set up the mounts (a race with a concurrent mount)."""
+    err = res.stderr[:2000]
+    return res.exit_code == 1 and err.startswith("bwrap: ") and (
+        "Can't bind mount" in err or "Unable to apply mount flags" in err or "Can't remount" in err)
+
+
 @dataclass(frozen=True)
 class ShellResult:
     """The outcome of :meth:`ShellSession.run`. ``exit_code`` is None after a timeout."""

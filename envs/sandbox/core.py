@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
 from envs.sandbox.base import MODES, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, RunResult, _Tools
 from envs.sandbox.files import _open_parent, _split_rel
 from envs.sandbox.launch import (_base_env, _bwrap_command, _check_env, _inner_work_dir, _prepare_work_dir,
@@ -249,9 +250,13 @@ class Sandbox:
             if res is not None:
                 return self.finish(res)
             self._warm.prestart()  # none was waiting: start this run cold, the next one warm
-        spec = self.prepare(argv, stdin=data, env=env, limits=lim)
-        # run_launches owns (and closes) every fd of the spec from here on.
-        return self.finish(run_launches([spec], lim.wall_seconds)[0])
+        for _ in range(SETUP_RACE_RETRIES):
+            spec = self.prepare(argv, stdin=data, env=env, limits=lim)
+            # run_launches owns (and closes) every fd of the spec from here on.
+            res = run_launches([spec], lim.wall_seconds)[0]
+            if not setup_race(res):
+                break
+        return self.finish(res)
 
     def run_python(self, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
                    env: dict[str, str] | None = None, limits: Limits | None = None, *,
