@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 APT_PKGS=""
 command -v bwrap >/dev/null 2>&1 || APT_PKGS="$APT_PKGS bubblewrap"
 command -v chromium >/dev/null 2>&1 || APT_PKGS="$APT_PKGS chromium fonts-dejavu-core"
+# libseccomp2: the sandbox's seccomp filter is built with it (through the pyseccomp binding).
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || APT_PKGS="$APT_PKGS libseccomp2"
 if [ -n "$APT_PKGS" ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO=sudo

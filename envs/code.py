@@ -9,21 +9,20 @@ A code task (:class:`~envs.types.CodeSpec`) holds Python tests for an ``entry_po
 
 How the tests run
 -----------------
-One sandboxed program per call (``python -I -B main.py``) does, in order:
+Two sandboxed programs per call, the candidate and the judge, wired to each other; see
+:mod:`envs.code_verdict` for why the tests never share an interpreter, memory, files or
+caches with the candidate, and :mod:`envs.code_wire` for the plain data that crosses. The
+judge does, in order (what follows describes its reporting; the candidate only serves calls):
 
-1. reads a random per-run nonce from stdin, moves its real stdout to a private file
-   descriptor and points fd 1 at stderr: everything the candidate prints goes to stderr,
-   and only the harness writes to stdout, one line per event::
+1. waits for the candidate's "loaded" message (or its load error), moves its own stdout
+   to a private fd (what the tests print goes to stderr) and reports one line per event::
 
-       __JOINTRL_RESULT__ <nonce> {"i": 0, "ok": true, "msg": ""}
+       __JOINTRL_RESULT__ {"i": 0, "ok": true, "msg": ""}
 
-2. executes the candidate code in a fresh module named ``solution`` (so an
-   ``if __name__ == "__main__":`` demo block does not run; ``SystemExit`` and any other
-   exception while loading are caught and reported);
-3. runs the tests in the same namespace, statement by statement, reporting each test as
-   soon as it finishes (a later timeout or crash keeps the earlier results), then a
-   ``{"done": ...}`` line, and exits with ``os._exit(0)`` (candidate threads and atexit
-   hooks cannot hold the run open).
+2. runs the task's ``prompt_code`` (its helpers) and binds the entry point to a proxy that
+   calls the candidate;
+3. runs the tests statement by statement, reporting each test as soon as it finishes (a
+   later timeout or crash keeps the earlier results), then a ``{"done": ...}`` line.
 
 With ``style == "assert"`` the tests are split into top-level statements (``ast``): every
 statement is a *test* except imports, ``def``/``class``, assignments, ``pass`` and bare
@@ -32,16 +31,12 @@ count). ``assert a == b`` failures report both sides (``got`` / ``expected``). W
 ``style == "humaneval"`` the tests (which define ``check``) are setup and the one test is
 ``check(<entry_point>)``.
 
-What the nonce buys: text the candidate prints cannot be taken for a result (it goes to
-stderr, and it cannot contain the nonce, which is not in any file), so printing the marker,
-flooding the output or exiting early (``sys.exit``, ``os._exit``) never fakes a pass: a
-test counts only when the harness reported it. It does NOT stop a candidate that
-deliberately attacks the harness from inside the same interpreter (inspecting the
-harness's frames for the nonce, returning objects whose ``__eq__`` is always true): an
-in-process test harness cannot be made tamper-proof; run held-out evaluation with
-independent checks if that matters.
+A test counts only when the judge reported it, and the candidate has no way to write to
+the judge's report channel: printing result lines, flooding the output or exiting early
+(``sys.exit``, ``os._exit``) never fakes a pass, and neither do always-equal objects,
+patched builtins or reading the tests (they are in another sandbox).
 
-The work dir is the harness's: :func:`run_tests` empties it before each run (so files a
+Both work dirs are the harness's: :func:`run_tests` empties them before each run (so files a
 previous candidate left cannot accumulate or be seen by the next run), and ``-I`` keeps
 it off ``sys.path`` (a planted ``json.py`` cannot shadow a module).
 """
@@ -54,7 +49,6 @@ import json
 import math
 import os
 import re
-import secrets
 import shutil
 import stat
 from dataclasses import dataclass
@@ -62,7 +56,11 @@ from pathlib import Path
 from typing import Any
 
 from envs.io import TaskFormatError, read_json_objects, save_tasks
-from envs.sandbox import Limits, Sandbox, SandboxUnavailable
+from envs.code_verdict import CANDIDATE_PROGRAM, JUDGE_PROGRAM
+from envs.sandbox import Limits, RunResult, Sandbox, SandboxUnavailable
+from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
+from envs.sandbox.config import SandboxConfig
+from envs.sandbox.pump import run_launches
 from envs.types import CodeSpec, Message, Task
 
 __all__ = [
@@ -75,6 +73,7 @@ __all__ = [
     "find_code_blocks",
     "humaneval_to_native",
     "load_humaneval",
+    "code_sandboxes",
     "run_tests",
     "split_tests",
     "SandboxUnavailable",
@@ -84,6 +83,7 @@ MARKER = "__JOINTRL_RESULT__"
 STYLES = ("assert", "humaneval")
 PYTHON_TAGS = ("", "python", "py", "python3", "py3")
 _MAIN = "main.py"
+_JUDGE = "judge.py"
 _SETUP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
                 ast.AugAssign, ast.AnnAssign, ast.Pass)
 
@@ -230,6 +230,7 @@ class TestOutcome:
     error: str
     timed_out: bool
     output: str
+    events: tuple[str, ...] = ()  # sandbox events of the candidate's run (envs.sandbox.events), harness_error
 
     @property
     def fraction(self) -> float:
@@ -268,118 +269,6 @@ def split_tests(spec: CodeSpec) -> tuple[str, list[int]]:
     return source, idx
 
 
-# The harness runs inside the sandbox; it is kept free of f-strings/format braces so that
-# the program is this text followed by one call with literal arguments.
-_HARNESS = r'''
-import sys as _sys, os as _os
-
-
-def _jointrl_run(code, tests, test_idx, entry_point, marker):
-    import ast, json, linecache, traceback, types
-    nonce = _sys.stdin.readline().strip()
-    out_fd = _os.dup(1)          # the real stdout: results only
-    _os.dup2(2, 1)               # fd 1 (print, subprocesses) now goes to stderr
-    try:
-        _sys.stdout.reconfigure(line_buffering=True)
-    except Exception:
-        pass
-    write, dumps, prefix = _os.write, json.dumps, (marker + " " + nonce + " ").encode()
-
-    def report(obj):
-        try:
-            write(out_fd, prefix + dumps(obj).encode() + b"\n")
-        except Exception:
-            pass
-
-    def short(value, limit=300):
-        try:
-            s = repr(value)
-        except BaseException as e:
-            s = "<repr failed: %s>" % type(e).__name__
-        return s if len(s) <= limit else s[:limit] + "..."
-
-    def fmt(e):
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in ("solution.py", "tests.py")]
-        lines = ['  File "%s", line %s, in %s\n    %s' % (f.filename, f.lineno, f.name, (f.line or "").strip())
-                 for f in frames[-3:]]
-        try:
-            head = "".join(traceback.format_exception_only(type(e), e)).rstrip()
-        except BaseException:
-            head = type(e).__name__
-        text = "\n".join(lines + [head])
-        return text if len(text) <= 1500 else text[:1500] + "..."
-
-    tree = ast.parse(tests)  # before the candidate runs
-    for name, src in (("solution.py", code), ("tests.py", tests)):
-        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-
-    module = types.ModuleType("solution")
-    _sys.modules["solution"] = module
-    ns = module.__dict__
-    try:
-        exec(compile(code, "solution.py", "exec"), ns)
-    except BaseException as e:
-        report({"load_error": fmt(e)})
-    else:
-        if entry_point not in ns:
-            report({"load_error": "NameError: the code does not define %r" % entry_point})
-
-    def mentions(node):
-        return any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(node))
-
-    def run_test(node):
-        if (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
-                and isinstance(node.test.ops[0], ast.Eq)):
-            left, right = node.test.left, node.test.comparators[0]
-            lv = eval(compile(ast.Expression(left), "tests.py", "eval"), ns)
-            rv = eval(compile(ast.Expression(right), "tests.py", "eval"), ns)
-            if lv == rv:
-                return ""
-            if mentions(right) and not mentions(left):
-                lv, rv = rv, lv
-            if mentions(left) or mentions(right):
-                detail = "got:      %s\nexpected: %s" % (short(lv), short(rv))
-            else:
-                detail = "left:  %s\nright: %s" % (short(lv), short(rv))
-            if node.msg is not None:
-                try:
-                    detail += "\nmessage:  %s" % short(eval(compile(ast.Expression(node.msg), "tests.py", "eval"), ns))
-                except BaseException:
-                    pass
-            return detail
-        exec(compile(ast.Module(body=[node], type_ignores=[]), "tests.py", "exec"), ns)
-        return None
-
-    wanted = set(test_idx)
-    k = passed = 0
-    for i, node in enumerate(tree.body):
-        src = ast.get_source_segment(tests, node) or ""
-        if len(src) > 400:
-            src = src[:400] + "..."
-        if i not in wanted:
-            try:
-                exec(compile(ast.Module(body=[node], type_ignores=[]), "tests.py", "exec"), ns)
-            except BaseException as e:
-                report({"setup_error": src + "\n" + fmt(e)})
-            continue
-        try:
-            detail = run_test(node)
-            ok = not detail
-        except BaseException as e:
-            ok, detail = False, fmt(e)
-        passed += ok
-        report({"i": k, "ok": ok, "msg": "" if ok else src + "\n" + detail})
-        k += 1
-    report({"done": True, "passed": passed, "total": k})
-    for stream in (_sys.stdout, _sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    _os._exit(0)
-'''
-
-
 def _clear_dir(path: str) -> None:
     """Remove everything inside ``path`` (files the sandboxed code left), keeping ``path``."""
 
@@ -414,35 +303,86 @@ def _cut(text: str, limit: int) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters ...]"
 
 
-def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | None = None) -> TestOutcome:
-    """Run ``code`` against ``spec.tests`` inside ``sandbox`` and count the passing tests.
+def code_sandboxes(mode: str = "bwrap", config: SandboxConfig | dict | None = None) -> tuple[Sandbox, Sandbox]:
+    """``(candidate sandbox, judge sandbox)`` as :class:`CodeEnv` and the code reward use them."""
+    cfg = SandboxConfig.coerce(config)
+    limits = Limits(output_bytes=min(cfg.output_bytes, 200_000))
+    cand = Sandbox(limits=limits, mode=mode, config=cfg)
+    try:
+        return cand, Sandbox(limits=limits, mode=mode, config=cfg)
+    except BaseException:
+        cand.close()
+        raise
 
-    ``style == "humaneval"``: one test, ``check(<entry_point>)``. ``style == "assert"``:
-    one test per top-level test statement (see :func:`split_tests`), so the pass fraction
-    is known. The whole program gets ``timeout_s`` (default ``spec.timeout_s``) of wall
-    clock and as many CPU seconds; tests reported before a timeout or crash still count.
-    The sandbox's work dir is emptied first (see the module docstring). Raises
-    ``ValueError`` for a malformed spec (:func:`split_tests`).
+
+def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | None = None, *,
+              judge: Sandbox | None = None) -> TestOutcome:
+    """Run ``code`` against ``spec.tests`` and count the passing tests.
+
+    The candidate runs in ``sandbox``; the tests run in ``judge``, a second sandbox (made
+    for this call and removed after it when None) that the candidate cannot reach; see
+    :mod:`envs.code_verdict`. ``style == "humaneval"``: one test, ``check(<entry_point>)``.
+    ``style == "assert"``: one test per top-level test statement (see :func:`split_tests`),
+    so the pass fraction is known. Both programs get ``timeout_s`` (default
+    ``spec.timeout_s``) of wall clock and as many CPU seconds; tests reported before a
+    timeout or crash still count. Both work dirs are emptied first. A candidate that fills
+    its storage fails every test (recorded as a ``storage`` event). Raises ``ValueError``
+    for a malformed spec (:func:`split_tests`).
     """
     tests, test_idx = split_tests(spec)
     total = len(test_idx)
     timeout = float(spec.timeout_s if timeout_s is None else timeout_s)
     if not (timeout > 0 and math.isfinite(timeout)):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    limits = dataclasses.replace(sandbox.limits, wall_seconds=timeout, cpu_seconds=max(1, math.ceil(timeout)))
-    nonce = secrets.token_hex(16)
-    program = (_HARNESS + "\n_jointrl_run(" + ", ".join(
-        repr(v) for v in (code, tests, test_idx, spec.entry_point, MARKER)) + ")\n")
-    _clear_dir(sandbox.work_dir)
-    sandbox.write_files({_MAIN: program})
-    res = sandbox.run([sandbox.python, "-I", "-B", _MAIN], stdin=nonce + "\n", limits=limits)
+    own_judge = judge is None
+    if judge is None:
+        judge = Sandbox(limits=sandbox.limits, mode=sandbox.mode, config=sandbox.config)
+    try:
+        for _ in range(SETUP_RACE_RETRIES):  # the pair starts over (work dirs rewritten) after a mount race
+            res_j, res_c = _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout)
+            if not (setup_race(res_j) or setup_race(res_c)):
+                break
+    finally:
+        if own_judge:
+            judge.close()
+    return _outcome(res_j, res_c, total, timeout, sandbox)
 
-    prefix = f"{MARKER} {nonce} "
+
+def _run_pair(spec: CodeSpec, code: str, tests: str, test_idx: list[int], sandbox: Sandbox, judge: Sandbox,
+              timeout: float) -> tuple[RunResult, RunResult]:
+    """Start the judge and the candidate wired to each other; both results once the judge ends."""
+    limits = dataclasses.replace(sandbox.limits, wall_seconds=timeout, cpu_seconds=max(1, math.ceil(timeout)))
+    for box in (sandbox, judge):
+        _clear_dir(box.work_dir)
+    sandbox.write_files({_MAIN: CANDIDATE_PROGRAM + f"\n_jointrl_serve({spec.entry_point!r})\n", "solution.py": code})
+    req_r, req_w = os.pipe()  # judge -> candidate: requests
+    rep_r, rep_w = os.pipe()  # candidate -> judge: replies
+    fds = [req_r, req_w, rep_r, rep_w]
+    try:
+        judge.write_files({_JUDGE: JUDGE_PROGRAM + "\n_jointrl_judge(" + ", ".join(repr(v) for v in (
+            tests, test_idx, spec.entry_point, spec.prompt_code, MARKER, req_w)) + ")\n"})
+        j = judge.prepare([judge.python, "-I", "-B", _JUDGE], stdin=rep_r, limits=limits)
+        fds.remove(rep_r)
+        j.pass_fds = (*j.pass_fds, req_w)
+        fds.remove(req_w)
+        c = sandbox.prepare([sandbox.python, "-I", "-B", _MAIN], stdin=req_r, stdout=rep_w, limits=limits)
+        fds.remove(req_r)
+        fds.remove(rep_w)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    res_j, res_c = run_launches([j, c], timeout)  # owns every fd of both launches
+    return judge.finish(res_j), sandbox.finish(res_c)
+
+
+def _parse_reports(stdout: str, total: int):
+    prefix = f"{MARKER} "
     results: dict[int, tuple[bool, str]] = {}
     load_errors: list[str] = []
     setup_errors: list[str] = []
     done = False
-    for line in res.stdout.splitlines():
+    for line in stdout.splitlines():
         if not line.startswith(prefix):
             continue
         try:
@@ -459,23 +399,36 @@ def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | No
             setup_errors.append(str(event["setup_error"]))
         elif event.get("done") is True:
             done = True
-    passed = sum(ok for ok, _ in results.values())
-    failures = [msg for _, (ok, msg) in sorted(results.items()) if not ok]
+    return results, load_errors, setup_errors, done
 
-    how = f"killed by signal {res.signal}" if res.signal is not None else f"exit code {res.exit_code}"
-    if res.timed_out:
+
+def _outcome(res_j: RunResult, res_c: RunResult, total: int, timeout: float, sandbox: Sandbox) -> TestOutcome:
+    """The :class:`TestOutcome` of one verdict, from the judge's reports and both runs."""
+    results, load_errors, setup_errors, done = _parse_reports(res_j.stdout, total)
+    events = list(res_c.events)
+    storage = "storage" in events
+    passed = 0 if storage else sum(ok for ok, _ in results.values())
+    failures = [msg for _, (ok, msg) in sorted(results.items()) if not ok]
+    harness_failed = not done and not res_j.timed_out
+    if harness_failed:
+        events.append("harness_error")
+    how = f"killed by signal {res_j.signal}" if res_j.signal is not None else f"exit code {res_j.exit_code}"
+    if res_j.timed_out:
         stop = f"Timed out after {timeout:g}s (an infinite loop, or too slow?); {len(results)} of {total} tests ran."
     elif not done:
-        stop = f"The program stopped ({how}) before all tests ran; {len(results)} of {total} tests ran."
+        stop = f"The test harness stopped ({how}) before all tests ran; {len(results)} of {total} tests ran."
     else:
         stop = ""
-
-    if passed == total and done:
+    if storage:
+        cfg = sandbox.config
+        error = f"the code filled its storage (cap {cfg.storage_mb} MiB, {cfg.storage_inodes} inodes)"
+        stop = (stop + "\n" if stop else "") + f"Storage limit hit: {error}; no test counts."
+    elif passed == total and done:
         error = ""
-    elif res.timed_out:
+    elif res_j.timed_out:
         error = f"timed out after {timeout:g}s"
     elif not done:
-        error = f"the program stopped ({how}) before all tests ran"
+        error = f"the test harness stopped ({how}) before all tests ran"
     elif load_errors:
         error = load_errors[0].strip().splitlines()[-1]
     else:
@@ -484,7 +437,7 @@ def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | No
     parts: list[str] = []
     for e in load_errors:
         parts.append("Error while loading the code:\n" + e)
-    # After a load error most failures are its echo (NameError): show fewer.
+    # After a load error most failures are its echo: show fewer.
     for e in setup_errors[:0 if load_errors else 3]:
         parts.append("Error in a test setup statement:\n" + e)
     shown = failures[:1 if load_errors else 5]
@@ -494,11 +447,13 @@ def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | No
         parts.append(f"... and {len(failures) - len(shown)} more failed tests.")
     if stop:
         parts.append(stop)
-    printed = res.stderr.strip()
+    printed = res_c.stderr.strip()
     if printed:
         parts.append("Output of the program:\n" + _cut(printed, 2000))
-    return TestOutcome(passed=passed, total=total, error=error, timed_out=res.timed_out,
-                       output="\n\n".join(parts))
+    if harness_failed and res_j.stderr.strip():
+        parts.append("Test harness error output:\n" + _cut(res_j.stderr.strip(), 1000))
+    return TestOutcome(passed=passed, total=total, error=error, timed_out=res_j.timed_out,
+                       output="\n\n".join(parts), events=tuple(events))
 
 
 # ---------------------------------------------------------------------------- env
@@ -532,7 +487,8 @@ class CodeEnv:
     for every episode of this env instance, and removed by :meth:`close`.
     """
 
-    def __init__(self, max_turns: int = 1, sandbox: str = "bwrap", feedback_chars: int = 2000):
+    def __init__(self, max_turns: int = 1, sandbox: str = "bwrap", feedback_chars: int = 2000,
+                 sandbox_config: SandboxConfig | dict | None = None):
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if sandbox not in ("bwrap", "none"):
@@ -542,16 +498,19 @@ class CodeEnv:
         self.max_turns = max_turns
         self.sandbox_mode = sandbox
         self.feedback_chars = feedback_chars
+        self.sandbox_config = SandboxConfig.coerce(sandbox_config)
         self._sandbox: Sandbox | None = None
+        self._judge: Sandbox | None = None
         self._task: Task | None = None
         self._turns = 0
         self._done = True
         self._closed = False
 
-    def _get_sandbox(self) -> Sandbox:
+    def _get_sandboxes(self) -> tuple[Sandbox, Sandbox]:
         if self._sandbox is None:
-            self._sandbox = Sandbox(limits=Limits(output_bytes=200_000), mode=self.sandbox_mode)
-        return self._sandbox
+            self._sandbox, self._judge = code_sandboxes(self.sandbox_mode, self.sandbox_config)
+        assert self._judge is not None
+        return self._sandbox, self._judge
 
     def reset(self, task: Task) -> list[Message]:
         if self._closed:
@@ -584,10 +543,12 @@ class CodeEnv:
             outcome = TestOutcome(passed=0, total=len(split_tests(spec)[1]), error="no code found in the answer",
                                   timed_out=False, output="")
         else:
-            outcome = run_tests(spec, code, self._get_sandbox())
+            cand, judge = self._get_sandboxes()
+            outcome = run_tests(spec, code, cand, judge=judge)
         info: dict[str, Any] = {"reward": float(outcome.fraction), "passed": outcome.passed, "total": outcome.total,
                                 "error": outcome.error, "extracted": code is not None,
-                                "timed_out": outcome.timed_out, "turn": self._turns}
+                                "timed_out": outcome.timed_out, "turn": self._turns,
+                                "sandbox_events": list(outcome.events)}
         if outcome.all_passed or self.max_turns == 1:
             self._done = True
             return [], True, False, info
@@ -608,9 +569,10 @@ class CodeEnv:
         self._closed = True
         self._task = None
         self._done = True
-        if self._sandbox is not None:
-            sb, self._sandbox = self._sandbox, None
-            sb.close()
+        for sb in (self._sandbox, self._judge):
+            if sb is not None:
+                sb.close()
+        self._sandbox = self._judge = None
 
 
 # ---------------------------------------------------------------------------- HumanEval files

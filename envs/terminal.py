@@ -44,9 +44,14 @@ Episode and check semantics (:class:`TerminalEnv`)
   the check sees a settled state. Tasks about processes therefore check side effects
   (files a process writes when it gets a signal), not live processes.
 * The check: ``spec.check`` runs as ``bash -c <check>`` in a SEPARATE, fresh sandbox
-  process (:meth:`Sandbox.run`) over the same work dir, cwd the work dir, with a fresh
-  environment. Functions, aliases or variables the policy defined in its shell do not
-  exist there, so they cannot fake the check. Its result: exit status 0 -> ``1.0``;
+  process (:meth:`Sandbox.run`) over the same work dir, cwd the work dir, with the
+  harness's environment (:data:`CHECK_ENV`: ``HOME`` outside the work dir, a system-only
+  ``PATH``, no Python user site, ``PYTHONSAFEPATH``, no global or system git config, git
+  settings that run programs pinned off). Functions, aliases, variables, dotfiles, ``.pth``
+  files or ``~/.local/bin`` programs the policy left cannot fake the check. A task whose
+  check runs the policy's own program sets ``Task.meta["check_runs_policy_files"]``
+  (:data:`RUNS_POLICY_FILES`): its check keeps the script dir on ``sys.path``.
+  If the episode filled its capped storage, it scores 0.0 (``storage limit hit``). Its result: exit status 0 -> ``1.0``;
   otherwise, if the last non-empty stdout line parses as a float in ``[0, 1]``, that
   value (partial credit: print it and exit non-zero); otherwise ``0.0``. A check that
   times out (``check_timeout_s``) scores 0.0.
@@ -71,6 +76,9 @@ import time
 from typing import Any
 
 from envs.sandbox import Limits, Sandbox, SandboxUnavailable, ShellSession, ShellSessionError, check_sandbox
+from envs.sandbox.base import SANDBOX_PATH
+from envs.sandbox.config import SandboxConfig
+from envs.sandbox.events import shell_status_events
 from envs.types import Message, Task
 
 __all__ = [
@@ -103,6 +111,43 @@ _OPEN_RE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^`]*$")
 _CLOSE_RE = re.compile(r"^[ \t]*```[ \t]*$")
 
 _SETUP_TIMEOUT_S = 60.0
+RUNS_POLICY_FILES = "check_runs_policy_files"  # Task.meta flag: the check runs a program the policy wrote
+
+# The check's environment comes from the harness, never from the work dir the policy wrote:
+# HOME outside every writable place (no dotfiles, no ~/.local/bin, no user site-packages),
+# no user site, no script-dir/cwd on sys.path, no global/system git config, and git settings
+# that would run programs (fsmonitor, hooks, pagers, editors, ssh) pinned off. PATH holds
+# system directories only, all read-only inside the sandbox.
+_GIT_PINS = (("core.fsmonitor", "false"), ("core.hooksPath", "/dev/null"), ("core.pager", "cat"),
+             ("core.editor", "false"), ("core.sshCommand", "false"), ("status.showUntrackedFiles", "normal"),
+             ("sequence.editor", "false"), ("credential.helper", ""))
+CHECK_ENV = {
+    "HOME": "/nonexistent",
+    "PATH": SANDBOX_PATH,
+    "XDG_CONFIG_HOME": "/nonexistent",
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONSAFEPATH": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat",
+    "PAGER": "cat",
+    "GIT_CONFIG_COUNT": str(len(_GIT_PINS)),
+    **{f"GIT_CONFIG_KEY_{i}": k for i, (k, _) in enumerate(_GIT_PINS)},
+    **{f"GIT_CONFIG_VALUE_{i}": v for i, (_, v) in enumerate(_GIT_PINS)},
+}
+
+
+def check_env(runs_policy_files: bool = False) -> dict[str, str]:
+    """The environment a check runs with (see :data:`CHECK_ENV`). A task whose check runs the
+    policy's own program (``runs_policy_files``) keeps the script dir / cwd on ``sys.path``
+    (``python3 -m unittest test_calc`` must import the policy's module); nothing else changes."""
+    env = dict(CHECK_ENV)
+    if runs_policy_files:
+        del env["PYTHONSAFEPATH"]
+    return env
 
 
 def parse_action(text: str, done_marker: str = DONE_MARKER) -> tuple[str, str | None]:
@@ -224,7 +269,7 @@ class TerminalEnv:
 
     def __init__(self, max_turns: int = 8, command_timeout_s: float = 10.0, output_chars: int = 2000,
                  sandbox: str = "bwrap", *, done_marker: str = DONE_MARKER, check_timeout_s: float = 30.0,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, sandbox_config: SandboxConfig | dict | None = None) -> None:
         if sandbox != "bwrap":
             raise ValueError(f"TerminalEnv runs policy commands only in a bubblewrap sandbox: sandbox must be "
                              f"'bwrap', got {sandbox!r}")
@@ -237,6 +282,7 @@ class TerminalEnv:
         if not done_marker or not done_marker.strip() or "\n" in done_marker:
             raise ValueError(f"done_marker must be a non-empty single line, got {done_marker!r}")
         check_sandbox()  # SandboxUnavailable here, not in the middle of a rollout
+        self.sandbox_config = SandboxConfig.coerce(sandbox_config)
         self.max_turns = max_turns
         self.command_timeout_s = float(command_timeout_s)
         self.output_chars = output_chars
@@ -251,6 +297,7 @@ class TerminalEnv:
         self._done = True
         self._turns = 0
         self._used_s = 0.0
+        self._events: list[str] = []
 
     # -- episode -----------------------------------------------------------------------
 
@@ -265,10 +312,11 @@ class TerminalEnv:
         self._task = task
         self._turns = 0
         self._used_s = 0.0
+        self._events = []
         try:
             # The Sandbox owns (and on close removes) the work dir; the session and the check
             # both run over it.
-            self._box = Sandbox(None, self.limits, self.sandbox)
+            self._box = Sandbox(None, self.limits, self.sandbox, config=self.sandbox_config)
             self._session = ShellSession(self._box.work_dir, self.limits, self.sandbox)
             if spec.setup.strip():
                 setup = f"(\nset -e\n{spec.setup}\n) </dev/null"
@@ -316,6 +364,7 @@ class TerminalEnv:
             else:
                 head = f"exit code {res.exit_code}"
             obs = [Message("user", f"{head}\n{output}" if output else head)]
+            self._note_events(res)
             info = {"exit_code": res.exit_code, "timed_out": res.timed_out, "turns": self._turns}
             if not self._session.alive:
                 if res.timed_out:
@@ -327,12 +376,28 @@ class TerminalEnv:
             return self._finish(obs, "max_turns", truncated=True)
         return obs, False, False, info
 
+    def _note_events(self, res) -> None:
+        """Record what one command hit (timeouts, limits, seccomp kills, a full storage)."""
+        ev = list(shell_status_events(res.exit_code, res.output))
+        if res.timed_out:
+            ev.append("timeout")
+        if res.output_truncated:
+            ev.append("output")
+        if self._box is not None and self._box.storage is not None and self._box.storage.full():
+            ev.append("storage")
+        self._events.extend(dict.fromkeys(ev))
+
     def _finish(self, obs: list[Message], end: str, *, terminated: bool = False,
                 truncated: bool = False) -> tuple[list[Message], bool, bool, dict[str, Any]]:
         self._done = True
         reward, passed, output, code = self._run_check()
+        if "storage" in self._events:
+            cfg = self.sandbox_config
+            reward, passed = 0.0, False
+            output = (f"[storage limit hit: the episode filled its storage (cap {cfg.storage_mb} MiB, "
+                      f"{cfg.storage_inodes} inodes); the episode fails]\n" + output)
         info = {"reward": reward, "passed": passed, "check_output": output, "check_exit_code": code,
-                "end": end, "turns": self._turns}
+                "end": end, "turns": self._turns, "sandbox_events": list(self._events)}
         return obs, terminated, truncated, info
 
     def _run_check(self) -> tuple[float, bool, str, int | None]:
@@ -344,7 +409,11 @@ class TerminalEnv:
         lim = Limits(cpu_seconds=max(10, math.ceil(self.check_timeout_s)), memory_mb=self.limits.memory_mb,
                      file_size_mb=self.limits.file_size_mb, processes=self.limits.processes,
                      open_files=self.limits.open_files, wall_seconds=self.check_timeout_s, output_bytes=65536)
-        res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim)
+        runs_policy_files = self._task.meta.get(RUNS_POLICY_FILES) is True
+        res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim,
+                            env=check_env(runs_policy_files))
+        if "storage" in res.events:
+            self._events.append("storage")
         reward = parse_check_result(res.exit_code, res.stdout, res.timed_out)
         output = res.stdout + (("\n" if res.stdout and not res.stdout.endswith("\n") else "") + res.stderr
                                if res.stderr else "")

@@ -144,6 +144,9 @@ class Trajectory:
     scores: dict[str, float | None] = field(default_factory=dict)
     reward: float | None = None
     reward_error: str | None = None
+    # Sandbox events the env reported (envs.sandbox.events: "timeout", "storage", "seccomp"...),
+    # one entry per occurrence; None when the env reports none (not sandboxed).
+    sandbox_events: list[str] | None = None
 
     @property
     def completion(self) -> str:

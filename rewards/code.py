@@ -7,8 +7,9 @@ import math
 import threading
 import weakref
 
-from envs.code import extract_code, find_code_blocks, run_tests
-from envs.sandbox import Limits, Sandbox
+from envs.code import code_sandboxes, extract_code, find_code_blocks, run_tests
+from envs.sandbox import Sandbox
+from envs.sandbox.config import SandboxConfig
 from envs.types import Trajectory
 
 __all__ = ["CodeTestsReward", "CodeFormatReward", "last_answer"]
@@ -38,7 +39,8 @@ class CodeTestsReward:
 
     Otherwise the code of the last assistant turn is extracted
     (:func:`envs.code.extract_code`) and run against the tests in this reward's own
-    sandbox (``sandbox`` mode ``"bwrap"``, or ``"none"`` for trusted code only; created on
+    sandboxes, one for the candidate and one for the judge that holds the tests (see
+    :mod:`envs.code_verdict`; ``sandbox`` mode ``"bwrap"``, or ``"none"`` for trusted code only; created on
     first use, reused, removed when the reward object goes away), with ``timeout_s``
     overriding the task's ``timeout_s``. No code found scores 0.0. Returns ``None`` for a
     task without a code spec (``task.code``).
@@ -48,7 +50,7 @@ class CodeTestsReward:
     domains = ("code",)
 
     def __init__(self, mode: str = "fraction", timeout_s: float | None = None, sandbox: str = "bwrap",
-                 use_env_reward: bool = True):
+                 use_env_reward: bool = True, sandbox_config: SandboxConfig | dict | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
@@ -60,7 +62,8 @@ class CodeTestsReward:
         self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.sandbox_mode = sandbox
         self.use_env_reward = bool(use_env_reward)
-        self._sandbox: Sandbox | None = None
+        self.sandbox_config = SandboxConfig.coerce(sandbox_config)
+        self._boxes: tuple[Sandbox, Sandbox] | None = None
         self._lock = threading.Lock()
 
     def _score(self, fraction: float) -> float:
@@ -77,19 +80,21 @@ class CodeTestsReward:
         code = extract_code(last_answer(traj), spec.prompt_code, spec.entry_point)
         if code is None:
             return 0.0
-        with self._lock:  # one work dir: runs of this object never overlap
-            if self._sandbox is None:
-                self._sandbox = Sandbox(limits=Limits(output_bytes=200_000), mode=self.sandbox_mode)
-                weakref.finalize(self, self._sandbox.close)
-            outcome = run_tests(spec, code, self._sandbox, timeout_s=self.timeout_s)
+        with self._lock:  # one pair of work dirs: runs of this object never overlap
+            if self._boxes is None:
+                self._boxes = code_sandboxes(self.sandbox_mode, self.sandbox_config)
+                for box in self._boxes:
+                    weakref.finalize(self, box.close)
+            cand, judge = self._boxes
+            outcome = run_tests(spec, code, cand, timeout_s=self.timeout_s, judge=judge)
         return self._score(outcome.fraction)
 
     def close(self) -> None:
         """Remove the sandbox's work dir now (it is also removed when this object is collected)."""
         with self._lock:
-            if self._sandbox is not None:
-                self._sandbox.close()
-                self._sandbox = None
+            for box in self._boxes or ():
+                box.close()
+            self._boxes = None
 
 
 class CodeFormatReward:

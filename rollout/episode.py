@@ -54,6 +54,7 @@ class _Episode:
     truncated: bool = False
     finish_reason: str = ""
     env_reward: float | None = None
+    sandbox_events: list[str] | None = None
     done: bool = False
     # Text the engine's tokens of the current conversation correspond to (for env-token deltas).
     text: str = ""
@@ -92,7 +93,8 @@ def run_episodes(engine: Engine, tokenizer: Any, make_env: Callable[[str], Any],
     return [
         Trajectory(task=e.task, group_id=e.group_id, prompt_ids=e.prompt_ids, response_ids=e.response_ids,
                    loss_mask=e.loss_mask, logprobs=e.logprobs, messages=e.messages, terminated=e.terminated,
-                   truncated=e.truncated, finish_reason=e.finish_reason, num_turns=e.turns, env_reward=e.env_reward)
+                   truncated=e.truncated, finish_reason=e.finish_reason, num_turns=e.turns, env_reward=e.env_reward,
+                   sandbox_events=e.sandbox_events)
         for e in eps
     ]
 
@@ -112,6 +114,7 @@ def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -
     obs, terminated, truncated, info = e.env.step(action)
     if isinstance(info, dict) and isinstance(info.get("reward"), (int, float)):
         e.env_reward = float(info["reward"])
+    _note_sandbox_events(e, info)
     e.messages = e.messages + [Message("assistant", action)] + list(obs)
     e.finish_reason = gen.finish_reason
     cut = gen.finish_reason == "length"
@@ -146,3 +149,11 @@ def _end_early(e: _Episode, reason: str) -> None:
         info = finalize()
         if isinstance(info, dict) and isinstance(info.get("reward"), (int, float)):
             e.env_reward = float(info["reward"])
+        _note_sandbox_events(e, info)
+
+
+def _note_sandbox_events(e: _Episode, info: Any) -> None:
+    """Collect ``info["sandbox_events"]`` (a list of event names) for the step metrics."""
+    events = info.get("sandbox_events") if isinstance(info, dict) else None
+    if isinstance(events, list):
+        e.sandbox_events = (e.sandbox_events or []) + [str(x) for x in events]

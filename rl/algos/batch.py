@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from envs.sandbox.events import EVENTS
 from envs.types import Trajectory
 from rl.algos.estimators import Estimator, get_estimator
 from rl.config.recipe import AlgoConfig
@@ -162,6 +163,20 @@ def _advantage_stats(ok: list[Trajectory], adv: torch.Tensor) -> dict[str, float
     return m
 
 
+def _sandbox_counters(domain: str, trajs: list[Trajectory]) -> dict[str, float]:
+    """``sandbox/<domain>/<event>``: how often the step's episodes hit each sandbox event
+    (timeouts, limits, seccomp kills, harness errors; :data:`envs.sandbox.events.EVENTS`),
+    for domains whose env reports them; every known event is present, zeros included."""
+    reported = [t.sandbox_events for t in trajs if t.sandbox_events is not None]
+    if not reported:
+        return {}
+    counts = dict.fromkeys(EVENTS, 0)
+    for evs in reported:
+        for ev in evs:
+            counts[ev] = counts.get(ev, 0) + 1
+    return {f"sandbox/{domain}/{ev}": float(n) for ev, n in counts.items()}
+
+
 def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, float]:
     """Reward and rollout metrics of a step: ``reward/mean``, ``reward/<domain>/mean``,
     ``reward/<domain>/<fn>/mean``, ``rollout/tokens``, ``rollout/response_len/mean``, ...
@@ -189,6 +204,7 @@ def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, floa
         for fn, vs in sorted(fn_vals.items()):
             m[f"reward/{d}/{fn}/mean"] = sum(vs) / len(vs)
         m[f"rollout/{d}/response_len/mean"] = sum(t.num_policy_tokens for t in ts) / len(ts)
+        m.update(_sandbox_counters(d, ts))
     n = max(len(trajs), 1)
     m["rollout/tokens"] = float(sum(t.num_policy_tokens for t in trajs))
     m["rollout/response_len/mean"] = m["rollout/tokens"] / n

@@ -373,6 +373,28 @@ def _reward_table(records: list[dict[str, Any]]) -> str:
             + "".join(rows) + "</table>")
 
 
+def sandbox_events_table(records: list[dict[str, Any]]) -> str:
+    """Sandbox events (``sandbox/<domain>/<event>`` step metrics, train and eval) with their total,
+    the steps they happened at, and the last; only events that happened. "" when none did."""
+    rx = re.compile(r"^(eval/)?sandbox/([^/]+)/([^/]+)$")
+    seen: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
+    for r in records:
+        for k, v in r.items():
+            m = rx.match(k)
+            n = _num(v)
+            if m and n:
+                seen.setdefault((m.group(2), m.group(3), "eval" if m.group(1) else "train"), []).append((r["step"], n))
+    if not seen:
+        return ""
+    rows = []
+    for (domain, event, split), hits in sorted(seen.items()):
+        steps = ", ".join(str(s) for s, _ in hits[-8:]) + (" ..." if len(hits) > 8 else "")
+        rows.append(f"<tr><td>{_e(domain)}</td><td>{_e(event)}</td><td>{split}</td>"
+                    f"<td>{sum(n for _, n in hits):g}</td><td>{_e(steps)}</td></tr>")
+    return ('<h2 id="sandbox">Sandbox events</h2><table class="summary"><tr><th>domain</th><th>event</th>'
+            "<th>split</th><th>total</th><th>steps (last 8)</th></tr>" + "".join(rows) + "</table>")
+
+
 CSS = """
 body{font-family:"DejaVu Sans",Helvetica,Arial,sans-serif;margin:24px;color:#222;background:#fff;max-width:1200px}
 h1{font-size:22px;margin:0 0 6px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -419,6 +441,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
         f'<p class="meta">status <b>{_e(info.status)}</b> &middot; steps {_e(steps)} &middot; <code>{_e(d.resolve())}</code>'
         f" &middot; generated {_e(now)}</p>",
         _reward_table(records),
+        sandbox_events_table(records),
         '<h2 id="charts">Charts</h2><div class="grid">', figs, "</div>",
         '<h2 id="rollouts">Rollouts: best and worst per domain</h2>', _rollouts_html(last_rollouts(d / "rollouts.jsonl")),
         '<h2 id="recipe">Recipe (recipe.resolved.yaml)</h2>',

@@ -133,14 +133,19 @@ class _Builder:
         self.tasks: list[Task] = []
 
     def add(self, id: str, category: str, difficulty: str, instruction: str, setup: str, check_: str,
-            solution: str) -> None:
+            solution: str, *, runs_policy_files: bool = False) -> None:
+        """One task. ``runs_policy_files``: the check runs a program the policy wrote (the point of
+        the task); see ``check_runs_policy_files`` in :mod:`envs.terminal`."""
+        meta = {"difficulty": difficulty, "category": category, "source": SOURCE}
+        if runs_policy_files:
+            meta["check_runs_policy_files"] = True
         self.tasks.append(Task(
             id=f"terminal-{category}-{id}",
             domain="terminal",
             messages=(Message("system", SYSTEM_PROMPT), Message("user", instruction)),
             terminal=TerminalSpec(setup=setup, check=check_, solution=solution,
                                   time_limit_s=_TIME_LIMIT[difficulty]),
-            meta={"difficulty": difficulty, "category": category, "source": SOURCE},
+            meta=meta,
         ))
 
 
@@ -473,7 +478,7 @@ def _python(b: _Builder) -> None:
           check(need('[ "$(python3 greet.py Ada)" = "Hello, Ada!" ]', "python3 greet.py Ada is wrong"),
                 need('[ "$(python3 greet.py "Grace Hopper")" = "Hello, Grace Hopper!" ]',
                      "python3 greet.py 'Grace Hopper' is wrong")),
-          "printf '%s\\n' 'import sys' 'print(f\"Hello, {sys.argv[1]}!\")' > greet.py")
+          "printf '%s\\n' 'import sys' 'print(f\"Hello, {sys.argv[1]}!\")' > greet.py", runs_policy_files=True)
 
     stats = ("import sys\n\n\ndef mean(values):\n    total = 0\n    for v in values[1:]:\n        total += v\n"
              "    return total / len(values)\n\n\nif __name__ == \"__main__\":\n"
@@ -486,7 +491,7 @@ def _python(b: _Builder) -> None:
                 need('[ "$(python3 stats.py 10)" = 10.0 ]', "python3 stats.py 10 is not 10.0"),
                 need('[ "$(python3 stats.py 2 4 9)" = 5.0 ]', "python3 stats.py 2 4 9 is not 5.0"),
                 need("python3 -c 'import stats; assert stats.mean([1, 2]) == 1.5'", "stats.mean is wrong")),
-          "sed -i 's/values\\[1:\\]/values/' stats.py")
+          "sed -i 's/values\\[1:\\]/values/' stats.py", runs_policy_files=True)
 
     rng = random.Random(707)
     items = [{"name": n, "qty": rng.randrange(1, 40), "price": float(Decimal(rng.randrange(99, 9999)) / 100)}
@@ -527,7 +532,7 @@ def _python(b: _Builder) -> None:
           "on; it will be tested on other files.)",
           put("sample.txt", sample),
           check(*wordfreq_check),
-          f"cat > wordfreq.py <<'EOF'\n{script}EOF")
+          f"cat > wordfreq.py <<'EOF'\n{script}EOF", runs_policy_files=True)
 
     calc = ("\"\"\"A tiny calculator library.\"\"\"\n\n\ndef add(a, b):\n    return a + b\n\n\n"
             "def divide(a, b):\n    raise NotImplementedError\n\n\n"
@@ -550,7 +555,7 @@ def _python(b: _Builder) -> None:
                 't=$(mktemp -d) && cp calc.py "$t"/ && cd "$t"',
                 f"printf '%s' {sq(tests)} > test_calc.py",
                 need("python3 -m unittest -q test_calc 2>&1", "the tests do not pass")),
-          f"cat > calc.py <<'EOF'\n{fixed}EOF")
+          f"cat > calc.py <<'EOF'\n{fixed}EOF", runs_policy_files=True)
 
 
 def _permissions(b: _Builder) -> None:
@@ -560,7 +565,7 @@ def _permissions(b: _Builder) -> None:
           put("run.sh", script) + "\nchmod 644 run.sh",
           check(need("[ -x run.sh ]", "run.sh is not executable"), text_is("run.sh", script),
                 need('[ "$(./run.sh)" = ready ]', "./run.sh does not run")),
-          "chmod +x run.sh")
+          "chmod +x run.sh", runs_policy_files=True)
 
     b.add("private-key", "permissions", "medium",
           "Restrict access: the file `secrets/key.pem` must be readable and writable by its owner only (mode 600), "
