@@ -444,7 +444,8 @@ def test_engine_kwargs_reach_vllm_last(monkeypatch: pytest.MonkeyPatch) -> None:
 
     seen: dict = {}
     fake = types.ModuleType("vllm")
-    fake.LLM = lambda **kw: seen.update(kw)  # type: ignore[attr-defined]
+    # An engine object with no engine core process (as with VLLM_ENABLE_V1_MULTIPROCESSING=0).
+    fake.LLM = lambda **kw: seen.update(kw) or types.SimpleNamespace(llm_engine=types.SimpleNamespace())  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(engine, "has_cuda", lambda: False)
     monkeypatch.setattr(engine, "configure_vllm_env", lambda gib: None)
@@ -452,3 +453,22 @@ def test_engine_kwargs_reach_vllm_last(monkeypatch: pytest.MonkeyPatch) -> None:
     e._closed = True  # nothing to shut down
     assert seen["max_num_seqs"] == 7 and seen["enable_prefix_caching"] is False  # a jointrl default replaced
     assert seen["dtype"] == "float32" and seen["model"] == "/m" and seen["enforce_eager"] is True
+
+
+def test_bad_sandbox_config_fails_at_validate_time_naming_its_key(recipe_copy, capsys: pytest.CaptureFixture) -> None:
+    # An env's sandbox caps (#15) are refused by `jointrl validate`, not first on a rollout worker.
+    def edit(d: dict) -> None:
+        d["rollout"]["envs"][2]["kwargs"]["sandbox_config"] = {"storage_mb": 0}  # the terminal env
+
+    path = recipe_copy("joint_rl.yaml", filename="r.yaml", edit=edit)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.envs.2.kwargs.sandbox_config" in err and "storage_mb must be an int in [1, 65536], got 0" in err
+
+    def edit_unknown(d: dict) -> None:
+        d["rewards"][1]["kwargs"]["sandbox_config"] = {"disk": 5}  # the code reward
+
+    path = recipe_copy("joint_rl.yaml", filename="r2.yaml", edit=edit_unknown)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rewards.1.kwargs.sandbox_config" in err and "unknown keys ['disk']" in err

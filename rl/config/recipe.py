@@ -135,7 +135,7 @@ class MixerConfig(Section):
         sp = self.strata_proportions
         if sp and (len(sp) != self.strata or min(sp) < 0):
             raise FieldError("strata_proportions", f"need {self.strata} non-negative numbers, got {sp}")
-        from rl.data.mixer import MIXER_MODES, AdaptiveConfig
+        from rl.config.adaptive import MIXER_MODES, AdaptiveConfig
 
         if self.mode not in MIXER_MODES:
             raise FieldError("mode", f"choose one of {', '.join(MIXER_MODES)}, got {self.mode!r}")
@@ -769,7 +769,7 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     if recipe.learner.lora.rank > 0 and est.needs_critic and a.critic.model == "separate":
         yield "learner.lora.rank", "LoRA with a separate critic is not supported (use algo.critic.model: value_head)"
     if mx.mode == "adaptive":
-        from rl.data.mixer import AdaptiveConfig
+        from rl.config.adaptive import AdaptiveConfig
 
         try:
             AdaptiveConfig.from_dict(dict(mx.adaptive)).bounds(sorted(domains))
@@ -847,12 +847,27 @@ def _check_classes(recipe: Recipe, fail) -> None:
 
     for i, e in enumerate(recipe.rollout.envs):
         _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
+        _check_sandbox_config(fail, f"rollout.envs.{i}.kwargs", e.kwargs)
     for i, spec in enumerate(recipe.rewards):
         obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve)
+        _check_sandbox_config(fail, f"rewards.{i}.kwargs", spec.kwargs)
         if isinstance(obj, type) and not any("__call__" in vars(k) for k in obj.__mro__):
             fail(f"rewards.{i}.cls", f"{spec.cls} has no __call__(trajectory) method")
         if not spec.domains and not getattr(obj, "domains", None):
             fail(f"rewards.{i}.domains", f"{spec.cls} has no `domains` attribute: list the domains it scores")
+
+
+def _check_sandbox_config(fail, key: str, kwargs: dict) -> None:
+    """``<key>.sandbox_config`` (storage and output caps of the env's or reward's sandboxes) is valid now,
+    not when the first env is built on a rollout worker."""
+    if "sandbox_config" not in kwargs:
+        return
+    from envs.sandbox.config import SandboxConfig
+
+    try:
+        SandboxConfig.coerce(kwargs["sandbox_config"])
+    except (TypeError, ValueError) as e:
+        fail(f"{key}.sandbox_config", str(e).removeprefix("sandbox_config: ").removeprefix("sandbox_config."))
 
 
 def check_cluster(recipe: Recipe, device: str | None = None) -> None:
