@@ -16,9 +16,13 @@ CHOICES = ("auto", "cpu", "cuda")
 
 
 def add_argument(parser) -> None:
-    parser.add_argument("--device", default="auto", choices=CHOICES,
-                        help="auto: CUDA when torch sees a GPU, else CPU; cuda: fail without a GPU "
-                             "(bf16 engines and bf16 autocast on the GPU, the `vllm` package)")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=CHOICES,
+        help="auto: CUDA when torch sees a GPU, else CPU; cuda: fail without a GPU "
+        "(bf16 engines and bf16 autocast on the GPU, the `vllm` package)",
+    )
 
 
 def select(device: str) -> str:
@@ -33,6 +37,8 @@ def select(device: str) -> str:
     if torch.cuda.is_available():
         return "cuda"
     if device == "cuda":
-        raise SystemExit("--device cuda: torch sees no GPU here (torch "
-                         f"{torch.__version__}; a CPU build cannot use one: install the GPU extra, see bench/README.md)")
+        raise SystemExit(
+            "--device cuda: torch sees no GPU here (torch "
+            f"{torch.__version__}; a CPU build cannot use one: install the GPU extra, see bench/README.md)"
+        )
     return "cpu"

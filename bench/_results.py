@@ -44,8 +44,10 @@ def machine() -> str:
     except Exception:  # noqa: BLE001
         vv = "not importable"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{os.cpu_count()} CPUs ({cpu or platform.machine()}), {ram} RAM, {gpu}; "
-            f"torch {torch.__version__}, vllm {vv}, python {platform.python_version()}")
+    return (
+        f"{os.cpu_count()} CPUs ({cpu or platform.machine()}), {ram} RAM, {gpu}; "
+        f"torch {torch.__version__}, vllm {vv}, python {platform.python_version()}"
+    )
 
 
 def command() -> str:
@@ -57,9 +59,11 @@ def write_section(key: str, title: str, body: str) -> None:
     start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    section = (f"{start}\n## {title}\n\n- date: {now}\n- machine: {machine()}\n"
-               f"- load average when written (1 / 5 / 15 min; the benchmark alone keeps it near the core count, more means other work shared the cores): {load}\n"
-               f"- command: `{command()}`\n\n{body.rstrip()}\n{end}\n")
+    section = (
+        f"{start}\n## {title}\n\n- date: {now}\n- machine: {machine()}\n"
+        f"- load average when written (1 / 5 / 15 min; the benchmark alone keeps it near the core count, more means other work shared the cores): {load}\n"
+        f"- command: `{command()}`\n\n{body.rstrip()}\n{end}\n"
+    )
     text = RESULTS.read_text() if RESULTS.exists() else TITLE
     if start in text and end in text:
         a, b = text.index(start), text.index(end) + len(end)

@@ -68,10 +68,17 @@ def main(plan_path: str, out_path: str) -> None:
     rows = [{"prompt": prompt_text(tasks[t]), "task_id": t} for t in order]
     # TRL tokenizes a plain-text prompt with the tokenizer's defaults; check it equals jointrl's ids.
     prompt_mismatch = sum(tok(r["prompt"])["input_ids"] != encode(tok, r["prompt"]) for r in rows)
-    sampling = Sampling(max_new_tokens=plan["max_new_tokens"], temperature=plan["temperature"], top_p=plan["top_p"],
-                        max_turns=1, max_model_len=plan["max_model_len"])
-    scorer = RewardScorer([RewardFnSpec(r["cls"], r["weight"], tuple(r["domains"]), dict(r["kwargs"]))
-                           for r in plan["rewards"]], timeout_s=None)
+    sampling = Sampling(
+        max_new_tokens=plan["max_new_tokens"],
+        temperature=plan["temperature"],
+        top_p=plan["top_p"],
+        max_turns=1,
+        max_model_len=plan["max_model_len"],
+    )
+    scorer = RewardScorer(
+        [RewardFnSpec(r["cls"], r["weight"], tuple(r["domains"]), dict(r["kwargs"])) for r in plan["rewards"]],
+        timeout_s=None,
+    )
     record: dict[str, list] = {"reward_mean": [], "tokens": [], "task_ids": [], "samples": []}
 
     class Replay:
@@ -91,7 +98,9 @@ def main(plan_path: str, out_path: str) -> None:
         for ids in completion_ids:
             ids = [int(i) for i in ids]
             stop = bool(ids) and ids[-1] in eos or len(ids) < plan["max_new_tokens"]
-            gens.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop" if stop else "length"))
+            gens.append(
+                Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop" if stop else "length")
+            )
         trajs = run_episodes(Replay(gens), tok, make_env, ts, list(range(len(ts))), [0] * len(ts), sampling)
         scored = scorer.score(trajs)
         rewards = [float(t.reward) if t.reward is not None else 0.0 for t in scored]
@@ -115,8 +124,10 @@ def main(plan_path: str, out_path: str) -> None:
             if cuda:
                 torch.cuda.synchronize()
             steps.append(time.perf_counter() - self.t0)
-            print(f"trl step {len(steps)}/{plan['steps']}: {steps[-1]:.1f}s, reward {record['reward_mean'][-1]:.3f}",
-                  flush=True)
+            print(
+                f"trl step {len(steps)}/{plan['steps']}: {steps[-1]:.1f}s, reward {record['reward_mean'][-1]:.3f}",
+                flush=True,
+            )
 
     class Logs(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
@@ -131,8 +142,13 @@ def main(plan_path: str, out_path: str) -> None:
     if cuda:
         # TRL's best mode on a GPU: vLLM generation colocated with training (one process).
         kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=plan["vllm_gpu_memory_utilization"])
-        for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": str(plan["master_port"])}.items():
+        for k, v in {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(plan["master_port"]),
+        }.items():
             os.environ.setdefault(k, v)
     else:
         kw.update(use_cpu=True)
@@ -142,18 +158,44 @@ def main(plan_path: str, out_path: str) -> None:
         gradient_accumulation_steps=accum,  # one generation batch of prompts x group per optimizer step
         num_generations=group,
         max_completion_length=plan["max_new_tokens"],
-        temperature=plan["temperature"], top_p=plan["top_p"],
-        learning_rate=plan["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=plan["weight_decay"],
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=plan["max_grad_norm"],
-        beta=plan["beta"], epsilon=plan["clip"], loss_type="dapo", scale_rewards="group", num_iterations=1,
-        max_steps=plan["steps"], logging_steps=1, save_strategy="no", report_to=[], seed=plan["seed"],
-        shuffle_dataset=False, remove_unused_columns=False, bf16=plan["bf16"], gradient_checkpointing=False,
-        disable_dropout=True, dataloader_num_workers=0, log_completions=False,
+        temperature=plan["temperature"],
+        top_p=plan["top_p"],
+        learning_rate=plan["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=plan["weight_decay"],
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=plan["max_grad_norm"],
+        beta=plan["beta"],
+        epsilon=plan["clip"],
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        max_steps=plan["steps"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=plan["seed"],
+        shuffle_dataset=False,
+        remove_unused_columns=False,
+        bf16=plan["bf16"],
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        dataloader_num_workers=0,
+        log_completions=False,
         model_init_kwargs={"dtype": plan["learner_dtype"]},
         **kw,
     )
-    trainer = GRPOTrainer(model=plan["model_path"], reward_funcs=toolcall_reward, args=cfg,
-                          train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[Timer(), Logs()])
+    trainer = GRPOTrainer(
+        model=plan["model_path"],
+        reward_funcs=toolcall_reward,
+        args=cfg,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        callbacks=[Timer(), Logs()],
+    )
     t_train = time.perf_counter()
     trainer.train()
     t_end = time.perf_counter()
@@ -161,14 +203,26 @@ def main(plan_path: str, out_path: str) -> None:
         trainer.save_model(plan["save_dir"])
         tok.save_pretrained(plan["save_dir"])
     result = {
-        "step_s": steps, "reward_mean": record["reward_mean"], "tokens": record["tokens"], "samples": record["samples"],
-        "task_ids": record["task_ids"], "logs": record_logs, "prompt_token_mismatch": prompt_mismatch,
-        "train_wall_s": t_end - t_train, "wall_s": t_end - T_START,
+        "step_s": steps,
+        "reward_mean": record["reward_mean"],
+        "tokens": record["tokens"],
+        "samples": record["samples"],
+        "task_ids": record["task_ids"],
+        "logs": record_logs,
+        "prompt_token_mismatch": prompt_mismatch,
+        "train_wall_s": t_end - t_train,
+        "wall_s": t_end - T_START,
         "versions": {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
-        "config": {"per_device_train_batch_size": cfg.per_device_train_batch_size,
-                   "gradient_accumulation_steps": cfg.gradient_accumulation_steps, "bf16": cfg.bf16,
-                   "gradient_checkpointing": cfg.gradient_checkpointing, "loss_type": cfg.loss_type,
-                   "use_vllm": cfg.use_vllm, "beta": cfg.beta, "epsilon": cfg.epsilon},
+        "config": {
+            "per_device_train_batch_size": cfg.per_device_train_batch_size,
+            "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+            "bf16": cfg.bf16,
+            "gradient_checkpointing": cfg.gradient_checkpointing,
+            "loss_type": cfg.loss_type,
+            "use_vllm": cfg.use_vllm,
+            "beta": cfg.beta,
+            "epsilon": cfg.epsilon,
+        },
     }
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -36,8 +36,17 @@ from bench._results import write_section  # noqa: E402
 
 def run(recipe: str, out: Path, steps: int, overrides: list[str]) -> tuple[list[dict], float]:
     exe = Path(sys.executable).with_name("jointrl")
-    cmd = [str(exe), "train", recipe, f"run.output_dir={out}", f"train.steps={steps}", "data.eval_files=[]",
-           "wandb.mode=disabled", "run.rollouts_every=0", *overrides]
+    cmd = [
+        str(exe),
+        "train",
+        recipe,
+        f"run.output_dir={out}",
+        f"train.steps={steps}",
+        "data.eval_files=[]",
+        "wandb.mode=disabled",
+        "run.rollouts_every=0",
+        *overrides,
+    ]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
@@ -73,8 +82,10 @@ def main() -> None:
     res: dict[str, dict[str, float]] = {}
     walls: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="jointrl-async-bench-") as tmp:
-        for name, extra in (("sync", ["rollout.async_steps=0"]),
-                            ("async", ["rollout.async_steps=1", f"algo.loss.tis_cap={args.tis_cap}"])):
+        for name, extra in (
+            ("sync", ["rollout.async_steps=0"]),
+            ("async", ["rollout.async_steps=1", f"algo.loss.tis_cap={args.tis_cap}"]),
+        ):
             recs, walls[name] = run(args.recipe, Path(tmp) / name, args.steps, extra)
             res[name] = summarize(recs)
             print(name, {k: round(v, 3) for k, v in res[name].items()}, f"wall {walls[name]:.0f} s", flush=True)
@@ -82,12 +93,14 @@ def main() -> None:
     rows = "\n".join(
         f"| {n} | {r['step_s']:.2f} | {r['wait_s']:.2f} | {r['generate_s']:.2f} | {r['learner_s']:.2f} | "
         f"{r['staleness']:.2f} | {r['reward_first']:.3f} -> {r['reward_last']:.3f} | {walls[n]:.0f} |"
-        for n, r in res.items())
-    body = (f"Recipe `{os.path.relpath(args.recipe, ROOT)}`, {args.steps} steps each, same seed; step times are means "
-            f"over steps 2..{args.steps}; async uses `algo.loss.tis_cap={args.tis_cap}`.\n\n"
-            "| mode | step s | waited for episodes s | generating s | learner s | staleness | train reward first third -> last third | wall s |\n"
-            "|---|---|---|---|---|---|---|---|\n" + rows +
-            f"\n\n**async / sync step time: {ratio:.2f}** (goal <= 0.75)\n")
+        for n, r in res.items()
+    )
+    body = (
+        f"Recipe `{os.path.relpath(args.recipe, ROOT)}`, {args.steps} steps each, same seed; step times are means "
+        f"over steps 2..{args.steps}; async uses `algo.loss.tis_cap={args.tis_cap}`.\n\n"
+        "| mode | step s | waited for episodes s | generating s | learner s | staleness | train reward first third -> last third | wall s |\n"
+        "|---|---|---|---|---|---|---|---|\n" + rows + f"\n\n**async / sync step time: {ratio:.2f}** (goal <= 0.75)\n"
+    )
     print(body)
     if not args.no_write:
         write_section("async", "Synchronous vs one-step-off async (bench/async_bench.py)", body)

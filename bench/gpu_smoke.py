@@ -41,7 +41,9 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # file reload runs our function in the worker; IPC handles pickle
+os.environ.setdefault(
+    "VLLM_ALLOW_INSECURE_SERIALIZATION", "1"
+)  # file reload runs our function in the worker; IPC handles pickle
 os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")  # vLLM's own setting: both NCCL ends must agree
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -65,7 +67,9 @@ def stage(name: str):
                 RESULTS.append((name, "PASS", f"{dt:.2f}s {self.detail}"))
             else:
                 traceback.print_exception(et, e, tb)
-                RESULTS.append((name, "FAIL", f"{dt:.2f}s {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
+                RESULTS.append(
+                    (name, "FAIL", f"{dt:.2f}s {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                )
             print(f"   {RESULTS[-1][1]} {RESULTS[-1][2]}", flush=True)
             return True  # keep going: later stages still report
 
@@ -122,8 +126,11 @@ def engine_logprobs(llm, prompt: list[int], cont: list[int]) -> list[float]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    out = llm.generate([TokensPrompt(prompt_token_ids=prompt + cont)],
-                       SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)[0]
+    out = llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt + cont)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+        use_tqdm=False,
+    )[0]
     ids = prompt + cont
     return [float(out.prompt_logprobs[i][ids[i]].logprob) for i in range(len(prompt), len(ids))]
 
@@ -151,14 +158,18 @@ def main() -> int:
     n_gpu = torch.cuda.device_count()
     transport = args.transport if args.transport != "auto" else ("nccl" if n_gpu >= 2 else "ipc")
     if transport == "nccl" and n_gpu < 2:
-        print("--transport nccl needs 2 GPUs: NCCL refuses two ranks on one device ('Duplicate GPU detected'); "
-              "use ipc (same GPU) or file")
+        print(
+            "--transport nccl needs 2 GPUs: NCCL refuses two ranks on one device ('Duplicate GPU detected'); "
+            "use ipc (same GPU) or file"
+        )
         return 2
     from rl.trainer.hub import resolve_model
 
     model_path = resolve_model(args.model)
-    print(f"model {model_path}; {n_gpu} GPU(s): {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
-          f"transport {transport} (+ file)")
+    print(
+        f"model {model_path}; {n_gpu} GPU(s): {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
+        f"transport {transport} (+ file)"
+    )
 
     from vllm import LLM, SamplingParams, __version__ as vllm_version
     from vllm.inputs import TokensPrompt
@@ -166,21 +177,35 @@ def main() -> int:
     print(f"vllm {vllm_version}")
     llm = None
     with stage("1. vLLM CUDA engine start") as st:
-        llm = LLM(model=model_path, dtype="bfloat16", seed=0, max_model_len=2048, enforce_eager=True,
-                  enable_prefix_caching=True, gpu_memory_utilization=args.gpu_memory_utilization,
-                  enable_sleep_mode=True,
-                  **({} if transport == "file" else {"weight_transfer_config": {"backend": transport}}))
+        llm = LLM(
+            model=model_path,
+            dtype="bfloat16",
+            seed=0,
+            max_model_len=2048,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enable_sleep_mode=True,
+            **({} if transport == "file" else {"weight_transfer_config": {"backend": transport}}),
+        )
         st.detail = f"on cuda:0 ({args.gpu_memory_utilization:.0%} of its memory)"
     if llm is None:
         return _report()
     tokenizer = llm.get_tokenizer()
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"Count from {i} to {i + 20}."}],
-                                             add_generation_prompt=True, tokenize=True) for i in range(args.prompts)]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Count from {i} to {i + 20}."}], add_generation_prompt=True, tokenize=True
+        )
+        for i in range(args.prompts)
+    ]
     gens: list[tuple[list[int], list[int], list[float]]] = []
     with stage("1. vLLM CUDA generate") as st:
         t0 = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                            SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0, logprobs=0), use_tqdm=False)
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0, logprobs=0),
+            use_tqdm=False,
+        )
         dt = time.perf_counter() - t0
         for p, o in zip(prompts, outs):
             c = o.outputs[0]
@@ -197,8 +222,12 @@ def main() -> int:
         if transport == "nccl":
             torch.cuda.set_device(1)  # the learner on its own GPU: NCCL needs distinct devices
         shm = tempfile.mkdtemp(prefix="jointrl-smoke-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        learner = Learner(model_path, ModelConfig(path=model_path, learner_dtype="float32", autocast=True),
-                          AlgoConfig(name="grpo", optim=OptimConfig(lr=args.lr), kl=KLConfig(coef=0.01)), shm_dir=shm)
+        learner = Learner(
+            model_path,
+            ModelConfig(path=model_path, learner_dtype="float32", autocast=True),
+            AlgoConfig(name="grpo", optim=OptimConfig(lr=args.lr), kl=KLConfig(coef=0.01)),
+            shm_dir=shm,
+        )
         st.detail = f"on {next(learner.model.parameters()).device}"
     if learner is None or not gens:
         return _report()
@@ -206,8 +235,11 @@ def main() -> int:
     with stage(f"2. learner steps x{args.steps} (GRPO + k3 KL, AdamW)") as st:
         times = []
         for _ in range(args.steps):
-            samples = [Sample(p + r, len(p), [1] * len(r), lp, rng.uniform(-1, 1), "smoke", group_id=i // 4, uid=i)
-                       for i, (p, r, lp) in enumerate(gens) if r]
+            samples = [
+                Sample(p + r, len(p), [1] * len(r), lp, rng.uniform(-1, 1), "smoke", group_id=i // 4, uid=i)
+                for i, (p, r, lp) in enumerate(gens)
+                if r
+            ]
             batch = Batch(samples, sum(len(s.loss_mask) for s in samples), len(samples))
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -215,8 +247,10 @@ def main() -> int:
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         toks = sum(len(s.input_ids) for s in samples)
-        st.detail = (f"{times[-1]:.3f}s/step (first {times[0]:.3f}s), {toks / times[-1]:.0f} tok/s, "
-                     f"loss {m.get('loss/policy', float('nan')):.4f}, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+        st.detail = (
+            f"{times[-1]:.3f}s/step (first {times[0]:.3f}s), {toks / times[-1]:.0f} tok/s, "
+            f"loss {m.get('loss/policy', float('nan')):.4f}, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+        )
 
     prompt, cont = gens[0][0], gens[0][1][:32]
     want, before = [0.0], [0.0]
@@ -241,7 +275,9 @@ def main() -> int:
 
                 info = IPCTrainerInitInfo(rank=0)
             t0 = time.perf_counter()
-            sender = WeightTransferTrainerFactory.trainer_init(info, client=LLMClient(llm), source=bf16_source(learner.model))
+            sender = WeightTransferTrainerFactory.trainer_init(
+                info, client=LLMClient(llm), source=bf16_source(learner.model)
+            )
             t_init = time.perf_counter() - t0
             times = []
             for _ in range(2):
@@ -280,10 +316,13 @@ def main() -> int:
         free1 = torch.cuda.mem_get_info(0)[0]
         llm.wake_up()
         t2 = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(max_tokens=16, temperature=0.0),
-                           use_tqdm=False)[0]
-        st.detail = (f"sleep {t1 - t0:.2f}s (freed {(free1 - free0) / 2**30:.1f} GiB on cuda:0), wake {t2 - t1:.2f}s, "
-                     f"then {len(out.outputs[0].token_ids)} tokens generated")
+        out = llm.generate(
+            [TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(max_tokens=16, temperature=0.0), use_tqdm=False
+        )[0]
+        st.detail = (
+            f"sleep {t1 - t0:.2f}s (freed {(free1 - free0) / 2**30:.1f} GiB on cuda:0), wake {t2 - t1:.2f}s, "
+            f"then {len(out.outputs[0].token_ids)} tokens generated"
+        )
         assert free1 > free0, "sleep freed no GPU memory"
     return _report()
 

@@ -54,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     from rl.trainer.hub import resolve_model
     from rollout.episode import render
 
-    cfg = load_recipe(str(ROOT / "recipes" / "quickstart.yaml"),
-                      [f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}"])
+    cfg = load_recipe(
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        [f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}"],
+    )
     model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None)
     tasks = {t.id: t for f in cfg.data.train_files for t in load_tasks(resolve_path(cfg, f))}
     env_cfg = cfg.rollout.envs[0]
@@ -63,43 +65,63 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(model_path)
     tok.padding_side = "left"  # as TRL pads prompts for generate
     ids = plan_task_ids(cfg, 1)[0]
-    prompts = [render(tok, list(env.reset(tasks[t])), add_generation_prompt=True) + tasks[t].prefill
-               for t in ids for _ in range(args.group)]
+    prompts = [
+        render(tok, list(env.reset(tasks[t])), add_generation_prompt=True) + tasks[t].prefill
+        for t in ids
+        for _ in range(args.group)
+    ]
     enc = tok(prompts, return_tensors="pt", padding=True)
     rows_, width = enc["input_ids"].shape
     print(f"{rows_} prompts, padded to {width} tokens; {args.max_new_tokens} new tokens each", flush=True)
 
     settings = [(attn, autocast) for attn in args.attn.split(",") for autocast in (False, True)]
-    models = {attn: AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                         attn_implementation=attn).eval()
-              for attn in args.attn.split(",")}
+    models = {
+        attn: AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation=attn).eval()
+        for attn in args.attn.split(",")
+    }
 
     def generate(attn: str, autocast: bool, new_tokens: int) -> float:
         torch.manual_seed(0)
         t0 = time.perf_counter()
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            models[attn].generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
-                                  temperature=1.0, top_p=1.0, pad_token_id=tok.pad_token_id)
+            models[attn].generate(
+                **enc,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                pad_token_id=tok.pad_token_id,
+            )
         return time.perf_counter() - t0
 
     for attn, autocast in settings:  # warm-up: one-off costs (first allocations, kernel selection)
         generate(attn, autocast, 4)
     times: dict[tuple[str, bool], list[float]] = {k: [] for k in settings}
     for rep in range(args.reps):  # alternate the order so that drift over time hits every setting alike
-        for key in (settings if rep % 2 == 0 else settings[::-1]):
+        for key in settings if rep % 2 == 0 else settings[::-1]:
             times[key].append(generate(*key, args.max_new_tokens))
             print(f"rep {rep}: {key[0]} {'bf16 autocast' if key[1] else 'fp32'} {times[key][-1]:.1f} s", flush=True)
     rows = []
     for (attn, autocast), ts in times.items():
         med = statistics.median(ts)
-        rows.append([attn, "bf16 autocast" if autocast else "fp32", f"{med:.1f}", ", ".join(f"{t:.1f}" for t in ts),
-                     f"{rows_ * args.max_new_tokens / med:.0f}"])
+        rows.append(
+            [
+                attn,
+                "bf16 autocast" if autocast else "fp32",
+                f"{med:.1f}",
+                ", ".join(f"{t:.1f}" for t in ts),
+                f"{rows_ * args.max_new_tokens / med:.0f}",
+            ]
+        )
     headers = ["attention", "precision", "generate s (median)", "every run s", "new tokens/s"]
-    body = (f"SmolLM2-135M-Instruct (transformers, CPU), vs_trl step 1's prompts: {rows_} rows ({args.prompts} tasks x "
-            f"group {args.group}), left-padded to {width} tokens in one batch, exactly {args.max_new_tokens} new tokens "
-            f"each, sampling at temperature 1. A 4-token warm-up per setting, then {args.reps} runs per setting, the "
-            "order reversed every other round. TRL runs `sdpa` + fp32 (the defaults; it generates outside autocast)."
-            "\n\n" + table(headers, rows))
+    body = (
+        f"SmolLM2-135M-Instruct (transformers, CPU), vs_trl step 1's prompts: {rows_} rows ({args.prompts} tasks x "
+        f"group {args.group}), left-padded to {width} tokens in one batch, exactly {args.max_new_tokens} new tokens "
+        f"each, sampling at temperature 1. A 4-token warm-up per setting, then {args.reps} runs per setting, the "
+        "order reversed every other round. TRL runs `sdpa` + fp32 (the defaults; it generates outside autocast)."
+        "\n\n" + table(headers, rows)
+    )
     print(machine())
     print(table(headers, rows))
     if not args.no_write:

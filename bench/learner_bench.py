@@ -37,8 +37,11 @@ from bench import _device  # noqa: E402
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="embedded:smollm2-135m-instruct",
-                   help="embedded:smollm2-135m-instruct | embedded:tiny | a local HF folder")
+    p.add_argument(
+        "--model",
+        default="embedded:smollm2-135m-instruct",
+        help="embedded:smollm2-135m-instruct | embedded:tiny | a local HF folder",
+    )
     p.add_argument("--samples", type=int, default=16, help="samples per batch")
     p.add_argument("--group-size", type=int, default=8, help="samples per prompt (a GRPO group)")
     p.add_argument("--prompt-len", type=int, default=256)
@@ -66,9 +69,19 @@ def make_batch(args: argparse.Namespace, vocab: int):
         prng = random.Random(args.seed * 7919 + g)  # one prompt per group
         prompt = [prng.randrange(10, vocab) for _ in range(args.prompt_len)]
         resp = [rng.randrange(10, vocab) for _ in range(args.response_len)]
-        samples.append(Sample(prompt + resp, len(prompt), [1] * len(resp), [-1.0] * len(resp),
-                              advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5), domain="bench",
-                              reward=0.0, group_id=g, uid=uid))
+        samples.append(
+            Sample(
+                prompt + resp,
+                len(prompt),
+                [1] * len(resp),
+                [-1.0] * len(resp),
+                advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5),
+                domain="bench",
+                reward=0.0,
+                group_id=g,
+                uid=uid,
+            )
+        )
     n = sum(s.num_tokens for s in samples)
     return Batch(samples, num_tokens=n, num_seqs=len(samples))
 
@@ -82,8 +95,15 @@ def run_mode(args: argparse.Namespace, model_path: str, share: bool) -> dict[str
     mcfg = ModelConfig(path=args.model, learner_dtype=args.dtype, autocast=args.autocast == "on")
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-6), kl=KLConfig(coef=args.kl_coef))
     with tempfile.TemporaryDirectory(prefix="jointrl-bench-") as shm:
-        lrn = Learner(model_path, mcfg, algo, seed=args.seed, threads=args.threads, shm_dir=shm,
-                      learner=LearnerConfig(micro_batch_tokens=args.micro_batch_tokens, share_prompt=share))
+        lrn = Learner(
+            model_path,
+            mcfg,
+            algo,
+            seed=args.seed,
+            threads=args.threads,
+            shm_dir=shm,
+            learner=LearnerConfig(micro_batch_tokens=args.micro_batch_tokens, share_prompt=share),
+        )
         batch = make_batch(args, lrn.model.config.vocab_size)
         for _ in range(args.warmup):
             lrn.step(batch)
@@ -98,8 +118,15 @@ def run_mode(args: argparse.Namespace, model_path: str, share: bool) -> dict[str
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
     total = sum(len(s.input_ids) for s in batch.samples)
     t = statistics.median(times)
-    return {"step_s": t, "tok_s": total / t, "policy_tok_s": batch.num_tokens / t, "micro_batches": micro,
-            "tokens": total, "min_s": min(times), "max_s": max(times)}
+    return {
+        "step_s": t,
+        "tok_s": total / t,
+        "policy_tok_s": batch.num_tokens / t,
+        "micro_batches": micro,
+        "tokens": total,
+        "min_s": min(times),
+        "max_s": max(times),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,23 +144,34 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = resolve_model(args.model)
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.share_prompt]
-    print(f"learner bench: {args.model}  samples={args.samples} (groups of {args.group_size})  "
-          f"prompt={args.prompt_len} response={args.response_len} tokens  dtype={args.dtype} autocast={args.autocast}  "
-          f"torch threads={args.threads or os.cpu_count()}  kl_coef={args.kl_coef}  torch {torch.__version__}  "
-          f"device={torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}")
-    print(f"one step = forward + backward + AdamW step over the batch; median of {args.steps} timed steps "
-          f"after {args.warmup} warmup")
-    print(f"{'share_prompt':>12} {'step s':>8} {'min s':>7} {'max s':>7} {'tokens/s':>10} {'policy tok/s':>13} "
-          f"{'micro-batches':>13}")
+    print(
+        f"learner bench: {args.model}  samples={args.samples} (groups of {args.group_size})  "
+        f"prompt={args.prompt_len} response={args.response_len} tokens  dtype={args.dtype} autocast={args.autocast}  "
+        f"torch threads={args.threads or os.cpu_count()}  kl_coef={args.kl_coef}  torch {torch.__version__}  "
+        f"device={torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}"
+    )
+    print(
+        f"one step = forward + backward + AdamW step over the batch; median of {args.steps} timed steps "
+        f"after {args.warmup} warmup"
+    )
+    print(
+        f"{'share_prompt':>12} {'step s':>8} {'min s':>7} {'max s':>7} {'tokens/s':>10} {'policy tok/s':>13} "
+        f"{'micro-batches':>13}"
+    )
     res = {}
     for share in modes:
         r = run_mode(args, model_path, share)
         res[share] = r
-        print(f"{'on' if share else 'off':>12} {r['step_s']:8.2f} {r['min_s']:7.2f} {r['max_s']:7.2f} {r['tok_s']:10.0f} "
-              f"{r['policy_tok_s']:13.0f} {r['micro_batches']:13d}", flush=True)
+        print(
+            f"{'on' if share else 'off':>12} {r['step_s']:8.2f} {r['min_s']:7.2f} {r['max_s']:7.2f} {r['tok_s']:10.0f} "
+            f"{r['policy_tok_s']:13.0f} {r['micro_batches']:13d}",
+            flush=True,
+        )
     if len(res) == 2:
-        print(f"share_prompt on/off throughput ratio: {res[True]['tok_s'] / res[False]['tok_s']:.2f}x "
-              f"({res[True]['tokens']} tokens per batch)")
+        print(
+            f"share_prompt on/off throughput ratio: {res[True]['tok_s'] / res[False]['tok_s']:.2f}x "
+            f"({res[True]['tokens']} tokens per batch)"
+        )
     return 0
 
 

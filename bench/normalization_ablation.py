@@ -58,11 +58,13 @@ def main() -> None:
 
     def grad_norm(adv: torch.Tensor, keep: torch.Tensor) -> float:
         model.zero_grad(set_to_none=True)
-        logits = model(ids).logits[:, P - 1:-1]
+        logits = model(ids).logits[:, P - 1 : -1]
         logp = token_logprobs(logits, ids[:, P:])
         loss, _ = policy_loss(logp, logp.detach(), (adv * keep).float(), mask * keep[:, None], num_tokens=B * T)
         loss.backward()
-        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])))
+        return float(
+            torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+        )
 
     print(f"{'shaping + estimator':<20} {'|g| code':>10} {'|g| terminal':>13} {'terminal share':>15}")
     for mode, name in (("none", "dr_grpo"), ("none", "grpo"), ("domain", "dr_grpo"), ("domain", "reinforce_pp")):
@@ -77,6 +79,7 @@ def main() -> None:
         share = gn["terminal"] / (gn["terminal"] + gn["code"])
         label = f"{mode} + {name}"
         print(f"{label:<20} {gn['code']:>10.4f} {gn['terminal']:>13.4f} {share:>15.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -92,9 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     path = resolve_model(cfg.model.path)
     tasks = load_tasks(resolve_path(cfg, cfg.data.train_files[0]))
     n = r.prompts_per_step
-    set_a, set_b = tasks[:n], tasks[n:2 * n]
-    sampling = Sampling(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                        max_turns=r.max_turns, max_model_len=r.max_model_len)
+    set_a, set_b = tasks[:n], tasks[n : 2 * n]
+    sampling = Sampling(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        max_turns=r.max_turns,
+        max_model_len=r.max_model_len,
+    )
     env_cls = {e.domain: (resolve(e.cls), dict(e.kwargs)) for e in r.envs}
 
     def make_env(domain: str):
@@ -102,8 +107,10 @@ def main(argv: list[str] | None = None) -> None:
         return cls(**kw)
 
     tok = AutoTokenizer.from_pretrained(path)
-    scorer = RewardScorer([RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards],
-                          timeout_s=cfg.reward_service.timeout_s)
+    scorer = RewardScorer(
+        [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards],
+        timeout_s=cfg.reward_service.timeout_s,
+    )
     ta, ga, sa = expand(set_a, r.group_size, cfg.run.seed, 1)
     tb, gb, sb = expand(set_b, r.group_size, cfg.run.seed, 2)
 
@@ -116,15 +123,23 @@ def main(argv: list[str] | None = None) -> None:
 
     prompts_a = [prompt_ids(t) for t in ta]
     shm = tempfile.mkdtemp(prefix="jointrl-bench-", dir="/dev/shm")
-    learner = Learner(path, cfg.model, cfg.algo, seed=cfg.run.seed, threads=cfg.run.threads, shm_dir=shm,
-                      total_steps=2 * args.reps)
+    learner = Learner(
+        path, cfg.model, cfg.algo, seed=cfg.run.seed, threads=cfg.run.threads, shm_dir=shm, total_steps=2 * args.reps
+    )
     engine = None
-    rec: dict[str, list[float]] = {k: [] for k in ("gen", "learn", "sync", "whole", "w_roll", "w_reward", "w_learn",
-                                                  "w_sync")}
+    rec: dict[str, list[float]] = {
+        k: [] for k in ("gen", "learn", "sync", "whole", "w_roll", "w_reward", "w_learn", "w_sync")
+    }
     info: dict[str, list[float]] = {k: [] for k in ("a_tokens", "a_samples", "b_tokens", "b_samples")}
     try:
-        engine = VLLMEngine(path, dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len,
-                            kv_cache_gib=r.kv_cache_gib, gpu_memory_utilization=r.gpu_memory_utilization)
+        engine = VLLMEngine(
+            path,
+            dtype=cfg.model.engine_dtype,
+            seed=cfg.run.seed,
+            max_model_len=r.max_model_len,
+            kv_cache_gib=r.kv_cache_gib,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+        )
         engine.generate(prompts_a[:2], sampling, seeds=[1, 2])  # untimed: first-call set-up
 
         def pure() -> None:
@@ -155,14 +170,19 @@ def main(argv: list[str] | None = None) -> None:
             t3 = time.perf_counter()
             engine.load_weights(learner.export_weights(cfg.model.engine_dtype))
             t4 = time.perf_counter()
-            for k, v in (("whole", t4 - t0), ("w_roll", t1 - t0), ("w_reward", t2 - t1), ("w_learn", t3 - t2),
-                         ("w_sync", t4 - t3)):
+            for k, v in (
+                ("whole", t4 - t0),
+                ("w_roll", t1 - t0),
+                ("w_reward", t2 - t1),
+                ("w_learn", t3 - t2),
+                ("w_sync", t4 - t3),
+            ):
                 rec[k].append(v)
             info["b_tokens"].append(sum(t.num_policy_tokens for t in trajs))
             info["b_samples"].append(len(batch.samples))
 
         for rep in range(args.reps):
-            for fn in ((pure, whole) if rep % 2 == 0 else (whole, pure)):
+            for fn in (pure, whole) if rep % 2 == 0 else (whole, pure):
                 fn()
             print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rec.items()), flush=True)
     finally:
@@ -181,8 +201,11 @@ def main(argv: list[str] | None = None) -> None:
         ["(ii) pure learner step", f(med["learn"]), f"{toks('a_samples')} samples in the batch"],
         ["(iii) pure weight sync", f(med["sync"]), "export + reload"],
         ["(i)+(ii)+(iii)", f(parts), ""],
-        ["(iv) whole step (tasks 8-15)", f(med["whole"]), f"{toks('b_tokens')} tokens generated, "
-                                                          f"{toks('b_samples')} samples in the batch"],
+        [
+            "(iv) whole step (tasks 8-15)",
+            f(med["whole"]),
+            f"{toks('b_tokens')} tokens generated, {toks('b_samples')} samples in the batch",
+        ],
         ["  of which run_episodes", f(med["w_roll"]), ""],
         ["  of which reward scoring", f(med["w_reward"]), ""],
         ["  of which build_batch + learner step", f(med["w_learn"]), ""],
@@ -190,13 +213,15 @@ def main(argv: list[str] | None = None) -> None:
         ["**(iv) / ((i)+(ii)+(iii))**", f"**{ratio:.3f}**", "goal <= 1.10: " + ("met" if ratio <= 1.10 else "NOT met")],
     ]
     headers = ["phase", f"median s ({args.reps} reps)", "notes (per rep)"]
-    body = (f"Device: {device}. One process, no Ray: the Ray actor hop of a real `jointrl train` run is NOT included. "
-            f"SmolLM2-135M-Instruct, {args.recipe and Path(args.recipe).name} (GRPO, kl_coef {cfg.algo.kl.coef}, "
-            f"zero_variance {cfg.algo.update.zero_variance}), {n} tasks x group {r.group_size}, max_new_tokens "
-            f"{r.max_new_tokens}, temperature {r.temperature}, fixed seeds. (i)-(iii) on tasks 0-{n - 1}, (iv) on tasks "
-            f"{n}-{2 * n - 1}, so the generated lengths differ (see notes). Prefix cache cleared before each "
-            "generation, as after a real sync. Reps alternate order (pure first, then whole first).\n\n"
-            + table(headers, rows))
+    body = (
+        f"Device: {device}. One process, no Ray: the Ray actor hop of a real `jointrl train` run is NOT included. "
+        f"SmolLM2-135M-Instruct, {args.recipe and Path(args.recipe).name} (GRPO, kl_coef {cfg.algo.kl.coef}, "
+        f"zero_variance {cfg.algo.update.zero_variance}), {n} tasks x group {r.group_size}, max_new_tokens "
+        f"{r.max_new_tokens}, temperature {r.temperature}, fixed seeds. (i)-(iii) on tasks 0-{n - 1}, (iv) on tasks "
+        f"{n}-{2 * n - 1}, so the generated lengths differ (see notes). Prefix cache cleared before each "
+        "generation, as after a real sync. Reps alternate order (pure first, then whole first).\n\n"
+        + table(headers, rows)
+    )
     print()
     print(machine())
     print(table(headers, rows))

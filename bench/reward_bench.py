@@ -37,9 +37,20 @@ DATA = Path(__file__).resolve().parents[1] / "recipes" / "data"
 
 
 def traj(task: Task, turns: list[Message], n_tokens: int = 32, env_reward: float | None = None) -> Trajectory:
-    return Trajectory(task=task, group_id=0, prompt_ids=[1] * 8, response_ids=[2] * n_tokens, loss_mask=[1] * n_tokens,
-                      logprobs=[0.0] * n_tokens, messages=[*task.messages, *turns], terminated=True, truncated=False,
-                      finish_reason="stop", num_turns=sum(m.role == "assistant" for m in turns), env_reward=env_reward)
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1] * 8,
+        response_ids=[2] * n_tokens,
+        loss_mask=[1] * n_tokens,
+        logprobs=[0.0] * n_tokens,
+        messages=[*task.messages, *turns],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        num_turns=sum(m.role == "assistant" for m in turns),
+        env_reward=env_reward,
+    )
 
 
 def call_text(name: str, args: dict) -> str:
@@ -54,8 +65,13 @@ def toolcall_trajs(n: int) -> list[Trajectory]:
         e = t.tool_call.expected[0]
         right = {k: v[0] for k, v in e.allowed.items() if v and v[0] != ""}
         kind = i % 3
-        text = (call_text(e.name, right) if kind == 0 else
-                call_text(e.name, {k: "wrong" for k in right}) if kind == 1 else "<tool_call>{not json")
+        text = (
+            call_text(e.name, right)
+            if kind == 0
+            else call_text(e.name, {k: "wrong" for k in right})
+            if kind == 1
+            else "<tool_call>{not json"
+        )
         out.append(traj(t, [Message("assistant", text)]))
     return out
 
@@ -66,8 +82,16 @@ def answer_trajs(n: int) -> list[Trajectory]:
     for i in range(n):
         t = tasks[i % len(tasks)]
         final = f"The answer is {t.tool_call.answer[0]}." if i % 2 == 0 else "I could not find it."
-        out.append(traj(t, [Message("assistant", call_text("lookup", {"q": "x"})), Message("tool", "{}", "lookup"),
-                            Message("assistant", final)]))
+        out.append(
+            traj(
+                t,
+                [
+                    Message("assistant", call_text("lookup", {"q": "x"})),
+                    Message("tool", "{}", "lookup"),
+                    Message("assistant", final),
+                ],
+            )
+        )
     return out
 
 
@@ -88,8 +112,10 @@ def terminal_trajs(n: int) -> list[Trajectory]:
 
 def overlong_trajs(n: int) -> list[Trajectory]:
     base = toolcall_trajs(1)[0]
-    return [dataclasses.replace(base, response_ids=[2] * (i % 300), loss_mask=[1] * (i % 300),
-                                logprobs=[0.0] * (i % 300)) for i in range(n)]
+    return [
+        dataclasses.replace(base, response_ids=[2] * (i % 300), loss_mask=[1] * (i % 300), logprobs=[0.0] * (i % 300))
+        for i in range(n)
+    ]
 
 
 STUB_SERVER = r"""
@@ -130,8 +156,9 @@ class StubJudge:
     after ``latency_s`` (a stand-in for a judge model's response time)."""
 
     def __init__(self, latency_s: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", STUB_SERVER, str(latency_s)], stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", STUB_SERVER, str(latency_s)], stdout=subprocess.PIPE, text=True
+        )
         port = int(self.proc.stdout.readline())
         self.url = f"http://127.0.0.1:{port}/v1"
 
@@ -172,15 +199,32 @@ def main() -> None:
         ("toolcall", RewardFnSpec("rewards.toolcall.ToolCallReward"), lambda: toolcall_trajs(args.n)),
         ("toolcall_format", RewardFnSpec("rewards.toolcall.ToolCallFormatReward"), lambda: toolcall_trajs(args.n)),
         ("tool_answer", RewardFnSpec("rewards.toolcall.ToolAnswerReward"), lambda: answer_trajs(args.n)),
-        ("code_tests", RewardFnSpec("rewards.code.CodeTestsReward", kwargs={"use_env_reward": False}),
-         lambda: code_trajs(args.code_n)),
+        (
+            "code_tests",
+            RewardFnSpec("rewards.code.CodeTestsReward", kwargs={"use_env_reward": False}),
+            lambda: code_trajs(args.code_n),
+        ),
         ("code_format", RewardFnSpec("rewards.code.CodeFormatReward"), lambda: code_trajs(args.n)),
         ("terminal_check", RewardFnSpec("rewards.terminal.TerminalCheckReward"), lambda: terminal_trajs(args.n)),
-        ("overlong", RewardFnSpec("rewards.format.OverlongPenalty", kwargs={"max_tokens": 256, "buffer_tokens": 64}),
-         lambda: overlong_trajs(args.n)),
-        (f"llm_judge@{args.judge_latency_ms:g}ms", RewardFnSpec("rewards.judge.LLMJudge", domains=("tool_call",), kwargs={
-            "base_url": stub.url, "model": "stub", "prompt_template": "{prompt}\n{completion}", "concurrency": 8}),
-         lambda: toolcall_trajs(args.judge_n)),
+        (
+            "overlong",
+            RewardFnSpec("rewards.format.OverlongPenalty", kwargs={"max_tokens": 256, "buffer_tokens": 64}),
+            lambda: overlong_trajs(args.n),
+        ),
+        (
+            f"llm_judge@{args.judge_latency_ms:g}ms",
+            RewardFnSpec(
+                "rewards.judge.LLMJudge",
+                domains=("tool_call",),
+                kwargs={
+                    "base_url": stub.url,
+                    "model": "stub",
+                    "prompt_template": "{prompt}\n{completion}",
+                    "concurrency": 8,
+                },
+            ),
+            lambda: toolcall_trajs(args.judge_n),
+        ),
     ]
     print(f"{'reward':<20} {'samples':>8} {'direct/s':>12} {'scorer/s':>12} {'us/sample':>10} {'errors':>7}")
     try:
@@ -189,12 +233,15 @@ def main() -> None:
                 continue
             trajs = make()
             direct, via, errors = measure(spec, trajs)
-            print(f"{name:<20} {len(trajs):>8} {direct:>12,.0f} {via:>12,.0f} {1e6 / via:>10,.1f} {errors:>7}",
-                  flush=True)
+            print(
+                f"{name:<20} {len(trajs):>8} {direct:>12,.0f} {via:>12,.0f} {1e6 / via:>10,.1f} {errors:>7}", flush=True
+            )
     finally:
         stub.close()
-    print("\ndirect: reward(traj) in a loop; scorer: RewardScorer(timeout_s=60).score(trajs) "
-          "(llm_judge: acall, 8 concurrent requests).")
+    print(
+        "\ndirect: reward(traj) in a loop; scorer: RewardScorer(timeout_s=60).score(trajs) "
+        "(llm_judge: acall, 8 concurrent requests)."
+    )
 
 
 if __name__ == "__main__":

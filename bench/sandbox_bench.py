@@ -130,17 +130,21 @@ def main() -> None:
     for name, value, unit in rows:
         print(f"{name:<{width}}  {value:>{vwidth}}  {unit}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"(n={args.n} python runs per variant, {args.shell_n} shell round trips, {os.cpu_count()} CPUs, "
-          f"load average {load:.1f})")
+    print(
+        f"(n={args.n} python runs per variant, {args.shell_n} shell round trips, {os.cpu_count()} CPUs, "
+        f"load average {load:.1f})"
+    )
     if not args.no_write:
         from bench._results import table, write_section
 
-        body = (f"{args.n} runs per variant of a tiny assert program, plain / sandboxed / sandboxed with "
-                "`warm=True` interleaved in 10 rounds. Sandboxed = setpriv + prlimit + bwrap (user, PID, mount, "
-                "net, IPC, UTS namespaces; seccomp filter; capped tmpfs storage) per run. `warm=True` pre-starts "
-                "the next run's sandbox during the current run (a bash stub waits for the command, then execs it; "
-                "each sandbox is still used once). Goal from the issue: sandboxed >= 0.5x plain.\n\n"
-                + table(["metric", "value", "unit"], [[a, b, c] for a, b, c in rows]))
+        body = (
+            f"{args.n} runs per variant of a tiny assert program, plain / sandboxed / sandboxed with "
+            "`warm=True` interleaved in 10 rounds. Sandboxed = setpriv + prlimit + bwrap (user, PID, mount, "
+            "net, IPC, UTS namespaces; seccomp filter; capped tmpfs storage) per run. `warm=True` pre-starts "
+            "the next run's sandbox during the current run (a bash stub waits for the command, then execs it; "
+            "each sandbox is still used once). Goal from the issue: sandboxed >= 0.5x plain.\n\n"
+            + table(["metric", "value", "unit"], [[a, b, c] for a, b, c in rows])
+        )
         write_section("sandbox", "Sandbox throughput (`bench/sandbox_bench.py`)", body)
 
 

@@ -66,22 +66,45 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (k3 to the initial model) on both sides")
     p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--k", type=int, default=0, help="reward gain = mean of the last k steps - the first k (0: steps // 2)")
+    p.add_argument(
+        "--k", type=int, default=0, help="reward gain = mean of the last k steps - the first k (0: steps // 2)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recipe", default=str(ROOT / "recipes" / "quickstart.yaml"), help="jointrl's base recipe")
-    p.add_argument("--eval-limit", type=int, default=4,
-                   help="held-out tasks jointrl evaluates at start and end inside its run (outside the step times)")
-    p.add_argument("--heldout", type=int, default=50,
-                   help="after training, score the base model and each side's final model greedily on the first N "
-                        "held-out tasks with the same `jointrl eval` (0: skip; 50 = all)")
-    p.add_argument("--async", dest="async_run", action="store_true",
-                   help="also run jointrl one-step-off async (rollout.async_steps=1, algo.loss.tis_cap=2.0)")
+    p.add_argument(
+        "--eval-limit",
+        type=int,
+        default=4,
+        help="held-out tasks jointrl evaluates at start and end inside its run (outside the step times)",
+    )
+    p.add_argument(
+        "--heldout",
+        type=int,
+        default=50,
+        help="after training, score the base model and each side's final model greedily on the first N "
+        "held-out tasks with the same `jointrl eval` (0: skip; 50 = all)",
+    )
+    p.add_argument(
+        "--async",
+        dest="async_run",
+        action="store_true",
+        help="also run jointrl one-step-off async (rollout.async_steps=1, algo.loss.tis_cap=2.0)",
+    )
     p.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="python of the TRL venv")
-    p.add_argument("--trl-grad-accum", type=int, default=4,
-                   help="TRL micro-batches per step (prompts x group / this = completions per forward)")
+    p.add_argument(
+        "--trl-grad-accum",
+        type=int,
+        default=4,
+        help="TRL micro-batches per step (prompts x group / this = completions per forward)",
+    )
     p.add_argument("--only", choices=["both", "jointrl", "trl"], default="both", help="run one side only (no ratio)")
-    p.add_argument("--jointrl-override", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra recipe override for the jointrl side (repeatable)")
+    p.add_argument(
+        "--jointrl-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra recipe override for the jointrl side (repeatable)",
+    )
     p.add_argument("--work-dir", default="", help="keep run folders here (default: a temp dir, removed at the end)")
     p.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
     _device.add_argument(p)
@@ -105,12 +128,25 @@ def reward_k(args: argparse.Namespace) -> int:
 def jointrl_overrides(args: argparse.Namespace, out_dir: str, device: str, gpus: int = 0) -> list[str]:
     """``key=value`` overrides of the base recipe that make jointrl's side of the workload."""
     ov = [
-        f"run.output_dir={out_dir}", "run.overwrite=true", f"run.seed={args.seed}", "run.save_every=0",
+        f"run.output_dir={out_dir}",
+        "run.overwrite=true",
+        f"run.seed={args.seed}",
+        "run.save_every=0",
         "run.rollouts_every=1",
-        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
-        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
-        f"algo.optim.lr={args.lr}", f"algo.kl.coef={args.beta}", "algo.kl.kind=k3", "algo.update.epochs=1", "algo.update.minibatches=1",
-        f"train.steps={args.steps}", "train.eval_every=0", f"data.eval_limit={args.eval_limit}", "wandb.mode=disabled",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        "rollout.temperature=1.0",
+        "rollout.top_p=1.0",
+        f"algo.optim.lr={args.lr}",
+        f"algo.kl.coef={args.beta}",
+        "algo.kl.kind=k3",
+        "algo.update.epochs=1",
+        "algo.update.minibatches=1",
+        f"train.steps={args.steps}",
+        "train.eval_every=0",
+        f"data.eval_limit={args.eval_limit}",
+        "wandb.mode=disabled",
     ]
     if device == "cuda":
         ov.append("cluster.device=gpu")
@@ -132,24 +168,43 @@ def plan_task_ids(cfg, steps: int) -> list[list[str]]:
     return [[t.id for t in mixer.sample(step)] for step in range(1, steps + 1)]
 
 
-def make_plan(args: argparse.Namespace, cfg, model_path: str, task_ids: list[list[str]], work_dir: str,
-              device: str) -> dict:
+def make_plan(
+    args: argparse.Namespace, cfg, model_path: str, task_ids: list[list[str]], work_dir: str, device: str
+) -> dict:
     """Everything TRL's side needs, as JSON (read by ``bench/_trl_worker.py``)."""
     from rl.config.recipe import resolve_path
 
     a, r = cfg.algo, cfg.rollout
     return {
-        "repo": str(ROOT), "model_path": model_path, "device": device, "work_dir": work_dir,
+        "repo": str(ROOT),
+        "model_path": model_path,
+        "device": device,
+        "work_dir": work_dir,
         "train_files": [str(resolve_path(cfg, f)) for f in cfg.data.train_files],
         "envs": [{"domain": e.domain, "cls": e.cls, "kwargs": dict(e.kwargs)} for e in r.envs],
-        "rewards": [{"cls": s.cls, "weight": s.weight, "domains": list(s.domains), "kwargs": dict(s.kwargs)}
-                    for s in cfg.rewards],
-        "task_ids": task_ids, "steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
-        "max_new_tokens": r.max_new_tokens, "max_model_len": r.max_model_len, "temperature": r.temperature,
-        "top_p": r.top_p, "lr": a.optim.lr, "weight_decay": a.optim.weight_decay, "max_grad_norm": a.optim.max_grad_norm,
-        "beta": a.kl.coef, "clip": a.loss.clip_low, "seed": args.seed, "threads": cfg.run.threads,
-        "bf16": bool(cfg.model.autocast), "learner_dtype": cfg.model.learner_dtype,
-        "grad_accum": args.trl_grad_accum, "vllm_gpu_memory_utilization": r.gpu_memory_utilization,
+        "rewards": [
+            {"cls": s.cls, "weight": s.weight, "domains": list(s.domains), "kwargs": dict(s.kwargs)}
+            for s in cfg.rewards
+        ],
+        "task_ids": task_ids,
+        "steps": args.steps,
+        "prompts_per_step": args.prompts,
+        "group_size": args.group,
+        "max_new_tokens": r.max_new_tokens,
+        "max_model_len": r.max_model_len,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "lr": a.optim.lr,
+        "weight_decay": a.optim.weight_decay,
+        "max_grad_norm": a.optim.max_grad_norm,
+        "beta": a.kl.coef,
+        "clip": a.loss.clip_low,
+        "seed": args.seed,
+        "threads": cfg.run.threads,
+        "bf16": bool(cfg.model.autocast),
+        "learner_dtype": cfg.model.learner_dtype,
+        "grad_accum": args.trl_grad_accum,
+        "vllm_gpu_memory_utilization": r.gpu_memory_utilization,
         "master_port": 29500 + os.getpid() % 1000,
     }
 
@@ -163,16 +218,26 @@ def read_jsonl(path: Path) -> list[dict]:
 def same_tasks(plan: list[list[str]], seen: list[list[str]], group: int) -> bool:
     """Whether each step sampled exactly its planned tasks, each ``group`` times (order within a step aside)."""
     return len(plan) == len(seen) and all(
-        collections.Counter(t for t in p for _ in range(group)) == collections.Counter(s) for p, s in zip(plan, seen))
+        collections.Counter(t for t in p for _ in range(group)) == collections.Counter(s) for p, s in zip(plan, seen)
+    )
 
 
 def summarize(step_s: list[float], rewards: list[float], tokens: list[float], completions: int, k: int) -> dict:
     """Per-side numbers: mean step time, completions/s, generated tokens/s, reward first/last k and gain."""
     mean_s = statistics.fmean(step_s)
     first, last = statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
-    return {"steps": len(step_s), "mean_step_s": mean_s, "completions_s": completions / mean_s,
-            "tokens_s": statistics.fmean(tokens) / mean_s, "reward_first": first, "reward_last": last,
-            "reward_gain": last - first, "step_s": list(step_s), "rewards": list(rewards), "tokens": list(tokens)}
+    return {
+        "steps": len(step_s),
+        "mean_step_s": mean_s,
+        "completions_s": completions / mean_s,
+        "tokens_s": statistics.fmean(tokens) / mean_s,
+        "reward_first": first,
+        "reward_last": last,
+        "reward_gain": last - first,
+        "step_s": list(step_s),
+        "rewards": list(rewards),
+        "tokens": list(tokens),
+    }
 
 
 def log_tail(log: Path, n: int = 30) -> str:
@@ -195,10 +260,16 @@ def run_jointrl(args: argparse.Namespace, overrides: list[str], out_dir: Path, e
     by_step: dict[int, list[str]] = collections.defaultdict(list)
     for r in rows:
         by_step[r["step"]].append(r["task_id"])
-    return {"step_s": [m["timing/step_s"] for m in metrics], "rewards": [m["reward/mean"] for m in metrics],
-            "tokens": [m["rollout/tokens"] for m in metrics],
-            "parts": {k: statistics.fmean(m[f"timing/{k}_s"] for m in metrics) for k in ("rollout", "reward", "learner", "sync")},
-            "task_ids": [by_step[s] for s in sorted(by_step)], "wall_s": wall}
+    return {
+        "step_s": [m["timing/step_s"] for m in metrics],
+        "rewards": [m["reward/mean"] for m in metrics],
+        "tokens": [m["rollout/tokens"] for m in metrics],
+        "parts": {
+            k: statistics.fmean(m[f"timing/{k}_s"] for m in metrics) for k in ("rollout", "reward", "learner", "sync")
+        },
+        "task_ids": [by_step[s] for s in sorted(by_step)],
+        "wall_s": wall,
+    }
 
 
 def run_trl(args: argparse.Namespace, plan: dict, work: Path, env: dict[str, str]) -> dict:
@@ -225,22 +296,37 @@ def run_trl(args: argparse.Namespace, plan: dict, work: Path, env: dict[str, str
     return res
 
 
-def heldout_eval(args: argparse.Namespace, overrides: list[str], model: str, label: str, work: Path,
-                 env: dict[str, str]) -> dict:
+def heldout_eval(
+    args: argparse.Namespace, overrides: list[str], model: str, label: str, work: Path, env: dict[str, str]
+) -> dict:
     """Greedy held-out score of ``model`` by ``jointrl eval`` (the same command for every side).
 
     Returns ``{"mean": mean reward, "per_task": {task id: reward}}`` over the first
     ``args.heldout`` held-out tasks of the recipe (``data.eval_files``)."""
     samples, log = work / f"heldout_{label}.jsonl", work / f"heldout_{label}.log"
-    cmd = [sys.executable, "-m", "rl.cli.main", "eval", args.recipe, *overrides, "--model", model,
-           "--limit", str(args.heldout), "--out", str(work / f"heldout_{label}_failures.jsonl"),
-           "--samples-out", str(samples)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl.cli.main",
+        "eval",
+        args.recipe,
+        *overrides,
+        "--model",
+        model,
+        "--limit",
+        str(args.heldout),
+        "--out",
+        str(work / f"heldout_{label}_failures.jsonl"),
+        "--samples-out",
+        str(samples),
+    ]
     print(f"[eval {label}] {model}", flush=True)
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=f, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"jointrl eval of {model} failed (exit {proc.returncode}); last lines of {log}:\n"
-                         f"{log_tail(log)}")
+        raise SystemExit(
+            f"jointrl eval of {model} failed (exit {proc.returncode}); last lines of {log}:\n{log_tail(log)}"
+        )
     summary = json.loads(proc.stdout)
     return {"mean": summary["mean_reward"], "per_task": {r["task_id"]: r["reward"] for r in read_jsonl(samples)}}
 
@@ -299,8 +385,12 @@ def main(argv: list[str] | None = None) -> int:
             raw["trl"] = run_trl(args, plan, work, env)
         t_eval = time.perf_counter()
         if args.heldout:
-            models = {"base": cfg.model.path, "jointrl": str(out_dir), "jointrl_async": str(async_dir),
-                      "trl": str(work / "trl_final")}
+            models = {
+                "base": cfg.model.path,
+                "jointrl": str(out_dir),
+                "jointrl_async": str(async_dir),
+                "trl": str(work / "trl_final"),
+            }
             for label in ["base", *raw]:
                 heldout[label] = heldout_eval(args, overrides, models[label], label, work, env)
         eval_s = time.perf_counter() - t_eval
@@ -316,16 +406,30 @@ def main(argv: list[str] | None = None) -> int:
         res[side]["same_tasks"] = same_tasks(task_ids, r["task_ids"], args.group)
 
     f2, f3 = (lambda x: f"{x:.2f}"), (lambda x: f"{x:.3f}")  # noqa: E731
-    headers = ["", "completions/s", "generated tokens/s", "mean step s", f"train reward, first {k} steps",
-               f"train reward, last {k} steps", "train reward gain"]
+    headers = [
+        "",
+        "completions/s",
+        "generated tokens/s",
+        "mean step s",
+        f"train reward, first {k} steps",
+        f"train reward, last {k} steps",
+        "train reward gain",
+    ]
     if heldout:
         headers += [f"held-out reward after ({args.heldout} tasks, greedy)", "held-out gain"]
     headers += ["wall s (training command)", "planned tasks"]
     base = heldout["base"]["mean"] if heldout else 0.0
     rows = []
     for side, s in res.items():
-        row = [SIDES[side], f2(s["completions_s"]), f"{s['tokens_s']:.0f}", f2(s["mean_step_s"]), f3(s["reward_first"]),
-               f3(s["reward_last"]), f"{s['reward_gain']:+.3f}"]
+        row = [
+            SIDES[side],
+            f2(s["completions_s"]),
+            f"{s['tokens_s']:.0f}",
+            f2(s["mean_step_s"]),
+            f3(s["reward_first"]),
+            f3(s["reward_last"]),
+            f"{s['reward_gain']:+.3f}",
+        ]
         if heldout:
             row += [f3(heldout[side]["mean"]), f"{heldout[side]['mean'] - base:+.3f}"]
         rows.append(row + [f"{s['wall_s']:.0f}", "yes" if s["same_tasks"] else "NO"])
@@ -337,18 +441,28 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             j = res[side]
             ratio = j["completions_s"] / t["completions_s"]
-            row = [f"**{SIDES[side]} / TRL**", f"**{ratio:.2f}x**", f"{j['tokens_s'] / t['tokens_s']:.2f}x",
-                   f"{j['mean_step_s'] / t['mean_step_s']:.2f}x", "", "",
-                   f"{j['reward_gain'] - t['reward_gain']:+.3f} (difference)"]
-            text = (f"{SIDES[side]}: {ratio:.2f}x TRL's completions/s (goal >= {goal}x: "
-                    f"{'met' if ratio >= goal else 'NOT met'})")
+            row = [
+                f"**{SIDES[side]} / TRL**",
+                f"**{ratio:.2f}x**",
+                f"{j['tokens_s'] / t['tokens_s']:.2f}x",
+                f"{j['mean_step_s'] / t['mean_step_s']:.2f}x",
+                "",
+                "",
+                f"{j['reward_gain'] - t['reward_gain']:+.3f} (difference)",
+            ]
+            text = (
+                f"{SIDES[side]}: {ratio:.2f}x TRL's completions/s (goal >= {goal}x: "
+                f"{'met' if ratio >= goal else 'NOT met'})"
+            )
             if heldout:
                 d, se, m = paired_difference(heldout[side]["per_task"], heldout["trl"]["per_task"])
                 row += [f"{d:+.3f} ± {se:.3f} (paired, {m} tasks)", ""]
                 verdict = "equal or better" if d >= 0 else ("within 2 SE" if d >= -2 * se else "WORSE")
-                text += (f"; held-out reward after training {heldout[side]['mean']:.3f} vs TRL's "
-                         f"{heldout['trl']['mean']:.3f} from the same base {base:.3f}: difference {d:+.3f} "
-                         f"± {se:.3f} (standard error over {m} paired tasks): {verdict}")
+                text += (
+                    f"; held-out reward after training {heldout[side]['mean']:.3f} vs TRL's "
+                    f"{heldout['trl']['mean']:.3f} from the same base {base:.3f}: difference {d:+.3f} "
+                    f"± {se:.3f} (standard error over {m} paired tasks): {verdict}"
+                )
             else:
                 gain = "equal or better" if j["reward_gain"] >= t["reward_gain"] else "WORSE"
                 text += f"; train reward gain {j['reward_gain']:+.3f} vs {t['reward_gain']:+.3f} ({gain})"
@@ -357,36 +471,50 @@ def main(argv: list[str] | None = None) -> int:
     per_step = []
     for side in res:
         s = res[side]
-        per_step.append(f"- {side}: step s {', '.join(f2(x) for x in s['step_s'])}; train reward "
-                        f"{', '.join(f3(x) for x in s['rewards'])}; generated tokens "
-                        f"{', '.join(str(int(x)) for x in s['tokens'])}")
+        per_step.append(
+            f"- {side}: step s {', '.join(f2(x) for x in s['step_s'])}; train reward "
+            f"{', '.join(f3(x) for x in s['rewards'])}; generated tokens "
+            f"{', '.join(str(int(x)) for x in s['tokens'])}"
+        )
     for side in ("jointrl", "jointrl_async"):
         if side in raw:
             p = raw[side]["parts"]
-            per_step.append(f"- {side} mean step parts: rollout {f2(p['rollout'])} s, reward {f2(p['reward'])} s, "
-                            f"learner {f2(p['learner'])} s, weight sync {f2(p['sync'])} s")
+            per_step.append(
+                f"- {side} mean step parts: rollout {f2(p['rollout'])} s, reward {f2(p['reward'])} s, "
+                f"learner {f2(p['learner'])} s, weight sync {f2(p['sync'])} s"
+            )
     if "trl" in raw:
         t = raw["trl"]
-        per_step.append(f"- TRL: trl {t['versions']['trl']}, transformers {t['versions']['transformers']}, torch "
-                        f"{t['versions']['torch']}; config {json.dumps(t['config'])}; prompts whose TRL tokenization "
-                        f"differs from jointrl's: {t['prompt_token_mismatch']}")
+        per_step.append(
+            f"- TRL: trl {t['versions']['trl']}, transformers {t['versions']['transformers']}, torch "
+            f"{t['versions']['torch']}; config {json.dumps(t['config'])}; prompts whose TRL tokenization "
+            f"differs from jointrl's: {t['prompt_token_mismatch']}"
+        )
     if heldout:
         per_step.append(f"- held-out: base model {base:.3f}; evaluations took {eval_s:.0f} s (outside every step time)")
-    body = (f"Workload: SmolLM2-135M-Instruct, tool-call quickstart tasks, {args.prompts} prompts x group {args.group} = "
-            f"{n} completions per step, <= {args.max_new_tokens} new tokens, temperature 1, k3 KL coefficient "
-            f"{args.beta} on both, lr {args.lr} constant, fp32 weights + bf16 autocast on both, {args.steps} steps each, "
-            f"the same task ids per step on both sides (drawn by jointrl's mixer, checked in both logs: last column), "
-            f"reward `rewards.toolcall.ToolCallReward` through jointrl's env on both, device {device}. jointrl = the real "
-            "`jointrl train` (Ray, vLLM, learner, weight sync each step); TRL = `GRPOTrainer` "
-            f"({'HF generate' if device == 'cpu' else 'colocated vLLM'}, no gradient checkpointing, "
-            f"{args.trl_grad_accum} micro-batches per step). Step time: jointrl `timing/step_s`, TRL on_step_begin -> "
-            "on_step_end; completions/s = completions per step / mean step time; tokens/s counts generated tokens. "
-            + (f"Held-out: the base model and each side's final weights scored by the same `jointrl eval` (vLLM, "
-               f"greedy, first {args.heldout} tasks of `data.eval_files`); the paired difference is per task, "
-               "final jointrl minus final TRL. " if heldout else "")
-            + f"Load average (1 min) at start / end: {load0[0]:.1f} / {load1[0]:.1f} (other work on the machine slows both).\n\n"
-            + table(headers, rows) + ("\n\n" + "\n\n".join(verdicts) if verdicts else "")
-            + "\n\nPer step:\n\n" + "\n".join(per_step))
+    body = (
+        f"Workload: SmolLM2-135M-Instruct, tool-call quickstart tasks, {args.prompts} prompts x group {args.group} = "
+        f"{n} completions per step, <= {args.max_new_tokens} new tokens, temperature 1, k3 KL coefficient "
+        f"{args.beta} on both, lr {args.lr} constant, fp32 weights + bf16 autocast on both, {args.steps} steps each, "
+        f"the same task ids per step on both sides (drawn by jointrl's mixer, checked in both logs: last column), "
+        f"reward `rewards.toolcall.ToolCallReward` through jointrl's env on both, device {device}. jointrl = the real "
+        "`jointrl train` (Ray, vLLM, learner, weight sync each step); TRL = `GRPOTrainer` "
+        f"({'HF generate' if device == 'cpu' else 'colocated vLLM'}, no gradient checkpointing, "
+        f"{args.trl_grad_accum} micro-batches per step). Step time: jointrl `timing/step_s`, TRL on_step_begin -> "
+        "on_step_end; completions/s = completions per step / mean step time; tokens/s counts generated tokens. "
+        + (
+            f"Held-out: the base model and each side's final weights scored by the same `jointrl eval` (vLLM, "
+            f"greedy, first {args.heldout} tasks of `data.eval_files`); the paired difference is per task, "
+            "final jointrl minus final TRL. "
+            if heldout
+            else ""
+        )
+        + f"Load average (1 min) at start / end: {load0[0]:.1f} / {load1[0]:.1f} (other work on the machine slows both).\n\n"
+        + table(headers, rows)
+        + ("\n\n" + "\n\n".join(verdicts) if verdicts else "")
+        + "\n\nPer step:\n\n"
+        + "\n".join(per_step)
+    )
     print()
     print(machine())
     print(table(headers, rows))

@@ -97,9 +97,20 @@ def bench_model(name: str, n: int, device: str = "cpu") -> dict:
         learner.shutdown()
         shutil.rmtree(shm, ignore_errors=True)
     med = statistics.median
-    return dict(model=name, params=params, mbytes=nbytes / 1e6, floor=med(floor), export=med(export),
-                reload=med(reload), sync=med(sync), ratio=med(sync) / med(floor), max_diff=max_diff,
-                floor_all=floor, export_all=export, sync_all=sync)
+    return dict(
+        model=name,
+        params=params,
+        mbytes=nbytes / 1e6,
+        floor=med(floor),
+        export=med(export),
+        reload=med(reload),
+        sync=med(sync),
+        ratio=med(sync) / med(floor),
+        max_diff=max_diff,
+        floor_all=floor,
+        export_all=export,
+        sync_all=sync,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,23 +130,50 @@ def main(argv: list[str] | None = None) -> None:
     rows, runs = [], []
     for m in names:
         r = bench_model(m, args.n, device)
-        runs.append(f"- {m}: floor runs {', '.join(f'{x:.3f}' for x in r['floor_all'])}; export runs "
-                    f"{', '.join(f'{x:.3f}' for x in r['export_all'])}; sync runs "
-                    f"{', '.join(f'{x:.3f}' for x in r['sync_all'])} (s)")
-        rows.append([r["model"], f"{r['params'] / 1e6:.2f}M", f"{r['mbytes']:.1f}", f"{r['floor']:.3f}",
-                     f"{r['export']:.3f}", f"{r['reload']:.3f}", f"{r['sync']:.3f}", f"{r['ratio']:.2f}x",
-                     "yes" if r["ratio"] <= 2.0 else "NO", f"{r['max_diff']:.3f}"])
-        print(f"{m}: floor runs {[round(x, 3) for x in r['floor_all']]}, sync runs {[round(x, 3) for x in r['sync_all']]}",
-              flush=True)
-    headers = ["model", "parameters", "file MB (bf16)", "floor s (save_file)", "export s", "engine reload s",
-               "sync s (export+reload)", "sync/floor", "<= 2x", "max logprob diff, engine vs learner"]
-    body = (f"Device: {device}. In one process, no Ray (the actor hop of a real run is not included). Medians of {args.n} timed runs "
-            "after one warm-up. floor = `safetensors.torch.save_file` of the bf16 state dict (lm_head included, "
-            "tensors pre-converted) into /dev/shm; export = `Learner.export_weights(\"bfloat16\")` (fp32->bf16 "
-            "`copy_` into one of two preallocated memory-mapped safetensors files in /dev/shm + rename; the first use "
-            "of each of the two files also pays its page faults, so one timed run is slower, see the runs below); reload = `VLLMEngine.load_weights(path)` (in-place reload + prefix-cache reset). "
-            "Goal from the issue: sync/floor <= 2. Last column: a check that the reloaded engine scores a sentence "
-            "like the learner does.\n\n" + table(headers, rows) + "\n\nEvery timed run, in order:\n\n" + "\n".join(runs))
+        runs.append(
+            f"- {m}: floor runs {', '.join(f'{x:.3f}' for x in r['floor_all'])}; export runs "
+            f"{', '.join(f'{x:.3f}' for x in r['export_all'])}; sync runs "
+            f"{', '.join(f'{x:.3f}' for x in r['sync_all'])} (s)"
+        )
+        rows.append(
+            [
+                r["model"],
+                f"{r['params'] / 1e6:.2f}M",
+                f"{r['mbytes']:.1f}",
+                f"{r['floor']:.3f}",
+                f"{r['export']:.3f}",
+                f"{r['reload']:.3f}",
+                f"{r['sync']:.3f}",
+                f"{r['ratio']:.2f}x",
+                "yes" if r["ratio"] <= 2.0 else "NO",
+                f"{r['max_diff']:.3f}",
+            ]
+        )
+        print(
+            f"{m}: floor runs {[round(x, 3) for x in r['floor_all']]}, sync runs {[round(x, 3) for x in r['sync_all']]}",
+            flush=True,
+        )
+    headers = [
+        "model",
+        "parameters",
+        "file MB (bf16)",
+        "floor s (save_file)",
+        "export s",
+        "engine reload s",
+        "sync s (export+reload)",
+        "sync/floor",
+        "<= 2x",
+        "max logprob diff, engine vs learner",
+    ]
+    body = (
+        f"Device: {device}. In one process, no Ray (the actor hop of a real run is not included). Medians of {args.n} timed runs "
+        "after one warm-up. floor = `safetensors.torch.save_file` of the bf16 state dict (lm_head included, "
+        'tensors pre-converted) into /dev/shm; export = `Learner.export_weights("bfloat16")` (fp32->bf16 '
+        "`copy_` into one of two preallocated memory-mapped safetensors files in /dev/shm + rename; the first use "
+        "of each of the two files also pays its page faults, so one timed run is slower, see the runs below); reload = `VLLMEngine.load_weights(path)` (in-place reload + prefix-cache reset). "
+        "Goal from the issue: sync/floor <= 2. Last column: a check that the reloaded engine scores a sentence "
+        "like the learner does.\n\n" + table(headers, rows) + "\n\nEvery timed run, in order:\n\n" + "\n".join(runs)
+    )
     print()
     print(machine())
     print(table(headers, rows))

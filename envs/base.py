@@ -84,7 +84,9 @@ def _check_messages(value: Any, what: str, *, non_empty: bool) -> None:
 def _check_step_result(result: Any, turn: int) -> tuple[bool, bool]:
     where = f"step() on turn {turn}"
     if not isinstance(result, tuple) or len(result) != 4:
-        raise TypeError(f"{where} must return a 4-tuple (observation, terminated, truncated, info), got {result!r:.200}")
+        raise TypeError(
+            f"{where} must return a 4-tuple (observation, terminated, truncated, info), got {result!r:.200}"
+        )
     obs, terminated, truncated, info = result
     _check_messages(obs, f"{where} observation", non_empty=False)
     if not isinstance(terminated, bool):
@@ -143,7 +145,9 @@ def check_env(env: Any, task: Task, action: str | None = None, max_steps: int = 
         try:
             env.close()
         except Exception as exc:  # noqa: BLE001
-            raise AssertionError(f"{name}.close() must be idempotent; call {i} raised {type(exc).__name__}: {exc}") from exc
+            raise AssertionError(
+                f"{name}.close() must be idempotent; call {i} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def resolve(dotted: str) -> Any:

@@ -84,8 +84,17 @@ STYLES = ("assert", "humaneval")
 PYTHON_TAGS = ("", "python", "py", "python3", "py3")
 _MAIN = "main.py"
 _JUDGE = "judge.py"
-_SETUP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
-                ast.AugAssign, ast.AnnAssign, ast.Pass)
+_SETUP_NODES = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Assign,
+    ast.AugAssign,
+    ast.AnnAssign,
+    ast.Pass,
+)
 
 
 # ---------------------------------------------------------------------------- extraction
@@ -138,7 +147,7 @@ def find_code_blocks(text: str) -> list[CodeBlock]:
                 closed = True
                 break
             lead = len(line) - len(line.lstrip(" \t"))
-            body.append(line[min(lead, indent):])
+            body.append(line[min(lead, indent) :])
             j += 1
         if not closed:
             while body and body[-1].strip() in ("`", "``", ""):
@@ -261,9 +270,12 @@ def split_tests(spec: CodeSpec) -> tuple[str, list[int]]:
         raise ValueError(f"the tests do not parse: {exc.msg} (line {exc.lineno})") from None
     if spec.style == "humaneval":
         return source, [len(tree.body) - 1]
-    idx = [i for i, node in enumerate(tree.body)
-           if not isinstance(node, _SETUP_NODES)
-           and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    idx = [
+        i
+        for i, node in enumerate(tree.body)
+        if not isinstance(node, _SETUP_NODES)
+        and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+    ]
     if not idx:
         raise ValueError("the tests have no test statement (asserts or calls at top level)")
     return source, idx
@@ -315,8 +327,9 @@ def code_sandboxes(mode: str = "bwrap", config: SandboxConfig | dict | None = No
         raise
 
 
-def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | None = None, *,
-              judge: Sandbox | None = None) -> TestOutcome:
+def run_tests(
+    spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | None = None, *, judge: Sandbox | None = None
+) -> TestOutcome:
     """Run ``code`` against ``spec.tests`` and count the passing tests.
 
     The candidate runs in ``sandbox``; the tests run in ``judge``, a second sandbox (made
@@ -348,8 +361,9 @@ def run_tests(spec: CodeSpec, code: str, sandbox: Sandbox, timeout_s: float | No
     return _outcome(res_j, res_c, total, timeout, sandbox)
 
 
-def _run_pair(spec: CodeSpec, code: str, tests: str, test_idx: list[int], sandbox: Sandbox, judge: Sandbox,
-              timeout: float) -> tuple[RunResult, RunResult]:
+def _run_pair(
+    spec: CodeSpec, code: str, tests: str, test_idx: list[int], sandbox: Sandbox, judge: Sandbox, timeout: float
+) -> tuple[RunResult, RunResult]:
     """Start the judge and the candidate wired to each other; both results once the judge ends."""
     limits = dataclasses.replace(sandbox.limits, wall_seconds=timeout, cpu_seconds=max(1, math.ceil(timeout)))
     for box in (sandbox, judge):
@@ -359,8 +373,14 @@ def _run_pair(spec: CodeSpec, code: str, tests: str, test_idx: list[int], sandbo
     rep_r, rep_w = os.pipe()  # candidate -> judge: replies
     fds = [req_r, req_w, rep_r, rep_w]
     try:
-        judge.write_files({_JUDGE: JUDGE_PROGRAM + "\n_jointrl_judge(" + ", ".join(repr(v) for v in (
-            tests, test_idx, spec.entry_point, spec.prompt_code, MARKER, req_w)) + ")\n"})
+        judge.write_files(
+            {
+                _JUDGE: JUDGE_PROGRAM
+                + "\n_jointrl_judge("
+                + ", ".join(repr(v) for v in (tests, test_idx, spec.entry_point, spec.prompt_code, MARKER, req_w))
+                + ")\n"
+            }
+        )
         j = judge.prepare([judge.python, "-I", "-B", _JUDGE], stdin=rep_r, limits=limits)
         fds.remove(rep_r)
         j.pass_fds = (*j.pass_fds, req_w)
@@ -386,7 +406,7 @@ def _parse_reports(stdout: str, total: int):
         if not line.startswith(prefix):
             continue
         try:
-            event = json.loads(line[len(prefix):])
+            event = json.loads(line[len(prefix) :])
         except json.JSONDecodeError:
             continue
         if not isinstance(event, dict):
@@ -438,9 +458,9 @@ def _outcome(res_j: RunResult, res_c: RunResult, total: int, timeout: float, san
     for e in load_errors:
         parts.append("Error while loading the code:\n" + e)
     # After a load error most failures are its echo: show fewer.
-    for e in setup_errors[:0 if load_errors else 3]:
+    for e in setup_errors[: 0 if load_errors else 3]:
         parts.append("Error in a test setup statement:\n" + e)
-    shown = failures[:1 if load_errors else 5]
+    shown = failures[: 1 if load_errors else 5]
     for msg in shown:
         parts.append("Failed test:\n" + msg)
     if len(failures) > len(shown):
@@ -452,8 +472,14 @@ def _outcome(res_j: RunResult, res_c: RunResult, total: int, timeout: float, san
         parts.append("Output of the program:\n" + _cut(printed, 2000))
     if harness_failed and res_j.stderr.strip():
         parts.append("Test harness error output:\n" + _cut(res_j.stderr.strip(), 1000))
-    return TestOutcome(passed=passed, total=total, error=error, timed_out=res_j.timed_out,
-                       output="\n\n".join(parts), events=tuple(events))
+    return TestOutcome(
+        passed=passed,
+        total=total,
+        error=error,
+        timed_out=res_j.timed_out,
+        output="\n\n".join(parts),
+        events=tuple(events),
+    )
 
 
 # ---------------------------------------------------------------------------- env
@@ -487,8 +513,13 @@ class CodeEnv:
     for every episode of this env instance, and removed by :meth:`close`.
     """
 
-    def __init__(self, max_turns: int = 1, sandbox: str = "bwrap", feedback_chars: int = 2000,
-                 sandbox_config: SandboxConfig | dict | None = None):
+    def __init__(
+        self,
+        max_turns: int = 1,
+        sandbox: str = "bwrap",
+        feedback_chars: int = 2000,
+        sandbox_config: SandboxConfig | dict | None = None,
+    ):
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if sandbox not in ("bwrap", "none"):
@@ -516,8 +547,9 @@ class CodeEnv:
         if self._closed:
             raise RuntimeError("CodeEnv.reset() after close()")
         if task.code is None:
-            raise ValueError(f"CodeEnv needs a task with a code spec (Task.code); task {task.id!r} "
-                             f"(domain {task.domain!r}) has none")
+            raise ValueError(
+                f"CodeEnv needs a task with a code spec (Task.code); task {task.id!r} (domain {task.domain!r}) has none"
+            )
         if not task.messages:
             raise ValueError(f"task {task.id!r} has no messages")
         split_tests(task.code)  # a malformed spec fails here, not mid-episode
@@ -540,15 +572,26 @@ class CodeEnv:
         self._turns += 1
         code = extract_code(action, spec.prompt_code, spec.entry_point)
         if code is None:
-            outcome = TestOutcome(passed=0, total=len(split_tests(spec)[1]), error="no code found in the answer",
-                                  timed_out=False, output="")
+            outcome = TestOutcome(
+                passed=0,
+                total=len(split_tests(spec)[1]),
+                error="no code found in the answer",
+                timed_out=False,
+                output="",
+            )
         else:
             cand, judge = self._get_sandboxes()
             outcome = run_tests(spec, code, cand, judge=judge)
-        info: dict[str, Any] = {"reward": float(outcome.fraction), "passed": outcome.passed, "total": outcome.total,
-                                "error": outcome.error, "extracted": code is not None,
-                                "timed_out": outcome.timed_out, "turn": self._turns,
-                                "sandbox_events": list(outcome.events)}
+        info: dict[str, Any] = {
+            "reward": float(outcome.fraction),
+            "passed": outcome.passed,
+            "total": outcome.total,
+            "error": outcome.error,
+            "extracted": code is not None,
+            "timed_out": outcome.timed_out,
+            "turn": self._turns,
+            "sandbox_events": list(outcome.events),
+        }
         if outcome.all_passed or self.max_turns == 1:
             self._done = True
             return [], True, False, info
@@ -559,11 +602,15 @@ class CodeEnv:
 
     def _feedback(self, outcome: TestOutcome, extracted: bool) -> str:
         if not extracted:
-            return ("I could not find any Python code in your answer. Reply with the complete solution in one "
-                    "```python code block.")
+            return (
+                "I could not find any Python code in your answer. Reply with the complete solution in one "
+                "```python code block."
+            )
         details = _cut(outcome.output.strip() or outcome.error, self.feedback_chars)
-        return (f"Your code passed {outcome.passed} of {outcome.total} tests.\n\n{details}\n\n"
-                "Fix the code and reply with the complete corrected solution in one ```python code block.")
+        return (
+            f"Your code passed {outcome.passed} of {outcome.total} tests.\n\n{details}\n\n"
+            "Fix the code and reply with the complete corrected solution in one ```python code block."
+        )
 
     def close(self) -> None:
         self._closed = True
@@ -613,21 +660,28 @@ def load_humaneval(path: str | os.PathLike[str]) -> list[Task]:
         if task_id in seen:
             raise TaskFormatError(f"{where}: field 'task_id': duplicate id {task_id!r} (first at {seen[task_id]})")
         seen[task_id] = where
-        spec = CodeSpec(tests=d["test"], entry_point=d["entry_point"], prompt_code=d["prompt"], style="humaneval",
-                        solution=d["prompt"] + d["canonical_solution"])
+        spec = CodeSpec(
+            tests=d["test"],
+            entry_point=d["entry_point"],
+            prompt_code=d["prompt"],
+            style="humaneval",
+            solution=d["prompt"] + d["canonical_solution"],
+        )
         try:
             split_tests(spec)
         except ValueError as exc:
             field = "entry_point" if "entry_point" in str(exc) else "test"
             raise TaskFormatError(f"{where}: field {field!r}: {exc}") from None
         prompt = d["prompt"] if d["prompt"].endswith("\n") else d["prompt"] + "\n"
-        tasks.append(Task(
-            id=task_id,
-            domain="code",
-            messages=(Message("system", HUMANEVAL_SYSTEM), Message("user", HUMANEVAL_USER.format(prompt=prompt))),
-            code=spec,
-            meta={"source": "humaneval"},
-        ))
+        tasks.append(
+            Task(
+                id=task_id,
+                domain="code",
+                messages=(Message("system", HUMANEVAL_SYSTEM), Message("user", HUMANEVAL_USER.format(prompt=prompt))),
+                code=spec,
+                meta={"source": "humaneval"},
+            )
+        )
     return tasks
 
 

@@ -47,7 +47,9 @@ WIRE_SOURCE = (Path(__file__).with_name("code_wire.py")).read_text(encoding="utf
 
 # Both programs are kept free of format braces: each is this text plus one call with literal
 # arguments (repr), so nothing the task or the model wrote is ever spliced into code.
-CANDIDATE_PROGRAM = WIRE_SOURCE + r'''
+CANDIDATE_PROGRAM = (
+    WIRE_SOURCE
+    + r"""
 
 import sys as _sys, os as _os
 
@@ -125,9 +127,12 @@ def _jointrl_serve(entry_point):
             send({"id": n, "unsendable": str(e)})
         except BaseException as e:  # a custom __index__ / __iter__ that raises, a recursion error...
             send({"id": n, "unsendable": "a value that could not be converted (%s)" % type(e).__name__})
-'''
+"""
+)
 
-JUDGE_PROGRAM = WIRE_SOURCE + r'''
+JUDGE_PROGRAM = (
+    WIRE_SOURCE
+    + r'''
 
 import sys as _sys, os as _os
 
@@ -338,3 +343,4 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
     report({"done": True, "passed": passed, "total": k})
     _os._exit(0)
 '''
+)

@@ -78,7 +78,7 @@ def decode(v, depth=0):
     if t is not dict:
         raise ValueError("unexpected JSON value of type %s" % t.__name__)
     if len(v) == 1:
-        (tag, body), = v.items()
+        ((tag, body),) = v.items()
         if tag.startswith("$"):
             return _decode_tagged(tag, body, depth)
     if any(k.startswith("$") for k in v):

@@ -165,11 +165,26 @@ def task_from_dict(d: dict[str, Any], where: str = "") -> Task:
     if not isinstance(meta, dict):
         raise _fail(where, "meta", f"must be an object, got {_type_name(meta)}")
 
-    code = None if d.get("code") is None else _spec_from_dict(CodeSpec, _maybe_json(d["code"], where, "code"), where, "code")
-    terminal = (None if d.get("terminal") is None
-                else _spec_from_dict(TerminalSpec, _maybe_json(d["terminal"], where, "terminal"), where, "terminal"))
-    return Task(id=task_id, domain=domain, messages=messages, prefill=prefill, tool_call=tool_call, code=code,
-                terminal=terminal, meta=meta)
+    code = (
+        None
+        if d.get("code") is None
+        else _spec_from_dict(CodeSpec, _maybe_json(d["code"], where, "code"), where, "code")
+    )
+    terminal = (
+        None
+        if d.get("terminal") is None
+        else _spec_from_dict(TerminalSpec, _maybe_json(d["terminal"], where, "terminal"), where, "terminal")
+    )
+    return Task(
+        id=task_id,
+        domain=domain,
+        messages=messages,
+        prefill=prefill,
+        tool_call=tool_call,
+        code=code,
+        terminal=terminal,
+        meta=meta,
+    )
 
 
 def _spec_from_dict(cls: Any, raw: Any, where: str, field: str) -> Any:
@@ -234,7 +249,9 @@ def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
         raise _fail(where, "tool_call.mode", f"must be one of {', '.join(_TOOL_CALL_MODES)}, got {mode!r:.80}")
     raw_answer = [] if tc.get("answer") is None else _maybe_json(tc["answer"], where, "tool_call.answer")
     if not isinstance(raw_answer, list):
-        raise _fail(where, "tool_call.answer", f"must be a list of acceptable answers (strings), got {_type_name(raw_answer)}")
+        raise _fail(
+            where, "tool_call.answer", f"must be a list of acceptable answers (strings), got {_type_name(raw_answer)}"
+        )
     for i, a in enumerate(raw_answer):
         if not isinstance(a, str) or not a.strip():
             raise _fail(where, f"tool_call.answer[{i}]", f"must be a non-empty string, got {_type_name(a)} {a!r:.80}")
@@ -285,13 +302,25 @@ def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
         allowed = e.get("allowed")
         allowed = {} if allowed is None else _maybe_json(allowed, where, f"{f}.allowed")
         if not isinstance(allowed, dict):
-            raise _fail(where, f"{f}.allowed", f"must be an object mapping parameter -> list of values, got {_type_name(allowed)}")
+            raise _fail(
+                where,
+                f"{f}.allowed",
+                f"must be an object mapping parameter -> list of values, got {_type_name(allowed)}",
+            )
         for param, values in allowed.items():
             if not isinstance(values, list):
-                raise _fail(where, f"{f}.allowed.{param}", f"must be a list of allowed values, got {_type_name(values)}")
+                raise _fail(
+                    where, f"{f}.allowed.{param}", f"must be a list of allowed values, got {_type_name(values)}"
+                )
         expected.append(ExpectedCall(name=e["name"], allowed={k: list(v) for k, v in allowed.items()}))
-    return ToolCallSpec(tools=tuple(tools), expected=tuple(expected), mode=mode, answer=tuple(raw_answer),
-                        state=state, parallel=parallel)
+    return ToolCallSpec(
+        tools=tuple(tools),
+        expected=tuple(expected),
+        mode=mode,
+        answer=tuple(raw_answer),
+        state=state,
+        parallel=parallel,
+    )
 
 
 # ---------------------------------------------------------------------------- files

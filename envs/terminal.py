@@ -118,9 +118,16 @@ RUNS_POLICY_FILES = "check_runs_policy_files"  # Task.meta flag: the check runs 
 # no user site, no script-dir/cwd on sys.path, no global/system git config, and git settings
 # that would run programs (fsmonitor, hooks, pagers, editors, ssh) pinned off. PATH holds
 # system directories only, all read-only inside the sandbox.
-_GIT_PINS = (("core.fsmonitor", "false"), ("core.hooksPath", "/dev/null"), ("core.pager", "cat"),
-             ("core.editor", "false"), ("core.sshCommand", "false"), ("status.showUntrackedFiles", "normal"),
-             ("sequence.editor", "false"), ("credential.helper", ""))
+_GIT_PINS = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.pager", "cat"),
+    ("core.editor", "false"),
+    ("core.sshCommand", "false"),
+    ("status.showUntrackedFiles", "normal"),
+    ("sequence.editor", "false"),
+    ("credential.helper", ""),
+)
 CHECK_ENV = {
     "HOME": "/nonexistent",
     "PATH": SANDBOX_PATH,
@@ -208,7 +215,7 @@ def _first_shell_block(text: str) -> str | None:
         while j < len(lines) and not _CLOSE_RE.match(lines[j]):
             j += 1
         if m.group(1).lower() in SHELL_LANGS:
-            return "\n".join(lines[i + 1:j])
+            return "\n".join(lines[i + 1 : j])
         i = j + 1
     return None
 
@@ -237,7 +244,7 @@ def truncate_output(text: str, limit: int) -> str:
     head = limit // 2
     tail = limit - head
     omitted = len(text) - head - tail
-    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[len(text) - tail :]}"
 
 
 def parse_check_result(exit_code: int | None, stdout: str, timed_out: bool = False) -> float:
@@ -267,12 +274,23 @@ class TerminalEnv:
     limit of the check. ``limits``: resource limits of the session's processes.
     """
 
-    def __init__(self, max_turns: int = 8, command_timeout_s: float = 10.0, output_chars: int = 2000,
-                 sandbox: str = "bwrap", *, done_marker: str = DONE_MARKER, check_timeout_s: float = 30.0,
-                 limits: Limits | None = None, sandbox_config: SandboxConfig | dict | None = None) -> None:
+    def __init__(
+        self,
+        max_turns: int = 8,
+        command_timeout_s: float = 10.0,
+        output_chars: int = 2000,
+        sandbox: str = "bwrap",
+        *,
+        done_marker: str = DONE_MARKER,
+        check_timeout_s: float = 30.0,
+        limits: Limits | None = None,
+        sandbox_config: SandboxConfig | dict | None = None,
+    ) -> None:
         if sandbox != "bwrap":
-            raise ValueError(f"TerminalEnv runs policy commands only in a bubblewrap sandbox: sandbox must be "
-                             f"'bwrap', got {sandbox!r}")
+            raise ValueError(
+                f"TerminalEnv runs policy commands only in a bubblewrap sandbox: sandbox must be "
+                f"'bwrap', got {sandbox!r}"
+            )
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if not command_timeout_s > 0 or not check_timeout_s > 0:
@@ -289,8 +307,9 @@ class TerminalEnv:
         self.sandbox = sandbox
         self.done_marker = done_marker.strip()
         self.check_timeout_s = float(check_timeout_s)
-        self.limits = limits or Limits(cpu_seconds=60, wall_seconds=self.command_timeout_s,
-                                       output_bytes=max(65536, 8 * output_chars))
+        self.limits = limits or Limits(
+            cpu_seconds=60, wall_seconds=self.command_timeout_s, output_bytes=max(65536, 8 * output_chars)
+        )
         self._task: Task | None = None
         self._box: Sandbox | None = None
         self._session: ShellSession | None = None
@@ -304,8 +323,10 @@ class TerminalEnv:
     def reset(self, task: Task) -> list[Message]:
         spec = task.terminal
         if spec is None:
-            raise ValueError(f"task {task.id!r} (domain {task.domain!r}) has no terminal spec; TerminalEnv needs "
-                             "task.terminal (setup, check)")
+            raise ValueError(
+                f"task {task.id!r} (domain {task.domain!r}) has no terminal spec; TerminalEnv needs "
+                "task.terminal (setup, check)"
+            )
         if not task.messages:
             raise ValueError(f"task {task.id!r} has no messages")
         self._release()
@@ -323,8 +344,10 @@ class TerminalEnv:
                 res = self._session.run(setup, timeout=max(_SETUP_TIMEOUT_S, spec.time_limit_s))
                 if res.timed_out or res.exit_code != 0 or not self._session.alive:
                     why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
-                    raise RuntimeError(f"terminal task {task.id!r}: setup failed ({why}); its output:\n"
-                                       f"{truncate_output(res.output, 4000)}")
+                    raise RuntimeError(
+                        f"terminal task {task.id!r}: setup failed ({why}); its output:\n"
+                        f"{truncate_output(res.output, 4000)}"
+                    )
         except BaseException:
             self._release()
             self._task = None
@@ -344,8 +367,13 @@ class TerminalEnv:
             return self._finish([], "done", terminated=True)
 
         if kind == "invalid":
-            obs = [Message("user", f"No command found. Put exactly one shell command in a ```bash block, "
-                                   f"or reply {self.done_marker} when the task is complete.")]
+            obs = [
+                Message(
+                    "user",
+                    f"No command found. Put exactly one shell command in a ```bash block, "
+                    f"or reply {self.done_marker} when the task is complete.",
+                )
+            ]
             info: dict[str, Any] = {"exit_code": None, "timed_out": False, "turns": self._turns, "invalid": True}
         else:
             assert cmd is not None
@@ -387,17 +415,27 @@ class TerminalEnv:
             ev.append("storage")
         self._events.extend(dict.fromkeys(ev))
 
-    def _finish(self, obs: list[Message], end: str, *, terminated: bool = False,
-                truncated: bool = False) -> tuple[list[Message], bool, bool, dict[str, Any]]:
+    def _finish(
+        self, obs: list[Message], end: str, *, terminated: bool = False, truncated: bool = False
+    ) -> tuple[list[Message], bool, bool, dict[str, Any]]:
         self._done = True
         reward, passed, output, code = self._run_check()
         if "storage" in self._events:
             cfg = self.sandbox_config
             reward, passed = 0.0, False
-            output = (f"[storage limit hit: the episode filled its storage (cap {cfg.storage_mb} MiB, "
-                      f"{cfg.storage_inodes} inodes); the episode fails]\n" + output)
-        info = {"reward": reward, "passed": passed, "check_output": output, "check_exit_code": code,
-                "end": end, "turns": self._turns, "sandbox_events": list(self._events)}
+            output = (
+                f"[storage limit hit: the episode filled its storage (cap {cfg.storage_mb} MiB, "
+                f"{cfg.storage_inodes} inodes); the episode fails]\n" + output
+            )
+        info = {
+            "reward": reward,
+            "passed": passed,
+            "check_output": output,
+            "check_exit_code": code,
+            "end": end,
+            "turns": self._turns,
+            "sandbox_events": list(self._events),
+        }
         return obs, terminated, truncated, info
 
     def _run_check(self) -> tuple[float, bool, str, int | None]:
@@ -406,17 +444,23 @@ class TerminalEnv:
         if self._session is not None:
             self._session.close()  # kills every process the policy (or setup) started
             self._session = None
-        lim = Limits(cpu_seconds=max(10, math.ceil(self.check_timeout_s)), memory_mb=self.limits.memory_mb,
-                     file_size_mb=self.limits.file_size_mb, processes=self.limits.processes,
-                     open_files=self.limits.open_files, wall_seconds=self.check_timeout_s, output_bytes=65536)
+        lim = Limits(
+            cpu_seconds=max(10, math.ceil(self.check_timeout_s)),
+            memory_mb=self.limits.memory_mb,
+            file_size_mb=self.limits.file_size_mb,
+            processes=self.limits.processes,
+            open_files=self.limits.open_files,
+            wall_seconds=self.check_timeout_s,
+            output_bytes=65536,
+        )
         runs_policy_files = self._task.meta.get(RUNS_POLICY_FILES) is True
-        res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim,
-                            env=check_env(runs_policy_files))
+        res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim, env=check_env(runs_policy_files))
         if "storage" in res.events:
             self._events.append("storage")
         reward = parse_check_result(res.exit_code, res.stdout, res.timed_out)
-        output = res.stdout + (("\n" if res.stdout and not res.stdout.endswith("\n") else "") + res.stderr
-                               if res.stderr else "")
+        output = res.stdout + (
+            ("\n" if res.stdout and not res.stdout.endswith("\n") else "") + res.stderr if res.stderr else ""
+        )
         if res.timed_out:
             output += f"\n[check timed out after {self.check_timeout_s:g}s]"
         return reward, res.ok, truncate_output(output, 4000), res.exit_code

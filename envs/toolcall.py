@@ -192,7 +192,9 @@ def format_tools_system_prompt(
         f'{OPEN_TAG}{{"name": "<function name>", "arguments": {{<arguments as a JSON object>}}}}{CLOSE_TAG}',
     ]
     if parallel:
-        lines.append("To call several functions at once, write one <tool_call></tool_call> block per call in the same reply.")
+        lines.append(
+            "To call several functions at once, write one <tool_call></tool_call> block per call in the same reply."
+        )
     if multi_turn:
         lines += [
             "Each function's result comes back in a tool message. Call functions until you have what you need,",
@@ -319,7 +321,9 @@ class ToolCallEnv:
         unparsed = action.count(OPEN_TAG) - len(calls)
         if unparsed > 0:
             detail = "; ".join(problems) or "malformed block"
-            observation.append(_tool_message(None, {"error": f"could not parse {unparsed} tool call block(s): {detail}"}))
+            observation.append(
+                _tool_message(None, {"error": f"could not parse {unparsed} tool call block(s): {detail}"})
+            )
         truncated = self._turns >= self.max_turns
         self._done = truncated
         return observation, False, truncated, info
@@ -334,9 +338,22 @@ class ToolCallEnv:
 
 # BFCL's (Python-flavoured) type names -> JSON Schema; None drops the "type" keyword.
 _BFCL_TYPES: dict[str, str | None] = {
-    "dict": "object", "object": "object", "float": "number", "number": "number", "double": "number",
-    "int": "integer", "integer": "integer", "str": "string", "string": "string", "bool": "boolean",
-    "boolean": "boolean", "tuple": "array", "list": "array", "array": "array", "null": "null", "any": None,
+    "dict": "object",
+    "object": "object",
+    "float": "number",
+    "number": "number",
+    "double": "number",
+    "int": "integer",
+    "integer": "integer",
+    "str": "string",
+    "string": "string",
+    "bool": "boolean",
+    "boolean": "boolean",
+    "tuple": "array",
+    "list": "array",
+    "array": "array",
+    "null": "null",
+    "any": None,
 }
 
 
@@ -394,8 +411,10 @@ def _bfcl_messages(question: Any, where: str) -> list[Message]:
     for i, m in enumerate(turn):
         f = f"question[0][{i}]"
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise TaskFormatError(f"{where}: field {f!r}: must be an object with a role ({', '.join(ROLES)}) "
-                                  f"and a string content, got {m!r:.120}")
+            raise TaskFormatError(
+                f"{where}: field {f!r}: must be an object with a role ({', '.join(ROLES)}) "
+                f"and a string content, got {m!r:.120}"
+            )
         out.append(Message(m["role"], m["content"]))
     return out
 
@@ -435,7 +454,7 @@ def _bfcl_expected(ground_truth: Any, names: set[str], where: str) -> list[Expec
         f = f"ground_truth[{i}]"
         if not isinstance(entry, dict) or len(entry) != 1:
             raise TaskFormatError(f"{where}: field {f!r}: must be an object with exactly one function name")
-        (name, params), = entry.items()
+        ((name, params),) = entry.items()
         if name not in names:
             raise TaskFormatError(f"{where}: field {f!r}: function {name!r} is not among the task's functions")
         if not isinstance(params, dict):
@@ -494,26 +513,31 @@ def load_bfcl(questions_path: str | os.PathLike[str], answers_path: str | os.Pat
             gt_where, ground_truth = where, d["ground_truth"]
         else:
             missing_in = f" or in {answers_path}" if answers_path is not None else ""
-            raise TaskFormatError(f"{where}: field 'ground_truth': missing (no ground truth for {task_id!r} here{missing_in})")
+            raise TaskFormatError(
+                f"{where}: field 'ground_truth': missing (no ground truth for {task_id!r} here{missing_in})"
+            )
         expected = _bfcl_expected(ground_truth, {t["name"] for t in tools}, gt_where)
         system = format_tools_system_prompt(tools, parallel=True)
         if messages[0].role == "system":
             messages[0] = Message("system", system + "\n\n" + messages[0].content)
         else:
             messages.insert(0, Message("system", system))
-        tasks.append(Task(
-            id=task_id,
-            domain="tool_call",
-            messages=tuple(messages),
-            prefill="",
-            tool_call=ToolCallSpec(tools=tuple(tools), expected=tuple(expected), parallel=len(expected) > 1),
-            meta={"source": "bfcl", "category": re.sub(r"_\d+(?:-\d+)*$", "", task_id)},
-        ))
+        tasks.append(
+            Task(
+                id=task_id,
+                domain="tool_call",
+                messages=tuple(messages),
+                prefill="",
+                tool_call=ToolCallSpec(tools=tuple(tools), expected=tuple(expected), parallel=len(expected) > 1),
+                meta={"source": "bfcl", "category": re.sub(r"_\d+(?:-\d+)*$", "", task_id)},
+            )
+        )
     return tasks
 
 
-def bfcl_to_native(questions: str | os.PathLike[str], answers: str | os.PathLike[str] | None,
-                   dst: str | os.PathLike[str]) -> list[Task]:
+def bfcl_to_native(
+    questions: str | os.PathLike[str], answers: str | os.PathLike[str] | None, dst: str | os.PathLike[str]
+) -> list[Task]:
     """Convert a BFCL question (+ answer) file to a native ``.jsonl``/``.jsonl.gz`` task file.
 
     Returns the tasks written (see :func:`load_bfcl`); the file loads back with

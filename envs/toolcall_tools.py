@@ -56,34 +56,86 @@ class SimTool:
 
 # city -> (temperature in Celsius, condition, humidity %)
 WEATHER: dict[str, tuple[float, str, int]] = {
-    "Paris": (18, "cloudy", 72), "London": (14, "rain", 85), "Tokyo": (22, "sunny", 60),
-    "Berlin": (16, "cloudy", 70), "Madrid": (27, "sunny", 35), "Rome": (25, "sunny", 50),
-    "New York": (20, "partly cloudy", 65), "Chicago": (12, "windy", 58), "Toronto": (9, "snow", 80),
-    "Sydney": (24, "sunny", 55), "Cairo": (33, "sunny", 20), "Mumbai": (31, "humid", 88),
-    "Seoul": (17, "partly cloudy", 62), "Lisbon": (21, "sunny", 64), "Dublin": (11, "rain", 90),
-    "Oslo": (5, "snow", 78), "Vienna": (15, "cloudy", 68), "Prague": (13, "fog", 82),
-    "Boston": (10, "rain", 77), "Denver": (8, "windy", 40), "Nairobi": (23, "partly cloudy", 57),
-    "Bangkok": (34, "thunderstorm", 92), "Athens": (26, "sunny", 45), "Amsterdam": (13, "rain", 87),
-    "Stockholm": (7, "cloudy", 75), "Zurich": (10, "fog", 83), "Singapore": (30, "thunderstorm", 94),
-    "Dubai": (38, "sunny", 30), "Mexico City": (19, "partly cloudy", 52), "Reykjavik": (2, "snow", 81),
+    "Paris": (18, "cloudy", 72),
+    "London": (14, "rain", 85),
+    "Tokyo": (22, "sunny", 60),
+    "Berlin": (16, "cloudy", 70),
+    "Madrid": (27, "sunny", 35),
+    "Rome": (25, "sunny", 50),
+    "New York": (20, "partly cloudy", 65),
+    "Chicago": (12, "windy", 58),
+    "Toronto": (9, "snow", 80),
+    "Sydney": (24, "sunny", 55),
+    "Cairo": (33, "sunny", 20),
+    "Mumbai": (31, "humid", 88),
+    "Seoul": (17, "partly cloudy", 62),
+    "Lisbon": (21, "sunny", 64),
+    "Dublin": (11, "rain", 90),
+    "Oslo": (5, "snow", 78),
+    "Vienna": (15, "cloudy", 68),
+    "Prague": (13, "fog", 82),
+    "Boston": (10, "rain", 77),
+    "Denver": (8, "windy", 40),
+    "Nairobi": (23, "partly cloudy", 57),
+    "Bangkok": (34, "thunderstorm", 92),
+    "Athens": (26, "sunny", 45),
+    "Amsterdam": (13, "rain", 87),
+    "Stockholm": (7, "cloudy", 75),
+    "Zurich": (10, "fog", 83),
+    "Singapore": (30, "thunderstorm", 94),
+    "Dubai": (38, "sunny", 30),
+    "Mexico City": (19, "partly cloudy", 52),
+    "Reykjavik": (2, "snow", 81),
 }
 # currency -> units per 1 USD
 USD_RATES: dict[str, float] = {
-    "USD": 1.0, "EUR": 0.92, "GBP": 0.79, "JPY": 150.0, "CHF": 0.88, "CAD": 1.36, "AUD": 1.52,
-    "INR": 83.0, "CNY": 7.2, "SEK": 10.5, "NOK": 10.6, "MXN": 17.0, "BRL": 5.0, "KRW": 1330.0,
+    "USD": 1.0,
+    "EUR": 0.92,
+    "GBP": 0.79,
+    "JPY": 150.0,
+    "CHF": 0.88,
+    "CAD": 1.36,
+    "AUD": 1.52,
+    "INR": 83.0,
+    "CNY": 7.2,
+    "SEK": 10.5,
+    "NOK": 10.6,
+    "MXN": 17.0,
+    "BRL": 5.0,
+    "KRW": 1330.0,
 }
 # symbol -> price in USD
 STOCKS: dict[str, float] = {
-    "AAPL": 189.5, "MSFT": 415.2, "GOOGL": 152.75, "AMZN": 178.3, "TSLA": 175.0, "NVDA": 880.4,
-    "META": 495.6, "NFLX": 610.0, "IBM": 190.25, "INTC": 42.8, "AMD": 162.4, "ORCL": 125.5,
-    "KO": 60.15, "DIS": 112.0,
+    "AAPL": 189.5,
+    "MSFT": 415.2,
+    "GOOGL": 152.75,
+    "AMZN": 178.3,
+    "TSLA": 175.0,
+    "NVDA": 880.4,
+    "META": 495.6,
+    "NFLX": 610.0,
+    "IBM": 190.25,
+    "INTC": 42.8,
+    "AMD": 162.4,
+    "ORCL": 125.5,
+    "KO": 60.15,
+    "DIS": 112.0,
 }
 # unit -> (dimension, factor to the dimension's base unit)
 UNITS: dict[str, tuple[str, float]] = {
-    "m": ("length", 1.0), "km": ("length", 1000.0), "cm": ("length", 0.01), "mi": ("length", 1609.344),
-    "ft": ("length", 0.3048), "in": ("length", 0.0254),
-    "kg": ("mass", 1.0), "g": ("mass", 0.001), "lb": ("mass", 0.45359237), "oz": ("mass", 0.028349523125),
-    "l": ("volume", 1.0), "ml": ("volume", 0.001), "gal": ("volume", 3.785411784),
+    "m": ("length", 1.0),
+    "km": ("length", 1000.0),
+    "cm": ("length", 0.01),
+    "mi": ("length", 1609.344),
+    "ft": ("length", 0.3048),
+    "in": ("length", 0.0254),
+    "kg": ("mass", 1.0),
+    "g": ("mass", 0.001),
+    "lb": ("mass", 0.45359237),
+    "oz": ("mass", 0.028349523125),
+    "l": ("volume", 1.0),
+    "ml": ("volume", 0.001),
+    "gal": ("volume", 3.785411784),
 }
 AIRLINES = ("AF", "BA", "LH", "KL", "IB", "UA", "DL", "JL", "EK", "SK")
 
@@ -131,8 +183,13 @@ def _convert_currency(args: dict[str, Any], state: dict[str, Any]) -> dict[str, 
     if amount < 0:
         raise ToolError("amount must be >= 0")
     rate = USD_RATES[dst] / USD_RATES[src]
-    return {"amount": amount, "from_currency": src, "to_currency": dst, "rate": _round(rate, 6),
-            "converted": _round(amount * rate, 2)}
+    return {
+        "amount": amount,
+        "from_currency": src,
+        "to_currency": dst,
+        "rate": _round(rate, 6),
+        "converted": _round(amount * rate, 2),
+    }
 
 
 def _search_flights(args: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
@@ -151,8 +208,14 @@ def _search_flights(args: dict[str, Any], state: dict[str, Any]) -> dict[str, An
     for _ in range(3):
         hour, minute = rng.randrange(5, 23), rng.choice((0, 15, 30, 45))
         airline = rng.choice(AIRLINES)
-        flights.append({"flight": f"{airline}{rng.randrange(100, 1000)}", "departure": f"{hour:02d}:{minute:02d}",
-                        "duration_min": rng.randrange(60, 720, 5), "price_usd": rng.randrange(80, 1200)})
+        flights.append(
+            {
+                "flight": f"{airline}{rng.randrange(100, 1000)}",
+                "departure": f"{hour:02d}:{minute:02d}",
+                "duration_min": rng.randrange(60, 720, 5),
+                "price_usd": rng.randrange(80, 1200),
+            }
+        )
     flights.sort(key=lambda f: f["departure"])
     return {"origin": origin, "destination": destination, "date": date, "flights": flights}
 
@@ -168,7 +231,12 @@ def _convert_units(args: dict[str, Any], state: dict[str, Any]) -> dict[str, Any
     if UNITS[src][0] != UNITS[dst][0]:
         raise ToolError(f"cannot convert {UNITS[src][0]} ({src}) to {UNITS[dst][0]} ({dst})")
     value = args["value"]
-    return {"value": value, "from_unit": src, "to_unit": dst, "result": _round(value * UNITS[src][1] / UNITS[dst][1], 4)}
+    return {
+        "value": value,
+        "from_unit": src,
+        "to_unit": dst,
+        "result": _round(value * UNITS[src][1] / UNITS[dst][1], 4),
+    }
 
 
 def _calculator(args: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
@@ -223,49 +291,124 @@ def _set_timer(args: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
 TOOLS: dict[str, SimTool] = {
     t.name: t
     for t in [
-        SimTool(_schema("get_weather", "Get the current weather in a city.",
-                        {"city": {**_STR, "description": "City name, e.g. Paris"},
-                         "unit": {**_STR, "enum": ["celsius", "fahrenheit"], "default": "celsius"}},
-                        ["city"]), _get_weather),
-        SimTool(_schema("convert_currency", "Convert an amount of money from one currency to another.",
-                        {"amount": {"type": "number", "minimum": 0},
-                         "from_currency": {**_STR, "description": "3-letter currency code, e.g. USD"},
-                         "to_currency": {**_STR, "description": "3-letter currency code, e.g. EUR"}},
-                        ["amount", "from_currency", "to_currency"]), _convert_currency),
-        SimTool(_schema("search_flights", "Search for flights between two cities on a date.",
-                        {"origin": {**_STR, "description": "Departure city"},
-                         "destination": {**_STR, "description": "Arrival city"},
-                         "date": {**_STR, "description": "Date as YYYY-MM-DD"}},
-                        ["origin", "destination", "date"]), _search_flights),
-        SimTool(_schema("get_stock_price", "Get the latest price of a stock in USD.",
-                        {"symbol": {**_STR, "description": "Ticker symbol, e.g. AAPL"}},
-                        ["symbol"]), _get_stock_price),
-        SimTool(_schema("convert_units", "Convert a length, mass or volume between units.",
-                        {"value": {"type": "number"},
-                         "from_unit": {**_STR, "enum": sorted(UNITS)},
-                         "to_unit": {**_STR, "enum": sorted(UNITS)}},
-                        ["value", "from_unit", "to_unit"]), _convert_units),
-        SimTool(_schema("calculator", "Evaluate an arithmetic expression (+ - * / // % **, parentheses, "
-                        "abs, round, min, max, sqrt).",
-                        {"expression": {**_STR, "description": "e.g. (12.5 * 4) + 3"}},
-                        ["expression"]), _calculator),
-        SimTool(_schema("lookup_user", "Look up a user's profile by user id.",
-                        {"user_id": {"type": "integer", "description": "Numeric user id"}},
-                        ["user_id"]), _lookup_user),
-        SimTool(_schema("get_order_status", "Get the status of an order by order id.",
-                        {"order_id": {**_STR, "description": "Order id, e.g. A-1001"}},
-                        ["order_id"]), _get_order_status),
-        SimTool(_schema("list_user_orders", "List the order ids of a user.",
-                        {"user_id": {"type": "integer", "description": "Numeric user id"}},
-                        ["user_id"]), _list_user_orders),
-        SimTool(_schema("send_email", "Send an email.",
-                        {"to": {**_STR, "description": "Recipient email address"}, "subject": _STR,
-                         "body": {**_STR, "description": "Message text; optional"}},
-                        ["to", "subject"]), _send_email),
-        SimTool(_schema("set_timer", "Start a countdown timer.",
-                        {"minutes": {"type": "integer", "minimum": 1},
-                         "label": {**_STR, "description": "Optional label"}},
-                        ["minutes"]), _set_timer),
+        SimTool(
+            _schema(
+                "get_weather",
+                "Get the current weather in a city.",
+                {
+                    "city": {**_STR, "description": "City name, e.g. Paris"},
+                    "unit": {**_STR, "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+                },
+                ["city"],
+            ),
+            _get_weather,
+        ),
+        SimTool(
+            _schema(
+                "convert_currency",
+                "Convert an amount of money from one currency to another.",
+                {
+                    "amount": {"type": "number", "minimum": 0},
+                    "from_currency": {**_STR, "description": "3-letter currency code, e.g. USD"},
+                    "to_currency": {**_STR, "description": "3-letter currency code, e.g. EUR"},
+                },
+                ["amount", "from_currency", "to_currency"],
+            ),
+            _convert_currency,
+        ),
+        SimTool(
+            _schema(
+                "search_flights",
+                "Search for flights between two cities on a date.",
+                {
+                    "origin": {**_STR, "description": "Departure city"},
+                    "destination": {**_STR, "description": "Arrival city"},
+                    "date": {**_STR, "description": "Date as YYYY-MM-DD"},
+                },
+                ["origin", "destination", "date"],
+            ),
+            _search_flights,
+        ),
+        SimTool(
+            _schema(
+                "get_stock_price",
+                "Get the latest price of a stock in USD.",
+                {"symbol": {**_STR, "description": "Ticker symbol, e.g. AAPL"}},
+                ["symbol"],
+            ),
+            _get_stock_price,
+        ),
+        SimTool(
+            _schema(
+                "convert_units",
+                "Convert a length, mass or volume between units.",
+                {
+                    "value": {"type": "number"},
+                    "from_unit": {**_STR, "enum": sorted(UNITS)},
+                    "to_unit": {**_STR, "enum": sorted(UNITS)},
+                },
+                ["value", "from_unit", "to_unit"],
+            ),
+            _convert_units,
+        ),
+        SimTool(
+            _schema(
+                "calculator",
+                "Evaluate an arithmetic expression (+ - * / // % **, parentheses, abs, round, min, max, sqrt).",
+                {"expression": {**_STR, "description": "e.g. (12.5 * 4) + 3"}},
+                ["expression"],
+            ),
+            _calculator,
+        ),
+        SimTool(
+            _schema(
+                "lookup_user",
+                "Look up a user's profile by user id.",
+                {"user_id": {"type": "integer", "description": "Numeric user id"}},
+                ["user_id"],
+            ),
+            _lookup_user,
+        ),
+        SimTool(
+            _schema(
+                "get_order_status",
+                "Get the status of an order by order id.",
+                {"order_id": {**_STR, "description": "Order id, e.g. A-1001"}},
+                ["order_id"],
+            ),
+            _get_order_status,
+        ),
+        SimTool(
+            _schema(
+                "list_user_orders",
+                "List the order ids of a user.",
+                {"user_id": {"type": "integer", "description": "Numeric user id"}},
+                ["user_id"],
+            ),
+            _list_user_orders,
+        ),
+        SimTool(
+            _schema(
+                "send_email",
+                "Send an email.",
+                {
+                    "to": {**_STR, "description": "Recipient email address"},
+                    "subject": _STR,
+                    "body": {**_STR, "description": "Message text; optional"},
+                },
+                ["to", "subject"],
+            ),
+            _send_email,
+        ),
+        SimTool(
+            _schema(
+                "set_timer",
+                "Start a countdown timer.",
+                {"minutes": {"type": "integer", "minimum": 1}, "label": {**_STR, "description": "Optional label"}},
+                ["minutes"],
+            ),
+            _set_timer,
+        ),
     ]
 }
 
@@ -299,12 +442,20 @@ def run_tool(call: ToolCall, state: dict[str, Any] | None = None, registry: Mapp
 _MAX_EXPR_CHARS = 200
 _MAX_MAGNITUDE = 1e100
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
-    ast.Pow: lambda a, b: a ** b,
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: a**b,
 }
 _FUNCS: dict[str, tuple[Callable[..., Any], int, int]] = {  # name -> (function, min args, max args)
-    "abs": (abs, 1, 1), "round": (round, 1, 2), "min": (min, 2, 16), "max": (max, 2, 16), "sqrt": (math.sqrt, 1, 1),
+    "abs": (abs, 1, 1),
+    "round": (round, 1, 2),
+    "min": (min, 2, 16),
+    "max": (max, 2, 16),
+    "sqrt": (math.sqrt, 1, 1),
 }
 
 
@@ -360,8 +511,10 @@ def _eval_node(node: ast.AST) -> int | float:
         if node.func.id == "sqrt" and values[0] < 0:
             raise ToolError("sqrt of a negative number")
         return _check_magnitude(fn(*values))
-    raise ToolError(f"unsupported expression element {type(node).__name__}"
-                    + (f" {node.id!r}" if isinstance(node, ast.Name) else ""))
+    raise ToolError(
+        f"unsupported expression element {type(node).__name__}"
+        + (f" {node.id!r}" if isinstance(node, ast.Name) else "")
+    )
 
 
 def safe_eval(expression: str) -> int | float:

@@ -151,7 +151,7 @@ class Trajectory:
     @property
     def completion(self) -> str:
         """All assistant text the episode produced (prefill included), turns joined by newlines."""
-        return "\n".join(m.content for m in self.messages[len(self.task.messages):] if m.role == "assistant")
+        return "\n".join(m.content for m in self.messages[len(self.task.messages) :] if m.role == "assistant")
 
     @property
     def num_policy_tokens(self) -> int:

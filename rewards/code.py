@@ -19,7 +19,7 @@ MODES = ("fraction", "all")
 
 def last_answer(traj: Trajectory) -> str:
     """The text of the episode's last assistant turn (prefill included on turn 1), or ``""``."""
-    for m in reversed(traj.messages[len(traj.task.messages):]):
+    for m in reversed(traj.messages[len(traj.task.messages) :]):
         if m.role == "assistant":
             return m.content
     return ""
@@ -49,12 +49,22 @@ class CodeTestsReward:
     name = "code_tests"
     domains = ("code",)
 
-    def __init__(self, mode: str = "fraction", timeout_s: float | None = None, sandbox: str = "bwrap",
-                 use_env_reward: bool = True, sandbox_config: SandboxConfig | dict | None = None):
+    def __init__(
+        self,
+        mode: str = "fraction",
+        timeout_s: float | None = None,
+        sandbox: str = "bwrap",
+        use_env_reward: bool = True,
+        sandbox_config: SandboxConfig | dict | None = None,
+    ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or not timeout_s > 0 or not math.isfinite(timeout_s)):
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, (int, float))
+            or not timeout_s > 0
+            or not math.isfinite(timeout_s)
+        ):
             raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         if sandbox not in ("bwrap", "none"):
             raise ValueError(f"sandbox must be 'bwrap' or 'none' (trusted code only), got {sandbox!r}")

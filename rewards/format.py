@@ -52,7 +52,12 @@ class OverlongPenalty:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if not 0 <= buffer_tokens <= max_tokens:
             raise ValueError(f"buffer_tokens must be in [0, max_tokens={max_tokens}], got {buffer_tokens}")
-        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not math.isfinite(penalty) or penalty < 0:
+        if (
+            isinstance(penalty, bool)
+            or not isinstance(penalty, (int, float))
+            or not math.isfinite(penalty)
+            or penalty < 0
+        ):
             raise ValueError(f"penalty must be a finite number >= 0, got {penalty!r}")
         self.max_tokens = max_tokens
         self.buffer_tokens = buffer_tokens

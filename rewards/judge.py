@@ -90,11 +90,24 @@ class LLMJudge:
     name = "llm_judge"
     domains: tuple[str, ...] = ()  # no default: list the domains in the recipe
 
-    def __init__(self, base_url: str, model: str, prompt_template: str, api_key_env: str = "OPENAI_API_KEY",
-                 timeout_s: float = 30.0, max_retries: int = 2, score_regex: str = DEFAULT_SCORE_REGEX,
-                 scale: float = 10.0, system_prompt: str = "", temperature: float = 0.0, max_tokens: int = 256,
-                 retry_backoff_s: float = 0.5, concurrency: int = 8, name: str = "",
-                 extra_body: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        prompt_template: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 30.0,
+        max_retries: int = 2,
+        score_regex: str = DEFAULT_SCORE_REGEX,
+        scale: float = 10.0,
+        system_prompt: str = "",
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        retry_backoff_s: float = 0.5,
+        concurrency: int = 8,
+        name: str = "",
+        extra_body: dict[str, Any] | None = None,
+    ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if not isinstance(model, str) or not model:
@@ -108,8 +121,10 @@ class LLMJudge:
         for f in names:
             root = re.split(r"[.\[]", f, maxsplit=1)[0]
             if root not in TEMPLATE_FIELDS:
-                raise ValueError(f"prompt_template field {{{f}}} is unknown; available: "
-                                 f"{', '.join('{' + x + '}' for x in TEMPLATE_FIELDS)} (write {{{{ }}}} for braces)")
+                raise ValueError(
+                    f"prompt_template field {{{f}}} is unknown; available: "
+                    f"{', '.join('{' + x + '}' for x in TEMPLATE_FIELDS)} (write {{{{ }}}} for braces)"
+                )
         try:
             self.score_re = re.compile(score_regex)
         except re.error as e:
@@ -141,8 +156,11 @@ class LLMJudge:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         # Loopback endpoints never go through an HTTP proxy from the environment.
-        self._opener = (urllib.request.build_opener(urllib.request.ProxyHandler({})) if _is_loopback(self.url)
-                        else urllib.request.build_opener())
+        self._opener = (
+            urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            if _is_loopback(self.url)
+            else urllib.request.build_opener()
+        )
 
     # ------------------------------------------------------------------ the reward
 
@@ -194,9 +212,15 @@ class LLMJudge:
     def complete(self, prompt: str) -> str:
         """The judge model's reply to ``prompt`` (retrying transient failures)."""
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
-            {"role": "user", "content": prompt}]
-        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens, **self.extra_body}
+            {"role": "user", "content": prompt}
+        ]
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            **self.extra_body,
+        }
         data = self._post(body)
         try:
             content = data["choices"][0]["message"]["content"]

@@ -42,8 +42,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from envs.types import Trajectory
 
-__all__ = ["RewardFn", "BatchedRewardFn", "AsyncRewardFn", "ALL_DOMAINS", "DEFAULT_CONCURRENCY", "applies_to",
-           "call_mode"]
+__all__ = [
+    "RewardFn",
+    "BatchedRewardFn",
+    "AsyncRewardFn",
+    "ALL_DOMAINS",
+    "DEFAULT_CONCURRENCY",
+    "applies_to",
+    "call_mode",
+]
 
 ALL_DOMAINS = "*"  # a `domains` entry that matches every domain
 DEFAULT_CONCURRENCY = 32  # acall coroutines in flight per function, unless the class says otherwise

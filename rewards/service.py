@@ -126,8 +126,9 @@ class RewardScorer:
                 name = f"{base}_{k}"
             seen.add(name)
             domains = frozenset(spec.domains or getattr(obj, "domains", ()) or ())
-            self._fns.append(_Fn(name, obj, float(spec.weight), domains, bool(getattr(obj, "shaping", False)),
-                                 call_mode(obj)))
+            self._fns.append(
+                _Fn(name, obj, float(spec.weight), domains, bool(getattr(obj, "shaping", False)), call_mode(obj))
+            )
         self._lock = threading.Lock()
         self._abandoned: list[threading.Thread] = []  # helper threads stuck in a call that timed out
         self._progress_t: float | None = None  # monotonic time of the last call start/finish while scoring
@@ -239,8 +240,10 @@ class RewardScorer:
             (o,) = self._run_each(fn.obj.score_batch, [trajs])
             n = len(trajs)
             if o.error is not None:
-                return [FnOutcome(error=f"score_batch {o.error}", timed_out=o.timed_out, latency_s=o.latency_s / n)
-                        for _ in trajs]
+                return [
+                    FnOutcome(error=f"score_batch {o.error}", timed_out=o.timed_out, latency_s=o.latency_s / n)
+                    for _ in trajs
+                ]
             values = o.value
             try:
                 values = list(values)
@@ -248,8 +251,13 @@ class RewardScorer:
                 values = None
             if values is None or len(values) != n:
                 got = f"{len(values)} values" if values is not None else f"{type(o.value).__name__}"
-                return [FnOutcome(error=f"score_batch returned {got} for {n} trajectories (want a list of {n})",
-                                  latency_s=o.latency_s / n) for _ in trajs]
+                return [
+                    FnOutcome(
+                        error=f"score_batch returned {got} for {n} trajectories (want a list of {n})",
+                        latency_s=o.latency_s / n,
+                    )
+                    for _ in trajs
+                ]
             return [FnOutcome(value=v, latency_s=o.latency_s / n) for v in values]
         if fn.mode == "async":
             return self._run_async(fn, trajs)
@@ -341,13 +349,20 @@ class RewardScorer:
         th = threading.Thread(target=run, daemon=True, name="reward-acall")
         th.start()
         crash = self._await_event_loop(th, cond, state, timeout)
-        return [r if r is not None else
-                FnOutcome(error=crash or f"timed out after {timeout:g}s (the event loop was blocked)",
-                          timed_out=crash is None, latency_s=0.0 if crash else float(timeout or 0.0))
-                for r in results]
+        return [
+            r
+            if r is not None
+            else FnOutcome(
+                error=crash or f"timed out after {timeout:g}s (the event loop was blocked)",
+                timed_out=crash is None,
+                latency_s=0.0 if crash else float(timeout or 0.0),
+            )
+            for r in results
+        ]
 
-    def _await_event_loop(self, th: threading.Thread, cond: threading.Condition, state: dict[str, Any],
-                          timeout: float | None) -> str | None:
+    def _await_event_loop(
+        self, th: threading.Thread, cond: threading.Condition, state: dict[str, Any], timeout: float | None
+    ) -> str | None:
         """Wait until the event loop on ``th`` is done, or until no call started or finished for ``timeout``
         (+ 1 s grace): the loop is blocked, ``th`` is abandoned. Returns the loop's own crash, if any."""
         grace = 1.0
@@ -409,8 +424,14 @@ class RewardService:
     predecessor's).
     """
 
-    def __init__(self, specs: list[RewardFnSpec], workers: int = 1, timeout_s: float = 60.0, num_cpus: float = 0.1,
-                 actor_options: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[RewardFnSpec],
+        workers: int = 1,
+        timeout_s: float = 60.0,
+        num_cpus: float = 0.1,
+        actor_options: list[dict[str, Any]] | None = None,
+    ) -> None:
         import ray
 
         if actor_options is not None and len(actor_options) != workers:
@@ -486,8 +507,12 @@ class RewardService:
         if not retry:
             return results
         self._await_fresh()
-        second = self._wait_all({i: (self.workers[i].score_with_stats.remote([jobs[i][p] for p in pos]),
-                                     [jobs[i][p] for p in pos]) for i, pos in retry.items()})
+        second = self._wait_all(
+            {
+                i: (self.workers[i].score_with_stats.remote([jobs[i][p] for p in pos]), [jobs[i][p] for p in pos])
+                for i, pos in retry.items()
+            }
+        )
         for i, (res, stats, fail) in second.items():
             if fail is not None:
                 self._replace(i)
@@ -540,8 +565,12 @@ class RewardService:
             for ref, i in list(pending.items()):
                 if time.monotonic() - last_ok[i] > limit:
                     pending.pop(ref)
-                    done[i] = (None, None, f"reward worker timed out after {self.timeout_s:g}s (no progress; "
-                                           f"a reward call could not be interrupted)")
+                    done[i] = (
+                        None,
+                        None,
+                        f"reward worker timed out after {self.timeout_s:g}s (no progress; "
+                        f"a reward call could not be interrupted)",
+                    )
         return done
 
     def _merge(self, stats: dict[str, Any]) -> None:

@@ -249,7 +249,7 @@ def answer_matches(text: str, acceptable: Iterable[str]) -> bool:
 
 def final_answer(traj: Trajectory) -> str | None:
     """The episode's final answer: its last assistant turn, if that turn has no ``<tool_call>``."""
-    turns = [m.content for m in traj.messages[len(traj.task.messages):] if m.role == "assistant"]
+    turns = [m.content for m in traj.messages[len(traj.task.messages) :] if m.role == "assistant"]
     if not turns or OPEN_TAG in turns[-1]:
         return None
     return turns[-1]
@@ -293,7 +293,7 @@ class ToolCallFormatReward:
         spec = traj.task.tool_call
         if spec is None:
             return None
-        turns = [m.content for m in traj.messages[len(traj.task.messages):] if m.role == "assistant"]
+        turns = [m.content for m in traj.messages[len(traj.task.messages) :] if m.role == "assistant"]
         if not turns:
             return 0.0
         good = 0

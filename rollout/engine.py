@@ -41,9 +41,19 @@ def has_cuda() -> bool:
 class VLLMEngine:
     """One vLLM ``LLM`` instance. Call ``shutdown()`` when done (it frees /dev/shm)."""
 
-    def __init__(self, model_path: str, *, dtype: str = "bfloat16", seed: int = 0, max_model_len: int = 2048,
-                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        max_model_len: int = 2048,
+        kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         """``tensor_parallel_size`` > 1 and ``enable_sleep_mode`` (colocated placement: ``sleep`` /
         ``wake_up`` around the learner step) are GPU-only. ``engine_kwargs`` (``rollout.engine_kwargs``,
         checked against vLLM's ``EngineArgs`` by the recipe) go to ``LLM`` last: they may replace the
@@ -51,12 +61,20 @@ class VLLMEngine:
         configure_vllm_env(kv_cache_gib)
         from vllm import LLM
 
-        kwargs: dict[str, Any] = dict(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                                      enforce_eager=True, enable_prefix_caching=True)
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+        )
         cuda = has_cuda()
         if (tensor_parallel_size > 1 or enable_sleep_mode) and not cuda:
-            raise RuntimeError(f"tensor_parallel_size={tensor_parallel_size} / enable_sleep_mode={enable_sleep_mode} "
-                               "need CUDA; this engine sees no GPU")
+            raise RuntimeError(
+                f"tensor_parallel_size={tensor_parallel_size} / enable_sleep_mode={enable_sleep_mode} "
+                "need CUDA; this engine sees no GPU"
+            )
         if cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             if tensor_parallel_size > 1:
@@ -91,7 +109,9 @@ class VLLMEngine:
                 return f"engine core process {p.pid} ({p.name}) exited with code {p.exitcode}"
         return None
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[Generation]:
         """Sample one completion per prompt (token ids in, token ids out), in order.
 
         ``seeds`` (one per prompt) make each request's sampling reproducible whatever else
@@ -106,12 +126,20 @@ class VLLMEngine:
         for i, p in enumerate(prompts):
             room = sampling.max_model_len - len(p)
             if room < 1:
-                raise ValueError(f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}")
-            params.append(SamplingParams(
-                n=1, temperature=sampling.temperature, top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
-                max_tokens=min(sampling.max_new_tokens, room), logprobs=0,
-                seed=None if seeds is None else int(seeds[i]) % (2**31), skip_special_tokens=False,
-            ))
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}"
+                )
+            params.append(
+                SamplingParams(
+                    n=1,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
+                    max_tokens=min(sampling.max_new_tokens, room),
+                    logprobs=0,
+                    seed=None if seeds is None else int(seeds[i]) % (2**31),
+                    skip_special_tokens=False,
+                )
+            )
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         gens = []
         for o in outs:
@@ -133,7 +161,9 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt) + list(continuation))], sp, use_tqdm=False)[0]
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt) + list(continuation))], sp, use_tqdm=False)[
+            0
+        ]
         plp = out.prompt_logprobs
         ids = list(prompt) + list(continuation)
         return [float(plp[i][ids[i]].logprob) for i in range(len(prompt), len(ids))]

@@ -25,7 +25,9 @@ from envs.types import Generation, Message, Sampling, Task, Trajectory
 
 
 class Engine(Protocol):
-    def generate(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Generation]: ...
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[Generation]: ...
 
 
 def render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool) -> str:
@@ -60,8 +62,15 @@ class _Episode:
     text: str = ""
 
 
-def run_episodes(engine: Engine, tokenizer: Any, make_env: Callable[[str], Any], tasks: list[Task],
-                 group_ids: list[int], seeds: list[int], sampling: Sampling) -> list[Trajectory]:
+def run_episodes(
+    engine: Engine,
+    tokenizer: Any,
+    make_env: Callable[[str], Any],
+    tasks: list[Task],
+    group_ids: list[int],
+    seeds: list[int],
+    sampling: Sampling,
+) -> list[Trajectory]:
     """Run one episode per task (in order) and return their trajectories.
 
     ``make_env(domain)`` returns a fresh env for a task of that domain; it is closed at the
@@ -83,18 +92,32 @@ def run_episodes(engine: Engine, tokenizer: Any, make_env: Callable[[str], Any],
             active = [e for e in eps if not e.done]
             if not active:
                 break
-            gens = engine.generate([e.prompt_ids + e.response_ids for e in active], sampling,
-                                   seeds=[e.seed * 7919 + e.turns for e in active])
+            gens = engine.generate(
+                [e.prompt_ids + e.response_ids for e in active],
+                sampling,
+                seeds=[e.seed * 7919 + e.turns for e in active],
+            )
             for e, gen in zip(active, gens):
                 _advance(e, gen, tokenizer, sampling)
     finally:
         for e in eps:
             e.env.close()
     return [
-        Trajectory(task=e.task, group_id=e.group_id, prompt_ids=e.prompt_ids, response_ids=e.response_ids,
-                   loss_mask=e.loss_mask, logprobs=e.logprobs, messages=e.messages, terminated=e.terminated,
-                   truncated=e.truncated, finish_reason=e.finish_reason, num_turns=e.turns, env_reward=e.env_reward,
-                   sandbox_events=e.sandbox_events)
+        Trajectory(
+            task=e.task,
+            group_id=e.group_id,
+            prompt_ids=e.prompt_ids,
+            response_ids=e.response_ids,
+            loss_mask=e.loss_mask,
+            logprobs=e.logprobs,
+            messages=e.messages,
+            terminated=e.terminated,
+            truncated=e.truncated,
+            finish_reason=e.finish_reason,
+            num_turns=e.turns,
+            env_reward=e.env_reward,
+            sandbox_events=e.sandbox_events,
+        )
         for e in eps
     ]
 
@@ -132,7 +155,7 @@ def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -
         # The template re-renders this turn differently from what the engine produced (e.g. the
         # policy emitted special tokens mid-turn): continuing would desynchronise tokens and text.
         return _end_early(e, "template_mismatch")
-    delta = encode(tokenizer, full[len(e.text):])
+    delta = encode(tokenizer, full[len(e.text) :])
     e.text = full
     if len(e.prompt_ids) + len(e.response_ids) + len(delta) + 1 >= sampling.max_model_len:
         return _end_early(e, "max_model_len")

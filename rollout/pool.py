@@ -28,24 +28,48 @@ log = logging.getLogger("jointrl.rollout")
 class RolloutWorker:
     """One engine plus the env classes of each domain. Not thread-safe."""
 
-    def __init__(self, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]], *, dtype: str = "bfloat16",
-                 seed: int = 0, max_model_len: int = 2048, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None,
-                 engine: Any = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        env_specs: list[tuple[str, str, dict[str, Any]]],
+        *,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        max_model_len: int = 2048,
+        kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        engine_kwargs: dict[str, Any] | None = None,
+        engine: Any = None,
+    ) -> None:
         """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
         passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused."""
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.engine = engine if engine is not None else VLLMEngine(
-            model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-            enable_sleep_mode=enable_sleep_mode, engine_kwargs=engine_kwargs)
+        self.engine = (
+            engine
+            if engine is not None
+            else VLLMEngine(
+                model_path,
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                kv_cache_gib=kv_cache_gib,
+                gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                enable_sleep_mode=enable_sleep_mode,
+                engine_kwargs=engine_kwargs,
+            )
+        )
         # Where weights that arrive through the object store (learner on another node) are put.
-        self._blob = f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors" if os.path.isdir("/dev/shm") else \
-            os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")
+        self._blob = (
+            f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors"
+            if os.path.isdir("/dev/shm")
+            else os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")
+        )
         # The engine core's shared-memory segments (~420 MB on CPU) and that file: if this process
         # is killed nobody unlinks them, so the pool does it on this node after the death.
         self._shm = (shm_segments(os.getpid()) if engine is None else []) + [self._blob]
@@ -56,7 +80,9 @@ class RolloutWorker:
         cls, kwargs = self.envs[domain]
         return cls(**kwargs)
 
-    def generate(self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling) -> list[Trajectory]:
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
         return run_episodes(self.engine, self.tokenizer, self._make_env, tasks, group_ids, seeds, sampling)
 
     def load_weights(self, path: str) -> None:
@@ -132,12 +158,24 @@ class RolloutPool:
     Starting a worker has ``start_timeout_s``.
     """
 
-    def __init__(self, n: int, model_path: str, env_specs: list[tuple[str, str, dict[str, Any]]],
-                 num_cpus: float = 0.5, num_gpus: float = 0, max_restarts: int = 2,
-                 actor_options: list[dict[str, Any]] | None = None,
-                 length_estimator: Callable[[Task], float | None] | None = None, *,
-                 call_timeout_s: float = 3600.0, probe_every_s: float = 5.0, probe_timeout_s: float = 60.0,
-                 start_timeout_s: float = 900.0, worker_cls: type | None = None, **worker_kwargs: Any) -> None:
+    def __init__(
+        self,
+        n: int,
+        model_path: str,
+        env_specs: list[tuple[str, str, dict[str, Any]]],
+        num_cpus: float = 0.5,
+        num_gpus: float = 0,
+        max_restarts: int = 2,
+        actor_options: list[dict[str, Any]] | None = None,
+        length_estimator: Callable[[Task], float | None] | None = None,
+        *,
+        call_timeout_s: float = 3600.0,
+        probe_every_s: float = 5.0,
+        probe_timeout_s: float = 60.0,
+        start_timeout_s: float = 900.0,
+        worker_cls: type | None = None,
+        **worker_kwargs: Any,
+    ) -> None:
         """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.placement.Placement.options``:
         its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
         gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
@@ -151,7 +189,8 @@ class RolloutPool:
         self.length_estimator = length_estimator
         # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
         self._actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, concurrency_groups={"health": 1})(
-            worker_cls or RolloutWorker)
+            worker_cls or RolloutWorker
+        )
         self.call_timeout_s, self.probe_every_s = call_timeout_s, probe_every_s
         self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
         self._args = (model_path, env_specs)
@@ -185,7 +224,8 @@ class RolloutPool:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            )
             try:
                 ray.get(sweep.remote(segments, 30.0), timeout=90)  # its engine core may take seconds to die
             except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
@@ -220,11 +260,16 @@ class RolloutPool:
                 failed = self._probe(pending)
             for i, e in failed.items():
                 if attempts[i] >= self.max_restarts:
-                    raise EngineFailure(f"rollout worker {i} died {attempts[i] + 1} times in one call; giving up "
-                                        f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})") from e
+                    raise EngineFailure(
+                        f"rollout worker {i} died {attempts[i] + 1} times in one call; giving up "
+                        f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})"
+                    ) from e
                 attempts[i] += 1
                 self._replace(i, e)
-                if jobs[i][0] in ("load_weights", "load_weights_blob"):  # the replacement loaded the newest as it started
+                if jobs[i][0] in (
+                    "load_weights",
+                    "load_weights_blob",
+                ):  # the replacement loaded the newest as it started
                     out[i] = None
                     del pending[i]
                 else:
@@ -260,7 +305,9 @@ class RolloutPool:
                 failed[i] = EngineUnresponsive(why)
         return failed
 
-    def generate(self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling) -> list[Trajectory]:
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
         """Episodes for ``tasks`` (in order); whole groups go to one engine, engines balanced by estimated
         tokens (``plan_shards``)."""
         groups: dict[int, list[int]] = {}
@@ -268,11 +315,18 @@ class RolloutPool:
             groups.setdefault(g, []).append(i)
         members = list(groups.values())
         est = [estimate_length(tasks[idxs[0]], sampling, self.length_estimator) for idxs in members]
-        shards = [sorted(i for g in plan for i in members[g])
-                  for plan in plan_shards([len(m) for m in members], est, len(self.workers))]
-        jobs = {w: ("generate", ([tasks[i] for i in shard], [group_ids[i] for i in shard], [seeds[i] for i in shard],
-                                 sampling))
-                for w, shard in enumerate(shards) if shard}
+        shards = [
+            sorted(i for g in plan for i in members[g])
+            for plan in plan_shards([len(m) for m in members], est, len(self.workers))
+        ]
+        jobs = {
+            w: (
+                "generate",
+                ([tasks[i] for i in shard], [group_ids[i] for i in shard], [seeds[i] for i in shard], sampling),
+            )
+            for w, shard in enumerate(shards)
+            if shard
+        }
         res = self._call(jobs)
         out: list[Trajectory | None] = [None] * len(tasks)
         for w, trajs in res.items():
@@ -311,8 +365,9 @@ class RolloutPool:
             return "load_weights", (w["path"],)
         if w["ref"] is None:
             if w["fetch"] is None:
-                raise ValueError(f"rollout worker {i} is on another node than the weights file {w['path']}; "
-                                 "sync_weights needs fetch")
+                raise ValueError(
+                    f"rollout worker {i} is on another node than the weights file {w['path']}; sync_weights needs fetch"
+                )
             w["ref"] = w["fetch"]()
         return "load_weights_blob", (w["ref"],)
 

@@ -18,8 +18,13 @@ pytestmark = pytest.mark.slow
 
 def _run(recipe: Path, *overrides: str) -> None:
     exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run([str(exe), "train", str(recipe), *overrides], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "WANDB_MODE": "disabled"})
+    r = subprocess.run(
+        [str(exe), "train", str(recipe), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 

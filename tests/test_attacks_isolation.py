@@ -27,11 +27,24 @@ except SandboxUnavailable as exc:  # pragma: no cover - CI installs bubblewrap
 
 IS_ROOT = os.geteuid() == 0
 
-SYSCALL = ("import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-           "r = libc.syscall(int(sys.argv[1]), 0, 0, 0, 0, 0)\nprint(r, ctypes.get_errno())\n")
+SYSCALL = (
+    "import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "r = libc.syscall(int(sys.argv[1]), 0, 0, 0, 0, 0)\nprint(r, ctypes.get_errno())\n"
+)
 # x86-64 numbers
-NR = {"add_key": 248, "request_key": 249, "keyctl": 250, "ptrace": 101, "perf_event_open": 298, "bpf": 321,
-      "userfaultfd": 323, "unshare": 272, "mount": 165, "io_uring_setup": 425, "io_uring_enter": 426}
+NR = {
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "ptrace": 101,
+    "perf_event_open": 298,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "unshare": 272,
+    "mount": 165,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+}
 
 SNOOP = r"""
 import os, sys
@@ -75,9 +88,15 @@ def _hold_secret(box: Sandbox, secret: str, ready: threading.Event, stop: thread
     box.write_files({"answer.txt": secret})
 
     def runner():
-        box.run(["/bin/sh", "-c", f"echo {secret} > /tmp/s; echo {secret} > /dev/shm/s; "
-                                  "echo ready > ready.flag; while [ ! -e stop.flag ]; do sleep 0.05; done"],
-                limits=Limits(wall_seconds=25))
+        box.run(
+            [
+                "/bin/sh",
+                "-c",
+                f"echo {secret} > /tmp/s; echo {secret} > /dev/shm/s; "
+                "echo ready > ready.flag; while [ ! -e stop.flag ]; do sleep 0.05; done",
+            ],
+            limits=Limits(wall_seconds=25),
+        )
 
     t = threading.Thread(target=runner, daemon=True)
     t.start()
@@ -101,8 +120,11 @@ def test_concurrent_sandboxes_cannot_read_each_other_with_a_custom_tmpdir(custom
         assert "HITS []" in r.stdout, r.stdout
         # Nor can a shell session: it sees its own work dir only.
         with ShellSession() as s:
-            out = s.run(f"grep -rl {secret} /tmp /dev/shm /work /var/tmp {custom_tmpdir} 2>/dev/null | head -3; "
-                        f"ls {custom_tmpdir} 2>&1 | head -3", timeout=20).output
+            out = s.run(
+                f"grep -rl {secret} /tmp /dev/shm /work /var/tmp {custom_tmpdir} 2>/dev/null | head -3; "
+                f"ls {custom_tmpdir} 2>&1 | head -3",
+                timeout=20,
+            ).output
         assert secret not in out.replace(f"grep -rl {secret}", "")
         assert "jointrl-sb-" not in out
         a_pid_ns_listing = b.run(["/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'"]).stdout.strip()
@@ -138,7 +160,7 @@ def test_io_uring_looks_absent():
 def test_seccomp_applies_in_shell_sessions_too():
     with ShellSession() as s:
         code = SYSCALL.replace("\n", "; ").replace("sys.argv[1]", "'250'")
-        res = s.run(f"python3 -c \"{code}\"; echo status=$?")
+        res = s.run(f'python3 -c "{code}"; echo status=$?')
         assert "status=159" in res.output  # 128 + SIGSYS
 
 
@@ -149,15 +171,27 @@ def test_storage_is_capped_in_bytes_and_inodes_and_never_reaches_the_host_disk()
         with open("/proc/self/mounts") as f:
             assert any(line.split()[1] == box.storage.root and line.split()[2] == "tmpfs" for line in f)
         # Bytes: 1 GiB requested across the work dir, /tmp and /dev/shm; the cap is 32 MiB in total.
-        r = box.run(["/bin/sh", "-c", "for d in . /tmp /dev/shm; do for i in 1 2 3 4 5 6; do "
-                                      "head -c 60000000 /dev/zero > $d/f$i || true; done; done; "
-                                      "du -sk . /tmp /dev/shm"])
+        r = box.run(
+            [
+                "/bin/sh",
+                "-c",
+                "for d in . /tmp /dev/shm; do for i in 1 2 3 4 5 6; do "
+                "head -c 60000000 /dev/zero > $d/f$i || true; done; done; "
+                "du -sk . /tmp /dev/shm",
+            ]
+        )
         used = sum(int(line.split()[0]) for line in r.stdout.split("\n") if line.strip())
         assert used <= 32 * 1024 + 64, r.stdout
         assert "No space left" in r.stderr and "storage" in r.events
         # Inodes: 100k files asked for; the cap stops them at about 2000.
-        r = box.run(["/bin/bash", "-c", "rm -f f*; i=0; while [ $i -lt 100000 ]; do : > n$i || break; "
-                                      "i=$((i+1)); done; echo made=$i"], limits=Limits(wall_seconds=30))
+        r = box.run(
+            [
+                "/bin/bash",
+                "-c",
+                "rm -f f*; i=0; while [ $i -lt 100000 ]; do : > n$i || break; i=$((i+1)); done; echo made=$i",
+            ],
+            limits=Limits(wall_seconds=30),
+        )
         made = int(r.stdout.split("made=")[1].split()[0])
         assert made < 2000 and "storage" in r.events, r.stdout
     assert not os.path.exists(box.storage.root)  # unmounted and removed on close
@@ -178,10 +212,16 @@ def test_no_state_crosses_runs_with_a_prestarted_sandbox(warm):
     its own PID namespace, empty /tmp and /dev/shm, only its own environment, nothing running."""
     with Sandbox(warm=warm) as box:
         for i in range(3):
-            r = box.run(["/bin/sh", "-c", "echo $$; ls -A /tmp /dev/shm | tr '\\n' ' '; echo; "
-                                          "echo \"${LEAK:-none}\"; ps -e -o comm= | grep -c sleep; "
-                                          "echo x > /tmp/t; echo y > /dev/shm/s; (sleep 30 &); true"],
-                        env={"LEAK": f"run{i}"} if i == 0 else None)
+            r = box.run(
+                [
+                    "/bin/sh",
+                    "-c",
+                    "echo $$; ls -A /tmp /dev/shm | tr '\\n' ' '; echo; "
+                    'echo "${LEAK:-none}"; ps -e -o comm= | grep -c sleep; '
+                    "echo x > /tmp/t; echo y > /dev/shm/s; (sleep 30 &); true",
+                ],
+                env={"LEAK": f"run{i}"} if i == 0 else None,
+            )
             assert r.exit_code == 0, r
             pid, listing, leak, sleeping = r.stdout.strip().split("\n")
             # A fresh PID namespace per run: the shell is pid 2 (bwrap's init is 1), however many

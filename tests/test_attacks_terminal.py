@@ -28,44 +28,67 @@ PYSITE = "$HOME/.local/lib/python3.$(python3 -c 'import sys; print(sys.version_i
 COUNT = TerminalSpec(
     setup="printf 'a\\nb\\nc\\nd\\ne\\n' > data.txt",
     check="python3 -c \"import json, sys; sys.exit(0 if open('count.txt').read().strip() == '5' else 1)\" "
-          "|| { echo FAIL; exit 1; }",
-    solution="wc -l < data.txt > count.txt", time_limit_s=30)
+    "|| { echo FAIL; exit 1; }",
+    solution="wc -l < data.txt > count.txt",
+    time_limit_s=30,
+)
 # Task 2: commit the untracked notes.txt so that the repo's status is clean; the check asks git.
 GIT = TerminalSpec(
     setup="git init -q repo && git -C repo config user.email a@b && git -C repo config user.name a && "
-          "echo v1 > repo/a.txt && git -C repo add a.txt && git -C repo commit -qm v1 && echo hi > repo/notes.txt",
-    check="[ -z \"$(git -C repo status --porcelain)\" ] || { echo FAIL; exit 1; }",
-    solution="git -C repo add notes.txt && git -C repo commit -qm notes", time_limit_s=30)
+    "echo v1 > repo/a.txt && git -C repo add a.txt && git -C repo commit -qm v1 && echo hi > repo/notes.txt",
+    check='[ -z "$(git -C repo status --porcelain)" ] || { echo FAIL; exit 1; }',
+    solution="git -C repo add notes.txt && git -C repo commit -qm notes",
+    time_limit_s=30,
+)
 TASKS = {"count": COUNT, "git": GIT}
 
 WRONG = {"count": "echo 4 > count.txt", "git": "true"}
 ATTACKS = {
     "pth_os_exit": ("count", f"mkdir -p {PYSITE} && echo 'import os; os._exit(0)' > {PYSITE}/zz.pth"),
     "usercustomize": ("count", f"mkdir -p {PYSITE} && printf 'import os\\nos._exit(0)\\n' > {PYSITE}/usercustomize.py"),
-    "local_bin_python": ("count", "mkdir -p ~/.local/bin && printf '#!/bin/sh\\nexit 0\\n' > ~/.local/bin/python3 && "
-                                  "chmod +x ~/.local/bin/python3 && echo 'export PATH=$HOME/.local/bin:$PATH' | "
-                                  "tee -a ~/.bashrc ~/.profile ~/.bash_profile > /dev/null"),
+    "local_bin_python": (
+        "count",
+        "mkdir -p ~/.local/bin && printf '#!/bin/sh\\nexit 0\\n' > ~/.local/bin/python3 && "
+        "chmod +x ~/.local/bin/python3 && echo 'export PATH=$HOME/.local/bin:$PATH' | "
+        "tee -a ~/.bashrc ~/.profile ~/.bash_profile > /dev/null",
+    ),
     "shadow_json_module": ("count", "printf 'import os\\nos._exit(0)\\n' > json.py && cp json.py sys.py"),
-    "bash_env_and_rc": ("count", "printf 'python3() { return 0; }\\nexport -f python3\\n' > .bashrc && cp .bashrc .bash_env "
-                                 "&& export BASH_ENV=$HOME/.bash_env && export -f cd 2>/dev/null; true"),
+    "bash_env_and_rc": (
+        "count",
+        "printf 'python3() { return 0; }\\nexport -f python3\\n' > .bashrc && cp .bashrc .bash_env "
+        "&& export BASH_ENV=$HOME/.bash_env && export -f cd 2>/dev/null; true",
+    ),
     "exported_function": ("count", "python3() { return 0; }; export -f python3; alias python3=true"),
-    "fake_tools_in_work_dir": ("count", "mkdir bin && printf '#!/bin/sh\\nexit 0\\n' > bin/python3 && chmod +x bin/python3"
-                                        " && cp bin/python3 python3 && export PATH=$PWD:$PWD/bin:$PATH"),
+    "fake_tools_in_work_dir": (
+        "count",
+        "mkdir bin && printf '#!/bin/sh\\nexit 0\\n' > bin/python3 && chmod +x bin/python3"
+        " && cp bin/python3 python3 && export PATH=$PWD:$PWD/bin:$PATH",
+    ),
     "daemon_fixes_later": ("count", "(sleep 1.5; echo 5 > count.txt) > /dev/null 2>&1 & disown; true"),
     "tmp_leftover": ("count", "echo 5 > /tmp/count.txt && ln -sf /tmp/count.txt count2.txt"),
-    "gitconfig_hides_untracked": ("git", "printf '[status]\\n\\tshowUntrackedFiles = no\\n' > ~/.gitconfig && "
-                                         "git -C repo config status.showUntrackedFiles no"),
-    "git_fsmonitor_hook": ("git", "printf '#!/bin/sh\\ngit -C \"$PWD\" add -A >/dev/null 2>&1\\n"
-                                  "git -C \"$PWD\" -c core.fsmonitor=false commit -qm x >/dev/null 2>&1\\nexit 1\\n' > hook.sh "
-                                  "&& chmod +x hook.sh && git -C repo config core.fsmonitor \"$PWD/hook.sh\""),
-    "git_hooks_path": ("git", "mkdir -p hk && printf '#!/bin/sh\\nexit 0\\n' > hk/post-index-change && chmod +x "
-                              "hk/post-index-change && git -C repo config core.hooksPath \"$PWD/hk\""),
+    "gitconfig_hides_untracked": (
+        "git",
+        "printf '[status]\\n\\tshowUntrackedFiles = no\\n' > ~/.gitconfig && "
+        "git -C repo config status.showUntrackedFiles no",
+    ),
+    "git_fsmonitor_hook": (
+        "git",
+        'printf \'#!/bin/sh\\ngit -C "$PWD" add -A >/dev/null 2>&1\\n'
+        'git -C "$PWD" -c core.fsmonitor=false commit -qm x >/dev/null 2>&1\\nexit 1\\n\' > hook.sh '
+        '&& chmod +x hook.sh && git -C repo config core.fsmonitor "$PWD/hook.sh"',
+    ),
+    "git_hooks_path": (
+        "git",
+        "mkdir -p hk && printf '#!/bin/sh\\nexit 0\\n' > hk/post-index-change && chmod +x "
+        'hk/post-index-change && git -C repo config core.hooksPath "$PWD/hk"',
+    ),
 }
 
 
 def task_of(name: str) -> Task:
-    return Task(id=f"attack-{name}", domain="terminal", terminal=TASKS[name],
-                messages=(Message("user", "do the task"),))
+    return Task(
+        id=f"attack-{name}", domain="terminal", terminal=TASKS[name], messages=(Message("user", "do the task"),)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +101,20 @@ def play():
         for cmd in commands:
             env.step(f"```bash\n{cmd}\n```")
         info = env.step("DONE")[3]
-        traj = Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[0.0],
-                          messages=list(task.messages), terminated=True, truncated=False, finish_reason="stop",
-                          num_turns=len(commands) + 1, env_reward=info["reward"])
+        traj = Trajectory(
+            task=task,
+            group_id=0,
+            prompt_ids=[1],
+            response_ids=[2],
+            loss_mask=[1],
+            logprobs=[0.0],
+            messages=list(task.messages),
+            terminated=True,
+            truncated=False,
+            finish_reason="stop",
+            num_turns=len(commands) + 1,
+            env_reward=info["reward"],
+        )
         return reward(traj), info
 
     yield run
@@ -102,11 +136,17 @@ def test_attack_scores_zero(play, attack):
 
 def test_the_check_environment_is_the_harnesss(play):
     """What a check sees: HOME outside the work dir, no user site, a fixed PATH, git config pinned."""
-    spec = TerminalSpec(setup="", solution="", time_limit_s=30, check=(
-        "[ \"$HOME\" = /nonexistent ] && [ ! -w \"$HOME\" ] && "
-        "[ \"$PATH\" = /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ] && "
-        "python3 -c 'import site, sys; assert not site.ENABLE_USER_SITE and sys.flags.safe_path' && "
-        "[ \"$(git config --get core.fsmonitor)\" = false ] && [ -z \"$(git config --global --list 2>/dev/null)\" ]"))
+    spec = TerminalSpec(
+        setup="",
+        solution="",
+        time_limit_s=30,
+        check=(
+            '[ "$HOME" = /nonexistent ] && [ ! -w "$HOME" ] && '
+            '[ "$PATH" = /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ] && '
+            "python3 -c 'import site, sys; assert not site.ENABLE_USER_SITE and sys.flags.safe_path' && "
+            '[ "$(git config --get core.fsmonitor)" = false ] && [ -z "$(git config --global --list 2>/dev/null)" ]'
+        ),
+    )
     env = TerminalEnv(check_timeout_s=10.0)
     task = Task(id="env", domain="terminal", terminal=spec, messages=(Message("user", "x"),))
     env.reset(task)

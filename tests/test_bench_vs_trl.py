@@ -26,8 +26,9 @@ def test_defaults_are_the_issue_workload() -> None:
     assert vs_trl.reward_k(vs_trl.parse(["--steps", "6", "--k", "3"])) == 3
 
 
-@pytest.mark.parametrize("bad", [["--steps", "0"], ["--group", "1"], ["--k", "13"], ["--device", "tpu"],
-                                 ["--heldout", "-1"]])
+@pytest.mark.parametrize(
+    "bad", [["--steps", "0"], ["--group", "1"], ["--k", "13"], ["--device", "tpu"], ["--heldout", "-1"]]
+)
 def test_bad_arguments_exit(bad: list[str]) -> None:
     with pytest.raises(SystemExit):
         vs_trl.parse(bad)
@@ -78,5 +79,5 @@ def test_paired_difference_by_hand() -> None:
     b = {"t1": 0.2, "t2": 1.0, "t3": 0.5, "t4": 1.0}  # t4 errored on a's side, t5 missing on b's
     d, se, n = vs_trl.paired_difference(a, b)
     # differences 0.3, 0.0, -0.3: mean 0, sample stdev 0.3, SE 0.3 / sqrt(3)
-    assert n == 3 and d == pytest.approx(0.0) and se == pytest.approx(0.3 / 3 ** 0.5)
+    assert n == 3 and d == pytest.approx(0.0) and se == pytest.approx(0.3 / 3**0.5)
     assert vs_trl.paired_difference({"x": 1.0}, {"y": 1.0})[2] == 0

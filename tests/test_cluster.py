@@ -77,22 +77,43 @@ def two_nodes():
     ip = ray.util.get_node_ip_address()
     port = _port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000", "--disable-usage-stats", "--block",
-              f"--temp-dir={tmp}"]
+    common = [
+        "--num-cpus=1",
+        "--num-gpus=0",
+        "--object-store-memory=100000000",
+        "--disable-usage-stats",
+        "--block",
+        f"--temp-dir={tmp}",
+    ]
     procs: list[subprocess.Popen] = []
     logs = []
     t_start, t_up = time.monotonic(), float("nan")
     try:
-        for name, extra in (("head", ["--head", f"--port={port}", "--include-dashboard=false",
-                                      f"--ray-client-server-port={_port()}"]),
-                            ("worker", [f"--address={ip}:{port}"])):
+        for name, extra in (
+            ("head", ["--head", f"--port={port}", "--include-dashboard=false", f"--ray-client-server-port={_port()}"]),
+            ("worker", [f"--address={ip}:{port}"]),
+        ):
             res = {"node_a" if name == "head" else "node_b": 1, "learner_slot": 1}
             log = open(Path(tmp) / f"{name}.log", "w")
             logs.append(log)
-            procs.append(subprocess.Popen([str(BIN / "ray"), "start", *extra, *common, f"--resources={json.dumps(res)}",
-                                           f"--dashboard-agent-listen-port={_port()}",
-                                           f"--runtime-env-agent-port={_port()}", f"--metrics-export-port={_port()}"],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(BIN / "ray"),
+                        "start",
+                        *extra,
+                        *common,
+                        f"--resources={json.dumps(res)}",
+                        f"--dashboard-agent-listen-port={_port()}",
+                        f"--runtime-env-agent-port={_port()}",
+                        f"--metrics-export-port={_port()}",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
             if name == "head":
                 time.sleep(3)
         # Wait for both nodes, then disconnect: the run connects on its own.
@@ -108,8 +129,10 @@ def two_nodes():
                 if ray.is_initialized():
                     ray.shutdown()
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError("the 2-node Ray cluster did not start:\n" +
-                                   "\n".join((Path(tmp) / f"{n}.log").read_text()[-2000:] for n in ("head", "worker")))
+                raise RuntimeError(
+                    "the 2-node Ray cluster did not start:\n"
+                    + "\n".join((Path(tmp) / f"{n}.log").read_text()[-2000:] for n in ("head", "worker"))
+                )
             time.sleep(1)
         t_up = time.monotonic() - t_start
         yield f"{ip}:{port}", tmp
@@ -133,14 +156,22 @@ def test_two_node_training_places_actors_by_custom_resources(two_nodes, recipe_c
         d["reward_service"]["workers"] = 1
         d["train"]["steps"] = 2
         d["wandb"]["mode"] = "disabled"
-        d["cluster"].update(engine_cpus=0.3, engine_resources={"node_b": 0.5},
-                            learner_cpus=0.4, learner_resources={"learner_slot": 1},
-                            reward_cpus=0.1, reward_resources={"node_a": 0.1}, placement_timeout_s=60)
+        d["cluster"].update(
+            engine_cpus=0.3,
+            engine_resources={"node_b": 0.5},
+            learner_cpus=0.4,
+            learner_resources={"learner_slot": 1},
+            reward_cpus=0.1,
+            reward_resources={"node_a": 0.1},
+            placement_timeout_s=60,
+        )
 
     recipe = recipe_copy("tiny.yaml", edit=edit)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.monotonic()
-    r = subprocess.run([str(BIN / "jointrl"), "train", str(recipe)], capture_output=True, text=True, timeout=900, env=env)
+    r = subprocess.run(
+        [str(BIN / "jointrl"), "train", str(recipe)], capture_output=True, text=True, timeout=900, env=env
+    )
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     out = tmp_path / "out"
@@ -161,5 +192,7 @@ def test_two_node_training_places_actors_by_custom_resources(two_nodes, recipe_c
     for e in where["engine"]:
         assert e["weights"] == ("file" if e["node_id"] == learner_nodes[0] else "object_store")
     assert steps[2]["rollout/logprob_diff"] < 0.02, steps[2]["rollout/logprob_diff"]
-    print(f"\n2-node run: {elapsed:.0f}s wall for 2 steps + 2 evaluations; engine weights by "
-          f"{[e['weights'] for e in where['engine']]}")
+    print(
+        f"\n2-node run: {elapsed:.0f}s wall for 2 steps + 2 evaluations; engine weights by "
+        f"{[e['weights'] for e in where['engine']]}"
+    )

@@ -57,8 +57,12 @@ ADD_TWO_OF_THREE = "def add(a, b):\n    return a + b + (a == 2)\n"
 
 
 def code_task(spec: CodeSpec = ADD_SPEC, task_id: str = "add") -> Task:
-    return Task(id=task_id, domain="code", code=spec,
-                messages=(Message("system", "Be careful."), Message("user", "Write add(a, b).")))
+    return Task(
+        id=task_id,
+        domain="code",
+        code=spec,
+        messages=(Message("system", "Be careful."), Message("user", "Write add(a, b).")),
+    )
 
 
 def traj_for(task: Task, *answers: str, env_reward: float | None = None) -> Trajectory:
@@ -67,9 +71,20 @@ def traj_for(task: Task, *answers: str, env_reward: float | None = None) -> Traj
         if i:
             msgs.append(Message("user", "fix it"))
         msgs.append(Message("assistant", a))
-    return Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[0.0],
-                      messages=msgs, terminated=True, truncated=False, finish_reason="stop",
-                      num_turns=len(answers), env_reward=env_reward)
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        loss_mask=[1],
+        logprobs=[0.0],
+        messages=msgs,
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        num_turns=len(answers),
+        env_reward=env_reward,
+    )
 
 
 def fenced(code: str, lang: str = "python") -> str:
@@ -86,8 +101,9 @@ def test_extract_fenced_and_untagged():
     assert extract_code("~~~python\nx = 2\n~~~") == "x = 2\n"
     assert extract_code("```Python title=sol.py\r\nx = 3\r\n```\r\n") == "x = 3\n"
     # A fence indented inside a list item: its indentation is removed.
-    assert extract_code("1. Code:\n    ```python\n    def f():\n        return 1\n    ```\n") == \
-        "def f():\n    return 1\n"
+    assert (
+        extract_code("1. Code:\n    ```python\n    def f():\n        return 1\n    ```\n") == "def f():\n    return 1\n"
+    )
 
 
 def test_extract_multiple_blocks_last_and_entry_point_preference():
@@ -121,7 +137,7 @@ def test_extract_unfenced_continuation_with_prompt_code():
 
 
 def test_extract_fenced_block_with_prompt_code_keeps_prompt_imports_and_helpers():
-    prompt = "from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    \"\"\"Sum.\"\"\"\n"
+    prompt = 'from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    """Sum."""\n'
     block = "def total(xs: List[int]) -> int:\n    return sum(xs)\n"
     assert extract_code(fenced(block), prompt_code=prompt, entry_point="total") == prompt + block
     body_only = "    return sum(xs)\n"
@@ -138,16 +154,20 @@ def test_extract_no_code():
 
 
 def test_split_tests_classifies_statements():
-    tests = ("import math\nX = 3\n\n\ndef helper(v):\n    return v\n\n\nassert f(1) == 1\n"
-             "for i in range(3):\n    assert f(i) == i\ncheck(f)\n'''doc'''\n")
+    tests = (
+        "import math\nX = 3\n\n\ndef helper(v):\n    return v\n\n\nassert f(1) == 1\n"
+        "for i in range(3):\n    assert f(i) == i\ncheck(f)\n'''doc'''\n"
+    )
     src, idx = split_tests(CodeSpec(tests=tests, entry_point="f"))
     assert src == tests and idx == [3, 4, 5]
     src, idx = split_tests(CodeSpec(tests="def check(c):\n    assert c(1)\n", entry_point="g", style="humaneval"))
     assert src.rstrip().endswith("check(g)") and idx == [1]
-    for spec, match in [(CodeSpec(tests="x = 1\n", entry_point="f"), "no test statement"),
-                        (CodeSpec(tests="assert (\n", entry_point="f"), "do not parse"),
-                        (CodeSpec(tests="assert f()\n", entry_point="f()"), "identifier"),
-                        (CodeSpec(tests="assert f()\n", entry_point="f", style="pytest"), "style")]:
+    for spec, match in [
+        (CodeSpec(tests="x = 1\n", entry_point="f"), "no test statement"),
+        (CodeSpec(tests="assert (\n", entry_point="f"), "do not parse"),
+        (CodeSpec(tests="assert f()\n", entry_point="f()"), "identifier"),
+        (CodeSpec(tests="assert f()\n", entry_point="f", style="pytest"), "style"),
+    ]:
         with pytest.raises(ValueError, match=match):
             split_tests(spec)
 
@@ -173,8 +193,11 @@ def test_run_tests_assert_style_counts(sandbox):
 
 @needs_sandbox
 def test_run_tests_setup_statements_errors_and_prints(sandbox):
-    spec = CodeSpec(tests="import math\nbase = add(1, 1)\nassert add(base, 1) == 3\nassert add('a', 1) == 'a1'\n"
-                          "assert math.isclose(add(0.1, 0.2), 0.3)\n", entry_point="add")
+    spec = CodeSpec(
+        tests="import math\nbase = add(1, 1)\nassert add(base, 1) == 3\nassert add('a', 1) == 'a1'\n"
+        "assert math.isclose(add(0.1, 0.2), 0.3)\n",
+        entry_point="add",
+    )
     out = run_tests(spec, "def add(a, b):\n    print('adding', a, b)\n    return a + b\n", sandbox)
     assert (out.passed, out.total) == (2, 3)
     assert "TypeError" in out.output and "adding 1 1" in out.output
@@ -186,8 +209,11 @@ def test_run_tests_setup_statements_errors_and_prints(sandbox):
 
 @needs_sandbox
 def test_run_tests_humaneval_style(sandbox):
-    spec = CodeSpec(tests="def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n",
-                    entry_point="inc", style="humaneval")
+    spec = CodeSpec(
+        tests="def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n",
+        entry_point="inc",
+        style="humaneval",
+    )
     assert run_tests(spec, "def inc(x):\n    return x + 1\n", sandbox).passed == 1
     out = run_tests(spec, "def inc(x):\n    return abs(x) + 1\n", sandbox)
     assert (out.passed, out.total) == (0, 1) and "candidate(-1) == 0" in out.output
@@ -202,22 +228,26 @@ def test_run_tests_infinite_loop_times_out(sandbox):
     assert out.timed_out and out.passed == 0 and out.total == 3
     assert "timed out" in out.error
     # Tests reported before the hang still count.
-    out = run_tests(ADD_SPEC, "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n", sandbox,
-                    timeout_s=1.0)
+    out = run_tests(
+        ADD_SPEC, "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n", sandbox, timeout_s=1.0
+    )
     assert out.timed_out and (out.passed, out.total) == (1, 3)
 
 
 @needs_sandbox
-@pytest.mark.parametrize("code", [
-    # Printing the marker (with a made-up nonce, or the real format without one) then exiting.
-    f"import sys\nprint('{MARKER} 0000 ' + '{{\"done\": true, \"passed\": 3, \"total\": 3}}')\n"
-    f"for i in range(3):\n    print('{MARKER} 0000 {{\"i\": %d, \"ok\": true, \"msg\": \"\"}}' % i)\nsys.exit(0)\n",
-    "import os\nos._exit(0)\n",
-    "import os\ndef add(a, b):\n    os._exit(0)\n",
-    "import sys\ndef add(a, b):\n    sys.exit(0)\n",
-    "import os, sys\nos.write(1, b'" + MARKER + " x {\"done\": true}\\n')\nsys.stdout.flush()\nos._exit(0)\n",
-    "raise SystemExit(0)\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        # Printing the marker (with a made-up nonce, or the real format without one) then exiting.
+        f'import sys\nprint(\'{MARKER} 0000 \' + \'{{"done": true, "passed": 3, "total": 3}}\')\n'
+        f'for i in range(3):\n    print(\'{MARKER} 0000 {{"i": %d, "ok": true, "msg": ""}}\' % i)\nsys.exit(0)\n',
+        "import os\nos._exit(0)\n",
+        "import os\ndef add(a, b):\n    os._exit(0)\n",
+        "import sys\ndef add(a, b):\n    sys.exit(0)\n",
+        "import os, sys\nos.write(1, b'" + MARKER + ' x {"done": true}\\n\')\nsys.stdout.flush()\nos._exit(0)\n',
+        "raise SystemExit(0)\n",
+    ],
+)
 def test_run_tests_cannot_fake_a_pass(sandbox, code):
     out = run_tests(ADD_SPEC, code, sandbox)
     assert out.passed == 0 and out.total == 3 and out.error
@@ -232,8 +262,9 @@ def test_run_tests_output_flood_does_not_hide_results(sandbox):
 @needs_sandbox
 def test_run_tests_is_sandboxed(sandbox, tmp_path):
     host_target = REPO / f"pwned-{secrets.token_hex(4)}"
-    spec = CodeSpec(tests=f"assert escape({str(host_target)!r}) == 'blocked'\nassert net() == 'blocked'\n",
-                    entry_point="escape")
+    spec = CodeSpec(
+        tests=f"assert escape({str(host_target)!r}) == 'blocked'\nassert net() == 'blocked'\n", entry_point="escape"
+    )
     code = (
         "import socket\n"
         "def escape(path):\n"
@@ -258,14 +289,21 @@ def test_run_tests_is_sandboxed(sandbox, tmp_path):
 @needs_sandbox
 def test_run_tests_work_dir_is_fresh_each_run(sandbox):
     # Run 1 plants a file and a module that would shadow the harness's `json`.
-    plant = ("with open('leftover.txt', 'w') as f:\n    f.write('x')\n"
-             "with open('json.py', 'w') as f:\n    f.write('raise SystemExit(0)')\n"
-             "def add(a, b):\n    return a + b\n")
+    plant = (
+        "with open('leftover.txt', 'w') as f:\n    f.write('x')\n"
+        "with open('json.py', 'w') as f:\n    f.write('raise SystemExit(0)')\n"
+        "def add(a, b):\n    return a + b\n"
+    )
     assert run_tests(ADD_SPEC, plant, sandbox).passed == 3
-    spec = CodeSpec(tests="import os\nassert add(1, 1) == 2\nassert os.path.exists('leftover.txt') == False\n"
-                          "assert seen() == []\n", entry_point="add")
+    spec = CodeSpec(
+        tests="import os\nassert add(1, 1) == 2\nassert os.path.exists('leftover.txt') == False\nassert seen() == []\n",
+        entry_point="add",
+    )
     # The candidate's own view of its work dir: nothing from run 1 is left in it.
-    looker = ADD_SPEC.solution + "import os\ndef seen():\n    return sorted(set(os.listdir('.')) - {'main.py', 'solution.py'})\n"
+    looker = (
+        ADD_SPEC.solution
+        + "import os\ndef seen():\n    return sorted(set(os.listdir('.')) - {'main.py', 'solution.py'})\n"
+    )
     assert run_tests(spec, looker, sandbox).passed == 3
     # The candidate's work dir holds its program and its code only (the tests live in the judge's).
     assert sorted(os.listdir(sandbox.work_dir)) == ["main.py", "solution.py"]
@@ -281,8 +319,14 @@ def test_code_env_validation():
     env = CodeEnv()
     assert isinstance(env, Env)
     with pytest.raises(ValueError, match="code spec"):
-        env.reset(Task(id="t", domain="tool_call", messages=(Message("user", "hi"),),
-                       tool_call=ToolCallSpec(tools=(), expected=())))
+        env.reset(
+            Task(
+                id="t",
+                domain="tool_call",
+                messages=(Message("user", "hi"),),
+                tool_call=ToolCallSpec(tools=(), expected=()),
+            )
+        )
     with pytest.raises(RuntimeError, match="before reset"):
         env.step("x")
     env.close()
@@ -400,34 +444,34 @@ HUMANEVAL_PROBLEMS = [
     {
         "task_id": "JointRL/0",
         "prompt": "from typing import List\n\n\ndef running_max(numbers: List[int]) -> List[int]:\n"
-                  "    \"\"\" Return the running maximum of a list of integers.\n"
-                  "    >>> running_max([1, 3, 2, 5, 4])\n    [1, 3, 3, 5, 5]\n    \"\"\"\n",
+        '    """ Return the running maximum of a list of integers.\n'
+        '    >>> running_max([1, 3, 2, 5, 4])\n    [1, 3, 3, 5, 5]\n    """\n',
         "canonical_solution": "    out = []\n    best = None\n    for x in numbers:\n"
-                              "        best = x if best is None else max(best, x)\n        out.append(best)\n"
-                              "    return out\n",
+        "        best = x if best is None else max(best, x)\n        out.append(best)\n"
+        "    return out\n",
         "test": "\n\nMETADATA = {\n    'author': 'jointrl',\n    'dataset': 'test'\n}\n\n\n"
-                "def check(candidate):\n    assert candidate([]) == []\n"
-                "    assert candidate([1, 3, 2, 5, 4]) == [1, 3, 3, 5, 5]\n"
-                "    assert candidate([-1, -2]) == [-1, -1]\n",
+        "def check(candidate):\n    assert candidate([]) == []\n"
+        "    assert candidate([1, 3, 2, 5, 4]) == [1, 3, 3, 5, 5]\n"
+        "    assert candidate([-1, -2]) == [-1, -1]\n",
         "entry_point": "running_max",
     },
     {
         "task_id": "JointRL/1",
         "prompt": "def shift_char(c: str, k: int) -> str:\n    return chr((ord(c) - ord('a') + k) % 26 + ord('a'))\n\n\n"
-                  "def encode_shift(s: str) -> str:\n    \"\"\" Shift every lowercase letter of s by 5 with shift_char.\n"
-                  "    >>> encode_shift('abc')\n    'fgh'\n    \"\"\"\n",
+        'def encode_shift(s: str) -> str:\n    """ Shift every lowercase letter of s by 5 with shift_char.\n'
+        "    >>> encode_shift('abc')\n    'fgh'\n    \"\"\"\n",
         "canonical_solution": "    return ''.join(shift_char(c, 5) for c in s)\n",
         "test": "\n\ndef check(candidate):\n    assert candidate('abc') == 'fgh'\n    assert candidate('xyz') == 'cde'\n"
-                "    assert candidate('') == ''\n",
+        "    assert candidate('') == ''\n",
         "entry_point": "encode_shift",
     },
     {
         "task_id": "JointRL/2",
-        "prompt": "def count_upper_vowels(s: str) -> int:\n    \"\"\" Count the uppercase vowels in s.\n"
-                  "    >>> count_upper_vowels('aEIb')\n    2\n    \"\"\"\n",
+        "prompt": 'def count_upper_vowels(s: str) -> int:\n    """ Count the uppercase vowels in s.\n'
+        '    >>> count_upper_vowels(\'aEIb\')\n    2\n    """\n',
         "canonical_solution": "    return sum(1 for c in s if c in 'AEIOU')\n",
         "test": "\n\ndef check(candidate):\n    assert candidate('aEIb') == 2\n    assert candidate('') == 0\n"
-                "    assert candidate('AEIOUaeiou') == 5\n    assert candidate('xyz') == 0\n",
+        "    assert candidate('AEIOUaeiou') == 5\n    assert candidate('xyz') == 0\n",
         "entry_point": "count_upper_vowels",
     },
 ]
@@ -445,8 +489,13 @@ def test_load_humaneval(humaneval_file, tmp_path):
     assert [t.id for t in tasks] == ["JointRL/0", "JointRL/1", "JointRL/2"]
     for t, p in zip(tasks, HUMANEVAL_PROBLEMS):
         assert t.domain == "code" and t.meta["source"] == "humaneval"
-        assert t.code == CodeSpec(tests=p["test"], entry_point=p["entry_point"], prompt_code=p["prompt"],
-                                  style="humaneval", solution=p["prompt"] + p["canonical_solution"])
+        assert t.code == CodeSpec(
+            tests=p["test"],
+            entry_point=p["entry_point"],
+            prompt_code=p["prompt"],
+            style="humaneval",
+            solution=p["prompt"] + p["canonical_solution"],
+        )
         assert [m.role for m in t.messages] == ["system", "user"]
         assert p["prompt"] in t.messages[1].content and "```python" in t.messages[1].content
     gz = tmp_path / "mini_humaneval.jsonl.gz"
@@ -482,8 +531,10 @@ def test_humaneval_solutions_and_chat_answers_pass(humaneval_file, sandbox):
         assert run_tests(t.code, t.code.prompt_code, sandbox).passed == 0, t.id  # docstring-only body
     t0, t1, t2 = tasks
     # A chat answer that uses `List` without importing it, and one relying on the prompt's helper.
-    answer0 = fenced("def running_max(numbers: List[int]) -> List[int]:\n    out, best = [], float('-inf')\n"
-                     "    for x in numbers:\n        best = max(best, x)\n        out.append(best)\n    return out\n")
+    answer0 = fenced(
+        "def running_max(numbers: List[int]) -> List[int]:\n    out, best = [], float('-inf')\n"
+        "    for x in numbers:\n        best = max(best, x)\n        out.append(best)\n    return out\n"
+    )
     answer1 = fenced("def encode_shift(s):\n    return ''.join(shift_char(c, 5) for c in s)\n")
     answer2 = "    return sum(c in 'AEIOU' for c in s)\n"  # raw continuation
     for t, answer in ((t0, answer0), (t1, answer1), (t2, answer2)):
@@ -551,8 +602,12 @@ def test_code_format_reward():
 
 @needs_sandbox
 def test_rewards_through_reward_scorer():
-    scorer = RewardScorer([RewardFnSpec("rewards.code.CodeTestsReward", kwargs={"mode": "fraction"}),
-                           RewardFnSpec("rewards.code.CodeFormatReward", weight=0.1)])
+    scorer = RewardScorer(
+        [
+            RewardFnSpec("rewards.code.CodeTestsReward", kwargs={"mode": "fraction"}),
+            RewardFnSpec("rewards.code.CodeFormatReward", weight=0.1),
+        ]
+    )
     out = scorer.score([traj_for(code_task(), fenced(ADD_TWO_OF_THREE)), traj_for(code_task(), "nothing")])
     assert out[0].scores == {"code_tests": pytest.approx(2 / 3), "code_format": 1.0}
     assert out[0].reward == pytest.approx(2 / 3 + 0.1) and out[0].reward_error is None

@@ -72,7 +72,9 @@ def test_example_runs_through_jointrl_score(example):
     # --out in the documented command: one line per sample.
     out = shlex.split(run)[shlex.split(run).index("--out") + 1]
     rows = [json.loads(x) for x in (tmp / out).read_text().splitlines()]
-    assert len(rows) == 4 and {"task_id", "sample", "domain", "reward", "passed", "scores", "reward_error"} <= set(rows[0])
+    assert len(rows) == 4 and {"task_id", "sample", "domain", "reward", "passed", "scores", "reward_error"} <= set(
+        rows[0]
+    )
 
 
 def test_example_module_through_the_scorer(example):
@@ -98,7 +100,9 @@ def test_example_module_through_the_scorer(example):
     assert all(0.0 <= t.scores["brevity"] <= 1.0 for t in out) and out[3].scores["brevity"] == 1.0
     for t in out:
         s = t.scores
-        assert t.reward == pytest.approx(s["toolcall"] + 0.2 * s["brevity"] + 0.1 * s["distinct"] + 0.1 * s["calls_tool"])
+        assert t.reward == pytest.approx(
+            s["toolcall"] + 0.2 * s["brevity"] + 0.1 * s["distinct"] + 0.1 * s["calls_tool"]
+        )
     # Plain __call__ works too (for notebooks and tests), also on the batched and async classes.
     assert my_rewards.Distinct()(trajs[0]) == 1.0 and my_rewards.CallsTool()(trajs[3]) == 0.0
     with pytest.raises(ValueError):

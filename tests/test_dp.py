@@ -24,19 +24,39 @@ PROMPT_C = "<|im_start|>user\nset a timer for 10 minutes<|im_end|>\n<|im_start|>
 
 def dp_batch(tok, skip: bool) -> Batch:
     """Three groups (A: 3 members, B: 2, C: 3), rewards with variance except group C (all 0.5)."""
-    rows = [(PROMPT_A, "get weather Paris", 1.0, 1.2), (PROMPT_A, "weather", 0.0, -0.6), (PROMPT_A, "Paris 20", 0.2, -0.6),
-            (PROMPT_B, "convert 100 USD", 1.0, 0.7), (PROMPT_B, "the amount", 0.0, -0.7),
-            (PROMPT_C, "timer 10", 0.5, 0.0), (PROMPT_C, "set timer minutes 10", 0.5, 0.0), (PROMPT_C, "ok", 0.5, 0.0)]
+    rows = [
+        (PROMPT_A, "get weather Paris", 1.0, 1.2),
+        (PROMPT_A, "weather", 0.0, -0.6),
+        (PROMPT_A, "Paris 20", 0.2, -0.6),
+        (PROMPT_B, "convert 100 USD", 1.0, 0.7),
+        (PROMPT_B, "the amount", 0.0, -0.7),
+        (PROMPT_C, "timer 10", 0.5, 0.0),
+        (PROMPT_C, "set timer minutes 10", 0.5, 0.0),
+        (PROMPT_C, "ok", 0.5, 0.0),
+    ]
     samples = []
     prompts = {PROMPT_A: 0, PROMPT_B: 1, PROMPT_C: 2}
     for uid, (p, text, reward, adv) in enumerate(rows):
         pi = enc(tok, p)
         resp = enc(tok, text) + [tok.eos_token_id]
-        samples.append(Sample(pi + resp, len(pi), [1] * len(resp), [-1.0] * len(resp), adv, "tool_call",
-                              reward=reward, group_id=prompts[p], uid=uid))
+        samples.append(
+            Sample(
+                pi + resp,
+                len(pi),
+                [1] * len(resp),
+                [-1.0] * len(resp),
+                adv,
+                "tool_call",
+                reward=reward,
+                group_id=prompts[p],
+                uid=uid,
+            )
+        )
     n = sum(s.num_tokens for s in samples)
     if skip:
-        return Batch([s for s in samples if s.advantage != 0], n, len(samples), [s for s in samples if s.advantage == 0])
+        return Batch(
+            [s for s in samples if s.advantage != 0], n, len(samples), [s for s in samples if s.advantage == 0]
+        )
     return Batch(samples, n, len(samples))
 
 
@@ -59,8 +79,13 @@ def ray2():
 
     # The actors import this module (for _state, run through __ray_call__).
     path = os.pathsep.join(p for p in [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")] if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}},
+    )
     yield ray
     ray.shutdown()
 
@@ -96,21 +121,45 @@ def _use_sgd(lrn: Learner) -> None:
 # case: (algo, skip zero-advantage samples, optimizer)
 CASES = {
     # GRPO with the KL loss, an entropy bonus, seq-mean aggregation: every sample computed.
-    "grpo_kl": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1),
-                           loss=LossConfig(entropy_coef=0.01, agg="seq-mean-token-mean")), False, "sgd"),
+    "grpo_kl": (
+        AlgoConfig(
+            name="grpo",
+            optim=OptimConfig(lr=1e-3),
+            kl=KLConfig(coef=0.1),
+            loss=LossConfig(entropy_coef=0.01, agg="seq-mean-token-mean"),
+        ),
+        False,
+        "sgd",
+    ),
     # Dr.GRPO without KL: group C is skipped (in Batch.skipped), so one shard computes a single group;
     # its own aggregation, seq-mean-token-sum-norm, over a constant of 16 tokens.
-    "dr_grpo_skip": (AlgoConfig(name="dr_grpo", optim=OptimConfig(lr=1e-3), loss=LossConfig(norm_tokens=16)), True, "sgd"),
+    "dr_grpo_skip": (
+        AlgoConfig(name="dr_grpo", optim=OptimConfig(lr=1e-3), loss=LossConfig(norm_tokens=16)),
+        True,
+        "sgd",
+    ),
     # PPO, separate critic, KL in the reward: advantages whitened over the whole batch across the ranks.
-    "ppo_kl_reward": (AlgoConfig(name="ppo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.05, kind="k1", in_reward=True),
-                                 critic=CriticConfig(model="separate")), False, "sgd"),
+    "ppo_kl_reward": (
+        AlgoConfig(
+            name="ppo",
+            optim=OptimConfig(lr=1e-3),
+            kl=KLConfig(coef=0.05, kind="k1", in_reward=True),
+            critic=CriticConfig(model="separate"),
+        ),
+        False,
+        "sgd",
+    ),
     # The default AdamW: its first step is ~lr * sign(g), so entries whose gradient is ~0 flip with float
     # summation-order noise; weights are compared where |g| >= 1e-6, and the replicas must stay identical.
     "grpo_adamw": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1)), False, "adamw"),
     # Small micro-batches, group C skipped: the ranks run different numbers of micro-batches and of
     # shared-prompt trunk calls, so the sharded ranks must pad with dummy calls to stay in step.
-    "grpo_uneven_micro": (AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1)), True, "sgd",
-                          LearnerConfig(micro_batch_tokens=24)),
+    "grpo_uneven_micro": (
+        AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1)),
+        True,
+        "sgd",
+        LearnerConfig(micro_batch_tokens=24),
+    ),
 }
 
 
@@ -121,8 +170,9 @@ def test_two_learners_equal_one(ray2, tiny_model_path, tiny_tokenizer, tmp_path,
     algo, skip, optimizer, *lcfg = CASES[case]
     learner = lcfg[0] if lcfg else None
     single = Learner(tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path / "one"), learner=learner)
-    group = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "dp"), num_cpus=1,
-                         learner=learner)
+    group = LearnerGroup(
+        2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "dp"), num_cpus=1, learner=learner
+    )
     try:
         group.ready()
         if optimizer == "sgd":
@@ -134,8 +184,16 @@ def test_two_learners_equal_one(ray2, tiny_model_path, tiny_tokenizer, tmp_path,
             m1 = single.step(batch)
             m2 = group.step(batch)
             assert m2["learner/updates"] == m1["learner/updates"] == 1
-            for k in ("loss/policy", "loss/kl", "kl/mean", "loss/value", "returns/mean", "entropy/mean", "loss/entropy",
-                      "critic/grad_norm"):
+            for k in (
+                "loss/policy",
+                "loss/kl",
+                "kl/mean",
+                "loss/value",
+                "returns/mean",
+                "entropy/mean",
+                "loss/entropy",
+                "critic/grad_norm",
+            ):
                 if k in m1:
                     assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-6), (step, k)
             assert m2["learner/tokens"] == m1["learner/tokens"] == sum(s.num_tokens for s in batch.samples)
@@ -191,8 +249,7 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
     hf = AutoModelForCausalLM.from_pretrained(ck / "model", dtype=torch.float32)
     for k, v in hf.named_parameters():
         assert torch.equal(v.detach(), saved[k]), k
-    b = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, seed=7, threads=2,
-                     shm_dir=str(tmp_path / "b"), num_cpus=1)
+    b = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, seed=7, threads=2, shm_dir=str(tmp_path / "b"), num_cpus=1)
     try:
         b.load_checkpoint(str(ck))
         m_b = b.step(dp_batch(tiny_tokenizer, True))
@@ -218,8 +275,17 @@ def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    lrn = Learner(path, MODEL_CFG, LORA_ALGO, threads=1, rank=rank, world_size=2, dist_port=port,
-                  shm_dir=f"{out}/shm{rank}", learner=LORA_LEARNER)
+    lrn = Learner(
+        path,
+        MODEL_CFG,
+        LORA_ALGO,
+        threads=1,
+        rank=rank,
+        world_size=2,
+        dist_port=port,
+        shm_dir=f"{out}/shm{rank}",
+        learner=LORA_LEARNER,
+    )
     _use_sgd(lrn)
     metrics = [lrn.step(shard_batch(dp_batch(tok, skip), 2)[rank]) for skip in (False, True)]
     state = _state(lrn)
@@ -245,8 +311,7 @@ def test_sharded_lora_equals_one_learner(tiny_model_path, tiny_tokenizer, tmp_pa
 
     mp.spawn(_lora_rank, args=(free_port(), tiny_model_path, str(tmp_path)), nprocs=2)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
-    one = Learner(tiny_model_path, MODEL_CFG, LORA_ALGO, threads=1, shm_dir=str(tmp_path / "one"),
-                  learner=LORA_LEARNER)
+    one = Learner(tiny_model_path, MODEL_CFG, LORA_ALGO, threads=1, shm_dir=str(tmp_path / "one"), learner=LORA_LEARNER)
     try:
         _use_sgd(one)
         metrics = [one.step(dp_batch(tiny_tokenizer, skip)) for skip in (False, True)]

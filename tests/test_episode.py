@@ -98,14 +98,26 @@ class ScriptedEnv:
 
 
 def task(tid="t0", prefill=PREFILL, **meta) -> Task:
-    return Task(id=tid, domain="scripted", messages=(Message("system", SYS), Message("user", "weather in Paris")),
-                prefill=prefill, meta=dict(meta))
+    return Task(
+        id=tid,
+        domain="scripted",
+        messages=(Message("system", SYS), Message("user", "weather in Paris")),
+        prefill=prefill,
+        meta=dict(meta),
+    )
 
 
 def run(tok, engine, tasks, sampling, envs=None, seeds=None):
     envs = [] if envs is None else envs
-    return run_episodes(engine, tok, lambda domain: ScriptedEnv(envs), tasks, list(range(len(tasks))),
-                        seeds or [3] * len(tasks), sampling), envs
+    return run_episodes(
+        engine,
+        tok,
+        lambda domain: ScriptedEnv(envs),
+        tasks,
+        list(range(len(tasks))),
+        seeds or [3] * len(tasks),
+        sampling,
+    ), envs
 
 
 # ------------------------------------------------------------------------- multi-turn tokens
@@ -237,7 +249,9 @@ def test_rollout_ending_calls_finalize(tiny_tokenizer):
     tok = tiny_tokenizer
     envs: list = []
     engine = ScriptedEngine([[gen(tok, T1, LP1)]])
-    (t,) = run_episodes(engine, tok, lambda d: FinalizingEnv(envs), [task(terminate_on=5)], [0], [1], Sampling(max_turns=1))
+    (t,) = run_episodes(
+        engine, tok, lambda d: FinalizingEnv(envs), [task(terminate_on=5)], [0], [1], Sampling(max_turns=1)
+    )
     assert (t.truncated, t.finish_reason, t.env_reward) == (True, "max_turns", 0.25)
     assert FinalizingEnv.finalized == 1 and envs[0].closed == 1
 
@@ -295,8 +309,9 @@ def test_envs_closed_when_make_env_fails(tiny_tokenizer):
         return ScriptedEnv(envs)
 
     with pytest.raises(OSError):
-        run_episodes(ScriptedEngine([]), tok, make_env, [task("a"), task("b"), task("c")], [0, 1, 2], [0, 1, 2],
-                     Sampling())
+        run_episodes(
+            ScriptedEngine([]), tok, make_env, [task("a"), task("b"), task("c")], [0, 1, 2], [0, 1, 2], Sampling()
+        )
     assert [e.closed for e in envs] == [1, 1]
 
 
@@ -320,10 +335,14 @@ class RecordingToolCallEnv(ToolCallEnv):
 
 def test_toolcall_env_single_turn_with_prefill(tiny_tokenizer):
     tok = tiny_tokenizer
-    weather = {"name": "get_weather", "description": "Weather of a city",
-               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    weather = {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
     tc_task = Task(
-        id="tc", domain="tool_call",
+        id="tc",
+        domain="tool_call",
         messages=(Message("system", "tools"), Message("user", "weather in Paris")),
         prefill="<tool_call>",
         tool_call=ToolCallSpec(tools=(weather,), expected=(ExpectedCall("get_weather", {"city": ["Paris"]}),)),
@@ -342,8 +361,11 @@ def test_toolcall_env_single_turn_with_prefill(tiny_tokenizer):
     assert actions == ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>']
     assert actions[0].startswith(tc_task.prefill)
     # The prefill is part of the prompt, not of the policy's tokens.
-    assert t.prompt_ids == enc(tok, "<|im_start|>system\ntools<|im_end|>\n<|im_start|>user\nweather in Paris<|im_end|>\n"
-                                    "<|im_start|>assistant\n<tool_call>")
+    assert t.prompt_ids == enc(
+        tok,
+        "<|im_start|>system\ntools<|im_end|>\n<|im_start|>user\nweather in Paris<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>",
+    )
     assert t.response_ids == enc(tok, body) + [eos(tok)]
     assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (True, False, "stop", 1)
     assert t.completion == actions[0]

@@ -26,8 +26,9 @@ def brute_pass_at_k(n: int, c: int, k: int) -> float:
     return sum(any(s) for s in subsets) / len(subsets)
 
 
-@pytest.mark.parametrize("n, c, k", [(1, 0, 1), (1, 1, 1), (5, 0, 2), (5, 1, 1), (5, 1, 2), (5, 2, 3), (6, 3, 6),
-                                     (8, 5, 4), (10, 1, 10)])
+@pytest.mark.parametrize(
+    "n, c, k", [(1, 0, 1), (1, 1, 1), (5, 0, 2), (5, 1, 1), (5, 1, 2), (5, 2, 3), (6, 3, 6), (8, 5, 4), (10, 1, 10)]
+)
 def test_pass_at_k_is_the_unbiased_estimator(n, c, k):
     assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k))
     assert pass_at_k(n, c, 1) == pytest.approx(c / n)
@@ -44,9 +45,20 @@ def _task(tid: str, domain: str) -> Task:
 
 
 def _traj(task: Task, reward: float | None) -> Trajectory:
-    return Trajectory(task=task, group_id=0, prompt_ids=[], response_ids=[], loss_mask=[], logprobs=[],
-                      messages=list(task.messages), terminated=True, truncated=False, finish_reason="stop",
-                      reward=reward, reward_error=None if reward is not None else "boom")
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[],
+        response_ids=[],
+        loss_mask=[],
+        logprobs=[],
+        messages=list(task.messages),
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        reward=reward,
+        reward_error=None if reward is not None else "boom",
+    )
 
 
 def test_eval_summary_per_domain_and_failures():
@@ -63,8 +75,10 @@ def test_eval_summary_per_domain_and_failures():
     assert tc["pass@1"] == pytest.approx(2 / 3) and tc["pass@2"] == 1.0 and tc["errors"] == 1  # errored = not passed
     assert summary["tasks"] == 3 and summary["pass@2"] == pytest.approx((pass_at_k(3, 1, 2) + 0 + 1) / 3)
     assert [t.id for t in failed] == ["b"]
-    assert failed[0].meta == {"src": "x", "eval": {"samples": 3, "passed": 0, "errors": 1,
-                                                    "mean_reward": pytest.approx(0.1)}}
+    assert failed[0].meta == {
+        "src": "x",
+        "eval": {"samples": 3, "passed": 0, "errors": 1, "mean_reward": pytest.approx(0.1)},
+    }
     # With k == 1 only pass@1 is reported.
     s1, _ = eval_summary([a], scored[:3], n=3, k=1, threshold=0.5)
     assert "pass@1" in s1 and not any(k.startswith("pass@") and k != "pass@1" for k in s1)
@@ -106,16 +120,19 @@ def tiny_recipe(tmp_path: Path, **data) -> Path:
     return p
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--k", "0"], "--k must be >= 1"),
-    (["--k", "3", "--n", "2"], "--n (2) must be >= --k (3)"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
-    (["--model", "/nonexistent/model"], "--model /nonexistent/model: not found"),
-    (["--tasks", "/nonexistent.jsonl"], "task file not found"),
-    (["--format", "bfcl"], "--format/--answers go with --tasks"),
-    (["--out", "failures.txt"], "must end in .jsonl"),
-    (["rollout.bogus=1"], "unknown recipe key 'rollout.bogus'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--k", "0"], "--k must be >= 1"),
+        (["--k", "3", "--n", "2"], "--n (2) must be >= --k (3)"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--model", "/nonexistent/model"], "--model /nonexistent/model: not found"),
+        (["--tasks", "/nonexistent.jsonl"], "task file not found"),
+        (["--format", "bfcl"], "--format/--answers go with --tasks"),
+        (["--out", "failures.txt"], "must end in .jsonl"),
+        (["rollout.bogus=1"], "unknown recipe key 'rollout.bogus'"),
+    ],
+)
 def test_bad_input_exits_2_before_any_engine(tmp_path, capsys, argv, message):
     rc = main(["eval", str(tiny_recipe(tmp_path)), *argv])
     err = capsys.readouterr().err
@@ -181,8 +198,20 @@ def test_eval_in_process_engine_samples_what_a_training_step_would(tmp_path, cap
 
     recipe = tiny_recipe(tmp_path)
     samples = tmp_path / "samples.jsonl"
-    argv = ["eval", str(recipe), "--engine", "hf", "--k", "2", "--limit", "3", "--samples-out", str(samples),
-            "--out", str(tmp_path / "failed.jsonl")]
+    argv = [
+        "eval",
+        str(recipe),
+        "--engine",
+        "hf",
+        "--k",
+        "2",
+        "--limit",
+        "3",
+        "--samples-out",
+        str(samples),
+        "--out",
+        str(tmp_path / "failed.jsonl"),
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     s = json.loads(capsys.readouterr().out)
     assert (s["tasks"], s["samples_per_task"], s["temperature"]) == (3, 2, 1.0)
@@ -195,8 +224,9 @@ def test_eval_in_process_engine_samples_what_a_training_step_would(tmp_path, cap
     rt = LocalRuntime(cfg, tiny_model_path, learner=False)
     rt.start()
     try:
-        want = rt.generate(*expand(tasks, 2, cfg.run.seed, 0), Sampling(r.max_new_tokens, 1.0, r.top_p, r.max_turns,
-                                                                          r.max_model_len))
+        want = rt.generate(
+            *expand(tasks, 2, cfg.run.seed, 0), Sampling(r.max_new_tokens, 1.0, r.top_p, r.max_turns, r.max_model_len)
+        )
     finally:
         rt.stop()
     assert [x["completion"] for x in rows] == [t.completion for t in want]

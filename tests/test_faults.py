@@ -55,10 +55,18 @@ def ray_cpus():
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-                                       "JOINTRL_CACHE": os.environ["JOINTRL_CACHE"],
-                                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isdir(p))}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {
+                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+                "JOINTRL_CACHE": os.environ["JOINTRL_CACHE"],
+                "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isdir(p)),
+            }
+        },
+    )
     yield
     ray.shutdown()
 
@@ -79,8 +87,9 @@ def _perturbed_weights(model_path: str, out: Path) -> str:
 
 
 @pytest.mark.slow
-def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(tmp_path: Path, tiny_model_path: str,
-                                                                    ray_cpus) -> None:
+def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
+    tmp_path: Path, tiny_model_path: str, ray_cpus
+) -> None:
     from envs.io import load_tasks
     from envs.types import Sampling
     from rollout.pool import EngineFailure, RolloutPool
@@ -88,8 +97,14 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(tmp_path: Pa
     tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
     groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
     sampling = Sampling(256, 1.0, 1.0, 1, 1024)
-    pool = RolloutPool(1, tiny_model_path, [("tool_call", "envs.toolcall.ToolCallEnv", {})], dtype="float32",
-                       max_model_len=1024, max_restarts=1)
+    pool = RolloutPool(
+        1,
+        tiny_model_path,
+        [("tool_call", "envs.toolcall.ToolCallEnv", {})],
+        dtype="float32",
+        max_model_len=1024,
+        max_restarts=1,
+    )
     try:
         pool.sync_weights(_perturbed_weights(tiny_model_path, tmp_path))
         prompt, cont = [1, 2, 3, 4], [5, 6, 7]
@@ -149,8 +164,7 @@ def _engine_core_pids(worker_pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tiny_model_path: str,
-                                                             ray_cpus) -> None:
+def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tiny_model_path: str, ray_cpus) -> None:
     """The engine core process (not the actor) SIGKILLed mid-generate, as the OOM killer would: vLLM's client
     then waits forever; the pool's health probe sees the dead core, replaces the worker and re-issues the
     prompts, within a bound."""
@@ -161,8 +175,16 @@ def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tin
     tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
     groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
     sampling = Sampling(256, 1.0, 1.0, 1, 1024)
-    pool = RolloutPool(1, tiny_model_path, [("tool_call", "envs.toolcall.ToolCallEnv", {})], dtype="float32",
-                       max_model_len=1024, max_restarts=1, probe_every_s=1.0, probe_timeout_s=30.0)
+    pool = RolloutPool(
+        1,
+        tiny_model_path,
+        [("tool_call", "envs.toolcall.ToolCallEnv", {})],
+        dtype="float32",
+        max_model_len=1024,
+        max_restarts=1,
+        probe_every_s=1.0,
+        probe_timeout_s=30.0,
+    )
     try:
         before = pool.generate(tasks, groups, seeds, sampling)
         worker = pool.pids()[0]
@@ -179,7 +201,7 @@ def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tin
         killer.join()
         assert pool.restarts == 1, "the worker with the dead engine core was replaced"
         print(f"engine core killed: recovered in {elapsed:.1f} s; {pool.failures}")
-        (i, why), = pool.failures
+        ((i, why),) = pool.failures
         # The health probe saw it (vLLM's flag, or the core process's exit), or vLLM raised EngineDeadError.
         assert i == 0 and ("engine core" in why or "EngineDeadError" in why), why
         assert elapsed < 240, f"recovered in {elapsed:.0f} s (start-up of the replacement included)"
@@ -216,18 +238,32 @@ class StandIn:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, why", [
-    ("stuck", "call ran past rollout call_timeout_s=4"),
-    ("dead", "engine core process 1234 (EngineCore_DP0) exited"),
-    ("no_answer", "no answer to the health probe within 2 s"),
-])
+@pytest.mark.parametrize(
+    "mode, why",
+    [
+        ("stuck", "call ran past rollout call_timeout_s=4"),
+        ("dead", "engine core process 1234 (EngineCore_DP0) exited"),
+        ("no_answer", "no answer to the health probe within 2 s"),
+    ],
+)
 def test_unresponsive_worker_is_replaced_and_its_call_reissued(tmp_path: Path, ray_cpus, mode: str, why: str) -> None:
     """The pool's deadline and death check without vLLM: a call that never returns is replaced at its deadline,
     one whose health probe reports a dead engine or does not answer is replaced at the next probe."""
     from rollout.pool import EngineFailure, RolloutPool
 
-    pool = RolloutPool(1, "unused", [], num_cpus=0.1, worker_cls=StandIn, mode=mode, flag=str(tmp_path / "flag"),
-                       max_restarts=1, call_timeout_s=4.0, probe_every_s=0.5, probe_timeout_s=2.0)
+    pool = RolloutPool(
+        1,
+        "unused",
+        [],
+        num_cpus=0.1,
+        worker_cls=StandIn,
+        mode=mode,
+        flag=str(tmp_path / "flag"),
+        max_restarts=1,
+        call_timeout_s=4.0,
+        probe_every_s=0.5,
+        probe_timeout_s=2.0,
+    )
     try:
         t0 = time.monotonic()
         assert pool._call({0: ("generate", ())}) == {0: ["served"]}
@@ -274,8 +310,11 @@ def test_non_finite_updates_stop_the_run_with_checkpoint_intact(tmp_path: Path, 
 
     recipe = recipe_copy("tiny.yaml", filename="huge.yaml", edit=edit)
     exe = Path(sys.executable).with_name("jointrl")
-    env = {**os.environ, "WANDB_MODE": "disabled",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     r = subprocess.run([str(exe), "train", str(recipe)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 3, r.stderr[-3000:]
     assert "skipped their update" in r.stderr and "train.max_bad_steps=2" in r.stderr
@@ -340,8 +379,13 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
 def _train_until_step_1(recipe: Path, out: Path) -> subprocess.Popen:
     """``jointrl train recipe`` in its own session, returned once step 1 is logged."""
     exe = Path(sys.executable).with_name("jointrl")
-    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(exe), "train", str(recipe)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -385,6 +429,7 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
 def test_training_run_survives_a_killed_rollout_worker(tmp_path: Path, recipe_copy) -> None:
     """The whole loop: a rollout worker SIGKILLed by pid mid-run; the run completes every step
     and counts the restart."""
+
     def edit(d: dict) -> None:
         d["train"].update(steps=6)
         d["wandb"]["mode"] = "disabled"

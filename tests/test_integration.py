@@ -52,13 +52,16 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_
     from rl.driver.loop import load_task_sets, train
     from rl.driver.ray_runtime import RayRuntime
 
-    recipe = _tiny_recipe(recipe_copy, {
-        "model": {"engine_dtype": "float32", "autocast": False},
-        "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
-        "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
-        "train": {"steps": 3, "eval_every": 0},
-        "wandb": {"mode": "disabled"},
-    })
+    recipe = _tiny_recipe(
+        recipe_copy,
+        {
+            "model": {"engine_dtype": "float32", "autocast": False},
+            "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
+            "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
+            "train": {"steps": 3, "eval_every": 0},
+            "wandb": {"mode": "disabled"},
+        },
+    )
     cfg = load_recipe(recipe)
     _, eval_tasks = load_task_sets(cfg)
 
@@ -115,34 +118,60 @@ def _shm_bytes() -> int:
 
 
 def test_cli_train_writes_every_output(tmp_path: Path, parity_module: str, recipe_copy) -> None:
-    recipe = _tiny_recipe(recipe_copy, {
-        "train": {"steps": 2, "eval_every": 0},
-        "rewards": [{"cls": "rewards.toolcall.ToolCallReward", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}},
-                    {"cls": parity_module, "weight": 0.5, "domains": ["tool_call"], "kwargs": {}}],
-    })
+    recipe = _tiny_recipe(
+        recipe_copy,
+        {
+            "train": {"steps": 2, "eval_every": 0},
+            "rewards": [
+                {"cls": "rewards.toolcall.ToolCallReward", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}},
+                {"cls": parity_module, "weight": 0.5, "domains": ["tool_call"], "kwargs": {}},
+            ],
+        },
+    )
     shm0 = _shm_bytes()
     exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run([str(exe), "train", str(recipe)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "WANDB_MODE": "offline"})
+    r = subprocess.run(
+        [str(exe), "train", str(recipe)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "out"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2]
-    required = ["reward/mean", "reward/tool_call/mean", "reward/tool_call/toolcall/mean", "reward/tool_call/parity/mean",
-                "kl/mean", "loss/policy", "rollout/tokens", "rollout/response_len/mean", "timing/rollout_s",
-                "timing/reward_s", "timing/learner_s", "timing/sync_s", "timing/step_s", "faults/rollout_restarts",
-                "faults/reward_errors"]
+    required = [
+        "reward/mean",
+        "reward/tool_call/mean",
+        "reward/tool_call/toolcall/mean",
+        "reward/tool_call/parity/mean",
+        "kl/mean",
+        "loss/policy",
+        "rollout/tokens",
+        "rollout/response_len/mean",
+        "timing/rollout_s",
+        "timing/reward_s",
+        "timing/learner_s",
+        "timing/sync_s",
+        "timing/step_s",
+        "faults/rollout_restarts",
+        "faults/reward_errors",
+    ]
     for step in lines[1:]:
         missing = [k for k in required if k not in step]
         assert not missing, f"step {step['step']} lacks {missing}"
         # The weighted sum of the two functions is the reward.
         assert step["reward/mean"] == pytest.approx(
-            step["reward/tool_call/toolcall/mean"] + 0.5 * step["reward/tool_call/parity/mean"], abs=1e-9)
+            step["reward/tool_call/toolcall/mean"] + 0.5 * step["reward/tool_call/parity/mean"], abs=1e-9
+        )
     for rec in (lines[0], lines[2]):
         assert "eval/reward/mean" in rec and "eval/reward/tool_call/mean" in rec
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     train_rows = [x for x in rollouts if x["split"] == "train"]
-    assert len(train_rows) == 2 * 4 * 4 and {"step", "domain", "task_id", "prompt", "response", "reward"} <= set(train_rows[0])
+    assert len(train_rows) == 2 * 4 * 4 and {"step", "domain", "task_id", "prompt", "response", "reward"} <= set(
+        train_rows[0]
+    )
     assert len([x for x in rollouts if x["split"] == "eval"]) == 2 * 8
     ck = out / "checkpoints" / "step_000002"
     assert (ck / "model" / "config.json").is_file() and (ck / "learner_state.pt").is_file()

@@ -27,9 +27,19 @@ def enc(tok, text: str) -> list[int]:
 def make_learner(tiny_model_path, tmp_path):
     made: list[Learner] = []
 
-    def make(algo: AlgoConfig = ALGO, seed: int = 0, total_steps: int = 0, learner: LearnerConfig | None = None) -> Learner:
-        lrn = Learner(tiny_model_path, MODEL_CFG, algo, seed=seed, threads=1, shm_dir=str(tmp_path / f"shm{len(made)}"),
-                      total_steps=total_steps, learner=learner)
+    def make(
+        algo: AlgoConfig = ALGO, seed: int = 0, total_steps: int = 0, learner: LearnerConfig | None = None
+    ) -> Learner:
+        lrn = Learner(
+            tiny_model_path,
+            MODEL_CFG,
+            algo,
+            seed=seed,
+            threads=1,
+            shm_dir=str(tmp_path / f"shm{len(made)}"),
+            total_steps=total_steps,
+            learner=learner,
+        )
         made.append(lrn)
         return lrn
 
@@ -46,14 +56,24 @@ def sample(tok, prompt: str, turns: list[tuple[str, int]], adv: float, lp: float
         ids = enc(tok, text) + ([tok.eos_token_id] if m else [])
         resp += ids
         mask += [m] * len(ids)
-    return Sample(input_ids=p + resp, prompt_len=len(p), loss_mask=mask,
-                  rollout_logprobs=[lp if m else 0.0 for m in mask], advantage=adv, domain="tool_call")
+    return Sample(
+        input_ids=p + resp,
+        prompt_len=len(p),
+        loss_mask=mask,
+        rollout_logprobs=[lp if m else 0.0 for m in mask],
+        advantage=adv,
+        domain="tool_call",
+    )
 
 
 def make_batch(tok) -> Batch:
     s1 = sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=1.0)
-    s2 = sample(tok, PROMPT_B, [("convert", 1), ("\n<|im_start|>tool\nresult 1<|im_end|>\n<|im_start|>assistant\n", 0),
-                                ("100 USD", 1)], adv=-0.5)
+    s2 = sample(
+        tok,
+        PROMPT_B,
+        [("convert", 1), ("\n<|im_start|>tool\nresult 1<|im_end|>\n<|im_start|>assistant\n", 0), ("100 USD", 1)],
+        adv=-0.5,
+    )
     s3 = sample(tok, PROMPT_A, [("the weather is 20 celsius in Paris today", 1)], adv=0.7)
     n_tok = sum(sum(s.loss_mask) for s in (s1, s2, s3))
     return Batch([s1, s2, s3], num_tokens=n_tok, num_seqs=3)
@@ -73,7 +93,9 @@ def test_step_updates_weights(make_learner, tiny_tokenizer):
     lrn = make_learner()
     tok = tiny_tokenizer
     s1 = sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=1.0)
-    s2 = sample(tok, PROMPT_B, [("convert", 1), ("\n<|im_start|>tool\nresult 1<|im_end|>\n", 0), ("100 USD", 1)], adv=-0.5)
+    s2 = sample(
+        tok, PROMPT_B, [("convert", 1), ("\n<|im_start|>tool\nresult 1<|im_end|>\n", 0), ("100 USD", 1)], adv=-0.5
+    )
     n1, n2 = sum(s1.loss_mask), sum(s2.loss_mask)
     # 5 more tokens from a zero-advantage sample left out of the compute (see rl/algos/batch.py).
     batch = Batch([s1, s2], num_tokens=n1 + n2 + 5, num_seqs=3)
@@ -102,15 +124,19 @@ def test_logprob_diff_is_aligned(make_learner, tiny_tokenizer):
     batch = make_batch(tiny_tokenizer)
     samples = []
     for s in batch.samples:
-        cont = s.input_ids[s.prompt_len:]
+        cont = s.input_ids[s.prompt_len :]
         full = lrn.logprobs(s.input_ids[: s.prompt_len], cont)  # over every response token
         samples.append(dataclasses.replace(s, rollout_logprobs=[lp if m else 0.0 for lp, m in zip(full, s.loss_mask)]))
     m = lrn.step(Batch(samples, batch.num_tokens, batch.num_seqs))
     assert m["rollout/logprob_diff"] < 1e-4
     # And with the engine off by a constant 0.25 on every policy token, the diff is 0.25.
     lrn2 = make_learner()
-    shifted = [dataclasses.replace(s, rollout_logprobs=[lp - 0.25 if mk else 0.0 for lp, mk in zip(s.rollout_logprobs, s.loss_mask)])
-               for s in samples]
+    shifted = [
+        dataclasses.replace(
+            s, rollout_logprobs=[lp - 0.25 if mk else 0.0 for lp, mk in zip(s.rollout_logprobs, s.loss_mask)]
+        )
+        for s in samples
+    ]
     m2 = lrn2.step(Batch(shifted, batch.num_tokens, batch.num_seqs))
     assert m2["rollout/logprob_diff"] == pytest.approx(0.25, abs=1e-4)
 
@@ -119,10 +145,13 @@ def _with_engine_logprobs(lrn: Learner, batch: Batch, shift) -> Batch:
     """``batch`` whose engine log-probs are the learner's own plus ``shift(i)`` on policy token i."""
     samples = []
     for s in batch.samples:
-        full = lrn.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len:])
+        full = lrn.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len :])
         it = iter(range(10**6))
-        samples.append(dataclasses.replace(
-            s, rollout_logprobs=[lp + shift(next(it)) if m else 0.0 for lp, m in zip(full, s.loss_mask)]))
+        samples.append(
+            dataclasses.replace(
+                s, rollout_logprobs=[lp + shift(next(it)) if m else 0.0 for lp, m in zip(full, s.loss_mask)]
+            )
+        )
     return Batch(samples, batch.num_tokens, batch.num_seqs)
 
 
@@ -165,7 +194,9 @@ def test_empty_batch_does_not_step(make_learner):
     assert all(torch.equal(before[k], v) for k, v in params(lrn).items())
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_gradient_accumulation_matches_one_micro_batch(make_learner, tiny_tokenizer, loss_agg):
     batch = make_batch(tiny_tokenizer)
     algo = dataclasses.replace(ALGO, loss=LossConfig(agg=loss_agg, norm_tokens=8))
@@ -188,8 +219,9 @@ def test_gradient_accumulation_matches_one_micro_batch(make_learner, tiny_tokeni
         # (embedding rows of tokens barely involved, ~0.01% of entries) the 1e-8 relative noise of a
         # different micro-batching is amplified into ~1e-5 differences. Compare where |g| >= 1e-6.
         well = (g_s.abs() >= 1e-6) & (g_l.abs() >= 1e-6)
-        torch.testing.assert_close(ps[k].detach()[well], pl[k].detach()[well], rtol=0, atol=1e-5,
-                                   msg=lambda m, k=k: f"param {k}: {m}")
+        torch.testing.assert_close(
+            ps[k].detach()[well], pl[k].detach()[well], rtol=0, atol=1e-5, msg=lambda m, k=k: f"param {k}: {m}"
+        )
 
 
 def test_gradient_accumulation_params_with_sgd(make_learner, tiny_tokenizer):
@@ -228,7 +260,9 @@ def test_shared_prompt_matches_full_sequences(make_learner, tiny_tokenizer):
     ps, pf = dict(shared.model.named_parameters()), dict(full.model.named_parameters())
     for k in ps:
         torch.testing.assert_close(ps[k].grad, pf[k].grad, rtol=1e-4, atol=1e-7, msg=lambda m, k=k: f"grad {k}: {m}")
-        torch.testing.assert_close(ps[k].detach(), pf[k].detach(), rtol=0, atol=1e-5, msg=lambda m, k=k: f"param {k}: {m}")
+        torch.testing.assert_close(
+            ps[k].detach(), pf[k].detach(), rtol=0, atol=1e-5, msg=lambda m, k=k: f"param {k}: {m}"
+        )
 
 
 def test_kl_metrics_only_with_kl(make_learner, tiny_tokenizer):
@@ -348,8 +382,12 @@ def test_checkpoint_round_trip(make_learner, tiny_tokenizer, tmp_path):
 
 def test_lr_warmup_then_cosine_in_metrics(make_learner, tiny_tokenizer):
     batch = make_batch(tiny_tokenizer)
-    lrn = make_learner(dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, lr=1e-2, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)),
-                       total_steps=4)
+    lrn = make_learner(
+        dataclasses.replace(
+            ALGO, optim=dataclasses.replace(ALGO.optim, lr=1e-2, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+        ),
+        total_steps=4,
+    )
     lrs = [lrn.step(batch)["lr"] for _ in range(5)]
     # 1e-2 x [1/2, 2/2, then 0.1 + 0.9 * 0.5 * (1 + cos(pi * p)), p = (s - 2) / (4 - 2) = 0, 0.5, then 1 (floor)]
     assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 5.5e-3, 1e-3])
@@ -380,7 +418,11 @@ def test_entropy_bonus_alone_raises_entropy(make_learner, tiny_tokenizer):
     tok = tiny_tokenizer
     s = [sample(tok, PROMPT_A, [("get weather Paris", 1)], adv=0.0), sample(tok, PROMPT_B, [("100 USD", 1)], adv=0.0)]
     batch = Batch(s, num_tokens=sum(x.num_tokens for x in s), num_seqs=2)
-    lrn = make_learner(dataclasses.replace(ALGO, loss=dataclasses.replace(ALGO.loss, entropy_coef=1.0), optim=dataclasses.replace(ALGO.optim, lr=1e-3)))
+    lrn = make_learner(
+        dataclasses.replace(
+            ALGO, loss=dataclasses.replace(ALGO.loss, entropy_coef=1.0), optim=dataclasses.replace(ALGO.optim, lr=1e-3)
+        )
+    )
     m1 = lrn.step(batch)
     assert m1["loss/policy"] == 0.0 and m1["grad/norm"] > 0
     assert m1["loss/entropy"] == pytest.approx(m1["entropy/mean"], rel=1e-6)  # token-mean over the same tokens
@@ -403,10 +445,17 @@ def test_clip_settings_reach_the_policy_loss(make_learner, tiny_tokenizer, monke
         return real(*args, **kw)
 
     monkeypatch.setattr(rl.trainer.learner, "policy_loss", spy)
-    lrn = make_learner(dataclasses.replace(ALGO, loss=dataclasses.replace(ALGO.loss, clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg="seq-mean-token-sum")))
+    lrn = make_learner(
+        dataclasses.replace(
+            ALGO,
+            loss=dataclasses.replace(ALGO.loss, clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg="seq-mean-token-sum"),
+        )
+    )
     m = lrn.step(make_batch(tiny_tokenizer))
-    assert seen and all((k["clip_low"], k["clip_high"], k["dual_clip"], k["agg"]) == (0.2, 0.28, 3.0, "seq-mean-token-sum")
-                        for k in seen)
+    assert seen and all(
+        (k["clip_low"], k["clip_high"], k["dual_clip"], k["agg"]) == (0.2, 0.28, 3.0, "seq-mean-token-sum")
+        for k in seen
+    )
     assert all((k["num_tokens"], k["num_seqs"]) == (make_batch(tiny_tokenizer).num_tokens, 3) for k in seen)
     assert m["clip/dual_fraction"] == 0.0  # ratio 1 at the single update
     seen.clear()
@@ -422,11 +471,15 @@ def test_epochs_ratio_uses_old_logprobs_from_before_the_update(make_learner, tin
     one = make_learner(dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, lr=3e-2)))
     m1 = one.step(batch)
     assert m1["clip/fraction"] == 0.0 and m1["learner/updates"] == 1
-    two = make_learner(dataclasses.replace(ALGO, optim=dataclasses.replace(ALGO.optim, lr=3e-2), update=dataclasses.replace(ALGO.update, epochs=2)))
+    two = make_learner(
+        dataclasses.replace(
+            ALGO, optim=dataclasses.replace(ALGO.optim, lr=3e-2), update=dataclasses.replace(ALGO.update, epochs=2)
+        )
+    )
     old = two.prepare(batch)["old"]
     # The prepare pass's old log-probs are the policy's before any update ...
     for s, lp in zip(batch.samples, old):
-        full = two.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len:])
+        full = two.logprobs(s.input_ids[: s.prompt_len], s.input_ids[s.prompt_len :])
         assert lp == pytest.approx([x for x, m in zip(full, s.loss_mask) if m], abs=1e-5)
     m2 = two.step(batch)
     # ... so the second epoch's ratio is pi_new / pi_old != 1 and the clip acts (it never would
@@ -438,8 +491,14 @@ def test_epochs_ratio_uses_old_logprobs_from_before_the_update(make_learner, tin
 
 def _group_batch(tok, skip: bool) -> Batch:
     """Six samples (uids 0-5), two with advantage 0: in Batch.skipped (skip) or computed (not skip)."""
-    spec = [(PROMPT_A, "get weather Paris", 1.0), (PROMPT_A, "weather", 0.0), (PROMPT_B, "convert 100 USD", -0.5),
-            (PROMPT_B, "the amount is 20", 0.0), (PROMPT_A, "Paris today", -0.7), (PROMPT_B, "100 EUR", 0.4)]
+    spec = [
+        (PROMPT_A, "get weather Paris", 1.0),
+        (PROMPT_A, "weather", 0.0),
+        (PROMPT_B, "convert 100 USD", -0.5),
+        (PROMPT_B, "the amount is 20", 0.0),
+        (PROMPT_A, "Paris today", -0.7),
+        (PROMPT_B, "100 EUR", 0.4),
+    ]
     samples = []
     for uid, (p, text, adv) in enumerate(spec):
         s = sample(tok, p, [(text, 1)], adv=adv)
@@ -448,7 +507,9 @@ def _group_batch(tok, skip: bool) -> Batch:
     n = sum(s.num_tokens for s in samples)
     if not skip:
         return Batch(samples, n, len(samples))
-    return Batch([s for s in samples if s.advantage != 0.0], n, len(samples), skipped=[s for s in samples if s.advantage == 0.0])
+    return Batch(
+        [s for s in samples if s.advantage != 0.0], n, len(samples), skipped=[s for s in samples if s.advantage == 0.0]
+    )
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
@@ -456,7 +517,11 @@ def test_minibatches_skip_zero_advantage_samples_exactly(make_learner, tiny_toke
     # Two epochs x three shuffled minibatches: leaving the zero-advantage samples out of the compute
     # (Batch.skipped) must give the same three optimizer steps as computing them: they count in their
     # minibatch's denominators and in the shuffle (by uid) all the same.
-    algo = dataclasses.replace(ALGO, update=dataclasses.replace(ALGO.update, epochs=2, minibatches=3), loss=dataclasses.replace(ALGO.loss, agg=loss_agg))
+    algo = dataclasses.replace(
+        ALGO,
+        update=dataclasses.replace(ALGO.update, epochs=2, minibatches=3),
+        loss=dataclasses.replace(ALGO.loss, agg=loss_agg),
+    )
     skip, full = make_learner(algo), make_learner(algo)
     for lrn in (skip, full):
         use_sgd(lrn, lr=0.5)
@@ -488,7 +553,11 @@ def test_minibatch_of_only_skipped_samples_is_an_adamw_step(make_learner, tiny_t
     z = sample(tok, PROMPT_B, [("100 USD", 1)], adv=0.0)
     a.uid, z.uid = 0, 1
     n = a.num_tokens + z.num_tokens
-    algo = dataclasses.replace(ALGO, update=dataclasses.replace(ALGO.update, minibatches=2), optim=dataclasses.replace(ALGO.optim, weight_decay=0.1))
+    algo = dataclasses.replace(
+        ALGO,
+        update=dataclasses.replace(ALGO.update, minibatches=2),
+        optim=dataclasses.replace(ALGO.optim, weight_decay=0.1),
+    )
     skip, full = make_learner(algo), make_learner(algo)
     for _ in range(2):
         ms = skip.step(Batch([a], n, 2, skipped=[z]))

@@ -15,15 +15,23 @@ from pathlib import Path
 
 import pytest
 
-PARITY = '''
+PARITY = """
 class Parity:
     name = "parity"
     domains = ("tool_call",)
     def __call__(self, traj):
         return float(traj.response_ids[0] % 2 == 0) if traj.response_ids else 0.0
-'''
-LEARNER_METRICS = ["loss/policy", "loss/kl", "kl/mean", "entropy/mean", "clip/fraction", "grad/norm", "lr",
-                   "groups/zero_variance_fraction"]
+"""
+LEARNER_METRICS = [
+    "loss/policy",
+    "loss/kl",
+    "kl/mean",
+    "entropy/mean",
+    "clip/fraction",
+    "grad/norm",
+    "lr",
+    "groups/zero_variance_fraction",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +47,15 @@ def run_recipe(tmp_path: Path, recipe_copy, name: str, overrides: list[str] = ()
         d["rewards"].append({"cls": "parity_reward.Parity", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}})
 
     recipe = recipe_copy(name, edit=edit)
-    env = {**os.environ, "WANDB_MODE": "offline",
-           "PYTHONPATH": os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH", "")] if p)}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "PYTHONPATH": os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH", "")] if p),
+    }
     exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run([str(exe), "train", str(recipe), *overrides], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [str(exe), "train", str(recipe), *overrides], capture_output=True, text=True, timeout=600, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "out"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

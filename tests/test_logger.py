@@ -15,10 +15,20 @@ from rl.driver.logger import TABLE_ROWS, ProgressBar, RunLogger, rollout_table_r
 
 def traj(i: int, domain: str = "tool_call", reward: float | None = 0.5, scores: dict | None = None) -> Trajectory:
     task = Task(id=f"t{i}", domain=domain, messages=(Message("system", "sys"), Message("user", f"question {i}")))
-    return Trajectory(task=task, group_id=i // 4, prompt_ids=[1, 2], response_ids=[3, 4, 5], loss_mask=[1, 1, 0],
-                      logprobs=[-0.1, -0.2, 0.0], messages=[*task.messages, Message("assistant", f"answer {i}")],
-                      terminated=True, truncated=False, finish_reason="stop", reward=reward,
-                      scores=scores if scores is not None else {"toolcall": reward})
+    return Trajectory(
+        task=task,
+        group_id=i // 4,
+        prompt_ids=[1, 2],
+        response_ids=[3, 4, 5],
+        loss_mask=[1, 1, 0],
+        logprobs=[-0.1, -0.2, 0.0],
+        messages=[*task.messages, Message("assistant", f"answer {i}")],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        reward=reward,
+        scores=scores if scores is not None else {"toolcall": reward},
+    )
 
 
 class FakeRun:
@@ -37,8 +47,16 @@ def test_files_and_what_the_summary_needs(tmp_path: Path) -> None:
     assert lg.run is None
     lg.log(0, {"eval/reward/mean": 0.1, "eval/reward/x/mean": 0.1, "timing/eval_s": 2.0})
     lg.log(1, {"reward/mean": 0.2, "reward/x/mean": 0.2, "timing/step_s": 5.0, "kl/mean": float("nan")})
-    lg.log(2, {"reward/mean": 0.4, "reward/x/mean": 0.4, "timing/step_s": 7.0, "eval/reward/mean": 0.3,
-               "eval/reward/x/mean": 0.3})
+    lg.log(
+        2,
+        {
+            "reward/mean": 0.4,
+            "reward/x/mean": 0.4,
+            "timing/step_s": 7.0,
+            "eval/reward/mean": 0.3,
+            "eval/reward/x/mean": 0.3,
+        },
+    )
     lg.rollouts(1, "train", [traj(0), traj(1, reward=None, scores={"toolcall": None})])
     lg.close()
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -56,8 +74,10 @@ def test_files_and_what_the_summary_needs(tmp_path: Path) -> None:
 def test_rollout_table_every_n_steps(tmp_path: Path) -> None:
     lg = RunLogger(tmp_path, {}, mode="disabled", table_every=2, last_step=5)
     lg.run = FakeRun()  # W&B itself is exercised offline below
-    batch = [traj(i, domain="code" if i % 2 else "tool_call",
-                  scores={"tests": 1.0} if i % 2 else {"toolcall": 0.5}) for i in range(100)]
+    batch = [
+        traj(i, domain="code" if i % 2 else "tool_call", scores={"tests": 1.0} if i % 2 else {"toolcall": 0.5})
+        for i in range(100)
+    ]
     lg.rollouts(1, "train", batch)
     assert lg.run.logged == []  # not a table step
     lg.rollouts(2, "train", batch)
@@ -68,8 +88,18 @@ def test_rollout_table_every_n_steps(tmp_path: Path) -> None:
     assert step == 2 and list(data) == ["rollouts/train"] and step3 == 3 and list(data3) == ["rollouts/eval"]
     assert step5 == 5
     table = data["rollouts/train"]
-    assert table.columns == ["step", "domain", "task_id", "prompt", "response", "reward", "score/tests",
-                             "score/toolcall", "response_tokens", "finish_reason"]
+    assert table.columns == [
+        "step",
+        "domain",
+        "task_id",
+        "prompt",
+        "response",
+        "reward",
+        "score/tests",
+        "score/toolcall",
+        "response_tokens",
+        "finish_reason",
+    ]
     assert len(table.data) == TABLE_ROWS == 64
     assert len({r[2] for r in table.data}) == 64 and {r[1] for r in table.data} == {"code", "tool_call"}
     first = table.data[0]
@@ -159,7 +189,12 @@ def test_summary_is_one_screen(tmp_path: Path) -> None:
     (tmp_path / "wandb" / "offline-run-1").mkdir(parents=True)
     first = {"step": 0, "reward/mean": 0.1, "reward/a/mean": 0.1, "reward/b/mean": 0.2, "eval/reward/a/mean": 0.05}
     last = {"step": 10, "reward/mean": 0.5, "reward/a/mean": 0.4, "reward/b/mean": 0.6, "eval/reward/a/mean": 0.3}
-    timings = {"timing/rollout_s": [1.0, 3.0], "timing/learner_s": [4.0], "timing/step_s": [6.0, 8.0], "timing/x_s": [9.0]}
+    timings = {
+        "timing/rollout_s": [1.0, 3.0],
+        "timing/learner_s": [4.0],
+        "timing/step_s": [6.0, 8.0],
+        "timing/x_s": [9.0],
+    }
     text = summary(tmp_path, first, last, timings, wall_s=125)
     lines = text.splitlines()
     assert len(lines) <= 24 and max(len(x) for x in lines) < 200

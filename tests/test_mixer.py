@@ -19,16 +19,28 @@ def mk(domain: str, i: int, est_len: int | None = None, prefix: str = "") -> Tas
 
 
 def traj(t: Task, reward: float | None, n_tokens: int, group: int = 0) -> Trajectory:
-    return Trajectory(task=t, group_id=group, prompt_ids=[1], response_ids=[5] * n_tokens, loss_mask=[1] * n_tokens,
-                      logprobs=[-1.0] * n_tokens, messages=[], terminated=True, truncated=False, finish_reason="stop",
-                      reward=reward)
+    return Trajectory(
+        task=t,
+        group_id=group,
+        prompt_ids=[1],
+        response_ids=[5] * n_tokens,
+        loss_mask=[1] * n_tokens,
+        logprobs=[-1.0] * n_tokens,
+        messages=[],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        reward=reward,
+    )
 
 
 def sources() -> list[Source]:
-    return [Source("code", "code", [mk("code", i, 100 + 10 * i) for i in range(30)]),
-            Source("term_a", "terminal", [mk("terminal", i, 400 + i, "ta") for i in range(12)], weight=3.0),
-            Source("term_b", "terminal", [mk("terminal", i, 900 + i, "tb") for i in range(6)], weight=1.0),
-            Source("tool", "tool_call", [mk("tool_call", i, 20 + i) for i in range(20)])]
+    return [
+        Source("code", "code", [mk("code", i, 100 + 10 * i) for i in range(30)]),
+        Source("term_a", "terminal", [mk("terminal", i, 400 + i, "ta") for i in range(12)], weight=3.0),
+        Source("term_b", "terminal", [mk("terminal", i, 900 + i, "tb") for i in range(6)], weight=1.0),
+        Source("tool", "tool_call", [mk("tool_call", i, 20 + i) for i in range(20)]),
+    ]
 
 
 def test_largest_remainder_hand_values() -> None:
@@ -88,8 +100,12 @@ def test_length_estimates_move_tasks_between_strata() -> None:
 
 
 def test_seed_reproducibility_and_exact_resume() -> None:
-    kw = dict(domain_weights={"code": 0.5, "terminal": 0.25, "tool_call": 0.25}, strata=2, curriculum_window=2,
-              curriculum_weight=0.3)
+    kw = dict(
+        domain_weights={"code": 0.5, "terminal": 0.25, "tool_call": 0.25},
+        strata=2,
+        curriculum_window=2,
+        curriculum_weight=0.3,
+    )
     a = TaskMixer(sources(), 6, 7, **kw)
     b = TaskMixer(sources(), 6, 7, **kw)
     c = TaskMixer(sources(), 6, 8, **kw)
@@ -136,5 +152,3 @@ def test_uniform_draw_over_a_mixed_file() -> None:
 def test_domain_weights_must_name_domains_with_tasks() -> None:
     with pytest.raises(ValueError, match="without tasks"):
         TaskMixer(sources(), 4, 0, domain_weights={"math": 1.0})
-
-

@@ -29,10 +29,20 @@ def test_cpu_default_plan_keeps_todays_shares(recipe_file: Path) -> None:
 
 
 def test_split_gpu_plan_with_custom_resources(recipe_file: Path) -> None:
-    cfg = load_recipe(recipe_file, ["rollout.num_engines=3", "learner.workers=2", "reward_service.workers=2",
-                                    "cluster.engine_resources={node_b: 1}", "cluster.learner_resources={node_a: 0.5}",
-                                    "cluster.reward_resources={node_a: 0.1}", "cluster.engine_tp=2",
-                                    "cluster.engine_gpus=2", "cluster.engine_cpus=2"])
+    cfg = load_recipe(
+        recipe_file,
+        [
+            "rollout.num_engines=3",
+            "learner.workers=2",
+            "reward_service.workers=2",
+            "cluster.engine_resources={node_b: 1}",
+            "cluster.learner_resources={node_a: 0.5}",
+            "cluster.reward_resources={node_a: 0.1}",
+            "cluster.engine_tp=2",
+            "cluster.engine_gpus=2",
+            "cluster.engine_cpus=2",
+        ],
+    )
     plan = plan_placement(cfg, "gpu")
     eng, lrn, rew = plan.groups
     assert eng.bundles == ({"CPU": 2.0, "GPU": 2.0, "node_b": 1.0},) * 3
@@ -47,9 +57,17 @@ def test_split_gpu_plan_with_custom_resources(recipe_file: Path) -> None:
 
 
 def test_colocated_plan_pairs_engine_and_learner_on_one_gpu(recipe_file: Path) -> None:
-    cfg = load_recipe(recipe_file, ["cluster.placement=colocated", "rollout.num_engines=2", "learner.workers=2",
-                                    "cluster.engine_gpus=0.4", "cluster.learner_gpus=0.6",
-                                    "cluster.engine_resources={gpu_node: 1}"])
+    cfg = load_recipe(
+        recipe_file,
+        [
+            "cluster.placement=colocated",
+            "rollout.num_engines=2",
+            "learner.workers=2",
+            "cluster.engine_gpus=0.4",
+            "cluster.learner_gpus=0.6",
+            "cluster.engine_resources={gpu_node: 1}",
+        ],
+    )
     plan = plan_placement(cfg, "gpu")
     assert plan.colocated and [g.name for g in plan.groups] == ["engines+learners", "reward workers"]
     assert plan.groups[0].bundles == ({"CPU": 1.5, "GPU": 1.0, "gpu_node": 1.0},) * 2
@@ -60,9 +78,12 @@ def test_colocated_plan_pairs_engine_and_learner_on_one_gpu(recipe_file: Path) -
 @pytest.mark.parametrize(
     "overrides, gpus, expected",
     [
-        (["cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5"], 0,
-         "cluster.placement: colocated shares GPUs between engines and learners; the run is on CPU (cluster.device: auto, "
-         "no GPU in the Ray cluster)"),
+        (
+            ["cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5"],
+            0,
+            "cluster.placement: colocated shares GPUs between engines and learners; the run is on CPU (cluster.device: auto, "
+            "no GPU in the Ray cluster)",
+        ),
         (["cluster.engine_tp=2", "cluster.engine_gpus=2"], 0, "cluster.engine_tp: tensor parallelism (2) needs GPUs"),
         (["cluster.device=gpu"], 0, "cluster.device: gpu, but the Ray cluster has no GPU"),
     ],
@@ -88,8 +109,9 @@ def test_unsatisfiable_placement_fails_fast_naming_the_resources(recipe_file: Pa
         ok = reserve(plan_placement(load_recipe(recipe_file), "cpu"), timeout_s=30)
         try:
             probe = ray.remote(lambda: ray.get_runtime_context().get_node_id())
-            nodes = ray.get([probe.options(**o).remote() for r in ("engine", "learner", "reward")
-                             for o in ok.options(r)])
+            nodes = ray.get(
+                [probe.options(**o).remote() for r in ("engine", "learner", "reward") for o in ok.options(r)]
+            )
             assert set(nodes) == {ray.get_runtime_context().get_node_id()}
             assert ok.node_ids("engine") == nodes[:1]
         finally:
@@ -119,15 +141,24 @@ def test_unsatisfiable_placement_fails_fast_naming_the_resources(recipe_file: Pa
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["cluster.engine_resources={node_z: 1}", "cluster.placement_timeout_s=2"],
-         ["could not place the run's actors within 2s", "- engines: 1 x {CPU: 0.5, node_z: 1}", "cluster.engine_resources"]),
+        (
+            ["cluster.engine_resources={node_z: 1}", "cluster.placement_timeout_s=2"],
+            [
+                "could not place the run's actors within 2s",
+                "- engines: 1 x {CPU: 0.5, node_z: 1}",
+                "cluster.engine_resources",
+            ],
+        ),
         # auto resolves to cpu on this GPU-less machine: colocated is refused at start, naming the key.
-        (["cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5"],
-         ["cluster.placement: colocated shares GPUs", "no GPU in the Ray cluster"]),
+        (
+            ["cluster.placement=colocated", "cluster.engine_gpus=0.5", "cluster.learner_gpus=0.5"],
+            ["cluster.placement: colocated shares GPUs", "no GPU in the Ray cluster"],
+        ),
     ],
 )
-def test_cli_train_fails_fast_on_placement(recipe_file: Path, capsys: pytest.CaptureFixture, overrides: list[str],
-                                           expected: list[str]) -> None:
+def test_cli_train_fails_fast_on_placement(
+    recipe_file: Path, capsys: pytest.CaptureFixture, overrides: list[str], expected: list[str]
+) -> None:
     from rl.cli.main import main
 
     t0 = time.monotonic()

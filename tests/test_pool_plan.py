@@ -54,8 +54,10 @@ def test_within_four_thirds_of_optimum() -> None:
         sizes = [rng.randint(1, 8) for _ in range(n)]
         est = [float(rng.randint(1, 400)) for _ in range(n)]
         plan = plan_shards(sizes, est, k)
-        best = min(max(sum(sizes[g] * est[g] for g in range(n) if a[g] == e) for e in range(k))
-                   for a in itertools.product(range(k), repeat=n))
+        best = min(
+            max(sum(sizes[g] * est[g] for g in range(n) if a[g] == e) for e in range(k))
+            for a in itertools.product(range(k), repeat=n)
+        )
         assert max(_loads(plan, sizes, est)) <= 4 / 3 * best + 1e-9
 
 

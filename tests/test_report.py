@@ -15,38 +15,81 @@ from pathlib import Path
 
 import pytest
 
-from rl.cli.report import (DOMAIN_COLORS, ENTROPY_COLOR, KL_COLOR, TIMING_PHASES, ReportError, add_parser, last_rollouts,
-                       read_metrics, render_report, write_report)
+from rl.cli.report import (
+    DOMAIN_COLORS,
+    ENTROPY_COLOR,
+    KL_COLOR,
+    TIMING_PHASES,
+    ReportError,
+    add_parser,
+    last_rollouts,
+    read_metrics,
+    render_report,
+    write_report,
+)
 
 INJECT = '</pre><script>alert("x")</script><img src=x onerror=alert(1)> & "quotes"'
 DOMAINS = ("code", "tool_call")
 
 
 def _metrics(steps: int = 4) -> list[dict]:
-    recs = [{"step": 0, "eval/reward/mean": 0.1, "eval/reward/code/mean": 0.05, "eval/reward/tool_call/mean": 0.15,
-             "eval/rollout/code/response_len/mean": 40.0, "eval/rollout/tool_call/response_len/mean": 30.0,
-             "timing/eval_s": 3.0}]
+    recs = [
+        {
+            "step": 0,
+            "eval/reward/mean": 0.1,
+            "eval/reward/code/mean": 0.05,
+            "eval/reward/tool_call/mean": 0.15,
+            "eval/rollout/code/response_len/mean": 40.0,
+            "eval/rollout/tool_call/response_len/mean": 30.0,
+            "timing/eval_s": 3.0,
+        }
+    ]
     for s in range(1, steps + 1):
-        r = {"step": s, "reward/mean": 0.1 * s, "kl/mean": 0.001 * s, "entropy/mean": 2.0 - 0.1 * s,
-             "timing/rollout_s": 2.0, "timing/reward_s": 0.5, "timing/learner_s": 4.0 + s, "timing/sync_s": 0.3,
-             "timing/step_s": 8.0 + s}
+        r = {
+            "step": s,
+            "reward/mean": 0.1 * s,
+            "kl/mean": 0.001 * s,
+            "entropy/mean": 2.0 - 0.1 * s,
+            "timing/rollout_s": 2.0,
+            "timing/reward_s": 0.5,
+            "timing/learner_s": 4.0 + s,
+            "timing/sync_s": 0.3,
+            "timing/step_s": 8.0 + s,
+        }
         for i, d in enumerate(DOMAINS):
             r[f"reward/{d}/mean"] = 0.1 * s + 0.05 * i
             r[f"reward/{d}/fn/mean"] = 0.1 * s  # a per-function key: not a domain
             r[f"rollout/{d}/response_len/mean"] = 50.0 - s + 5 * i
         recs.append(r)
     last = recs[-1]
-    last |= {"eval/reward/mean": 0.4, "eval/reward/code/mean": 0.35, "eval/reward/tool_call/mean": 0.45,
-             "eval/rollout/code/response_len/mean": 44.0, "eval/rollout/tool_call/response_len/mean": 33.0,
-             "timing/eval_s": 3.5}
+    last |= {
+        "eval/reward/mean": 0.4,
+        "eval/reward/code/mean": 0.35,
+        "eval/reward/tool_call/mean": 0.45,
+        "eval/rollout/code/response_len/mean": 44.0,
+        "eval/rollout/tool_call/response_len/mean": 33.0,
+        "timing/eval_s": 3.5,
+    }
     return recs
 
 
 def _row(step: int, split: str, domain: str, i: int, reward: float | None, response: str) -> dict:
-    return {"step": step, "split": split, "domain": domain, "task_id": f"{domain}-{split}-{i}", "group": i // 2,
-            "prompt": f"prompt {i} <b>bold?</b>", "response": response, "reward": reward,
-            "scores": {"fn": reward}, "reward_error": None if reward is not None else "ValueError: boom",
-            "finish_reason": "stop", "terminated": True, "truncated": False, "response_tokens": 10 + i}
+    return {
+        "step": step,
+        "split": split,
+        "domain": domain,
+        "task_id": f"{domain}-{split}-{i}",
+        "group": i // 2,
+        "prompt": f"prompt {i} <b>bold?</b>",
+        "response": response,
+        "reward": reward,
+        "scores": {"fn": reward},
+        "reward_error": None if reward is not None else "ValueError: boom",
+        "finish_reason": "stop",
+        "terminated": True,
+        "truncated": False,
+        "response_tokens": 10 + i,
+    }
 
 
 def make_run(d: Path, steps: int = 4, done: bool = True) -> Path:
@@ -144,8 +187,11 @@ def test_report_missing_keys_and_running_run(tmp_path: Path) -> None:
     run = tmp_path / "partial"
     run.mkdir()
     # Only the initial evaluation, then a line still being written; no DONE, no rollouts, no recipe.
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/reward/mean": 0.2, "eval/reward/x/mean": 0.2,
-                                                   "timing/eval_s": 1.5}) + "\n" + '{"step": 1, "rew')
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "eval/reward/mean": 0.2, "eval/reward/x/mean": 0.2, "timing/eval_s": 1.5})
+        + "\n"
+        + '{"step": 1, "rew'
+    )
     text = render_report(run)
     p = parse(text)
     assert [int(c["attrs"]["data-series"]) for c in p.charts] == [1, 0, 0, 0, 1]
@@ -188,8 +234,10 @@ def test_readers_tolerate_bad_lines_and_keep_last_steps(tmp_path: Path) -> None:
 def test_many_steps_are_averaged_into_bars(tmp_path: Path) -> None:
     run = tmp_path / "long"
     run.mkdir()
-    recs = [{"step": s, "timing/rollout_s": 1.0, "timing/step_s": 1.0, "reward/mean": s / 1000, "reward/a/mean": 0.5}
-            for s in range(1, 1001)]
+    recs = [
+        {"step": s, "timing/rollout_s": 1.0, "timing/step_s": 1.0, "reward/mean": s / 1000, "reward/a/mean": 0.5}
+        for s in range(1, 1001)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     p = parse(render_report(run))
     assert p.charts[4]["rects"] == 200  # MAX_BARS
@@ -207,9 +255,19 @@ def _chromium() -> str:
 
 
 def _run_chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--force-device-scale-factor=1",
-           "--force-color-profile=srgb", "--no-first-run", "--disable-extensions", f"--user-data-dir={tmp / 'profile'}",
-           *args]
+    cmd = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        "--force-color-profile=srgb",
+        "--no-first-run",
+        "--disable-extensions",
+        f"--user-data-dir={tmp / 'profile'}",
+        *args,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "HOME": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]
     return r
@@ -224,15 +282,15 @@ def _png_rgb(path: Path) -> tuple[int, int, list[bytes]]:
             im = im.convert("RGB")
             w, h = im.size
             raw = im.tobytes()
-        return w, h, [raw[y * w * 3:(y + 1) * w * 3] for y in range(h)]
+        return w, h, [raw[y * w * 3 : (y + 1) * w * 3] for y in range(h)]
     except ImportError:
         pass
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, w, h, bpp = 8, b"", 0, 0, 3
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
             assert depth == 8 and ctype in (2, 6) and interlace == 0
@@ -242,7 +300,7 @@ def _png_rgb(path: Path) -> tuple[int, int, list[bytes]]:
         pos += 12 + n
     raw, rows, prev, stride = zlib.decompress(idat), [], bytearray(w * bpp), w * bpp
     for y in range(h):
-        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -256,12 +314,12 @@ def _png_rgb(path: Path) -> tuple[int, int, list[bytes]]:
                 pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
                 line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
         prev = line
-        rows.append(bytes(line) if bpp == 3 else bytes(v for j in range(0, stride, 4) for v in line[j:j + 3]))
+        rows.append(bytes(line) if bpp == 3 else bytes(v for j in range(0, stride, 4) for v in line[j : j + 3]))
     return w, h, rows
 
 
 def _color_counts(path: Path, colors: list[str]) -> dict[str, int]:
-    want = {c: tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in colors}
+    want = {c: tuple(int(c[i : i + 2], 16) for i in (1, 3, 5)) for c in colors}
     counts = dict.fromkeys(colors, 0)
     _, _, rows = _png_rgb(path)
     for row in rows:

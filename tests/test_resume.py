@@ -27,16 +27,27 @@ def _recipe(recipe_copy, out: Path) -> Path:
         d["train"].update(steps=4)
         d["wandb"]["mode"] = "disabled"
         # A reward with variance on the random model, so that the updates are not all zero.
-        d["rewards"].append({"cls": "rewards.format.OverlongPenalty", "weight": 1.0, "domains": ["tool_call"],
-                             "kwargs": {"max_tokens": 24, "buffer_tokens": 20}})
+        d["rewards"].append(
+            {
+                "cls": "rewards.format.OverlongPenalty",
+                "weight": 1.0,
+                "domains": ["tool_call"],
+                "kwargs": {"max_tokens": 24, "buffer_tokens": 20},
+            }
+        )
 
     return recipe_copy("tiny.yaml", out=out.name, filename=f"{out.name}.yaml", edit=edit)
 
 
 def _run(recipe: Path, *overrides: str) -> None:
     exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run([str(exe), "train", str(recipe), *overrides], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "WANDB_MODE": "disabled"})
+    r = subprocess.run(
+        [str(exe), "train", str(recipe), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -64,7 +75,11 @@ def _assert_same_steps(resumed: dict[int, dict], full: dict[int, dict]) -> None:
         # Rewards, losses, KL, gradient norms, counts: identical. The engine-vs-learner logprob gap
         # (~2e-7 here) moves by ~1e-9 with vLLM's fp32 kernel noise, hence the absolute tolerance.
         assert resumed[step] == pytest.approx(full[step], rel=0, abs=1e-8), f"step {step} differs after resume"
-        exact = {k for k in full[step] if k.startswith(("reward/", "loss/", "kl/", "grad/", "eval/reward/", "rollout/tokens"))}
+        exact = {
+            k
+            for k in full[step]
+            if k.startswith(("reward/", "loss/", "kl/", "grad/", "eval/reward/", "rollout/tokens"))
+        }
         assert {k: resumed[step][k] for k in exact} == {k: full[step][k] for k in exact}
 
 
@@ -97,8 +112,13 @@ def test_sigkilled_driver_resumes_exactly(tmp_path: Path, recipe_copy, full_run:
     recipe = _recipe(recipe_copy, b)
     shm_before = set(os.listdir("/dev/shm"))
     exe = Path(sys.executable).with_name("jointrl")
-    proc = subprocess.Popen([str(exe), "train", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(exe), "train", str(recipe)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 500
         while not (b / "checkpoints" / "step_000002" / "step.json").is_file():

@@ -9,20 +9,38 @@ from rewards.format import CodeFormatReward, OverlongPenalty, ToolCallFormatRewa
 from rewards.service import RewardFnSpec, RewardScorer
 
 
-def traj(n_tokens: int, domain: str = "tool_call", text: str = "x", env_tokens: int = 0,
-         task: Task | None = None) -> Trajectory:
+def traj(
+    n_tokens: int, domain: str = "tool_call", text: str = "x", env_tokens: int = 0, task: Task | None = None
+) -> Trajectory:
     task = task or Task(id="t", domain=domain, messages=(Message("user", "q"),))
     mask = [1] * n_tokens + [0] * env_tokens
-    return Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[5] * len(mask), loss_mask=mask,
-                      logprobs=[0.0] * len(mask), messages=[*task.messages, Message("assistant", text)],
-                      terminated=True, truncated=False, finish_reason="stop")
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[5] * len(mask),
+        loss_mask=mask,
+        logprobs=[0.0] * len(mask),
+        messages=[*task.messages, Message("assistant", text)],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+    )
 
 
-@pytest.mark.parametrize("n, want", [
-    (1, 0.0), (50, 0.0), (96, 0.0),            # <= max - buffer = 96: no penalty
-    (100, -0.5 * 4 / 32), (112, -0.5 * 16 / 32),  # linear over the 32-token buffer, penalty 0.5
-    (128, -0.5), (129, -0.5), (10_000, -0.5),  # at and past max_tokens
-])
+@pytest.mark.parametrize(
+    "n, want",
+    [
+        (1, 0.0),
+        (50, 0.0),
+        (96, 0.0),  # <= max - buffer = 96: no penalty
+        (100, -0.5 * 4 / 32),
+        (112, -0.5 * 16 / 32),  # linear over the 32-token buffer, penalty 0.5
+        (128, -0.5),
+        (129, -0.5),
+        (10_000, -0.5),  # at and past max_tokens
+    ],
+)
 def test_overlong_soft_penalty(n, want):
     assert OverlongPenalty(max_tokens=128, buffer_tokens=32, penalty=0.5)(traj(n)) == pytest.approx(want)
 
@@ -39,11 +57,17 @@ def test_overlong_counts_policy_tokens_only_and_needs_tokens():
     assert p(no_tokens) is None  # a recorded completion without token info: does not apply
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"max_tokens": 0, "buffer_tokens": 0}, {"max_tokens": 10, "buffer_tokens": 11},
-    {"max_tokens": 10, "buffer_tokens": -1}, {"max_tokens": 10.0, "buffer_tokens": 1},
-    {"max_tokens": 10, "buffer_tokens": 1, "penalty": -1}, {"max_tokens": 10, "buffer_tokens": 1, "penalty": float("nan")},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_tokens": 0, "buffer_tokens": 0},
+        {"max_tokens": 10, "buffer_tokens": 11},
+        {"max_tokens": 10, "buffer_tokens": -1},
+        {"max_tokens": 10.0, "buffer_tokens": 1},
+        {"max_tokens": 10, "buffer_tokens": 1, "penalty": -1},
+        {"max_tokens": 10, "buffer_tokens": 1, "penalty": float("nan")},
+    ],
+)
 def test_overlong_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         OverlongPenalty(**kwargs)
@@ -52,11 +76,19 @@ def test_overlong_bad_arguments(kwargs):
 def test_overlong_is_a_shaping_term_for_every_domain():
     p = OverlongPenalty(max_tokens=10, buffer_tokens=5)
     assert p.domains == ("*",) and p.shaping is True
-    task = Task(id="t", domain="tool_call", messages=(Message("user", "q"),), prefill="<tool_call>",
-                tool_call=ToolCallSpec(tools=({"name": "f"},), expected=(ExpectedCall("f", {}),)))
-    scorer = RewardScorer([RewardFnSpec("rewards.toolcall.ToolCallReward"),
-                           RewardFnSpec("rewards.format.OverlongPenalty", weight=0.5,
-                                        kwargs={"max_tokens": 10, "buffer_tokens": 5})])
+    task = Task(
+        id="t",
+        domain="tool_call",
+        messages=(Message("user", "q"),),
+        prefill="<tool_call>",
+        tool_call=ToolCallSpec(tools=({"name": "f"},), expected=(ExpectedCall("f", {}),)),
+    )
+    scorer = RewardScorer(
+        [
+            RewardFnSpec("rewards.toolcall.ToolCallReward"),
+            RewardFnSpec("rewards.format.OverlongPenalty", weight=0.5, kwargs={"max_tokens": 10, "buffer_tokens": 5}),
+        ]
+    )
     good_long = traj(20, task=task, text='<tool_call>{"name": "f", "arguments": {}}</tool_call>')
     no_spec = traj(20, domain="terminal")
     a, b = scorer.score([good_long, no_spec])
@@ -64,8 +96,13 @@ def test_overlong_is_a_shaping_term_for_every_domain():
     # Only the penalty applied to the terminal sample: it is not scored (an error, not -0.5).
     assert b.reward is None and "no reward function scored this 'terminal' sample" in b.reward_error
     # shaping=False makes it count as a reward on its own.
-    scorer2 = RewardScorer([RewardFnSpec("rewards.format.OverlongPenalty",
-                                         kwargs={"max_tokens": 10, "buffer_tokens": 5, "shaping": False})])
+    scorer2 = RewardScorer(
+        [
+            RewardFnSpec(
+                "rewards.format.OverlongPenalty", kwargs={"max_tokens": 10, "buffer_tokens": 5, "shaping": False}
+            )
+        ]
+    )
     assert scorer2.score([no_spec])[0].reward == -1.0
 
 

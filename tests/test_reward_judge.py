@@ -48,7 +48,9 @@ class Stub:
                 reply = "The answer looks fine." if "GARBAGE" in text else "Mostly right.\nScore: 7/10"
                 if "DELAY" in text:
                     time.sleep(0.3)
-                self._send(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode())
+                self._send(
+                    200, json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
+                )
 
             def _send(self, code: int, data: bytes) -> None:
                 self.send_response(code)
@@ -94,11 +96,24 @@ def judge(stub: Stub, **kw) -> LLMJudge:
 
 
 def traj(completion: str, tid: str = "t1", domain: str = "tool_call") -> Trajectory:
-    task = Task(id=tid, domain=domain, messages=(Message("system", "sys"), Message("user", "What is 2+2?")),
-                meta={"reference": "4"})
-    return Trajectory(task=task, group_id=0, prompt_ids=[], response_ids=[], loss_mask=[], logprobs=[],
-                      messages=[*task.messages, Message("assistant", completion)], terminated=True, truncated=False,
-                      finish_reason="stop")
+    task = Task(
+        id=tid,
+        domain=domain,
+        messages=(Message("system", "sys"), Message("user", "What is 2+2?")),
+        meta={"reference": "4"},
+    )
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[],
+        response_ids=[],
+        loss_mask=[],
+        logprobs=[],
+        messages=[*task.messages, Message("assistant", completion)],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+    )
 
 
 def test_scores_and_sends_an_openai_request(stub, monkeypatch):
@@ -112,7 +127,8 @@ def test_scores_and_sends_an_openai_request(stub, monkeypatch):
     assert body["model"] == "judge-model" and body["temperature"] == 0.0 and body["max_tokens"] == 32
     assert body["messages"][0] == {"role": "system", "content": "Be strict."}
     assert body["messages"][1]["content"] == (
-        "Task t1 (tool_call): What is 2+2?\nReference: 4\nAnswer: four\nEnd with 'Score: N/10'.")
+        "Task t1 (tool_call): What is 2+2?\nReference: 4\nAnswer: four\nEnd with 'Score: N/10'."
+    )
 
 
 def test_no_key_no_authorization_header(stub, monkeypatch):
@@ -167,9 +183,19 @@ def test_connection_refused_raises():
 
 
 def test_failures_become_recorded_errors_in_the_scorer(stub):
-    spec = RewardFnSpec("rewards.judge.LLMJudge", weight=1.0, domains=("tool_call",),
-                        kwargs={"base_url": stub.base_url, "model": "m", "prompt_template": "{completion}",
-                                "max_retries": 1, "retry_backoff_s": 0.01, "timeout_s": 0.3})
+    spec = RewardFnSpec(
+        "rewards.judge.LLMJudge",
+        weight=1.0,
+        domains=("tool_call",),
+        kwargs={
+            "base_url": stub.base_url,
+            "model": "m",
+            "prompt_template": "{completion}",
+            "max_retries": 1,
+            "retry_backoff_s": 0.01,
+            "timeout_s": 0.3,
+        },
+    )
     stub.slow_s = 1.0
     scorer = RewardScorer([spec], timeout_s=10)
     ok, e500, slow, garbage = scorer.score([traj("fine"), traj("ERR500"), traj("SLOW"), traj("GARBAGE")])
@@ -181,9 +207,17 @@ def test_failures_become_recorded_errors_in_the_scorer(stub):
 
 
 def test_acall_runs_requests_concurrently(stub):
-    spec = RewardFnSpec("rewards.judge.LLMJudge", domains=("tool_call",),
-                        kwargs={"base_url": stub.base_url, "model": "m", "prompt_template": "{completion}",
-                                "concurrency": 8, "name": "judge_a"})
+    spec = RewardFnSpec(
+        "rewards.judge.LLMJudge",
+        domains=("tool_call",),
+        kwargs={
+            "base_url": stub.base_url,
+            "model": "m",
+            "prompt_template": "{completion}",
+            "concurrency": 8,
+            "name": "judge_a",
+        },
+    )
     scorer = RewardScorer([spec], timeout_s=10)
     t0 = time.perf_counter()
     out = scorer.score([traj(f"DELAY {i}") for i in range(8)])  # the stub takes 0.3 s per request
@@ -195,17 +229,26 @@ def test_acall_runs_requests_concurrently(stub):
 
 def test_service_timeout_cuts_a_slow_judge(stub):
     stub.slow_s = 2.0
-    spec = RewardFnSpec("rewards.judge.LLMJudge", domains=("tool_call",),
-                        kwargs={"base_url": stub.base_url, "model": "m", "prompt_template": "{completion}",
-                                "timeout_s": 30})
+    spec = RewardFnSpec(
+        "rewards.judge.LLMJudge",
+        domains=("tool_call",),
+        kwargs={"base_url": stub.base_url, "model": "m", "prompt_template": "{completion}", "timeout_s": 30},
+    )
     (out,) = RewardScorer([spec], timeout_s=0.5).score([traj("SLOW")])
     assert out.reward is None and out.reward_error == "llm_judge timed out after 0.5s"
 
 
-@pytest.mark.parametrize("reply, value", [
-    ("Score: 8", 0.8), ("score = 0.5/1", 0.5), ("SCORE: **9**/10", 0.9), ("Score: 3/10 ... final Score: 6/10", 0.6),
-    ("Score: 10/10", 1.0), ("score:0", 0.0),
-])
+@pytest.mark.parametrize(
+    "reply, value",
+    [
+        ("Score: 8", 0.8),
+        ("score = 0.5/1", 0.5),
+        ("SCORE: **9**/10", 0.9),
+        ("Score: 3/10 ... final Score: 6/10", 0.6),
+        ("Score: 10/10", 1.0),
+        ("score:0", 0.0),
+    ],
+)
 def test_parse_score(reply, value):
     assert LLMJudge("http://127.0.0.1:1/v1", "m", "{completion}").parse_score(reply) == pytest.approx(value)
 
@@ -219,15 +262,18 @@ def test_parse_score_custom_regex_and_scale():
         LLMJudge("http://127.0.0.1:1/v1", "m", "{completion}").parse_score("Score: 12/10")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"prompt_template": "{answer}"}, "field {answer} is unknown"),
-    ({"prompt_template": "{completion"}, "not a valid format string"),
-    ({"score_regex": "Score: \\d"}, "capturing group"),
-    ({"score_regex": "("}, "does not compile"),
-    ({"base_url": "ftp://x"}, "http"),
-    ({"timeout_s": 0}, "timeout_s"),
-    ({"max_retries": -1}, "max_retries"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt_template": "{answer}"}, "field {answer} is unknown"),
+        ({"prompt_template": "{completion"}, "not a valid format string"),
+        ({"score_regex": "Score: \\d"}, "capturing group"),
+        ({"score_regex": "("}, "does not compile"),
+        ({"base_url": "ftp://x"}, "http"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"max_retries": -1}, "max_retries"),
+    ],
+)
 def test_bad_constructor_arguments(kwargs, message):
     args = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "prompt_template": "{completion}", **kwargs}
     with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("}", r"\}").replace("(", r"\(")):
@@ -237,7 +283,7 @@ def test_bad_constructor_arguments(kwargs, message):
 def test_render_fields():
     j = LLMJudge("http://127.0.0.1:1/v1", "m", "{conversation}|{meta}|{{literal}}|{meta}")
     text = j.render(traj("x"))
-    assert text.startswith("system: sys\n\nuser: What is 2+2?|{\"reference\": \"4\"}|{literal}|")
+    assert text.startswith('system: sys\n\nuser: What is 2+2?|{"reference": "4"}|{literal}|')
 
 
 def test_validate_requires_domains_for_the_judge(tmp_path):
@@ -248,11 +294,20 @@ def test_validate_requires_domains_for_the_judge(tmp_path):
 
     repo = __import__("pathlib").Path(__file__).resolve().parents[1]
     d = yaml.safe_load((repo / "recipes" / "tiny.yaml").read_text())
-    d["data"] = {**d["data"], "train_files": [str(repo / "recipes" / f) for f in d["data"]["train_files"]],
-                 "eval_files": [str(repo / "recipes" / f) for f in d["data"]["eval_files"]]}
+    d["data"] = {
+        **d["data"],
+        "train_files": [str(repo / "recipes" / f) for f in d["data"]["train_files"]],
+        "eval_files": [str(repo / "recipes" / f) for f in d["data"]["eval_files"]],
+    }
     d["run"]["output_dir"] = str(tmp_path / "out")
-    d["rewards"] = [{"cls": "rewards.judge.LLMJudge", "weight": 1.0, "domains": [],
-                     "kwargs": {"base_url": "http://127.0.0.1:1/v1", "model": "m", "prompt_template": "{completion}"}}]
+    d["rewards"] = [
+        {
+            "cls": "rewards.judge.LLMJudge",
+            "weight": 1.0,
+            "domains": [],
+            "kwargs": {"base_url": "http://127.0.0.1:1/v1", "model": "m", "prompt_template": "{completion}"},
+        }
+    ]
     p = tmp_path / "r.yaml"
     p.write_text(yaml.safe_dump(d))
     with pytest.raises(RecipeError, match=r"rewards\.0\.domains"):

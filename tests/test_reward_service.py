@@ -235,9 +235,18 @@ def spec(cls: str, weight: float = 1.0, domains: tuple[str, ...] = (), **kwargs)
 
 def traj(tid: str = "t", domain: str = "d1", group: int = 0, **meta) -> Trajectory:
     task = Task(id=tid, domain=domain, messages=(Message("user", "q"),), meta=dict(meta))
-    return Trajectory(task=task, group_id=group, prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 1],
-                      logprobs=[-0.5, -0.5], messages=[*task.messages, Message("assistant", "a")],
-                      terminated=True, truncated=False, finish_reason="stop")
+    return Trajectory(
+        task=task,
+        group_id=group,
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        loss_mask=[1, 1],
+        logprobs=[-0.5, -0.5],
+        messages=[*task.messages, Message("assistant", "a")],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+    )
 
 
 # ------------------------------------------------------------------------- in-process
@@ -351,8 +360,15 @@ def test_builtins_satisfy_the_protocol():
     from rewards.terminal import TerminalCheckReward
     from rewards.toolcall import ToolAnswerReward, ToolCallFormatReward, ToolCallReward
 
-    objs = [ToolCallReward(), ToolAnswerReward(), ToolCallFormatReward(), CodeTestsReward(), CodeFormatReward(),
-            TerminalCheckReward(), OverlongPenalty(64, 16)]
+    objs = [
+        ToolCallReward(),
+        ToolAnswerReward(),
+        ToolCallFormatReward(),
+        CodeTestsReward(),
+        CodeFormatReward(),
+        TerminalCheckReward(),
+        OverlongPenalty(64, 16),
+    ]
     for o in objs:
         assert isinstance(o, RewardFn), o
         assert call_mode(o) == "call"
@@ -371,11 +387,14 @@ def test_score_batch_is_one_call_per_function(on_path):
     assert "d9" in out[2].reward_error and "d1" in out[3].reward_error  # nothing scored them
 
 
-@pytest.mark.parametrize("mode, message", [
-    ("short", "batched score_batch returned 1 values for 2 trajectories"),
-    ("not_a_list", "batched score_batch returned int for 2 trajectories"),
-    ("raise", "batched score_batch raised RuntimeError: batch down"),
-])
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("short", "batched score_batch returned 1 values for 2 trajectories"),
+        ("not_a_list", "batched score_batch returned int for 2 trajectories"),
+        ("raise", "batched score_batch raised RuntimeError: batch down"),
+    ],
+)
 def test_score_batch_failures_error_every_sample(on_path, mode, message):
     out = RewardScorer([spec("Batched", mode=mode), spec("FromMeta")]).score([traj("a", v=1.0), traj("b", v=1.0)])
     for t in out:
@@ -403,8 +422,9 @@ def test_async_calls_run_concurrently_up_to_the_class_limit(on_path):
 
 def test_async_failures_are_per_sample(on_path):
     scorer = RewardScorer([spec("Async")], timeout_s=0.5)
-    ok, hang, boom, nan = scorer.score([traj("ok"), traj("hang", hang=True), traj("boom", boom=True),
-                                        traj("nan", v=float("nan"))])
+    ok, hang, boom, nan = scorer.score(
+        [traj("ok"), traj("hang", hang=True), traj("boom", boom=True), traj("nan", v=float("nan"))]
+    )
     assert ok.reward == 1.0 and ok.reward_error is None
     assert hang.reward is None and hang.reward_error == "async timed out after 0.5s"
     assert boom.reward is None and boom.reward_error == "async raised ValueError: async kaputt"
@@ -502,8 +522,9 @@ def ray_session(reward_module_dir):
     pythonpath = os.pathsep.join(p for p in (str(reward_module_dir), os.environ.get("PYTHONPATH", "")) if p)
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}
+    )
     try:
         yield ray
     finally:
@@ -515,8 +536,12 @@ def test_service_matches_in_process(ray_session, on_path):
     from rewards.service import RewardService
 
     specs = [spec("Const", weight=0.5, value=0.8), spec("FromMeta", weight=2.0), spec("Boom")]
-    trajs = [traj("a", v=0.1), traj("b", domain="d2", group=1, v=0.2), traj("c", group=2, v=0.3),
-             traj("d", domain="d2", group=1)]
+    trajs = [
+        traj("a", v=0.1),
+        traj("b", domain="d2", group=1, v=0.2),
+        traj("c", group=2, v=0.3),
+        traj("d", domain="d2", group=1),
+    ]
     expected = RewardScorer(specs).score(trajs)
     service = RewardService(specs, workers=2, timeout_s=60)
     try:
@@ -650,8 +675,9 @@ def test_service_keeps_groups_on_one_worker(ray_session, on_path):
         assert [t.task.id for t in out] == [t.task.id for t in trajs] and all(t.reward == 1.0 for t in out)
         import ray
 
-        batches = [b for w in service.workers
-                   for b in ray.get(w.__ray_call__.remote(lambda self: self.fns[0][1].batches))]
+        batches = [
+            b for w in service.workers for b in ray.get(w.__ray_call__.remote(lambda self: self.fns[0][1].batches))
+        ]
     finally:
         service.shutdown()
     assert sorted(len(b) for b in batches) == [3, 6]

@@ -32,16 +32,27 @@ def test_three_domains_multi_turn_in_ray(tiny_model_path, tiny_tokenizer) -> Non
     term = load_tasks(DATA / "terminal_tasks.jsonl")[:3]
     tool = [t for t in load_tasks(DATA / "toolcall_tasks.jsonl") if t.tool_call.mode == "answer"][:3]
     tasks = code + term + tool
-    specs = [("code", "envs.code.CodeEnv", {"max_turns": 2}),
-             ("terminal", "envs.terminal.TerminalEnv", {"max_turns": 3, "command_timeout_s": 5.0}),
-             ("tool_call", "envs.toolcall.ToolCallEnv", {"max_turns": 3})]
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "JOINTRL_CACHE": os.environ["JOINTRL_CACHE"]}})
+    specs = [
+        ("code", "envs.code.CodeEnv", {"max_turns": 2}),
+        ("terminal", "envs.terminal.TerminalEnv", {"max_turns": 3, "command_timeout_s": 5.0}),
+        ("tool_call", "envs.toolcall.ToolCallEnv", {"max_turns": 3}),
+    ]
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={
+            "env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "JOINTRL_CACHE": os.environ["JOINTRL_CACHE"]}
+        },
+    )
     pool = None
     try:
         pool = RolloutPool(1, tiny_model_path, specs, dtype="float32", max_model_len=4096)
-        trajs = pool.generate(tasks, list(range(len(tasks))), list(range(len(tasks))),
-                              Sampling(max_new_tokens=24, temperature=1.0, max_turns=3, max_model_len=4096))
+        trajs = pool.generate(
+            tasks,
+            list(range(len(tasks))),
+            list(range(len(tasks))),
+            Sampling(max_new_tokens=24, temperature=1.0, max_turns=3, max_model_len=4096),
+        )
     finally:
         if pool is not None:
             pool.shutdown()

@@ -13,8 +13,16 @@ import pytest
 from rl.cli.runs import add_parser, format_runs, list_runs, run_info
 
 
-def make(d: Path, steps: int, *, done: bool = False, age_s: float = 0.0, total: int | None = 10,
-         step_s: float = 5.0, tail: str = "") -> Path:
+def make(
+    d: Path,
+    steps: int,
+    *,
+    done: bool = False,
+    age_s: float = 0.0,
+    total: int | None = 10,
+    step_s: float = 5.0,
+    tail: str = "",
+) -> Path:
     d.mkdir(parents=True)
     recs = [{"step": 0, "eval/reward/mean": 0.1, "timing/eval_s": 1.0}]
     recs += [{"step": s, "reward/mean": s / 10, "timing/step_s": step_s} for s in range(1, steps + 1)]
@@ -43,8 +51,13 @@ def test_status_steps_and_rewards(tmp_path: Path) -> None:
     runs = list_runs(tmp_path)
     assert [r.path.name for r in runs] == ["a_done", "b_running", "c_stopped", "d_slow", "lr1"]
     by = {r.path.name: r for r in runs}
-    assert [by[n].status for n in ("a_done", "b_running", "c_stopped", "d_slow", "lr1")] == \
-        ["done", "running", "stopped", "running", "running"]
+    assert [by[n].status for n in ("a_done", "b_running", "c_stopped", "d_slow", "lr1")] == [
+        "done",
+        "running",
+        "stopped",
+        "running",
+        "running",
+    ]
     a = by["a_done"]
     assert (a.steps, a.total_steps, a.reward, a.eval_reward_first, a.eval_reward) == (10, 10, 1.0, 0.1, 0.5)
     assert by["b_running"].steps == 3 and by["lr1"].total_steps is None

@@ -70,8 +70,8 @@ def zombie_children() -> list[int]:
                 raw = f.read()
         except OSError:
             continue
-        comm = raw[raw.find(b"(") + 1:raw.rfind(b")")]
-        fields = raw[raw.rfind(b")") + 2:].split()
+        comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")]
+        fields = raw[raw.rfind(b")") + 2 :].split()
         if fields[0] == b"Z" and int(fields[1]) == me and comm in (b"bwrap", b"setpriv", b"prlimit"):
             out.append(int(name))
     return out
@@ -220,8 +220,17 @@ print(res)
 
 def test_attack_write_outside_work_dir(sb):
     tag = "jrl_" + secrets.token_hex(6)
-    targets = [f"/etc/{tag}", f"/usr/{tag}", f"/var/tmp/{tag}", f"/root/{tag}", f"/home/{tag}",
-               f"{REPO}/{tag}", f"/tmp/{tag}", f"/dev/shm/{tag}", f"/{tag}"]
+    targets = [
+        f"/etc/{tag}",
+        f"/usr/{tag}",
+        f"/var/tmp/{tag}",
+        f"/root/{tag}",
+        f"/home/{tag}",
+        f"{REPO}/{tag}",
+        f"/tmp/{tag}",
+        f"/dev/shm/{tag}",
+        f"/{tag}",
+    ]
     code = f"""
 import os, json
 res = {{}}
@@ -448,7 +457,7 @@ def test_shell_exit_codes_and_output_shapes(shell):
     assert shell.run("printf abc").output == "abc"  # no trailing newline
     assert shell.run("true").output == ""
     assert shell.run("for i in 1 2 3\ndo\n  echo $i\ndone").output == "1\n2\n3\n"
-    assert shell.run("cat <<'EOF'\nq'uote \"dq\" \\ $HOME !bang\nEOF").output == "q'uote \"dq\" \\ $HOME !bang\n"
+    assert shell.run("cat <<'EOF'\nq'uote \"dq\" \\ $HOME !bang\nEOF").output == 'q\'uote "dq" \\ $HOME !bang\n'
     assert shell.run("echo 'héllo ✓'").output == "héllo ✓\n"
     assert shell.run("echo " + "a" * 10000 + " | wc -c").output.strip() == "10001"
     assert shell.run("echo 'unterminated").exit_code != 0  # a syntax error, not a hang
@@ -465,8 +474,9 @@ def test_shell_timeout_and_recovery(shell):
     r = shell.run("while :; do :; done", timeout=1)  # a builtin loop in bash itself
     assert r.timed_out
     # a job that ignores Ctrl-C is SIGKILLed as the terminal's foreground job
-    r = shell.run("python3 -c 'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(100)'",
-                  timeout=1)
+    r = shell.run(
+        "python3 -c 'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(100)'", timeout=1
+    )
     assert r.timed_out
     assert shell.run("echo still alive; pwd").output == f"still alive\n{shell.sandbox.inner_work_dir}\n"
 

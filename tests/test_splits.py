@@ -19,8 +19,9 @@ def test_shipped_splits_are_current(tmp_path: Path) -> None:
     write_splits(DATA, tmp_path)
     for name in SOURCES:
         for part in ("train", "eval"):
-            assert (tmp_path / f"{name}.{part}.jsonl").read_bytes() == (DATA / f"{name}.{part}.jsonl").read_bytes(), \
+            assert (tmp_path / f"{name}.{part}.jsonl").read_bytes() == (DATA / f"{name}.{part}.jsonl").read_bytes(), (
                 f"run `python -m envs.splits` to refresh {name}.{part}.jsonl"
+            )
         train = {t.id for t in load_tasks(DATA / f"{name}.train.jsonl")}
         held = {t.id for t in load_tasks(DATA / f"{name}.eval.jsonl")}
         assert train and held and not train & held

@@ -165,14 +165,16 @@ def test_parquet_json_string_fields(tmp_path):
     rows = []
     for t in sample_tasks():
         d = task_to_dict(t)
-        rows.append({
-            "id": d["id"],
-            "domain": d["domain"],
-            "messages": json.dumps(d["messages"]),
-            "prefill": d.get("prefill", ""),
-            "tool_call": json.dumps(d["tool_call"]) if "tool_call" in d else None,
-            "meta": json.dumps(d.get("meta", {})),
-        })
+        rows.append(
+            {
+                "id": d["id"],
+                "domain": d["domain"],
+                "messages": json.dumps(d["messages"]),
+                "prefill": d.get("prefill", ""),
+                "tool_call": json.dumps(d["tool_call"]) if "tool_call" in d else None,
+                "meta": json.dumps(d.get("meta", {})),
+            }
+        )
     path = tmp_path / "tasks.parquet"
     datasets.Dataset.from_list(rows).to_parquet(str(path))
     assert load_tasks(path) == sample_tasks()
@@ -184,12 +186,16 @@ def test_parquet_native_nested_columns(tmp_path):
     rows = []
     for t in sample_tasks():
         d = task_to_dict(t)
-        rows.append({
-            "id": d["id"],
-            "domain": d["domain"],
-            "messages": [{"role": m["role"], "content": m["content"], "name": m.get("name")} for m in d["messages"]],
-            "tool_call": json.dumps(d["tool_call"]) if "tool_call" in d else None,
-        })
+        rows.append(
+            {
+                "id": d["id"],
+                "domain": d["domain"],
+                "messages": [
+                    {"role": m["role"], "content": m["content"], "name": m.get("name")} for m in d["messages"]
+                ],
+                "tool_call": json.dumps(d["tool_call"]) if "tool_call" in d else None,
+            }
+        )
     path = tmp_path / "tasks.parquet"
     datasets.Dataset.from_list(rows).to_parquet(str(path))
     loaded = load_tasks(path)
@@ -199,9 +205,13 @@ def test_parquet_native_nested_columns(tmp_path):
 
 def test_parquet_bad_row_named(tmp_path):
     datasets = pytest.importorskip("datasets")
-    rows = [{"id": "a", "domain": "code", "messages": '[{"role": "user", "content": "hi"}]'},
-            {"id": "b", "domain": "code", "messages": "[{broken"}]
+    rows = [
+        {"id": "a", "domain": "code", "messages": '[{"role": "user", "content": "hi"}]'},
+        {"id": "b", "domain": "code", "messages": "[{broken"},
+    ]
     path = tmp_path / "tasks.parquet"
     datasets.Dataset.from_list(rows).to_parquet(str(path))
-    with pytest.raises(TaskFormatError, match=r"tasks\.parquet:row 1: field 'messages': is a string but not valid JSON"):
+    with pytest.raises(
+        TaskFormatError, match=r"tasks\.parquet:row 1: field 'messages': is a string but not valid JSON"
+    ):
         load_tasks(path)

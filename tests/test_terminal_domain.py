@@ -28,38 +28,45 @@ needs_sandbox = pytest.mark.skipif(bool(_NO_SANDBOX), reason=f"bubblewrap sandbo
 
 
 def make_task(setup: str = "", check: str = "true", time_limit_s: float = 60.0, id: str = "t-term") -> Task:
-    return Task(id=id, domain="terminal", messages=(Message("system", "sys"), Message("user", "do it")),
-                terminal=TerminalSpec(setup=setup, check=check, time_limit_s=time_limit_s))
+    return Task(
+        id=id,
+        domain="terminal",
+        messages=(Message("system", "sys"), Message("user", "do it")),
+        terminal=TerminalSpec(setup=setup, check=check, time_limit_s=time_limit_s),
+    )
 
 
 # ------------------------------------------------------------------------------ parsing
 
 
-@pytest.mark.parametrize("text, want", [
-    ("```bash\nls -la\n```", "ls -la"),
-    ("I will list the files.\n```sh\nls\n```\nthen more", "ls"),
-    ("```\npwd\n```", "pwd"),
-    ("```bash\ncd d\necho hi > f.txt\n```", "cd d\necho hi > f.txt"),  # multi-line block kept whole
-    ("```bash\nfirst\n```\n```bash\nsecond\n```", "first"),  # the first block wins
-    ("```python\nprint(1)\n```\n```bash\necho sh\n```", "echo sh"),  # non-shell blocks are skipped
-    ("```bash\n$ ls /tmp\n```", "ls /tmp"),
-    ("```bash\nls -l", "ls -l"),  # unclosed fence: to the end
-    ("ls -la", "ls -la"),
-    ("  $ cat notes.txt  \n", "cat notes.txt"),
-    ("`wc -l a.txt`", "wc -l a.txt"),
-    ("```bash\necho 1\n```\nDONE", "echo 1"),  # a command block runs; DONE on the next turn
-    ("DONE", None),
-    ("All good.\nDONE", None),
-    ("```bash\nDONE\n```", None),
-    ("```bash\n\n```", None),
-    ("", None),
-    ("   \n ", None),
-    ("$ ", None),
-    ("Let me think.\nFirst I look around.", None),  # prose: no command
-    ("```python\nprint(1)\n```", None),
-    ("```python\nx = 1\n```\n```\nls\n```", "ls"),  # fences pair up in order
-    ("```bash\r\nls\r\n```", "ls"),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("```bash\nls -la\n```", "ls -la"),
+        ("I will list the files.\n```sh\nls\n```\nthen more", "ls"),
+        ("```\npwd\n```", "pwd"),
+        ("```bash\ncd d\necho hi > f.txt\n```", "cd d\necho hi > f.txt"),  # multi-line block kept whole
+        ("```bash\nfirst\n```\n```bash\nsecond\n```", "first"),  # the first block wins
+        ("```python\nprint(1)\n```\n```bash\necho sh\n```", "echo sh"),  # non-shell blocks are skipped
+        ("```bash\n$ ls /tmp\n```", "ls /tmp"),
+        ("```bash\nls -l", "ls -l"),  # unclosed fence: to the end
+        ("ls -la", "ls -la"),
+        ("  $ cat notes.txt  \n", "cat notes.txt"),
+        ("`wc -l a.txt`", "wc -l a.txt"),
+        ("```bash\necho 1\n```\nDONE", "echo 1"),  # a command block runs; DONE on the next turn
+        ("DONE", None),
+        ("All good.\nDONE", None),
+        ("```bash\nDONE\n```", None),
+        ("```bash\n\n```", None),
+        ("", None),
+        ("   \n ", None),
+        ("$ ", None),
+        ("Let me think.\nFirst I look around.", None),  # prose: no command
+        ("```python\nprint(1)\n```", None),
+        ("```python\nx = 1\n```\n```\nls\n```", "ls"),  # fences pair up in order
+        ("```bash\r\nls\r\n```", "ls"),
+    ],
+)
 def test_extract_command(text, want):
     assert extract_command(text) == want
 
@@ -120,8 +127,10 @@ def test_check_env_contract_and_reset_validation():
 
 @needs_sandbox
 def test_scripted_episode_state_persists_and_done_runs_the_check():
-    task = make_task(setup="echo seed > seed.txt\ncd /tmp",  # setup's cd does not leak
-                     check='[ "$(cat d/f.txt)" = hi ] && [ -f seed.txt ]')
+    task = make_task(
+        setup="echo seed > seed.txt\ncd /tmp",  # setup's cd does not leak
+        check='[ "$(cat d/f.txt)" = hi ] && [ -f seed.txt ]',
+    )
     env = TerminalEnv(max_turns=8)
     try:
         assert env.reset(task) == list(task.messages)
@@ -130,7 +139,7 @@ def test_scripted_episode_state_persists_and_done_runs_the_check():
         assert info == {"exit_code": 0, "timed_out": False, "turns": 1}
         obs, *_ = env.step("```bash\nmkdir d && cd d\nX=42\n```")
         assert obs[0].content == "exit code 0"
-        obs, *_ = env.step("echo hi > f.txt; echo \"$X in $(pwd)\"")  # cwd and variables persist
+        obs, *_ = env.step('echo hi > f.txt; echo "$X in $(pwd)"')  # cwd and variables persist
         assert obs[0].content == "exit code 0\n42 in /work/d\n"
         obs, term, trunc, info = env.step("```bash\ncat missing.txt\n```")
         assert obs[0].content.startswith("exit code 1\n") and "No such file" in obs[0].content
@@ -205,9 +214,11 @@ def test_check_cannot_be_faked_by_the_policy_shell():
     env = TerminalEnv()
     try:
         env.reset(make_task(check="grep -q '^yes$' answer.txt && test -s answer.txt"))
-        env.step("```bash\ngrep() { return 0; }; test() { return 0; }; export -f grep test\n"
-                 "alias grep=true; mkdir -p bin; printf '#!/bin/sh\\nexit 0\\n' > bin/grep; chmod +x bin/grep\n"
-                 "export PATH=$PWD/bin:$PATH; echo no > answer.txt\n```")
+        env.step(
+            "```bash\ngrep() { return 0; }; test() { return 0; }; export -f grep test\n"
+            "alias grep=true; mkdir -p bin; printf '#!/bin/sh\\nexit 0\\n' > bin/grep; chmod +x bin/grep\n"
+            "export PATH=$PWD/bin:$PATH; echo no > answer.txt\n```"
+        )
         obs, term, trunc, info = env.step("DONE")
         assert info["reward"] == 0.0 and not info["passed"]
     finally:
@@ -223,7 +234,7 @@ def test_partial_credit_shell_exit_and_background_processes_killed_before_check(
         assert info["reward"] == 0.5 and info["passed"] is False and "FAIL: half" in info["check_output"]
 
         # A background writer is dead by the time the check runs: the check sees a settled state.
-        env.reset(make_task(check="n=$(wc -l < ticks); sleep 0.5; [ \"$(wc -l < ticks)\" = \"$n\" ]"))
+        env.reset(make_task(check='n=$(wc -l < ticks); sleep 0.5; [ "$(wc -l < ticks)" = "$n" ]'))
         env.step("(while :; do echo t >> ticks; sleep 0.05; done) >/dev/null 2>&1 &")
         assert env.step("sleep 0.3")[3] == {"exit_code": 0, "timed_out": False, "turns": 2}
         obs, term, trunc, info = env.step("```bash\nexit 3\n```")  # the shell exits: the episode ends
@@ -253,9 +264,19 @@ def test_setup_failure_raises_and_close_removes_the_work_dir():
 
 
 def _traj(env_reward, task=None):
-    return Trajectory(task=task or make_task(), group_id=0, prompt_ids=[1], response_ids=[2], loss_mask=[1],
-                      logprobs=[0.0], messages=[], terminated=True, truncated=False, finish_reason="stop",
-                      env_reward=env_reward)
+    return Trajectory(
+        task=task or make_task(),
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        loss_mask=[1],
+        logprobs=[0.0],
+        messages=[],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        env_reward=env_reward,
+    )
 
 
 def test_reward_passes_the_env_check_on_and_none_is_an_error():
@@ -278,7 +299,9 @@ SHIPPED = load_tasks(DATA)
 
 def test_task_file_is_generated_and_well_formed():
     assert DEFAULT_OUT == DATA
-    assert SHIPPED == build_tasks(), "recipes/data/terminal_tasks.jsonl is stale: run python -m rl.data.tasks.terminal_tasks"
+    assert SHIPPED == build_tasks(), (
+        "recipes/data/terminal_tasks.jsonl is stale: run python -m rl.data.tasks.terminal_tasks"
+    )
     assert len(SHIPPED) >= 30 and len({t.id for t in SHIPPED}) == len(SHIPPED)
     cats = Counter(t.meta["category"] for t in SHIPPED)
     assert set(cats) == {"files", "text", "archive", "python", "permissions", "process", "git"}

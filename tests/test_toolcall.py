@@ -149,14 +149,18 @@ def test_parse_stray_closing_tag():
 def test_validate_ok_and_optional():
     assert validate_arguments(ToolCall("get_weather", {"city": "Paris"}), [WEATHER]) == []
     assert validate_arguments(ToolCall("get_weather", {"city": "Paris", "unit": "fahrenheit"}), [WEATHER]) == []
-    assert validate_arguments(ToolCall("set_timer", {"minutes": 20.0}), [TIMER]) == []  # 20.0 is an integer in JSON Schema
+    assert (
+        validate_arguments(ToolCall("set_timer", {"minutes": 20.0}), [TIMER]) == []
+    )  # 20.0 is an integer in JSON Schema
 
 
 def test_validate_errors():
     errs = validate_arguments(ToolCall("get_weather", {"unit": "kelvin"}), [WEATHER])
     assert any("'city' is a required property" in e for e in errs), errs
     assert any("unit" in e and "kelvin" in e for e in errs), errs
-    errs = validate_arguments(ToolCall("convert_currency", {"amount": "10", "from_currency": "USD", "to_currency": "EUR"}), [CURRENCY])
+    errs = validate_arguments(
+        ToolCall("convert_currency", {"amount": "10", "from_currency": "USD", "to_currency": "EUR"}), [CURRENCY]
+    )
     assert len(errs) == 1 and "amount" in errs[0] and "number" in errs[0]
     errs = validate_arguments(ToolCall("set_timer", {"minutes": 2.5}), [TIMER])
     assert len(errs) == 1 and "integer" in errs[0]
@@ -170,8 +174,13 @@ def test_validate_unknown_function():
 def test_validate_draft7_schema():
     tool = {
         "name": "f",
-        "parameters": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
-                       "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False},
+        "parameters": {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        },
     }
     assert validate_arguments(ToolCall("f", {"n": 1}), [tool]) == []
     errs = validate_arguments(ToolCall("f", {"n": 1, "x": 2}), [tool])
@@ -192,7 +201,9 @@ def test_env_step_info():
     task = make_task([ExpectedCall("get_weather", {"city": ["Paris"]})])
     env = ToolCallEnv(max_turns=1)
     assert env.reset(task) == list(task.messages)
-    obs, terminated, truncated, info = env.step('<tool_call>{"name": "get_weather", "arguments": {"unit": "kelvin"}}</tool_call>')
+    obs, terminated, truncated, info = env.step(
+        '<tool_call>{"name": "get_weather", "arguments": {"unit": "kelvin"}}</tool_call>'
+    )
     assert (obs, terminated, truncated) == ([], True, False)
     assert info["calls"] == [{"name": "get_weather", "arguments": {"unit": "kelvin"}}]
     assert info["problems"] == []
@@ -291,7 +302,9 @@ def test_reward_none_without_spec():
 def test_reward_perfect():
     assert score([WEATHER_PARIS], block("get_weather", {"city": "Paris"})) == pytest.approx(1.0)
     # the completion includes the prefill, as the rollout records it
-    assert score([WEATHER_PARIS], '<tool_call>{"name": "get_weather", "arguments": {"city": " Paris "}}</tool_call>') == pytest.approx(1.0)
+    assert score(
+        [WEATHER_PARIS], '<tool_call>{"name": "get_weather", "arguments": {"city": " Paris "}}</tool_call>'
+    ) == pytest.approx(1.0)
 
 
 def test_reward_right_name_wrong_args():
@@ -305,13 +318,17 @@ def test_reward_wrong_name():
 
 
 def test_reward_invalid_json_and_no_call():
-    assert score([WEATHER_PARIS], '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>') == 0.0
+    assert (
+        score([WEATHER_PARIS], '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>') == 0.0
+    )
     assert score([WEATHER_PARIS], "It is sunny in Paris.") == 0.0
 
 
 def test_reward_format_problem_keeps_name_and_args_credit():
     # unclosed block at the end: no format credit, but the call is still parsed and scored
-    assert score([WEATHER_PARIS], '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}') == pytest.approx(0.8)
+    assert score(
+        [WEATHER_PARIS], '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    ) == pytest.approx(0.8)
 
 
 def test_reward_parallel_swapped_order():
@@ -343,7 +360,9 @@ def test_reward_optimal_assignment_prefers_full_match():
 
 def test_reward_numeric_equality():
     assert score([TIMER_20], block("set_timer", {"minutes": 20.0})) == pytest.approx(1.0)
-    assert score([ExpectedCall("set_timer", {"minutes": [20.0]})], block("set_timer", {"minutes": 20})) == pytest.approx(1.0)
+    assert score(
+        [ExpectedCall("set_timer", {"minutes": [20.0]})], block("set_timer", {"minutes": 20})
+    ) == pytest.approx(1.0)
     assert score([TIMER_20], block("set_timer", {"minutes": "20"})) == pytest.approx(0.5)  # a string is not a number
     assert score([TIMER_20], block("set_timer", {"minutes": 21})) == pytest.approx(0.5)
 
@@ -362,7 +381,9 @@ def test_reward_extra_param_not_matched():
 
 
 def test_reward_custom_weights_and_no_expected_calls():
-    assert score([WEATHER_PARIS], block("get_weather", {"city": "Paris"}), format_weight=0, name_weight=0, args_weight=1) == pytest.approx(1.0)
+    assert score(
+        [WEATHER_PARIS], block("get_weather", {"city": "Paris"}), format_weight=0, name_weight=0, args_weight=1
+    ) == pytest.approx(1.0)
     assert score([], "No function fits this request.") == pytest.approx(1.0)
     assert score([], block("get_weather", {"city": "Paris"})) == 0.0
 
@@ -392,8 +413,12 @@ def test_generator_deterministic():
 
 def test_shipped_data_matches_generator(tmp_path):
     train_path, eval_path = write_quickstart(tmp_path)
-    assert train_path.read_bytes() == (DATA / TRAIN_FILE).read_bytes(), "regenerate: python -m rl.data.tasks.toolcall_gen --out-dir recipes/data"
-    assert eval_path.read_bytes() == (DATA / EVAL_FILE).read_bytes(), "regenerate: python -m rl.data.tasks.toolcall_gen --out-dir recipes/data"
+    assert train_path.read_bytes() == (DATA / TRAIN_FILE).read_bytes(), (
+        "regenerate: python -m rl.data.tasks.toolcall_gen --out-dir recipes/data"
+    )
+    assert eval_path.read_bytes() == (DATA / EVAL_FILE).read_bytes(), (
+        "regenerate: python -m rl.data.tasks.toolcall_gen --out-dir recipes/data"
+    )
 
 
 def test_shipped_data_shape():
@@ -428,7 +453,7 @@ def test_shipped_expected_calls_valid_and_reference_scores_one(split):
         assert ref.startswith(t.prefill)
         for e in t.tool_call.expected:
             assert e.name in t.meta["functions"]
-            args = json.loads(ref[len("<tool_call>"):-len("</tool_call>")])["arguments"]
+            args = json.loads(ref[len("<tool_call>") : -len("</tool_call>")])["arguments"]
             assert validate_arguments(ToolCall(e.name, args), t.tool_call.tools) == [], (t.id, args)
         assert R(make_traj(t, ref)) == pytest.approx(1.0), t.id
         env.reset(t)
@@ -438,6 +463,8 @@ def test_shipped_expected_calls_valid_and_reference_scores_one(split):
 
 
 def test_system_prompt_helper():
-    text = format_tools_system_prompt([TIMER], example=("Convert 5 USD to EUR.", ToolCall("convert_currency", {"amount": 5})))
+    text = format_tools_system_prompt(
+        [TIMER], example=("Convert 5 USD to EUR.", ToolCall("convert_currency", {"amount": 5}))
+    )
     assert json.dumps(TIMER) in text and "<tool_call>" in text and "Example:" in text
     assert "Example:" not in format_tools_system_prompt([TIMER])

@@ -38,8 +38,10 @@ STATE = {
         "42": {"name": "Ana", "email": "ana@example.com", "city": "Lisbon"},
         "7": {"name": "Ben", "email": "ben@mail.com", "city": "Oslo"},
     },
-    "orders": {"A-1": {"user_id": 42, "status": "shipped", "total_usd": 10.0},
-               "A-2": {"user_id": 42, "status": "processing", "total_usd": 5.5}},
+    "orders": {
+        "A-1": {"user_id": 42, "status": "shipped", "total_usd": 10.0},
+        "A-2": {"user_id": 42, "status": "processing", "total_usd": 5.5},
+    },
 }
 
 
@@ -52,14 +54,23 @@ def answer_task(answer=("21",), tools=("lookup_user", "get_weather", "send_email
         id="mt-0",
         domain="tool_call",
         messages=(Message("system", "sys"), Message("user", "Weather where user 42 lives?")),
-        tool_call=ToolCallSpec(tools=tuple(tool_schema(t) for t in tools), expected=(), mode="answer",
-                               answer=tuple(answer), state=STATE if state is None else state),
+        tool_call=ToolCallSpec(
+            tools=tuple(tool_schema(t) for t in tools),
+            expected=(),
+            mode="answer",
+            answer=tuple(answer),
+            state=STATE if state is None else state,
+        ),
     )
 
 
 def calls_task(expected, tools=("get_weather", "get_stock_price")) -> Task:
-    return Task(id="c-0", domain="tool_call", messages=(Message("system", "sys"), Message("user", "go")),
-                tool_call=ToolCallSpec(tools=tuple(tool_schema(t) for t in tools), expected=tuple(expected)))
+    return Task(
+        id="c-0",
+        domain="tool_call",
+        messages=(Message("system", "sys"), Message("user", "go")),
+        tool_call=ToolCallSpec(tools=tuple(tool_schema(t) for t in tools), expected=tuple(expected)),
+    )
 
 
 def traj(task: Task, turns: list[str], between: list[list[Message]] | None = None) -> Trajectory:
@@ -68,8 +79,19 @@ def traj(task: Task, turns: list[str], between: list[list[Message]] | None = Non
         msgs.append(Message("assistant", t))
         if between and i < len(between):
             msgs += between[i]
-    return Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[0.0],
-                      messages=msgs, terminated=True, truncated=False, finish_reason="stop", num_turns=len(turns))
+    return Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        loss_mask=[1],
+        logprobs=[0.0],
+        messages=msgs,
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        num_turns=len(turns),
+    )
 
 
 def run_episode(task: Task, turns: list[str], max_turns: int | None = None):
@@ -84,9 +106,19 @@ def run_episode(task: Task, turns: list[str], max_turns: int | None = None):
         if terminated or truncated:
             break
     env.close()
-    tr = Trajectory(task=task, group_id=0, prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[0.0],
-                    messages=msgs, terminated=steps[-1][1], truncated=steps[-1][2], finish_reason="stop",
-                    num_turns=len(steps))
+    tr = Trajectory(
+        task=task,
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        loss_mask=[1],
+        logprobs=[0.0],
+        messages=msgs,
+        terminated=steps[-1][1],
+        truncated=steps[-1][2],
+        finish_reason="stop",
+        num_turns=len(steps),
+    )
     return tr, steps
 
 
@@ -97,35 +129,49 @@ def test_tools_deterministic_and_hand_checked():
     c = ToolCall("convert_currency", {"amount": 100, "from_currency": "USD", "to_currency": "EUR"})
     assert run_tool(c) == run_tool(c)
     assert run_tool(c)["converted"] == 92
-    assert run_tool(ToolCall("convert_currency", {"amount": 92, "from_currency": "eur", "to_currency": "USD"}))["converted"] == 100
+    assert (
+        run_tool(ToolCall("convert_currency", {"amount": 92, "from_currency": "eur", "to_currency": "USD"}))[
+            "converted"
+        ]
+        == 100
+    )
     w = run_tool(ToolCall("get_weather", {"city": "paris"}))
     assert w == {"city": "Paris", "temperature": 18, "unit": "celsius", "condition": "cloudy", "humidity": 72}
     assert run_tool(ToolCall("get_weather", {"city": "Paris", "unit": "fahrenheit"}))["temperature"] == 64.4
-    assert run_tool(ToolCall("get_stock_price", {"symbol": "aapl"})) == {"symbol": "AAPL", "price": 189.5, "currency": "USD"}
+    assert run_tool(ToolCall("get_stock_price", {"symbol": "aapl"})) == {
+        "symbol": "AAPL",
+        "price": 189.5,
+        "currency": "USD",
+    }
     assert run_tool(ToolCall("convert_units", {"value": 1, "from_unit": "mi", "to_unit": "km"}))["result"] == 1.6093
     f = ToolCall("search_flights", {"origin": "Paris", "destination": "Rome", "date": "2024-07-01"})
     first = run_tool(f)
     assert first == run_tool(f) and len(first["flights"]) == 3
-    assert first != run_tool(ToolCall("search_flights", {"origin": "Paris", "destination": "Rome", "date": "2024-07-02"}))
+    assert first != run_tool(
+        ToolCall("search_flights", {"origin": "Paris", "destination": "Rome", "date": "2024-07-02"})
+    )
     deps = [x["departure"] for x in first["flights"]]
     assert deps == sorted(deps)
 
 
-@pytest.mark.parametrize("c, fragment", [
-    (ToolCall("get_weather", {"city": "Atlantis"}), "unknown city"),
-    (ToolCall("get_weather", {"city": 3}), "invalid arguments"),
-    (ToolCall("get_weather", {"city": "Paris", "extra": 1}), "invalid arguments"),
-    (ToolCall("get_weather", {}), "invalid arguments"),
-    (ToolCall("convert_currency", {"amount": 1, "from_currency": "USD", "to_currency": "XYZ"}), "unknown currency"),
-    (ToolCall("convert_units", {"value": 1, "from_unit": "kg", "to_unit": "km"}), "cannot convert"),
-    (ToolCall("search_flights", {"origin": "A", "destination": "B", "date": "tomorrow"}), "YYYY-MM-DD"),
-    (ToolCall("search_flights", {"origin": "Oslo", "destination": "oslo", "date": "2024-01-01"}), "same"),
-    (ToolCall("teleport", {}), "no simulated implementation"),
-    (ToolCall("lookup_user", {"user_id": 99}), "no user with id 99"),
-    (ToolCall("get_order_status", {"order_id": "Z-9"}), "no order"),
-    (ToolCall("send_email", {"to": "not-an-address", "subject": "x"}), "invalid email"),
-    (ToolCall("set_timer", {"minutes": 0}), "invalid arguments"),
-])
+@pytest.mark.parametrize(
+    "c, fragment",
+    [
+        (ToolCall("get_weather", {"city": "Atlantis"}), "unknown city"),
+        (ToolCall("get_weather", {"city": 3}), "invalid arguments"),
+        (ToolCall("get_weather", {"city": "Paris", "extra": 1}), "invalid arguments"),
+        (ToolCall("get_weather", {}), "invalid arguments"),
+        (ToolCall("convert_currency", {"amount": 1, "from_currency": "USD", "to_currency": "XYZ"}), "unknown currency"),
+        (ToolCall("convert_units", {"value": 1, "from_unit": "kg", "to_unit": "km"}), "cannot convert"),
+        (ToolCall("search_flights", {"origin": "A", "destination": "B", "date": "tomorrow"}), "YYYY-MM-DD"),
+        (ToolCall("search_flights", {"origin": "Oslo", "destination": "oslo", "date": "2024-01-01"}), "same"),
+        (ToolCall("teleport", {}), "no simulated implementation"),
+        (ToolCall("lookup_user", {"user_id": 99}), "no user with id 99"),
+        (ToolCall("get_order_status", {"order_id": "Z-9"}), "no order"),
+        (ToolCall("send_email", {"to": "not-an-address", "subject": "x"}), "invalid email"),
+        (ToolCall("set_timer", {"minutes": 0}), "invalid arguments"),
+    ],
+)
 def test_tools_errors(c, fragment):
     with pytest.raises(ToolError, match=fragment):
         run_tool(c, json.loads(json.dumps(STATE)))
@@ -135,33 +181,78 @@ def test_database_tools_and_recording():
     state = json.loads(json.dumps(STATE))
     assert run_tool(ToolCall("lookup_user", {"user_id": 42}), state)["city"] == "Lisbon"
     assert run_tool(ToolCall("get_order_status", {"order_id": "A-2"}), state)["status"] == "processing"
-    assert run_tool(ToolCall("list_user_orders", {"user_id": 42}), state) == {"user_id": 42, "order_ids": ["A-1", "A-2"]}
+    assert run_tool(ToolCall("list_user_orders", {"user_id": 42}), state) == {
+        "user_id": 42,
+        "order_ids": ["A-1", "A-2"],
+    }
     assert run_tool(ToolCall("list_user_orders", {"user_id": 7}), state)["order_ids"] == []
     r1 = run_tool(ToolCall("send_email", {"to": "ana@example.com", "subject": "hi"}), state)
     r2 = run_tool(ToolCall("send_email", {"to": "ben@mail.com", "subject": "yo", "body": "b"}), state)
     assert (r1["message_id"], r2["message_id"]) == ("msg-1", "msg-2")
-    assert state["outbox"] == [{"to": "ana@example.com", "subject": "hi", "body": ""},
-                               {"to": "ben@mail.com", "subject": "yo", "body": "b"}]
+    assert state["outbox"] == [
+        {"to": "ana@example.com", "subject": "hi", "body": ""},
+        {"to": "ben@mail.com", "subject": "yo", "body": "b"},
+    ]
     assert run_tool(ToolCall("set_timer", {"minutes": 5}), state)["timer_id"] == "timer-1"
     assert "outbox" not in STATE  # the caller's copy is what changes
 
 
-@pytest.mark.parametrize("expr, value", [
-    ("2 + 3 * 4", 14), ("(2 + 3) * 4", 20), ("2 ** 10", 1024), ("10 / 4", 2.5), ("7 // 2", 3), ("7 % 4", 3),
-    ("-3 + +2", -1), ("sqrt(16)", 4.0), ("round(2.345, 2)", 2.35), ("max(1, 5, 3) - min(4, 2)", 3),
-    ("abs(-2.5)", 2.5), ("0.1 + 0.2", 0.3), ("1,000".replace(",", ""), 1000), (" 2480 * 0.175 ", 434.0),
-])
+@pytest.mark.parametrize(
+    "expr, value",
+    [
+        ("2 + 3 * 4", 14),
+        ("(2 + 3) * 4", 20),
+        ("2 ** 10", 1024),
+        ("10 / 4", 2.5),
+        ("7 // 2", 3),
+        ("7 % 4", 3),
+        ("-3 + +2", -1),
+        ("sqrt(16)", 4.0),
+        ("round(2.345, 2)", 2.35),
+        ("max(1, 5, 3) - min(4, 2)", 3),
+        ("abs(-2.5)", 2.5),
+        ("0.1 + 0.2", 0.3),
+        ("1,000".replace(",", ""), 1000),
+        (" 2480 * 0.175 ", 434.0),
+    ],
+)
 def test_calculator_values(expr, value):
     assert safe_eval(expr) == pytest.approx(value)
     assert run_tool(ToolCall("calculator", {"expression": expr}))["result"] == pytest.approx(value)
 
 
-@pytest.mark.parametrize("expr", [
-    "__import__('os').system('echo hacked')", "().__class__.__bases__", "open('/etc/passwd')", "x", "x + 1",
-    "'abc'", "[1, 2]", "1 if 1 else 2", "lambda: 1", "2 ^ 3", "9 ** 9 ** 9", "10 ** 400", "1 / 0", "5 % 0",
-    "True + 1", "sqrt(-1)", "round(1.5, ndigits=1)", "print(1)", "abs()", "1 < 2", "(1).real", "{}", "1; 2",
-    "1" * 201, "", "2 +", "\x00",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('echo hacked')",
+        "().__class__.__bases__",
+        "open('/etc/passwd')",
+        "x",
+        "x + 1",
+        "'abc'",
+        "[1, 2]",
+        "1 if 1 else 2",
+        "lambda: 1",
+        "2 ^ 3",
+        "9 ** 9 ** 9",
+        "10 ** 400",
+        "1 / 0",
+        "5 % 0",
+        "True + 1",
+        "sqrt(-1)",
+        "round(1.5, ndigits=1)",
+        "print(1)",
+        "abs()",
+        "1 < 2",
+        "(1).real",
+        "{}",
+        "1; 2",
+        "1" * 201,
+        "",
+        "2 +",
+        "\x00",
+    ],
+)
 def test_calculator_rejects(expr):
     with pytest.raises(ToolError):
         safe_eval(expr)
@@ -192,8 +283,14 @@ def test_scripted_episode_answer_mode():
     assert (term1, trunc1) == (False, False)
     assert obs1 == [Message("tool", json.dumps({"user_id": 42, **STATE["users"]["42"]}), name="lookup_user")]
     assert info1["calls"] == [{"name": "lookup_user", "arguments": {"user_id": 42}}]
-    assert info1["tool_results"] == [{"name": "lookup_user", "arguments": {"user_id": 42}, "ok": True,
-                                      "result": {"user_id": 42, **STATE["users"]["42"]}}]
+    assert info1["tool_results"] == [
+        {
+            "name": "lookup_user",
+            "arguments": {"user_id": 42},
+            "ok": True,
+            "result": {"user_id": 42, **STATE["users"]["42"]},
+        }
+    ]
     assert info1["problems"] == [] and info1["schema_errors"] == [] and "answer" not in info1
     assert json.loads(obs2[0].content)["temperature"] == 21 and obs2[0].name == "get_weather"
     assert (obs3, term3, trunc3) == ([], True, False)
@@ -207,7 +304,9 @@ def test_scripted_episode_answer_mode():
 
 def test_parallel_calls_one_message_each_in_order():
     task = answer_task()
-    text = "\n".join([call("get_weather", city="Oslo"), call("lookup_user", user_id=7), call("get_weather", city="Tokyo")])
+    text = "\n".join(
+        [call("get_weather", city="Oslo"), call("lookup_user", user_id=7), call("get_weather", city="Tokyo")]
+    )
     env = ToolCallEnv(max_turns=2)
     env.reset(task)
     obs, terminated, truncated, info = env.step(text)
@@ -221,14 +320,16 @@ def test_invalid_arguments_and_errors_are_results():
     task = answer_task()
     env = ToolCallEnv(max_turns=3, max_calls_per_turn=4)
     env.reset(task)
-    text = "".join([
-        call("get_weather", city=5),                        # schema error
-        call("get_weather", city="Atlantis"),               # ToolError
-        call("get_stock_price", symbol="AAPL"),             # not among the task's tools
-        call("calculator", expression="__import__('os')"),  # rejected expression
-        call("get_weather", city="Oslo"),                   # over max_calls_per_turn
-        "<tool_call>{not json</tool_call>",                 # unparseable block
-    ])
+    text = "".join(
+        [
+            call("get_weather", city=5),  # schema error
+            call("get_weather", city="Atlantis"),  # ToolError
+            call("get_stock_price", symbol="AAPL"),  # not among the task's tools
+            call("calculator", expression="__import__('os')"),  # rejected expression
+            call("get_weather", city="Oslo"),  # over max_calls_per_turn
+            "<tool_call>{not json</tool_call>",  # unparseable block
+        ]
+    )
     obs, terminated, truncated, info = env.step(text)
     assert (terminated, truncated) == (False, False)
     payloads = [json.loads(m.content) for m in obs]
@@ -278,31 +379,43 @@ def test_env_state_is_per_episode():
 # ----------------------------------------------------------------------------- rewards
 
 
-@pytest.mark.parametrize("text, acceptable, ok", [
-    ("It is 21 °C.", ["21"], True),
-    ("It is 21.0 degrees", ["21"], True),
-    ("about 92.50 EUR", ["92.5"], True),
-    ("92.46", ["92.5"], False),
-    ("total: 1,234.5 USD", ["1234.5"], True),
-    ("It is 210 °C.", ["21"], False),
-    ("-5 degrees", ["-5"], True),
-    ("5 degrees", ["-5"], False),
-    ("The order was Cancelled!", ["cancelled"], True),
-    ("it was uncancelled", ["cancelled"], False),
-    ("Flight ba706 is cheapest", ["BA706"], True),
-    ("Order B-2001, delivered 2024-05-28", ["B-2001 && 2024-05-28"], True),
-    ("Order B-2001, delivered 2024-05-29", ["B-2001 && 2024-05-28", "B-2001 && May 28"], False),
-    ("Order B-2001 came on May 28", ["B-2001 && 2024-05-28", "B-2001 && May 28"], True),
-    ("New-York!", ["new york"], True),
-    ("<think>maybe 21?</think> It is 18.", ["21"], False),
-    ("anything", [], False),
-])
+@pytest.mark.parametrize(
+    "text, acceptable, ok",
+    [
+        ("It is 21 °C.", ["21"], True),
+        ("It is 21.0 degrees", ["21"], True),
+        ("about 92.50 EUR", ["92.5"], True),
+        ("92.46", ["92.5"], False),
+        ("total: 1,234.5 USD", ["1234.5"], True),
+        ("It is 210 °C.", ["21"], False),
+        ("-5 degrees", ["-5"], True),
+        ("5 degrees", ["-5"], False),
+        ("The order was Cancelled!", ["cancelled"], True),
+        ("it was uncancelled", ["cancelled"], False),
+        ("Flight ba706 is cheapest", ["BA706"], True),
+        ("Order B-2001, delivered 2024-05-28", ["B-2001 && 2024-05-28"], True),
+        ("Order B-2001, delivered 2024-05-29", ["B-2001 && 2024-05-28", "B-2001 && May 28"], False),
+        ("Order B-2001 came on May 28", ["B-2001 && 2024-05-28", "B-2001 && May 28"], True),
+        ("New-York!", ["new york"], True),
+        ("<think>maybe 21?</think> It is 18.", ["21"], False),
+        ("anything", [], False),
+    ],
+)
 def test_answer_matches(text, acceptable, ok):
     assert answer_matches(text, acceptable) is ok
 
 
 def test_extract_numbers():
-    assert extract_numbers("18°C (64.4°F), A-1001, 2024-05-03, 1,234.50, -5, x2") == [18, 64.4, 1001, 2024, 5, 3, 1234.5, -5]
+    assert extract_numbers("18°C (64.4°F), A-1001, 2024-05-03, 1,234.50, -5, x2") == [
+        18,
+        64.4,
+        1001,
+        2024,
+        5,
+        3,
+        1234.5,
+        -5,
+    ]
 
 
 def test_tool_answer_reward():
@@ -340,8 +453,10 @@ def test_format_reward_hand_computed():
 
 
 def test_parallel_calls_order_insensitive_in_calls_mode():
-    expected = [ExpectedCall("get_weather", {"city": ["Tokyo"], "unit": ["", "celsius"]}),
-                ExpectedCall("get_stock_price", {"symbol": ["AAPL"]})]
+    expected = [
+        ExpectedCall("get_weather", {"city": ["Tokyo"], "unit": ["", "celsius"]}),
+        ExpectedCall("get_stock_price", {"symbol": ["AAPL"]}),
+    ]
     task = calls_task(expected)
     a, b = call("get_weather", city="Tokyo"), call("get_stock_price", symbol="AAPL")
     assert ToolCallReward()(traj(task, [a + b])) == pytest.approx(1.0)
@@ -354,9 +469,19 @@ def test_parallel_calls_order_insensitive_in_calls_mode():
 
 def test_io_round_trip_new_fields(tmp_path):
     task = answer_task(answer=("21", "B-1 && May 28"))
-    task = Task(id=task.id, domain=task.domain, messages=task.messages,
-                tool_call=ToolCallSpec(tools=task.tool_call.tools, expected=(ExpectedCall("lookup_user", {"user_id": [42]}),),
-                                       mode="answer", answer=task.tool_call.answer, state=STATE, parallel=True))
+    task = Task(
+        id=task.id,
+        domain=task.domain,
+        messages=task.messages,
+        tool_call=ToolCallSpec(
+            tools=task.tool_call.tools,
+            expected=(ExpectedCall("lookup_user", {"user_id": [42]}),),
+            mode="answer",
+            answer=task.tool_call.answer,
+            state=STATE,
+            parallel=True,
+        ),
+    )
     d = task_to_dict(task)
     assert d["tool_call"]["mode"] == "answer" and d["tool_call"]["answer"] == ["21", "B-1 && May 28"]
     assert d["tool_call"]["state"] == STATE and d["tool_call"]["parallel"] is True
@@ -377,15 +502,18 @@ def test_io_round_trip_new_fields(tmp_path):
     assert task_from_dict(d2) == answer_task()
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda tc: tc.update(mode="chat"), "tool_call.mode"),
-    (lambda tc: tc.update(answer="21"), "tool_call.answer"),
-    (lambda tc: tc.update(answer=[21]), "tool_call.answer[0]"),
-    (lambda tc: tc.update(answer=[]), "tool_call.answer"),
-    (lambda tc: tc.update(state=[1]), "tool_call.state"),
-    (lambda tc: tc.update(parallel="yes"), "tool_call.parallel"),
-    (lambda tc: tc.update(bogus=1), "tool_call.bogus"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda tc: tc.update(mode="chat"), "tool_call.mode"),
+        (lambda tc: tc.update(answer="21"), "tool_call.answer"),
+        (lambda tc: tc.update(answer=[21]), "tool_call.answer[0]"),
+        (lambda tc: tc.update(answer=[]), "tool_call.answer"),
+        (lambda tc: tc.update(state=[1]), "tool_call.state"),
+        (lambda tc: tc.update(parallel="yes"), "tool_call.parallel"),
+        (lambda tc: tc.update(bogus=1), "tool_call.bogus"),
+    ],
+)
 def test_io_new_fields_validated(mutate, field):
     d = task_to_dict(answer_task())
     mutate(d["tool_call"])
@@ -407,53 +535,136 @@ def test_data_files_round_trip_byte_identical(tmp_path, name):
 
 _INT, _STRG = {"type": "integer"}, {"type": "string"}
 BFCL_QUESTIONS = [
-    {"id": "simple_0",
-     "question": [[{"role": "user", "content": "Find the area of a triangle with a base of 10 units and height of 5 units."}]],
-     "function": [{"name": "calculate_triangle_area", "description": "Calculate the area of a triangle given its base and height.",
-                   "parameters": {"type": "dict", "properties": {
-                       "base": {"type": "integer", "description": "The base of the triangle."},
-                       "height": {"type": "integer", "description": "The height of the triangle."},
-                       "unit": {"type": "string", "description": "The unit of measure (defaults to 'units' if not specified)"}},
-                       "required": ["base", "height"]}}]},
-    {"id": "simple_1",
-     "question": [[{"role": "user", "content": "Velocity of a car covering 100 m in 9.58 s, precisely."}]],
-     "function": [{"name": "physics.calc_velocity", "description": "Velocity from distance and time.",
-                   "parameters": {"type": "dict", "properties": {
-                       "distance": {"type": "float", "description": "Distance in m."},
-                       "time": {"type": "float", "description": "Time in s."},
-                       "dims": {"type": "tuple", "items": {"type": "integer"}, "description": "Dimensions."},
-                       "options": {"type": "dict", "properties": {"precise": {"type": "boolean"},
-                                                                   "type": {"type": "string"}}},
-                       "extra": {"type": "any", "description": "Anything."}},
-                       "required": ["distance", "time"]}}]},
-    {"id": "multiple_0",
-     "question": [[{"role": "user", "content": "What is the capital of Brazil?"}]],
-     "function": [{"name": "country_info.capital", "description": "Capital of a country.",
-                   "parameters": {"type": "dict", "properties": {"country": _STRG}, "required": ["country"]}},
-                  {"name": "country_info.population", "description": "Population of a country.",
-                   "parameters": {"type": "dict", "properties": {"country": _STRG, "year": _INT}, "required": ["country"]}}]},
-    {"id": "parallel_0",
-     "question": [[{"role": "user", "content": "Play songs from Taylor Swift for 20 minutes and Maroon 5 for 15 minutes."}]],
-     "function": [{"name": "spotify.play", "description": "Play specific artist songs for a duration.",
-                   "parameters": {"type": "dict", "properties": {"artist": _STRG, "duration": _INT},
-                                  "required": ["artist", "duration"]}}]},
-    {"id": "live_simple_0-0-0",
-     "question": [[{"role": "system", "content": "You are a weather bot."},
-                   {"role": "user", "content": "Weather in Boston in fahrenheit?"}]],
-     "function": [{"name": "get_current_weather", "description": "Current weather.",
-                   "parameters": {"type": "dict", "properties": {"location": _STRG,
-                                                                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                                  "required": ["location"]}}],
-     "ground_truth": [{"get_current_weather": {"location": ["Boston, MA", "Boston"], "unit": ["fahrenheit"]}}]},
+    {
+        "id": "simple_0",
+        "question": [
+            [{"role": "user", "content": "Find the area of a triangle with a base of 10 units and height of 5 units."}]
+        ],
+        "function": [
+            {
+                "name": "calculate_triangle_area",
+                "description": "Calculate the area of a triangle given its base and height.",
+                "parameters": {
+                    "type": "dict",
+                    "properties": {
+                        "base": {"type": "integer", "description": "The base of the triangle."},
+                        "height": {"type": "integer", "description": "The height of the triangle."},
+                        "unit": {
+                            "type": "string",
+                            "description": "The unit of measure (defaults to 'units' if not specified)",
+                        },
+                    },
+                    "required": ["base", "height"],
+                },
+            }
+        ],
+    },
+    {
+        "id": "simple_1",
+        "question": [[{"role": "user", "content": "Velocity of a car covering 100 m in 9.58 s, precisely."}]],
+        "function": [
+            {
+                "name": "physics.calc_velocity",
+                "description": "Velocity from distance and time.",
+                "parameters": {
+                    "type": "dict",
+                    "properties": {
+                        "distance": {"type": "float", "description": "Distance in m."},
+                        "time": {"type": "float", "description": "Time in s."},
+                        "dims": {"type": "tuple", "items": {"type": "integer"}, "description": "Dimensions."},
+                        "options": {
+                            "type": "dict",
+                            "properties": {"precise": {"type": "boolean"}, "type": {"type": "string"}},
+                        },
+                        "extra": {"type": "any", "description": "Anything."},
+                    },
+                    "required": ["distance", "time"],
+                },
+            }
+        ],
+    },
+    {
+        "id": "multiple_0",
+        "question": [[{"role": "user", "content": "What is the capital of Brazil?"}]],
+        "function": [
+            {
+                "name": "country_info.capital",
+                "description": "Capital of a country.",
+                "parameters": {"type": "dict", "properties": {"country": _STRG}, "required": ["country"]},
+            },
+            {
+                "name": "country_info.population",
+                "description": "Population of a country.",
+                "parameters": {"type": "dict", "properties": {"country": _STRG, "year": _INT}, "required": ["country"]},
+            },
+        ],
+    },
+    {
+        "id": "parallel_0",
+        "question": [
+            [{"role": "user", "content": "Play songs from Taylor Swift for 20 minutes and Maroon 5 for 15 minutes."}]
+        ],
+        "function": [
+            {
+                "name": "spotify.play",
+                "description": "Play specific artist songs for a duration.",
+                "parameters": {
+                    "type": "dict",
+                    "properties": {"artist": _STRG, "duration": _INT},
+                    "required": ["artist", "duration"],
+                },
+            }
+        ],
+    },
+    {
+        "id": "live_simple_0-0-0",
+        "question": [
+            [
+                {"role": "system", "content": "You are a weather bot."},
+                {"role": "user", "content": "Weather in Boston in fahrenheit?"},
+            ]
+        ],
+        "function": [
+            {
+                "name": "get_current_weather",
+                "description": "Current weather.",
+                "parameters": {
+                    "type": "dict",
+                    "properties": {"location": _STRG, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                    "required": ["location"],
+                },
+            }
+        ],
+        "ground_truth": [{"get_current_weather": {"location": ["Boston, MA", "Boston"], "unit": ["fahrenheit"]}}],
+    },
 ]
 BFCL_ANSWERS = [
-    {"id": "simple_0", "ground_truth": [{"calculate_triangle_area": {"base": [10], "height": [5], "unit": ["units", ""]}}]},
-    {"id": "simple_1", "ground_truth": [{"physics.calc_velocity": {"distance": [100.0], "time": [9.58], "dims": ["", [1, 2]],
-                                                                   "options": ["", {"precise": True, "type": "exact"}],
-                                                                   "extra": [""]}}]},
+    {
+        "id": "simple_0",
+        "ground_truth": [{"calculate_triangle_area": {"base": [10], "height": [5], "unit": ["units", ""]}}],
+    },
+    {
+        "id": "simple_1",
+        "ground_truth": [
+            {
+                "physics.calc_velocity": {
+                    "distance": [100.0],
+                    "time": [9.58],
+                    "dims": ["", [1, 2]],
+                    "options": ["", {"precise": True, "type": "exact"}],
+                    "extra": [""],
+                }
+            }
+        ],
+    },
     {"id": "multiple_0", "ground_truth": [{"country_info.capital": {"country": ["Brazil"]}}]},
-    {"id": "parallel_0", "ground_truth": [{"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
-                                          {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}}]},
+    {
+        "id": "parallel_0",
+        "ground_truth": [
+            {"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
+            {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}},
+        ],
+    },
 ]
 
 
@@ -464,7 +675,9 @@ def write_jsonl(path: Path, rows) -> Path:
 
 @pytest.fixture
 def bfcl_files(tmp_path):
-    return write_jsonl(tmp_path / "BFCL_v3_test.json", BFCL_QUESTIONS), write_jsonl(tmp_path / "answers.json", BFCL_ANSWERS)
+    return write_jsonl(tmp_path / "BFCL_v3_test.json", BFCL_QUESTIONS), write_jsonl(
+        tmp_path / "answers.json", BFCL_ANSWERS
+    )
 
 
 def _all_types(schema):
@@ -485,7 +698,11 @@ def test_bfcl_loader(bfcl_files):
     by_id = {t.id: t for t in tasks}
     for t in tasks:
         assert t.domain == "tool_call" and t.prefill == "" and t.tool_call.mode == "calls"
-        assert t.messages[0].role == "system" and "<tools>" in t.messages[0].content and "Example:" not in t.messages[0].content
+        assert (
+            t.messages[0].role == "system"
+            and "<tools>" in t.messages[0].content
+            and "Example:" not in t.messages[0].content
+        )
         assert t.meta["source"] == "bfcl"
         for tool in t.tool_call.tools:
             assert json.dumps(tool) in t.messages[0].content
@@ -493,18 +710,29 @@ def test_bfcl_loader(bfcl_files):
     velocity = by_id["simple_1"].tool_call.tools[0]["parameters"]
     assert velocity["type"] == "object"
     assert velocity["properties"]["distance"]["type"] == "number"
-    assert velocity["properties"]["dims"] == {"type": "array", "items": {"type": "integer"}, "description": "Dimensions."}
+    assert velocity["properties"]["dims"] == {
+        "type": "array",
+        "items": {"type": "integer"},
+        "description": "Dimensions.",
+    }
     assert velocity["properties"]["options"]["properties"]["type"] == {"type": "string"}  # a property named "type"
     assert velocity["properties"]["extra"] == {"description": "Anything."}
     assert BFCL_QUESTIONS[1]["function"][0]["parameters"]["type"] == "dict"  # input not mutated
     assert by_id["simple_0"].tool_call.expected == (
-        ExpectedCall("calculate_triangle_area", {"base": [10], "height": [5], "unit": ["units", ""]}),)
+        ExpectedCall("calculate_triangle_area", {"base": [10], "height": [5], "unit": ["units", ""]}),
+    )
     assert by_id["parallel_0"].tool_call.parallel and len(by_id["parallel_0"].tool_call.expected) == 2
     assert not by_id["simple_0"].tool_call.parallel
     live = by_id["live_simple_0-0-0"]  # inline ground truth, own system message kept after the tools prompt
-    assert [m.role for m in live.messages] == ["system", "user"] and live.messages[0].content.endswith("You are a weather bot.")
+    assert [m.role for m in live.messages] == ["system", "user"] and live.messages[0].content.endswith(
+        "You are a weather bot."
+    )
     assert live.tool_call.expected[0].allowed["location"] == ["Boston, MA", "Boston"]
-    assert [by_id[i].meta["category"] for i in ("simple_0", "parallel_0", "live_simple_0-0-0")] == ["simple", "parallel", "live_simple"]
+    assert [by_id[i].meta["category"] for i in ("simple_0", "parallel_0", "live_simple_0-0-0")] == [
+        "simple",
+        "parallel",
+        "live_simple",
+    ]
 
 
 def test_bfcl_reference_answers_score_one(bfcl_files):
@@ -512,9 +740,12 @@ def test_bfcl_reference_answers_score_one(bfcl_files):
     r = ToolCallReward()
     answers = {
         "simple_0": call("calculate_triangle_area", base=10, height=5),
-        "simple_1": call("physics.calc_velocity", distance=100, time=9.58, dims=[1, 2], options={"precise": True, "type": "exact"}),
+        "simple_1": call(
+            "physics.calc_velocity", distance=100, time=9.58, dims=[1, 2], options={"precise": True, "type": "exact"}
+        ),
         "multiple_0": call("country_info.capital", country="Brazil"),
-        "parallel_0": call("spotify.play", artist="Maroon 5", duration=15) + call("spotify.play", artist="Taylor Swift", duration=20),
+        "parallel_0": call("spotify.play", artist="Maroon 5", duration=15)
+        + call("spotify.play", artist="Taylor Swift", duration=20),
         "live_simple_0-0-0": call("get_current_weather", location="Boston", unit="fahrenheit"),
     }
     for tid, text in answers.items():
@@ -549,7 +780,10 @@ def test_bfcl_errors_name_file_and_line(tmp_path):
     bad = json.loads(json.dumps(q[0]))
     bad["function"][0]["parameters"]["properties"]["base"]["type"] = "HashMap"
     write_jsonl(qp, [bad])
-    with pytest.raises(TaskFormatError, match=r"q\.json:1: function\[0\]\.parameters\.properties\.base\.type: unknown BFCL type 'HashMap'"):
+    with pytest.raises(
+        TaskFormatError,
+        match=r"q\.json:1: function\[0\]\.parameters\.properties\.base\.type: unknown BFCL type 'HashMap'",
+    ):
         load_bfcl(qp, ap)
     write_jsonl(qp, [q[0]])
     write_jsonl(ap, [{"id": "simple_0", "ground_truth": [{"nope": {}}]}])
@@ -562,7 +796,10 @@ def test_bfcl_errors_name_file_and_line(tmp_path):
 def test_normalize_bfcl_schema_unions():
     assert normalize_bfcl_schema({"type": ["float", "null"]}) == {"type": ["number", "null"]}
     assert normalize_bfcl_schema({"type": ["string", "any"], "description": "d"}) == {"description": "d"}
-    assert normalize_bfcl_schema({"type": "array", "items": [{"type": "dict"}]}) == {"type": "array", "items": [{"type": "object"}]}
+    assert normalize_bfcl_schema({"type": "array", "items": [{"type": "dict"}]}) == {
+        "type": "array",
+        "items": [{"type": "object"}],
+    }
 
 
 # ----------------------------------------------------------------------------- shipped tasks
@@ -573,8 +810,9 @@ ANSWER = [t for t in SHIPPED if t.tool_call.mode == "answer"]
 
 
 def test_shipped_tasks_match_generator(tmp_path):
-    assert write_tasks(tmp_path / OUT_FILE).read_bytes() == (DATA / OUT_FILE).read_bytes(), \
+    assert write_tasks(tmp_path / OUT_FILE).read_bytes() == (DATA / OUT_FILE).read_bytes(), (
         "regenerate: python -m rl.data.tasks.toolcall_tasks"
+    )
     assert build_tasks() == SHIPPED
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 from dataclasses import dataclass
 
 SANDBOX_UID = 65534
@@ -40,8 +39,15 @@ class Limits:
     output_bytes: int = 1_000_000  # stdout and stderr are each capped at this many bytes
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "memory_mb", "file_size_mb", "processes", "open_files",
-                     "wall_seconds", "output_bytes"):
+        for name in (
+            "cpu_seconds",
+            "memory_mb",
+            "file_size_mb",
+            "processes",
+            "open_files",
+            "wall_seconds",
+            "output_bytes",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -80,8 +86,11 @@ SETUP_RACE_RETRIES = 3
 def setup_race(res: RunResult) -> bool:
     """Whether ``res`` is bwrap failing to set up the mounts (a race with a concurrent mount)."""
     err = res.stderr[:2000]
-    return res.exit_code == 1 and err.startswith("bwrap: ") and (
-        "Can't bind mount" in err or "Unable to apply mount flags" in err or "Can't remount" in err)
+    return (
+        res.exit_code == 1
+        and err.startswith("bwrap: ")
+        and ("Can't bind mount" in err or "Unable to apply mount flags" in err or "Can't remount" in err)
+    )
 
 
 @dataclass(frozen=True)
@@ -92,8 +101,6 @@ class ShellResult:
     exit_code: int | None
     timed_out: bool
     output_truncated: bool = False
-
-
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,15 @@ from typing import Any
 from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
 from envs.sandbox.base import MODES, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, RunResult, _Tools
 from envs.sandbox.files import _open_parent, _split_rel
-from envs.sandbox.launch import (_base_env, _bwrap_command, _check_env, _inner_work_dir, _prepare_work_dir,
-                                 _sandbox_python, _temp_parent)
+from envs.sandbox.launch import (
+    _base_env,
+    _bwrap_command,
+    _check_env,
+    _inner_work_dir,
+    _prepare_work_dir,
+    _sandbox_python,
+    _temp_parent,
+)
 from envs.sandbox.limits import _limit_launcher, _rlimit_values
 from envs.sandbox.probe import _tools
 from envs.sandbox.pump import Launch, run_launches
@@ -44,9 +51,17 @@ class Sandbox:
     inside); ``ro_binds`` lists extra host paths mounted read-only at the same path.
     """
 
-    def __init__(self, work_dir: str | None = None, limits: Limits = Limits(), mode: str = "bwrap", *,
-                 python: str | None = None, ro_binds: Sequence[str] = (),
-                 config: SandboxConfig | Mapping[str, Any] | None = None, warm: bool = False) -> None:
+    def __init__(
+        self,
+        work_dir: str | None = None,
+        limits: Limits = Limits(),
+        mode: str = "bwrap",
+        *,
+        python: str | None = None,
+        ro_binds: Sequence[str] = (),
+        config: SandboxConfig | Mapping[str, Any] | None = None,
+        warm: bool = False,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
@@ -57,9 +72,11 @@ class Sandbox:
         self._owns_storage = False
         self._warm: WarmLauncher | None = None
         if mode == "none":
-            logger.warning("Sandbox(mode='none'): NO ISOLATION. Code runs directly on the host as uid %d with only "
-                           "rlimits and a timeout; use it for trusted code only, never for model-generated code.",
-                           os.geteuid())
+            logger.warning(
+                "Sandbox(mode='none'): NO ISOLATION. Code runs directly on the host as uid %d with only "
+                "rlimits and a timeout; use it for trusted code only, never for model-generated code.",
+                os.geteuid(),
+            )
         else:
             self._tools = _tools()
         self._owns_dir = work_dir is None
@@ -125,14 +142,18 @@ class Sandbox:
                         os.unlink(name, dir_fd=dfd)
                 except FileNotFoundError:
                     pass
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
-                             | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+                fd = os.open(
+                    name,
+                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                    0o644,
+                    dir_fd=dfd,
+                )
                 try:
                     if not stat.S_ISREG(os.fstat(fd).st_mode):
                         raise OSError(f"{rel!r} is not a regular file")
                     view = memoryview(data)
                     while view:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(fd, view) :]
                     if chown:
                         os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
                 finally:
@@ -170,8 +191,15 @@ class Sandbox:
 
     # -- running -----------------------------------------------------------------------
 
-    def _launch(self, argv: Sequence[str], env: Mapping[str, str] | None, limits: Limits,
-                info_fd: int | None, new_session: bool, seccomp_fd: int | None = None):
+    def _launch(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        limits: Limits,
+        info_fd: int | None,
+        new_session: bool,
+        seccomp_fd: int | None = None,
+    ):
         """(command, launcher env, cwd, preexec_fn) for one sandboxed process."""
         user_env = _check_env(env)
         if self.mode == "bwrap":
@@ -179,20 +207,37 @@ class Sandbox:
             uid = SANDBOX_UID if os.geteuid() == 0 else os.getuid()
             prefix, preexec = _limit_launcher(self._tools.prlimit, _rlimit_values(limits, _count_procs(uid)))
             st = self.storage
-            cmd = _bwrap_command(self._tools, argv, work_dir=self.work_dir, inner=self.inner_work_dir,
-                                 env=user_env, limits=limits, info_fd=info_fd, new_session=new_session,
-                                 ro_binds=self.ro_binds,
-                                 # Uncapped storage (not root): fresh bwrap tmpfs, capped in size, per launch.
-                                 scratch=(st.tmp, st.shm) if st is not None and st.capped else None,
-                                 hide=self.hidden, seccomp_fd=seccomp_fd)
+            cmd = _bwrap_command(
+                self._tools,
+                argv,
+                work_dir=self.work_dir,
+                inner=self.inner_work_dir,
+                env=user_env,
+                limits=limits,
+                info_fd=info_fd,
+                new_session=new_session,
+                ro_binds=self.ro_binds,
+                # Uncapped storage (not root): fresh bwrap tmpfs, capped in size, per launch.
+                scratch=(st.tmp, st.shm) if st is not None and st.capped else None,
+                hide=self.hidden,
+                seccomp_fd=seccomp_fd,
+            )
             return prefix + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
         prlimit = shutil.which("prlimit")
         prefix, preexec = _limit_launcher(prlimit, _rlimit_values(limits, _count_procs(os.getuid())))
         full_env = {**_base_env(self.work_dir), "PATH": os.environ.get("PATH", SANDBOX_PATH), **user_env}
         return prefix + list(argv), full_env, self.work_dir, preexec
 
-    def prepare(self, argv: Sequence[str], *, stdin: bytes | int | None = None, stdout: int | None = None,
-                env: Mapping[str, str] | None = None, limits: Limits | None = None, clear: bool = True) -> Launch:
+    def prepare(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | int | None = None,
+        stdout: int | None = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | None = None,
+        clear: bool = True,
+    ) -> Launch:
         """A :class:`~envs.sandbox.pump.Launch` for ``argv`` in this sandbox (not started yet).
 
         For :func:`~envs.sandbox.pump.run_launches`, which can run several sandboxes at
@@ -210,26 +255,47 @@ class Sandbox:
         info = os.pipe() if self.mode == "bwrap" else None
         sfd = seccomp_fd() if self.mode == "bwrap" else None
         try:
-            cmd, launch_env, cwd, preexec = self._launch(list(argv), env, lim, info[1] if info else None,
-                                                         new_session=True, seccomp_fd=sfd)
+            cmd, launch_env, cwd, preexec = self._launch(
+                list(argv), env, lim, info[1] if info else None, new_session=True, seccomp_fd=sfd
+            )
         except BaseException:
             for fd in (*(info or ()), sfd):
                 if fd is not None:
                     os.close(fd)
             raise
-        return Launch(cmd, launch_env, cwd, preexec, stdin=stdin, stdout=stdout, info=info,
-                      pass_fds=(sfd,) if sfd is not None else (), bwrap=self.mode == "bwrap",
-                      output_bytes=lim.output_bytes)
+        return Launch(
+            cmd,
+            launch_env,
+            cwd,
+            preexec,
+            stdin=stdin,
+            stdout=stdout,
+            info=info,
+            pass_fds=(sfd,) if sfd is not None else (),
+            bwrap=self.mode == "bwrap",
+            output_bytes=lim.output_bytes,
+        )
 
     def finish(self, res: RunResult) -> RunResult:
         """``res`` with its sandbox events (see :mod:`envs.sandbox.events`) filled in."""
         full = self.storage.full() if self.storage is not None else False
-        ev = classify(timed_out=res.timed_out, signal=res.signal, output_truncated=res.output_truncated,
-                      stderr=res.stderr, storage_full=full)
+        ev = classify(
+            timed_out=res.timed_out,
+            signal=res.signal,
+            output_truncated=res.output_truncated,
+            stderr=res.stderr,
+            storage_full=full,
+        )
         return dataclasses.replace(res, events=ev)
 
-    def run(self, argv: list[str], stdin: str | None = None, files: dict[str, str] | None = None,
-            env: dict[str, str] | None = None, limits: Limits | None = None) -> RunResult:
+    def run(
+        self,
+        argv: list[str],
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        limits: Limits | None = None,
+    ) -> RunResult:
         """Run ``argv`` in the sandbox (cwd = the work dir) and wait for it, within the limits.
 
         ``files`` are written into the work dir first. ``env`` adds to a minimal
@@ -258,9 +324,17 @@ class Sandbox:
                 break
         return self.finish(res)
 
-    def run_python(self, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
-                   env: dict[str, str] | None = None, limits: Limits | None = None, *,
-                   filename: str = "main.py", args: Sequence[str] = ()) -> RunResult:
+    def run_python(
+        self,
+        code: str,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        limits: Limits | None = None,
+        *,
+        filename: str = "main.py",
+        args: Sequence[str] = (),
+    ) -> RunResult:
         """Write ``code`` to ``filename`` in the work dir and run it with :attr:`python`."""
         self.write_files({**(files or {}), filename: code})
         return self.run([self.python, filename, *args], stdin=stdin, env=env, limits=limits)
@@ -304,5 +378,3 @@ def _rmtree(path: str) -> None:
             pass
 
     shutil.rmtree(path, onerror=onerror)
-
-

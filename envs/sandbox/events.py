@@ -32,13 +32,17 @@ __all__ = ["EVENTS", "classify", "shell_status_events"]
 EVENTS = ("timeout", "cpu", "memory", "processes", "storage", "output", "seccomp", "harness_error")
 _SIGXCPU, _SIGXFSZ, _SIGSYS = 24, 25, 31
 _MEMORY_RE = re.compile(r"MemoryError|Cannot allocate memory|bad_alloc|out of memory", re.I)
-_FORK_RE = re.compile(r"(fork|spawn|clone|Thread).{0,80}(Resource temporarily unavailable|EAGAIN|Errno 11)|"
-                      r"(Resource temporarily unavailable|BlockingIOError: \[Errno 11\]).{0,80}(fork|clone|thread)|"
-                      r"retry: Resource temporarily unavailable|can't start new thread", re.I | re.S)
+_FORK_RE = re.compile(
+    r"(fork|spawn|clone|Thread).{0,80}(Resource temporarily unavailable|EAGAIN|Errno 11)|"
+    r"(Resource temporarily unavailable|BlockingIOError: \[Errno 11\]).{0,80}(fork|clone|thread)|"
+    r"retry: Resource temporarily unavailable|can't start new thread",
+    re.I | re.S,
+)
 
 
-def classify(*, timed_out: bool, signal: int | None, output_truncated: bool, stderr: str,
-             storage_full: bool) -> tuple[str, ...]:
+def classify(
+    *, timed_out: bool, signal: int | None, output_truncated: bool, stderr: str, storage_full: bool
+) -> tuple[str, ...]:
     """The events of one finished run (see the module docstring)."""
     ev = []
     if timed_out:

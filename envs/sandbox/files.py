@@ -42,5 +42,3 @@ def _open_parent(root: str, parts: list[str], create: bool, chown: bool) -> int:
     except BaseException:
         os.close(fd)
         raise
-
-

@@ -8,8 +8,16 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
-from envs.sandbox.base import (HIDDEN_DIRS, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, SandboxUnavailable,
-                               _Tools)
+from envs.sandbox.base import (
+    HIDDEN_DIRS,
+    SANDBOX_GID,
+    SANDBOX_PATH,
+    SANDBOX_UID,
+    _MiB,
+    Limits,
+    SandboxUnavailable,
+    _Tools,
+)
 
 # --------------------------------------------------------------------------------------
 # Command construction
@@ -58,10 +66,21 @@ def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
-def _bwrap_command(tools: _Tools, argv: Sequence[str], *, work_dir: str, inner: str, env: Mapping[str, str],
-                   limits: Limits, info_fd: int | None, new_session: bool, ro_binds: Sequence[str],
-                   scratch: tuple[str, str] | None = None, hide: Sequence[str] = (),
-                   seccomp_fd: int | None = None) -> list[str]:
+def _bwrap_command(
+    tools: _Tools,
+    argv: Sequence[str],
+    *,
+    work_dir: str,
+    inner: str,
+    env: Mapping[str, str],
+    limits: Limits,
+    info_fd: int | None,
+    new_session: bool,
+    ro_binds: Sequence[str],
+    scratch: tuple[str, str] | None = None,
+    hide: Sequence[str] = (),
+    seccomp_fd: int | None = None,
+) -> list[str]:
     """The full launcher command: setpriv (when root), then bwrap with the mounts below.
 
     Mounts, in order (later ones cover earlier ones): the host root read-only; a private
@@ -73,8 +92,14 @@ def _bwrap_command(tools: _Tools, argv: Sequence[str], *, work_dir: str, inner: 
     cmd: list[str] = []
     if os.geteuid() == 0:
         assert tools.setpriv is not None
-        cmd += [tools.setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups",
-                "--no-new-privs", "--"]
+        cmd += [
+            tools.setpriv,
+            f"--reuid={SANDBOX_UID}",
+            f"--regid={SANDBOX_GID}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+        ]
     cmd.append(tools.bwrap)
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
@@ -90,9 +115,23 @@ def _bwrap_command(tools: _Tools, argv: Sequence[str], *, work_dir: str, inner: 
         cmd += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
     for path in ro_binds:
         cmd += ["--ro-bind", path, path]
-    cmd += ["--bind", work_dir, inner, "--chdir", inner,
-            "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
-            "--hostname", "sandbox", "--cap-drop", "ALL"]
+    cmd += [
+        "--bind",
+        work_dir,
+        inner,
+        "--chdir",
+        inner,
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_GID),
+        "--hostname",
+        "sandbox",
+        "--cap-drop",
+        "ALL",
+    ]
     if tools.has_disable_userns:
         cmd.append("--disable-userns")
     if seccomp_fd is not None:
@@ -115,9 +154,11 @@ def _prepare_work_dir(path: str) -> None:
         parent = os.path.dirname(path)
         while parent and parent != "/":
             if not os.stat(parent).st_mode & stat.S_IXOTH:
-                raise ValueError(f"work dir {path!r} is not reachable by uid {SANDBOX_UID}: {parent!r} is not "
-                                 "world-searchable (mode o+x); use a directory whose ancestors all are, such as "
-                                 "one made by tempfile.mkdtemp() directly under /tmp")
+                raise ValueError(
+                    f"work dir {path!r} is not reachable by uid {SANDBOX_UID}: {parent!r} is not "
+                    "world-searchable (mode o+x); use a directory whose ancestors all are, such as "
+                    "one made by tempfile.mkdtemp() directly under /tmp"
+                )
             parent = os.path.dirname(parent)
         os.chown(path, SANDBOX_UID, SANDBOX_GID)
     if st.st_mode & 0o700 != 0o700:
@@ -147,8 +188,14 @@ def _sandbox_python(inner: str, hidden: Sequence[str] = ()) -> str:
     """An absolute interpreter path that exists and can run inside the sandbox."""
     exe = sys.executable or ""
     candidates = [exe, os.path.realpath(exe), "/usr/bin/python3", "/usr/local/bin/python3"]
-    shadowed = [*(os.path.realpath(d) for d in HIDDEN_DIRS if os.path.isdir(d)), *hidden, "/tmp", "/dev", "/proc",
-                inner]
+    shadowed = [
+        *(os.path.realpath(d) for d in HIDDEN_DIRS if os.path.isdir(d)),
+        *hidden,
+        "/tmp",
+        "/dev",
+        "/proc",
+        inner,
+    ]
     for cand in candidates:
         if not cand or not os.path.isabs(cand) or not os.path.exists(cand):
             continue
@@ -160,8 +207,8 @@ def _sandbox_python(inner: str, hidden: Sequence[str] = ()) -> str:
         if os.geteuid() != 0 and not os.access(real, os.X_OK):
             continue
         return cand if cand == real else real
-    raise SandboxUnavailable("no Python interpreter is visible inside the sandbox (tried "
-                             f"{', '.join(c for c in candidates if c)}); install python3 system-wide or pass "
-                             "python=... (and ro_binds=[...] for its prefix)")
-
-
+    raise SandboxUnavailable(
+        "no Python interpreter is visible inside the sandbox (tried "
+        f"{', '.join(c for c in candidates if c)}); install python3 system-wide or pass "
+        "python=... (and ro_binds=[...] for its prefix)"
+    )

@@ -8,6 +8,7 @@ import resource
 
 from envs.sandbox.base import _MiB, Limits
 
+
 def _rlimit_values(limits: Limits, nproc_base: int) -> list[tuple[str, int, int, int]]:
     """(prlimit option, resource, soft, hard), clamped to the current hard limits when not root."""
     cpu = max(1, math.ceil(limits.cpu_seconds))
@@ -41,4 +42,3 @@ def _limit_launcher(prlimit: str | None, values: list[tuple[str, int, int, int]]
             resource.setrlimit(res, val)
 
     return [], preexec
-

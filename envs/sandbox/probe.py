@@ -75,8 +75,10 @@ def _probe() -> _Tools:
     try:
         filter_bpf()
     except ImportError as exc:
-        raise SandboxUnavailable("the seccomp filter needs `pyseccomp` (pip install pyseccomp) and the system "
-                                 f"libseccomp (apt-get install libseccomp2): {exc}") from exc
+        raise SandboxUnavailable(
+            "the seccomp filter needs `pyseccomp` (pip install pyseccomp) and the system "
+            f"libseccomp (apt-get install libseccomp2): {exc}"
+        ) from exc
     except (OSError, RuntimeError, ValueError) as exc:
         raise SandboxUnavailable(f"cannot build the seccomp filter with libseccomp: {exc}") from exc
     work = tempfile.mkdtemp(prefix="jointrl-sandbox-probe-", dir=_temp_parent())
@@ -84,21 +86,31 @@ def _probe() -> _Tools:
         _prepare_work_dir(work)
         _ensure_subreaper()
         info_r, info_w = os.pipe()
-        cmd = _bwrap_command(tools, ["true"], work_dir=work, inner=_inner_work_dir(), env={},
-                             limits=Limits(), info_fd=info_w, new_session=True, ro_binds=())
+        cmd = _bwrap_command(
+            tools,
+            ["true"],
+            work_dir=work,
+            inner=_inner_work_dir(),
+            env={},
+            limits=Limits(),
+            info_fd=info_w,
+            new_session=True,
+            ro_binds=(),
+        )
         try:
-            res = _execute(cmd, {"PATH": SANDBOX_PATH}, "/", None, None, Limits(wall_seconds=30), info_r, info_w,
-                           bwrap=True)
+            res = _execute(
+                cmd, {"PATH": SANDBOX_PATH}, "/", None, None, Limits(wall_seconds=30), info_r, info_w, bwrap=True
+            )
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start bwrap: {exc}") from exc
         if res.exit_code != 0:
             said = (res.stderr or res.stdout).strip() or f"exit status {res.exit_code}, signal {res.signal}"
-            raise SandboxUnavailable(f"bubblewrap is installed but cannot create a sandbox (bwrap said: {said}). "
-                                     + _userns_hint(said))
+            raise SandboxUnavailable(
+                f"bubblewrap is installed but cannot create a sandbox (bwrap said: {said}). " + _userns_hint(said)
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return tools
-
 
 
 def _read_sysctl(proc_sys: str, name: str) -> str | None:
@@ -113,22 +125,28 @@ def _userns_hint(bwrap_said: str, proc_sys: str = "/proc/sys") -> str:
     """What to change so bwrap may create user namespaces, from the sysctls that refuse them."""
     hints = []
     if _read_sysctl(proc_sys, "kernel/unprivileged_userns_clone") == "0":
-        hints.append("unprivileged user namespaces are disabled by sysctl kernel.unprivileged_userns_clone=0: "
-                     "run `sysctl -w kernel.unprivileged_userns_clone=1`")
+        hints.append(
+            "unprivileged user namespaces are disabled by sysctl kernel.unprivileged_userns_clone=0: "
+            "run `sysctl -w kernel.unprivileged_userns_clone=1`"
+        )
     if _read_sysctl(proc_sys, "user/max_user_namespaces") == "0":
-        hints.append("user namespaces are disabled by sysctl user.max_user_namespaces=0: "
-                     "run `sysctl -w user.max_user_namespaces=15000`")
+        hints.append(
+            "user namespaces are disabled by sysctl user.max_user_namespaces=0: "
+            "run `sysctl -w user.max_user_namespaces=15000`"
+        )
     if _read_sysctl(proc_sys, "kernel/apparmor_restrict_unprivileged_userns") == "1":
-        hints.append("AppArmor restricts unprivileged user namespaces "
-                     "(sysctl kernel.apparmor_restrict_unprivileged_userns=1): run "
-                     "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or give bwrap an AppArmor profile "
-                     "that allows userns")
+        hints.append(
+            "AppArmor restricts unprivileged user namespaces "
+            "(sysctl kernel.apparmor_restrict_unprivileged_userns=1): run "
+            "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or give bwrap an AppArmor profile "
+            "that allows userns"
+        )
     if hints:
         return "Fix: " + "; ".join(hints) + "."
     if any(s in bwrap_said for s in ("namespace", "uid map", "Operation not permitted", "Permission denied")):
-        return ("User namespaces were refused, but no sysctl forbids them: a container runtime's seccomp or "
-                "AppArmor profile probably blocks them (Docker: run with `--security-opt seccomp=unconfined "
-                "--security-opt apparmor=unconfined`, or `--privileged`).")
+        return (
+            "User namespaces were refused, but no sysctl forbids them: a container runtime's seccomp or "
+            "AppArmor profile probably blocks them (Docker: run with `--security-opt seccomp=unconfined "
+            "--security-opt apparmor=unconfined`, or `--privileged`)."
+        )
     return "See the bwrap message above."
-
-

@@ -14,8 +14,17 @@ from typing import Any
 
 from envs.sandbox import reap
 from envs.sandbox.base import _EXIT_DRAIN_S, _KILL_WAIT_S, _READ_CHUNK, Limits, RunResult
-from envs.sandbox.reap import (_finish_inner, _has_exited, _kill_pidfd, _killpg, _live_launchers, _open_inner,
-                               _pidfd_open, _registry_lock, _sweep_orphans)
+from envs.sandbox.reap import (
+    _finish_inner,
+    _has_exited,
+    _kill_pidfd,
+    _killpg,
+    _live_launchers,
+    _open_inner,
+    _pidfd_open,
+    _registry_lock,
+    _sweep_orphans,
+)
 
 logger = logging.getLogger("envs.sandbox")
 
@@ -114,14 +123,28 @@ def _start(spec: Launch) -> _Running:
     pass_fds = tuple(spec.pass_fds) + ((spec.info[1],) if spec.info else ())
     try:
         with _registry_lock:
-            proc = subprocess.Popen(spec.cmd, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, cwd=spec.cwd,
-                                    env=spec.env, start_new_session=True, pass_fds=pass_fds,
-                                    preexec_fn=spec.preexec)
+            proc = subprocess.Popen(
+                spec.cmd,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                cwd=spec.cwd,
+                env=spec.env,
+                start_new_session=True,
+                pass_fds=pass_fds,
+                preexec_fn=spec.preexec,
+            )
             _live_launchers.add(proc.pid)
     finally:
         # The child holds its copies now; ours would keep pipes open.
-        _close_fds([*spec.pass_fds, spec.info[1] if spec.info else None,
-                    spec.stdin if isinstance(spec.stdin, int) else None, spec.stdout])
+        _close_fds(
+            [
+                *spec.pass_fds,
+                spec.info[1] if spec.info else None,
+                spec.stdin if isinstance(spec.stdin, int) else None,
+                spec.stdout,
+            ]
+        )
     return _Running(spec, proc)
 
 
@@ -305,9 +328,15 @@ def run_launches(specs: list[Launch], wall_seconds: float) -> list[RunResult]:
             try:
                 runs.append(_start(spec))
             except BaseException:
-                for later in specs[i + 1:]:  # not started: the pump owned their fds too
-                    _close_fds([*later.pass_fds, *(later.info or ()), later.stdout,
-                                later.stdin if isinstance(later.stdin, int) else None])
+                for later in specs[i + 1 :]:  # not started: the pump owned their fds too
+                    _close_fds(
+                        [
+                            *later.pass_fds,
+                            *(later.info or ()),
+                            later.stdout,
+                            later.stdin if isinstance(later.stdin, int) else None,
+                        ]
+                    )
                 if spec.info is not None:
                     _close_fds([spec.info[0]])
                 raise
@@ -335,10 +364,29 @@ def pump_started(runs: list[_Running], wall_seconds: float) -> list[RunResult]:
     return [_result(run, timed_out, duration) for run in runs]
 
 
-def _execute(cmd: list[str], launch_env: dict[str, str], cwd: str, preexec, stdin: str | None, limits: Limits,
-             info_r: int | None, info_w: int | None, *, bwrap: bool, pass_fds: tuple[int, ...] = ()) -> RunResult:
+def _execute(
+    cmd: list[str],
+    launch_env: dict[str, str],
+    cwd: str,
+    preexec,
+    stdin: str | None,
+    limits: Limits,
+    info_r: int | None,
+    info_w: int | None,
+    *,
+    bwrap: bool,
+    pass_fds: tuple[int, ...] = (),
+) -> RunResult:
     """Run one launcher to completion (the single-process case of :func:`run_launches`)."""
-    spec = Launch(cmd, launch_env, cwd, preexec, stdin=stdin.encode("utf-8") if stdin is not None else None,
-                  info=(info_r, info_w) if info_r is not None else None, pass_fds=pass_fds, bwrap=bwrap,
-                  output_bytes=limits.output_bytes)
+    spec = Launch(
+        cmd,
+        launch_env,
+        cwd,
+        preexec,
+        stdin=stdin.encode("utf-8") if stdin is not None else None,
+        info=(info_r, info_w) if info_r is not None else None,
+        pass_fds=pass_fds,
+        bwrap=bwrap,
+        output_bytes=limits.output_bytes,
+    )
     return run_launches([spec], limits.wall_seconds)[0]

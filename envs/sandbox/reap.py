@@ -37,8 +37,9 @@ def _ensure_subreaper() -> None:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
                 err = ctypes.get_errno()
-                logger.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: %s; sandbox zombies may accumulate",
-                               os.strerror(err))
+                logger.warning(
+                    "prctl(PR_SET_CHILD_SUBREAPER) failed: %s; sandbox zombies may accumulate", os.strerror(err)
+                )
         except (OSError, AttributeError) as exc:
             logger.warning("cannot set PR_SET_CHILD_SUBREAPER (%s); sandbox zombies may accumulate", exc)
         _subreaper_done = True
@@ -159,8 +160,8 @@ def _sweep_orphans() -> None:
             except OSError:
                 continue
             lp, rp = raw.find(b"("), raw.rfind(b")")
-            fields = raw[rp + 2:].split()
-            if len(fields) < 2 or raw[lp + 1:rp] != b"bwrap" or fields[0] != b"Z" or int(fields[1]) != me:
+            fields = raw[rp + 2 :].split()
+            if len(fields) < 2 or raw[lp + 1 : rp] != b"bwrap" or fields[0] != b"Z" or int(fields[1]) != me:
                 continue
             try:
                 os.waitpid(pid, os.WNOHANG)
@@ -198,4 +199,3 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-

@@ -32,14 +32,45 @@ __all__ = ["ENOSYS_SYSCALLS", "KILLED_SYSCALLS", "SIGSYS", "filter_bpf", "seccom
 
 SIGSYS = 31
 KILLED_SYSCALLS = (
-    "add_key", "keyctl", "request_key",
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
-    "perf_event_open", "bpf", "userfaultfd",
-    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_by_handle_at", "name_to_handle_at",
-    "fsopen", "fsmount", "fsconfig", "move_mount", "open_tree", "mount_setattr",
-    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
-    "reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "lookup_dcookie", "fanotify_init",
-    "iopl", "ioperm",
+    "add_key",
+    "keyctl",
+    "request_key",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "perf_event_open",
+    "bpf",
+    "userfaultfd",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "syslog",
+    "lookup_dcookie",
+    "fanotify_init",
+    "iopl",
+    "ioperm",
 )
 ENOSYS_SYSCALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 
@@ -100,7 +131,7 @@ def seccomp_fd() -> int:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.lseek(fd, 0, os.SEEK_SET)
     except BaseException:
         os.close(fd)

@@ -17,8 +17,15 @@ from envs.sandbox.base import _READ_CHUNK, SANDBOX_UID, Limits, ShellResult, She
 from envs.sandbox.core import Sandbox
 from envs.sandbox.pump import _with_marker
 from envs.sandbox.seccomp import seccomp_fd
-from envs.sandbox.reap import (_ensure_subreaper, _finish_inner, _kill_pidfd, _killpg, _live_launchers, _open_inner,
-                               _registry_lock)
+from envs.sandbox.reap import (
+    _ensure_subreaper,
+    _finish_inner,
+    _kill_pidfd,
+    _killpg,
+    _live_launchers,
+    _open_inner,
+    _registry_lock,
+)
 
 # --------------------------------------------------------------------------------------
 # ShellSession
@@ -107,9 +114,9 @@ class _PromptCollector:
                 self.end = base + m.start()
                 self.number = int(m.group(1))
                 self.exit_code = int(m.group(2))
-                self.leftover = window[m.end():]
+                self.leftover = window[m.end() :]
                 return True
-        self.tail = window[-self.TAIL:]
+        self.tail = window[-self.TAIL :]
         return False
 
     @property
@@ -121,7 +128,7 @@ class _PromptCollector:
         return self.total > self.cap
 
     def text(self) -> str:
-        kept = self.re.sub(b"", bytes(self.kept[:min(self.total, self.cap)]))
+        kept = self.re.sub(b"", bytes(self.kept[: min(self.total, self.cap)]))
         return _with_marker(kept, self.total, self.cap, crlf=True)
 
 
@@ -154,8 +161,15 @@ class ShellSession:
     that burns it dies; ``output_bytes`` caps each command's output.
     """
 
-    def __init__(self, work_dir: str | None = None, limits: Limits = Limits(), mode: str = "bwrap", *,
-                 ro_binds: Sequence[str] = (), startup_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        work_dir: str | None = None,
+        limits: Limits = Limits(),
+        mode: str = "bwrap",
+        *,
+        ro_binds: Sequence[str] = (),
+        startup_timeout: float = 10.0,
+    ) -> None:
         import pexpect  # deferred: only sessions need it
 
         self._pexpect = pexpect
@@ -170,8 +184,13 @@ class ShellSession:
         token = secrets.token_hex(8)
         self._next = 1  # number of the prompt that will end the next line sent
         self._prompt_re = re.compile(rb"\r?\n__jrl_" + token.encode() + rb"_(\d+)_(\d+)> ")
-        env = {"PS1": "", "PS2": "", "PROMPT_COMMAND": _PROMPT_COMMAND.replace("{token}", token),
-               "TERM": "dumb", "HISTFILE": ""}
+        env = {
+            "PS1": "",
+            "PS2": "",
+            "PROMPT_COMMAND": _PROMPT_COMMAND.replace("{token}", token),
+            "TERM": "dumb",
+            "HISTFILE": "",
+        }
         argv = ["/bin/bash", "--norc", "--noprofile", "--noediting", "+H", "-i"]
         info_r = info_w = sfd = None
         try:
@@ -182,14 +201,25 @@ class ShellSession:
                 sfd = seccomp_fd()
                 if self.sandbox.storage is not None:
                     self.sandbox.storage.clear_scratch()
-            cmd, launch_env, cwd, preexec = self.sandbox._launch(argv, env, limits, info_w, new_session=False,
-                                                                 seccomp_fd=sfd)
+            cmd, launch_env, cwd, preexec = self.sandbox._launch(
+                argv, env, limits, info_w, new_session=False, seccomp_fd=sfd
+            )
             pass_fds = tuple(fd for fd in (info_w, sfd) if fd is not None)
 
             def spawn():
                 with _registry_lock:
-                    child = _make_spawn(cmd[0], cmd[1:], env=launch_env, cwd=cwd, echo=False, encoding=None,
-                                        use_poll=True, preexec_fn=preexec, dimensions=(24, 200), pass_fds=pass_fds)
+                    child = _make_spawn(
+                        cmd[0],
+                        cmd[1:],
+                        env=launch_env,
+                        cwd=cwd,
+                        echo=False,
+                        encoding=None,
+                        use_poll=True,
+                        preexec_fn=preexec,
+                        dimensions=(24, 200),
+                        pass_fds=pass_fds,
+                    )
                     _live_launchers.add(child.pid)
                 return child
 
@@ -425,7 +455,7 @@ def _kill_session_members(sid: int) -> None:
                 raw = f.read()
         except OSError:
             continue
-        fields = raw[raw.rfind(b")") + 2:].split()
+        fields = raw[raw.rfind(b")") + 2 :].split()
         if len(fields) > 3 and int(fields[3]) == sid and int(name) != os.getpid():
             try:
                 os.kill(int(name), signal.SIGKILL)

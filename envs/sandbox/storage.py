@@ -69,8 +69,10 @@ class Storage:
                     logger.warning("sandbox storage is NOT capped (%s): work dirs live on the host disk", exc)
                     _warned = True
         elif not _warned:
-            logger.warning("sandbox storage is NOT capped: mounting a tmpfs needs root; work dirs live on the host "
-                           "disk (bounded per file by RLIMIT_FSIZE only)")
+            logger.warning(
+                "sandbox storage is NOT capped: mounting a tmpfs needs root; work dirs live on the host "
+                "disk (bounded per file by RLIMIT_FSIZE only)"
+            )
             _warned = True
         if os.geteuid() == 0:
             os.chmod(self.root, 0o711)  # bwrap, run as the sandbox uid, must reach root/work to bind it
@@ -100,8 +102,12 @@ class Storage:
     def usage(self) -> dict[str, int]:
         """Bytes and inodes used and available on the storage (its tmpfs when capped)."""
         st = os.statvfs(self.root)
-        return {"bytes_used": (st.f_blocks - st.f_bfree) * st.f_frsize, "bytes_free": st.f_bavail * st.f_frsize,
-                "inodes_used": st.f_files - st.f_ffree, "inodes_free": st.f_favail}
+        return {
+            "bytes_used": (st.f_blocks - st.f_bfree) * st.f_frsize,
+            "bytes_free": st.f_bavail * st.f_frsize,
+            "inodes_used": st.f_files - st.f_ffree,
+            "inodes_free": st.f_favail,
+        }
 
     def full(self) -> bool:
         """True when the size or the inode cap is (nearly) reached: fewer than 64 KiB or 16 inodes left."""

@@ -82,7 +82,7 @@ class WarmLauncher:
         try:
             data = memoryview(b"".join(x.encode("utf-8", "surrogateescape") + b"\0" for x in items))
             while data:
-                data = data[os.write(ctl_w, data):]
+                data = data[os.write(ctl_w, data) :]
         except OSError:
             os.close(ctl_w)
             _finish(run)

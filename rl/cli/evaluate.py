@@ -27,8 +27,16 @@ from envs.io import TaskFormatError, read_json_objects
 from envs.types import Message, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
 
-__all__ = ["add_parsers", "DEFAULT_REWARDS", "CommandError", "pass_at_k", "load_task_file", "read_completions",
-           "summarize", "resolve_model_arg"]
+__all__ = [
+    "add_parsers",
+    "DEFAULT_REWARDS",
+    "CommandError",
+    "pass_at_k",
+    "load_task_file",
+    "read_completions",
+    "summarize",
+    "resolve_model_arg",
+]
 
 FORMATS = ("native", "humaneval", "bfcl")
 
@@ -53,51 +61,95 @@ class CommandError(Exception):
 
 def add_parsers(sub: Any) -> None:
     """Add the ``score`` and ``eval`` subcommands to ``jointrl``'s subparsers."""
-    s = sub.add_parser("score", help="score recorded completions with reward classes (JSON summary per domain/function)",
-                       description="Run recorded completions through the reward service and print a JSON summary "
-                                   "per domain and function (count, mean, pass rate, errors).")
+    s = sub.add_parser(
+        "score",
+        help="score recorded completions with reward classes (JSON summary per domain/function)",
+        description="Run recorded completions through the reward service and print a JSON summary "
+        "per domain and function (count, mean, pass rate, errors).",
+    )
     s.add_argument("--tasks", required=True, help="task file (native .jsonl/.jsonl.gz/.parquet, or see --format)")
     s.add_argument("--format", choices=FORMATS, default="native", help="task file format (default: native)")
     s.add_argument("--answers", help="BFCL answer file (with --format bfcl)")
-    s.add_argument("--completions", required=True,
-                   help="JSON lines: task_id, completion (or response, or messages), optional sample and env_reward")
+    s.add_argument(
+        "--completions",
+        required=True,
+        help="JSON lines: task_id, completion (or response, or messages), optional sample and env_reward",
+    )
     s.add_argument("--out", help="write per-sample scores here (JSON lines)")
-    s.add_argument("--recipe", help="take the rewards (and reward_service.timeout_s) from this recipe; "
-                                    "default: the built-in rewards of each domain")
-    s.add_argument("--workers", type=int, default=0,
-                   help="score on N Ray reward actors (the trainer's RewardService); 0 = in this process (default)")
-    s.add_argument("--timeout", type=float, default=None,
-                   help="per-call timeout in seconds (default: the recipe's reward_service.timeout_s, else 60)")
-    s.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)")
-    s.add_argument("--tokenizer", help="model folder or embedded:NAME; tokenizes completions so that length-based "
-                                       "rewards (e.g. OverlongPenalty) see token counts")
+    s.add_argument(
+        "--recipe",
+        help="take the rewards (and reward_service.timeout_s) from this recipe; "
+        "default: the built-in rewards of each domain",
+    )
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="score on N Ray reward actors (the trainer's RewardService); 0 = in this process (default)",
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="per-call timeout in seconds (default: the recipe's reward_service.timeout_s, else 60)",
+    )
+    s.add_argument(
+        "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
+    )
+    s.add_argument(
+        "--tokenizer",
+        help="model folder or embedded:NAME; tokenizes completions so that length-based "
+        "rewards (e.g. OverlongPenalty) see token counts",
+    )
     s.add_argument("--debug", action="store_true", help="show tracebacks")
     s.add_argument("--verbose", action="store_true", help="show Ray logs (with --workers)")
     s.set_defaults(run=run_score)
 
-    e = sub.add_parser("eval", help="pass@k per domain with vLLM; writes the failed tasks for retraining",
-                       description="Sample completions for a task set with vLLM, score them with the recipe's rewards, "
-                                   "print pass@k per domain as JSON and write the failed tasks as a native task file.")
+    e = sub.add_parser(
+        "eval",
+        help="pass@k per domain with vLLM; writes the failed tasks for retraining",
+        description="Sample completions for a task set with vLLM, score them with the recipe's rewards, "
+        "print pass@k per domain as JSON and write the failed tasks as a native task file.",
+    )
     e.add_argument("recipe", help="recipe YAML file (model, rollout, envs, rewards, data.eval_files)")
     e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.max_new_tokens=128")
-    e.add_argument("--model", help="model folder, checkpoint dir (checkpoints/step_N) or run dir (its newest "
-                                   "checkpoint); default: the recipe's model.path")
+    e.add_argument(
+        "--model",
+        help="model folder, checkpoint dir (checkpoints/step_N) or run dir (its newest "
+        "checkpoint); default: the recipe's model.path",
+    )
     e.add_argument("--tasks", help="evaluate these tasks instead of the recipe's data.eval_files")
     e.add_argument("--format", choices=FORMATS, default="native", help="format of --tasks (default: native)")
     e.add_argument("--answers", help="BFCL answer file (with --format bfcl)")
     e.add_argument("--k", type=int, default=1, help="k of pass@k (default 1)")
-    e.add_argument("--n", type=int, default=None, help="samples per task (>= k; default k); pass@k uses the "
-                                                        "unbiased estimator over n samples")
-    e.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature (default: 1.0 when more than one sample per task, else 0 = greedy)")
-    e.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)")
+    e.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="samples per task (>= k; default k); pass@k uses the unbiased estimator over n samples",
+    )
+    e.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (default: 1.0 when more than one sample per task, else 0 = greedy)",
+    )
+    e.add_argument(
+        "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
+    )
     e.add_argument("--limit", type=int, default=0, help="evaluate the first N tasks only (0 = all)")
-    e.add_argument("--out", help="failed tasks (native .jsonl); default: <run dir of --model, else .>/eval_failures.jsonl")
+    e.add_argument(
+        "--out", help="failed tasks (native .jsonl); default: <run dir of --model, else .>/eval_failures.jsonl"
+    )
     e.add_argument("--samples-out", help="write every sample's completion and scores here (JSON lines)")
     e.add_argument("--batch", type=int, default=256, help="episodes per engine call (default 256)")
-    e.add_argument("--engine", choices=("vllm", "hf"), default="vllm",
-                   help="vllm (default) | hf: Transformers in this process, one request at a time (small models, "
-                        "machines without vLLM)")
+    e.add_argument(
+        "--engine",
+        choices=("vllm", "hf"),
+        default="vllm",
+        help="vllm (default) | hf: Transformers in this process, one request at a time (small models, "
+        "machines without vLLM)",
+    )
     e.add_argument("--debug", action="store_true", help="show tracebacks")
     e.add_argument("--verbose", action="store_true", help="show vLLM logs")
     e.set_defaults(run=run_eval)
@@ -166,7 +218,9 @@ def load_task_file(path: str, fmt: str = "native", answers: str | None = None) -
         raise
 
 
-def recipe_reward_specs(recipe_path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[list[RewardFnSpec], Any]:
+def recipe_reward_specs(
+    recipe_path: str, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[list[RewardFnSpec], Any]:
     """The recipe's reward specs (each class imported and its kwargs checked, naming the recipe key) and the recipe."""
     from rl.config.recipe import load_recipe
 
@@ -239,8 +293,10 @@ def read_completions(path: str) -> list[Completion]:
             raise CommandError(f"{where}: field 'task_id': missing or not a non-empty string")
         given = [k for k in ("completion", "response", "messages") if d.get(k) is not None]
         if len(given) != 1:
-            raise CommandError(f"{where}: need exactly one of 'completion', 'response' or 'messages'"
-                               + (f", got {', '.join(given)}" if given else ""))
+            raise CommandError(
+                f"{where}: need exactly one of 'completion', 'response' or 'messages'"
+                + (f", got {', '.join(given)}" if given else "")
+            )
         text, msgs = None, None
         if given[0] == "messages":
             raw = d["messages"]
@@ -248,10 +304,15 @@ def read_completions(path: str) -> list[Completion]:
                 raise CommandError(f"{where}: field 'messages': must be a non-empty list of messages")
             msgs = []
             for i, m in enumerate(raw):
-                if (not isinstance(m, dict) or m.get("role") not in ("assistant", "tool", "user", "system")
-                        or not isinstance(m.get("content"), str)):
-                    raise CommandError(f"{where}: field 'messages[{i}]': must be an object with a role "
-                                       f"(assistant, tool, user, system) and a string content")
+                if (
+                    not isinstance(m, dict)
+                    or m.get("role") not in ("assistant", "tool", "user", "system")
+                    or not isinstance(m.get("content"), str)
+                ):
+                    raise CommandError(
+                        f"{where}: field 'messages[{i}]': must be an object with a role "
+                        f"(assistant, tool, user, system) and a string content"
+                    )
                 name = m.get("name")
                 if name is not None and not isinstance(name, str):
                     raise CommandError(f"{where}: field 'messages[{i}].name': must be a string")
@@ -267,7 +328,11 @@ def read_completions(path: str) -> list[Completion]:
             raise CommandError(f"{where}: field 'sample': must be an int >= 0, got {sample!r}")
         env_reward = d.get("env_reward")
         if env_reward is not None:
-            if isinstance(env_reward, bool) or not isinstance(env_reward, (int, float)) or not math.isfinite(env_reward):
+            if (
+                isinstance(env_reward, bool)
+                or not isinstance(env_reward, (int, float))
+                or not math.isfinite(env_reward)
+            ):
                 raise CommandError(f"{where}: field 'env_reward': must be a finite number or null, got {env_reward!r}")
             env_reward = float(env_reward)
         out.append(Completion(where, tid, sample, text, msgs, env_reward))
@@ -279,8 +344,9 @@ def with_prefill(task: Task, text: str) -> str:
     return text if not task.prefill or text.startswith(task.prefill) else task.prefill + text
 
 
-def build_trajectories(tasks: list[Task], records: list[Completion], tasks_path: str,
-                       tokenizer: Any = None) -> tuple[list[Trajectory], list[int]]:
+def build_trajectories(
+    tasks: list[Task], records: list[Completion], tasks_path: str, tokenizer: Any = None
+) -> tuple[list[Trajectory], list[int]]:
     """One trajectory per record (and its sample number). Unknown task ids and duplicate
     (task_id, sample) pairs raise :class:`CommandError` naming ``file:line``."""
     by_id = {t.id: t for t in tasks}
@@ -295,8 +361,9 @@ def build_trajectories(tasks: list[Task], records: list[Completion], tasks_path:
         sample = r.sample if r.sample is not None else next_sample[r.task_id]
         next_sample[r.task_id] = max(next_sample[r.task_id], sample + 1)
         if (r.task_id, sample) in seen:
-            raise CommandError(f"{r.where}: duplicate sample {sample} of task {r.task_id!r} "
-                               f"(first at {seen[(r.task_id, sample)]})")
+            raise CommandError(
+                f"{r.where}: duplicate sample {sample} of task {r.task_id!r} (first at {seen[(r.task_id, sample)]})"
+            )
         seen[(r.task_id, sample)] = r.where
         after = list(r.messages) if r.messages is not None else [Message("assistant", r.completion or "")]
         first = next(i for i, m in enumerate(after) if m.role == "assistant")
@@ -305,19 +372,31 @@ def build_trajectories(tasks: list[Task], records: list[Completion], tasks_path:
         if tokenizer is not None:  # the policy's tokens: assistant turns, the prefill (a prompt part) left out
             for k, m in enumerate(after):
                 if m.role == "assistant":
-                    text = m.content[len(task.prefill):] if k == first else m.content
+                    text = m.content[len(task.prefill) :] if k == first else m.content
                     response_ids += list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        trajs.append(Trajectory(
-            task=task, group_id=group[task.id], prompt_ids=[], response_ids=response_ids,
-            loss_mask=[1] * len(response_ids), logprobs=[0.0] * len(response_ids),
-            messages=list(task.messages) + after, terminated=True, truncated=False, finish_reason="recorded",
-            num_turns=sum(m.role == "assistant" for m in after), env_reward=r.env_reward))
+        trajs.append(
+            Trajectory(
+                task=task,
+                group_id=group[task.id],
+                prompt_ids=[],
+                response_ids=response_ids,
+                loss_mask=[1] * len(response_ids),
+                logprobs=[0.0] * len(response_ids),
+                messages=list(task.messages) + after,
+                terminated=True,
+                truncated=False,
+                finish_reason="recorded",
+                num_turns=sum(m.role == "assistant" for m in after),
+                env_reward=r.env_reward,
+            )
+        )
         samples.append(sample)
     return trajs, samples
 
 
-def summarize(trajs: list[Trajectory], stats: dict[tuple[str, str], list[float]], threshold: float,
-              scorer: RewardScorer) -> dict[str, Any]:
+def summarize(
+    trajs: list[Trajectory], stats: dict[tuple[str, str], list[float]], threshold: float, scorer: RewardScorer
+) -> dict[str, Any]:
     """The JSON summary of scored ``trajs``: overall, per domain, and per function within each domain.
 
     ``count`` = samples; ``scored`` = samples with a reward; ``errors`` = samples whose reward
@@ -327,10 +406,16 @@ def summarize(trajs: list[Trajectory], stats: dict[tuple[str, str], list[float]]
     ``errors`` = samples it errored on, ``mean`` and ``pass_rate`` over its numbers
     (unweighted), ``latency_s`` = mean seconds per call.
     """
+
     def block(ts: list[Trajectory]) -> dict[str, Any]:
         scored = [t.reward for t in ts if t.reward is not None]
-        return {"count": len(ts), "scored": len(scored), "errors": len(ts) - len(scored),
-                "mean": _mean(scored), "pass_rate": (sum(r >= threshold for r in scored) / len(ts)) if ts else None}
+        return {
+            "count": len(ts),
+            "scored": len(scored),
+            "errors": len(ts) - len(scored),
+            "mean": _mean(scored),
+            "pass_rate": (sum(r >= threshold for r in scored) / len(ts)) if ts else None,
+        }
 
     out: dict[str, Any] = {"pass_threshold": threshold, **block(trajs), "domains": {}}
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)
@@ -346,9 +431,15 @@ def summarize(trajs: list[Trajectory], stats: dict[tuple[str, str], list[float]]
                 continue
             vals = [t.scores[name] for t in ts if t.scores.get(name) is not None]
             nones = sum(1 for t in ts if name in t.scores and t.scores[name] is None)
-            fns[name] = {"weight": weights[name], "count": len(vals), "none": nones, "errors": int(s[1]),
-                         "mean": _mean(vals), "pass_rate": (sum(v >= threshold for v in vals) / len(vals)) if vals else None,
-                         "latency_s": s[3] / s[0] if s[0] else None}
+            fns[name] = {
+                "weight": weights[name],
+                "count": len(vals),
+                "none": nones,
+                "errors": int(s[1]),
+                "mean": _mean(vals),
+                "pass_rate": (sum(v >= threshold for v in vals) / len(vals)) if vals else None,
+                "latency_s": s[3] / s[0] if s[0] else None,
+            }
         db["functions"] = fns
         out["domains"][d] = db
     return out
@@ -405,22 +496,34 @@ def _score(args: argparse.Namespace) -> int:
         stats = call["fn"]
     summary = summarize(scored, stats, args.pass_threshold, scorer)
     summary["seconds"] = round(time.perf_counter() - t0, 3)
-    summary["rewards"] = [{"name": n, "cls": s.cls, "weight": w, "domains": sorted(d)}
-                          for (n, _, w, d), s in zip(scorer.fns, specs)]
+    summary["rewards"] = [
+        {"name": n, "cls": s.cls, "weight": w, "domains": sorted(d)} for (n, _, w, d), s in zip(scorer.fns, specs)
+    ]
     summary.update(extra)
     if args.out:
-        _write_jsonl(args.out, [
-            {"task_id": t.task.id, "sample": s, "domain": t.task.domain, "reward": t.reward,
-             "passed": t.reward is not None and t.reward >= args.pass_threshold, "scores": t.scores,
-             "reward_error": t.reward_error}
-            for t, s in zip(scored, samples)])
+        _write_jsonl(
+            args.out,
+            [
+                {
+                    "task_id": t.task.id,
+                    "sample": s,
+                    "domain": t.task.domain,
+                    "reward": t.reward,
+                    "passed": t.reward is not None and t.reward >= args.pass_threshold,
+                    "scores": t.scores,
+                    "reward_error": t.reward_error,
+                }
+                for t, s in zip(scored, samples)
+            ],
+        )
         summary["out"] = str(args.out)
     print(json.dumps(summary, indent=2))
     return 0
 
 
-def _score_on_ray(specs: list[RewardFnSpec], trajs: list[Trajectory], workers: int, timeout: float,
-                  verbose: bool) -> tuple[list[Trajectory], dict, dict[str, Any]]:
+def _score_on_ray(
+    specs: list[RewardFnSpec], trajs: list[Trajectory], workers: int, timeout: float, verbose: bool
+) -> tuple[list[Trajectory], dict, dict[str, Any]]:
     import ray
 
     from rewards.service import RewardService
@@ -429,17 +532,30 @@ def _score_on_ray(specs: list[RewardFnSpec], trajs: list[Trajectory], workers: i
     if own:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         pythonpath = os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", ""), *sys.path] if p and os.path.isdir(p))
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=verbose,
-                 logging_level="INFO" if verbose else "WARNING",
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "PYTHONWARNINGS": "ignore"}})
+        ray.init(
+            num_cpus=max(2, os.cpu_count() or 2),
+            include_dashboard=False,
+            log_to_driver=verbose,
+            logging_level="INFO" if verbose else "WARNING",
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "PYTHONWARNINGS": "ignore"}},
+        )
     service = None
     try:
         service = RewardService(specs, workers=workers, timeout_s=timeout)
         out = service.score(trajs)
         stats = service.take_stats()
         m = service.metrics()
-        return out, stats, {"service": {"workers": workers, "restarts": int(m["reward/service/restarts"]),
-                                        "worker_errors": int(m["reward/service/worker_errors"])}}
+        return (
+            out,
+            stats,
+            {
+                "service": {
+                    "workers": workers,
+                    "restarts": int(m["reward/service/restarts"]),
+                    "worker_errors": int(m["reward/service/worker_errors"]),
+                }
+            },
+        )
     finally:
         if service is not None:
             service.shutdown()
@@ -484,8 +600,10 @@ def resolve_model_arg(arg: str) -> tuple[str, Path | None]:
     ckpts = sorted(c for c in (p / "checkpoints").glob("step_*") if (c / "model" / "config.json").is_file())
     if ckpts:
         return str(ckpts[-1] / "model"), p
-    raise CommandError(f"--model {arg}: not a Hugging Face model folder (config.json), a checkpoint dir "
-                       f"(model/config.json) or a run dir (checkpoints/step_N/model)")
+    raise CommandError(
+        f"--model {arg}: not a Hugging Face model folder (config.json), a checkpoint dir "
+        f"(model/config.json) or a run dir (checkpoints/step_N/model)"
+    )
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -508,8 +626,13 @@ def _eval(args: argparse.Namespace) -> int:
     per_fn = summarize(scored, call["fn"], args.pass_threshold, scorer)["domains"]
     for d, block in summary["domains"].items():
         block["functions"] = per_fn.get(d, {}).get("functions", {})
-    summary = {"model": cfg.model.path, "tasks_from": source, "temperature": temperature, **summary,
-               "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(t2 - t1, 3)}}
+    summary = {
+        "model": cfg.model.path,
+        "tasks_from": source,
+        "temperature": temperature,
+        **summary,
+        "timing": {"generate_s": round(t1 - t0, 3), "score_s": round(t2 - t1, 3)},
+    }
     summary |= _write_eval_outputs(args, scored, failed, out_path, n)
     print(json.dumps(summary, indent=2))
     return 0
@@ -566,13 +689,16 @@ def _eval_tasks(args: argparse.Namespace, cfg: Any) -> tuple[list[Task], str]:
     served = {e.domain for e in cfg.rollout.envs}
     for t in tasks:
         if t.domain not in served:
-            raise CommandError(f"{source}: task {t.id!r} has domain {t.domain!r}, but the recipe's rollout.envs "
-                               f"serves only {sorted(served)}")
+            raise CommandError(
+                f"{source}: task {t.id!r} has domain {t.domain!r}, but the recipe's rollout.envs "
+                f"serves only {sorted(served)}"
+            )
     return tasks, source
 
 
-def _write_eval_outputs(args: argparse.Namespace, scored: list[Trajectory], failed: list[Task], out_path: Path,
-                        n: int) -> dict[str, str]:
+def _write_eval_outputs(
+    args: argparse.Namespace, scored: list[Trajectory], failed: list[Task], out_path: Path, n: int
+) -> dict[str, str]:
     """The failed tasks (native task file) and, with ``--samples-out``, every sample; returns their paths."""
     from envs.io import save_tasks
 
@@ -582,18 +708,31 @@ def _write_eval_outputs(args: argparse.Namespace, scored: list[Trajectory], fail
         raise CommandError(f"cannot write {out_path}: {e.strerror or e}") from None
     written = {"failures_file": str(out_path)}
     if args.samples_out:
-        _write_jsonl(args.samples_out, [
-            {"task_id": t.task.id, "sample": i % n, "domain": t.task.domain, "completion": t.completion,
-             "reward": t.reward, "passed": t.reward is not None and t.reward >= args.pass_threshold,
-             "scores": t.scores, "reward_error": t.reward_error, "finish_reason": t.finish_reason,
-             "response_tokens": t.num_policy_tokens}
-            for i, t in enumerate(scored)])
+        _write_jsonl(
+            args.samples_out,
+            [
+                {
+                    "task_id": t.task.id,
+                    "sample": i % n,
+                    "domain": t.task.domain,
+                    "completion": t.completion,
+                    "reward": t.reward,
+                    "passed": t.reward is not None and t.reward >= args.pass_threshold,
+                    "scores": t.scores,
+                    "reward_error": t.reward_error,
+                    "finish_reason": t.finish_reason,
+                    "response_tokens": t.num_policy_tokens,
+                }
+                for i, t in enumerate(scored)
+            ],
+        )
         written["samples_file"] = str(args.samples_out)
     return written
 
 
-def eval_summary(tasks: list[Task], scored: list[Trajectory], n: int, k: int,
-                 threshold: float) -> tuple[dict[str, Any], list[Task]]:
+def eval_summary(
+    tasks: list[Task], scored: list[Trajectory], n: int, k: int, threshold: float
+) -> tuple[dict[str, Any], list[Task]]:
     """pass@1, pass@k and mean reward overall and per domain, and the failed tasks.
 
     ``scored`` holds ``n`` consecutive samples per task, in task order. A sample passes when
@@ -604,7 +743,7 @@ def eval_summary(tasks: list[Task], scored: list[Trajectory], n: int, k: int,
     per_domain: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     failed: list[Task] = []
     for ti, task in enumerate(tasks):
-        group = scored[ti * n:(ti + 1) * n]
+        group = scored[ti * n : (ti + 1) * n]
         rewards = [t.reward for t in group if t.reward is not None]
         c = sum(r >= threshold for r in rewards)
         d = per_domain[task.domain]
@@ -613,8 +752,15 @@ def eval_summary(tasks: list[Task], scored: list[Trajectory], n: int, k: int,
         d["rewards"] += rewards
         d["errors"].append(n - len(rewards))
         if c == 0:
-            failed.append(dataclasses.replace(task, meta={**task.meta, "eval": {
-                "samples": n, "passed": 0, "errors": n - len(rewards), "mean_reward": _mean(rewards)}}))
+            failed.append(
+                dataclasses.replace(
+                    task,
+                    meta={
+                        **task.meta,
+                        "eval": {"samples": n, "passed": 0, "errors": n - len(rewards), "mean_reward": _mean(rewards)},
+                    },
+                )
+            )
     keys = ["pass@1"] + ([f"pass@{k}"] if k != 1 else [])
 
     def block(ds: list[dict[str, list[float]]]) -> dict[str, Any]:
@@ -627,13 +773,26 @@ def eval_summary(tasks: list[Task], scored: list[Trajectory], n: int, k: int,
         b["failed_tasks"] = sum(1 for d in ds for v in d["pass@1"] if v == 0.0)
         return b
 
-    summary = {"samples_per_task": n, "k": k, "pass_threshold": threshold, **block(list(per_domain.values())),
-               "domains": {d: block([v]) for d, v in sorted(per_domain.items())}}
+    summary = {
+        "samples_per_task": n,
+        "k": k,
+        "pass_threshold": threshold,
+        **block(list(per_domain.values())),
+        "domains": {d: block([v]) for d, v in sorted(per_domain.items())},
+    }
     return summary, failed
 
 
-def _generate(cfg: Any, tasks: list[Task], n: int, temperature: float, batch: int, verbose: bool,
-              engine: str = "vllm", scorer: RewardScorer | None = None) -> list[Trajectory]:
+def _generate(
+    cfg: Any,
+    tasks: list[Task],
+    n: int,
+    temperature: float,
+    batch: int,
+    verbose: bool,
+    engine: str = "vllm",
+    scorer: RewardScorer | None = None,
+) -> list[Trajectory]:
     """``n`` episodes per task (consecutive, in task order) from the in-process runtime (one engine, no learner).
 
     Sampling seeds are the training loop's (``rl.driver.loop.expand`` at step 0: task i is group i, its
@@ -651,14 +810,20 @@ def _generate(cfg: Any, tasks: list[Task], n: int, temperature: float, batch: in
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     base = Path(cfg.source).parent if cfg.source else None
     r = cfg.rollout
-    sampling = Sampling(max_new_tokens=r.max_new_tokens, temperature=temperature,
-                        top_p=r.top_p if temperature > 0 else 1.0, max_turns=r.max_turns, max_model_len=r.max_model_len)
+    sampling = Sampling(
+        max_new_tokens=r.max_new_tokens,
+        temperature=temperature,
+        top_p=r.top_p if temperature > 0 else 1.0,
+        max_turns=r.max_turns,
+        max_model_len=r.max_model_len,
+    )
     all_tasks, groups, seeds = expand(tasks, n, cfg.run.seed, 0)
     rt = LocalRuntime(cfg, resolve_model(cfg.model.path, base), engine=engine, learner=False, scorer=scorer)
     trajs: list[Trajectory] = []
     # SIGTERM becomes an exception so that `finally` shuts the engine down (it holds shared memory).
-    old_term = signal.signal(signal.SIGTERM, raise_on_term) if threading.current_thread() is threading.main_thread() \
-        else None
+    old_term = (
+        signal.signal(signal.SIGTERM, raise_on_term) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         rt.start()
         for start in range(0, len(all_tasks), batch):

@@ -30,12 +30,19 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", help="show tracebacks")
         if name == "train":
             s.add_argument("--verbose", action="store_true", help="show Ray and vLLM logs")
-            s.add_argument("--local", action="store_true",
-                           help="run everything in this process, no Ray or vLLM (Transformers generation, one "
-                                "learner): small models, smoke tests, machines without vLLM")
+            s.add_argument(
+                "--local",
+                action="store_true",
+                help="run everything in this process, no Ray or vLLM (Transformers generation, one "
+                "learner): small models, smoke tests, machines without vLLM",
+            )
         else:
-            s.add_argument("--print", dest="print_recipe", action="store_true",
-                           help="print the full resolved recipe (every key, defaults filled) as YAML")
+            s.add_argument(
+                "--print",
+                dest="print_recipe",
+                action="store_true",
+                help="print the full resolved recipe (every key, defaults filled) as YAML",
+            )
     from rl.cli.evaluate import add_parsers
 
     add_parsers(sub)  # score, eval
@@ -74,8 +81,15 @@ def main(argv: list[str] | None = None) -> int:
 
             from rl.config.recipe import recipe_to_dict
 
-            print(yaml.safe_dump({k: v for k, v in recipe_to_dict(cfg).items() if k != "source"}, sort_keys=False,
-                                 default_flow_style=False, width=110), end="")
+            print(
+                yaml.safe_dump(
+                    {k: v for k, v in recipe_to_dict(cfg).items() if k != "source"},
+                    sort_keys=False,
+                    default_flow_style=False,
+                    width=110,
+                ),
+                end="",
+            )
         print(f"{args.recipe}: ok", file=sys.stderr if args.print_recipe else sys.stdout)
         return 0
     if args.verbose:
@@ -95,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RunAborted, EngineFailure) as e:
         if args.debug:
             traceback.print_exc()
-        print(f"jointrl: run stopped: {e}\n(outputs so far kept; after a fix, continue with run.resume=auto)",
-              file=sys.stderr)
+        print(
+            f"jointrl: run stopped: {e}\n(outputs so far kept; after a fix, continue with run.resume=auto)",
+            file=sys.stderr,
+        )
         return 3
     print(f"done: {out}")
     return 0

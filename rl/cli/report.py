@@ -35,8 +35,18 @@ from rl.driver.logger import read_step_records
 
 __all__ = ["write_report", "render_report", "read_metrics", "last_rollouts", "add_parser", "ReportError"]
 
-DOMAIN_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-                 "#bcbd22", "#7f7f7f")
+DOMAIN_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)
 KL_COLOR = "#6a3d9a"
 ENTROPY_COLOR = "#b15928"
 TIMING_PHASES = (  # (label, key or None for "other", color)
@@ -171,10 +181,12 @@ def _frame(xs: list[float], ys: list[float], y_zero: bool) -> tuple[Any, Any, li
 
 
 def _no_data(title: str, why: str) -> str:
-    return (f'<svg class="chart" data-series="0" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
-            f'aria-label="{_e(title)}: no data"><rect class="bg" x="0" y="0" width="{W}" height="{H}"/>'
-            f'<text class="nodata" x="{W / 2}" y="{H / 2 - 6}" text-anchor="middle">no data</text>'
-            f'<text class="tick" x="{W / 2}" y="{H / 2 + 14}" text-anchor="middle">{_e(why)}</text></svg>')
+    return (
+        f'<svg class="chart" data-series="0" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
+        f'aria-label="{_e(title)}: no data"><rect class="bg" x="0" y="0" width="{W}" height="{H}"/>'
+        f'<text class="nodata" x="{W / 2}" y="{H / 2 - 6}" text-anchor="middle">no data</text>'
+        f'<text class="tick" x="{W / 2}" y="{H / 2 + 14}" text-anchor="middle">{_e(why)}</text></svg>'
+    )
 
 
 def line_chart(title: str, series: list[Series], why_empty: str, y_zero: bool = False) -> str:
@@ -194,16 +206,23 @@ def line_chart(title: str, series: list[Series], why_empty: str, y_zero: bool = 
             d.append(f"{pen}{sx(x):.1f},{sy(v):.1f}")
             pen = "L"
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""
-        parts.append(f'<path class="series" data-name="{_e(s.name)}" d="{" ".join(d)}" fill="none" '
-                     f'stroke="{s.color}" stroke-width="2.5" stroke-linejoin="round"{dash}/>')
+        parts.append(
+            f'<path class="series" data-name="{_e(s.name)}" d="{" ".join(d)}" fill="none" '
+            f'stroke="{s.color}" stroke-width="2.5" stroke-linejoin="round"{dash}/>'
+        )
         pts = [(x, v) for x, v in s.points if v is not None]
         if len(pts) <= MAX_MARKERS:
             for x, v in pts:
-                parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(v):.1f}" r="{3.5 if s.dashed or len(pts) < 3 else 2.5}" '
-                             f'fill="{s.color}"><title>{_e(s.name)} step {x:g}: {v:.4g}</title></circle>')
-    return (f'<svg class="chart" data-series="{len(series)}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
-            f'role="img" aria-label="{_e(title)}"><rect class="bg" x="0" y="0" width="{W}" height="{H}"/>'
-            + "".join(parts) + "</svg>")
+                parts.append(
+                    f'<circle cx="{sx(x):.1f}" cy="{sy(v):.1f}" r="{3.5 if s.dashed or len(pts) < 3 else 2.5}" '
+                    f'fill="{s.color}"><title>{_e(s.name)} step {x:g}: {v:.4g}</title></circle>'
+                )
+    return (
+        f'<svg class="chart" data-series="{len(series)}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
+        f'role="img" aria-label="{_e(title)}"><rect class="bg" x="0" y="0" width="{W}" height="{H}"/>'
+        + "".join(parts)
+        + "</svg>"
+    )
 
 
 def stacked_bars(title: str, steps: list[int], stacks: list[tuple[str, str, list[float]]], why_empty: str) -> str:
@@ -230,20 +249,29 @@ def stacked_bars(title: str, steps: list[int], stacks: list[tuple[str, str, list
                 continue
             y_top, y_bot = sy(base[i] + vals[i]), sy(base[i])
             base[i] += vals[i]
-            g.append(f'<rect x="{sx(st) - bw / 2:.1f}" y="{y_top:.1f}" width="{max(bw, 0.5):.1f}" '
-                     f'height="{max(y_bot - y_top, 0.0):.1f}"><title>step {st}: {_e(name)} {vals[i]:.2f} s</title></rect>')
+            g.append(
+                f'<rect x="{sx(st) - bw / 2:.1f}" y="{y_top:.1f}" width="{max(bw, 0.5):.1f}" '
+                f'height="{max(y_bot - y_top, 0.0):.1f}"><title>step {st}: {_e(name)} {vals[i]:.2f} s</title></rect>'
+            )
         g.append("</g>")
         parts.append("".join(g))
-    parts.append(f'<text class="label" x="12" y="{MT + (H - MT - MB) / 2:.0f}" text-anchor="middle" '
-                 f'transform="rotate(-90 12 {MT + (H - MT - MB) / 2:.0f})">seconds</text>')
-    return (f'<svg class="chart" data-series="{len(stacks)}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
-            f'role="img" aria-label="{_e(title)}"><rect class="bg" x="0" y="0" width="{W}" height="{H}"/>'
-            + "".join(parts) + "</svg>")
+    parts.append(
+        f'<text class="label" x="12" y="{MT + (H - MT - MB) / 2:.0f}" text-anchor="middle" '
+        f'transform="rotate(-90 12 {MT + (H - MT - MB) / 2:.0f})">seconds</text>'
+    )
+    return (
+        f'<svg class="chart" data-series="{len(stacks)}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
+        f'role="img" aria-label="{_e(title)}"><rect class="bg" x="0" y="0" width="{W}" height="{H}"/>'
+        + "".join(parts)
+        + "</svg>"
+    )
 
 
 def _legend(items: Iterable[tuple[str, str, bool]]) -> str:
-    spans = [f'<span class="key"><i style="border-top:3px {"dashed" if dashed else "solid"} {color}"></i>{_e(name)}</span>'
-             for name, color, dashed in items]
+    spans = [
+        f'<span class="key"><i style="border-top:3px {"dashed" if dashed else "solid"} {color}"></i>{_e(name)}</span>'
+        for name, color, dashed in items
+    ]
     return f'<div class="legend">{"".join(spans)}</div>' if spans else ""
 
 
@@ -270,19 +298,33 @@ def charts(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
         ss = [s for s in ss if any(v is not None for _, v in s.points)]
         out.append((title, line_chart(title, ss, why, y_zero), _legend((s.name, s.color, s.dashed) for s in ss)))
 
-    per_domain("Reward per domain", "reward/{}/mean", "eval/reward/{}/mean",
-               "metrics.jsonl has no reward/<domain>/mean or eval/reward/<domain>/mean", True)
-    for title, key, c in (("KL to the reference (kl/mean)", "kl/mean", KL_COLOR),
-                          ("Entropy (entropy/mean)", "entropy/mean", ENTROPY_COLOR)):
+    per_domain(
+        "Reward per domain",
+        "reward/{}/mean",
+        "eval/reward/{}/mean",
+        "metrics.jsonl has no reward/<domain>/mean or eval/reward/<domain>/mean",
+        True,
+    )
+    for title, key, c in (
+        ("KL to the reference (kl/mean)", "kl/mean", KL_COLOR),
+        ("Entropy (entropy/mean)", "entropy/mean", ENTROPY_COLOR),
+    ):
         s = Series(key, _series(records, key), c)
         has = any(v is not None for _, v in s.points)
-        out.append((title, line_chart(title, [s], f"metrics.jsonl has no {key}"), _legend([(key, c, False)] if has else [])))
+        out.append(
+            (title, line_chart(title, [s], f"metrics.jsonl has no {key}"), _legend([(key, c, False)] if has else []))
+        )
     len_d = _domains(records, r"^(?:eval/)?rollout/([^/]+)/response_len/mean$")
     for d in len_d:
         color.setdefault(d, DOMAIN_COLORS[len(color) % len(DOMAIN_COLORS)])
     doms = sorted(set(doms) | set(len_d))
-    per_domain("Response length per domain (policy tokens)", "rollout/{}/response_len/mean",
-               "eval/rollout/{}/response_len/mean", "metrics.jsonl has no rollout/<domain>/response_len/mean", True)
+    per_domain(
+        "Response length per domain (policy tokens)",
+        "rollout/{}/response_len/mean",
+        "eval/rollout/{}/response_len/mean",
+        "metrics.jsonl has no rollout/<domain>/response_len/mean",
+        True,
+    )
     # Time per step, stacked.
     timed = [r for r in records if any(_num(r.get(k)) for _, k, _ in TIMING_PHASES if k)]
     steps = [r["step"] for r in timed]
@@ -325,9 +367,11 @@ def _rollout_card(r: dict[str, Any], kind: str) -> str:
         bits.append(f"finish: {_e(r.get('finish_reason'))}")
     bits.append(f"task <code>{_e(r.get('task_id', ''))}</code>")
     err = f'<div class="err">reward error: {_e(_cut(r["reward_error"]))}</div>' if r.get("reward_error") else ""
-    return (f'<div class="rollout {kind}"><div class="rhead">{" &middot; ".join(bits)}</div>{err}'
-            f'<details><summary>prompt</summary><pre>{_e(_cut(r.get("prompt")))}</pre></details>'
-            f'<pre class="response">{_e(_cut(r.get("response")))}</pre></div>')
+    return (
+        f'<div class="rollout {kind}"><div class="rhead">{" &middot; ".join(bits)}</div>{err}'
+        f"<details><summary>prompt</summary><pre>{_e(_cut(r.get('prompt')))}</pre></details>"
+        f'<pre class="response">{_e(_cut(r.get("response")))}</pre></div>'
+    )
 
 
 def _rollouts_html(last: dict[str, tuple[int, list[dict[str, Any]]]], k: int = ROLLOUTS_SHOWN) -> str:
@@ -343,16 +387,20 @@ def _rollouts_html(last: dict[str, tuple[int, list[dict[str, Any]]]], k: int = R
         out.append(f"<h3>{_e(split)}: {what} (step {step})</h3>")
         for d, rs in sorted(by_dom.items()):
             # None (reward error) counts as the worst; ties keep file order.
-            ranked = sorted(rs, key=lambda r: -(_num(r.get("reward")) if _num(r.get("reward")) is not None else -math.inf))
+            ranked = sorted(
+                rs, key=lambda r: -(_num(r.get("reward")) if _num(r.get("reward")) is not None else -math.inf)
+            )
             best = ranked[:k]
-            worst = ranked[max(k, len(ranked) - k):][::-1]
+            worst = ranked[max(k, len(ranked) - k) :][::-1]
             mean = [_num(r.get("reward")) for r in rs]
             mean = [m for m in mean if m is not None]
             avg = f", mean reward {sum(mean) / len(mean):.3f}" if mean else ""
-            out.append(f'<div class="domain"><h4>{_e(d)} <span class="muted">({len(rs)} rollouts{avg})</span></h4>'
-                       f'<div class="cols"><div><h5>best</h5>{"".join(_rollout_card(r, "best") for r in best)}</div>'
-                       f'<div><h5>worst</h5>{"".join(_rollout_card(r, "worst") for r in worst) or "<p>(no more rollouts)</p>"}'
-                       f"</div></div></div>")
+            out.append(
+                f'<div class="domain"><h4>{_e(d)} <span class="muted">({len(rs)} rollouts{avg})</span></h4>'
+                f'<div class="cols"><div><h5>best</h5>{"".join(_rollout_card(r, "best") for r in best)}</div>'
+                f"<div><h5>worst</h5>{''.join(_rollout_card(r, 'worst') for r in worst) or '<p>(no more rollouts)</p>'}"
+                f"</div></div></div>"
+            )
     return "".join(out)
 
 
@@ -365,12 +413,17 @@ def _reward_table(records: list[dict[str, Any]]) -> str:
             vals = [(r["step"], _num(r.get(key))) for r in records if _num(r.get(key)) is not None]
             if vals:
                 (s0, v0), (s1, v1) = vals[0], vals[-1]
-                rows.append(f"<tr><td>{_e(d)}</td><td>{label}</td><td>{v0:.3f} <span class=muted>(step {s0})</span></td>"
-                            f"<td>{v1:.3f} <span class=muted>(step {s1})</span></td></tr>")
+                rows.append(
+                    f"<tr><td>{_e(d)}</td><td>{label}</td><td>{v0:.3f} <span class=muted>(step {s0})</span></td>"
+                    f"<td>{v1:.3f} <span class=muted>(step {s1})</span></td></tr>"
+                )
     if not rows:
         return ""
-    return ('<table class="summary"><tr><th>domain</th><th>split</th><th>first</th><th>last</th></tr>'
-            + "".join(rows) + "</table>")
+    return (
+        '<table class="summary"><tr><th>domain</th><th>split</th><th>first</th><th>last</th></tr>'
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def sandbox_events_table(records: list[dict[str, Any]]) -> str:
@@ -389,10 +442,14 @@ def sandbox_events_table(records: list[dict[str, Any]]) -> str:
     rows = []
     for (domain, event, split), hits in sorted(seen.items()):
         steps = ", ".join(str(s) for s, _ in hits[-8:]) + (" ..." if len(hits) > 8 else "")
-        rows.append(f"<tr><td>{_e(domain)}</td><td>{_e(event)}</td><td>{split}</td>"
-                    f"<td>{sum(n for _, n in hits):g}</td><td>{_e(steps)}</td></tr>")
-    return ('<h2 id="sandbox">Sandbox events</h2><table class="summary"><tr><th>domain</th><th>event</th>'
-            "<th>split</th><th>total</th><th>steps (last 8)</th></tr>" + "".join(rows) + "</table>")
+        rows.append(
+            f"<tr><td>{_e(domain)}</td><td>{_e(event)}</td><td>{split}</td>"
+            f"<td>{sum(n for _, n in hits):g}</td><td>{_e(steps)}</td></tr>"
+        )
+    return (
+        '<h2 id="sandbox">Sandbox events</h2><table class="summary"><tr><th>domain</th><th>event</th>'
+        "<th>split</th><th>total</th><th>steps (last 8)</th></tr>" + "".join(rows) + "</table>"
+    )
 
 
 CSS = """
@@ -431,23 +488,30 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
     info = run_info(d)
     recipe_path = d / "recipe.resolved.yaml"
     recipe = recipe_path.read_text(errors="replace") if recipe_path.is_file() else ""
-    figs = "".join(f"<figure><figcaption>{_e(t)}</figcaption>{svg}{legend}</figure>" for t, svg, legend in charts(records))
+    figs = "".join(
+        f"<figure><figcaption>{_e(t)}</figcaption>{svg}{legend}</figure>" for t, svg, legend in charts(records)
+    )
     steps = f"{info.steps}" + (f" of {info.total_steps}" if info.total_steps else "")
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    return "".join([
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f"<title>jointrl report: {_e(d.resolve().name)}</title><style>{CSS}</style></head><body>",
-        f"<h1>jointrl run report: {_e(d.resolve().name)}</h1>",
-        f'<p class="meta">status <b>{_e(info.status)}</b> &middot; steps {_e(steps)} &middot; <code>{_e(d.resolve())}</code>'
-        f" &middot; generated {_e(now)}</p>",
-        _reward_table(records),
-        sandbox_events_table(records),
-        '<h2 id="charts">Charts</h2><div class="grid">', figs, "</div>",
-        '<h2 id="rollouts">Rollouts: best and worst per domain</h2>', _rollouts_html(last_rollouts(d / "rollouts.jsonl")),
-        '<h2 id="recipe">Recipe (recipe.resolved.yaml)</h2>',
-        f"<pre>{_e(recipe)}</pre>" if recipe else "<p>No recipe.resolved.yaml in the run dir.</p>",
-        "</body></html>\n",
-    ])
+    return "".join(
+        [
+            '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">',
+            f"<title>jointrl report: {_e(d.resolve().name)}</title><style>{CSS}</style></head><body>",
+            f"<h1>jointrl run report: {_e(d.resolve().name)}</h1>",
+            f'<p class="meta">status <b>{_e(info.status)}</b> &middot; steps {_e(steps)} &middot; <code>{_e(d.resolve())}</code>'
+            f" &middot; generated {_e(now)}</p>",
+            _reward_table(records),
+            sandbox_events_table(records),
+            '<h2 id="charts">Charts</h2><div class="grid">',
+            figs,
+            "</div>",
+            '<h2 id="rollouts">Rollouts: best and worst per domain</h2>',
+            _rollouts_html(last_rollouts(d / "rollouts.jsonl")),
+            '<h2 id="recipe">Recipe (recipe.resolved.yaml)</h2>',
+            f"<pre>{_e(recipe)}</pre>" if recipe else "<p>No recipe.resolved.yaml in the run dir.</p>",
+            "</body></html>\n",
+        ]
+    )
 
 
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
@@ -466,9 +530,12 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
 
 def add_parser(sub: Any) -> None:
     """Add ``jointrl report RUN_DIR [--out FILE]`` to ``jointrl``'s subparsers."""
-    p = sub.add_parser("report", help="write a self-contained HTML report of a run",
-                       description="Write one self-contained HTML file (charts, best and worst rollouts, recipe) "
-                                   "for a run dir, finished or still running.")
+    p = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run",
+        description="Write one self-contained HTML file (charts, best and worst rollouts, recipe) "
+        "for a run dir, finished or still running.",
+    )
     p.add_argument("run_dir", help="a run's output dir (holds metrics.jsonl)")
     p.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")

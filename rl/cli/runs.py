@@ -90,7 +90,9 @@ def run_info(run_dir: str | os.PathLike[str], now: float | None = None, window_s
     return RunInfo(d, status, steps, _total_steps(d), reward, ev, ev0, started, updated)
 
 
-def list_runs(root: str | os.PathLike[str], now: float | None = None, window_s: float = RUNNING_WINDOW_S) -> list[RunInfo]:
+def list_runs(
+    root: str | os.PathLike[str], now: float | None = None, window_s: float = RUNNING_WINDOW_S
+) -> list[RunInfo]:
     """The runs in ``root`` (``root`` itself when it is a run), sorted by path."""
     root = Path(root)
     found: list[Path] = []
@@ -148,8 +150,15 @@ def format_runs(runs: list[RunInfo], root: str | os.PathLike[str] | None = None,
     rows = [header]
     for r in runs:
         steps = "-" if r.steps < 0 else str(r.steps) + (f"/{r.total_steps}" if r.total_steps is not None else "")
-        ev = "-" if r.eval_reward is None else (
-            f"{f3(r.eval_reward_first)} -> {f3(r.eval_reward)}" if r.eval_reward_first is not None else f3(r.eval_reward))
+        ev = (
+            "-"
+            if r.eval_reward is None
+            else (
+                f"{f3(r.eval_reward_first)} -> {f3(r.eval_reward)}"
+                if r.eval_reward_first is not None
+                else f3(r.eval_reward)
+            )
+        )
         rows.append((name(r.path), r.status, steps, f3(r.reward), ev, _when(r.started, now), _when(r.updated, now)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
@@ -160,9 +169,12 @@ def format_runs(runs: list[RunInfo], root: str | os.PathLike[str] | None = None,
 
 def add_parser(sub: Any) -> None:
     """Add ``jointrl runs DIR`` to ``jointrl``'s subparsers."""
-    p = sub.add_parser("runs", help="list the runs under a folder (status, steps, last rewards)",
-                       description="List the runs (folders with metrics.jsonl) under DIR with their status "
-                                   "(done, running, stopped), steps and last rewards.")
+    p = sub.add_parser(
+        "runs",
+        help="list the runs under a folder (status, steps, last rewards)",
+        description="List the runs (folders with metrics.jsonl) under DIR with their status "
+        "(done, running, stopped), steps and last rewards.",
+    )
     p.add_argument("dir", nargs="?", default="runs", help="folder to search (default: runs)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(run=run_runs)

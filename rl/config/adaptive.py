@@ -61,7 +61,11 @@ class AdaptiveConfig:
 
     def bounds(self, domains: list[str]) -> tuple[dict[str, float], dict[str, float]]:
         def per(v: float | dict[str, float], default: float) -> dict[str, float]:
-            return {d: float(v.get(d, default)) for d in domains} if isinstance(v, dict) else {d: float(v) for d in domains}
+            return (
+                {d: float(v.get(d, default)) for d in domains}
+                if isinstance(v, dict)
+                else {d: float(v) for d in domains}
+            )
 
         floor, ceiling = per(self.floor, 0.05), per(self.ceiling, 1.0)
         for key, v in (("floor", self.floor), ("ceiling", self.ceiling)):
@@ -71,7 +75,9 @@ class AdaptiveConfig:
         if bad:
             raise ValueError(f"mixer.adaptive: floor above ceiling for {bad}")
         if sum(floor.values()) > 1 + 1e-9 or sum(ceiling.values()) < 1 - 1e-9:
-            raise ValueError(f"mixer.adaptive: infeasible bounds for {len(domains)} domains: floors sum to "
-                             f"{sum(floor.values()):.3f} (must be <= 1), ceilings to {sum(ceiling.values()):.3f} "
-                             f"(must be >= 1)")
+            raise ValueError(
+                f"mixer.adaptive: infeasible bounds for {len(domains)} domains: floors sum to "
+                f"{sum(floor.values()):.3f} (must be <= 1), ceilings to {sum(ceiling.values()):.3f} "
+                f"(must be >= 1)"
+            )
         return floor, ceiling

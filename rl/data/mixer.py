@@ -88,11 +88,20 @@ class _TaskStats:
 class TaskMixer:
     """Seeded, resumable task drawing across domains, datasets and length strata."""
 
-    def __init__(self, sources: list[Source], per_step: int, seed: int = 0, *,
-                 domain_weights: dict[str, float] | None = None, strata: int = 1,
-                 strata_proportions: list[float] | None = None, length_ema: float = 0.5,
-                 curriculum_window: int = 0, curriculum_weight: float = 1.0,
-                 solved_threshold: float = 1.0) -> None:
+    def __init__(
+        self,
+        sources: list[Source],
+        per_step: int,
+        seed: int = 0,
+        *,
+        domain_weights: dict[str, float] | None = None,
+        strata: int = 1,
+        strata_proportions: list[float] | None = None,
+        length_ema: float = 0.5,
+        curriculum_window: int = 0,
+        curriculum_weight: float = 1.0,
+        solved_threshold: float = 1.0,
+    ) -> None:
         if not sources or not any(s.tasks for s in sources):
             raise ValueError("no training tasks")
         if strata < 1:
@@ -149,7 +158,7 @@ class TaskMixer:
         order = sorted(range(len(tasks)), key=lambda i: (self.stats[tasks[i].id].est_len, i))
         k = min(self.strata, len(order))
         bounds = [round(j * len(order) / k) for j in range(k + 1)]
-        out = [order[bounds[j]:bounds[j + 1]] for j in range(k)]
+        out = [order[bounds[j] : bounds[j + 1]] for j in range(k)]
         return out + [[] for _ in range(self.strata - k)]
 
     def _draw(self, stratum: list[int], key: tuple[int, int], n: int, task_ids: list[str]) -> list[int]:
@@ -173,7 +182,7 @@ class TaskMixer:
     def _no_signal(self, task_id: str) -> bool:
         if self.curriculum_window <= 0:
             return False
-        v = list(self.stats[task_id].visits)[-self.curriculum_window:]
+        v = list(self.stats[task_id].visits)[-self.curriculum_window :]
         return len(v) == self.curriculum_window and (all(v) or not any(v))
 
     def sample(self, step: int) -> list[Task]:
@@ -234,10 +243,13 @@ class TaskMixer:
 
     # -- resume ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.getstate(),
-                "stats": {k: (v.est_len, list(v.visits)) for k, v in self.stats.items()},
-                "queues": {f"{a}:{b}": list(q) for (a, b), q in self._queues.items()},
-                "drawn": {k: list(v) for k, v in self._drawn.items()}, "drawn_total": dict(self._drawn_total)}
+        return {
+            "rng": self.rng.getstate(),
+            "stats": {k: (v.est_len, list(v.visits)) for k, v in self.stats.items()},
+            "queues": {f"{a}:{b}": list(q) for (a, b), q in self._queues.items()},
+            "drawn": {k: list(v) for k, v in self._drawn.items()},
+            "drawn_total": dict(self._drawn_total),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "adaptive" in state and not hasattr(self, "adaptive"):
@@ -268,7 +280,6 @@ def sources_by_domain(tasks: list[Task], name: str, weight: float = 1.0) -> list
 # ---------------------------------------------------------------------------- adaptive domain weights
 
 
-
 def domain_signal(trajs: list[Trajectory], eps: float = 1e-9) -> dict[str, tuple[float, float]]:
     """Per domain: (fraction of its groups whose rewards vary, mean reward) over scored samples.
 
@@ -288,8 +299,9 @@ def domain_signal(trajs: list[Trajectory], eps: float = 1e-9) -> dict[str, tuple
     return {d: (sum(v) / len(v), sum(rewards[d]) / len(rewards[d])) for d, v in varied.items()}
 
 
-def project_weights(raw: dict[str, float], floor: dict[str, float], ceiling: dict[str, float],
-                    mass: float = 1.0) -> dict[str, float]:
+def project_weights(
+    raw: dict[str, float], floor: dict[str, float], ceiling: dict[str, float], mass: float = 1.0
+) -> dict[str, float]:
     """The weights proportional to ``raw`` (>= 0), summing to ``mass``, each within [floor, ceiling].
 
     That is ``clip(lam * raw, floor, ceiling)`` with the ``lam`` that makes them sum to
@@ -300,16 +312,19 @@ def project_weights(raw: dict[str, float], floor: dict[str, float], ceiling: dic
     Raises ``ValueError`` unless ``sum(floor) <= mass <= sum(ceiling)``.
     """
     if sum(floor.values()) > mass + 1e-9 or sum(ceiling.values()) < mass - 1e-9:
-        raise ValueError(f"infeasible bounds: floors sum to {sum(floor.values()):.3f} (must be <= {mass:g}), ceilings "
-                         f"to {sum(ceiling.values()):.3f} (must be >= {mass:g})")
+        raise ValueError(
+            f"infeasible bounds: floors sum to {sum(floor.values()):.3f} (must be <= {mass:g}), ceilings "
+            f"to {sum(ceiling.values()):.3f} (must be >= {mass:g})"
+        )
     pos = [d for d in raw if raw[d] > 0]
     if not pos:
         raw, pos = {d: 1.0 for d in raw}, list(raw)
     zero = [d for d in raw if d not in pos]
     if zero and sum(ceiling[d] for d in pos) + sum(floor[d] for d in zero) < mass:
         out = {d: ceiling[d] for d in pos}
-        rest = project_weights({d: 1.0 for d in zero}, {d: floor[d] for d in zero}, {d: ceiling[d] for d in zero},
-                               mass - sum(out.values()))
+        rest = project_weights(
+            {d: 1.0 for d in zero}, {d: floor[d] for d in zero}, {d: ceiling[d] for d in zero}, mass - sum(out.values())
+        )
         return out | rest
 
     def at(lam: float) -> dict[str, float]:
@@ -388,8 +403,12 @@ class AdaptiveDomainWeights:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"signal": dict(self.signal), "fast": dict(self.fast), "slow": dict(self.slow),
-                "weights": dict(self.weights)}
+        return {
+            "signal": dict(self.signal),
+            "fast": dict(self.fast),
+            "slow": dict(self.slow),
+            "weights": dict(self.weights),
+        }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         missing = sorted(set(self.domains) - set(s["weights"]))
@@ -421,8 +440,15 @@ class AdaptiveTaskMixer(TaskMixer):
     ``trend``) to ``last_counts``, which the trainer logs. Checkpointed with the mixer.
     """
 
-    def __init__(self, sources: list[Source], per_step: int, seed: int = 0, *,
-                 adaptive: AdaptiveConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        sources: list[Source],
+        per_step: int,
+        seed: int = 0,
+        *,
+        adaptive: AdaptiveConfig | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(sources, per_step, seed, **kwargs)
         cfg = adaptive if isinstance(adaptive, AdaptiveConfig) else AdaptiveConfig.from_dict(dict(adaptive or {}))
         self.adaptive = AdaptiveDomainWeights(dict(self.domain_weights), cfg, difficulty_priors(self.sources))

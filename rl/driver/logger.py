@@ -88,15 +88,36 @@ def rollout_table_rows(step: int, trajs: list[Trajectory], cap: int = TABLE_ROWS
     rows = []
     for t in picked:
         user = [m.content for m in t.task.messages if m.role == "user"]
-        rows.append([step, t.task.domain, t.task.id, user[-1] if user else "", t.completion, _clean(t.reward),
-                     *(_clean(t.scores.get(fn)) for fn in fns), t.num_policy_tokens, t.finish_reason])
+        rows.append(
+            [
+                step,
+                t.task.domain,
+                t.task.id,
+                user[-1] if user else "",
+                t.completion,
+                _clean(t.reward),
+                *(_clean(t.scores.get(fn)) for fn in fns),
+                t.num_policy_tokens,
+                t.finish_reason,
+            ]
+        )
     return columns, rows
 
 
 class RunLogger:
-    def __init__(self, out_dir: Path, config: dict[str, Any], *, mode: str = "", project: str = "jointrl",
-                 entity: str = "", run_name: str = "", tags: list[str] | None = None, table_every: int = 0,
-                 last_step: int | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        config: dict[str, Any],
+        *,
+        mode: str = "",
+        project: str = "jointrl",
+        entity: str = "",
+        run_name: str = "",
+        tags: list[str] | None = None,
+        table_every: int = 0,
+        last_step: int | None = None,
+    ) -> None:
         """``table_every``: log a W&B rollouts table every N steps and at ``last_step`` (0 = never);
         ``rollouts.jsonl`` gets every call regardless."""
         self.out_dir = out_dir
@@ -116,9 +137,16 @@ class RunLogger:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self.run = wandb.init(project=project, entity=entity or None, name=run_name or out_dir.name,
-                                  tags=list(tags or []), config=config, dir=str(out_dir), mode=mode,
-                                  settings=wandb.Settings(console="off", x_disable_stats=True))
+            self.run = wandb.init(
+                project=project,
+                entity=entity or None,
+                name=run_name or out_dir.name,
+                tags=list(tags or []),
+                config=config,
+                dir=str(out_dir),
+                mode=mode,
+                settings=wandb.Settings(console="off", x_disable_stats=True),
+            )
         self.mode = mode
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -141,12 +169,27 @@ class RunLogger:
         (``TABLE_ROWS`` rows at most)."""
         for t in trajs:
             user = [m.content for m in t.task.messages if m.role == "user"]
-            self.rollouts_f.write(json.dumps({
-                "step": step, "split": split, "domain": t.task.domain, "task_id": t.task.id, "group": t.group_id,
-                "prompt": user[-1] if user else "", "response": t.completion, "reward": t.reward,
-                "scores": t.scores, "reward_error": t.reward_error, "finish_reason": t.finish_reason,
-                "terminated": t.terminated, "truncated": t.truncated, "response_tokens": t.num_policy_tokens,
-            }) + "\n")
+            self.rollouts_f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "split": split,
+                        "domain": t.task.domain,
+                        "task_id": t.task.id,
+                        "group": t.group_id,
+                        "prompt": user[-1] if user else "",
+                        "response": t.completion,
+                        "reward": t.reward,
+                        "scores": t.scores,
+                        "reward_error": t.reward_error,
+                        "finish_reason": t.finish_reason,
+                        "terminated": t.terminated,
+                        "truncated": t.truncated,
+                        "response_tokens": t.num_policy_tokens,
+                    }
+                )
+                + "\n"
+            )
         self.rollouts_f.flush()
         if table is None:
             table = bool(self.table_every) and (step % self.table_every == 0 or step == self.last_step)
@@ -154,8 +197,9 @@ class RunLogger:
             import wandb
 
             columns, rows = rollout_table_rows(step, trajs)
-            self.run.log({f"rollouts/{split}": wandb.Table(columns=columns, data=rows, allow_mixed_types=True)},
-                         step=step)
+            self.run.log(
+                {f"rollouts/{split}": wandb.Table(columns=columns, data=rows, allow_mixed_types=True)}, step=step
+            )
 
     def summary(self) -> str:
         """The one-screen end-of-run summary of what was logged (see :func:`summary`); the wall
@@ -241,8 +285,14 @@ class ProgressBar:
 _PHASES = ("rollout", "reward", "learner", "sync", "step", "eval")
 
 
-def summary(out_dir: Path | str, first: dict[str, Any], last: dict[str, Any],
-            timings: dict[str, list[float]], *, wall_s: float | None = None) -> str:
+def summary(
+    out_dir: Path | str,
+    first: dict[str, Any],
+    last: dict[str, Any],
+    timings: dict[str, list[float]],
+    *,
+    wall_s: float | None = None,
+) -> str:
     """The one-screen end-of-run summary (pure).
 
     ``first`` / ``last``: the first and the last logged value of every metric key (``step``
@@ -285,6 +335,8 @@ def summary(out_dir: Path | str, first: dict[str, Any], last: dict[str, Any],
     lines.append(f"  checkpoints  {ck}" + (f" ({', '.join(steps)})" if steps else " (none yet)"))
     if (out / "wandb").is_dir():
         offline = sorted((out / "wandb").glob("offline-run-*"))
-        lines.append(f"  W&B          {out / 'wandb'}" + (f" (offline; upload: wandb sync {offline[-1]})" if offline else ""))
+        lines.append(
+            f"  W&B          {out / 'wandb'}" + (f" (offline; upload: wandb sync {offline[-1]})" if offline else "")
+        )
     lines.append(f"  report       jointrl report {out}")
     return "\n".join(lines)

@@ -32,8 +32,20 @@ from rl.driver.stream import EpisodeStream
 from rl.trainer.hub import resolve_model
 from rl.trainer.lora import check_targets
 
-__all__ = ["RunAborted", "BadStepGuard", "latest_checkpoint", "prepare_output_dir", "train", "expand",
-           "load_task_sets", "make_mixer", "make_normalizer", "evaluate", "checkpoint", "restore"]
+__all__ = [
+    "RunAborted",
+    "BadStepGuard",
+    "latest_checkpoint",
+    "prepare_output_dir",
+    "train",
+    "expand",
+    "load_task_sets",
+    "make_mixer",
+    "make_normalizer",
+    "evaluate",
+    "checkpoint",
+    "restore",
+]
 
 RuntimeFactory = Callable[[Recipe, str, Path, bool], Runtime]
 
@@ -45,7 +57,9 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
     """
     out, resume_from = prepare_output_dir(cfg)
     model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None, cfg.model.revision)
-    check_targets(model_path, cfg.learner.lora, "learner.lora.target_modules")  # LoRA target modules exist: before any actor starts
+    check_targets(
+        model_path, cfg.learner.lora, "learner.lora.target_modules"
+    )  # LoRA target modules exist: before any actor starts
     train_sources, eval_tasks = load_task_sets(cfg)
     mixer, normalizer = make_mixer(cfg, train_sources), make_normalizer(cfg)
     r = cfg.rollout
@@ -57,35 +71,50 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
         rt.start(length_estimate=lambda t: s.est_len if (s := mixer.stats.get(t.id)) else None)
         episodes = make_episode_stream(cfg, rt, mixer, train_sources, sampling)
         first = restore(rt, resume_from, mixer, normalizer, episodes) + 1 if resume_from else 1
-        logger = RunLogger(out, recipe_to_dict(cfg), mode=cfg.wandb.mode, project=cfg.wandb.project,
-                           entity=cfg.wandb.entity, run_name=cfg.wandb.run_name, tags=cfg.wandb.tags,
-                           table_every=cfg.wandb.table_every, last_step=cfg.train.steps)
+        logger = RunLogger(
+            out,
+            recipe_to_dict(cfg),
+            mode=cfg.wandb.mode,
+            project=cfg.wandb.project,
+            entity=cfg.wandb.entity,
+            run_name=cfg.wandb.run_name,
+            tags=cfg.wandb.tags,
+            table_every=cfg.wandb.table_every,
+            last_step=cfg.train.steps,
+        )
         bar = ProgressBar(cfg.train.steps) if progress else None
         guard = BadStepGuard(cfg.train.max_bad_steps, out)
         if first == 1:
-            logger.log(0, evaluate(rt, logger, eval_tasks, greedy, 0))                          # 0. baseline eval
+            logger.log(0, evaluate(rt, logger, eval_tasks, greedy, 0))  # 0. baseline eval
         for step in range(first, cfg.train.steps + 1):
             t0 = time.perf_counter()
-            trajs = episodes.take(step)                         # 1-2. draw tasks, run episodes (async: during step-1)
+            trajs = episodes.take(step)  # 1-2. draw tasks, run episodes (async: during step-1)
             t1 = time.perf_counter()
-            trajs = rt.score(trajs)                                                                # 3. rewards
+            trajs = rt.score(trajs)  # 3. rewards
             t2 = time.perf_counter()
             mixer.update(trajs)
-            shaped, norm_metrics = shape_step(normalizer, trajs)                      # 4. reward shaping (per-domain norm)
+            shaped, norm_metrics = shape_step(normalizer, trajs)  # 4. reward shaping (per-domain norm)
             batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
-            metrics = rt.train_step(batch)                                                         # 5. update
+            metrics = rt.train_step(batch)  # 5. update
             t3 = time.perf_counter()
-            episodes.weights_updated()                              # 6. weight sync (async: once the engines are idle)
+            episodes.weights_updated()  # 6. weight sync (async: once the engines are idle)
             t4 = time.perf_counter()
-            metrics |= batch_stats | norm_metrics | mixer.last_counts | rollout_metrics(trajs) | rt.metrics() | {
-                "timing/reward_s": t2 - t1, "timing/learner_s": t3 - t2, "timing/step_s": t4 - t0} | episodes.metrics()
+            metrics |= (
+                batch_stats
+                | norm_metrics
+                | mixer.last_counts
+                | rollout_metrics(trajs)
+                | rt.metrics()
+                | {"timing/reward_s": t2 - t1, "timing/learner_s": t3 - t2, "timing/step_s": t4 - t0}
+                | episodes.metrics()
+            )
             if cfg.run.rollouts_every and step % cfg.run.rollouts_every == 0:
                 logger.rollouts(step, "train", trajs)
             if step == cfg.train.steps or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
                 episodes.quiesce()  # the newest weights in idle engines
-                metrics |= evaluate(rt, logger, eval_tasks, greedy, step)                         # 7. held-out eval
-            logger.log(step, metrics)                                                              # 8. log
-            guard.check(step, metrics)                                 # stop after train.max_bad_steps skipped updates
+                metrics |= evaluate(rt, logger, eval_tasks, greedy, step)  # 7. held-out eval
+            logger.log(step, metrics)  # 8. log
+            guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
             if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 checkpoint(rt, out, step, cfg.run.keep_checkpoints, mixer, normalizer, episodes)  # 9. checkpoint
             if bar is not None:
@@ -111,8 +140,9 @@ def _ray_runtime(cfg: Recipe, model_path: str, out: Path, verbose: bool) -> Runt
     return RayRuntime(cfg, model_path, out, verbose)
 
 
-def make_episode_stream(cfg: Recipe, rt: Runtime, mixer: TaskMixer, sources: list[Source],
-                        sampling: Sampling) -> EpisodeStream:
+def make_episode_stream(
+    cfg: Recipe, rt: Runtime, mixer: TaskMixer, sources: list[Source], sampling: Sampling
+) -> EpisodeStream:
     """Each step's episodes (``rollout.async_steps``: synchronous or one step ahead): the mixer's draw,
     each task ``rollout.group_size`` times with its seeds, through the runtime."""
     r, seed = cfg.rollout, cfg.run.seed
@@ -124,19 +154,34 @@ def make_episode_stream(cfg: Recipe, rt: Runtime, mixer: TaskMixer, sources: lis
             raise ValueError(f"the checkpoint's in-flight tasks {missing[:5]} are not in data.train_files any more")
         return expand([by_id[i] for i in ids], r.group_size, seed, step)
 
-    return EpisodeStream(rt, lambda step: expand(mixer.sample(step), r.group_size, seed, step),
-                         rt.sync_weights, sampling, r.async_steps, cfg.train.steps, lookup)
+    return EpisodeStream(
+        rt,
+        lambda step: expand(mixer.sample(step), r.group_size, seed, step),
+        rt.sync_weights,
+        sampling,
+        r.async_steps,
+        cfg.train.steps,
+        lookup,
+    )
 
 
 def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
     mx = cfg.mixer
     cls, extra = (AdaptiveTaskMixer, {"adaptive": dict(mx.adaptive)}) if mx.mode == "adaptive" else (TaskMixer, {})
-    return cls(sources, cfg.rollout.prompts_per_step, cfg.run.seed, **extra,
-               domain_weights=dict(mx.domain_weights) or {d: float(sum(len(s.tasks) for s in sources if s.domain == d))
-                                                         for d in {s.domain for s in sources}},
-               strata=mx.strata, strata_proportions=list(mx.strata_proportions), length_ema=mx.length_ema,
-               curriculum_window=mx.curriculum_window, curriculum_weight=mx.curriculum_weight,
-               solved_threshold=mx.solved_threshold)
+    return cls(
+        sources,
+        cfg.rollout.prompts_per_step,
+        cfg.run.seed,
+        **extra,
+        domain_weights=dict(mx.domain_weights)
+        or {d: float(sum(len(s.tasks) for s in sources if s.domain == d)) for d in {s.domain for s in sources}},
+        strata=mx.strata,
+        strata_proportions=list(mx.strata_proportions),
+        length_ema=mx.length_ema,
+        curriculum_window=mx.curriculum_window,
+        curriculum_weight=mx.curriculum_weight,
+        solved_threshold=mx.solved_threshold,
+    )
 
 
 def make_normalizer(cfg: Recipe) -> RewardNormalizer:
@@ -168,17 +213,33 @@ def evaluate(rt: Runtime, logger: RunLogger, tasks: list[Task], greedy: Sampling
     return m
 
 
-def checkpoint(rt: Runtime, out: Path, step: int, keep: int, mixer: TaskMixer, normalizer: RewardNormalizer,
-               episodes: EpisodeStream | None = None) -> Path:
+def checkpoint(
+    rt: Runtime,
+    out: Path,
+    step: int,
+    keep: int,
+    mixer: TaskMixer,
+    normalizer: RewardNormalizer,
+    episodes: EpisodeStream | None = None,
+) -> Path:
     """``checkpoints/step_NNNNNN``: the learner's state (``rt.save``) and the driver's (the mixer's draw state,
     the reward normalizer's statistics and, in async mode, the in-flight draw of the next step)."""
-    return write_checkpoint(rt, out, step, keep, {
-        "mixer": mixer.state_dict(), "normalizer": normalizer.state_dict(),
-        "episodes": episodes.state_dict() if episodes is not None else {}})
+    return write_checkpoint(
+        rt,
+        out,
+        step,
+        keep,
+        {
+            "mixer": mixer.state_dict(),
+            "normalizer": normalizer.state_dict(),
+            "episodes": episodes.state_dict() if episodes is not None else {},
+        },
+    )
 
 
-def restore(rt: Runtime, ck: Path, mixer: TaskMixer, normalizer: RewardNormalizer,
-            episodes: EpisodeStream | None = None) -> int:
+def restore(
+    rt: Runtime, ck: Path, mixer: TaskMixer, normalizer: RewardNormalizer, episodes: EpisodeStream | None = None
+) -> int:
     """Load checkpoint ``ck`` into the learner and engines (``rt.restore``), the mixer, normalizer and episode
     stream; return its step."""
     rt.restore(str(ck))
@@ -203,8 +264,9 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
             tasks = load_tasks(path)
             for t in tasks:
                 if t.domain not in domains:
-                    raise TaskFormatError(f"{path}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves "
-                                          f"only {sorted(domains)}")
+                    raise TaskFormatError(
+                        f"{path}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves only {sorted(domains)}"
+                    )
             if is_train:
                 sources += sources_by_domain(tasks, path.name, weights[i])
             else:

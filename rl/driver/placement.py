@@ -30,8 +30,17 @@ from typing import Any
 
 from rl.config.recipe import Recipe, RecipeError, check_cluster
 
-__all__ = ["GroupPlan", "Slot", "Plan", "PlacementError", "plan_placement", "resolve_device", "reserve", "Placement",
-           "local_ray_cpus"]
+__all__ = [
+    "GroupPlan",
+    "Slot",
+    "Plan",
+    "PlacementError",
+    "plan_placement",
+    "resolve_device",
+    "reserve",
+    "Placement",
+    "local_ray_cpus",
+]
 
 ROLES = ("engine", "learner", "reward")
 
@@ -101,23 +110,44 @@ def plan_placement(recipe: Recipe, device: str) -> Plan:
         merged = dict(c.engine_resources)
         for k, v in c.learner_resources.items():
             merged[k] = merged.get(k, 0.0) + v
-        groups.append(GroupPlan("engines+learners",
-                                tuple(_bundle(c.engine_cpus + c.learner_cpus, 1.0 if gpu else 0.0, merged) for _ in range(n_eng)),
-                                "PACK", "rollout.num_engines, learner.workers, cluster.engine_cpus/_gpus/_resources, "
-                                        "cluster.learner_cpus/_gpus/_resources"))
+        groups.append(
+            GroupPlan(
+                "engines+learners",
+                tuple(_bundle(c.engine_cpus + c.learner_cpus, 1.0 if gpu else 0.0, merged) for _ in range(n_eng)),
+                "PACK",
+                "rollout.num_engines, learner.workers, cluster.engine_cpus/_gpus/_resources, "
+                "cluster.learner_cpus/_gpus/_resources",
+            )
+        )
         slots["engine"] = tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng))
         slots["learner"] = tuple(Slot(0, i, c.learner_cpus, lg) for i in range(n_lrn))
     else:
-        groups.append(GroupPlan("engines", tuple(_bundle(c.engine_cpus, eg, c.engine_resources) for _ in range(n_eng)),
-                                "PACK", "rollout.num_engines, cluster.engine_cpus, cluster.engine_gpus, "
-                                        "cluster.engine_resources"))
-        groups.append(GroupPlan("learners", tuple(_bundle(c.learner_cpus, lg, c.learner_resources) for _ in range(n_lrn)),
-                                "PACK", "learner.workers, cluster.learner_cpus, cluster.learner_gpus, "
-                                        "cluster.learner_resources"))
+        groups.append(
+            GroupPlan(
+                "engines",
+                tuple(_bundle(c.engine_cpus, eg, c.engine_resources) for _ in range(n_eng)),
+                "PACK",
+                "rollout.num_engines, cluster.engine_cpus, cluster.engine_gpus, cluster.engine_resources",
+            )
+        )
+        groups.append(
+            GroupPlan(
+                "learners",
+                tuple(_bundle(c.learner_cpus, lg, c.learner_resources) for _ in range(n_lrn)),
+                "PACK",
+                "learner.workers, cluster.learner_cpus, cluster.learner_gpus, cluster.learner_resources",
+            )
+        )
         slots["engine"] = tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng))
         slots["learner"] = tuple(Slot(1, i, c.learner_cpus, lg) for i in range(n_lrn))
-    groups.append(GroupPlan("reward workers", tuple(_bundle(c.reward_cpus, 0, c.reward_resources) for _ in range(n_rew)),
-                            "PACK", "reward_service.workers, cluster.reward_cpus, cluster.reward_resources"))
+    groups.append(
+        GroupPlan(
+            "reward workers",
+            tuple(_bundle(c.reward_cpus, 0, c.reward_resources) for _ in range(n_rew)),
+            "PACK",
+            "reward_service.workers, cluster.reward_cpus, cluster.reward_resources",
+        )
+    )
     slots["reward"] = tuple(Slot(len(groups) - 1, i, c.reward_cpus, 0.0) for i in range(n_rew))
     return Plan(device, colocated, tuple(groups), slots)
 
@@ -127,8 +157,10 @@ def resolve_device(recipe: Recipe, cluster_gpus: float) -> str:
     for that device (``RecipeError`` naming the key, e.g. colocated or engine_tp > 1 on CPU)."""
     d = recipe.cluster.device
     if d == "gpu" and cluster_gpus <= 0:
-        raise RecipeError("cluster.device: gpu, but the Ray cluster has no GPU (ray.cluster_resources() lists none); "
-                          "start the nodes on GPU machines or set cluster.device: cpu")
+        raise RecipeError(
+            "cluster.device: gpu, but the Ray cluster has no GPU (ray.cluster_resources() lists none); "
+            "start the nodes on GPU machines or set cluster.device: cpu"
+        )
     dev = d if d != "auto" else ("gpu" if cluster_gpus > 0 else "cpu")
     check_cluster(recipe, dev)
     return dev
@@ -174,10 +206,17 @@ class Placement:
 
         out = []
         for s in self.plan.slots[role]:
-            out.append({"num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
-                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                            self.pgs[s.group], placement_group_bundle_index=s.bundle,
-                            placement_group_capture_child_tasks=False)})
+            out.append(
+                {
+                    "num_cpus": s.num_cpus,
+                    "num_gpus": s.num_gpus,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        self.pgs[s.group],
+                        placement_group_bundle_index=s.bundle,
+                        placement_group_capture_child_tasks=False,
+                    ),
+                }
+            )
         return out
 
     def node_ids(self, role: str) -> list[str]:
@@ -221,26 +260,35 @@ def reserve(plan: Plan, timeout_s: float) -> Placement:
     if not pending:
         return placement
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    totals = [{k: float(v) for k, v in n.get("Resources", {}).items() if not k.startswith("node:") and "_group_" not in k}
-              for n in nodes]
+    totals = [
+        {k: float(v) for k, v in n.get("Resources", {}).items() if not k.startswith("node:") and "_group_" not in k}
+        for n in nodes
+    ]
     lines = []
     for i in sorted(pending.values()):
         g = plan.groups[i]
         never = [b for b in g.bundles if not _fits_somewhere(b, totals)]
-        why = (f"no node has the resources of a bundle {_fmt(never[0])}" if never else
-               "each bundle fits some node, but not all of them at once with what is free (other actors or runs, "
-               "or the strategy)")
+        why = (
+            f"no node has the resources of a bundle {_fmt(never[0])}"
+            if never
+            else "each bundle fits some node, but not all of them at once with what is free (other actors or runs, "
+            "or the strategy)"
+        )
         lines.append(f"- {g.name}: {_describe(g)} (strategy {g.strategy}): {why}; sized by {g.keys}")
     avail = ray.available_resources()
-    node_lines = [f"  node {n.get('NodeManagerAddress', '?')} ({n.get('NodeID', '')[:8]}): {_fmt(t)}"
-                  for n, t in zip(nodes, totals)]
+    node_lines = [
+        f"  node {n.get('NodeManagerAddress', '?')} ({n.get('NodeID', '')[:8]}): {_fmt(t)}"
+        for n, t in zip(nodes, totals)
+    ]
     placement.remove()
     raise PlacementError(
         f"the Ray cluster could not place the run's actors within {timeout_s:g}s (cluster.placement_timeout_s):\n"
         + "\n".join(lines)
-        + f"\nthe cluster's nodes ({len(nodes)}):\n" + "\n".join(node_lines)
+        + f"\nthe cluster's nodes ({len(nodes)}):\n"
+        + "\n".join(node_lines)
         + f"\nfree now (this run's placed groups still holding theirs): {_fmt({k: float(v) for k, v in avail.items()})}\n"
-        "custom resources come from `ray start --resources='{\"name\": amount}'` (docs/cluster.md)")
+        "custom resources come from `ray start --resources='{\"name\": amount}'` (docs/cluster.md)"
+    )
 
 
 def _node_of(_actor: Any) -> str:
@@ -259,7 +307,11 @@ def actor_nodes(handles: list[Any]) -> list[dict[str, Any]]:
     out = []
     for i in ids:
         n = nodes.get(i, {})
-        custom = {k: v for k, v in n.get("Resources", {}).items()
-                  if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith(("node:", "accelerator_type:"))}
+        custom = {
+            k: v
+            for k, v in n.get("Resources", {}).items()
+            if k not in ("CPU", "GPU", "memory", "object_store_memory")
+            and not k.startswith(("node:", "accelerator_type:"))
+        }
         out.append({"node_id": i, "node_ip": n.get("NodeManagerAddress", ""), "resources": custom})
     return out

@@ -39,8 +39,16 @@ class EpisodeStream:
     runtime, ``rl.driver.runtime.Runtime``); ``draw(step)`` -> (tasks, group ids, seeds); ``sync()`` pushes the learner's
     newest weights into every engine; ``lookup(task_ids)`` -> tasks (for ``load_state_dict``)."""
 
-    def __init__(self, pool: Any, draw: Callable[[int], Draw], sync: Callable[[], None], sampling: Sampling,
-                 async_steps: int, last_step: int, lookup: Callable[[list[str], int], Draw] | None = None) -> None:
+    def __init__(
+        self,
+        pool: Any,
+        draw: Callable[[int], Draw],
+        sync: Callable[[], None],
+        sampling: Sampling,
+        async_steps: int,
+        last_step: int,
+        lookup: Callable[[list[str], int], Draw] | None = None,
+    ) -> None:
         if async_steps not in (0, 1):
             raise ValueError(f"async_steps must be 0 or 1, got {async_steps}")
         self.pool, self.draw, self.sync, self.sampling = pool, draw, sync, sampling
@@ -72,8 +80,11 @@ class EpisodeStream:
             _, _, fut, version = self._pending  # type: ignore[misc]
             trajs, gen_s = fut.result()
             self._pending = None
-        self._m = {"rollout/staleness": float(self.learner_version - version),
-                   "timing/rollout_s": time.perf_counter() - t0, "timing/generate_s": gen_s}
+        self._m = {
+            "rollout/staleness": float(self.learner_version - version),
+            "timing/rollout_s": time.perf_counter() - t0,
+            "timing/generate_s": gen_s,
+        }
         if self._exec is not None:
             self._push()  # the engines are idle: give them the newest weights before the next generation
             if step < self.last_step:

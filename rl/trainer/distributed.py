@@ -40,8 +40,15 @@ import torch
 
 from rl.algos.batch import Batch, Sample
 
-__all__ = ["free_port", "init_process_group", "all_reduce_sum", "all_reduce_grads", "broadcast_params",
-           "shard_batch", "LearnerGroup"]
+__all__ = [
+    "free_port",
+    "init_process_group",
+    "all_reduce_sum",
+    "all_reduce_grads",
+    "broadcast_params",
+    "shard_batch",
+    "LearnerGroup",
+]
 
 _BUCKET = 1 << 25  # elements per all-reduce bucket (128 MiB in fp32)
 
@@ -75,8 +82,13 @@ def init_process_group(rank: int, world_size: int, port: int, device: torch.devi
         raise ValueError("a data-parallel learner needs the rendezvous port (dist_port > 0)")
     backend = "nccl" if device.type == "cuda" else "gloo"
     addr = addr or os.environ.get("JOINTRL_DIST_ADDR") or "127.0.0.1"
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(minutes=30))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(minutes=30),
+    )
 
 
 def _active() -> bool:
@@ -132,7 +144,7 @@ def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             off = 0
             for q in bucket:
-                q.grad.copy_(flat[off: off + q.numel()].view_as(q.grad))
+                q.grad.copy_(flat[off : off + q.numel()].view_as(q.grad))
                 off += q.numel()
             if p is not None:
                 bucket, size = [p], p.numel()
@@ -195,9 +207,22 @@ class LearnerGroup:
     (collectives over the shards) and return rank 0's answer. ``actors[0]`` is rank 0's handle.
     """
 
-    def __init__(self, n: int, model_path: str, model_cfg: Any, algo: Any, *, seed: int = 0, threads: int = 0,
-                 shm_dir: str | None = None, total_steps: int = 0, num_cpus: float = 1.0, num_gpus: float = 0,
-                 actor_options: list[dict[str, Any]] | None = None, learner: Any = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        model_path: str,
+        model_cfg: Any,
+        algo: Any,
+        *,
+        seed: int = 0,
+        threads: int = 0,
+        shm_dir: str | None = None,
+        total_steps: int = 0,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0,
+        actor_options: list[dict[str, Any]] | None = None,
+        learner: Any = None,
+    ) -> None:
         """``learner``: the recipe's ``learner`` section, passed to each ``Learner``. ``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
         ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads.
         ``actor_options`` (one dict of Ray actor options per rank, e.g. ``rl.driver.placement.Placement.options``)
@@ -230,10 +255,22 @@ class LearnerGroup:
                 addr, port = self._rendezvous(opts)
                 for o in opts:  # merged with the job's env vars by Ray
                     o["runtime_env"] = {"env_vars": {"JOINTRL_DIST_ADDR": addr}}
-        self.actors = [cls.options(**opts[r]).remote(model_path, model_cfg, algo, seed=seed, threads=per, shm_dir=shm_dir,
-                                                    total_steps=total_steps, rank=r, world_size=n, dist_port=port,
-                                                    learner=learner)
-                       for r in range(n)]
+        self.actors = [
+            cls.options(**opts[r]).remote(
+                model_path,
+                model_cfg,
+                algo,
+                seed=seed,
+                threads=per,
+                shm_dir=shm_dir,
+                total_steps=total_steps,
+                rank=r,
+                world_size=n,
+                dist_port=port,
+                learner=learner,
+            )
+            for r in range(n)
+        ]
 
     @staticmethod
     def _rendezvous(opts: list[dict[str, Any]]) -> tuple[str, int]:

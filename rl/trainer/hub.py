@@ -60,8 +60,12 @@ def resolve_model(path: str, base: Path | None = None, revision: str = "") -> st
 def is_hub_id(path: str) -> bool:
     """``org/name`` (one slash, no path-like start): what the Hub calls a repo id."""
     parts = path.split("/")
-    return (len(parts) == 2 and all(parts) and not path.startswith((".", "~", "/"))
-            and all(c.isalnum() or c in "-_." for part in parts for c in part))
+    return (
+        len(parts) == 2
+        and all(parts)
+        and not path.startswith((".", "~", "/"))
+        and all(c.isalnum() or c in "-_." for part in parts for c in part)
+    )
 
 
 def hub_cache() -> Path:
@@ -86,20 +90,30 @@ def hub_snapshot(repo_id: str, revision: str = "") -> str:
     rev = revision or "main"
     offline = hub_offline()
     try:
-        folder = snapshot_download(repo_id, revision=rev, cache_dir=hub_cache(), local_files_only=offline,
-                                   token=os.environ.get("HF_TOKEN") or None, allow_patterns=_HUB_FILES)
+        folder = snapshot_download(
+            repo_id,
+            revision=rev,
+            cache_dir=hub_cache(),
+            local_files_only=offline,
+            token=os.environ.get("HF_TOKEN") or None,
+            allow_patterns=_HUB_FILES,
+        )
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
         how = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
         raise FileNotFoundError(
             f"model.path: Hub model {repo_id!r} (model.revision {rev!r}) is not in the Hub cache {hub_cache()} "
             f"and {how}; download it where the Hub is reachable (`hf download {repo_id} --revision {rev}`) "
-            "into this cache (HF_HOME / HF_HUB_CACHE), or point model.path at a local folder") from e
+            "into this cache (HF_HOME / HF_HUB_CACHE), or point model.path at a local folder"
+        ) from e
     except HfHubHTTPError as e:
-        raise FileNotFoundError(f"model.path: Hub model {repo_id!r} (model.revision {rev!r}) could not be "
-                                f"downloaded: {e} (a gated or private model needs HF_TOKEN)") from e
+        raise FileNotFoundError(
+            f"model.path: Hub model {repo_id!r} (model.revision {rev!r}) could not be "
+            f"downloaded: {e} (a gated or private model needs HF_TOKEN)"
+        ) from e
     if not (Path(folder) / "config.json").is_file():
-        raise FileNotFoundError(f"model.path: Hub model {repo_id!r} at {rev!r} has no config.json ({folder}): "
-                                "not a transformers model")
+        raise FileNotFoundError(
+            f"model.path: Hub model {repo_id!r} at {rev!r} has no config.json ({folder}): not a transformers model"
+        )
     return str(folder)
 
 
@@ -118,8 +132,10 @@ def prefetch_on_nodes(path: str, revision: str = "") -> dict[str, str]:
         return {ray.get_runtime_context().get_node_id(): resolve_model(path, revision=revision)}
     task = ray.remote(num_cpus=0)(hub_snapshot)
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(path, revision)
-            for n in nodes]
+    refs = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(path, revision)
+        for n in nodes
+    ]
     return dict(zip(nodes, ray.get(refs)))
 
 
@@ -194,8 +210,10 @@ def tiny_corpus() -> list[str]:
         n = rng.randint(4, 16)
         lines.append(" ".join(rng.choice(words) for _ in range(n)))
         if i % 5 == 0:
-            lines.append('<tool_call>{"name": "%s", "arguments": {"%s": "%s"}}</tool_call>'
-                         % (rng.choice(words), rng.choice(words), rng.choice(words)))
+            lines.append(
+                '<tool_call>{"name": "%s", "arguments": {"%s": "%s"}}</tool_call>'
+                % (rng.choice(words), rng.choice(words), rng.choice(words))
+            )
         if i % 7 == 0:
             lines.append("def f(x):\n    return x + %d\n" % i)
     return lines
@@ -210,17 +228,30 @@ def _build_tiny(out: Path) -> None:
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tk.train_from_iterator(tiny_corpus(), trainer=trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  bos_token=None, unk_token=None)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
+    )
     tok.chat_template = CHATML_TEMPLATE
     cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), torch_dtype="float32",
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        torch_dtype="float32",
     )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)

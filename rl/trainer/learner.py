@@ -78,11 +78,19 @@ from rl.algos.estimators import get_estimator
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import fsdp, lora, precision
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
-from rl.algos.losses import (aggregate, entropy_from_logits, kl, policy_loss, token_logprobs, truncated_is_weights,
-                       value_loss)
+from rl.algos.losses import (
+    aggregate,
+    entropy_from_logits,
+    kl,
+    policy_loss,
+    token_logprobs,
+    truncated_is_weights,
+    value_loss,
+)
 from rl.algos.schedules import LRSchedule, kl_controller
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 @dataclass
 class Sums:
@@ -157,9 +165,21 @@ def _value_head(hidden_size: int) -> torch.nn.Linear:
 
 
 class Learner:
-    def __init__(self, model_path: str, model_cfg: ModelConfig, algo: AlgoConfig, *, seed: int = 0,
-                 threads: int = 0, shm_dir: str | None = None, total_steps: int = 0, rank: int = 0,
-                 world_size: int = 1, dist_port: int = 0, learner: LearnerConfig | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        model_cfg: ModelConfig,
+        algo: AlgoConfig,
+        *,
+        seed: int = 0,
+        threads: int = 0,
+        shm_dir: str | None = None,
+        total_steps: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        dist_port: int = 0,
+        learner: LearnerConfig | None = None,
+    ) -> None:
         """``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
         ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``).
@@ -177,8 +197,10 @@ class Learner:
         if self.agg == "auto":  # a config built in code, not by load_recipe (which resolves it)
             self.agg = self.est.default_agg
         if self.agg == "seq-mean-token-sum-norm" and not self.norm_tokens:
-            raise ValueError("algo.loss.norm_tokens must be > 0 for seq-mean-token-sum-norm (load_recipe sets it to "
-                             "rollout.max_new_tokens x rollout.max_turns)")
+            raise ValueError(
+                "algo.loss.norm_tokens must be > 0 for seq-mean-token-sum-norm (load_recipe sets it to "
+                "rollout.max_new_tokens x rollout.max_turns)"
+            )
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if world_size > 1:
@@ -207,7 +229,9 @@ class Learner:
             self.shm_dir = Path(shm_dir)  # owned (and removed) by the caller
             self.shm_dir.mkdir(parents=True, exist_ok=True)
         else:
-            self.shm_dir = Path(tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+            self.shm_dir = Path(
+                tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            )
             weakref.finalize(self, shutil.rmtree, str(self.shm_dir), True)
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
@@ -233,7 +257,9 @@ class Learner:
         self.ref = None
         self.has_ref = self.est.needs_reference(algo)  # no KL term: no reference model, and no reference forward
         if self.has_ref and self.peft is None:
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(self.device)
+            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(
+                self.device
+            )
             self.ref.eval().requires_grad_(False)
             if self.world_size > 1:
                 fsdp.shard(self.ref, bf16_compute=bf16_compute)
@@ -257,16 +283,26 @@ class Learner:
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": algo.optim.lr}]
         if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
-        self.opt = torch.optim.AdamW(groups, lr=algo.optim.lr, weight_decay=algo.optim.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+        self.opt = torch.optim.AdamW(
+            groups, lr=algo.optim.lr, weight_decay=algo.optim.weight_decay, betas=(0.9, 0.999), eps=1e-8
+        )
         updates = total_steps * algo.update.epochs * algo.update.minibatches
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio))
+            self.opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio)
+        )
         self.critic_opt = self.critic_sched = None
         if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=critic_lr, weight_decay=algo.optim.weight_decay,
-                                                betas=(0.9, 0.999), eps=1e-8)
+            self.critic_opt = torch.optim.AdamW(
+                self.critic.parameters(),
+                lr=critic_lr,
+                weight_decay=algo.optim.weight_decay,
+                betas=(0.9, 0.999),
+                eps=1e-8,
+            )
             self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio))
+                self.critic_opt,
+                LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio),
+            )
 
     def _trainable(self) -> list[torch.nn.Parameter]:
         """Parameters of the main optimizer: the policy's trainable ones (adapters with LoRA), and the value head."""
@@ -310,6 +346,7 @@ class Learner:
         unless sharded) is the zero scalar of the dummy calls that keep the ranks in step, to add
         to a loss before its backward. ``samples`` may be empty (a rank with fewer micro-batches).
         """
+
         def run() -> tuple[torch.Tensor, ...]:
             if not samples:
                 return ()
@@ -362,7 +399,9 @@ class Learner:
         with torch.autocast(hidden.device.type, enabled=False):
             return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
 
-    def _select(self, members: list[Sample], rows_b: list[int], T: int) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
+    def _select(
+        self, members: list[Sample], rows_b: list[int], T: int
+    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
         """(row in chunk, response position) of every masked token, their targets and grid index."""
         g_idx, j_idx, tgt, ix = [], [], [], []
         for g, (s, b) in enumerate(zip(members, rows_b)):
@@ -373,7 +412,12 @@ class Learner:
                     tgt.append(s.input_ids[s.prompt_len + j])
                     ix.append(b * T + j)
         dev = self.device
-        return g_idx, j_idx, torch.tensor(tgt, dtype=torch.long, device=dev), torch.tensor(ix, dtype=torch.long, device=dev)
+        return (
+            g_idx,
+            j_idx,
+            torch.tensor(tgt, dtype=torch.long, device=dev),
+            torch.tensor(ix, dtype=torch.long, device=dev),
+        )
 
     def _full_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
         L = max(len(s.input_ids) for s in members)
@@ -382,12 +426,20 @@ class Learner:
         for g, s in enumerate(members):
             ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
             att[g, : len(s.input_ids)] = 1
-        hidden = self.lock.trunk(base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
+        hidden = self.lock.trunk(
+            base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)
+        ).last_hidden_state
         g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
         # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
         pos = [members[g].prompt_len + j - 1 for g, j in zip(g_idx, j_idx)]
-        return hidden[torch.tensor(g_idx, dtype=torch.long, device=self.device),
-                      torch.tensor(pos, dtype=torch.long, device=self.device)], tgt, ix
+        return (
+            hidden[
+                torch.tensor(g_idx, dtype=torch.long, device=self.device),
+                torch.tensor(pos, dtype=torch.long, device=self.device),
+            ],
+            tgt,
+            ix,
+        )
 
     def _shared_prompt_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
         p = members[0].prompt_len
@@ -407,14 +459,26 @@ class Learner:
                 ids[g, : len(resp)] = torch.tensor(resp)
                 att[g, p : p + len(resp)] = 1
             pos = torch.arange(p, p + R - 1).expand(G, -1)
-            h2 = self.lock.trunk(base, input_ids=ids.to(self.device), attention_mask=att.to(self.device), past_key_values=cache,
-                      position_ids=pos.to(self.device), use_cache=True).last_hidden_state
+            h2 = self.lock.trunk(
+                base,
+                input_ids=ids.to(self.device),
+                attention_mask=att.to(self.device),
+                past_key_values=cache,
+                position_ids=pos.to(self.device),
+                use_cache=True,
+            ).last_hidden_state
             hidden = torch.cat([last, h2], dim=1)  # [G, R, H]: position j predicts response token j
         else:
             hidden = last
         g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
-        return hidden[torch.tensor(g_idx, dtype=torch.long, device=self.device),
-                      torch.tensor(j_idx, dtype=torch.long, device=self.device)], tgt, ix
+        return (
+            hidden[
+                torch.tensor(g_idx, dtype=torch.long, device=self.device),
+                torch.tensor(j_idx, dtype=torch.long, device=self.device),
+            ],
+            tgt,
+            ix,
+        )
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """Split into micro-batches of at most ``algo.micro_batch_tokens`` padded tokens.
@@ -494,11 +558,14 @@ class Learner:
         """The number of computed samples over every rank; checks the counts minibatches rely on."""
         a = self.algo
         n_computed, m_tokens, m_seqs = self._global(
-            [len(batch.samples), sum(s.num_tokens for s in members), sum(1 for s in members if s.num_tokens > 0)])
+            [len(batch.samples), sum(s.num_tokens for s in members), sum(1 for s in members if s.num_tokens > 0)]
+        )
         if a.update.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
-            raise ValueError(f"batch.num_tokens/num_seqs ({batch.num_tokens}, {batch.num_seqs}) do not count exactly its "
-                             f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
-                             "to (build_batch's batches do)")
+            raise ValueError(
+                f"batch.num_tokens/num_seqs ({batch.num_tokens}, {batch.num_seqs}) do not count exactly its "
+                f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
+                "to (build_batch's batches do)"
+            )
         return int(n_computed)
 
     def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, st: dict[str, Any]) -> int:
@@ -639,8 +706,11 @@ class Learner:
 
     def _engine_logprobs(self, mb: list[Sample]) -> torch.Tensor:
         """The engine's log-probs of the policy tokens, flat row-major over (sample, masked position)."""
-        return torch.tensor([lp for s in mb for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m],
-                            dtype=torch.float32, device=self.device)
+        return torch.tensor(
+            [lp for s in mb for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m],
+            dtype=torch.float32,
+            device=self.device,
+        )
 
     def _logprob_diff(self, logp_flat: torch.Tensor, mb: list[Sample], sums: Sums) -> None:
         engine = self._engine_logprobs(mb)
@@ -674,8 +744,15 @@ class Learner:
             if returns is not None:
                 prep["returns"][id(s)] = returns[i][mask[i]].float()
 
-    def _accumulate(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, denom: tuple[float, float],
-                    sums: Sums, coef: float, first_epoch: bool) -> None:
+    def _accumulate(
+        self,
+        mb: list[Sample],
+        prep: dict[str, dict[int, torch.Tensor]] | None,
+        denom: tuple[float, float],
+        sums: Sums,
+        coef: float,
+        first_epoch: bool,
+    ) -> None:
         """Forward + backward of one micro-batch; gradients accumulate (the loss is its part of the minibatch's)."""
         a = self.algo
         with self._autocast():
@@ -695,8 +772,11 @@ class Learner:
         logp = g(logp_flat)
         loss = self._policy_term(mb, prep, g, logp, sums)
         total = loss
-        for term in (self._kl_term(mb, prep, g, logp, targets, sums, coef), self._entropy_term(g, ent_flat, sums),
-                     self._value_term(mb, prep, g, values_flat, sums)):
+        for term in (
+            self._kl_term(mb, prep, g, logp, targets, sums, coef),
+            self._entropy_term(g, ent_flat, sums),
+            self._value_term(mb, prep, g, values_flat, sums),
+        ):
             if term is not None:
                 total = total + term
         (total if pad is None else total + pad).backward()
@@ -708,8 +788,14 @@ class Learner:
         if first_epoch:
             sums.tokens_first_epoch += g.ntok
 
-    def _policy_term(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, g: _Grid,
-                     logp: torch.Tensor, sums: Sums) -> torch.Tensor:
+    def _policy_term(
+        self,
+        mb: list[Sample],
+        prep: dict[str, dict[int, torch.Tensor]] | None,
+        g: _Grid,
+        logp: torch.Tensor,
+        sums: Sums,
+    ) -> torch.Tensor:
         """The clipped policy loss (``rl.algos.losses.policy_loss``), truncated IS weights with ``algo.tis_cap``."""
         a = self.algo
         old = g(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
@@ -723,15 +809,34 @@ class Learner:
             sums.is_weight += ist["is/weight_mean"] * g.ntok
             sums.is_truncated += ist["is/truncated_fraction"] * g.ntok
         nt, ns = g.denom
-        loss, pst = policy_loss(logp, old, adv, g.mask, clip_low=a.loss.clip_low, clip_high=a.loss.clip_high,
-                                dual_clip=a.loss.dual_clip or None, agg=self.agg, num_tokens=nt, num_seqs=ns,
-                                norm_tokens=self.norm_tokens, is_weights=is_w)
+        loss, pst = policy_loss(
+            logp,
+            old,
+            adv,
+            g.mask,
+            clip_low=a.loss.clip_low,
+            clip_high=a.loss.clip_high,
+            dual_clip=a.loss.dual_clip or None,
+            agg=self.agg,
+            num_tokens=nt,
+            num_seqs=ns,
+            norm_tokens=self.norm_tokens,
+            is_weights=is_w,
+        )
         sums.clipped += pst["clip/fraction"] * g.ntok
         sums.dual_clipped += pst["clip/dual_fraction"] * g.ntok
         return loss
 
-    def _kl_term(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, g: _Grid,
-                 logp: torch.Tensor, targets: torch.Tensor, sums: Sums, coef: float) -> torch.Tensor | None:
+    def _kl_term(
+        self,
+        mb: list[Sample],
+        prep: dict[str, dict[int, torch.Tensor]] | None,
+        g: _Grid,
+        logp: torch.Tensor,
+        targets: torch.Tensor,
+        sums: Sums,
+        coef: float,
+    ) -> torch.Tensor | None:
         """``kl_coef x`` the aggregated KL to the reference (None without a reference, or 0-weighted when the
         KL is in the reward: then it is only measured)."""
         a = self.algo
@@ -759,8 +864,14 @@ class Learner:
         sums.entropy_loss += float(ent_loss.detach())
         return -a.loss.entropy_coef * ent_loss
 
-    def _value_term(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None, g: _Grid,
-                    values_flat: torch.Tensor | None, sums: Sums) -> torch.Tensor | None:
+    def _value_term(
+        self,
+        mb: list[Sample],
+        prep: dict[str, dict[int, torch.Tensor]] | None,
+        g: _Grid,
+        values_flat: torch.Tensor | None,
+        sums: Sums,
+    ) -> torch.Tensor | None:
         """``vf_coef x`` the clipped value loss of the value head or separate critic (None without one)."""
         a = self.algo
         if self.critic is not None:
@@ -772,9 +883,17 @@ class Learner:
         assert prep is not None  # a critic always runs the prepare pass
         nt, ns = g.denom
         ret = g(self._cat(prep["returns"], mb))
-        vloss, vst = value_loss(g(values_flat), g(self._cat(prep["values"], mb)), ret, g.mask,
-                                clip=a.critic.value_clip or None, agg=self.agg, num_tokens=nt, num_seqs=ns,
-                                norm_tokens=self.norm_tokens)
+        vloss, vst = value_loss(
+            g(values_flat),
+            g(self._cat(prep["values"], mb)),
+            ret,
+            g.mask,
+            clip=a.critic.value_clip or None,
+            agg=self.agg,
+            num_tokens=nt,
+            num_seqs=ns,
+            norm_tokens=self.norm_tokens,
+        )
         sums.value_loss += float(vloss.detach())
         sums.value += vst["value/mean"] * g.ntok
         sums.value_error += vst["value/error"] * g.ntok
@@ -887,7 +1006,9 @@ class Learner:
         """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training)."""
         if not continuation:
             return []
-        s = Sample(list(prompt) + list(continuation), len(prompt), [1] * len(continuation), [0.0] * len(continuation), 0.0, "")
+        s = Sample(
+            list(prompt) + list(continuation), len(prompt), [1] * len(continuation), [0.0] * len(continuation), 0.0, ""
+        )
         with torch.no_grad(), self._autocast():
             logits, targets, _ = self._response_logits(self.model, [s])
             return token_logprobs(logits, targets).tolist()
@@ -923,18 +1044,27 @@ class Learner:
         """
         import torch.distributed.checkpoint as dcp
         from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         mods = self._state_modules()
-        dcp.save({"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
-                 checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
+        dcp.save(
+            {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
+            checkpoint_id=str(p / "dcp"),
+            no_dist=not fsdp.active(),
+        )
         adapter = None
         if self.peft is not None:  # merged one tensor at a time (gathered when sharded); rank 0 keeps them
-            adapter = {k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
-                       for k, v in self.peft.state_dict().items() if ".lora_" in k}
+            adapter = {
+                k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
+                for k, v in self.peft.state_dict().items()
+                if ".lora_" in k
+            }
             full = {}
             for k, v in lora.merged_tensors(self.model):
                 v = v.full_tensor() if _is_dtensor(v) else v
@@ -943,8 +1073,12 @@ class Learner:
                 del v
         else:
             full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        rng = {"torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "shuffle_rng": self.gen.get_state(),
-               "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        rng = {
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "shuffle_rng": self.gen.get_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
         if self.rank > 0:
             torch.save(rng, p / f"rng_rank{self.rank}.pt")
             return
@@ -955,14 +1089,20 @@ class Learner:
             self.peft.save_pretrained(p / "adapter", state_dict=adapter)
         crit = self._critic_module()
         if crit is not None:
-            save_file({k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors"))
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors")
+            )
         state = {
             "scheduler": self.sched.state_dict(),
             "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
             "critic_scheduler": self.critic_sched.state_dict() if self.critic_sched is not None else None,
-            "kl_controller": self.kl_ctl.state_dict(), "steps_done": self.steps_done, "updates_done": self.updates_done,
-            "algo": self.algo.name, "critic": self.algo.critic.model if crit is not None else None,
-            "world_size": self.world_size, **rng,
+            "kl_controller": self.kl_ctl.state_dict(),
+            "steps_done": self.steps_done,
+            "updates_done": self.updates_done,
+            "algo": self.algo.name,
+            "critic": self.algo.critic.model if crit is not None else None,
+            "world_size": self.world_size,
+            **rng,
         }
         torch.save(state, p / "learner_state.pt")
 
@@ -977,18 +1117,25 @@ class Learner:
         """
         import torch.distributed.checkpoint as dcp
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         p = Path(path)
         if not (p / "dcp" / ".metadata").is_file():
-            raise ValueError(f"{p}: not a learner checkpoint of this version (no dcp/.metadata: sharded weights "
-                             "and optimizer state)")
+            raise ValueError(
+                f"{p}: not a learner checkpoint of this version (no dcp/.metadata: sharded weights and optimizer state)"
+            )
         st = torch.load(p / "learner_state.pt", weights_only=False)
         crit = self._critic_module()
         if st.get("critic") != (self.algo.critic.model if crit is not None else None):
-            raise ValueError(f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
-                             f"({self.algo.critic.model if crit is not None else None!r})")
+            raise ValueError(
+                f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
+                f"({self.algo.critic.model if crit is not None else None!r})"
+            )
         mods = self._state_modules()
         state = {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)}
         dcp.load(state, checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
@@ -1102,8 +1249,14 @@ class _ShmWeights:
         with torch.no_grad():
             for key, dst in views.items():
                 src = tensors[key].detach()
-                alias = (src.device, src.untyped_storage().data_ptr(), src.storage_offset(), tuple(src.stride()),
-                         tuple(src.shape), src.dtype)
+                alias = (
+                    src.device,
+                    src.untyped_storage().data_ptr(),
+                    src.storage_offset(),
+                    tuple(src.stride()),
+                    tuple(src.shape),
+                    src.dtype,
+                )
                 dst.copy_(done.get(alias, src))
                 done.setdefault(alias, dst)
         return self.publish()

@@ -36,8 +36,17 @@ from envs.toolcall import format_tools_system_prompt
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
 from rl.data.tasks.ladder import Template, draw, write_ladder
 
-__all__ = ["FUNCTIONS", "SOURCE", "PREFILL", "LADDER_SOURCE", "generate", "write_quickstart", "generate_ladder",
-           "write_ladder_files", "main"]
+__all__ = [
+    "FUNCTIONS",
+    "SOURCE",
+    "PREFILL",
+    "LADDER_SOURCE",
+    "generate",
+    "write_quickstart",
+    "generate_ladder",
+    "write_ladder_files",
+    "main",
+]
 
 SOURCE = "toolcall_quickstart"
 PREFILL = "<tool_call>"
@@ -45,36 +54,134 @@ TRAIN_FILE = f"{SOURCE}.train.jsonl"
 EVAL_FILE = f"{SOURCE}.eval.jsonl"
 
 CITIES = [
-    "Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "New York", "Chicago", "Toronto", "Sydney",
-    "Cairo", "Mumbai", "Seoul", "Lisbon", "Dublin", "Oslo", "Vienna", "Prague", "Boston", "Denver",
-    "Lima", "Nairobi", "Bangkok", "Istanbul", "Athens", "Amsterdam", "Stockholm", "Warsaw", "Zurich",
-    "Singapore", "Dubai", "Mexico City", "Buenos Aires", "Cape Town", "Vancouver", "Seattle", "Miami",
+    "Paris",
+    "London",
+    "Tokyo",
+    "Berlin",
+    "Madrid",
+    "Rome",
+    "New York",
+    "Chicago",
+    "Toronto",
+    "Sydney",
+    "Cairo",
+    "Mumbai",
+    "Seoul",
+    "Lisbon",
+    "Dublin",
+    "Oslo",
+    "Vienna",
+    "Prague",
+    "Boston",
+    "Denver",
+    "Lima",
+    "Nairobi",
+    "Bangkok",
+    "Istanbul",
+    "Athens",
+    "Amsterdam",
+    "Stockholm",
+    "Warsaw",
+    "Zurich",
+    "Singapore",
+    "Dubai",
+    "Mexico City",
+    "Buenos Aires",
+    "Cape Town",
+    "Vancouver",
+    "Seattle",
+    "Miami",
 ]
 CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "INR", "CNY", "SEK", "NOK", "MXN", "BRL", "KRW"]
 PEOPLE = [
-    "alice", "bob", "carol", "david", "emma", "frank", "grace", "hiro", "ines", "jamal", "kate", "leo",
-    "maria", "nina", "omar", "priya", "sam", "tom", "yuki", "zoe",
+    "alice",
+    "bob",
+    "carol",
+    "david",
+    "emma",
+    "frank",
+    "grace",
+    "hiro",
+    "ines",
+    "jamal",
+    "kate",
+    "leo",
+    "maria",
+    "nina",
+    "omar",
+    "priya",
+    "sam",
+    "tom",
+    "yuki",
+    "zoe",
 ]
 EMAIL_DOMAINS = ["example.com", "mail.com", "company.org", "startup.io"]
 SUBJECTS = [
-    "Meeting tomorrow", "Project update", "Lunch on Friday", "Invoice 2041", "Quarterly report",
-    "Happy birthday", "Flight details", "Weekly sync notes", "Budget review", "Welcome aboard",
-    "Contract draft", "Holiday schedule",
+    "Meeting tomorrow",
+    "Project update",
+    "Lunch on Friday",
+    "Invoice 2041",
+    "Quarterly report",
+    "Happy birthday",
+    "Flight details",
+    "Weekly sync notes",
+    "Budget review",
+    "Welcome aboard",
+    "Contract draft",
+    "Holiday schedule",
 ]
 RESTAURANTS = [
-    "Luigi's", "The Green Fork", "Sakura Sushi", "Casa Lola", "Blue Door Bistro", "Golden Dragon",
-    "Le Petit Cafe", "Spice Route", "Harbor Grill", "Olive Tree",
+    "Luigi's",
+    "The Green Fork",
+    "Sakura Sushi",
+    "Casa Lola",
+    "Blue Door Bistro",
+    "Golden Dragon",
+    "Le Petit Cafe",
+    "Spice Route",
+    "Harbor Grill",
+    "Olive Tree",
 ]
 SYMBOLS = ["AAPL", "MSFT", "GOOGL", "AMZN", "TSLA", "NVDA", "META", "NFLX", "IBM", "INTC", "AMD", "ORCL", "KO", "DIS"]
 PHRASES = [
-    "Good morning", "Where is the train station?", "Thank you very much", "How much does this cost?",
-    "I would like a coffee", "See you tomorrow", "The meeting is at noon", "Happy new year",
-    "Can you help me?", "I love this city", "The bill, please", "Where can I buy a ticket?",
+    "Good morning",
+    "Where is the train station?",
+    "Thank you very much",
+    "How much does this cost?",
+    "I would like a coffee",
+    "See you tomorrow",
+    "The meeting is at noon",
+    "Happy new year",
+    "Can you help me?",
+    "I love this city",
+    "The bill, please",
+    "Where can I buy a ticket?",
 ]
-LANGUAGES = ["Spanish", "French", "German", "Italian", "Japanese", "Portuguese", "Chinese", "Korean", "Dutch", "Russian"]
+LANGUAGES = [
+    "Spanish",
+    "French",
+    "German",
+    "Italian",
+    "Japanese",
+    "Portuguese",
+    "Chinese",
+    "Korean",
+    "Dutch",
+    "Russian",
+]
 MONTHS = [
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ]
 
 
@@ -115,21 +222,27 @@ def _sample_weather(rng: random.Random, pick: Pick = _choice) -> Sample:
     city = rng.choice(CITIES)
     if rng.random() < 0.4:
         unit = rng.choice(["celsius", "fahrenheit"])
-        text = pick(rng, [
-            "What's the weather in {city} in {unit}?",
-            "Give me the current temperature in {city}, in {unit} please.",
-            "How warm is it in {city} right now? Use {unit}.",
-            "Check the weather for {city} and report it in {unit}.",
-        ]).format(city=city, unit=unit)
+        text = pick(
+            rng,
+            [
+                "What's the weather in {city} in {unit}?",
+                "Give me the current temperature in {city}, in {unit} please.",
+                "How warm is it in {city} right now? Use {unit}.",
+                "Check the weather for {city} and report it in {unit}.",
+            ],
+        ).format(city=city, unit=unit)
         args = {"city": city, "unit": unit}
         return text, args, _exact(args)
-    text = pick(rng, [
-        "What's the weather like in {city}?",
-        "Is it raining in {city} right now?",
-        "Can you check the weather in {city} for me?",
-        "How is the weather today in {city}?",
-        "I'm heading to {city}. What's the weather there?",
-    ]).format(city=city)
+    text = pick(
+        rng,
+        [
+            "What's the weather like in {city}?",
+            "Is it raining in {city} right now?",
+            "Can you check the weather in {city} for me?",
+            "How is the weather today in {city}?",
+            "I'm heading to {city}. What's the weather there?",
+        ],
+    ).format(city=city)
     return text, {"city": city}, {"city": [city], "unit": ["", "celsius"]}
 
 
@@ -142,26 +255,32 @@ def _amount(rng: random.Random) -> int | float:
 def _sample_currency(rng: random.Random, pick: Pick = _choice) -> Sample:
     amount = _amount(rng)
     src, dst = rng.sample(CURRENCIES, 2)
-    text = pick(rng, [
-        "Convert {amount} {src} to {dst}.",
-        "How much is {amount} {src} in {dst}?",
-        "What is {amount} {src} worth in {dst}?",
-        "I have {amount} {src}. How many {dst} is that?",
-        "Please exchange {amount} {src} into {dst}.",
-    ]).format(amount=amount, src=src, dst=dst)
+    text = pick(
+        rng,
+        [
+            "Convert {amount} {src} to {dst}.",
+            "How much is {amount} {src} in {dst}?",
+            "What is {amount} {src} worth in {dst}?",
+            "I have {amount} {src}. How many {dst} is that?",
+            "Please exchange {amount} {src} into {dst}.",
+        ],
+    ).format(amount=amount, src=src, dst=dst)
     args = {"amount": amount, "from_currency": src, "to_currency": dst}
     return text, args, _exact(args)
 
 
 def _sample_timer(rng: random.Random, pick: Pick = _choice) -> Sample:
     minutes = rng.randint(1, 90)
-    text = pick(rng, [
-        "Set a timer for {m} minutes.",
-        "Start a {m} minute timer.",
-        "Remind me in {m} minutes with a timer.",
-        "Can you put a timer on for {m} minutes?",
-        "Timer, {m} minutes please.",
-    ]).format(m=minutes)
+    text = pick(
+        rng,
+        [
+            "Set a timer for {m} minutes.",
+            "Start a {m} minute timer.",
+            "Remind me in {m} minutes with a timer.",
+            "Can you put a timer on for {m} minutes?",
+            "Timer, {m} minutes please.",
+        ],
+    ).format(m=minutes)
     args = {"minutes": minutes}
     return text, args, _exact(args)
 
@@ -169,13 +288,16 @@ def _sample_timer(rng: random.Random, pick: Pick = _choice) -> Sample:
 def _sample_email(rng: random.Random, pick: Pick = _choice) -> Sample:
     to = f"{rng.choice(PEOPLE)}@{rng.choice(EMAIL_DOMAINS)}"
     subject = rng.choice(SUBJECTS)
-    text = pick(rng, [
-        'Send an email to {to} with the subject "{subject}".',
-        'Email {to}, subject "{subject}".',
-        'Please write to {to} using the subject line "{subject}".',
-        'Can you send {to} an email titled "{subject}"?',
-        'Drop a mail to {to} with subject "{subject}".',
-    ]).format(to=to, subject=subject)
+    text = pick(
+        rng,
+        [
+            'Send an email to {to} with the subject "{subject}".',
+            'Email {to}, subject "{subject}".',
+            'Please write to {to} using the subject line "{subject}".',
+            'Can you send {to} an email titled "{subject}"?',
+            'Drop a mail to {to} with subject "{subject}".',
+        ],
+    ).format(to=to, subject=subject)
     args = {"to": to, "subject": subject}
     return text, args, _exact(args)
 
@@ -189,13 +311,16 @@ def _date(rng: random.Random) -> str:
 def _sample_flights(rng: random.Random, pick: Pick = _choice) -> Sample:
     origin, destination = rng.sample(CITIES, 2)
     date = _date(rng)
-    text = pick(rng, [
-        "Find flights from {o} to {d} on {date}.",
-        "Search for a flight {o} to {d}, departing {date}.",
-        "Are there any flights from {o} to {d} on {date}?",
-        "I need to fly from {o} to {d} on {date}. What flights are there?",
-        "Look up flights on {date} from {o} to {d}.",
-    ]).format(o=origin, d=destination, date=date)
+    text = pick(
+        rng,
+        [
+            "Find flights from {o} to {d} on {date}.",
+            "Search for a flight {o} to {d}, departing {date}.",
+            "Are there any flights from {o} to {d} on {date}?",
+            "I need to fly from {o} to {d} on {date}. What flights are there?",
+            "Look up flights on {date} from {o} to {d}.",
+        ],
+    ).format(o=origin, d=destination, date=date)
     args = {"origin": origin, "destination": destination, "date": date}
     return text, args, _exact(args)
 
@@ -204,26 +329,32 @@ def _sample_table(rng: random.Random, pick: Pick = _choice) -> Sample:
     restaurant = rng.choice(RESTAURANTS)
     people = rng.randint(1, 12)
     time = f"{rng.randint(12, 21)}:{rng.choice(['00', '15', '30', '45'])}"
-    text = pick(rng, [
-        "Book a table at {r} for {p} people at {t}.",
-        "Reserve a table for {p} at {r}, {t}.",
-        "Can you get us a table for {p} at {r} at {t}?",
-        "I'd like a reservation at {r} at {t} for {p} people.",
-        "Make a booking at {r}: {p} guests, {t}.",
-    ]).format(r=restaurant, p=people, t=time)
+    text = pick(
+        rng,
+        [
+            "Book a table at {r} for {p} people at {t}.",
+            "Reserve a table for {p} at {r}, {t}.",
+            "Can you get us a table for {p} at {r} at {t}?",
+            "I'd like a reservation at {r} at {t} for {p} people.",
+            "Make a booking at {r}: {p} guests, {t}.",
+        ],
+    ).format(r=restaurant, p=people, t=time)
     args = {"restaurant": restaurant, "people": people, "time": time}
     return text, args, _exact(args)
 
 
 def _sample_stock(rng: random.Random, pick: Pick = _choice) -> Sample:
     symbol = rng.choice(SYMBOLS)
-    text = pick(rng, [
-        "What's the stock price of {s}?",
-        "How much is {s} trading at right now?",
-        "Get me the latest price for {s}.",
-        "Check the share price of {s}.",
-        "Quote for {s}, please.",
-    ]).format(s=symbol)
+    text = pick(
+        rng,
+        [
+            "What's the stock price of {s}?",
+            "How much is {s} trading at right now?",
+            "Get me the latest price for {s}.",
+            "Check the share price of {s}.",
+            "Quote for {s}, please.",
+        ],
+    ).format(s=symbol)
     args = {"symbol": symbol}
     return text, args, _exact(args)
 
@@ -232,18 +363,24 @@ def _sample_translate(rng: random.Random, pick: Pick = _choice) -> Sample:
     phrase = rng.choice(PHRASES)
     target = rng.choice(LANGUAGES)
     if rng.random() < 0.3:
-        text = pick(rng, [
-            'Translate "{x}" from English to {t}.',
-            'Please translate this English text into {t}: "{x}"',
-        ]).format(x=phrase, t=target)
+        text = pick(
+            rng,
+            [
+                'Translate "{x}" from English to {t}.',
+                'Please translate this English text into {t}: "{x}"',
+            ],
+        ).format(x=phrase, t=target)
         args = {"text": phrase, "target_language": target, "source_language": "English"}
         return text, args, _exact(args)
-    text = pick(rng, [
-        'Translate "{x}" into {t}.',
-        'How do you say "{x}" in {t}?',
-        'What is "{x}" in {t}?',
-        'Can you translate "{x}" to {t} for me?',
-    ]).format(x=phrase, t=target)
+    text = pick(
+        rng,
+        [
+            'Translate "{x}" into {t}.',
+            'How do you say "{x}" in {t}?',
+            'What is "{x}" in {t}?',
+            'Can you translate "{x}" to {t} for me?',
+        ],
+    ).format(x=phrase, t=target)
     args = {"text": phrase, "target_language": target}
     return text, args, {"text": [phrase], "target_language": [target], "source_language": [""]}
 
@@ -399,8 +536,14 @@ def generate(n_train: int = 200, n_eval: int = 50, seed: int = 0) -> tuple[list[
 
     def with_ids(tasks: list[Task], split: str) -> list[Task]:
         return [
-            Task(id=f"{SOURCE}-{split}-{i:04d}", domain=t.domain, messages=t.messages, prefill=t.prefill,
-                 tool_call=t.tool_call, meta=t.meta)
+            Task(
+                id=f"{SOURCE}-{split}-{i:04d}",
+                domain=t.domain,
+                messages=t.messages,
+                prefill=t.prefill,
+                tool_call=t.tool_call,
+                meta=t.meta,
+            )
             for i, t in enumerate(tasks)
         ]
 
@@ -438,7 +581,7 @@ def _pick_train(rng: random.Random, options: list[str]) -> str:
 
 
 def _pick_eval(rng: random.Random, options: list[str]) -> str:
-    return rng.choice(options[len(options) - _held_out_count(len(options)):])
+    return rng.choice(options[len(options) - _held_out_count(len(options)) :])
 
 
 def _ladder_task(rng: random.Random, targets: tuple[str, ...], n_tools: int, pick: Pick) -> Task:
@@ -450,34 +593,47 @@ def _ladder_task(rng: random.Random, targets: tuple[str, ...], n_tools: int, pic
     example_fn = rng.choice([n for n in names if n not in tools])
     example_text, example_args, _ = FUNCTIONS[example_fn].sample(rng, pick)
     request, _, allowed = FUNCTIONS[target].sample(rng, pick)
-    system = format_tools_system_prompt([FUNCTIONS[n].schema for n in tools],
-                                        example=(example_text, ToolCall(name=example_fn, arguments=example_args)))
-    return Task(id="", domain="tool_call", messages=(Message("system", system), Message("user", request)),
-                prefill=PREFILL,
-                tool_call=ToolCallSpec(tools=tuple(FUNCTIONS[n].schema for n in tools),
-                                       expected=(ExpectedCall(name=target, allowed=allowed),)),
-                meta={"functions": tools, "example_function": example_fn})
+    system = format_tools_system_prompt(
+        [FUNCTIONS[n].schema for n in tools], example=(example_text, ToolCall(name=example_fn, arguments=example_args))
+    )
+    return Task(
+        id="",
+        domain="tool_call",
+        messages=(Message("system", system), Message("user", request)),
+        prefill=PREFILL,
+        tool_call=ToolCallSpec(
+            tools=tuple(FUNCTIONS[n].schema for n in tools), expected=(ExpectedCall(name=target, allowed=allowed),)
+        ),
+        meta={"functions": tools, "example_function": example_fn},
+    )
 
 
 def ladder_templates() -> tuple[Template, ...]:
     """The ladder's templates: rung 0 = one listed function with one argument; 1 = one listed
     function, any; 2 = two listed (one distractor); 3 = three listed. Train and eval templates of
     a rung differ in the request phrasings they draw from."""
-    rungs = [("single_arg", 0, SINGLE_ARG, 1), ("one_tool", 1, tuple(FUNCTIONS), 1),
-             ("two_tools", 2, tuple(FUNCTIONS), 2), ("three_tools", 3, tuple(FUNCTIONS), 3)]
+    rungs = [
+        ("single_arg", 0, SINGLE_ARG, 1),
+        ("one_tool", 1, tuple(FUNCTIONS), 1),
+        ("two_tools", 2, tuple(FUNCTIONS), 2),
+        ("three_tools", 3, tuple(FUNCTIONS), 3),
+    ]
     out = []
     for name, rung, targets, n_tools in rungs:
         for split, pick in (("train", _pick_train), ("eval", _pick_eval)):
-            out.append(Template(name, rung, split,
-                                lambda rng, t=targets, k=n_tools, p=pick: _ladder_task(rng, t, k, p)))
+            out.append(
+                Template(name, rung, split, lambda rng, t=targets, k=n_tools, p=pick: _ladder_task(rng, t, k, p))
+            )
     return tuple(out)
 
 
 def generate_ladder(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) tool-call ladder tasks; deterministic in ``seed``; no held-out phrasing in train."""
     templates = ladder_templates()
-    return (draw(templates, "train", n_train, seed, LADDER_SOURCE),
-            draw(templates, "eval", n_eval, seed, LADDER_SOURCE))
+    return (
+        draw(templates, "train", n_train, seed, LADDER_SOURCE),
+        draw(templates, "eval", n_eval, seed, LADDER_SOURCE),
+    )
 
 
 def write_ladder_files(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
@@ -491,8 +647,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-train", type=int, default=200)
     parser.add_argument("--n-eval", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ladder", action="store_true",
-                        help="write the graded ladder (toolcall_ladder.*.jsonl, 120/60 by default) instead")
+    parser.add_argument(
+        "--ladder",
+        action="store_true",
+        help="write the graded ladder (toolcall_ladder.*.jsonl, 120/60 by default) instead",
+    )
     args = parser.parse_args(argv)
     if args.ladder:
         n_train = 120 if args.n_train == 200 else args.n_train

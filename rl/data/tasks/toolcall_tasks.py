@@ -50,29 +50,67 @@ USERS: dict[str, dict[str, Any]] = {
     "93": {"name": "Jonas Weber", "email": "jonas.weber@company.org", "city": "Berlin", "currency": "EUR"},
 }
 ORDERS: dict[str, dict[str, Any]] = {
-    "A-1001": {"user_id": 42, "item": "headphones", "status": "shipped", "carrier": "DHL", "eta": "2024-06-03",
-               "total_usd": 120.0},
+    "A-1001": {
+        "user_id": 42,
+        "item": "headphones",
+        "status": "shipped",
+        "carrier": "DHL",
+        "eta": "2024-06-03",
+        "total_usd": 120.0,
+    },
     "A-1002": {"user_id": 42, "item": "phone case", "status": "processing", "total_usd": 45.5},
-    "B-2001": {"user_id": 7, "item": "rain jacket", "status": "delivered", "delivered_on": "2024-05-28",
-               "total_usd": 89.99},
+    "B-2001": {
+        "user_id": 7,
+        "item": "rain jacket",
+        "status": "delivered",
+        "delivered_on": "2024-05-28",
+        "total_usd": 89.99,
+    },
     "B-2002": {"user_id": 7, "item": "thermos", "status": "cancelled", "total_usd": 24.0},
-    "C-3001": {"user_id": 15, "item": "monitor", "status": "shipped", "carrier": "FedEx", "eta": "2024-06-10",
-               "total_usd": 310.0},
+    "C-3001": {
+        "user_id": 15,
+        "item": "monitor",
+        "status": "shipped",
+        "carrier": "FedEx",
+        "eta": "2024-06-10",
+        "total_usd": 310.0,
+    },
     "D-4001": {"user_id": 23, "item": "backpack", "status": "processing", "total_usd": 64.0},
-    "E-5001": {"user_id": 31, "item": "espresso machine", "status": "delivered", "delivered_on": "2024-05-30",
-               "total_usd": 75.0},
-    "F-6001": {"user_id": 58, "item": "desk lamp", "status": "shipped", "carrier": "UPS", "eta": "2024-06-07",
-               "total_usd": 39.9},
+    "E-5001": {
+        "user_id": 31,
+        "item": "espresso machine",
+        "status": "delivered",
+        "delivered_on": "2024-05-30",
+        "total_usd": 75.0,
+    },
+    "F-6001": {
+        "user_id": 58,
+        "item": "desk lamp",
+        "status": "shipped",
+        "carrier": "UPS",
+        "eta": "2024-06-07",
+        "total_usd": 39.9,
+    },
     "G-7001": {"user_id": 77, "item": "keyboard", "status": "returned", "total_usd": 129.0},
 }
-DISTRACTORS = ("get_weather", "convert_currency", "search_flights", "get_stock_price", "convert_units", "calculator",
-               "set_timer", "send_email")
+DISTRACTORS = (
+    "get_weather",
+    "convert_currency",
+    "search_flights",
+    "get_stock_price",
+    "convert_units",
+    "calculator",
+    "set_timer",
+    "send_email",
+)
 
 
 def _db(*user_ids: int) -> dict[str, Any]:
     """State with the given users, their orders, and two distractor users (and their orders)."""
     ids = [str(u) for u in user_ids]
-    others = sorted((u for u in USERS if u not in ids), key=lambda u: hashlib.sha256(("|".join(ids) + u).encode()).hexdigest())
+    others = sorted(
+        (u for u in USERS if u not in ids), key=lambda u: hashlib.sha256(("|".join(ids) + u).encode()).hexdigest()
+    )
     keep = sorted(ids + others[:2], key=int)
     users = {u: copy.deepcopy(USERS[u]) for u in keep}
     orders = {o: copy.deepcopy(rec) for o, rec in ORDERS.items() if str(rec["user_id"]) in users}
@@ -101,8 +139,9 @@ def _allowed(name: str, args: dict[str, Any]) -> dict[str, list[Any]]:
     return allowed
 
 
-def _calls_task(task_id: str, kind: str, request: str, calls: list[tuple[str, dict[str, Any]]],
-                state: dict[str, Any] | None = None) -> Task:
+def _calls_task(
+    task_id: str, kind: str, request: str, calls: list[tuple[str, dict[str, Any]]], state: dict[str, Any] | None = None
+) -> Task:
     tools = _tools(task_id, [n for n, _ in calls])
     return Task(
         id=task_id,
@@ -125,74 +164,154 @@ _SINGLE: list[tuple[str, str, dict[str, Any]]] = [
     ("What's the weather like in Reykjavik right now?", "get_weather", {"city": "Reykjavik"}),
     ("Tell me the current temperature in Dubai in Fahrenheit.", "get_weather", {"city": "Dubai", "unit": "fahrenheit"}),
     ("Is it raining in Amsterdam today?", "get_weather", {"city": "Amsterdam"}),
-    ("How many Japanese yen (JPY) would I get for 250 US dollars (USD)?", "convert_currency",
-     {"amount": 250, "from_currency": "USD", "to_currency": "JPY"}),
-    ("Convert 1200 Swiss francs (CHF) to euros (EUR).", "convert_currency",
-     {"amount": 1200, "from_currency": "CHF", "to_currency": "EUR"}),
-    ("How much is 80 British pounds (GBP) in Canadian dollars (CAD)?", "convert_currency",
-     {"amount": 80, "from_currency": "GBP", "to_currency": "CAD"}),
-    ("Find me flights from Lisbon to Athens on 2024-09-14.", "search_flights",
-     {"origin": "Lisbon", "destination": "Athens", "date": "2024-09-14"}),
-    ("Are there flights from Seoul to Bangkok on the 3rd of November 2024? Use YYYY-MM-DD for the date.",
-     "search_flights", {"origin": "Seoul", "destination": "Bangkok", "date": "2024-11-03"}),
+    (
+        "How many Japanese yen (JPY) would I get for 250 US dollars (USD)?",
+        "convert_currency",
+        {"amount": 250, "from_currency": "USD", "to_currency": "JPY"},
+    ),
+    (
+        "Convert 1200 Swiss francs (CHF) to euros (EUR).",
+        "convert_currency",
+        {"amount": 1200, "from_currency": "CHF", "to_currency": "EUR"},
+    ),
+    (
+        "How much is 80 British pounds (GBP) in Canadian dollars (CAD)?",
+        "convert_currency",
+        {"amount": 80, "from_currency": "GBP", "to_currency": "CAD"},
+    ),
+    (
+        "Find me flights from Lisbon to Athens on 2024-09-14.",
+        "search_flights",
+        {"origin": "Lisbon", "destination": "Athens", "date": "2024-09-14"},
+    ),
+    (
+        "Are there flights from Seoul to Bangkok on the 3rd of November 2024? Use YYYY-MM-DD for the date.",
+        "search_flights",
+        {"origin": "Seoul", "destination": "Bangkok", "date": "2024-11-03"},
+    ),
     ("What is the current share price of Netflix (ticker NFLX)?", "get_stock_price", {"symbol": "NFLX"}),
     ("Check the IBM stock price for me.", "get_stock_price", {"symbol": "IBM"}),
     ("Get me the latest price of Coca-Cola stock, ticker KO.", "get_stock_price", {"symbol": "KO"}),
-    ("Convert 26.2 miles (mi) to kilometers (km).", "convert_units", {"value": 26.2, "from_unit": "mi", "to_unit": "km"}),
+    (
+        "Convert 26.2 miles (mi) to kilometers (km).",
+        "convert_units",
+        {"value": 26.2, "from_unit": "mi", "to_unit": "km"},
+    ),
     ("How many pounds (lb) is 70 kg?", "convert_units", {"value": 70, "from_unit": "kg", "to_unit": "lb"}),
     ("Convert 3.5 gallons (gal) to liters (l).", "convert_units", {"value": 3.5, "from_unit": "gal", "to_unit": "l"}),
     ("Look up the profile of user 93.", "lookup_user", {"user_id": 93}),
     ("Who is user 58? Look them up.", "lookup_user", {"user_id": 58}),
     ("What's the status of order C-3001?", "get_order_status", {"order_id": "C-3001"}),
     ("Which orders does user 7 have?", "list_user_orders", {"user_id": 7}),
-    ("Send an email to jonas.weber@company.org with the subject 'Sprint retro moved' and the body "
-     "'The retro is now on Thursday at 3pm.'", "send_email",
-     {"to": "jonas.weber@company.org", "subject": "Sprint retro moved", "body": "The retro is now on Thursday at 3pm."}),
+    (
+        "Send an email to jonas.weber@company.org with the subject 'Sprint retro moved' and the body "
+        "'The retro is now on Thursday at 3pm.'",
+        "send_email",
+        {
+            "to": "jonas.weber@company.org",
+            "subject": "Sprint retro moved",
+            "body": "The retro is now on Thursday at 3pm.",
+        },
+    ),
     ("Start a 25 minute timer.", "set_timer", {"minutes": 25}),
 ]
 
 # ----------------------------------------------------------------------------- parallel calls
 
 _PARALLEL: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = [
-    ("What's the weather in Tokyo and in Seoul?",
-     [("get_weather", {"city": "Tokyo"}), ("get_weather", {"city": "Seoul"})]),
-    ("Get the stock prices of AAPL, MSFT and GOOGL.",
-     [("get_stock_price", {"symbol": "AAPL"}), ("get_stock_price", {"symbol": "MSFT"}),
-      ("get_stock_price", {"symbol": "GOOGL"})]),
-    ("Convert 100 USD to EUR, and also 100 USD to GBP.",
-     [("convert_currency", {"amount": 100, "from_currency": "USD", "to_currency": "EUR"}),
-      ("convert_currency", {"amount": 100, "from_currency": "USD", "to_currency": "GBP"})]),
-    ("Check the status of orders A-1001 and B-2001.",
-     [("get_order_status", {"order_id": "A-1001"}), ("get_order_status", {"order_id": "B-2001"})]),
+    (
+        "What's the weather in Tokyo and in Seoul?",
+        [("get_weather", {"city": "Tokyo"}), ("get_weather", {"city": "Seoul"})],
+    ),
+    (
+        "Get the stock prices of AAPL, MSFT and GOOGL.",
+        [
+            ("get_stock_price", {"symbol": "AAPL"}),
+            ("get_stock_price", {"symbol": "MSFT"}),
+            ("get_stock_price", {"symbol": "GOOGL"}),
+        ],
+    ),
+    (
+        "Convert 100 USD to EUR, and also 100 USD to GBP.",
+        [
+            ("convert_currency", {"amount": 100, "from_currency": "USD", "to_currency": "EUR"}),
+            ("convert_currency", {"amount": 100, "from_currency": "USD", "to_currency": "GBP"}),
+        ],
+    ),
+    (
+        "Check the status of orders A-1001 and B-2001.",
+        [("get_order_status", {"order_id": "A-1001"}), ("get_order_status", {"order_id": "B-2001"})],
+    ),
     ("Look up users 15 and 23.", [("lookup_user", {"user_id": 15}), ("lookup_user", {"user_id": 23})]),
-    ("Find flights from Paris to Rome on 2024-07-01 and back from Rome to Paris on 2024-07-08.",
-     [("search_flights", {"origin": "Paris", "destination": "Rome", "date": "2024-07-01"}),
-      ("search_flights", {"origin": "Rome", "destination": "Paris", "date": "2024-07-08"})]),
-    ("What's the weather in Cairo, and what is TSLA trading at?",
-     [("get_weather", {"city": "Cairo"}), ("get_stock_price", {"symbol": "TSLA"})]),
-    ("Set a 10 minute timer labelled 'pasta' and a 45 minute timer labelled 'bread'.",
-     [("set_timer", {"minutes": 10, "label": "pasta"}), ("set_timer", {"minutes": 45, "label": "bread"})]),
-    ("Convert 5 km to miles (mi), and 10 lb to kg.",
-     [("convert_units", {"value": 5, "from_unit": "km", "to_unit": "mi"}),
-      ("convert_units", {"value": 10, "from_unit": "lb", "to_unit": "kg"})]),
-    ("Email both ana.silva@example.com and ben.carter@mail.com (one email each) with the subject 'Team lunch' "
-     "and the body 'Lunch is at noon on Friday.'",
-     [("send_email", {"to": "ana.silva@example.com", "subject": "Team lunch", "body": "Lunch is at noon on Friday."}),
-      ("send_email", {"to": "ben.carter@mail.com", "subject": "Team lunch", "body": "Lunch is at noon on Friday."})]),
-    ("What's the weather in Madrid in fahrenheit? Also convert 300 EUR to USD.",
-     [("get_weather", {"city": "Madrid", "unit": "fahrenheit"}),
-      ("convert_currency", {"amount": 300, "from_currency": "EUR", "to_currency": "USD"})]),
-    ("Get the prices of AMD and INTC, and the weather in Denver.",
-     [("get_stock_price", {"symbol": "AMD"}), ("get_stock_price", {"symbol": "INTC"}),
-      ("get_weather", {"city": "Denver"})]),
-    ("List the orders of users 42 and 58.",
-     [("list_user_orders", {"user_id": 42}), ("list_user_orders", {"user_id": 58})]),
-    ("Convert 2000 INR to USD, and 50000 KRW to JPY.",
-     [("convert_currency", {"amount": 2000, "from_currency": "INR", "to_currency": "USD"}),
-      ("convert_currency", {"amount": 50000, "from_currency": "KRW", "to_currency": "JPY"})]),
-    ("Search flights from Boston to Chicago and from Boston to Denver, both on 2024-10-05.",
-     [("search_flights", {"origin": "Boston", "destination": "Chicago", "date": "2024-10-05"}),
-      ("search_flights", {"origin": "Boston", "destination": "Denver", "date": "2024-10-05"})]),
+    (
+        "Find flights from Paris to Rome on 2024-07-01 and back from Rome to Paris on 2024-07-08.",
+        [
+            ("search_flights", {"origin": "Paris", "destination": "Rome", "date": "2024-07-01"}),
+            ("search_flights", {"origin": "Rome", "destination": "Paris", "date": "2024-07-08"}),
+        ],
+    ),
+    (
+        "What's the weather in Cairo, and what is TSLA trading at?",
+        [("get_weather", {"city": "Cairo"}), ("get_stock_price", {"symbol": "TSLA"})],
+    ),
+    (
+        "Set a 10 minute timer labelled 'pasta' and a 45 minute timer labelled 'bread'.",
+        [("set_timer", {"minutes": 10, "label": "pasta"}), ("set_timer", {"minutes": 45, "label": "bread"})],
+    ),
+    (
+        "Convert 5 km to miles (mi), and 10 lb to kg.",
+        [
+            ("convert_units", {"value": 5, "from_unit": "km", "to_unit": "mi"}),
+            ("convert_units", {"value": 10, "from_unit": "lb", "to_unit": "kg"}),
+        ],
+    ),
+    (
+        "Email both ana.silva@example.com and ben.carter@mail.com (one email each) with the subject 'Team lunch' "
+        "and the body 'Lunch is at noon on Friday.'",
+        [
+            (
+                "send_email",
+                {"to": "ana.silva@example.com", "subject": "Team lunch", "body": "Lunch is at noon on Friday."},
+            ),
+            (
+                "send_email",
+                {"to": "ben.carter@mail.com", "subject": "Team lunch", "body": "Lunch is at noon on Friday."},
+            ),
+        ],
+    ),
+    (
+        "What's the weather in Madrid in fahrenheit? Also convert 300 EUR to USD.",
+        [
+            ("get_weather", {"city": "Madrid", "unit": "fahrenheit"}),
+            ("convert_currency", {"amount": 300, "from_currency": "EUR", "to_currency": "USD"}),
+        ],
+    ),
+    (
+        "Get the prices of AMD and INTC, and the weather in Denver.",
+        [
+            ("get_stock_price", {"symbol": "AMD"}),
+            ("get_stock_price", {"symbol": "INTC"}),
+            ("get_weather", {"city": "Denver"}),
+        ],
+    ),
+    (
+        "List the orders of users 42 and 58.",
+        [("list_user_orders", {"user_id": 42}), ("list_user_orders", {"user_id": 58})],
+    ),
+    (
+        "Convert 2000 INR to USD, and 50000 KRW to JPY.",
+        [
+            ("convert_currency", {"amount": 2000, "from_currency": "INR", "to_currency": "USD"}),
+            ("convert_currency", {"amount": 50000, "from_currency": "KRW", "to_currency": "JPY"}),
+        ],
+    ),
+    (
+        "Search flights from Boston to Chicago and from Boston to Denver, both on 2024-10-05.",
+        [
+            ("search_flights", {"origin": "Boston", "destination": "Chicago", "date": "2024-10-05"}),
+            ("search_flights", {"origin": "Boston", "destination": "Denver", "date": "2024-10-05"}),
+        ],
+    ),
 ]
 
 _DB_TOOLS = {"lookup_user", "get_order_status", "list_user_orders"}
@@ -286,13 +405,18 @@ def _multi_turn() -> list[tuple[str, dict[str, Any], _Episode, list[str]]]:
 
     def email_user(ep: _Episode) -> list[str]:
         (user,) = ep.call(("lookup_user", {"user_id": 31}))
-        (sent,) = ep.call(("send_email", {"to": user["email"], "subject": "Your invoice",
-                                          "body": "Your invoice is attached."}))
+        (sent,) = ep.call(
+            ("send_email", {"to": user["email"], "subject": "Your invoice", "body": "Your invoice is attached."})
+        )
         ep.answer(f"Done: the email to {user['email']} was sent with message id {sent['message_id']}.")
         return [sent["message_id"]]
 
-    add("Send user 31 an email with the subject 'Your invoice' and the body 'Your invoice is attached.', "
-        "then tell me the message id.", _db(31), email_user)
+    add(
+        "Send user 31 an email with the subject 'Your invoice' and the body 'Your invoice is attached.', "
+        "then tell me the message id.",
+        _db(31),
+        email_user,
+    )
 
     def order_total(ep: _Episode) -> list[str]:
         (orders,) = ep.call(("list_user_orders", {"user_id": 42}))
@@ -308,12 +432,17 @@ def _multi_turn() -> list[tuple[str, dict[str, Any], _Episode, list[str]]]:
         (user,) = ep.call(("lookup_user", {"user_id": 15}))
         (f,) = ep.call(("search_flights", {"origin": "London", "destination": user["city"], "date": "2024-08-20"}))
         best = min(f["flights"], key=lambda x: (x["price_usd"], x["flight"]))
-        ep.answer(f"The cheapest flight from London to {user['city']} on 2024-08-20 is {best['flight']} "
-                  f"at {best['price_usd']} USD, departing {best['departure']}.")
+        ep.answer(
+            f"The cheapest flight from London to {user['city']} on 2024-08-20 is {best['flight']} "
+            f"at {best['price_usd']} USD, departing {best['departure']}."
+        )
         return [best["flight"]]
 
-    add("User 15 wants to fly home from London on 2024-08-20. What is the flight number of the cheapest flight?",
-        _db(15), cheapest_flight)
+    add(
+        "User 15 wants to fly home from London on 2024-08-20. What is the flight number of the cheapest flight?",
+        _db(15),
+        cheapest_flight,
+    )
 
     def fahrenheit_of_user(ep: _Episode) -> list[str]:
         (user,) = ep.call(("lookup_user", {"user_id": 77}))
@@ -344,20 +473,27 @@ def _multi_turn() -> list[tuple[str, dict[str, Any], _Episode, list[str]]]:
         ep.answer(f"In {w['city']}, where user 88 lives, it is {w['condition']}.")
         return [w["condition"]]
 
-    add("In one or two words (like 'cloudy'), what's the weather right now in the city where user 88 lives?", _db(88),
-        condition_of_user)
+    add(
+        "In one or two words (like 'cloudy'), what's the weather right now in the city where user 88 lives?",
+        _db(88),
+        condition_of_user,
+    )
 
     def local_currency_total(ep: _Episode) -> list[str]:
         (o,) = ep.call(("get_order_status", {"order_id": "E-5001"}))
         (user,) = ep.call(("lookup_user", {"user_id": o["user_id"]}))
-        (c,) = ep.call(("convert_currency", {"amount": o["total_usd"], "from_currency": "USD",
-                                             "to_currency": user["currency"]}))
-        ep.answer(f"Order E-5001 cost {_money(o['total_usd'])} USD, which is {_money(c['converted'])} "
-                  f"{user['currency']} in the local currency of {user['name']}.")
+        (c,) = ep.call(
+            ("convert_currency", {"amount": o["total_usd"], "from_currency": "USD", "to_currency": user["currency"]})
+        )
+        ep.answer(
+            f"Order E-5001 cost {_money(o['total_usd'])} USD, which is {_money(c['converted'])} "
+            f"{user['currency']} in the local currency of {user['name']}."
+        )
         return [_money(c["converted"])]
 
-    add("How much did order E-5001 cost in the local currency of the user who placed it?", _db(31),
-        local_currency_total)
+    add(
+        "How much did order E-5001 cost in the local currency of the user who placed it?", _db(31), local_currency_total
+    )
 
     def delivered_order(ep: _Episode) -> list[str]:
         (orders,) = ep.call(("list_user_orders", {"user_id": 7}))
@@ -372,23 +508,33 @@ def _multi_turn() -> list[tuple[str, dict[str, Any], _Episode, list[str]]]:
     def percent_plus_stock(ep: _Episode) -> list[str]:
         part, ko = ep.call(("calculator", {"expression": "2480 * 0.175"}), ("get_stock_price", {"symbol": "KO"}))
         (t,) = ep.call(("calculator", {"expression": f"{part['result']} + {ko['price']}"}))
-        ep.answer(f"17.5% of 2480 is {_money(part['result'])}; plus one KO share ({ko['price']} USD) "
-                  f"that makes {_money(t['result'])}.")
+        ep.answer(
+            f"17.5% of 2480 is {_money(part['result'])}; plus one KO share ({ko['price']} USD) "
+            f"that makes {_money(t['result'])}."
+        )
         return [_money(t["result"])]
 
-    add("Compute 17.5% of 2480, then add the current price of one KO share in USD. What is the result?", {},
-        percent_plus_stock)
+    add(
+        "Compute 17.5% of 2480, then add the current price of one KO share in USD. What is the result?",
+        {},
+        percent_plus_stock,
+    )
 
     def user_city_diff(ep: _Episode) -> list[str]:
         a, b = ep.call(("lookup_user", {"user_id": 64}), ("lookup_user", {"user_id": 15}))
         wa, wb = ep.call(("get_weather", {"city": a["city"]}), ("get_weather", {"city": b["city"]}))
         diff = abs(wa["temperature"] - wb["temperature"])
-        ep.answer(f"User 64 is in {wa['city']} ({wa['temperature']} °C) and user 15 in {wb['city']} "
-                  f"({wb['temperature']} °C): a difference of {diff} °C.")
+        ep.answer(
+            f"User 64 is in {wa['city']} ({wa['temperature']} °C) and user 15 in {wb['city']} "
+            f"({wb['temperature']} °C): a difference of {diff} °C."
+        )
         return [str(diff)]
 
-    add("What is the temperature difference in Celsius between the cities where users 64 and 15 live?",
-        _db(64, 15), user_city_diff)
+    add(
+        "What is the temperature difference in Celsius between the cities where users 64 and 15 live?",
+        _db(64, 15),
+        user_city_diff,
+    )
     return out
 
 
@@ -404,15 +550,23 @@ def build_tasks() -> list[Task]:
         task_id = f"jointrl-multi-{i:02d}"
         tools = _tools(task_id, ep.tools)
         system = format_tools_system_prompt(tools, parallel=True, multi_turn=True)
-        tasks.append(Task(
-            id=task_id,
-            domain="tool_call",
-            messages=(Message("system", system), Message("user", request)),
-            prefill="",
-            tool_call=ToolCallSpec(tools=tuple(tools), expected=(), mode="answer", answer=tuple(answers),
-                                   state=state, parallel=any("\n" in t for t in ep.turns[:-1])),
-            meta={"kind": "multi_turn", "source": SOURCE, "reference": list(ep.turns)},
-        ))
+        tasks.append(
+            Task(
+                id=task_id,
+                domain="tool_call",
+                messages=(Message("system", system), Message("user", request)),
+                prefill="",
+                tool_call=ToolCallSpec(
+                    tools=tuple(tools),
+                    expected=(),
+                    mode="answer",
+                    answer=tuple(answers),
+                    state=state,
+                    parallel=any("\n" in t for t in ep.turns[:-1]),
+                ),
+                meta={"kind": "multi_turn", "source": SOURCE, "reference": list(ep.turns)},
+            )
+        )
     return tasks
 
 
@@ -424,7 +578,9 @@ def write_tasks(path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rl.data.tasks.toolcall_tasks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rl.data.tasks.toolcall_tasks", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", default=f"recipes/data/{OUT_FILE}", help="the .jsonl file to write")
     args = parser.parse_args(argv)
     print(write_tasks(args.out))
