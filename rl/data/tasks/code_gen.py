@@ -23,7 +23,6 @@ No expected value is ``None``.
 
 from __future__ import annotations
 
-import argparse
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 from envs.types import CodeSpec, Message, Task
 from rl.data.tasks.code_tasks import SYSTEM_PROMPT
-from rl.data.tasks.ladder import Template, draw, write_ladder
+from rl.data.tasks.ladder import Template, generate_split, ladder_main, write_ladder
 
 __all__ = ["SOURCE", "TEMPLATES", "generate", "write", "main"]
 
@@ -486,7 +485,7 @@ TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, f) for n, r, s, f in _
 
 def generate(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) code tasks; deterministic in ``seed``; eval uses only eval templates."""
-    return draw(TEMPLATES, "train", n_train, seed, SOURCE), draw(TEMPLATES, "eval", n_eval, seed, SOURCE)
+    return generate_split(TEMPLATES, SOURCE, n_train, n_eval, seed)
 
 
 def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
@@ -495,14 +494,7 @@ def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int =
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m rl.data.tasks.code_gen", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[3] / "recipes" / "data"))
-    ap.add_argument("--n-train", type=int, default=120)
-    ap.add_argument("--n-eval", type=int, default=60)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    for p in write(args.out_dir, args.n_train, args.n_eval, args.seed):
-        print(p)
+    ladder_main("python -m rl.data.tasks.code_gen", __doc__.split("\n\n")[0], write, argv)
 
 
 if __name__ == "__main__":

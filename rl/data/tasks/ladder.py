@@ -115,3 +115,25 @@ def write_ladder(tasks_by_split: dict[str, list[Task]], out_dir: str | Path, sou
         save_tasks(merged, path)
         paths.append(path)
     return paths
+
+
+def generate_split(
+    templates: Iterable[Template], source: str, n_train: int, n_eval: int, seed: int
+) -> tuple[list[Task], list[Task]]:
+    """(train, eval) tasks of one ladder: train from its train templates, eval from its eval ones."""
+    templates = tuple(templates)
+    return draw(templates, "train", n_train, seed, source), draw(templates, "eval", n_eval, seed, source)
+
+
+def ladder_main(prog: str, description: str, write: Callable[..., list[Path]], argv: list[str] | None = None) -> None:
+    """The command line every ladder generator shares: ``--out-dir --n-train --n-eval --seed``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[3] / "recipes" / "data"))
+    ap.add_argument("--n-train", type=int, default=120)
+    ap.add_argument("--n-eval", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for p in write(args.out_dir, args.n_train, args.n_eval, args.seed):
+        print(p)

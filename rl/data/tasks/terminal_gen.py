@@ -24,7 +24,6 @@ so that ``sort`` agrees with Python's order in any locale the sandbox has.
 
 from __future__ import annotations
 
-import argparse
 import random
 import shlex
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from envs.terminal import SYSTEM_PROMPT
 from envs.types import Message, Task, TerminalSpec
-from rl.data.tasks.ladder import Template, draw, write_ladder
+from rl.data.tasks.ladder import Template, generate_split, ladder_main, write_ladder
 
 __all__ = ["SOURCE", "TEMPLATES", "generate", "write", "main", "partial_check"]
 
@@ -469,7 +468,7 @@ TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, f) for n, r, s, f in _
 
 def generate(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) terminal tasks; deterministic in ``seed``; eval uses only eval templates."""
-    return draw(TEMPLATES, "train", n_train, seed, SOURCE), draw(TEMPLATES, "eval", n_eval, seed, SOURCE)
+    return generate_split(TEMPLATES, SOURCE, n_train, n_eval, seed)
 
 
 def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
@@ -478,14 +477,7 @@ def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int =
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m rl.data.tasks.terminal_gen", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[3] / "recipes" / "data"))
-    ap.add_argument("--n-train", type=int, default=120)
-    ap.add_argument("--n-eval", type=int, default=60)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    for p in write(args.out_dir, args.n_train, args.n_eval, args.seed):
-        print(p)
+    ladder_main("python -m rl.data.tasks.terminal_gen", __doc__.split("\n\n")[0], write, argv)
 
 
 if __name__ == "__main__":
