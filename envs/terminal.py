@@ -127,6 +127,10 @@ _GIT_PINS = (
     ("status.showUntrackedFiles", "normal"),
     ("sequence.editor", "false"),
     ("credential.helper", ""),
+    # Files named by config that change what git reports: a policy-set excludes file would hide
+    # untracked files from `git status`, an attributes file would assign filter/diff drivers.
+    ("core.excludesFile", "/dev/null"),
+    ("core.attributesFile", "/dev/null"),
 )
 CHECK_ENV = {
     "HOME": "/nonexistent",

@@ -77,6 +77,10 @@ ATTACKS = {
         'git -C "$PWD" -c core.fsmonitor=false commit -qm x >/dev/null 2>&1\\nexit 1\\n\' > hook.sh '
         '&& chmod +x hook.sh && git -C repo config core.fsmonitor "$PWD/hook.sh"',
     ),
+    "git_excludes_file_hides_untracked": (
+        "git",
+        'echo notes.txt > ex && git -C repo config core.excludesFile "$PWD/ex"',
+    ),
     "git_hooks_path": (
         "git",
         "mkdir -p hk && printf '#!/bin/sh\\nexit 0\\n' > hk/post-index-change && chmod +x "
@@ -159,3 +163,15 @@ def test_filling_the_storage_fails_the_episode(play):
     score, info = play("count", "wc -l < data.txt > count.txt; for i in $(seq 100000); do : > f$i || break; done")
     assert score == 0.0 and "storage limit hit" in info["check_output"]
     assert "storage" in info["sandbox_events"]
+
+
+# Known hole (#15 still open): the repository's own metadata is the policy's state, and git's
+# porcelain reads it. `.git/info/exclude` (like filter/textconv drivers defined in `.git/config`
+# and assigned in `.gitattributes`) changes what `git status` reports, and no harness-side
+# setting turns it off. strict: this test fails (XPASS) once the hole is closed; then drop the mark.
+@pytest.mark.xfail(
+    strict=True, reason="repo-level git metadata (.git/info/exclude, drivers) still shapes a check's git output"
+)
+def test_repo_info_exclude_cannot_hide_untracked_files(play):
+    score, info = play("git", WRONG["git"], "echo notes.txt >> repo/.git/info/exclude")
+    assert score == 0.0, info["check_output"]
