@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, LoraConfig, OptimConfig, RecipeError
 from rl.trainer import lora
 from rl.trainer.learner import Learner
-from test_learner import ALGO, MODEL_CFG, make_batch
+from test_learner import ALGO, MODEL_CFG, make_batch, make_learner  # noqa: F401 - make_learner: the fixture
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 LORA_LEARNER = LearnerConfig(lora=LORA)
@@ -26,25 +26,9 @@ def kl_algo(coef: float) -> AlgoConfig:
 
 
 @pytest.fixture
-def make(tiny_model_path, tmp_path):
-    made: list[Learner] = []
-
-    def build(algo: AlgoConfig = ALGO, seed: int = 0) -> Learner:
-        lrn = Learner(
-            tiny_model_path,
-            MODEL_CFG,
-            algo,
-            seed=seed,
-            threads=1,
-            shm_dir=str(tmp_path / f"shm{len(made)}"),
-            learner=LORA_LEARNER,
-        )
-        made.append(lrn)
-        return lrn
-
-    yield build
-    for lrn in made:
-        lrn.shutdown()
+def make(make_learner):
+    """LoRA learners on the tiny model (``test_learner.make_learner`` with ``learner.lora`` set)."""
+    return lambda algo=ALGO, seed=0: make_learner(algo, seed, learner=LORA_LEARNER)
 
 
 def _named(lrn: Learner) -> dict[str, torch.Tensor]:

@@ -17,35 +17,12 @@ import torch
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
 from rl.algos.batch import Batch, Sample
 from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LossConfig, OptimConfig, ReturnsConfig, UpdateConfig
-from rl.trainer.learner import Learner
 from rl.algos.losses import kl
-from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
+from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc, make_learner  # noqa: F401 - make_learner: the fixture
 
 PPO = AlgoConfig(
     name="ppo", optim=OptimConfig(lr=1e-3), returns=ReturnsConfig(gamma=1.0, lam=0.95), kl=KLConfig(coef=0.0)
 )
-
-
-@pytest.fixture
-def make_learner(tiny_model_path, tmp_path):
-    made: list[Learner] = []
-
-    def make(algo: AlgoConfig, seed: int = 0, total_steps: int = 0) -> Learner:
-        lrn = Learner(
-            tiny_model_path,
-            MODEL_CFG,
-            algo,
-            seed=seed,
-            threads=1,
-            shm_dir=str(tmp_path / f"shm{len(made)}"),
-            total_steps=total_steps,
-        )
-        made.append(lrn)
-        return lrn
-
-    yield make
-    for lrn in made:
-        lrn.shutdown()
 
 
 def hand_batch(tok, rewards=(1.0, -1.0, 0.5)) -> Batch:
