@@ -61,3 +61,15 @@ def recipe_copier(tmp_path: Path):
 def recipe_copy(tmp_path):
     """``recipe_copier`` for this test's ``tmp_path``."""
     return recipe_copier(tmp_path)
+
+
+# Fixtures that start a Ray cluster: a test that uses one is in the slow tier whatever its own
+# marks say (starting Ray costs 5-10 s before the test does anything; the fast tier is the
+# developer's loop and has a 3-minute budget). The full suite runs them.
+RAY_FIXTURES = frozenset({"ray_session", "ray2"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if RAY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -100,6 +100,7 @@ def test_resolve_device(recipe_file: Path) -> None:
     assert resolve_device(load_recipe(recipe_file, ["cluster.device=cpu"]), 8) == "cpu"
 
 
+@pytest.mark.slow  # starts Ray
 def test_unsatisfiable_placement_fails_fast_naming_the_resources(recipe_file: Path) -> None:
     import ray
 
@@ -138,6 +139,7 @@ def test_unsatisfiable_placement_fails_fast_naming_the_resources(recipe_file: Pa
         ray.shutdown()
 
 
+@pytest.mark.slow  # `jointrl train` starts Ray before it can see the placement fails
 @pytest.mark.parametrize(
     "overrides, expected",
     [

@@ -476,6 +476,7 @@ def test_tokenizer_gives_length_rewards_token_counts(files, tmp_path, capsys, ti
     assert rows[1]["scores"]["overlong"] == -1.0 and rows[1]["reward"] == pytest.approx(0.5 - 1.0)
 
 
+@pytest.mark.slow  # starts Ray
 def test_workers_use_the_ray_service(files, user_module, capsys):
     tmp, tasks, comps = files
     rc, local, err = run(capsys, "--tasks", str(tasks), "--completions", str(comps), "--out", str(tmp / "a.jsonl"))
