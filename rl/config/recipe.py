@@ -878,7 +878,7 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
     cluster when the run starts, and this runs again then).
     """
     fail = _failer(recipe)
-    c, r, n_lrn = recipe.cluster, recipe.rollout, recipe.learner.workers
+    c = recipe.cluster
     dev = device or (c.device if c.device != "auto" else None)
     if dev == "gpu":
         for key, val in (("cluster.engine_gpus", c.engine_gpus), ("cluster.learner_gpus", c.learner_gpus)):
@@ -886,36 +886,48 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
                 fail(key, "must be > 0 on GPU (CUDA vLLM and the GPU learner each need a share of a GPU)")
     on_cpu = f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''})"
     if c.placement == "colocated":
-        if dev == "cpu":
-            fail(
-                "cluster.placement",
-                f"colocated shares GPUs between engines and learners; the run is on CPU {on_cpu}: use placement split",
-            )
-        if r.async_steps:
-            fail(
-                "rollout.async_steps",
-                "async rollouts overlap generation with the learner step; colocated engines "
-                "sleep during that step: use cluster.placement split, or async_steps 0",
-            )
-        if c.engine_tp != 1:
-            fail(
-                "cluster.engine_tp",
-                "colocated placement puts one engine and one learner worker on each GPU: "
-                f"engine_tp must be 1, got {c.engine_tp}",
-            )
-        if r.num_engines != n_lrn:
-            fail(
-                "cluster.placement",
-                f"colocated placement pairs engine i with learner worker i on one GPU: "
-                f"rollout.num_engines ({r.num_engines}) must equal learner.workers ({n_lrn})",
-            )
-        if not (c.engine_gpus > 0 and c.learner_gpus > 0 and c.engine_gpus + c.learner_gpus <= 1):
-            fail(
-                "cluster.engine_gpus",
-                f"colocated: an engine and a learner worker share one GPU, so "
-                f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
-                f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}",
-            )
+        _check_colocated(recipe, dev, on_cpu, fail)
+    _check_parallelism(recipe, dev, on_cpu, fail)
+
+
+def _check_colocated(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> None:
+    """``cluster.placement: colocated``: GPUs, no async rollouts, engine i with learner i on one GPU."""
+    c, r, n_lrn = recipe.cluster, recipe.rollout, recipe.learner.workers
+    if dev == "cpu":
+        fail(
+            "cluster.placement",
+            f"colocated shares GPUs between engines and learners; the run is on CPU {on_cpu}: use placement split",
+        )
+    if r.async_steps:
+        fail(
+            "rollout.async_steps",
+            "async rollouts overlap generation with the learner step; colocated engines "
+            "sleep during that step: use cluster.placement split, or async_steps 0",
+        )
+    if c.engine_tp != 1:
+        fail(
+            "cluster.engine_tp",
+            "colocated placement puts one engine and one learner worker on each GPU: "
+            f"engine_tp must be 1, got {c.engine_tp}",
+        )
+    if r.num_engines != n_lrn:
+        fail(
+            "cluster.placement",
+            f"colocated placement pairs engine i with learner worker i on one GPU: "
+            f"rollout.num_engines ({r.num_engines}) must equal learner.workers ({n_lrn})",
+        )
+    if not (c.engine_gpus > 0 and c.learner_gpus > 0 and c.engine_gpus + c.learner_gpus <= 1):
+        fail(
+            "cluster.engine_gpus",
+            f"colocated: an engine and a learner worker share one GPU, so "
+            f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
+            f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}",
+        )
+
+
+def _check_parallelism(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> None:
+    """One GPU per learner worker; an engine's GPUs match its tensor-parallel ranks."""
+    c = recipe.cluster
     if c.learner_gpus > 1:
         fail(
             "cluster.learner_gpus",
