@@ -28,6 +28,7 @@ from typing import Any, Iterator, Literal
 
 import yaml
 
+from rl.config.adaptive import MIXER_MODES, AdaptiveConfig
 from rl.config.fields import FieldError, Section, build, knob, to_plain
 
 
@@ -122,10 +123,8 @@ class MixerConfig(Section):
     mode: str = knob(
         "fixed", "fixed | adaptive: domain weights follow each domain's learning signal (rl/data/mixer.py)"
     )
-    adaptive: dict[str, Any] = knob(
-        doc="adaptive mode: floor, ceiling (a number or {domain: number}), rate, signal_ema, trend_fast, "
-        "trend_slow, trend_coef, initial_signal",
-        factory=dict,
+    adaptive: AdaptiveConfig = knob(
+        doc="adaptive mode's settings (used with mixer.mode: adaptive)", factory=AdaptiveConfig
     )
 
     def check(self) -> None:
@@ -135,17 +134,10 @@ class MixerConfig(Section):
         sp = self.strata_proportions
         if sp and (len(sp) != self.strata or min(sp) < 0):
             raise FieldError("strata_proportions", f"need {self.strata} non-negative numbers, got {sp}")
-        from rl.config.adaptive import MIXER_MODES, AdaptiveConfig
-
         if self.mode not in MIXER_MODES:
             raise FieldError("mode", f"choose one of {', '.join(MIXER_MODES)}, got {self.mode!r}")
-        if self.adaptive and self.mode != "adaptive":
+        if self.adaptive != AdaptiveConfig() and self.mode != "adaptive":  # a setting that would be ignored
             raise FieldError("adaptive", "is set but mixer.mode is not adaptive")
-        try:
-            AdaptiveConfig.from_dict(dict(self.adaptive), where="adaptive")
-        except ValueError as e:  # its message starts with the offending key (adaptive.<key>)
-            key, _, msg = str(e).partition(": ")
-            raise FieldError(key, msg) from None
 
 
 @dataclass(frozen=True)
@@ -769,10 +761,8 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     if recipe.learner.lora.rank > 0 and est.needs_critic and a.critic.model == "separate":
         yield "learner.lora.rank", "LoRA with a separate critic is not supported (use algo.critic.model: value_head)"
     if mx.mode == "adaptive":
-        from rl.config.adaptive import AdaptiveConfig
-
         try:
-            AdaptiveConfig.from_dict(dict(mx.adaptive)).bounds(sorted(domains))
+            mx.adaptive.bounds(sorted(domains))
         except ValueError as e:
             yield "mixer.adaptive", str(e).removeprefix("mixer.adaptive: ")
     if not recipe.data.train_files:

@@ -232,7 +232,7 @@ def make_episode_stream(
 
 def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
     mx = cfg.mixer
-    cls, extra = (AdaptiveTaskMixer, {"adaptive": dict(mx.adaptive)}) if mx.mode == "adaptive" else (TaskMixer, {})
+    cls, extra = (AdaptiveTaskMixer, {"adaptive": mx.adaptive}) if mx.mode == "adaptive" else (TaskMixer, {})
     return cls(
         sources,
         cfg.rollout.prompts_per_step,
