@@ -119,41 +119,56 @@ def test_bad_counts_name_the_group(n, options, message):
     assert f.made == []
 
 
-class _Pid:
+class _Probe:
     def pid(self) -> int:
         import os
 
         return os.getpid()
 
+    def assigned(self) -> dict:
+        import ray
+
+        return ray.get_runtime_context().get_assigned_resources()
+
 
 @pytest.mark.slow
-def test_ray_actors_are_replaced_with_their_options():
-    """On Ray: per-actor options reach the actor (its resources), a killed actor is detected as dead by
-    ``actor_died`` and replaced by a live one in a new process."""
+def test_ray_actors_are_replaced_with_their_options(monkeypatch):
+    """On Ray: per-actor options reach the actor (the resources it holds), a killed actor is seen as dead
+    by ``actor_died`` and replaced by a live one, in a new process, holding the same resources."""
+    import os
+
     import ray
 
     from envs.actors import actor_died, ray_factory
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", resources={"slot": 2})
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    # The actors import this module (for _Probe).
+    path = os.pathsep.join(p for p in [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")] if p)
+    ray.init(
+        num_cpus=2,
+        resources={"slot": 2},
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
     try:
         g = ActorGroup(
             2,
-            ray_factory(_Pid, {"num_cpus": 0}),
+            ray_factory(_Probe, {"num_cpus": 0}),
             metric="x/restarts",
-            options=[{"resources": {"slot": 1}}, {"resources": {"slot": 1}}],
+            options=[{"resources": {"slot": 1}}, {"resources": {"slot": 0.5}}],
         )
         pids = ray.get([a.pid.remote() for a in g], timeout=120)
-        assert ray.available_resources().get("slot", 0) == 0, "each actor holds the slot its options asked for"
-        ray.kill(g[0])
+        assert [ray.get(a.assigned.remote(), timeout=60).get("slot") for a in g] == [1.0, 0.5]
+        ray.kill(g[1])
         with pytest.raises(Exception) as dead:
-            ray.get(g[0].pid.remote(), timeout=60)
-        assert actor_died(dead.value)
-        g.replace(0, "killed")
-        assert ray.get(g[0].pid.remote(), timeout=120) not in pids
-        assert g.metrics() == {"x/restarts": 1.0}
+            ray.get(g[1].pid.remote(), timeout=60)
+        assert actor_died(dead.value), dead.value
+        g.replace(1, "killed")
+        assert ray.get(g[1].pid.remote(), timeout=120) not in pids
+        assert ray.get(g[1].assigned.remote(), timeout=60).get("slot") == 0.5, "the same options as before"
+        assert g.metrics() == {"x/restarts": 1.0} and g.failures == [(1, "killed")]
         g.kill_all()
     finally:
-        if started:
-            ray.shutdown()
+        ray.shutdown()
