@@ -190,13 +190,14 @@ class RolloutPool:
         self.max_restarts = max_restarts
         self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
         self._closing = False
-        kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
+        # Per worker, read at each (re)spawn: a replacement starts with its predecessor's arguments.
+        self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
         # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
         factory = ray_factory(
             worker_cls or RolloutWorker,
             {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1}},
             (model_path, env_specs),
-            lambda i: kwargs[i],
+            lambda i: self._kwargs[i],
         )
         self.group = ActorGroup(
             n, factory, metric="faults/rollout_restarts", options=actor_options, what="rollout workers"
