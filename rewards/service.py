@@ -425,7 +425,7 @@ class RewardService:
     ``timeout_s`` is the per-call limit (see the module docstring); ``workers`` actors,
     ``num_cpus`` Ray CPUs each, or ``actor_options`` (one dict of Ray actor options per
     worker, e.g. a placement-group bundle from ``rl.driver.placement``; a replaced worker gets its
-    predecessor's).
+    predecessor's). Spawning, replacing and counting restarts are ``envs.actors.ActorGroup``'s.
     """
 
     def __init__(

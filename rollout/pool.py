@@ -149,7 +149,9 @@ class RolloutPool:
     or ``sync_weights`` is replaced by a fresh actor with the same options, which loads the
     latest synced weights; its in-flight prompts are re-issued (same seeds, so the samples
     are those the dead engine would have drawn). ``restarts`` counts replacements; each call
-    re-issues a shard at most ``max_restarts`` times before raising.
+    re-issues a shard at most ``max_restarts`` times before raising. Spawning, replacing and
+    counting are ``envs.actors.ActorGroup``'s (shared with the reward and learner groups); the
+    death check, the shared-memory sweep and the re-issue are this pool's.
 
     Every call has a deadline and a death check: while a call is in flight the pool probes
     each busy worker every ``probe_every_s`` (``RolloutWorker.health``, in its own actor
