@@ -112,32 +112,9 @@ class LLMJudge:
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if not isinstance(model, str) or not model:
             raise ValueError("model must be a non-empty string")
-        if not isinstance(prompt_template, str) or not prompt_template.strip():
-            raise ValueError("prompt_template must be a non-empty string")
-        try:
-            names = {f for _, f, _, _ in string.Formatter().parse(prompt_template) if f is not None}
-        except ValueError as e:
-            raise ValueError(f"prompt_template is not a valid format string: {e}") from None
-        for f in names:
-            root = re.split(r"[.\[]", f, maxsplit=1)[0]
-            if root not in TEMPLATE_FIELDS:
-                raise ValueError(
-                    f"prompt_template field {{{f}}} is unknown; available: "
-                    f"{', '.join('{' + x + '}' for x in TEMPLATE_FIELDS)} (write {{{{ }}}} for braces)"
-                )
-        try:
-            self.score_re = re.compile(score_regex)
-        except re.error as e:
-            raise ValueError(f"score_regex does not compile: {e}") from None
-        if self.score_re.groups < 1:
-            raise ValueError("score_regex needs a capturing group for the number")
-        for label, v, lo in (("timeout_s", timeout_s, 0.0), ("scale", scale, 0.0)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= lo:
-                raise ValueError(f"{label} must be a number > {lo:g}, got {v!r}")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        _check_template(prompt_template)
+        self.score_re = _score_regex(score_regex)
+        _check_limits(timeout_s, scale, max_retries, concurrency)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.prompt_template = prompt_template
@@ -258,3 +235,42 @@ class LLMJudge:
             if attempt + 1 < attempts:
                 time.sleep(self.retry_backoff_s * 2**attempt)
         raise JudgeError(f"{err} (after {attempts} attempt{'s' if attempts > 1 else ''})")
+
+
+def _check_template(prompt_template: str) -> None:
+    """A non-empty :meth:`str.format` template whose fields are all in ``TEMPLATE_FIELDS``."""
+    if not isinstance(prompt_template, str) or not prompt_template.strip():
+        raise ValueError("prompt_template must be a non-empty string")
+    try:
+        names = {f for _, f, _, _ in string.Formatter().parse(prompt_template) if f is not None}
+    except ValueError as e:
+        raise ValueError(f"prompt_template is not a valid format string: {e}") from None
+    for f in names:
+        root = re.split(r"[.\[]", f, maxsplit=1)[0]
+        if root not in TEMPLATE_FIELDS:
+            raise ValueError(
+                f"prompt_template field {{{f}}} is unknown; available: "
+                f"{', '.join('{' + x + '}' for x in TEMPLATE_FIELDS)} (write {{{{ }}}} for braces)"
+            )
+
+
+def _score_regex(score_regex: str) -> re.Pattern[str]:
+    """``score_regex`` compiled; it needs a capturing group for the number."""
+    try:
+        pattern = re.compile(score_regex)
+    except re.error as e:
+        raise ValueError(f"score_regex does not compile: {e}") from None
+    if pattern.groups < 1:
+        raise ValueError("score_regex needs a capturing group for the number")
+    return pattern
+
+
+def _check_limits(timeout_s: float, scale: float, max_retries: int, concurrency: int) -> None:
+    """``timeout_s`` and ``scale`` positive numbers, ``max_retries`` an int >= 0, ``concurrency`` an int >= 1."""
+    for label, v, lo in (("timeout_s", timeout_s, 0.0), ("scale", scale, 0.0)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= lo:
+            raise ValueError(f"{label} must be a number > {lo:g}, got {v!r}")
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.actors import ActorGroup, ray_factory
 from envs.base import resolve
 from envs.types import Trajectory
 from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, call_mode
@@ -415,13 +416,16 @@ def fn_metrics(stats: dict[tuple[str, str], list[float]]) -> dict[str, float]:
     return m
 
 
+_STUCK = "a reward call timed out and its thread could not be stopped"
+
+
 class RewardService:
     """A pool of ``RewardScorer`` Ray actors. Requires ``ray.init`` to have run.
 
     ``timeout_s`` is the per-call limit (see the module docstring); ``workers`` actors,
     ``num_cpus`` Ray CPUs each, or ``actor_options`` (one dict of Ray actor options per
     worker, e.g. a placement-group bundle from ``rl.driver.placement``; a replaced worker gets its
-    predecessor's).
+    predecessor's). Spawning, replacing and counting restarts are ``envs.actors.ActorGroup``'s.
     """
 
     def __init__(
@@ -434,24 +438,38 @@ class RewardService:
     ) -> None:
         import ray
 
-        if actor_options is not None and len(actor_options) != workers:
-            raise ValueError(f"{len(actor_options)} actor_options for {workers} reward workers")
-        self._options = [dict(o) for o in actor_options] if actor_options is not None else [{} for _ in range(workers)]
         self.specs, self.timeout_s = list(specs), float(timeout_s)
         # Two concurrent methods: a scoring call, and the liveness probe (stalled_s) beside it.
-        self._actor = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=2)(RewardScorer)
-        self.workers = [self._new_worker(i) for i in range(workers)]
+        factory = ray_factory(
+            RewardScorer,
+            {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 2},
+            (self.specs,),
+            lambda i: {"timeout_s": self.timeout_s},
+        )
+        self.group = ActorGroup(
+            workers, factory, metric="reward/service/restarts", options=actor_options, what="reward workers"
+        )
         ray.get([w.__ray_ready__.remote() for w in self.workers])  # constructor errors surface here
-        self.restarts = 0
         self._fresh: set[int] = set()  # replaced workers not yet known to be up
-        self._restarts_logged = 0
         self._worker_errors = 0
         self._stats: dict[tuple[str, str], list[float]] = {}
         # A worker is hung when it made no progress for timeout_s + grace (its own timeouts did not fire).
         self.grace_s = max(2.0, 0.25 * self.timeout_s)
 
-    def _new_worker(self, i: int) -> Any:
-        return self._actor.options(**self._options[i]).remote(self.specs, timeout_s=self.timeout_s)
+    @property
+    def workers(self) -> list[Any]:
+        """The reward workers' actor handles, by index (empty after ``shutdown``)."""
+        return self.group.actors
+
+    @property
+    def restarts(self) -> int:
+        """Replacements so far (crashed, hung, or stuck in a timed-out call)."""
+        return self.group.restarts
+
+    @property
+    def failures(self) -> list[tuple[int, str]]:
+        """(worker, why) of every replacement, oldest first."""
+        return self.group.failures
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """Score ``trajs`` (same order out). Each group (same ``group_id``: the samples of one task)
@@ -478,10 +496,9 @@ class RewardService:
 
     def metrics(self) -> dict[str, float]:
         """Per-function latency and errors, restarts and worker errors since the last call (then reset)."""
-        m = fn_metrics(self.take_stats())
-        m["reward/service/restarts"] = float(self.restarts - self._restarts_logged)
+        m = fn_metrics(self.take_stats()) | self.group.metrics()
         m["reward/service/worker_errors"] = float(self._worker_errors)
-        self._restarts_logged, self._worker_errors = self.restarts, 0
+        self._worker_errors = 0
         return m
 
     # ------------------------------------------------------------------ internals
@@ -494,14 +511,14 @@ class RewardService:
         retry: dict[int, list[int]] = {}  # worker -> positions in its chunk to score again
         for i, (res, stats, fail) in first.items():
             if fail is not None:
-                self._replace(i)
+                self._replace(i, fail)
                 retry[i] = list(range(len(jobs[i])))
                 results[i] = list(jobs[i])
                 continue
             self._merge(stats)
             results[i] = res
             if stats["stuck"]:
-                self._replace(i)  # frees the thread stuck in the timed-out call
+                self._replace(i, _STUCK)  # frees the thread stuck in the timed-out call
             retry[i] = list(stats["timed_out"])  # timed-out samples get a second try
         retry = {i: pos for i, pos in retry.items() if pos}
         if not retry:
@@ -515,13 +532,13 @@ class RewardService:
         )
         for i, (res, stats, fail) in second.items():
             if fail is not None:
-                self._replace(i)
+                self._replace(i, fail)
                 self._worker_errors += len(retry[i])
                 res = [dataclasses.replace(jobs[i][p], scores={}, reward=None, reward_error=fail) for p in retry[i]]
             else:
                 self._merge(stats)
                 if stats["stuck"]:
-                    self._replace(i)
+                    self._replace(i, _STUCK)
             for p, t in zip(retry[i], res):
                 results[i][p] = t
         return results
@@ -579,13 +596,9 @@ class RewardService:
             for j in range(4):
                 acc[j] += s[j]
 
-    def _replace(self, i: int) -> None:
-        import ray
-
-        ray.kill(self.workers[i])
-        self.workers[i] = self._new_worker(i)
+    def _replace(self, i: int, why: str) -> None:
+        self.group.replace(i, why)
         self._fresh.add(i)
-        self.restarts += 1
 
     def _await_fresh(self) -> None:
         import ray
@@ -595,8 +608,4 @@ class RewardService:
             self._fresh.clear()
 
     def shutdown(self) -> None:
-        import ray
-
-        for w in self.workers:
-            ray.kill(w)
-        self.workers = []
+        self.group.kill_all()

@@ -78,16 +78,7 @@ def run_episodes(
     """
     eps: list[_Episode] = []
     try:
-        for task, g, s in zip(tasks, group_ids, seeds, strict=True):
-            env = make_env(task.domain)
-            eps.append(_Episode(task=task, group_id=g, seed=s, env=env, prompt_ids=[], messages=[]))
-            msgs = list(env.reset(task))
-            text = render(tokenizer, msgs, add_generation_prompt=True) + task.prefill
-            eps[-1].messages, eps[-1].text, eps[-1].prompt_ids = msgs, text, encode(tokenizer, text)
-        for e in eps:
-            if len(e.prompt_ids) >= sampling.max_model_len:
-                # No room to generate: an empty, truncated episode (no policy tokens, so never trained on).
-                e.truncated, e.done, e.finish_reason = True, True, "prompt_too_long"
+        _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling)
         while True:
             active = [e for e in eps if not e.done]
             if not active:
@@ -102,24 +93,49 @@ def run_episodes(
     finally:
         for e in eps:
             e.env.close()
-    return [
-        Trajectory(
-            task=e.task,
-            group_id=e.group_id,
-            prompt_ids=e.prompt_ids,
-            response_ids=e.response_ids,
-            loss_mask=e.loss_mask,
-            logprobs=e.logprobs,
-            messages=e.messages,
-            terminated=e.terminated,
-            truncated=e.truncated,
-            finish_reason=e.finish_reason,
-            num_turns=e.turns,
-            env_reward=e.env_reward,
-            sandbox_events=e.sandbox_events,
-        )
-        for e in eps
-    ]
+    return [_trajectory(e) for e in eps]
+
+
+def _start_episodes(
+    eps: list[_Episode],
+    tokenizer: Any,
+    make_env: Callable[[str], Any],
+    tasks: list[Task],
+    group_ids: list[int],
+    seeds: list[int],
+    sampling: Sampling,
+) -> None:
+    """Append an episode per task to ``eps`` (its env made and reset, its prompt rendered and tokenized). Each
+    env is in ``eps`` as soon as it exists, so that the caller closes it if a later one fails."""
+    for task, g, s in zip(tasks, group_ids, seeds, strict=True):
+        env = make_env(task.domain)
+        eps.append(_Episode(task=task, group_id=g, seed=s, env=env, prompt_ids=[], messages=[]))
+        msgs = list(env.reset(task))
+        text = render(tokenizer, msgs, add_generation_prompt=True) + task.prefill
+        eps[-1].messages, eps[-1].text, eps[-1].prompt_ids = msgs, text, encode(tokenizer, text)
+    for e in eps:
+        if len(e.prompt_ids) >= sampling.max_model_len:
+            # No room to generate: an empty, truncated episode (no policy tokens, so never trained on).
+            e.truncated, e.done, e.finish_reason = True, True, "prompt_too_long"
+
+
+def _trajectory(e: _Episode) -> Trajectory:
+    """The finished episode as a trajectory."""
+    return Trajectory(
+        task=e.task,
+        group_id=e.group_id,
+        prompt_ids=e.prompt_ids,
+        response_ids=e.response_ids,
+        loss_mask=e.loss_mask,
+        logprobs=e.logprobs,
+        messages=e.messages,
+        terminated=e.terminated,
+        truncated=e.truncated,
+        finish_reason=e.finish_reason,
+        num_turns=e.turns,
+        env_reward=e.env_reward,
+        sandbox_events=e.sandbox_events,
+    )
 
 
 def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -> None:

@@ -17,6 +17,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from envs.actors import ActorGroup, actor_died, ray_factory
 from envs.base import resolve
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
@@ -148,7 +149,9 @@ class RolloutPool:
     or ``sync_weights`` is replaced by a fresh actor with the same options, which loads the
     latest synced weights; its in-flight prompts are re-issued (same seeds, so the samples
     are those the dead engine would have drawn). ``restarts`` counts replacements; each call
-    re-issues a shard at most ``max_restarts`` times before raising.
+    re-issues a shard at most ``max_restarts`` times before raising. Spawning, replacing and
+    counting are ``envs.actors.ActorGroup``'s (shared with the reward and learner groups); the
+    death check, the shared-memory sweep and the re-issue are this pool's.
 
     Every call has a deadline and a death check: while a call is in flight the pool probes
     each busy worker every ``probe_every_s`` (``RolloutWorker.health``, in its own actor
@@ -183,30 +186,41 @@ class RolloutPool:
         worker class (default ``RolloutWorker``; tests pass stand-ins without an engine)."""
         import ray
 
-        if actor_options is not None and len(actor_options) != n:
-            raise ValueError(f"{len(actor_options)} actor_options for {n} rollout workers")
-        self._options = [dict(o) for o in actor_options] if actor_options is not None else [{} for _ in range(n)]
         self.length_estimator = length_estimator
-        # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
-        self._actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, concurrency_groups={"health": 1})(
-            worker_cls or RolloutWorker
-        )
         self.call_timeout_s, self.probe_every_s = call_timeout_s, probe_every_s
         self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
-        self._args = (model_path, env_specs)
-        self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
         self.max_restarts = max_restarts
-        self.restarts = 0
-        self.failures: list[tuple[int, str]] = []  # (worker, why) of every replacement, oldest first
-        self._restarts_logged = 0
         self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
         self._closing = False
-        self.workers = [self._spawn(i) for i in range(n)]
+        # Per worker, read at each (re)spawn: a replacement starts with its predecessor's arguments.
+        self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
+        # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
+        factory = ray_factory(
+            worker_cls or RolloutWorker,
+            {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1}},
+            (model_path, env_specs),
+            lambda i: self._kwargs[i],
+        )
+        self.group = ActorGroup(
+            n, factory, metric="faults/rollout_restarts", options=actor_options, what="rollout workers"
+        )
         # Surface start-up errors (bad model, vLLM failure) here rather than at the first generate.
         self._placement = ray.get([w.placement.remote() for w in self.workers], timeout=start_timeout_s)
 
-    def _spawn(self, i: int) -> Any:
-        return self._actor.options(**self._options[i]).remote(*self._args, **self._kwargs[i])
+    @property
+    def workers(self) -> list[Any]:
+        """The workers' actor handles, by index (empty after ``shutdown``)."""
+        return self.group.actors
+
+    @property
+    def restarts(self) -> int:
+        """Replacements so far."""
+        return self.group.restarts
+
+    @property
+    def failures(self) -> list[tuple[int, str]]:
+        """(worker, why) of every replacement, oldest first."""
+        return self.group.failures
 
     def _replace(self, i: int, why: BaseException) -> None:
         """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights."""
@@ -214,11 +228,7 @@ class RolloutPool:
 
         reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
         log.warning("rollout worker %d died (%s); restarting it", i, reason)
-        self.failures.append((i, reason))
-        try:
-            ray.kill(self.workers[i])
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        self.group.retire(i, reason)
         node, segments = self._placement[i]
         if segments:  # on the dead worker's node, whichever that is; skipped if the node is gone
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -230,12 +240,11 @@ class RolloutPool:
                 ray.get(sweep.remote(segments, 30.0), timeout=90)  # its engine core may take seconds to die
             except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
                 log.warning("could not free the dead engine's shared memory %s: %s", segments, e)
-        self.workers[i] = self._spawn(i)
+        self.group.respawn(i)
         self._placement[i] = ray.get(self.workers[i].placement.remote(), timeout=self.start_timeout_s)
         if self._weights is not None:
             m, args = self._load_job(i)
             ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
-        self.restarts += 1
 
     def _call(self, jobs: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
         """Run ``jobs`` (worker index -> method name, args) concurrently; replace and re-issue dead ones."""
@@ -389,29 +398,25 @@ class RolloutPool:
 
     def metrics(self) -> dict[str, float]:
         """``faults/rollout_restarts`` since the last call (then reset)."""
-        m = {"faults/rollout_restarts": float(self.restarts - self._restarts_logged)}
-        self._restarts_logged = self.restarts
-        return m
+        return self.group.metrics()
 
     def shutdown(self) -> None:
         import ray
 
         self._closing = True
-
         for w in self.workers:
             try:
                 ray.get(w.shutdown.remote(), timeout=60)
             except Exception:  # noqa: BLE001 - a dead actor has nothing left to shut down
                 pass
-            ray.kill(w)
-        self.workers = []
+        self.group.kill_all()
 
 
 def _engine_died(e: BaseException) -> bool:
     """True for a dead worker process or a dead vLLM engine core inside a live worker."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+    from ray.exceptions import RayTaskError
 
-    if isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError)):
+    if actor_died(e):
         return True
     if isinstance(e, RayTaskError):
         names = {c.__name__ for c in type(e).__mro__} | {type(getattr(e, "cause", None)).__name__}

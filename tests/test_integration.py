@@ -156,6 +156,7 @@ def test_cli_train_writes_every_output(tmp_path: Path, parity_module: str, recip
         "timing/sync_s",
         "timing/step_s",
         "faults/rollout_restarts",
+        "faults/learner_restarts",
         "faults/reward_errors",
     ]
     for step in lines[1:]:

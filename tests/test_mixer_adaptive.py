@@ -214,21 +214,65 @@ def test_measured_difficulty_seeds_the_signal_and_the_curriculum():
 
 
 @pytest.mark.parametrize(
-    "mixer, key",
+    "mixer, expected",
     [
-        ({"mode": "dynamic"}, "mixer.mode"),
-        ({"mode": "fixed", "adaptive": {"rate": 0.5}}, "mixer.adaptive"),
-        ({"mode": "adaptive", "adaptive": {"rate": 2}}, "mixer.adaptive.rate"),
-        ({"mode": "adaptive", "adaptive": {"bogus": 1}}, "mixer.adaptive.bogus"),
-        ({"mode": "adaptive", "adaptive": {"floor": 0.6}}, "mixer.adaptive"),
+        ({"mode": "dynamic"}, "mixer.mode: "),
+        ({"mode": "fixed", "adaptive": {"rate": 0.5}}, "mixer.adaptive: "),
+        ({"mode": "adaptive", "adaptive": {"rate": 2}}, "mixer.adaptive.rate: "),
+        # mixer.adaptive is a typed section: an unknown key reads as in every other section.
+        (
+            {"mode": "adaptive", "adaptive": {"bogus": 1}},
+            "unknown recipe key 'mixer.adaptive.bogus'; valid keys here: floor",
+        ),
+        ({"mode": "adaptive", "adaptive": {"floor": 0.6}}, "mixer.adaptive: "),
+        (
+            {"mode": "adaptive", "adaptive": {"floor": {"code": 1.5}}},
+            "mixer.adaptive.floor.code: must be a number in [0, 1]",
+        ),
+        (
+            {"mode": "adaptive", "adaptive": {"ceiling": "high"}},
+            "mixer.adaptive.ceiling: expected a number or a mapping",
+        ),
+        ({"mode": "adaptive", "adaptive": {"trend_coef": -1}}, "mixer.adaptive.trend_coef: must be >= 0"),
     ],
 )
-def test_recipe_errors_name_the_mixer_key(recipe_copy, mixer, key):
+def test_recipe_errors_name_the_mixer_key(recipe_copy, mixer, expected):
+    import re
+
     from rl.config.recipe import RecipeError, load_recipe, validate_recipe
 
     path = recipe_copy("joint_rl.yaml", edit=lambda d: d["mixer"].update(mixer))
-    with pytest.raises(RecipeError, match=rf"{key.replace('.', chr(92) + '.')}: "):
+    with pytest.raises(RecipeError, match=re.escape(expected)) as e:
         validate_recipe(load_recipe(path, ["model.path=embedded:tiny"]))
+    assert re.match(rf"{re.escape(str(path))}:\d+: ", str(e.value)), "the error names the recipe's line"
+
+
+def test_adaptive_settings_are_typed_fields_of_the_recipe(recipe_copy):
+    """Each setting is a field of its own: built with its type, printed by ``validate --print``, and
+    listed in the generated reference."""
+    from rl.config.docgen import recipe_reference
+    from rl.config.recipe import load_recipe, recipe_to_dict
+
+    path = recipe_copy(
+        "joint_rl.yaml",
+        edit=lambda d: d["mixer"].update({"mode": "adaptive", "adaptive": {"floor": {"code": 0.2}, "rate": 1}}),
+    )
+    a = load_recipe(path, ["model.path=embedded:tiny"]).mixer.adaptive
+    assert isinstance(a, AdaptiveConfig) and a.floor == {"code": 0.2} and a.rate == 1.0 and a.ceiling == 1.0
+    printed = recipe_to_dict(load_recipe(path, ["model.path=embedded:tiny"]))["mixer"]["adaptive"]
+    assert printed == {
+        "floor": {"code": 0.2},
+        "ceiling": 1.0,
+        "rate": 1.0,
+        "signal_ema": 0.5,
+        "trend_fast": 0.5,
+        "trend_slow": 0.1,
+        "trend_coef": 2.0,
+        "initial_signal": 0.5,
+    }
+    ref = recipe_reference()
+    for key in printed:
+        assert f"| `mixer.adaptive.{key}` |" in ref, key
 
 
 def test_recipe_builds_the_adaptive_mixer(recipe_copy):

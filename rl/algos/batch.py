@@ -91,6 +91,40 @@ def build_batch(
     """
     est = get_estimator(algo)
     in_learner = est.learner_advantages(algo)
+    _check_inputs(trajs, algo, rewards, seq_level_domains, in_learner)
+    given = {id(t): r for t, r in zip(trajs, rewards)} if rewards is not None else None
+    stats: dict[str, float] = {}
+    ok = _usable(trajs, est, stats)
+    if not ok:
+        return Batch([], 0, 0), stats
+    ok = _zero_variance(ok, algo, stats)
+    if not ok:
+        stats["batch/samples"] = 0.0
+        return Batch([], 0, 0), stats
+    scores = torch.tensor([given[id(t)] if given else float(t.reward) for t in ok], dtype=torch.float64)
+    if in_learner:
+        adv = torch.zeros_like(scores)
+    else:
+        adv = est.outcome(scores, torch.tensor([t.group_id for t in ok], dtype=torch.long)).to(torch.float64)
+    if seq_level_domains:
+        adv = adv * _seq_level_scale(ok, seq_level_domains)
+    # Exactly no gradient: skip the compute, keep it in the denominators.
+    can_skip = not in_learner and algo.kl.coef == 0.0 and algo.loss.entropy_coef == 0.0
+    samples, skipped = _samples(ok, adv, scores, can_skip)
+    stats["batch/samples"] = float(len(samples))
+    if not in_learner:
+        stats |= _advantage_stats(ok, adv)
+    return Batch(samples, num_tokens=sum(t.num_policy_tokens for t in ok), num_seqs=len(ok), skipped=skipped), stats
+
+
+def _check_inputs(
+    trajs: list[Trajectory],
+    algo: AlgoConfig,
+    rewards: list[float] | None,
+    seq_level_domains: tuple[str, ...],
+    in_learner: bool,
+) -> None:
+    """Shaped rewards and per-sequence weighting need advantages computed here (from rewards), not in the learner."""
     if rewards is not None:
         if len(rewards) != len(trajs):
             raise ValueError(f"{len(rewards)} rewards for {len(trajs)} trajectories")
@@ -100,37 +134,34 @@ def build_batch(
             )
     if seq_level_domains and in_learner:
         raise ValueError(f"seq_level_domains rescales outcome advantages; {algo.name!r} computes them in the learner")
-    given = {id(t): r for t, r in zip(trajs, rewards)} if rewards is not None else None
-    stats: dict[str, float] = {}
-    ok = _usable(trajs, est, stats)
-    if not ok:
-        return Batch([], 0, 0), stats
 
+
+def _zero_variance(ok: list[Trajectory], algo: AlgoConfig, stats: dict[str, float]) -> list[Trajectory]:
+    """``groups/zero_variance_fraction``; with ``algo.update.zero_variance: drop`` the groups whose members all
+    got the same reward are left out."""
     groups: dict[int, list[float]] = defaultdict(list)
     for t in ok:
         groups[t.group_id].append(float(t.reward))
     constant = {g for g, v in groups.items() if max(v) == min(v)}
     stats["groups/zero_variance_fraction"] = len(constant) / len(groups)
     if algo.update.zero_variance == "drop":
-        ok = [t for t in ok if t.group_id not in constant]  # no reward signal: out of the update and the denominators
-        if not ok:
-            stats["batch/samples"] = 0.0
-            return Batch([], 0, 0), stats
+        return [t for t in ok if t.group_id not in constant]  # no reward signal: out of the update and denominators
+    return ok
 
-    scores = torch.tensor([given[id(t)] if given else float(t.reward) for t in ok], dtype=torch.float64)
-    if in_learner:
-        adv = torch.zeros_like(scores)
-    else:
-        adv = est.outcome(scores, torch.tensor([t.group_id for t in ok], dtype=torch.long)).to(torch.float64)
-    if seq_level_domains:
-        mean_tokens = sum(t.num_policy_tokens for t in ok) / len(ok)
-        scale = torch.tensor(
-            [mean_tokens / t.num_policy_tokens if t.task.domain in seq_level_domains else 1.0 for t in ok],
-            dtype=torch.float64,
-        )
-        adv = adv * scale
-    # Exactly no gradient: skip the compute, keep it in the denominators.
-    can_skip = not in_learner and algo.kl.coef == 0.0 and algo.loss.entropy_coef == 0.0
+
+def _seq_level_scale(ok: list[Trajectory], seq_level_domains: tuple[str, ...]) -> torch.Tensor:
+    """Per-sample advantage scale: ``mean policy tokens / own policy tokens`` for ``seq_level_domains``, else 1."""
+    mean_tokens = sum(t.num_policy_tokens for t in ok) / len(ok)
+    return torch.tensor(
+        [mean_tokens / t.num_policy_tokens if t.task.domain in seq_level_domains else 1.0 for t in ok],
+        dtype=torch.float64,
+    )
+
+
+def _samples(
+    ok: list[Trajectory], adv: torch.Tensor, scores: torch.Tensor, can_skip: bool
+) -> tuple[list[Sample], list[Sample]]:
+    """The learner's samples, and those skipped (zero advantage where that means exactly no gradient)."""
     samples, skipped = [], []
     for uid, (t, a, r) in enumerate(zip(ok, adv.tolist(), scores.tolist())):
         s = Sample(
@@ -145,10 +176,7 @@ def build_batch(
             uid=uid,
         )
         (skipped if can_skip and a == 0.0 else samples).append(s)
-    stats["batch/samples"] = float(len(samples))
-    if not in_learner:
-        stats |= _advantage_stats(ok, adv)
-    return Batch(samples, num_tokens=sum(t.num_policy_tokens for t in ok), num_seqs=len(ok), skipped=skipped), stats
+    return samples, skipped
 
 
 def _advantage_stats(ok: list[Trajectory], adv: torch.Tensor) -> dict[str, float]:

@@ -180,19 +180,7 @@ def policy_loss(
     (Mean and max of ``r`` are not computed: each cost a device sync per micro-batch and no
     caller read them.)
     """
-    if logp.dim() != 2:
-        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
-    if old_logp.shape != logp.shape:
-        raise ValueError(f"old_logp has shape {tuple(old_logp.shape)}, expected {tuple(logp.shape)}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    m = _as_bool_mask(mask, logp)
-    if advantages.shape == logp.shape[:1]:
-        advantages = advantages[:, None].expand_as(logp)
-    elif advantages.shape != logp.shape:
-        raise ValueError(
-            f"advantages must be [B, T] or [B]; got {tuple(advantages.shape)} for logp {tuple(logp.shape)}"
-        )
+    m, advantages = _policy_loss_inputs(logp, old_logp, advantages, mask, dual_clip)
     zero = logp.new_zeros(())
     A = torch.where(m, advantages.to(logp.dtype), zero)
     log_ratio = torch.where(m, logp - old_logp, zero).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -212,19 +200,48 @@ def policy_loss(
     loss = aggregate(pg, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens)
 
     with torch.no_grad():
-        n_masked = int(m.sum())
-        if n_masked == 0:
-            keys = ("clip/fraction", "clip/dual_fraction", "kl/old_approx")
-            stats = {k: 0.0 for k in keys}
-        else:
-            n = torch.tensor(float(n_masked), dtype=logp.dtype, device=logp.device)
-            clipped = m & (pg2 > pg1)
-            stats = {
-                "clip/fraction": float(clipped.sum()) / n_masked,
-                "clip/dual_fraction": float(dual_active.sum()) / n_masked,
-                "kl/old_approx": _masked_mean(0.5 * log_ratio * log_ratio, m, n),
-            }
+        stats = _clip_stats(m, pg1, pg2, dual_active, log_ratio)
     return loss, stats
+
+
+def _policy_loss_inputs(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    dual_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``policy_loss``'s shapes checked; returns the boolean mask and the advantages as ``[B, T]``."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    if old_logp.shape != logp.shape:
+        raise ValueError(f"old_logp has shape {tuple(old_logp.shape)}, expected {tuple(logp.shape)}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    m = _as_bool_mask(mask, logp)
+    if advantages.shape == logp.shape[:1]:
+        advantages = advantages[:, None].expand_as(logp)
+    elif advantages.shape != logp.shape:
+        raise ValueError(
+            f"advantages must be [B, T] or [B]; got {tuple(advantages.shape)} for logp {tuple(logp.shape)}"
+        )
+    return m, advantages
+
+
+def _clip_stats(
+    m: torch.Tensor, pg1: torch.Tensor, pg2: torch.Tensor, dual_active: torch.Tensor, log_ratio: torch.Tensor
+) -> dict[str, float]:
+    """``policy_loss``'s stats over masked tokens (all 0.0 when none is masked); see its docstring."""
+    n_masked = int(m.sum())
+    if n_masked == 0:
+        return dict.fromkeys(("clip/fraction", "clip/dual_fraction", "kl/old_approx"), 0.0)
+    n = torch.tensor(float(n_masked), dtype=log_ratio.dtype, device=log_ratio.device)
+    clipped = m & (pg2 > pg1)
+    return {
+        "clip/fraction": float(clipped.sum()) / n_masked,
+        "clip/dual_fraction": float(dual_active.sum()) / n_masked,
+        "kl/old_approx": _masked_mean(0.5 * log_ratio * log_ratio, m, n),
+    }
 
 
 def truncated_is_weights(

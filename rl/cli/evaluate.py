@@ -61,6 +61,12 @@ class CommandError(Exception):
 
 def add_parsers(sub: Any) -> None:
     """Add the ``score`` and ``eval`` subcommands to ``jointrl``'s subparsers."""
+    add_score_parser(sub)
+    add_eval_parser(sub)
+
+
+def add_score_parser(sub: Any) -> None:
+    """``jointrl score``: its arguments."""
     s = sub.add_parser(
         "score",
         help="score recorded completions with reward classes (JSON summary per domain/function)",
@@ -105,6 +111,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--verbose", action="store_true", help="show Ray logs (with --workers)")
     s.set_defaults(run=run_score)
 
+
+def add_eval_parser(sub: Any) -> None:
+    """``jointrl eval``: its arguments."""
     e = sub.add_parser(
         "eval",
         help="pass@k per domain with vLLM; writes the failed tasks for retraining",
@@ -282,61 +291,68 @@ def read_completions(path: str) -> list[Completion]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"completions file not found: {p}")
-    out: list[Completion] = []
     try:
         records = list(read_json_objects(p, "a completion record"))
     except TaskFormatError as e:
         raise CommandError(str(e)) from None
-    for where, d in records:
-        tid = d.get("task_id")
-        if not isinstance(tid, str) or not tid:
-            raise CommandError(f"{where}: field 'task_id': missing or not a non-empty string")
-        given = [k for k in ("completion", "response", "messages") if d.get(k) is not None]
-        if len(given) != 1:
+    return [_completion(where, d) for where, d in records]
+
+
+def _completion(where: str, d: dict[str, Any]) -> Completion:
+    """One record of a completions file, checked field by field (``where`` = ``file:line``)."""
+    tid = d.get("task_id")
+    if not isinstance(tid, str) or not tid:
+        raise CommandError(f"{where}: field 'task_id': missing or not a non-empty string")
+    given = [k for k in ("completion", "response", "messages") if d.get(k) is not None]
+    if len(given) != 1:
+        raise CommandError(
+            f"{where}: need exactly one of 'completion', 'response' or 'messages'"
+            + (f", got {', '.join(given)}" if given else "")
+        )
+    text, msgs = None, None
+    if given[0] == "messages":
+        msgs = _messages(where, d["messages"])
+    else:
+        text = d[given[0]]
+        if not isinstance(text, str):
+            raise CommandError(f"{where}: field {given[0]!r}: must be a string, got {type(text).__name__}")
+    sample = d.get("sample")
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0):
+        raise CommandError(f"{where}: field 'sample': must be an int >= 0, got {sample!r}")
+    return Completion(where, tid, sample, text, msgs, _env_reward(where, d.get("env_reward")))
+
+
+def _messages(where: str, raw: Any) -> list[Message]:
+    """A record's ``messages``: a non-empty list of role/content objects with at least one assistant turn."""
+    if not isinstance(raw, list) or not raw:
+        raise CommandError(f"{where}: field 'messages': must be a non-empty list of messages")
+    msgs = []
+    for i, m in enumerate(raw):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("assistant", "tool", "user", "system")
+            or not isinstance(m.get("content"), str)
+        ):
             raise CommandError(
-                f"{where}: need exactly one of 'completion', 'response' or 'messages'"
-                + (f", got {', '.join(given)}" if given else "")
+                f"{where}: field 'messages[{i}]': must be an object with a role "
+                f"(assistant, tool, user, system) and a string content"
             )
-        text, msgs = None, None
-        if given[0] == "messages":
-            raw = d["messages"]
-            if not isinstance(raw, list) or not raw:
-                raise CommandError(f"{where}: field 'messages': must be a non-empty list of messages")
-            msgs = []
-            for i, m in enumerate(raw):
-                if (
-                    not isinstance(m, dict)
-                    or m.get("role") not in ("assistant", "tool", "user", "system")
-                    or not isinstance(m.get("content"), str)
-                ):
-                    raise CommandError(
-                        f"{where}: field 'messages[{i}]': must be an object with a role "
-                        f"(assistant, tool, user, system) and a string content"
-                    )
-                name = m.get("name")
-                if name is not None and not isinstance(name, str):
-                    raise CommandError(f"{where}: field 'messages[{i}].name': must be a string")
-                msgs.append(Message(m["role"], m["content"], name))
-            if not any(m.role == "assistant" for m in msgs):
-                raise CommandError(f"{where}: field 'messages': has no assistant message")
-        else:
-            text = d[given[0]]
-            if not isinstance(text, str):
-                raise CommandError(f"{where}: field {given[0]!r}: must be a string, got {type(text).__name__}")
-        sample = d.get("sample")
-        if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0):
-            raise CommandError(f"{where}: field 'sample': must be an int >= 0, got {sample!r}")
-        env_reward = d.get("env_reward")
-        if env_reward is not None:
-            if (
-                isinstance(env_reward, bool)
-                or not isinstance(env_reward, (int, float))
-                or not math.isfinite(env_reward)
-            ):
-                raise CommandError(f"{where}: field 'env_reward': must be a finite number or null, got {env_reward!r}")
-            env_reward = float(env_reward)
-        out.append(Completion(where, tid, sample, text, msgs, env_reward))
-    return out
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise CommandError(f"{where}: field 'messages[{i}].name': must be a string")
+        msgs.append(Message(m["role"], m["content"], name))
+    if not any(m.role == "assistant" for m in msgs):
+        raise CommandError(f"{where}: field 'messages': has no assistant message")
+    return msgs
+
+
+def _env_reward(where: str, env_reward: Any) -> float | None:
+    """A record's ``env_reward``: a finite number (as float) or null."""
+    if env_reward is None:
+        return None
+    if isinstance(env_reward, bool) or not isinstance(env_reward, (int, float)) or not math.isfinite(env_reward):
+        raise CommandError(f"{where}: field 'env_reward': must be a finite number or null, got {env_reward!r}")
+    return float(env_reward)
 
 
 def with_prefill(task: Task, text: str) -> str:

@@ -76,22 +76,32 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - e.g. a user module that fails at import time
         return _fail(f"{type(e).__name__}: {e}", args.debug)
     if args.cmd == "validate":
-        if args.print_recipe:
-            import yaml
+        return _validate(args, cfg)
+    return _train(args, cfg)
 
-            from rl.config.recipe import recipe_to_dict
 
-            print(
-                yaml.safe_dump(
-                    {k: v for k, v in recipe_to_dict(cfg).items() if k != "source"},
-                    sort_keys=False,
-                    default_flow_style=False,
-                    width=110,
-                ),
-                end="",
-            )
-        print(f"{args.recipe}: ok", file=sys.stderr if args.print_recipe else sys.stdout)
-        return 0
+def _validate(args: argparse.Namespace, cfg: Any) -> int:
+    """``jointrl validate``: the recipe loaded and checked; ``--print``: the resolved recipe as YAML."""
+    if args.print_recipe:
+        import yaml
+
+        from rl.config.recipe import recipe_to_dict
+
+        print(
+            yaml.safe_dump(
+                {k: v for k, v in recipe_to_dict(cfg).items() if k != "source"},
+                sort_keys=False,
+                default_flow_style=False,
+                width=110,
+            ),
+            end="",
+        )
+    print(f"{args.recipe}: ok", file=sys.stderr if args.print_recipe else sys.stdout)
+    return 0
+
+
+def _train(args: argparse.Namespace, cfg: Any) -> int:
+    """``jointrl train``: run the recipe; exit 2 for bad input, 3 for a run that stopped, 130 for Ctrl-C."""
     if args.verbose:
         os.environ["JOINTRL_VERBOSE"] = "1"
     from envs.io import TaskFormatError

@@ -284,48 +284,73 @@ def _series(records: list[dict[str, Any]], key: str) -> list[tuple[float, float 
 
 def charts(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(title, svg, legend html) of every chart, in page order."""
-    out = []
     train_d = _domains(records, r"^reward/([^/]+)/mean$")
     eval_d = _domains(records, r"^eval/reward/([^/]+)/mean$")
     doms = sorted(set(train_d) | set(eval_d))
     color = {d: DOMAIN_COLORS[i % len(DOMAIN_COLORS)] for i, d in enumerate(doms)}
-
-    def per_domain(title: str, train_fmt: str, eval_fmt: str, why: str, y_zero: bool) -> None:
-        ss = []
-        for d in doms:
-            ss.append(Series(f"{d} (train)", _series(records, train_fmt.format(d)), color[d]))
-            ss.append(Series(f"{d} (eval)", _series(records, eval_fmt.format(d)), color[d], dashed=True))
-        ss = [s for s in ss if any(v is not None for _, v in s.points)]
-        out.append((title, line_chart(title, ss, why, y_zero), _legend((s.name, s.color, s.dashed) for s in ss)))
-
-    per_domain(
-        "Reward per domain",
-        "reward/{}/mean",
-        "eval/reward/{}/mean",
-        "metrics.jsonl has no reward/<domain>/mean or eval/reward/<domain>/mean",
-        True,
-    )
-    for title, key, c in (
-        ("KL to the reference (kl/mean)", "kl/mean", KL_COLOR),
-        ("Entropy (entropy/mean)", "entropy/mean", ENTROPY_COLOR),
-    ):
-        s = Series(key, _series(records, key), c)
-        has = any(v is not None for _, v in s.points)
-        out.append(
-            (title, line_chart(title, [s], f"metrics.jsonl has no {key}"), _legend([(key, c, False)] if has else []))
+    out = [
+        _per_domain_chart(
+            records,
+            doms,
+            color,
+            "Reward per domain",
+            "reward/{}/mean",
+            "eval/reward/{}/mean",
+            "metrics.jsonl has no reward/<domain>/mean or eval/reward/<domain>/mean",
         )
+    ]
+    out += [
+        _scalar_chart(records, title, key, c)
+        for title, key, c in (
+            ("KL to the reference (kl/mean)", "kl/mean", KL_COLOR),
+            ("Entropy (entropy/mean)", "entropy/mean", ENTROPY_COLOR),
+        )
+    ]
     len_d = _domains(records, r"^(?:eval/)?rollout/([^/]+)/response_len/mean$")
-    for d in len_d:
+    for d in len_d:  # a domain with lengths but no reward yet keeps the colors of the others
         color.setdefault(d, DOMAIN_COLORS[len(color) % len(DOMAIN_COLORS)])
-    doms = sorted(set(doms) | set(len_d))
-    per_domain(
-        "Response length per domain (policy tokens)",
-        "rollout/{}/response_len/mean",
-        "eval/rollout/{}/response_len/mean",
-        "metrics.jsonl has no rollout/<domain>/response_len/mean",
-        True,
+    out.append(
+        _per_domain_chart(
+            records,
+            sorted(set(doms) | set(len_d)),
+            color,
+            "Response length per domain (policy tokens)",
+            "rollout/{}/response_len/mean",
+            "eval/rollout/{}/response_len/mean",
+            "metrics.jsonl has no rollout/<domain>/response_len/mean",
+        )
     )
-    # Time per step, stacked.
+    out.append(_timing_chart(records))
+    return out
+
+
+def _per_domain_chart(
+    records: list[dict[str, Any]],
+    doms: list[str],
+    color: dict[str, str],
+    title: str,
+    train_fmt: str,
+    eval_fmt: str,
+    why: str,
+) -> tuple[str, str, str]:
+    """A line per domain for train (solid) and eval (dashed); ``why`` is shown when there is no data."""
+    ss = []
+    for d in doms:
+        ss.append(Series(f"{d} (train)", _series(records, train_fmt.format(d)), color[d]))
+        ss.append(Series(f"{d} (eval)", _series(records, eval_fmt.format(d)), color[d], dashed=True))
+    ss = [s for s in ss if any(v is not None for _, v in s.points)]
+    return title, line_chart(title, ss, why, True), _legend((s.name, s.color, s.dashed) for s in ss)
+
+
+def _scalar_chart(records: list[dict[str, Any]], title: str, key: str, c: str) -> tuple[str, str, str]:
+    """One metric's line."""
+    s = Series(key, _series(records, key), c)
+    has = any(v is not None for _, v in s.points)
+    return title, line_chart(title, [s], f"metrics.jsonl has no {key}"), _legend([(key, c, False)] if has else [])
+
+
+def _timing_chart(records: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """Time per step, stacked by phase; "other" is the step time not in the named phases."""
     timed = [r for r in records if any(_num(r.get(k)) for _, k, _ in TIMING_PHASES if k)]
     steps = [r["step"] for r in timed]
     stacks = []
@@ -342,8 +367,7 @@ def charts(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     title = "Time per step (seconds, stacked)"
     svg = stacked_bars(title, steps, stacks, "metrics.jsonl has no timing/*_s")
     shown = [(n, c, False) for n, c, v in stacks if any(x > 0 for x in v)]
-    out.append((title, svg, _legend(shown)))
-    return out
+    return title, svg, _legend(shown)
 
 
 # ---------------------------------------------------------------------------- the page

@@ -1,4 +1,10 @@
-"""Settings of the adaptive domain-mixing mode (``mixer.adaptive``), checked where declared.
+"""Settings of the adaptive domain-mixing mode: the ``mixer.adaptive`` section of a recipe.
+
+``AdaptiveConfig`` is a recipe section like ``algo.optim``: each setting a ``knob`` with its type,
+bounds and doc line, so that the builder checks it (naming ``mixer.adaptive.<key>`` and its YAML
+line), ``jointrl validate --print`` shows it and ``rl.config.docgen`` lists it. ``floor`` and
+``ceiling`` take one number or a ``{domain: number}`` map. ``bounds(domains)`` checks what needs the
+run's domains (a map naming a domain without tasks, floors that cannot sum to 1) at validate time.
 
 They live in ``rl/config`` (not beside the mixer in ``rl/data/mixer.py``) so that the recipe can check
 them at validate time while imports keep pointing down (``rl.data`` -> ``rl.config``). What the
@@ -10,54 +16,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rl.config.fields import FieldError, Section, build, knob
+
 MIXER_MODES = ("fixed", "adaptive")
 
 
-@dataclass
-class AdaptiveConfig:
-    """Settings of the adaptive mode (``mixer.adaptive`` in a recipe; every key optional).
+def _weight_bound(v: Any) -> str | None:
+    """A number in [0, 1] (its range is checked by the field's bounds) or a ``{domain: number in [0, 1]}`` map."""
+    if not isinstance(v, dict):
+        return None if isinstance(v, (int, float)) and not isinstance(v, bool) else f"expected a number, got {v!r}"
+    for domain, x in v.items():
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1:
+            raise FieldError(str(domain), f"must be a number in [0, 1], got {x!r}")
+    return None
 
-    ``floor`` / ``ceiling``: a domain's weight bounds, one number for every domain or a
-    ``{domain: number}`` map (missing domains get ``0.05`` / ``1.0``). ``rate``: how far the
-    weights move toward their target per step (smoothing; 1 = jump). ``signal_ema``: EMA
-    weight of a step's fraction of groups with reward variance. ``trend_fast`` /
-    ``trend_slow``: EMA weights of the two reward averages whose difference is the trend.
-    ``trend_coef``: how much one unit of |trend| adds to the signal. ``initial_signal``: a
-    domain's signal before any step when its tasks carry no measured difficulty.
-    """
 
-    floor: float | dict[str, float] = 0.05
-    ceiling: float | dict[str, float] = 1.0
-    rate: float = 0.3
-    signal_ema: float = 0.5
-    trend_fast: float = 0.5
-    trend_slow: float = 0.1
-    trend_coef: float = 2.0
-    initial_signal: float = 0.5
+@dataclass(frozen=True)
+class AdaptiveConfig(Section):
+    """Settings of the adaptive mode (``mixer.adaptive``; read only with ``mixer.mode: adaptive``)."""
+
+    floor: float | dict[str, float] = knob(
+        0.05,
+        "a domain's lowest weight: one number for every domain, or a {domain: number} map (missing domains: 0.05)",
+        ge=0,
+        le=1,
+        check=_weight_bound,
+    )
+    ceiling: float | dict[str, float] = knob(
+        1.0,
+        "a domain's highest weight: one number for every domain, or a {domain: number} map (missing domains: 1.0)",
+        ge=0,
+        le=1,
+        check=_weight_bound,
+    )
+    rate: float = knob(0.3, "how far the weights move toward their target per step (1 = jump)", gt=0, le=1)
+    signal_ema: float = knob(0.5, "EMA weight of a step's fraction of groups with reward variance", gt=0, le=1)
+    trend_fast: float = knob(0.5, "EMA weight of the fast reward average (trend = fast - slow)", gt=0, le=1)
+    trend_slow: float = knob(0.1, "EMA weight of the slow reward average", gt=0, le=1)
+    trend_coef: float = knob(2.0, "how much one unit of |trend| adds to a domain's signal", ge=0)
+    initial_signal: float = knob(
+        0.5, "a domain's signal before its first step when its tasks carry no measured difficulty", ge=0
+    )
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "mixer.adaptive") -> "AdaptiveConfig":
-        from dataclasses import fields
-
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(names))
-        if unknown:
-            raise ValueError(f"{where}.{unknown[0]}: unknown key (allowed: {', '.join(names)})")
-        cfg = cls(**d)
-        for key in ("rate", "signal_ema", "trend_fast", "trend_slow"):
-            v = getattr(cfg, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-                raise ValueError(f"{where}.{key}: must be a number in (0, 1], got {v!r}")
-        for key in ("trend_coef", "initial_signal"):
-            v = getattr(cfg, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"{where}.{key}: must be a number >= 0, got {v!r}")
-        for key in ("floor", "ceiling"):
-            v = getattr(cfg, key)
-            vals = v.values() if isinstance(v, dict) else [v]
-            if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1 for x in vals):
-                raise ValueError(f"{where}.{key}: must be a number in [0, 1] or a {{domain: number}} map, got {v!r}")
-        return cfg
+    def from_dict(cls, d: dict[str, Any], where: str = "mixer.adaptive") -> AdaptiveConfig:
+        """Settings from plain data (types, bounds and unknown keys checked); errors name ``<where>.<key>``."""
+        return build(cls, dict(d), where)
 
     def bounds(self, domains: list[str]) -> tuple[dict[str, float], dict[str, float]]:
         def per(v: float | dict[str, float], default: float) -> dict[str, float]:

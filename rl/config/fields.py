@@ -7,7 +7,7 @@ annotation (``Literal`` choices) and bounds, then runs the section's own ``check
 between fields of that one section). A failure raises ``FieldError(key, msg)`` with the key
 relative to the section. ``build(cls, data)`` turns the plain data of a YAML file into
 sections, checking types on the way (``1`` is a float where a float is due, ``true`` is no
-int), and prefixes each error's key with the section's dotted path.
+int; ``X | Y``: the first that fits), and prefixes each error's key with the section's dotted path.
 
 (OmegaConf's structured configs, used before, take no ``Literal`` field types and check no
 bounds; this builder is the part of them the recipe needs.)
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import typing
 from typing import Any, Callable, Literal
 
@@ -179,6 +180,8 @@ def build(tp: Any, data: Any, path: str = "", *, renamed: dict[str, str] | None 
         except FieldError as e:
             raise FieldError(_join(path, e.key), e.msg, value=True) from None
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _union(args, data, path, renamed)
     if origin is list:
         if not isinstance(data, (list, tuple)):
             raise FieldError(path, f"expected a list, got {data!r}")
@@ -188,6 +191,32 @@ def build(tp: Any, data: Any, path: str = "", *, renamed: dict[str, str] | None 
             raise FieldError(path, f"expected a mapping, got {data!r}")
         return {str(k): build(args[1], v, _join(path, k), renamed=renamed) for k, v in data.items()}
     return _scalar(tp, data, path)
+
+
+def _union(arms: tuple[Any, ...], data: Any, path: str, renamed: dict[str, str]) -> Any:
+    """``data`` as the first of ``arms`` (``X | Y``) it builds as. When an arm failed inside ``data``
+    (a mapping with a bad value), that deeper error is the one raised: it names the part at fault."""
+    inner: FieldError | None = None
+    for arm in arms:
+        try:
+            return build(arm, data, path, renamed=renamed)
+        except FieldError as e:
+            if e.key != path and inner is None:
+                inner = e
+    if inner is not None:
+        raise inner
+    raise FieldError(path, f"expected {' or '.join(_kind(a) for a in arms)}, got {data!r}")
+
+
+def _kind(tp: Any) -> str:
+    """How an error message names a value of type ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin is dict:
+        return "a mapping"
+    if origin is list:
+        return "a list"
+    names = {float: "a number", int: "an integer", str: "a string", bool: "true or false", type(None): "null"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def to_plain(v: Any) -> Any:

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Literal
 
 import yaml
 
+from rl.config.adaptive import MIXER_MODES, AdaptiveConfig
 from rl.config.fields import FieldError, Section, build, knob, to_plain
 
 
@@ -122,10 +123,8 @@ class MixerConfig(Section):
     mode: str = knob(
         "fixed", "fixed | adaptive: domain weights follow each domain's learning signal (rl/data/mixer.py)"
     )
-    adaptive: dict[str, Any] = knob(
-        doc="adaptive mode: floor, ceiling (a number or {domain: number}), rate, signal_ema, trend_fast, "
-        "trend_slow, trend_coef, initial_signal",
-        factory=dict,
+    adaptive: AdaptiveConfig = knob(
+        doc="adaptive mode's settings (used with mixer.mode: adaptive)", factory=AdaptiveConfig
     )
 
     def check(self) -> None:
@@ -135,17 +134,10 @@ class MixerConfig(Section):
         sp = self.strata_proportions
         if sp and (len(sp) != self.strata or min(sp) < 0):
             raise FieldError("strata_proportions", f"need {self.strata} non-negative numbers, got {sp}")
-        from rl.config.adaptive import MIXER_MODES, AdaptiveConfig
-
         if self.mode not in MIXER_MODES:
             raise FieldError("mode", f"choose one of {', '.join(MIXER_MODES)}, got {self.mode!r}")
-        if self.adaptive and self.mode != "adaptive":
+        if self.adaptive != AdaptiveConfig() and self.mode != "adaptive":  # a setting that would be ignored
             raise FieldError("adaptive", "is set but mixer.mode is not adaptive")
-        try:
-            AdaptiveConfig.from_dict(dict(self.adaptive), where="adaptive")
-        except ValueError as e:  # its message starts with the offending key (adaptive.<key>)
-            key, _, msg = str(e).partition(": ")
-            raise FieldError(key, msg) from None
 
 
 @dataclass(frozen=True)
@@ -769,10 +761,8 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     if recipe.learner.lora.rank > 0 and est.needs_critic and a.critic.model == "separate":
         yield "learner.lora.rank", "LoRA with a separate critic is not supported (use algo.critic.model: value_head)"
     if mx.mode == "adaptive":
-        from rl.config.adaptive import AdaptiveConfig
-
         try:
-            AdaptiveConfig.from_dict(dict(mx.adaptive)).bounds(sorted(domains))
+            mx.adaptive.bounds(sorted(domains))
         except ValueError as e:
             yield "mixer.adaptive", str(e).removeprefix("mixer.adaptive: ")
     if not recipe.data.train_files:
@@ -878,7 +868,7 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
     cluster when the run starts, and this runs again then).
     """
     fail = _failer(recipe)
-    c, r, n_lrn = recipe.cluster, recipe.rollout, recipe.learner.workers
+    c = recipe.cluster
     dev = device or (c.device if c.device != "auto" else None)
     if dev == "gpu":
         for key, val in (("cluster.engine_gpus", c.engine_gpus), ("cluster.learner_gpus", c.learner_gpus)):
@@ -886,36 +876,48 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
                 fail(key, "must be > 0 on GPU (CUDA vLLM and the GPU learner each need a share of a GPU)")
     on_cpu = f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''})"
     if c.placement == "colocated":
-        if dev == "cpu":
-            fail(
-                "cluster.placement",
-                f"colocated shares GPUs between engines and learners; the run is on CPU {on_cpu}: use placement split",
-            )
-        if r.async_steps:
-            fail(
-                "rollout.async_steps",
-                "async rollouts overlap generation with the learner step; colocated engines "
-                "sleep during that step: use cluster.placement split, or async_steps 0",
-            )
-        if c.engine_tp != 1:
-            fail(
-                "cluster.engine_tp",
-                "colocated placement puts one engine and one learner worker on each GPU: "
-                f"engine_tp must be 1, got {c.engine_tp}",
-            )
-        if r.num_engines != n_lrn:
-            fail(
-                "cluster.placement",
-                f"colocated placement pairs engine i with learner worker i on one GPU: "
-                f"rollout.num_engines ({r.num_engines}) must equal learner.workers ({n_lrn})",
-            )
-        if not (c.engine_gpus > 0 and c.learner_gpus > 0 and c.engine_gpus + c.learner_gpus <= 1):
-            fail(
-                "cluster.engine_gpus",
-                f"colocated: an engine and a learner worker share one GPU, so "
-                f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
-                f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}",
-            )
+        _check_colocated(recipe, dev, on_cpu, fail)
+    _check_parallelism(recipe, dev, on_cpu, fail)
+
+
+def _check_colocated(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> None:
+    """``cluster.placement: colocated``: GPUs, no async rollouts, engine i with learner i on one GPU."""
+    c, r, n_lrn = recipe.cluster, recipe.rollout, recipe.learner.workers
+    if dev == "cpu":
+        fail(
+            "cluster.placement",
+            f"colocated shares GPUs between engines and learners; the run is on CPU {on_cpu}: use placement split",
+        )
+    if r.async_steps:
+        fail(
+            "rollout.async_steps",
+            "async rollouts overlap generation with the learner step; colocated engines "
+            "sleep during that step: use cluster.placement split, or async_steps 0",
+        )
+    if c.engine_tp != 1:
+        fail(
+            "cluster.engine_tp",
+            "colocated placement puts one engine and one learner worker on each GPU: "
+            f"engine_tp must be 1, got {c.engine_tp}",
+        )
+    if r.num_engines != n_lrn:
+        fail(
+            "cluster.placement",
+            f"colocated placement pairs engine i with learner worker i on one GPU: "
+            f"rollout.num_engines ({r.num_engines}) must equal learner.workers ({n_lrn})",
+        )
+    if not (c.engine_gpus > 0 and c.learner_gpus > 0 and c.engine_gpus + c.learner_gpus <= 1):
+        fail(
+            "cluster.engine_gpus",
+            f"colocated: an engine and a learner worker share one GPU, so "
+            f"cluster.engine_gpus + cluster.learner_gpus must be <= 1 and each > 0 "
+            f"(e.g. 0.5 and 0.5), got {c.engine_gpus} + {c.learner_gpus}",
+        )
+
+
+def _check_parallelism(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> None:
+    """One GPU per learner worker; an engine's GPUs match its tensor-parallel ranks."""
+    c = recipe.cluster
     if c.learner_gpus > 1:
         fail(
             "cluster.learner_gpus",

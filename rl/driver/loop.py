@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from envs.io import TaskFormatError, load_tasks
-from envs.types import Sampling, Task
+from envs.types import Sampling, Task, Trajectory
 from rl.algos.batch import build_batch, rollout_metrics
 from rl.algos.shaping import RewardNormalizer, shape_step
 from rl.config.recipe import Recipe, recipe_to_dict, resolve_path
@@ -56,82 +57,146 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
     ``runtime(cfg, model_path, out, verbose)`` builds the runtime (default: ``RayRuntime``).
     """
     out, resume_from = prepare_output_dir(cfg)
-    model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None, cfg.model.revision)
-    check_targets(
-        model_path, cfg.learner.lora, "learner.lora.target_modules"
-    )  # LoRA target modules exist: before any actor starts
+    model_path = prepare_model(cfg)
     train_sources, eval_tasks = load_task_sets(cfg)
     mixer, normalizer = make_mixer(cfg, train_sources), make_normalizer(cfg)
+    sampling, greedy = make_sampling(cfg)
+    rt = (runtime or _ray_runtime)(cfg, model_path, out, verbose)
+    run = RunParts(cfg, out, rt, mixer, normalizer, eval_tasks, greedy)
+    try:
+        first = start_run(run, train_sources, sampling, resume_from, progress)
+        if first == 1:
+            run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
+        for step in range(first, cfg.train.steps + 1):
+            trajs, metrics = train_step(run, step)  # 1-6. draw, generate, score, shape, update, sync
+            if _due(step, cfg.run.rollouts_every):
+                run.logger.rollouts(step, "train", trajs)
+            if step == cfg.train.steps or _due(step, cfg.train.eval_every):
+                run.episodes.quiesce()  # the newest weights in idle engines
+                metrics |= run_eval(run, step)  # 7. held-out eval
+            run.logger.log(step, metrics)  # 8. log
+            run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
+            if step == cfg.train.steps or _due(step, cfg.run.save_every):
+                checkpoint(rt, out, step, cfg.run.keep_checkpoints, mixer, normalizer, run.episodes)  # 9. checkpoint
+            if run.bar is not None:
+                run.bar.update(step, metrics)
+        finish_run(run)
+    finally:
+        stop_run(run)
+    return out
+
+
+@dataclass
+class RunParts:
+    """What one run holds while it trains; ``stop_run`` closes the parts that were started."""
+
+    cfg: Recipe
+    out: Path
+    rt: Runtime
+    mixer: TaskMixer
+    normalizer: RewardNormalizer
+    eval_tasks: list[Task]
+    greedy: Sampling
+    episodes: EpisodeStream | None = None
+    logger: RunLogger | None = None
+    bar: ProgressBar | None = None
+    guard: BadStepGuard | None = None
+
+
+def prepare_model(cfg: Recipe) -> str:
+    """The model's local path (a Hub id is downloaded); LoRA target modules checked before any actor starts."""
+    model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None, cfg.model.revision)
+    check_targets(model_path, cfg.learner.lora, "learner.lora.target_modules")
+    return model_path
+
+
+def make_sampling(cfg: Recipe) -> tuple[Sampling, Sampling]:
+    """Training sampling (``rollout.temperature``, ``top_p``) and greedy sampling for eval, same lengths."""
     r = cfg.rollout
     sampling = Sampling(r.max_new_tokens, r.temperature, r.top_p, r.max_turns, r.max_model_len)
     greedy = Sampling(r.max_new_tokens, 0.0, 1.0, r.max_turns, r.max_model_len)
-    rt = (runtime or _ray_runtime)(cfg, model_path, out, verbose)
-    logger = bar = episodes = None
-    try:
-        rt.start(length_estimate=lambda t: s.est_len if (s := mixer.stats.get(t.id)) else None)
-        episodes = make_episode_stream(cfg, rt, mixer, train_sources, sampling)
-        first = restore(rt, resume_from, mixer, normalizer, episodes) + 1 if resume_from else 1
-        logger = RunLogger(
-            out,
-            recipe_to_dict(cfg),
-            mode=cfg.wandb.mode,
-            project=cfg.wandb.project,
-            entity=cfg.wandb.entity,
-            run_name=cfg.wandb.run_name,
-            tags=cfg.wandb.tags,
-            table_every=cfg.wandb.table_every,
-            last_step=cfg.train.steps,
-        )
-        bar = ProgressBar(cfg.train.steps) if progress else None
-        guard = BadStepGuard(cfg.train.max_bad_steps, out)
-        if first == 1:
-            logger.log(0, evaluate(rt, logger, eval_tasks, greedy, 0))  # 0. baseline eval
-        for step in range(first, cfg.train.steps + 1):
-            t0 = time.perf_counter()
-            trajs = episodes.take(step)  # 1-2. draw tasks, run episodes (async: during step-1)
-            t1 = time.perf_counter()
-            trajs = rt.score(trajs)  # 3. rewards
-            t2 = time.perf_counter()
-            mixer.update(trajs)
-            shaped, norm_metrics = shape_step(normalizer, trajs)  # 4. reward shaping (per-domain norm)
-            batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
-            metrics = rt.train_step(batch)  # 5. update
-            t3 = time.perf_counter()
-            episodes.weights_updated()  # 6. weight sync (async: once the engines are idle)
-            t4 = time.perf_counter()
-            metrics |= (
-                batch_stats
-                | norm_metrics
-                | mixer.last_counts
-                | rollout_metrics(trajs)
-                | rt.metrics()
-                | {"timing/reward_s": t2 - t1, "timing/learner_s": t3 - t2, "timing/step_s": t4 - t0}
-                | episodes.metrics()
-            )
-            if cfg.run.rollouts_every and step % cfg.run.rollouts_every == 0:
-                logger.rollouts(step, "train", trajs)
-            if step == cfg.train.steps or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-                episodes.quiesce()  # the newest weights in idle engines
-                metrics |= evaluate(rt, logger, eval_tasks, greedy, step)  # 7. held-out eval
-            logger.log(step, metrics)  # 8. log
-            guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
-            if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
-                checkpoint(rt, out, step, cfg.run.keep_checkpoints, mixer, normalizer, episodes)  # 9. checkpoint
-            if bar is not None:
-                bar.update(step, metrics)
-        (out / "DONE").write_text(json.dumps({"steps": cfg.train.steps}) + "\n")
-        if bar is not None:
-            bar.close()
-            print(logger.summary(), flush=True)
-    finally:
-        if bar is not None:
-            bar.close()  # idempotent: ends the progress line on every exit path
-        if logger is not None:
-            logger.close()
-        rt.stop()
-        if episodes is not None:
-            episodes.close()  # after the runtime: an in-flight generation ends when its engine does
-    return out
+    return sampling, greedy
+
+
+def start_run(
+    run: RunParts, sources: list[Source], sampling: Sampling, resume_from: Path | None, progress: bool
+) -> int:
+    """Start the runtime, the episode stream, the logger, progress bar and bad-step guard; restore
+    ``resume_from`` if given. Returns the first step to train."""
+    cfg, mixer = run.cfg, run.mixer
+    run.rt.start(length_estimate=lambda t: s.est_len if (s := mixer.stats.get(t.id)) else None)
+    run.episodes = make_episode_stream(cfg, run.rt, mixer, sources, sampling)
+    first = restore(run.rt, resume_from, mixer, run.normalizer, run.episodes) + 1 if resume_from else 1
+    w = cfg.wandb
+    run.logger = RunLogger(
+        run.out,
+        recipe_to_dict(cfg),
+        mode=w.mode,
+        project=w.project,
+        entity=w.entity,
+        run_name=w.run_name,
+        tags=w.tags,
+        table_every=w.table_every,
+        last_step=cfg.train.steps,
+    )
+    run.bar = ProgressBar(cfg.train.steps) if progress else None
+    run.guard = BadStepGuard(cfg.train.max_bad_steps, run.out)
+    return first
+
+
+def train_step(run: RunParts, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+    """One step's episodes, rewards, shaping, update and weight sync; returns the episodes and the step's metrics."""
+    rt, mixer, cfg = run.rt, run.mixer, run.cfg
+    t0 = time.perf_counter()
+    trajs = run.episodes.take(step)  # 1-2. draw tasks, run episodes (async: during step-1)
+    t1 = time.perf_counter()
+    trajs = rt.score(trajs)  # 3. rewards
+    t2 = time.perf_counter()
+    mixer.update(trajs)
+    shaped, norm_metrics = shape_step(run.normalizer, trajs)  # 4. reward shaping (per-domain norm)
+    batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
+    metrics = rt.train_step(batch)  # 5. update
+    t3 = time.perf_counter()
+    run.episodes.weights_updated()  # 6. weight sync (async: once the engines are idle)
+    t4 = time.perf_counter()
+    metrics |= (
+        batch_stats
+        | norm_metrics
+        | mixer.last_counts
+        | rollout_metrics(trajs)
+        | rt.metrics()
+        | {"timing/reward_s": t2 - t1, "timing/learner_s": t3 - t2, "timing/step_s": t4 - t0}
+        | run.episodes.metrics()
+    )
+    return trajs, metrics
+
+
+def run_eval(run: RunParts, step: int) -> dict[str, float]:
+    return evaluate(run.rt, run.logger, run.eval_tasks, run.greedy, step)
+
+
+def _due(step: int, every: int) -> bool:
+    """Whether an every-``every``-steps action (0: never) falls on ``step``."""
+    return bool(every) and step % every == 0
+
+
+def finish_run(run: RunParts) -> None:
+    """After the last step: the ``DONE`` marker, then the progress line ended and the run's summary printed."""
+    (run.out / "DONE").write_text(json.dumps({"steps": run.cfg.train.steps}) + "\n")
+    if run.bar is not None:
+        run.bar.close()
+        print(run.logger.summary(), flush=True)
+
+
+def stop_run(run: RunParts) -> None:
+    """Close what ``start_run`` opened, on every exit path (normal end, exception, Ctrl-C, SIGTERM)."""
+    if run.bar is not None:
+        run.bar.close()  # idempotent: ends the progress line on every exit path
+    if run.logger is not None:
+        run.logger.close()
+    run.rt.stop()
+    if run.episodes is not None:
+        run.episodes.close()  # after the runtime: an in-flight generation ends when its engine does
 
 
 def _ray_runtime(cfg: Recipe, model_path: str, out: Path, verbose: bool) -> Runtime:
@@ -167,7 +232,7 @@ def make_episode_stream(
 
 def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
     mx = cfg.mixer
-    cls, extra = (AdaptiveTaskMixer, {"adaptive": dict(mx.adaptive)}) if mx.mode == "adaptive" else (TaskMixer, {})
+    cls, extra = (AdaptiveTaskMixer, {"adaptive": mx.adaptive}) if mx.mode == "adaptive" else (TaskMixer, {})
     return cls(
         sources,
         cfg.rollout.prompts_per_step,

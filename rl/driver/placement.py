@@ -99,47 +99,9 @@ def plan_placement(recipe: Recipe, device: str) -> Plan:
     """The placement groups and actor slots of ``recipe`` on ``device`` (``cpu`` | ``gpu``). Pure."""
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be cpu or gpu, got {device!r}")
-    c, n_eng, n_lrn = recipe.cluster, recipe.rollout.num_engines, recipe.learner.workers
-    n_rew = recipe.reward_service.workers
-    gpu = device == "gpu"
-    eg, lg = (c.engine_gpus, c.learner_gpus) if gpu else (0.0, 0.0)
-    groups: list[GroupPlan] = []
-    slots: dict[str, tuple[Slot, ...]] = {}
+    c, n_rew = recipe.cluster, recipe.reward_service.workers
     colocated = c.placement == "colocated"
-    if colocated:
-        merged = dict(c.engine_resources)
-        for k, v in c.learner_resources.items():
-            merged[k] = merged.get(k, 0.0) + v
-        groups.append(
-            GroupPlan(
-                "engines+learners",
-                tuple(_bundle(c.engine_cpus + c.learner_cpus, 1.0 if gpu else 0.0, merged) for _ in range(n_eng)),
-                "PACK",
-                "rollout.num_engines, learner.workers, cluster.engine_cpus/_gpus/_resources, "
-                "cluster.learner_cpus/_gpus/_resources",
-            )
-        )
-        slots["engine"] = tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng))
-        slots["learner"] = tuple(Slot(0, i, c.learner_cpus, lg) for i in range(n_lrn))
-    else:
-        groups.append(
-            GroupPlan(
-                "engines",
-                tuple(_bundle(c.engine_cpus, eg, c.engine_resources) for _ in range(n_eng)),
-                "PACK",
-                "rollout.num_engines, cluster.engine_cpus, cluster.engine_gpus, cluster.engine_resources",
-            )
-        )
-        groups.append(
-            GroupPlan(
-                "learners",
-                tuple(_bundle(c.learner_cpus, lg, c.learner_resources) for _ in range(n_lrn)),
-                "PACK",
-                "learner.workers, cluster.learner_cpus, cluster.learner_gpus, cluster.learner_resources",
-            )
-        )
-        slots["engine"] = tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng))
-        slots["learner"] = tuple(Slot(1, i, c.learner_cpus, lg) for i in range(n_lrn))
+    groups, slots = (_colocated_groups if colocated else _split_groups)(recipe, device == "gpu")
     groups.append(
         GroupPlan(
             "reward workers",
@@ -150,6 +112,55 @@ def plan_placement(recipe: Recipe, device: str) -> Plan:
     )
     slots["reward"] = tuple(Slot(len(groups) - 1, i, c.reward_cpus, 0.0) for i in range(n_rew))
     return Plan(device, colocated, tuple(groups), slots)
+
+
+_GroupsAndSlots = tuple[list[GroupPlan], dict[str, tuple[Slot, ...]]]
+
+
+def _colocated_groups(recipe: Recipe, gpu: bool) -> _GroupsAndSlots:
+    """One group whose bundle ``i`` holds engine ``i`` and learner ``i`` (one GPU each, shared)."""
+    c, n_eng, n_lrn = recipe.cluster, recipe.rollout.num_engines, recipe.learner.workers
+    eg, lg = (c.engine_gpus, c.learner_gpus) if gpu else (0.0, 0.0)
+    merged = dict(c.engine_resources)
+    for k, v in c.learner_resources.items():
+        merged[k] = merged.get(k, 0.0) + v
+    group = GroupPlan(
+        "engines+learners",
+        tuple(_bundle(c.engine_cpus + c.learner_cpus, 1.0 if gpu else 0.0, merged) for _ in range(n_eng)),
+        "PACK",
+        "rollout.num_engines, learner.workers, cluster.engine_cpus/_gpus/_resources, "
+        "cluster.learner_cpus/_gpus/_resources",
+    )
+    slots = {
+        "engine": tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng)),
+        "learner": tuple(Slot(0, i, c.learner_cpus, lg) for i in range(n_lrn)),
+    }
+    return [group], slots
+
+
+def _split_groups(recipe: Recipe, gpu: bool) -> _GroupsAndSlots:
+    """An engine group and a learner group, each bundle its own resources."""
+    c, n_eng, n_lrn = recipe.cluster, recipe.rollout.num_engines, recipe.learner.workers
+    eg, lg = (c.engine_gpus, c.learner_gpus) if gpu else (0.0, 0.0)
+    groups = [
+        GroupPlan(
+            "engines",
+            tuple(_bundle(c.engine_cpus, eg, c.engine_resources) for _ in range(n_eng)),
+            "PACK",
+            "rollout.num_engines, cluster.engine_cpus, cluster.engine_gpus, cluster.engine_resources",
+        ),
+        GroupPlan(
+            "learners",
+            tuple(_bundle(c.learner_cpus, lg, c.learner_resources) for _ in range(n_lrn)),
+            "PACK",
+            "learner.workers, cluster.learner_cpus, cluster.learner_gpus, cluster.learner_resources",
+        ),
+    ]
+    slots = {
+        "engine": tuple(Slot(0, i, c.engine_cpus, eg) for i in range(n_eng)),
+        "learner": tuple(Slot(1, i, c.learner_cpus, lg) for i in range(n_lrn)),
+    }
+    return groups, slots
 
 
 def resolve_device(recipe: Recipe, cluster_gpus: float) -> str:

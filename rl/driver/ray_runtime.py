@@ -165,9 +165,10 @@ class RayRuntime:
                 self.pool.wake_up()
 
     def metrics(self, *, rollout: bool = True) -> dict[str, float]:
-        """Since the last call: ``faults/rollout_restarts`` (``rollout``), reward-service restarts and
-        per-function errors."""
-        return (self.pool.metrics() if rollout else {}) | self.rewards.metrics()
+        """Since the last call: ``faults/rollout_restarts`` and ``faults/learner_restarts`` (``rollout``),
+        reward-service restarts and per-function errors."""
+        train_side = (self.pool.metrics() | self.learners.metrics()) if rollout else {}
+        return train_side | self.rewards.metrics()
 
     def sync_weights(self) -> None:
         path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered

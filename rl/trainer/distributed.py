@@ -38,6 +38,7 @@ from typing import Any, Iterable
 
 import torch
 
+from envs.actors import ActorGroup, ray_factory
 from rl.algos.batch import Batch, Sample
 
 __all__ = [
@@ -205,6 +206,12 @@ class LearnerGroup:
     ``step`` shards the batch and returns rank 0's metrics (already reduced over the
     ranks); ``export_weights``, ``logprobs``, ``save_checkpoint`` and ``load_checkpoint`` go to every rank
     (collectives over the shards) and return rank 0's answer. ``actors[0]`` is rank 0's handle.
+
+    The actors are spawned, each with its rank's options, and killed through an
+    ``envs.actors.ActorGroup``, like the rollout and reward workers; unlike them, a dead learner is
+    not replaced: its shard of the weights and optimizer state is gone and the process group
+    cannot take a new rank mid-run, so the call that finds it dead raises and the run stops
+    (resume from the last checkpoint). ``metrics()`` reports ``faults/learner_restarts``, 0 for now.
     """
 
     def __init__(
@@ -229,8 +236,6 @@ class LearnerGroup:
         replaces ``num_cpus``/``num_gpus``: each rank goes where its options say (its placement-group bundle)."""
         import os
 
-        import ray
-
         from rl.trainer.learner import Learner
 
         if n < 1:
@@ -238,39 +243,55 @@ class LearnerGroup:
         if actor_options is not None and len(actor_options) != n:
             raise ValueError(f"{len(actor_options)} actor_options for {n} learners")
         self.n = n
+        opts, port = self._placed(n, actor_options)
         per = max(1, (threads or os.cpu_count() or 1) // n)
-        cls = ray.remote(num_cpus=num_cpus / n, num_gpus=num_gpus)(Learner)
-        if actor_options is None:
-            opts: list[dict[str, Any]] = [{} for _ in range(n)]
-            port = free_port() if n > 1 else 0
-            if n > 1:  # the rendezvous is on 127.0.0.1: every learner on the driver's node
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        factory = ray_factory(
+            Learner,
+            {"num_cpus": num_cpus / n, "num_gpus": num_gpus},
+            (model_path, model_cfg, algo),
+            lambda r: {
+                "seed": seed,
+                "threads": per,
+                "shm_dir": shm_dir,
+                "total_steps": total_steps,
+                "rank": r,
+                "world_size": n,
+                "dist_port": port,
+                "learner": learner,
+            },
+        )
+        # Never replaced (see the class docstring): the group spawns, reports restarts (0) and kills.
+        self.group = ActorGroup(n, factory, metric="faults/learner_restarts", options=opts, what="learners")
 
-                here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-                opts = [{"scheduling_strategy": here} for _ in range(n)]
-        else:
-            opts = [dict(o) for o in actor_options]
-            port = 0
-            if n > 1:
-                addr, port = self._rendezvous(opts)
-                for o in opts:  # merged with the job's env vars by Ray
-                    o["runtime_env"] = {"env_vars": {"JOINTRL_DIST_ADDR": addr}}
-        self.actors = [
-            cls.options(**opts[r]).remote(
-                model_path,
-                model_cfg,
-                algo,
-                seed=seed,
-                threads=per,
-                shm_dir=shm_dir,
-                total_steps=total_steps,
-                rank=r,
-                world_size=n,
-                dist_port=port,
-                learner=learner,
-            )
-            for r in range(n)
-        ]
+    @property
+    def actors(self) -> list[Any]:
+        """The learners' actor handles, by rank."""
+        return self.group.actors
+
+    def metrics(self) -> dict[str, float]:
+        """``faults/learner_restarts`` since the last call: always 0, since a dead learner ends the run."""
+        return self.group.metrics()
+
+    def _placed(self, n: int, actor_options: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], int]:
+        """Each rank's Ray actor options and the rendezvous port (0 with one learner). Without
+        ``actor_options`` every learner is pinned to the driver's node (the rendezvous is 127.0.0.1 on a
+        port free here); with them, the ranks meet where :meth:`_rendezvous` finds."""
+        import ray
+
+        if actor_options is None:
+            if n == 1:
+                return [{}], 0
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            return [{"scheduling_strategy": here} for _ in range(n)], free_port()
+        opts = [dict(o) for o in actor_options]
+        if n == 1:
+            return opts, 0
+        addr, port = self._rendezvous(opts)
+        for o in opts:  # merged with the job's env vars by Ray
+            o["runtime_env"] = {"env_vars": {"JOINTRL_DIST_ADDR": addr}}
+        return opts, port
 
     @staticmethod
     def _rendezvous(opts: list[dict[str, Any]]) -> tuple[str, int]:
@@ -335,8 +356,7 @@ class LearnerGroup:
             ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
         except Exception:  # noqa: BLE001 - a dead or stuck learner is killed all the same
             pass
-        for a in self.actors:
-            ray.kill(a)
+        self.group.kill_all()
 
 
 def _empty_cuda_cache(_actor: Any) -> None:

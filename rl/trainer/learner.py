@@ -164,6 +164,20 @@ def _value_head(hidden_size: int) -> torch.nn.Linear:
     return head
 
 
+def _loss_aggregation(algo: AlgoConfig, est: Any) -> tuple[str, int | None]:
+    """``algo.loss.agg`` (``auto``: the estimator's default, for a config built in code, not by
+    ``load_recipe`` which resolves it) and ``norm_tokens`` (needed by seq-mean-token-sum-norm)."""
+    agg, norm_tokens = algo.loss.agg, algo.loss.norm_tokens or None
+    if agg == "auto":
+        agg = est.default_agg
+    if agg == "seq-mean-token-sum-norm" and not norm_tokens:
+        raise ValueError(
+            "algo.loss.norm_tokens must be > 0 for seq-mean-token-sum-norm (load_recipe sets it to "
+            "rollout.max_new_tokens x rollout.max_turns)"
+        )
+    return agg, norm_tokens
+
+
 class Learner:
     def __init__(
         self,
@@ -193,14 +207,7 @@ class Learner:
         self.algo, self.model_cfg = algo, model_cfg
         self.lcfg = learner if learner is not None else LearnerConfig()
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
-        self.agg, self.norm_tokens = algo.loss.agg, algo.loss.norm_tokens or None
-        if self.agg == "auto":  # a config built in code, not by load_recipe (which resolves it)
-            self.agg = self.est.default_agg
-        if self.agg == "seq-mean-token-sum-norm" and not self.norm_tokens:
-            raise ValueError(
-                "algo.loss.norm_tokens must be > 0 for seq-mean-token-sum-norm (load_recipe sets it to "
-                "rollout.max_new_tokens x rollout.max_turns)"
-            )
+        self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if world_size > 1:
@@ -208,13 +215,7 @@ class Learner:
         self._reduce = all_reduce_sum if world_size > 1 else None
         self.gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.use_autocast = model_cfg.autocast
-        self.precision_note = ""
-        if self.lcfg.precision == "auto":  # timed on this host (rl.trainer.precision)
-            choice = precision.pick(self.device)
-            self.use_autocast, self.precision_note = choice.autocast, choice.describe()
-            if rank == 0:
-                print(f"jointrl learner: {self.precision_note}", flush=True)
+        self.use_autocast, self.precision_note = self._pick_precision()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
@@ -225,16 +226,31 @@ class Learner:
             broadcast_params([p for p in self._trainable() if not _is_dtensor(p)])
             if self.critic is not None:
                 broadcast_params(self.critic.parameters())
-        if shm_dir:
-            self.shm_dir = Path(shm_dir)  # owned (and removed) by the caller
-            self.shm_dir.mkdir(parents=True, exist_ok=True)
-        else:
-            self.shm_dir = Path(
-                tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-            )
-            weakref.finalize(self, shutil.rmtree, str(self.shm_dir), True)
+        self.shm_dir = self._weights_dir(shm_dir)
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
+
+    def _pick_precision(self) -> tuple[bool, str]:
+        """(autocast on?, note): ``model.autocast``, or with ``learner.precision: auto`` what was faster
+        when timed on this host (``rl.trainer.precision``)."""
+        if self.lcfg.precision != "auto":
+            return self.model_cfg.autocast, ""
+        choice = precision.pick(self.device)
+        note = choice.describe()
+        if self.rank == 0:
+            print(f"jointrl learner: {note}", flush=True)
+        return choice.autocast, note
+
+    def _weights_dir(self, shm_dir: str | None) -> Path:
+        """Where exported weights go: ``shm_dir`` (owned and removed by the caller), else a temporary folder
+        in /dev/shm removed with the learner."""
+        if shm_dir:
+            d = Path(shm_dir)
+            d.mkdir(parents=True, exist_ok=True)
+            return d
+        d = Path(tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        weakref.finalize(self, shutil.rmtree, str(d), True)
+        return d
 
     def _build_models(self, model_path: str) -> None:
         """The policy (LoRA adapters attached when ``learner.lora.rank > 0``, sharded over 2+ learners), the
@@ -1043,12 +1059,7 @@ class Learner:
           ``rng_rank<r>.pt``: rank r's RNG states (r > 0).
         """
         import torch.distributed.checkpoint as dcp
-        from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
@@ -1058,30 +1069,54 @@ class Learner:
             checkpoint_id=str(p / "dcp"),
             no_dist=not fsdp.active(),
         )
-        adapter = None
-        if self.peft is not None:  # merged one tensor at a time (gathered when sharded); rank 0 keeps them
-            adapter = {
-                k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
-                for k, v in self.peft.state_dict().items()
-                if ".lora_" in k
-            }
-            full = {}
-            for k, v in lora.merged_tensors(self.model):
-                v = v.full_tensor() if _is_dtensor(v) else v
-                if self.rank == 0:
-                    full[k] = v.detach().cpu()
-                del v
-        else:
-            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        rng = {
+        full, adapter = self._full_weights()
+        rng = self._rng_states()
+        if self.rank > 0:
+            torch.save(rng, p / f"rng_rank{self.rank}.pt")
+            return
+        self._save_rank0(p, full, adapter, rng)
+
+    def _full_weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """The policy's full weights (with LoRA: merged) and the LoRA adapters (or None), gathered when
+        sharded; every rank takes part, rank 0 keeps the tensors."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.peft is None:
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return get_model_state_dict(self.model, options=opts), None
+        adapter = {  # merged one tensor at a time (gathered when sharded)
+            k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
+            for k, v in self.peft.state_dict().items()
+            if ".lora_" in k
+        }
+        full = {}
+        for k, v in lora.merged_tensors(self.model):
+            v = v.full_tensor() if _is_dtensor(v) else v
+            if self.rank == 0:
+                full[k] = v.detach().cpu()
+            del v
+        return full, adapter
+
+    def _rng_states(self) -> dict[str, Any]:
+        """This rank's torch, Python, shuffle and CUDA RNG states."""
+        return {
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
             "shuffle_rng": self.gen.get_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
-        if self.rank > 0:
-            torch.save(rng, p / f"rng_rank{self.rank}.pt")
-            return
+
+    def _save_rank0(
+        self,
+        p: Path,
+        full: dict[str, torch.Tensor],
+        adapter: dict[str, torch.Tensor] | None,
+        rng: dict[str, Any],
+    ) -> None:
+        """Rank 0's part of ``save_checkpoint``: ``model/``, ``adapter/``, ``critic.safetensors``,
+        ``learner_state.pt``."""
+        from safetensors.torch import save_file
+
         self.model.save_pretrained(p / "model", state_dict=full)
         self.tokenizer.save_pretrained(p / "model")
         del full
