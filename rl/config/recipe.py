@@ -87,12 +87,63 @@ class ModelConfig(Section):
     reference_dtype: Dtype = knob("bfloat16", "frozen reference model for the KL term")
 
 
+# Task fields a dataset column can fill (``data.*_datasets[i].columns``: task field -> column). ``prompt``
+# is one user message; ``system`` a system message before it; ``meta.K``, ``code.K``, ``terminal.K`` one
+# key of that part of the task (rl/data/hub_data.py builds the native record, envs/io.py validates it).
+DATASET_TARGETS = ("id", "domain", "messages", "prompt", "system", "prefill", "tool_call", "code", "terminal", "meta")
+
+
+def _dataset_columns(v: dict[str, str]) -> str | None:
+    for target, column in v.items():
+        head = target.split(".", 1)[0]
+        dotted_ok = head in ("meta", "code", "terminal") and target.count(".") == 1 and target.split(".")[1]
+        if target not in DATASET_TARGETS and not dotted_ok:
+            raise FieldError(
+                target,
+                f"not a task field; map one of {', '.join(DATASET_TARGETS)} (or meta.KEY, code.KEY, terminal.KEY) "
+                "to a dataset column",
+            )
+        if not column:
+            raise FieldError(target, "needs a dataset column name")
+    if "prompt" in v and "messages" in v:
+        return "map either prompt (one user message) or messages (a list of messages), not both"
+    if "system" in v and "prompt" not in v:
+        return "system needs prompt (the user message it precedes)"
+    return None
+
+
+@dataclass(frozen=True)
+class DatasetConfig(Section):
+    """A task set read through ``datasets`` (a Hub dataset or a local dataset folder), mapped onto tasks."""
+
+    path: str = knob("", "Hub dataset id (org/name) or a local dataset folder; what datasets.load_dataset takes")
+    subset: str = knob("", "the dataset's configuration name (\"\" = its default); load_dataset's name=")
+    split: str = knob("train", "split to read, e.g. train, test, train[:1000]")
+    revision: str = knob("", 'Hub branch, tag or commit ("" = main); HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply')
+    columns: dict[str, str] = knob(
+        doc="task field -> dataset column (prompt, id, domain, meta.KEY, code.KEY ...); {} = rows are native tasks",
+        factory=dict,
+        check=_dataset_columns,
+    )
+    domain: str = knob("", "domain of every task (when no column is mapped to domain)")
+    weight: float = knob(1.0, "weight within its domain (like data.train_weights)", ge=0)
+    limit: int = knob(0, "read at most N rows (0 = all)", ge=0)
+
+    def check(self) -> None:
+        if not self.path:
+            raise FieldError("path", "needs a Hub dataset id (org/name) or a local dataset folder")
+
+
 @dataclass(frozen=True)
 class DataConfig(Section):
     train_files: list[str] = knob(doc="task files (.jsonl, .jsonl.gz, .parquet); relative to the recipe", factory=list)
     eval_files: list[str] = knob(doc="held-out task files, evaluated greedily", factory=list)
     eval_limit: int = knob(0, "evaluate at most N held-out tasks (0 = all)", ge=0)
     train_weights: list[float] = knob(doc="weight of each train file within its domain ([] = 1 each)", factory=list)
+    train_datasets: list[DatasetConfig] = knob(
+        doc="training tasks from datasets (Hub or local folders), with a column mapping", factory=list
+    )
+    eval_datasets: list[DatasetConfig] = knob(doc="held-out tasks from datasets", factory=list)
 
     def check(self) -> None:
         if self.train_weights and (len(self.train_weights) != len(self.train_files) or min(self.train_weights) < 0):
@@ -775,8 +826,8 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
             AdaptiveConfig.from_dict(dict(mx.adaptive)).bounds(sorted(domains))
         except ValueError as e:
             yield "mixer.adaptive", str(e).removeprefix("mixer.adaptive: ")
-    if not recipe.data.train_files:
-        yield "data.train_files", "at least one task file is needed"
+    if not recipe.data.train_files and not recipe.data.train_datasets:
+        yield "data.train_files", "at least one task file (or data.train_datasets entry) is needed"
     if not recipe.rewards:
         yield "rewards", "at least one reward class is needed"
 
