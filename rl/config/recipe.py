@@ -424,6 +424,12 @@ class LearnerConfig(Section):
     precision: Literal["manual", "auto"] = knob(
         "manual", "manual: model.autocast decides | auto: time bf16 autocast vs fp32 at start, use the faster (logged)"
     )
+    logits_chunk_tokens: int = knob(
+        0,
+        "lm_head + log-softmax over this many tokens at a time, each chunk recomputed in the backward, so a "
+        "micro-batch's vocabulary-sized tensors stay bounded (0 = all at once)",
+        ge=0,
+    )
 
     def check(self) -> None:
         if self.activation_checkpointing and self.share_prompt:
