@@ -1312,6 +1312,32 @@ def _clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor)
                 p.grad.detach().mul_(coef)
 
 
+def policy_from_checkpoint(path: str | Path, model_path: str, lora_cfg: Any = None) -> Any:
+    """The policy of learner checkpoint ``path`` as a plain HF causal LM (float32, on CPU), for an export.
+
+    Read from the checkpoint's ``dcp/`` (``save_checkpoint``; written by 1 or N ranks,
+    ``torch.distributed.checkpoint`` reshards on load, here into one unsharded model): the base
+    ``model_path`` (the run's ``model.path``, resolved) is loaded, the trainable weights (all of
+    them; with LoRA, built with the run's ``learner.lora``, the adapters) are set from the
+    checkpoint, and LoRA adapters are merged into the base (``peft``'s ``merge_and_unload``).
+    Raises ``FileNotFoundError`` naming ``dcp/.metadata`` when the checkpoint has none.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    meta = Path(path) / "dcp" / ".metadata"
+    if not meta.is_file():
+        raise FileNotFoundError(f"{meta}: not found; {path} is not a learner checkpoint of this version")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    peft = lora.attach(model, lora_cfg) if lora.enabled(lora_cfg) else None
+    mods = torch.nn.ModuleDict({"policy": model})  # the names save_checkpoint used (_state_modules)
+    state = {"model": _trainable_state(mods)}
+    dcp.load(state, checkpoint_id=str(meta.parent), no_dist=True)
+    set_model_state_dict(mods, state["model"], options=StateDictOptions(strict=False))
+    return peft.merge_and_unload() if peft is not None else model
+
+
 def _trainable_state(mods: torch.nn.Module) -> dict[str, Any]:
     """``get_model_state_dict(mods)`` without frozen parameters (LoRA's base: it never changes and is not
     checkpointed). Filtered by name because ``ignore_frozen_params`` lets a tied alias (lm_head) through."""
