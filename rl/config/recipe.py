@@ -81,7 +81,11 @@ class ModelConfig(Section):
     revision: str = knob(
         "", 'Hub branch, tag or commit of a Hub id ("" = main); HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply'
     )
-    engine_dtype: Dtype = knob("bfloat16", "vLLM weights")
+    engine_dtype: Literal["float32", "bfloat16", "float16", "auto"] = knob(
+        "bfloat16",
+        "vLLM weights; auto: bfloat16 on GPU, on CPU with learner.precision auto the faster of bf16/fp32 by the "
+        "same timing (else bfloat16)",
+    )
     learner_dtype: Literal["float32", "bfloat16"] = knob("float32", "learner master weights")
     autocast: bool = knob(True, "bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)")
     reference_dtype: Dtype = knob("bfloat16", "frozen reference model for the KL term")
