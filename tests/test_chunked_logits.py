@@ -73,6 +73,27 @@ def test_head_logprobs_values_and_grads_match(chunk):
     assert head_logprobs(head, hidden, targets, chunk, "none")[1] is None
 
 
+def test_head_logprobs_under_bf16_autocast_recomputes_in_bf16():
+    """Under autocast the backward's recompute runs in bf16 too (checkpoint keeps the autocast state): the
+    chunked gradients match the unchunked ones to bf16 tolerance, not merely fp32-vs-bf16 closeness."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 64, bias=False)
+    hidden = torch.randn(20, 32, requires_grad=True)
+    targets = torch.randint(0, 64, (20,))
+    grads = {}
+    for chunk in (0, 6):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lp, ent = head_logprobs(head, hidden, targets, chunk, "grad")
+        grads[chunk] = torch.autograd.grad(_loss(lp, ent), [hidden, head.weight])
+    # d hidden is per row: the same bf16 ops chunked or not (an fp32 recompute would be ~1e-3 off here);
+    # d W sums over the chunks in bf16, so it may differ by a bf16 rounding step.
+    torch.testing.assert_close(grads[6][0], grads[0][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(grads[6][1], grads[0][1], rtol=1e-2, atol=2e-2)
+    with torch.no_grad():
+        lp32 = head_logprobs(head, hidden, targets, 0, "none")[0]
+    assert not torch.allclose(lp.detach(), lp32, atol=1e-4)  # the test runs bf16 logits, not fp32
+
+
 def test_head_logprobs_bounds_vocab_tensors():
     """Forward and backward: no op output with a vocabulary last dim has more rows than the chunk."""
     head = torch.nn.Linear(16, 50, bias=False)
