@@ -137,3 +137,23 @@ def test_train_exits_2_before_actors_when_dataset_not_cached(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("jointrl: error: data.train_datasets.0.path: dataset 'acme/not-cached'"), last
+
+
+def test_load_task_sets_mixes_files_and_datasets(tmp_path):
+    """The driver's loader (before any actor): a dataset entry is one more weighted source, eval rows join
+    the held-out tasks, and a dataset task of a domain no env serves is named by its recipe key."""
+    from rl.driver.loop import load_task_sets
+
+    folder = _write_jsonl(tmp_path / "qa", ROWS)
+    entry = f"{{path: {folder}, columns: {{prompt: question}}, domain: tool_call, weight: 2.5}}"
+    cfg = load_recipe(
+        _tiny_recipe(tmp_path), [f"data.train_datasets=[{entry}]", f"data.eval_datasets=[{entry}]", "data.eval_limit=0"]
+    )
+    sources, held = load_task_sets(cfg)
+    ds = [s for s in sources if s.name.startswith(str(folder))]
+    assert len(ds) == 1 and ds[0].weight == 2.5 and len(ds[0].tasks) == len(ROWS)
+    assert len(sources) > 1  # the recipe's task file is still there
+    assert {t.id for t in held} >= {t.id for t in ds[0].tasks}
+    bad = load_recipe(_tiny_recipe(tmp_path), [f"data.train_datasets=[{entry.replace('tool_call', 'math')}]"])
+    with pytest.raises(TaskFormatError, match=r"data.train_datasets.0: task .* has domain 'math'"):
+        load_task_sets(bad)
