@@ -125,6 +125,11 @@ def test_recipe_form_and_bad_mapping_key(tmp_path):
         load_recipe(recipe, ["data.train_datasets=[{path: acme/qa, columns: {question: q}}]"])
     with pytest.raises(RecipeError, match=r"data.train_datasets.0.path: needs a Hub dataset id"):
         load_recipe(recipe, ["data.train_datasets=[{split: train}]"])
+    from rl.config.recipe import validate_recipe
+
+    missing = load_recipe(recipe, ["data.eval_datasets=[{path: ./no-such-folder, domain: tool_call}]"])
+    with pytest.raises(RecipeError, match=r"data.eval_datasets.0.path: dataset folder not found: .*no-such-folder"):
+        validate_recipe(missing, check_imports=False)
 
 
 def test_train_exits_2_before_actors_when_dataset_not_cached(tmp_path):

@@ -901,6 +901,13 @@ def _check_files(recipe: Recipe, fail) -> None:
         for i, f in enumerate(files):
             if not resolve_path(recipe, f).is_file():
                 fail(f"{key}.{i}", f"task file not found: {resolve_path(recipe, f)}")
+    for key, entries in (
+        ("data.train_datasets", recipe.data.train_datasets),
+        ("data.eval_datasets", recipe.data.eval_datasets),
+    ):
+        for i, e in enumerate(entries):  # a path that can only be local must exist (a Hub id is checked at start)
+            if e.path.startswith(("/", "./", "../", "~")) and not resolve_path(recipe, e.path).exists():
+                fail(f"{key}.{i}.path", f"dataset folder not found: {resolve_path(recipe, e.path)}")
 
 
 def _check_classes(recipe: Recipe, fail) -> None:

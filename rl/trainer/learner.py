@@ -55,7 +55,8 @@ memory for the engines, gathering sharded tensors one at a time (``lm_head.weigh
 included: with tied embeddings an engine otherwise keeps a stale head).
 ``save_checkpoint``/``load_checkpoint`` round-trip the model (sharded, through
 ``torch.distributed.checkpoint``), critic, optimizers, LR schedulers, KL controller, RNG
-states and step counters. This module does
+states and step counters; ``policy_from_checkpoint`` rebuilds the policy of a checkpoint as one
+plain HF model (adapters merged), for ``jointrl export``. This module does
 not generate text or score rewards.
 """
 
