@@ -68,8 +68,12 @@ def test_export_full_equals_learner(make_learner, tiny_tokenizer, tiny_model_pat
     assert _hf_logprobs(Path(tiny_model_path), prompt, cont) != pytest.approx(want, abs=1e-3)  # not the base
     # default: the newest checkpoint into RUN_DIR/export/step_N, in bfloat16
     assert main(["export", str(tmp_path / "run")]) == 0
-    cfg = json.loads((tmp_path / "run" / "export" / "step_000002" / "config.json").read_text())
+    bf16 = tmp_path / "run" / "export" / "step_000002"
+    cfg = json.loads((bf16 / "config.json").read_text())
     assert cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16"
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(bf16 / "model.safetensors").values()} == {torch.bfloat16}
 
 
 def test_export_lora_merged_equals_learner(make_learner, tiny_tokenizer, tiny_model_path, tmp_path):

@@ -128,8 +128,7 @@ def export_run(
         raise ExportError(str(e)) from e
     except (RuntimeError, ValueError) as e:  # dcp: keys or shapes that do not match the run's model
         raise ExportError(f"{ck / 'dcp'}: does not match the run's model {base} (learner.lora as recorded): {e}") from e
-    model.to(getattr(torch, dtype))
-    model.config.torch_dtype = dtype
+    model.to(getattr(torch, dtype))  # save_pretrained records it as config.json "dtype"
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
