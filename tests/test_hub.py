@@ -123,8 +123,8 @@ def _start_until_learners(monkeypatch, cfg, model_path, out, folders=None):
         events.append(f"prefetch {path}")
         return folders if folders is not None else {"node-a": model_path, "node-b": model_path}
 
-    def learners(*a, **k):
-        events.append("learners")
+    def learners(workers, path, model_cfg, *a, **k):
+        events.append(f"learners engine_dtype={model_cfg.engine_dtype} autocast={model_cfg.autocast}")
         raise _Stop
 
     monkeypatch.setattr(ray_runtime.RayRuntime, "_init_ray", lambda self: None)
@@ -150,14 +150,35 @@ def test_driver_prefetches_a_hub_model_on_every_node_before_actors(offline_hub, 
     cfg = load_recipe(recipe_copy("tiny.yaml"), ["model.path=jointrl-test/tiny"])
     path = resolve_model(cfg.model.path)
     events = _start_until_learners(monkeypatch, cfg, path, tmp_path)
-    assert events == ["prefetch jointrl-test/tiny", "reserve", "learners"]
+    assert events == ["prefetch jointrl-test/tiny", "reserve", "learners engine_dtype=bfloat16 autocast=True"]
 
 
 def test_local_model_is_not_prefetched(offline_hub, recipe_copy, tiny_model_path, tmp_path, monkeypatch):
     from rl.config.recipe import load_recipe
 
     cfg = load_recipe(recipe_copy("tiny.yaml"))  # embedded:tiny, a local folder once built
-    assert _start_until_learners(monkeypatch, cfg, tiny_model_path, tmp_path) == ["reserve", "learners"]
+    assert _start_until_learners(monkeypatch, cfg, tiny_model_path, tmp_path) == [
+        "reserve",
+        "learners engine_dtype=bfloat16 autocast=True",
+    ]
+
+
+def test_ray_runtime_resolves_auto_precision_before_actors(recipe_copy, tiny_model_path, tmp_path, monkeypatch):
+    """`auto` precisions are concrete in the config the learners (and then the engines) get: here fp32 timed
+    faster (a faked timing), so autocast off and float32 engine weights."""
+    import torch
+
+    from rl.config.recipe import load_recipe
+    from rl.trainer import precision
+
+    monkeypatch.setattr(precision, "matmul_gflops", lambda dtype, **k: 100.0 if dtype == torch.float32 else 50.0)
+    precision.timed_choice.cache_clear()
+    try:
+        cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
+        events = _start_until_learners(monkeypatch, cfg, tiny_model_path, tmp_path)
+    finally:
+        precision.timed_choice.cache_clear()
+    assert events == ["reserve", "learners engine_dtype=float32 autocast=False"]
 
 
 def test_hub_model_elsewhere_on_a_node_is_named(offline_hub, recipe_copy, tmp_path, monkeypatch):
