@@ -13,8 +13,14 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
   ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (tokens: those the largest micro-batch runs,
   a shared prompt once; the tensors a decoder layer saves for its
   backward, counted at 4 bytes each) plus ``3 x 4 B x response tokens x V`` for the logits,
-  their log-softmax and softmax. It is an estimate, not a measurement: the ratio tells how far
-  the learner is from what its state and one micro-batch need.
+  their log-softmax and softmax (with ``learner.logits_chunk_tokens`` C: C tokens' worth, at most).
+  It is an estimate, not a measurement: the ratio tells how far the learner is from what its state
+  and one micro-batch need;
+* with ``--steps N``, the resident memory after each of N learner steps on the same-shaped batch
+  (fresh random tokens each step): whether it stays flat over a run.
+
+``--configs`` picks the configurations (default: ``full,fsdp,lora``; ``full-chunked`` is one
+worker with ``--logits-chunk-tokens``), so that chunked and unchunked logits run side by side.
 
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
 and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-job lock.
@@ -86,7 +92,10 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
     lora = LoraConfig(rank=args.lora_rank) if kind == "lora" else LoraConfig()
     cfg = ModelConfig(path=model_path, learner_dtype="float32", autocast=args.autocast)
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-5), kl=KLConfig(coef=args.kl_coef))
-    learner = LearnerConfig(workers=world, micro_batch_tokens=args.micro_batch_tokens, lora=lora)
+    chunk = args.logits_chunk_tokens if kind == "full-chunked" else 0
+    learner = LearnerConfig(
+        workers=world, micro_batch_tokens=args.micro_batch_tokens, lora=lora, logits_chunk_tokens=chunk
+    )
     lrn = Learner(
         model_path,
         cfg,
@@ -97,10 +106,13 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         dist_port=port,
         learner=learner,
     )
-    batch = _batch(len(lrn.tokenizer), args)
-    if world > 1:
-        batch = shard_batch(batch, world)[rank]
-    m = lrn.step(batch)
+    rss_steps = []
+    for step in range(args.steps):  # a fresh batch of the same shape each step, as in a run
+        batch = _batch(len(lrn.tokenizer), args, seed=step)
+        if world > 1:
+            batch = shard_batch(batch, world)[rank]
+        m = lrn.step(batch)
+        rss_steps.append(_rss())
     params = [p for p in lrn.model.parameters()]
     out = {
         "kind": kind,
@@ -116,6 +128,8 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "micros": len(lrn._micro_batches(batch.samples)),
         "max_micro_tokens": max(_tokens_run(mb, lrn.lcfg.share_prompt) for mb in lrn._micro_batches(batch.samples)),
         "resp_tokens": sum(s.num_tokens for s in batch.samples),
+        "chunk": chunk,
+        "rss_steps": rss_steps,
     }
     q.put(out)
     lrn.shutdown()
@@ -143,7 +157,8 @@ def _floor(r: dict) -> int:
     h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     kv = h * c.get("num_key_value_heads", c["num_attention_heads"]) // c["num_attention_heads"]
     act = 4 * r["max_micro_tokens"] * layers * (8 * h + 2 * kv + 4 * i)
-    logits = 3 * 4 * r["resp_tokens"] // max(r["micros"], 1) * v
+    per_micro = r["resp_tokens"] // max(r["micros"], 1)
+    logits = 3 * 4 * (min(per_micro, r["chunk"]) if r.get("chunk") else per_micro) * v
     return r["params"] + r["grads"] + r["optim"] + r["reference"] + act + logits
 
 
@@ -159,22 +174,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kl-coef", type=float, default=0.0)
     ap.add_argument("--autocast", action="store_true", help="bf16 autocast (default: fp32)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--logits-chunk-tokens", type=int, default=512, help="learner.logits_chunk_tokens of full-chunked")
+    ap.add_argument("--steps", type=int, default=1, help="learner steps per configuration (RSS after each)")
+    ap.add_argument("--configs", default="full,fsdp,lora", help="comma-separated: full, full-chunked, fsdp, lora")
     ap.add_argument("--results", action="store_true", help="append the table to bench/RESULTS.md")
     args = ap.parse_args(argv)
     from rl.trainer.hub import resolve_model
 
     path = resolve_model(args.model)
-    rows = {
-        "1 worker": _run("full", 1, path, args),
-        "2 FSDP workers": _run("full", 2, path, args),
-        f"LoRA r={args.lora_rank}": _run("lora", 1, path, args),
+    configs = {
+        "full": ("1 worker", "full", 1),
+        "full-chunked": (f"1 worker, logits in chunks of {args.logits_chunk_tokens}", "full-chunked", 1),
+        "fsdp": ("2 FSDP workers", "full", 2),
+        "lora": (f"LoRA r={args.lora_rank}", "lora", 1),
     }
+    wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in wanted if c not in configs]
+    if bad or "full" not in wanted:
+        ap.error(
+            f"--configs: {', '.join(bad) or 'full is needed (the reference row)'}; choose from {', '.join(configs)}"
+        )
+    rows = {configs[c][0]: _run(configs[c][1], configs[c][2], path, args) for c in wanted}
     full = rows["1 worker"][0]
     state_full = full["params"] + full["grads"] + full["optim"]
     lines = [
         f"learner_memory: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, "
         f"responses <= {args.resp_len} tokens, micro_batch_tokens {args.micro_batch_tokens}, "
-        f"{'bf16 autocast' if args.autocast else 'fp32'}, kl_coef {args.kl_coef}",
+        f"{'bf16 autocast' if args.autocast else 'fp32'}, kl_coef {args.kl_coef}, {args.steps} step(s) each",
         "",
         "| config | rank | params MB | grads MB | AdamW MB | state / 1-worker state | AdamW / full AdamW | "
         "peak RSS MB | peak - pre-load RSS MB | floor MB | (peak - pre-load) / floor | step s |",
@@ -193,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             )
     n = full["params"] // 4
     lines += ["", f"bytes per parameter (1 worker, fp32 AdamW): {state_full / n:.1f}"]
+    if args.steps > 1:
+        lines += ["", "resident memory after each learner step (MB):", ""]
+        for name, rs in rows.items():
+            for r in rs:
+                lines.append(f"- {name}, rank {r['rank']}: " + ", ".join(f"{b / mb:.0f}" for b in r["rss_steps"]))
     text = "\n".join(lines)
     print(text)
     if args.results:

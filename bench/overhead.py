@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     from rollout.engine import VLLMEngine
     from rollout.episode import encode, render, run_episodes
 
-    cfg = load_recipe(args.recipe)
+    from rl.trainer.precision import resolve_logged
+
+    cfg = resolve_logged(load_recipe(args.recipe), "cpu")  # `auto` precisions made concrete, as a run does
     r = cfg.rollout
     path = resolve_model(cfg.model.path)
     tasks = load_tasks(resolve_path(cfg, cfg.data.train_files[0]))

@@ -95,3 +95,96 @@ def test_cli_exits_2_before_actors_for_an_uncached_hub_id(tmp_path, recipe_copy)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "model.path: Hub model 'jointrl-test/missing'" in r.stderr and "not in the Hub cache" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out" / "placement.json").exists()
+
+
+class _Stop(Exception):
+    pass
+
+
+def _start_until_learners(monkeypatch, cfg, model_path, out, folders=None):
+    """RayRuntime.start with Ray and the actors faked: the events up to the learners' creation, in order."""
+    import ray
+
+    import rl.driver.placement as placement
+    import rl.trainer.distributed as distributed
+    import rl.trainer.hub as hub
+    from rl.driver import ray_runtime
+
+    events: list[str] = []
+
+    class Reserved:
+        def options(self, role):
+            return []
+
+        def remove(self):
+            pass
+
+    def prefetch(path, revision=""):
+        events.append(f"prefetch {path}")
+        return folders if folders is not None else {"node-a": model_path, "node-b": model_path}
+
+    def learners(workers, path, model_cfg, *a, **k):
+        events.append(f"learners engine_dtype={model_cfg.engine_dtype} autocast={model_cfg.autocast}")
+        raise _Stop
+
+    monkeypatch.setattr(ray_runtime.RayRuntime, "_init_ray", lambda self: None)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(placement, "resolve_device", lambda cfg, gpus: "cpu")
+    monkeypatch.setattr(placement, "plan_placement", lambda cfg, device: type("P", (), {"colocated": False})())
+    monkeypatch.setattr(placement, "reserve", lambda plan, t: events.append("reserve") or Reserved())
+    monkeypatch.setattr(ray_runtime, "free_dead_run", lambda p: None)
+    monkeypatch.setattr(hub, "prefetch_on_nodes", prefetch)
+    monkeypatch.setattr(distributed, "LearnerGroup", learners)
+    rt = ray_runtime.RayRuntime(cfg, model_path, out, False)
+    try:
+        with pytest.raises(_Stop):
+            rt.start()
+    finally:
+        rt.stop()
+    return events
+
+
+def test_driver_prefetches_a_hub_model_on_every_node_before_actors(offline_hub, recipe_copy, tmp_path, monkeypatch):
+    from rl.config.recipe import load_recipe
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["model.path=jointrl-test/tiny"])
+    path = resolve_model(cfg.model.path)
+    events = _start_until_learners(monkeypatch, cfg, path, tmp_path)
+    assert events == ["prefetch jointrl-test/tiny", "reserve", "learners engine_dtype=bfloat16 autocast=True"]
+
+
+def test_local_model_is_not_prefetched(offline_hub, recipe_copy, tiny_model_path, tmp_path, monkeypatch):
+    from rl.config.recipe import load_recipe
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"))  # embedded:tiny, a local folder once built
+    assert _start_until_learners(monkeypatch, cfg, tiny_model_path, tmp_path) == [
+        "reserve",
+        "learners engine_dtype=bfloat16 autocast=True",
+    ]
+
+
+def test_ray_runtime_resolves_auto_precision_before_actors(recipe_copy, tiny_model_path, tmp_path, monkeypatch):
+    """`auto` precisions are concrete in the config the learners (and then the engines) get: here fp32 timed
+    faster (a faked timing), so autocast off and float32 engine weights."""
+    import torch
+
+    from rl.config.recipe import load_recipe
+    from rl.trainer import precision
+
+    monkeypatch.setattr(precision, "matmul_gflops", lambda dtype, **k: 100.0 if dtype == torch.float32 else 50.0)
+    precision.timed_choice.cache_clear()
+    try:
+        cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
+        events = _start_until_learners(monkeypatch, cfg, tiny_model_path, tmp_path)
+    finally:
+        precision.timed_choice.cache_clear()
+    assert events == ["reserve", "learners engine_dtype=float32 autocast=False"]
+
+
+def test_hub_model_elsewhere_on_a_node_is_named(offline_hub, recipe_copy, tmp_path, monkeypatch):
+    from rl.config.recipe import load_recipe
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["model.path=jointrl-test/tiny"])
+    path = resolve_model(cfg.model.path)
+    with pytest.raises(FileNotFoundError, match=r"model.path: Hub model 'jointrl-test/tiny' is at /x on node n2"):
+        _start_until_learners(monkeypatch, cfg, path, tmp_path, folders={"n1": path, "n2": "/x"})

@@ -62,3 +62,69 @@ def test_precision_auto_picks_the_faster_measured(tiny_model_path, tmp_path):
         assert lrn.use_autocast == ("bf16 autocast" in lrn.precision_note)
     finally:
         lrn.shutdown()
+
+
+@pytest.fixture
+def fake_timing(monkeypatch):
+    """matmul_gflops replaced by set rates; counts the timings; the per-process cache emptied around the test."""
+    rates = {torch.float32: 100.0, torch.bfloat16: 50.0}
+    calls: list[torch.dtype] = []
+
+    def fake(dtype, n=1024, seconds=0.4, device="cpu"):
+        calls.append(dtype)
+        return rates[dtype]
+
+    monkeypatch.setattr(precision, "matmul_gflops", fake)
+    precision.timed_choice.cache_clear()
+    yield rates, calls
+    precision.timed_choice.cache_clear()
+
+
+def test_engine_dtype_auto_follows_the_learner_timing(recipe_copy, fake_timing):
+    rates, calls = fake_timing
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
+    got, note = precision.resolve(cfg, "cpu")
+    assert (got.model.engine_dtype, got.model.autocast, got.learner.precision) == ("float32", False, "manual")
+    assert note == "precision auto: fp32 (matmul fp32 100 GFLOP/s, bf16 50 GFLOP/s); engine_dtype auto: float32"
+    again, _ = precision.resolve(cfg, "cpu")  # one timing per process: the learner and the engines share it
+    assert again == got and calls == [torch.float32, torch.bfloat16]
+    rates[torch.bfloat16] = 300.0
+    precision.timed_choice.cache_clear()
+    got, _ = precision.resolve(cfg, "cpu")
+    assert (got.model.engine_dtype, got.model.autocast) == ("bfloat16", True)
+
+
+def test_engine_dtype_auto_without_timing(recipe_copy, fake_timing):
+    """GPU: bfloat16 untimed; CPU with a hand-set learner precision: bfloat16 (the former default), untimed;
+    no `auto`: the recipe unchanged."""
+    _, calls = fake_timing
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
+    got, note = precision.resolve(cfg, "gpu")
+    assert got.model.engine_dtype == "bfloat16" and got.learner.precision == "auto" and "GPU" in note
+    manual = load_recipe(recipe_copy("tiny.yaml"), ["model.engine_dtype=auto"])
+    assert precision.resolve(manual, "cpu")[0].model.engine_dtype == "bfloat16"
+    plain = load_recipe(recipe_copy("tiny.yaml"))
+    assert precision.resolve(plain, "cpu") == (plain, "")
+    assert calls == []
+    with pytest.raises(RecipeError, match="model.engine_dtype"):
+        load_recipe(recipe_copy("tiny.yaml"), ["model.engine_dtype=fp8"])
+
+
+def test_local_runtime_resolves_auto_once(recipe_copy, tiny_model_path, fake_timing, capsys):
+    """The runtime makes `auto` concrete before the engine and the learner exist: the engine's weights are
+    float32 when fp32 timed faster, the learner runs fp32 and does not time again; logged once."""
+    from rl.driver.local_runtime import LocalRuntime
+
+    _, calls = fake_timing
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
+    rt = LocalRuntime(cfg, tiny_model_path)
+    rt.start()
+    try:
+        assert rt.cfg.model.engine_dtype == "float32"
+        assert next(rt.worker.engine.model.parameters()).dtype == torch.float32
+        assert rt.learner.use_autocast is False and rt.learner.precision_note == ""
+        assert calls == [torch.float32, torch.bfloat16]
+        assert capsys.readouterr().out.count("engine_dtype auto: float32") == 1
+        rt.sync_weights()  # the export in the resolved dtype
+    finally:
+        rt.stop()

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     from rl.cli.difficulty import add_parser as add_difficulty_parser
 
     add_difficulty_parser(sub)  # difficulty RECIPE --k 8
+    from rl.cli.export import add_parser as add_export_parser
+
+    add_export_parser(sub)  # export RUN_DIR [--out DIR] [--step N]
     return p
 
 

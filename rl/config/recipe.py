@@ -82,10 +82,61 @@ class ModelConfig(Section):
     revision: str = knob(
         "", 'Hub branch, tag or commit of a Hub id ("" = main); HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply'
     )
-    engine_dtype: Dtype = knob("bfloat16", "vLLM weights")
+    engine_dtype: Literal["float32", "bfloat16", "float16", "auto"] = knob(
+        "bfloat16",
+        "vLLM weights; auto: bfloat16 on GPU, on CPU with learner.precision auto the faster of bf16/fp32 by the "
+        "same timing (else bfloat16)",
+    )
     learner_dtype: Literal["float32", "bfloat16"] = knob("float32", "learner master weights")
     autocast: bool = knob(True, "bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)")
     reference_dtype: Dtype = knob("bfloat16", "frozen reference model for the KL term")
+
+
+# Task fields a dataset column can fill (``data.*_datasets[i].columns``: task field -> column). ``prompt``
+# is one user message; ``system`` a system message before it; ``meta.K``, ``code.K``, ``terminal.K`` one
+# key of that part of the task (rl/data/hub_data.py builds the native record, envs/io.py validates it).
+DATASET_TARGETS = ("id", "domain", "messages", "prompt", "system", "prefill", "tool_call", "code", "terminal", "meta")
+
+
+def _dataset_columns(v: dict[str, str]) -> str | None:
+    for target, column in v.items():
+        head = target.split(".", 1)[0]
+        dotted_ok = head in ("meta", "code", "terminal") and target.count(".") == 1 and target.split(".")[1]
+        if target not in DATASET_TARGETS and not dotted_ok:
+            raise FieldError(
+                target,
+                f"not a task field; map one of {', '.join(DATASET_TARGETS)} (or meta.KEY, code.KEY, terminal.KEY) "
+                "to a dataset column",
+            )
+        if not column:
+            raise FieldError(target, "needs a dataset column name")
+    if "prompt" in v and "messages" in v:
+        return "map either prompt (one user message) or messages (a list of messages), not both"
+    if "system" in v and "prompt" not in v:
+        return "system needs prompt (the user message it precedes)"
+    return None
+
+
+@dataclass(frozen=True)
+class DatasetConfig(Section):
+    """A task set read through ``datasets`` (a Hub dataset or a local dataset folder), mapped onto tasks."""
+
+    path: str = knob("", "Hub dataset id (org/name) or a local dataset folder; what datasets.load_dataset takes")
+    subset: str = knob("", "the dataset's configuration name (\"\" = its default); load_dataset's name=")
+    split: str = knob("train", "split to read, e.g. train, test, train[:1000]")
+    revision: str = knob("", 'Hub branch, tag or commit ("" = main); HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply')
+    columns: dict[str, str] = knob(
+        doc="task field -> dataset column (prompt, id, domain, meta.KEY, code.KEY ...); {} = rows are native tasks",
+        factory=dict,
+        check=_dataset_columns,
+    )
+    domain: str = knob("", "domain of every task (when no column is mapped to domain)")
+    weight: float = knob(1.0, "weight within its domain (like data.train_weights)", ge=0)
+    limit: int = knob(0, "read at most N rows (0 = all)", ge=0)
+
+    def check(self) -> None:
+        if not self.path:
+            raise FieldError("path", "needs a Hub dataset id (org/name) or a local dataset folder")
 
 
 @dataclass(frozen=True)
@@ -94,6 +145,10 @@ class DataConfig(Section):
     eval_files: list[str] = knob(doc="held-out task files, evaluated greedily", factory=list)
     eval_limit: int = knob(0, "evaluate at most N held-out tasks (0 = all)", ge=0)
     train_weights: list[float] = knob(doc="weight of each train file within its domain ([] = 1 each)", factory=list)
+    train_datasets: list[DatasetConfig] = knob(
+        doc="training tasks from datasets (Hub or local folders), with a column mapping", factory=list
+    )
+    eval_datasets: list[DatasetConfig] = knob(doc="held-out tasks from datasets", factory=list)
 
     def check(self) -> None:
         if self.train_weights and (len(self.train_weights) != len(self.train_files) or min(self.train_weights) < 0):
@@ -364,6 +419,12 @@ class LearnerConfig(Section):
     )
     precision: Literal["manual", "auto"] = knob(
         "manual", "manual: model.autocast decides | auto: time bf16 autocast vs fp32 at start, use the faster (logged)"
+    )
+    logits_chunk_tokens: int = knob(
+        0,
+        "lm_head + log-softmax over this many tokens at a time, each chunk recomputed in the backward, so a "
+        "micro-batch's vocabulary-sized tensors stay bounded (0 = all at once)",
+        ge=0,
     )
 
     def check(self) -> None:
@@ -765,8 +826,8 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
             mx.adaptive.bounds(sorted(domains))
         except ValueError as e:
             yield "mixer.adaptive", str(e).removeprefix("mixer.adaptive: ")
-    if not recipe.data.train_files:
-        yield "data.train_files", "at least one task file is needed"
+    if not recipe.data.train_files and not recipe.data.train_datasets:
+        yield "data.train_files", "at least one task file (or data.train_datasets entry) is needed"
     if not recipe.rewards:
         yield "rewards", "at least one reward class is needed"
 
@@ -830,6 +891,13 @@ def _check_files(recipe: Recipe, fail) -> None:
         for i, f in enumerate(files):
             if not resolve_path(recipe, f).is_file():
                 fail(f"{key}.{i}", f"task file not found: {resolve_path(recipe, f)}")
+    for key, entries in (
+        ("data.train_datasets", recipe.data.train_datasets),
+        ("data.eval_datasets", recipe.data.eval_datasets),
+    ):
+        for i, e in enumerate(entries):  # a path that can only be local must exist (a Hub id is checked at start)
+            if e.path.startswith(("/", "./", "../", "~")) and not resolve_path(recipe, e.path).exists():
+                fail(f"{key}.{i}.path", f"dataset folder not found: {resolve_path(recipe, e.path)}")
 
 
 def _check_classes(recipe: Recipe, fail) -> None:

@@ -48,7 +48,13 @@ class LocalRuntime:
 
     def start(self, length_estimate: LengthEstimate | None = None) -> None:
         """Build the engine, envs, reward functions and learner (``length_estimate``: unused, one engine)."""
-        cfg, r = self.cfg, self.cfg.rollout
+        import torch
+
+        from rl.trainer.precision import resolve_logged
+
+        # `auto` precisions made concrete: one timing for the learner and the engine, printed once
+        self.cfg = cfg = resolve_logged(self.cfg, "gpu" if torch.cuda.is_available() else "cpu")
+        r = cfg.rollout
         kwargs: dict[str, Any] = dict(dtype=cfg.model.engine_dtype, seed=cfg.run.seed, max_model_len=r.max_model_len)
         if self.engine_kind == "vllm":
             kwargs |= dict(

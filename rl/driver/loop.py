@@ -30,6 +30,7 @@ from rl.driver.logger import ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard
 from rl.driver.runtime import Runtime
 from rl.driver.stream import EpisodeStream
+from rl.data.hub_data import load_dataset_tasks
 from rl.trainer.hub import resolve_model
 from rl.trainer.lora import check_targets
 
@@ -317,6 +318,14 @@ def restore(
     return step
 
 
+def _check_domains(tasks: list[Task], where: str, domains: set[str]) -> None:
+    for t in tasks:
+        if t.domain not in domains:
+            raise TaskFormatError(
+                f"{where}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves only {sorted(domains)}"
+            )
+
+
 def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
     """Training sources (one per file and domain, weighted by ``data.train_weights``) and held-out tasks."""
     domains = {e.domain for e in cfg.rollout.envs}
@@ -327,13 +336,19 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
         for i, f in enumerate(files):
             path = resolve_path(cfg, f)
             tasks = load_tasks(path)
-            for t in tasks:
-                if t.domain not in domains:
-                    raise TaskFormatError(
-                        f"{path}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves only {sorted(domains)}"
-                    )
+            _check_domains(tasks, str(path), domains)
             if is_train:
                 sources += sources_by_domain(tasks, path.name, weights[i])
+            else:
+                held += tasks
+    base = Path(cfg.source).parent if cfg.source else None
+    for entries, is_train in ((cfg.data.train_datasets, True), (cfg.data.eval_datasets, False)):
+        for i, entry in enumerate(entries):  # through `datasets`, before any actor starts (rl/data/hub_data.py)
+            key = f"data.{'train' if is_train else 'eval'}_datasets.{i}"
+            tasks = load_dataset_tasks(entry, key, base)
+            _check_domains(tasks, key, domains)
+            if is_train:
+                sources += sources_by_domain(tasks, f"{entry.path}:{entry.split}", entry.weight)
             else:
                 held += tasks
     if cfg.data.eval_limit:

@@ -55,6 +55,7 @@ class RayRuntime:
         import ray
 
         from rl.trainer.distributed import LearnerGroup
+        from rl.trainer.precision import resolve_logged
         from rl.driver.placement import plan_placement, reserve, resolve_device
 
         cfg = self.cfg
@@ -62,6 +63,8 @@ class RayRuntime:
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
         device = resolve_device(cfg, float(ray.cluster_resources().get("GPU", 0.0)))
+        self.cfg = cfg = resolve_logged(cfg, device)  # `auto` precisions: one timing for learners and engines
+        self._prefetch_model()  # a Hub model: into every node's Hub cache before any actor starts
         plan = plan_placement(cfg, device)
         self.colocated = plan.colocated
         self.placement = reserve(plan, cfg.cluster.placement_timeout_s)
@@ -94,6 +97,23 @@ class RayRuntime:
         )
         self.learners.ready()
         self._record_placement(device)
+
+    def _prefetch_model(self) -> None:
+        """A Hub model (``model_path`` is a snapshot in the Hub cache): resolved once on every alive Ray node
+        (``rl.trainer.hub.prefetch_on_nodes``), so that actors anywhere find it. A local folder or an embedded
+        model is left alone: the actors get that path as it is."""
+        from rl.trainer.hub import hub_cache, prefetch_on_nodes
+
+        if not Path(self.model_path).resolve().is_relative_to(hub_cache().resolve()):
+            return
+        folders = prefetch_on_nodes(self.cfg.model.path, self.cfg.model.revision)
+        elsewhere = {node: f for node, f in folders.items() if f != self.model_path}
+        if elsewhere:  # the actors get one path: every node's Hub cache must hold the model there
+            node, folder = next(iter(elsewhere.items()))
+            raise FileNotFoundError(
+                f"model.path: Hub model {self.cfg.model.path!r} is at {folder} on node {node}, not at "
+                f"{self.model_path} as on the driver; give every node the same HF_HOME / HF_HUB_CACHE"
+            )
 
     def _init_ray(self) -> None:
         """Connect to ``run.ray_address`` (or ``RAY_ADDRESS``) or start a local Ray sized for the plan."""

@@ -25,8 +25,10 @@ With one optimizer step per batch (the default) and no critic, no prepare pass r
 sampling policy equals the current one, so the ratio's old log-probs are the learner's own
 detached log-probs (the engine's log-probs differ by bf16/kernel noise and are reported as
 ``rollout/logprob_diff``, not used). Only response positions go through ``lm_head`` (the
-prompt's logits are never materialised); with ``share_prompt`` a group's prompt runs once.
-Log-probs are computed in float32 under bf16 autocast.
+prompt's logits are never materialised); with ``learner.logits_chunk_tokens`` they go through it
+that many tokens at a time, each chunk recomputed in the backward (``rl.trainer.logits``), so a
+micro-batch's vocabulary-sized tensors stay bounded; with ``share_prompt`` a group's prompt runs
+once. Log-probs are computed in float32 under bf16 autocast.
 
 Critic (an estimator with ``needs_critic``: ppo): ``algo.critic.model: value_head`` is a linear head on the
 policy's final hidden states (trained with the policy, its own learning rate ``algo.critic.lr``);
@@ -53,7 +55,8 @@ memory for the engines, gathering sharded tensors one at a time (``lm_head.weigh
 included: with tied embeddings an engine otherwise keeps a stale head).
 ``save_checkpoint``/``load_checkpoint`` round-trip the model (sharded, through
 ``torch.distributed.checkpoint``), critic, optimizers, LR schedulers, KL controller, RNG
-states and step counters. This module does
+states and step counters; ``policy_from_checkpoint`` rebuilds the policy of a checkpoint as one
+plain HF model (adapters merged), for ``jointrl export``. This module does
 not generate text or score rewards.
 """
 
@@ -77,13 +80,12 @@ from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import fsdp, lora, precision
+from rl.trainer.logits import Entropy, head_logprobs
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (
     aggregate,
-    entropy_from_logits,
     kl,
     policy_loss,
-    token_logprobs,
     truncated_is_weights,
     value_loss,
 )
@@ -349,25 +351,32 @@ class Learner:
             enabled = False  # FSDP's MixedPrecisionPolicy computes in bf16 (rl.trainer.fsdp.shard)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def _response_logits(self, model: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits at response positions only: (logits [N, V], targets [N], index [N]); see ``_response_hidden``.
+    def _response_logprobs(self, model: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs at response positions only: (logp [N] float32, targets [N]); see ``_response_hidden``.
         For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
-        (_, logits, targets, index), _ = self._forward(model, samples)
-        return logits, targets, index
+        (_, logp, _, targets, _), _ = self._forward(model, samples)
+        return logp, targets
 
-    def _forward(self, model: Any, samples: list[Sample]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-        """((hidden [N, H], logits [N, V], targets [N], index [N]), pad) of ``model`` on ``samples``.
+    def _forward(
+        self, model: Any, samples: list[Sample], entropy: Entropy = "none"
+    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+        """((hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N]), pad) of ``model`` on ``samples``.
 
-        Runs inside the root of a sharded model (``rl.trainer.fsdp.Lockstep.root``); ``pad`` (None
-        unless sharded) is the zero scalar of the dummy calls that keep the ranks in step, to add
-        to a loss before its backward. ``samples`` may be empty (a rank with fewer micro-batches).
+        The vocabulary-sized logits are computed through ``lm_head`` and dropped inside
+        (``rl.trainer.logits.head_logprobs``: in chunks of ``learner.logits_chunk_tokens``, each
+        recomputed in the backward). Runs inside the root of a sharded model
+        (``rl.trainer.fsdp.Lockstep.root``); ``pad`` (None unless sharded) is the zero scalar of the
+        dummy calls that keep the ranks in step, to add to a loss before its backward. ``samples``
+        may be empty (a rank with fewer micro-batches).
         """
 
-        def run() -> tuple[torch.Tensor, ...]:
+        def run() -> tuple[Any, ...]:
             if not samples:
                 return ()
             hidden, targets, index = self._response_hidden(_trunk(model), samples)
-            return hidden, model.get_output_embeddings()(hidden), targets, index
+            head = model.get_output_embeddings()
+            logp, ent = head_logprobs(head, hidden, targets, self.lcfg.logits_chunk_tokens, entropy)
+            return hidden, logp, ent, targets, index
 
         return self.lock.root(model, run, self._trunk_calls(samples))
 
@@ -699,18 +708,15 @@ class Learner:
                         self._forward(ref, [])
         for micro in micros:
             with self._autocast():
-                (hidden, logits, targets, _), _ = self._forward(self.model, micro)
-            old = token_logprobs(logits, targets)
-            del logits
+                (hidden, old, _, _, _), _ = self._forward(self.model, micro)
             self._split(old, micro, prep["old"])
             if self.value_head is not None:
                 self._split(self._values(self.value_head, hidden), micro, prep["values"])
             del hidden
             if self.has_ref:
                 with self._autocast(), self._reference() as ref:
-                    ref_logits, _, _ = self._response_logits(ref, micro)
-                self._split(token_logprobs(ref_logits, targets), micro, prep["ref"])
-                del ref_logits
+                    ref_lp, _ = self._response_logprobs(ref, micro)
+                self._split(ref_lp, micro, prep["ref"])
             if self.critic is not None:
                 with self._autocast():
                     ch, _, _ = self._response_hidden(self.critic.trunk, micro)
@@ -772,16 +778,10 @@ class Learner:
         """Forward + backward of one micro-batch; gradients accumulate (the loss is its part of the minibatch's)."""
         a = self.algo
         with self._autocast():
-            (hidden, logits, targets, index), pad = self._forward(self.model, mb)
+            ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 else "value"
+            (hidden, logp_flat, ent_flat, _, index), pad = self._forward(self.model, mb, ent_mode)
         values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
         del hidden
-        logp_flat = token_logprobs(logits, targets)
-        if a.loss.entropy_coef > 0:
-            ent_flat = entropy_from_logits(logits)
-        else:
-            with torch.no_grad():
-                ent_flat = entropy_from_logits(logits.detach())
-        del logits
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
         g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
         g.mask = g(torch.ones_like(logp_flat))
@@ -789,7 +789,7 @@ class Learner:
         loss = self._policy_term(mb, prep, g, logp, sums)
         total = loss
         for term in (
-            self._kl_term(mb, prep, g, logp, targets, sums, coef),
+            self._kl_term(mb, prep, g, logp, sums, coef),
             self._entropy_term(g, ent_flat, sums),
             self._value_term(mb, prep, g, values_flat, sums),
         ):
@@ -849,7 +849,6 @@ class Learner:
         prep: dict[str, dict[int, torch.Tensor]] | None,
         g: _Grid,
         logp: torch.Tensor,
-        targets: torch.Tensor,
         sums: Sums,
         coef: float,
     ) -> torch.Tensor | None:
@@ -862,9 +861,7 @@ class Learner:
             ref_flat = self._cat(prep["ref"], mb)
         else:
             with torch.no_grad(), self._autocast(), self._reference() as ref:
-                ref_logits, _, _ = self._response_logits(ref, mb)
-                ref_flat = token_logprobs(ref_logits, targets)
-                del ref_logits
+                ref_flat, _ = self._response_logprobs(ref, mb)
         kl_tok = kl(logp.detach() if a.kl.in_reward else logp, g(ref_flat), a.kl.kind)
         kl_loss = g.agg(kl_tok, self.agg)
         sums.kl_loss += float(kl_loss.detach())
@@ -1026,8 +1023,8 @@ class Learner:
             list(prompt) + list(continuation), len(prompt), [1] * len(continuation), [0.0] * len(continuation), 0.0, ""
         )
         with torch.no_grad(), self._autocast():
-            logits, targets, _ = self._response_logits(self.model, [s])
-            return token_logprobs(logits, targets).tolist()
+            logp, _ = self._response_logprobs(self.model, [s])
+            return logp.tolist()
 
     def _critic_module(self) -> torch.nn.Module | None:
         return self.critic if self.critic is not None else self.value_head
@@ -1349,6 +1346,32 @@ def _clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor)
         for p in params:
             if p.grad is not None:
                 p.grad.detach().mul_(coef)
+
+
+def policy_from_checkpoint(path: str | Path, model_path: str, lora_cfg: Any = None) -> Any:
+    """The policy of learner checkpoint ``path`` as a plain HF causal LM (float32, on CPU), for an export.
+
+    Read from the checkpoint's ``dcp/`` (``save_checkpoint``; written by 1 or N ranks,
+    ``torch.distributed.checkpoint`` reshards on load, here into one unsharded model): the base
+    ``model_path`` (the run's ``model.path``, resolved) is loaded, the trainable weights (all of
+    them; with LoRA, built with the run's ``learner.lora``, the adapters) are set from the
+    checkpoint, and LoRA adapters are merged into the base (``peft``'s ``merge_and_unload``).
+    Raises ``FileNotFoundError`` naming ``dcp/.metadata`` when the checkpoint has none.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    meta = Path(path) / "dcp" / ".metadata"
+    if not meta.is_file():
+        raise FileNotFoundError(f"{meta}: not found; {path} is not a learner checkpoint of this version")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    peft = lora.attach(model, lora_cfg) if lora.enabled(lora_cfg) else None
+    mods = torch.nn.ModuleDict({"policy": model})  # the names save_checkpoint used (_state_modules)
+    state = {"model": _trainable_state(mods)}
+    dcp.load(state, checkpoint_id=str(meta.parent), no_dist=True)
+    set_model_state_dict(mods, state["model"], options=StateDictOptions(strict=False))
+    return peft.merge_and_unload() if peft is not None else model
 
 
 def _trainable_state(mods: torch.nn.Module) -> dict[str, Any]:

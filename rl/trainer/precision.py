@@ -5,17 +5,31 @@ Hosts of one kind differ: on one CPU bf16 autocast ran 2-2.7x faster than fp32, 
 /work/shared/reference/machine-notes.md). ``pick(device)`` times the same square matmul in
 fp32 and under bf16 autocast for about a second in all and returns the faster, with the
 measured rates, for the learner to log. On CUDA it returns bf16 without timing (every GPU the
-recipes target runs bf16 at least as fast). This module does not change any global state.
+recipes target runs bf16 at least as fast). The timing runs once per process and device
+(``timed_choice`` is cached): what the learner and the engines follow is one measurement.
+
+``resolve(recipe, device)`` is what a runtime calls at start-up, before any learner or engine
+exists: with ``learner.precision: auto`` and/or ``model.engine_dtype: auto`` on a CPU run it times
+once (on the driver's host) and returns the recipe with both made concrete: the learner's
+``model.autocast`` (and ``learner.precision: manual``, so the learners do not time again) and the
+engines' dtype (bfloat16 when bf16 autocast won, else float32), plus the line to log. On a GPU run
+``engine_dtype: auto`` is bfloat16 and the learners' own ``auto`` stays (bf16, untimed). On CPU with
+``learner.precision: manual``, ``engine_dtype: auto`` is bfloat16 (the engines' former default).
+
+This module changes no global state besides its cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["Choice", "matmul_gflops", "pick"]
+__all__ = ["Choice", "matmul_gflops", "pick", "timed_choice", "resolve", "resolve_logged"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,50 @@ def pick(device: torch.device, seconds: float = 0.4) -> Choice:
     """The faster of fp32 and bf16 autocast on ``device`` (see the module docstring)."""
     if device.type == "cuda":
         return Choice(True, 0.0, 0.0)
-    fp32 = matmul_gflops(torch.float32, seconds=seconds)
-    bf16 = matmul_gflops(torch.bfloat16, seconds=seconds)
+    return timed_choice(device.type, seconds)
+
+
+@functools.cache
+def timed_choice(device_type: str, seconds: float = 0.4) -> Choice:
+    """``pick``'s timing, once per process and (device type, seconds); ``timed_choice.cache_clear()`` forgets it."""
+    fp32 = matmul_gflops(torch.float32, seconds=seconds, device=device_type)
+    bf16 = matmul_gflops(torch.bfloat16, seconds=seconds, device=device_type)
     return Choice(bf16 > fp32, fp32, bf16)
+
+
+def resolve(recipe: Any, device: str) -> tuple[Any, str]:
+    """(``recipe`` with ``learner.precision``/``model.engine_dtype`` ``auto`` made concrete, a log line or "").
+
+    ``device``: the run's resolved ``cpu`` | ``gpu`` (``rl.driver.placement.resolve_device``). See the module
+    docstring for the rules; a recipe without ``auto`` comes back unchanged.
+    """
+    model, lcfg = recipe.model, recipe.learner
+    if device == "gpu":
+        if model.engine_dtype != "auto":
+            return recipe, ""
+        return dataclasses.replace(recipe, model=dataclasses.replace(model, engine_dtype="bfloat16")), (
+            "engine_dtype auto: bfloat16 (GPU)"
+        )
+    learner_auto, engine_auto = lcfg.precision == "auto", model.engine_dtype == "auto"
+    if not (learner_auto or engine_auto):
+        return recipe, ""
+    if not learner_auto:  # the learner's precision is set by hand: the engines keep their former default
+        model = dataclasses.replace(model, engine_dtype="bfloat16")
+        return dataclasses.replace(recipe, model=model), "engine_dtype auto: bfloat16 (learner.precision manual)"
+    choice = pick(torch.device("cpu"))
+    model = dataclasses.replace(model, autocast=choice.autocast)
+    notes = [choice.describe()]
+    if engine_auto:
+        dtype = "bfloat16" if choice.autocast else "float32"
+        model = dataclasses.replace(model, engine_dtype=dtype)
+        notes.append(f"engine_dtype auto: {dtype}")
+    learner = dataclasses.replace(lcfg, precision="manual")  # the learners follow this timing, untimed
+    return dataclasses.replace(recipe, model=model, learner=learner), "; ".join(notes)
+
+
+def resolve_logged(recipe: Any, device: str) -> Any:
+    """``resolve``, with its line (if any) printed once as ``jointrl: ...``: what the runtimes call at start-up."""
+    recipe, note = resolve(recipe, device)
+    if note:
+        print(f"jointrl: {note}", flush=True)
+    return recipe

@@ -1,0 +1,150 @@
+"""``jointrl export RUN_DIR [--out DIR] [--step N] [--dtype D]``: a run's policy as a Hugging Face model folder.
+
+Writes ``config.json``, ``model.safetensors`` (or shards), the generation config and the
+tokenizer into ``DIR`` (default ``RUN_DIR/export/step_N``), from the newest complete checkpoint
+(``RUN_DIR/checkpoints/step_N`` with its ``step.json``) or step ``N``. The weights come from the
+checkpoint's ``dcp/`` (``torch.distributed.checkpoint``; one learner or N sharded ones), on top of
+the run's base model (``model.path`` of ``RUN_DIR/recipe.resolved.yaml``, resolved as at train
+time: embedded, local, or the Hub cache); with LoRA (``learner.lora``) the adapters are merged
+(``rl.trainer.learner.policy_from_checkpoint``). The folder loads in transformers and vLLM
+(tests/test_export.py). It is written into a temporary folder and renamed, so a failed export
+leaves nothing half-written; an existing non-empty ``DIR`` is refused.
+
+Bad input (no run dir, no checkpoint, no step N, a checkpoint without ``dcp/``, an unreadable
+recipe) exits with code 2 and one message naming the file. This module does not train and does
+not start Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "export_run", "ExportError", "find_checkpoint"]
+
+DTYPES = ("bfloat16", "float32", "float16")
+
+
+class ExportError(Exception):
+    """Bad input for ``jointrl export``; the message names the file and is for the user as is."""
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``jointrl export RUN_DIR [--out DIR] [--step N] [--dtype D]`` to ``jointrl``'s subparsers."""
+    p = sub.add_parser(
+        "export",
+        help="write a run's policy (final or step N) as a Hugging Face model folder",
+        description="Write the policy of a run's checkpoint (full, sharded or LoRA-merged) as a Hugging Face "
+        "folder (config, safetensors, tokenizer) that transformers and vLLM load.",
+    )
+    p.add_argument("run_dir", help="a run's output dir (holds checkpoints/ and recipe.resolved.yaml)")
+    p.add_argument("--out", help="folder to write (default: RUN_DIR/export/step_N); must not hold files")
+    p.add_argument("--step", type=int, help="the checkpoint of step N (default: the newest complete one)")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="weights dtype (default: bfloat16)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    try:
+        out = export_run(args.run_dir, args.out, args.step, args.dtype)
+    except (ExportError, OSError) as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"jointrl: error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported: {out}")
+    return 0
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> tuple[Path, int]:
+    """(checkpoint folder, step): step ``step``, or the newest complete one; ``ExportError`` naming the folder."""
+    ck = run_dir / "checkpoints"
+    done = sorted(p for p in ck.glob("step_*") if (p / "step.json").is_file()) if ck.is_dir() else []
+    if not done:
+        raise ExportError(
+            f"{ck}: no checkpoint (no step_N/step.json): the run has written none yet "
+            "(a run checkpoints every run.save_every steps and at its end)"
+        )
+    if step is None:
+        path = done[-1]
+    else:
+        path = ck / f"step_{step:06d}"
+        if path not in done:
+            have = ", ".join(str(int(json.loads((p / "step.json").read_text())["step"])) for p in done)
+            raise ExportError(f"{path}: no complete checkpoint of step {step} (steps with one: {have})")
+    return path, int(json.loads((path / "step.json").read_text())["step"])
+
+
+def _run_model(run_dir: Path) -> tuple[str, Any]:
+    """(resolved base model folder, learner.lora) from ``RUN_DIR/recipe.resolved.yaml``."""
+    import yaml
+
+    from rl.config.fields import FieldError, build
+    from rl.config.recipe import LoraConfig, ModelConfig
+    from rl.trainer.hub import resolve_model
+
+    f = run_dir / "recipe.resolved.yaml"
+    if not f.is_file():
+        raise ExportError(f"{f}: not found (the run's recipe names its base model)")
+    try:
+        raw = yaml.safe_load(f.read_text()) or {}
+        model = build(ModelConfig, raw.get("model") or {}, "model")
+        lora_cfg = build(LoraConfig, (raw.get("learner") or {}).get("lora") or {}, "learner.lora")
+    except (yaml.YAMLError, FieldError) as e:
+        raise ExportError(f"{f}: {e}") from e
+    src = raw.get("source") or ""
+    try:
+        base = resolve_model(model.path, Path(src).parent if src else None, model.revision)
+    except FileNotFoundError as e:
+        raise ExportError(f"{f}: model.path: {e}") from e
+    return base, lora_cfg
+
+
+def export_run(
+    run_dir: str | Path, out: str | Path | None = None, step: int | None = None, dtype: str = "bfloat16"
+) -> Path:
+    """Write the policy of ``run_dir``'s checkpoint (newest, or ``step``) as an HF folder; return the folder."""
+    import torch
+
+    from rl.trainer.learner import policy_from_checkpoint
+
+    rd = Path(run_dir)
+    if not rd.is_dir():
+        raise ExportError(f"{rd}: not a run dir (no such folder)")
+    ck, n = find_checkpoint(rd, step)
+    dest = Path(out) if out else rd / "export" / f"step_{n:06d}"
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ExportError(f"{dest}: exists and is not empty; choose another --out or remove it")
+    base, lora_cfg = _run_model(rd)
+    try:
+        model = policy_from_checkpoint(ck, base, lora_cfg)
+    except FileNotFoundError as e:
+        raise ExportError(str(e)) from e
+    except (RuntimeError, ValueError) as e:  # dcp: keys or shapes that do not match the run's model
+        raise ExportError(f"{ck / 'dcp'}: does not match the run's model {base} (learner.lora as recorded): {e}") from e
+    model.to(getattr(torch, dtype))  # save_pretrained records it as config.json "dtype"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        _tokenizer(ck, base).save_pretrained(tmp)
+        if dest.exists():
+            dest.rmdir()  # empty (checked above)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _tokenizer(ck: Path, base: str) -> Any:
+    """The tokenizer the run trained with: the checkpoint's copy (``model/``), else the base model's."""
+    from transformers import AutoTokenizer
+
+    saved = ck / "model"
+    return AutoTokenizer.from_pretrained(saved if (saved / "tokenizer_config.json").is_file() else base)
