@@ -51,6 +51,10 @@ Episode and check semantics (:class:`TerminalEnv`)
   files or ``~/.local/bin`` programs the policy left cannot fake the check. A task whose
   check runs the policy's own program sets ``Task.meta["check_runs_policy_files"]``
   (:data:`RUNS_POLICY_FILES`): its check keeps the script dir on ``sys.path``.
+  Before it, when the work dir holds git metadata, :mod:`envs.terminal_git` vets it in the
+  same sandbox and environment: a repository whose own config, info files, attributes or
+  index could change what git reports (or run a program during the check) is refused, and
+  the episode scores 0.0 without running the check (the output names each reason).
   If the episode filled its capped storage, it scores 0.0 (``storage limit hit``). Its result: exit status 0 -> ``1.0``;
   otherwise, if the last non-empty stdout line parses as a float in ``[0, 1]``, that
   value (partial credit: print it and exit non-zero); otherwise ``0.0``. A check that
