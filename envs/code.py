@@ -58,7 +58,7 @@ from typing import Any
 from envs.io import TaskFormatError, read_json_objects, save_tasks
 from envs.code_verdict import CANDIDATE_PROGRAM, JUDGE_PROGRAM
 from envs.sandbox import Limits, RunResult, Sandbox, SandboxUnavailable
-from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
+from envs.sandbox.base import retry_setup_race, setup_race
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.pump import run_launches
 from envs.types import CodeSpec, Message, Task
@@ -351,10 +351,11 @@ def run_tests(
     if judge is None:
         judge = Sandbox(limits=sandbox.limits, mode=sandbox.mode, config=sandbox.config)
     try:
-        for _ in range(SETUP_RACE_RETRIES):  # the pair starts over (work dirs rewritten) after a mount race
-            res_j, res_c = _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout)
-            if not (setup_race(res_j) or setup_race(res_c)):
-                break
+        # The pair starts over (work dirs rewritten) when either side lost a mount race.
+        res_j, res_c = retry_setup_race(
+            lambda: _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout),
+            lambda pair: setup_race(pair[0]) or setup_race(pair[1]),
+        )
     finally:
         if own_judge:
             judge.close()

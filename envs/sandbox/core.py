@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
+from envs.sandbox.base import retry_setup_race, setup_race
 from envs.sandbox.base import MODES, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, RunResult, _Tools
 from envs.sandbox.files import _open_parent, _split_rel
 from envs.sandbox.launch import (
@@ -316,13 +316,13 @@ class Sandbox:
             if res is not None:
                 return self.finish(res)
             self._warm.prestart()  # none was waiting: start this run cold, the next one warm
-        for _ in range(SETUP_RACE_RETRIES):
+
+        def attempt() -> RunResult:
             spec = self.prepare(argv, stdin=data, env=env, limits=lim)
             # run_launches owns (and closes) every fd of the spec from here on.
-            res = run_launches([spec], lim.wall_seconds)[0]
-            if not setup_race(res):
-                break
-        return self.finish(res)
+            return run_launches([spec], lim.wall_seconds)[0]
+
+        return self.finish(retry_setup_race(attempt, setup_race))
 
     def run_python(
         self,
