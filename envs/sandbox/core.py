@@ -81,38 +81,45 @@ class Sandbox:
             self._tools = _tools()
         self._owns_dir = work_dir is None
         self._closed = False
-        if work_dir is None and mode == "bwrap":
-            self.storage = Storage(_temp_parent(), self.config, sandbox_uid=True)
-            self._owns_storage = True
-            work_dir = self.storage.work
-        elif work_dir is None:
-            work_dir = tempfile.mkdtemp(prefix="jointrl-sandbox-")
-        else:
-            os.makedirs(work_dir, exist_ok=True)
-            self.storage = Storage.of(work_dir) if mode == "bwrap" else None
-        self.work_dir = os.path.realpath(work_dir)
+        self.work_dir = os.path.realpath(self._make_work_dir(work_dir))
         try:
-            if mode == "bwrap":
-                _prepare_work_dir(self.work_dir)
-                self.inner_work_dir = _inner_work_dir()
-            else:
-                self.inner_work_dir = self.work_dir
-            # Other sandboxes' work dirs sit beside this one (whatever TMPDIR is): hide their parent.
-            top = self.storage.root if self.storage is not None else self.work_dir
-            self.hidden = tuple(d for d in {os.path.dirname(top), os.path.realpath(_temp_parent())} if d != "/")
-            self.ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
-            if python is not None:
-                self.python = python
-            elif mode == "none":
-                self.python = sys.executable or os.path.realpath("/usr/bin/python3")
-            else:
-                self.python = _sandbox_python(self.inner_work_dir, self.hidden)
+            self._set_mounts(ro_binds, python)
         except BaseException:
             self.close()
             raise
         if warm and mode == "bwrap":
             # Runs with the default limits use a sandbox pre-started during the previous run.
             self._warm = WarmLauncher(self)
+
+    def _make_work_dir(self, work_dir: str | None) -> str:
+        """The work dir: a capped storage's (bwrap, none given), a temp dir, or ``work_dir``."""
+        if work_dir is None and self.mode == "bwrap":
+            self.storage = Storage(_temp_parent(), self.config, sandbox_uid=True)
+            self._owns_storage = True
+            return self.storage.work
+        if work_dir is None:
+            return tempfile.mkdtemp(prefix="jointrl-sandbox-")
+        os.makedirs(work_dir, exist_ok=True)
+        self.storage = Storage.of(work_dir) if self.mode == "bwrap" else None
+        return work_dir
+
+    def _set_mounts(self, ro_binds: Sequence[str], python: str | None) -> None:
+        """Where the work dir appears inside, what is hidden, bound, and which Python runs."""
+        if self.mode == "bwrap":
+            _prepare_work_dir(self.work_dir)
+            self.inner_work_dir = _inner_work_dir()
+        else:
+            self.inner_work_dir = self.work_dir
+        # Other sandboxes' work dirs sit beside this one (whatever TMPDIR is): hide their parent.
+        top = self.storage.root if self.storage is not None else self.work_dir
+        self.hidden = tuple(d for d in {os.path.dirname(top), os.path.realpath(_temp_parent())} if d != "/")
+        self.ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
+        if python is not None:
+            self.python = python
+        elif self.mode == "none":
+            self.python = sys.executable or os.path.realpath("/usr/bin/python3")
+        else:
+            self.python = _sandbox_python(self.inner_work_dir, self.hidden)
 
     # -- files -------------------------------------------------------------------------
 
