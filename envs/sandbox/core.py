@@ -81,7 +81,7 @@ class Sandbox:
             self._tools = _tools()
         self._owns_dir = work_dir is None
         self._closed = False
-        self.work_dir = os.path.realpath(self._make_work_dir(work_dir))
+        self.work_dir = self._make_work_dir(work_dir)
         try:
             self._set_mounts(ro_binds, python)
         except BaseException:
@@ -96,12 +96,12 @@ class Sandbox:
         if work_dir is None and self.mode == "bwrap":
             self.storage = Storage(_temp_parent(), self.config, sandbox_uid=True)
             self._owns_storage = True
-            return self.storage.work
+            return self.storage.work  # canonical already (and not realpath-able through /proc)
         if work_dir is None:
-            return tempfile.mkdtemp(prefix="jointrl-sandbox-")
+            return os.path.realpath(tempfile.mkdtemp(prefix="jointrl-sandbox-"))
         os.makedirs(work_dir, exist_ok=True)
         self.storage = Storage.of(work_dir) if self.mode == "bwrap" else None
-        return work_dir
+        return self.storage.work if self.storage is not None else os.path.realpath(work_dir)
 
     def _set_mounts(self, ro_binds: Sequence[str], python: str | None) -> None:
         """Where the work dir appears inside, what is hidden, bound, and which Python runs."""
@@ -217,7 +217,7 @@ class Sandbox:
             cmd = _bwrap_command(
                 self._tools,
                 argv,
-                work_dir=self.work_dir,
+                work_dir=st.inside(self.work_dir) if st is not None else self.work_dir,
                 inner=self.inner_work_dir,
                 env=user_env,
                 limits=limits,
@@ -225,11 +225,13 @@ class Sandbox:
                 new_session=new_session,
                 ro_binds=self.ro_binds,
                 # Uncapped storage (not root): fresh bwrap tmpfs, capped in size, per launch.
-                scratch=(st.tmp, st.shm) if st is not None and st.capped else None,
+                scratch=(st.inside(st.tmp), st.inside(st.shm)) if st is not None and st.capped else None,
                 hide=self.hidden,
                 seccomp_fd=seccomp_fd,
             )
-            return prefix + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
+            # Without root, the capped storage is mounted in a namespace the launcher enters first.
+            enter = st.enter() if st is not None else []
+            return prefix + enter + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
         prlimit = shutil.which("prlimit")
         prefix, preexec = _limit_launcher(prlimit, _rlimit_values(limits, _count_procs(os.getuid())))
         full_env = {**_base_env(self.work_dir), "PATH": os.environ.get("PATH", SANDBOX_PATH), **user_env}
