@@ -58,9 +58,6 @@ ALLOWED_KEYS = (
     "core.filemode",
     "core.bare",
     "core.logallrefupdates",
-    "core.ignorecase",
-    "core.precomposeunicode",
-    "core.symlinks",
     "extensions.objectformat",
     "init.defaultbranch",
     "user.name",
@@ -83,6 +80,10 @@ ALLOWED_KEYS = (
     "push.autosetupremote",
     "advice.*",
 )
+# Allowed keys whose other values change what git reports: filemode=false hides mode changes.
+# (core.bare=true on a work tree's .git makes status and diff fail, which fails the check.)
+_REQUIRED_VALUES = {"core.filemode": True}
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 # Files in a git dir that change what git reports; harness setups never create them.
 _REFUSED_FILES = {
     "commondir": "redirects the repository to another git dir",
@@ -96,10 +97,13 @@ _COMMENT_ONLY = {
 }
 
 
-def key_problem(key: str) -> str | None:
-    """Why a repository-local config key is refused, or None when it is allowed."""
+def key_problem(key: str, value: str | None = None) -> str | None:
+    """Why a repository-local config key (set to ``value``) is refused, or None when it is allowed."""
     # `git config --list` prints section and name lowercased, a subsection as written.
     if any(fnmatch.fnmatchcase(key, pat) for pat in ALLOWED_KEYS):
+        want = _REQUIRED_VALUES.get(key)
+        if want is not None and (True if value is None else _BOOLS.get(value.strip().lower())) is not want:
+            return f"config sets {key!r} to {value!r} (only {str(want).lower()} keeps git reporting every change)"
         return None
     section = key.split(".", 1)[0]
     why = {
@@ -154,14 +158,19 @@ def _has_content(path: str) -> bool:
         return any(ln.strip() and not ln.lstrip().startswith(b"#") for ln in f)
 
 
-def _config_keys(git: str, path: str) -> list[str]:
-    """The keys set in one config file; parsing only (no includes are followed, nothing runs)."""
+def _config_entries(git: str, path: str) -> list[tuple[str, str | None]]:
+    """(key, value) set in one config file; parsing only (no includes are followed, nothing runs)."""
     out = subprocess.run(
         [git, "config", "--file", path, "--null", "--list"], capture_output=True, check=False, timeout=30
     )
     if out.returncode != 0:
         raise ValueError(out.stderr.decode("utf-8", "replace").strip() or f"exit {out.returncode}")
-    return [entry.split(b"\n", 1)[0].decode("utf-8", "replace") for entry in out.stdout.split(b"\0") if entry]
+    entries = []
+    for entry in out.stdout.split(b"\0"):
+        if entry:
+            key, sep, value = entry.decode("utf-8", "replace").partition("\n")
+            entries.append((key, value if sep else None))  # no value: a boolean set to true
+    return entries
 
 
 def _vet_config(git: str, gitdir: str) -> list[str]:
@@ -174,11 +183,11 @@ def _vet_config(git: str, gitdir: str) -> list[str]:
             problems.append(f"{path}: not a regular file")
             continue
         try:
-            keys = _config_keys(git, path)
+            entries = _config_entries(git, path)
         except (ValueError, subprocess.TimeoutExpired) as exc:
             problems.append(f"{path}: unreadable config ({exc})")
             continue
-        problems += [f"{path}: {why}" for why in map(key_problem, keys) if why]
+        problems += [f"{path}: {why}" for why in (key_problem(k, v) for k, v in entries) if why]
     return problems
 
 

@@ -75,6 +75,8 @@ def test_a_repository_as_git_makes_it_passes(work):
         ("include.path", "/work/inc.cfg"),
         ("includeIf.gitdir:/work/.path", "/work/inc.cfg"),
         ("color.ui", "always"),
+        ("core.filemode", "false"),
+        ("core.ignorecase", "true"),
         ("extensions.worktreeConfig", "true"),
     ],
 )
@@ -91,6 +93,9 @@ def test_key_problem_allowlist_matches_subsections_and_nothing_more():
     assert "filter driver" in key_problem("filter.ev.clean")
     assert "another config file" in key_problem("include.path")
     assert key_problem("user.signingkey") is not None and key_problem("remote.origin.uploadpack") is not None
+    assert key_problem("core.filemode", "true") is None and key_problem("core.filemode", None) is None
+    assert key_problem("core.filemode", "Yes") is None and key_problem("core.bare", "true") is None
+    assert "only true" in key_problem("core.filemode", "off") and key_problem("core.filemode", "2") is not None
 
 
 def test_config_worktree_is_vetted_too(work):
