@@ -493,7 +493,7 @@ class TerminalEnv:
         gitdirs, problems = terminal_git.find_git_dirs(self._box.work_dir)
         if not gitdirs and not problems:
             return None
-        argv = [self._box.python, "-I", "-c", _VET_SOURCE, self._box.inner_work_dir, "git"]
+        argv = [self._box.python, "-I", "-S", "-c", _VET_SOURCE, self._box.inner_work_dir, "git"]
         res = self._box.run(argv, limits=lim, env=check_env())
         if res.ok:
             return None
