@@ -91,10 +91,39 @@ def bench_shell(mode: str, n: int) -> tuple[float, float, float]:
     return start_ms, statistics.median(lat), percentile(lat, 0.95)
 
 
+def bench_git_vet(n: int) -> tuple[float, float]:
+    """Median ms of a terminal check of a git repo, and of the git-metadata vetting before it
+    (``TerminalEnv._vet_git``), measured side by side on the same committed repo."""
+    from envs.sandbox import Limits
+    from envs.terminal import TerminalEnv
+    from envs.types import Message, Task, TerminalSpec
+
+    spec = TerminalSpec(
+        setup="git init -q repo && git -C repo config user.email a@b && git -C repo config user.name a && "
+        "echo v1 > repo/a.txt && git -C repo add a.txt && git -C repo commit -qm v1",
+        check='[ -z "$(git -C repo status --porcelain --ignored --untracked-files=all)" ]',
+        solution="",
+        time_limit_s=30,
+    )
+    lim = Limits(cpu_seconds=10, wall_seconds=10.0, output_bytes=65536)
+    vet, check = [], []
+    with TerminalEnv(check_timeout_s=10.0) as env:
+        env.reset(Task(id="bench-git", domain="terminal", terminal=spec, messages=(Message("user", "x"),)))
+        for _ in range(n):
+            t = time.perf_counter()
+            assert env._vet_git(lim) is None
+            vet.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            assert env._box.run(["bash", "-c", spec.check], limits=lim).ok
+            check.append((time.perf_counter() - t) * 1000)
+    return statistics.median(check), statistics.median(vet)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="python runs per variant (default 200)")
     ap.add_argument("--shell-n", type=int, default=500, help="shell round trips (default 500)")
+    ap.add_argument("--git-n", type=int, default=30, help="terminal git checks (and vettings) timed (default 30)")
     ap.add_argument("--mode", choices=("bwrap", "none"), default="bwrap")
     ap.add_argument("--no-write", action="store_true", help="do not write the section of bench/RESULTS.md")
     args = ap.parse_args()
@@ -105,6 +134,7 @@ def main() -> None:
         python = box.python
         times = bench_python(box, warm_box, args.n)
     shell_start, median, p95 = bench_shell(args.mode, args.shell_n)
+    git_check, git_vet = bench_git_vet(args.git_n) if args.mode == "bwrap" else (float("nan"), float("nan"))
     plain, sandboxed, warm = (1000 * len(times[k]) / sum(times[k]) for k in ("plain", "sandboxed", "warm"))
     plain_med, sandboxed_med, warm_med = (statistics.median(times[k]) for k in ("plain", "sandboxed", "warm"))
 
@@ -122,6 +152,8 @@ def main() -> None:
         ("ShellSession start", f"{shell_start:.1f}", "ms"),
         ('ShellSession.run("echo hi") median', f"{median:.2f}", "ms"),
         ('ShellSession.run("echo hi") p95', f"{p95:.2f}", "ms"),
+        ("terminal check of a git repo (`git status`), median", f"{git_check:.1f}", "ms"),
+        ("git metadata vetting before such a check, median", f"{git_vet:.1f}", "ms"),
     ]
     width = max(len(r[0]) for r in rows)
     vwidth = max(len(r[1]) for r in rows)
@@ -131,8 +163,8 @@ def main() -> None:
         print(f"{name:<{width}}  {value:>{vwidth}}  {unit}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"(n={args.n} python runs per variant, {args.shell_n} shell round trips, {os.cpu_count()} CPUs, "
-        f"load average {load:.1f})"
+        f"(n={args.n} python runs per variant, {args.shell_n} shell round trips, {args.git_n} git checks, "
+        f"{os.cpu_count()} CPUs, load average {load:.1f})"
     )
     if not args.no_write:
         from bench._results import table, write_section
@@ -142,7 +174,10 @@ def main() -> None:
             "`warm=True` interleaved in 10 rounds. Sandboxed = setpriv + prlimit + bwrap (user, PID, mount, "
             "net, IPC, UTS namespaces; seccomp filter; capped tmpfs storage) per run. `warm=True` pre-starts "
             "the next run's sandbox during the current run (a bash stub waits for the command, then execs it; "
-            "each sandbox is still used once). Goal from the issue: sandboxed >= 0.5x plain.\n\n"
+            "each sandbox is still used once). Goal from the issue: sandboxed >= 0.5x plain. "
+            f"The last two rows: {args.git_n} terminal checks of a one-commit repo and, side by side, the "
+            "vetting of its git metadata that runs before every check of a work dir holding git metadata "
+            "(`envs.terminal_git`, one more sandbox launch).\n\n"
             + table(["metric", "value", "unit"], [[a, b, c] for a, b, c in rows])
         )
         write_section("sandbox", "Sandbox throughput (`bench/sandbox_bench.py`)", body)

@@ -58,7 +58,7 @@ from typing import Any
 from envs.io import TaskFormatError, read_json_objects, save_tasks
 from envs.code_verdict import CANDIDATE_PROGRAM, JUDGE_PROGRAM
 from envs.sandbox import Limits, RunResult, Sandbox, SandboxUnavailable
-from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
+from envs.sandbox.base import retry_setup_race, setup_race
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.pump import run_launches
 from envs.types import CodeSpec, Message, Task
@@ -351,10 +351,11 @@ def run_tests(
     if judge is None:
         judge = Sandbox(limits=sandbox.limits, mode=sandbox.mode, config=sandbox.config)
     try:
-        for _ in range(SETUP_RACE_RETRIES):  # the pair starts over (work dirs rewritten) after a mount race
-            res_j, res_c = _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout)
-            if not (setup_race(res_j) or setup_race(res_c)):
-                break
+        # The pair starts over (work dirs rewritten) when either side lost a mount race.
+        res_j, res_c = retry_setup_race(
+            lambda: _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout),
+            lambda pair: setup_race(pair[0]) or setup_race(pair[1]),
+        )
     finally:
         if own_judge:
             judge.close()
@@ -432,41 +433,12 @@ def _outcome(res_j: RunResult, res_c: RunResult, total: int, timeout: float, san
     harness_failed = not done and not res_j.timed_out
     if harness_failed:
         events.append("harness_error")
-    how = f"killed by signal {res_j.signal}" if res_j.signal is not None else f"exit code {res_j.exit_code}"
-    if res_j.timed_out:
-        stop = f"Timed out after {timeout:g}s (an infinite loop, or too slow?); {len(results)} of {total} tests ran."
-    elif not done:
-        stop = f"The test harness stopped ({how}) before all tests ran; {len(results)} of {total} tests ran."
-    else:
-        stop = ""
+    stop, error = _stop_and_error(res_j, len(results), total, passed, done, timeout, load_errors)
     if storage:
         cfg = sandbox.config
         error = f"the code filled its storage (cap {cfg.storage_mb} MiB, {cfg.storage_inodes} inodes)"
         stop = (stop + "\n" if stop else "") + f"Storage limit hit: {error}; no test counts."
-    elif passed == total and done:
-        error = ""
-    elif res_j.timed_out:
-        error = f"timed out after {timeout:g}s"
-    elif not done:
-        error = f"the test harness stopped ({how}) before all tests ran"
-    elif load_errors:
-        error = load_errors[0].strip().splitlines()[-1]
-    else:
-        error = f"{total - passed} of {total} tests failed"
-
-    parts: list[str] = []
-    for e in load_errors:
-        parts.append("Error while loading the code:\n" + e)
-    # After a load error most failures are its echo: show fewer.
-    for e in setup_errors[: 0 if load_errors else 3]:
-        parts.append("Error in a test setup statement:\n" + e)
-    shown = failures[: 1 if load_errors else 5]
-    for msg in shown:
-        parts.append("Failed test:\n" + msg)
-    if len(failures) > len(shown):
-        parts.append(f"... and {len(failures) - len(shown)} more failed tests.")
-    if stop:
-        parts.append(stop)
+    parts = _feedback(load_errors, setup_errors, failures, stop)
     printed = res_c.stderr.strip()
     if printed:
         parts.append("Output of the program:\n" + _cut(printed, 2000))
@@ -480,6 +452,44 @@ def _outcome(res_j: RunResult, res_c: RunResult, total: int, timeout: float, san
         output="\n\n".join(parts),
         events=tuple(events),
     )
+
+
+def _stop_and_error(
+    res_j: RunResult, ran: int, total: int, passed: int, done: bool, timeout: float, load_errors: list[str]
+) -> tuple[str, str]:
+    """(why the tests stopped early, or ""; the one-line error, or "" when every test passed)."""
+    how = f"killed by signal {res_j.signal}" if res_j.signal is not None else f"exit code {res_j.exit_code}"
+    if res_j.timed_out:
+        stop = f"Timed out after {timeout:g}s (an infinite loop, or too slow?); {ran} of {total} tests ran."
+    elif not done:
+        stop = f"The test harness stopped ({how}) before all tests ran; {ran} of {total} tests ran."
+    else:
+        stop = ""
+    if passed == total and done:
+        error = ""
+    elif res_j.timed_out:
+        error = f"timed out after {timeout:g}s"
+    elif not done:
+        error = f"the test harness stopped ({how}) before all tests ran"
+    elif load_errors:
+        error = load_errors[0].strip().splitlines()[-1]
+    else:
+        error = f"{total - passed} of {total} tests failed"
+    return stop, error
+
+
+def _feedback(load_errors: list[str], setup_errors: list[str], failures: list[str], stop: str) -> list[str]:
+    """The feedback paragraphs: load errors, a few setup errors and failed tests, the stop note."""
+    parts = ["Error while loading the code:\n" + e for e in load_errors]
+    # After a load error most failures are its echo: show fewer.
+    parts += ["Error in a test setup statement:\n" + e for e in setup_errors[: 0 if load_errors else 3]]
+    shown = failures[: 1 if load_errors else 5]
+    parts += ["Failed test:\n" + msg for msg in shown]
+    if len(failures) > len(shown):
+        parts.append(f"... and {len(failures) - len(shown)} more failed tests.")
+    if stop:
+        parts.append(stop)
+    return parts
 
 
 # ---------------------------------------------------------------------------- env

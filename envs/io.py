@@ -136,19 +136,8 @@ def task_from_dict(d: dict[str, Any], where: str = "") -> Task:
     if unknown:
         raise _fail(where, unknown[0], f"unknown field (allowed: {', '.join(_TOP_KEYS)})")
 
-    for key in ("id", "domain"):
-        if key not in d or d[key] is None:
-            raise _fail(where, key, "missing")
-        if not isinstance(d[key], str) or not d[key].strip():
-            raise _fail(where, key, f"must be a non-empty string, got {_type_name(d[key])} {d[key]!r:.80}")
-    task_id, domain = d["id"], d["domain"]
-
-    if "messages" not in d or d["messages"] is None:
-        raise _fail(where, "messages", "missing")
-    raw_messages = _maybe_json(d["messages"], where, "messages")
-    if not isinstance(raw_messages, list) or not raw_messages:
-        raise _fail(where, "messages", f"must be a non-empty list of messages, got {_type_name(raw_messages)}")
-    messages = tuple(_message_from_dict(m, where, f"messages[{i}]") for i, m in enumerate(raw_messages))
+    task_id, domain = _required_str(d, "id", where), _required_str(d, "domain", where)
+    messages = _messages_from(d, where)
 
     prefill = d.get("prefill")
     if prefill is None:
@@ -185,6 +174,23 @@ def task_from_dict(d: dict[str, Any], where: str = "") -> Task:
         terminal=terminal,
         meta=meta,
     )
+
+
+def _required_str(d: dict[str, Any], key: str, where: str) -> str:
+    if key not in d or d[key] is None:
+        raise _fail(where, key, "missing")
+    if not isinstance(d[key], str) or not d[key].strip():
+        raise _fail(where, key, f"must be a non-empty string, got {_type_name(d[key])} {d[key]!r:.80}")
+    return d[key]
+
+
+def _messages_from(d: dict[str, Any], where: str) -> tuple[Message, ...]:
+    if "messages" not in d or d["messages"] is None:
+        raise _fail(where, "messages", "missing")
+    raw_messages = _maybe_json(d["messages"], where, "messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise _fail(where, "messages", f"must be a non-empty list of messages, got {_type_name(raw_messages)}")
+    return tuple(_message_from_dict(m, where, f"messages[{i}]") for i, m in enumerate(raw_messages))
 
 
 def _spec_from_dict(cls: Any, raw: Any, where: str, field: str) -> Any:
@@ -237,16 +243,38 @@ _TOOL_CALL_MODES = ("calls", "answer")
 
 
 def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
+    """A :class:`ToolCallSpec` from its record; every bad field is named (``tool_call.<field>``)."""
     if not isinstance(tc, dict):
         raise _fail(where, "tool_call", f"must be an object with 'tools' and 'expected', got {_type_name(tc)}")
     keys = ("tools", "expected", "mode", "answer", "state", "parallel")
     unknown = [k for k in tc if k not in keys]
     if unknown:
         raise _fail(where, f"tool_call.{unknown[0]}", f"unknown field (allowed: {', '.join(keys)})")
-
     mode = "calls" if tc.get("mode") is None else tc["mode"]
     if mode not in _TOOL_CALL_MODES:
         raise _fail(where, "tool_call.mode", f"must be one of {', '.join(_TOOL_CALL_MODES)}, got {mode!r:.80}")
+    answer = _answers_from(tc, mode, where)  # fields are checked in this order: the first bad one is named
+    state = {} if tc.get("state") is None else _maybe_json(tc["state"], where, "tool_call.state")
+    if not isinstance(state, dict):
+        raise _fail(where, "tool_call.state", f"must be an object, got {_type_name(state)}")
+    parallel = False if tc.get("parallel") is None else tc["parallel"]
+    if not isinstance(parallel, bool):
+        raise _fail(where, "tool_call.parallel", f"must be a bool, got {_type_name(parallel)}")
+    tools = _tools_from(tc, where)
+    if tc.get("expected") is None and mode != "answer":
+        raise _fail(where, "tool_call.expected", "missing")
+    return ToolCallSpec(
+        tools=tools,
+        expected=_expected_from(tc, where),
+        mode=mode,
+        answer=answer,
+        state=state,
+        parallel=parallel,
+    )
+
+
+def _answers_from(tc: dict[str, Any], mode: str, where: str) -> tuple[str, ...]:
+    """``tool_call.answer``: the acceptable final answers (required in answer mode)."""
     raw_answer = [] if tc.get("answer") is None else _maybe_json(tc["answer"], where, "tool_call.answer")
     if not isinstance(raw_answer, list):
         raise _fail(
@@ -257,13 +285,11 @@ def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
             raise _fail(where, f"tool_call.answer[{i}]", f"must be a non-empty string, got {_type_name(a)} {a!r:.80}")
     if mode == "answer" and not raw_answer:
         raise _fail(where, "tool_call.answer", "answer mode needs at least one acceptable answer")
-    state = {} if tc.get("state") is None else _maybe_json(tc["state"], where, "tool_call.state")
-    if not isinstance(state, dict):
-        raise _fail(where, "tool_call.state", f"must be an object, got {_type_name(state)}")
-    parallel = False if tc.get("parallel") is None else tc["parallel"]
-    if not isinstance(parallel, bool):
-        raise _fail(where, "tool_call.parallel", f"must be a bool, got {_type_name(parallel)}")
+    return tuple(raw_answer)
 
+
+def _tools_from(tc: dict[str, Any], where: str) -> tuple[dict[str, Any], ...]:
+    """``tool_call.tools``: function schemas with distinct non-empty names."""
     if tc.get("tools") is None:
         raise _fail(where, "tool_call.tools", "missing")
     raw_tools = _maybe_json(tc["tools"], where, "tool_call.tools")
@@ -285,42 +311,33 @@ def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
     dup = next((n for n in tool_names if tool_names.count(n) > 1), None)
     if dup is not None:
         raise _fail(where, "tool_call.tools", f"function {dup!r} is listed twice")
+    return tuple(tools)
 
-    if tc.get("expected") is None and mode != "answer":
-        raise _fail(where, "tool_call.expected", "missing")
+
+def _expected_from(tc: dict[str, Any], where: str) -> tuple[ExpectedCall, ...]:
+    """``tool_call.expected``: the calls to make, each with its allowed argument values."""
     raw_expected = [] if tc.get("expected") is None else _maybe_json(tc["expected"], where, "tool_call.expected")
     if not isinstance(raw_expected, list):
         raise _fail(where, "tool_call.expected", f"must be a list of calls, got {_type_name(raw_expected)}")
-    expected = []
-    for i, e in enumerate(raw_expected):
-        f = f"tool_call.expected[{i}]"
-        e = _maybe_json(e, where, f)
-        if not isinstance(e, dict):
-            raise _fail(where, f, f"must be an object with 'name' and 'allowed', got {_type_name(e)}")
-        if not isinstance(e.get("name"), str) or not e["name"]:
-            raise _fail(where, f"{f}.name", "missing or not a non-empty string")
-        allowed = e.get("allowed")
-        allowed = {} if allowed is None else _maybe_json(allowed, where, f"{f}.allowed")
-        if not isinstance(allowed, dict):
-            raise _fail(
-                where,
-                f"{f}.allowed",
-                f"must be an object mapping parameter -> list of values, got {_type_name(allowed)}",
-            )
-        for param, values in allowed.items():
-            if not isinstance(values, list):
-                raise _fail(
-                    where, f"{f}.allowed.{param}", f"must be a list of allowed values, got {_type_name(values)}"
-                )
-        expected.append(ExpectedCall(name=e["name"], allowed={k: list(v) for k, v in allowed.items()}))
-    return ToolCallSpec(
-        tools=tuple(tools),
-        expected=tuple(expected),
-        mode=mode,
-        answer=tuple(raw_answer),
-        state=state,
-        parallel=parallel,
-    )
+    return tuple(_expected_call(e, where, f"tool_call.expected[{i}]") for i, e in enumerate(raw_expected))
+
+
+def _expected_call(e: Any, where: str, f: str) -> ExpectedCall:
+    e = _maybe_json(e, where, f)
+    if not isinstance(e, dict):
+        raise _fail(where, f, f"must be an object with 'name' and 'allowed', got {_type_name(e)}")
+    if not isinstance(e.get("name"), str) or not e["name"]:
+        raise _fail(where, f"{f}.name", "missing or not a non-empty string")
+    allowed = e.get("allowed")
+    allowed = {} if allowed is None else _maybe_json(allowed, where, f"{f}.allowed")
+    if not isinstance(allowed, dict):
+        raise _fail(
+            where, f"{f}.allowed", f"must be an object mapping parameter -> list of values, got {_type_name(allowed)}"
+        )
+    for param, values in allowed.items():
+        if not isinstance(values, list):
+            raise _fail(where, f"{f}.allowed.{param}", f"must be a list of allowed values, got {_type_name(values)}")
+    return ExpectedCall(name=e["name"], allowed={k: list(v) for k, v in allowed.items()})
 
 
 # ---------------------------------------------------------------------------- files

@@ -51,6 +51,10 @@ Episode and check semantics (:class:`TerminalEnv`)
   files or ``~/.local/bin`` programs the policy left cannot fake the check. A task whose
   check runs the policy's own program sets ``Task.meta["check_runs_policy_files"]``
   (:data:`RUNS_POLICY_FILES`): its check keeps the script dir on ``sys.path``.
+  Before it, when the work dir holds git metadata, :mod:`envs.terminal_git` vets it in the
+  same sandbox and environment: a repository whose own config, info files, attributes or
+  index could change what git reports (or run a program during the check) is refused, and
+  the episode scores 0.0 without running the check (the output names each reason).
   If the episode filled its capped storage, it scores 0.0 (``storage limit hit``). Its result: exit status 0 -> ``1.0``;
   otherwise, if the last non-empty stdout line parses as a float in ``[0, 1]``, that
   value (partial credit: print it and exit non-zero); otherwise ``0.0``. A check that
@@ -73,12 +77,14 @@ from __future__ import annotations
 import math
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from envs.sandbox import Limits, Sandbox, SandboxUnavailable, ShellSession, ShellSessionError, check_sandbox
 from envs.sandbox.base import SANDBOX_PATH
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.events import shell_status_events
+from envs import terminal_git
 from envs.types import Message, Task
 
 __all__ = [
@@ -111,6 +117,8 @@ _OPEN_RE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^`]*$")
 _CLOSE_RE = re.compile(r"^[ \t]*```[ \t]*$")
 
 _SETUP_TIMEOUT_S = 60.0
+# The vetting script runs inside the check's sandbox, which does not see the harness's files.
+_VET_SOURCE = Path(terminal_git.__file__).read_text(encoding="utf-8")
 RUNS_POLICY_FILES = "check_runs_policy_files"  # Task.meta flag: the check runs a program the policy wrote
 
 # The check's environment comes from the harness, never from the work dir the policy wrote:
@@ -131,6 +139,9 @@ _GIT_PINS = (
     # untracked files from `git status`, an attributes file would assign filter/diff drivers.
     ("core.excludesFile", "/dev/null"),
     ("core.attributesFile", "/dev/null"),
+    # The untracked cache is index state the policy wrote; gc would rewrite the repo mid-check.
+    ("core.untrackedCache", "false"),
+    ("gc.auto", "0"),
 )
 CHECK_ENV = {
     "HOME": "/nonexistent",
@@ -145,6 +156,8 @@ CHECK_ENV = {
     "GIT_TERMINAL_PROMPT": "0",
     "GIT_PAGER": "cat",
     "PAGER": "cat",
+    "GIT_NO_REPLACE_OBJECTS": "1",  # refs/replace/* would swap the objects a check reads
+    "GIT_OPTIONAL_LOCKS": "0",  # a check's `git status` does not rewrite the index
     "GIT_CONFIG_COUNT": str(len(_GIT_PINS)),
     **{f"GIT_CONFIG_KEY_{i}": k for i, (k, _) in enumerate(_GIT_PINS)},
     **{f"GIT_CONFIG_VALUE_{i}": v for i, (_, v) in enumerate(_GIT_PINS)},
@@ -458,6 +471,9 @@ class TerminalEnv:
             output_bytes=65536,
         )
         runs_policy_files = self._task.meta.get(RUNS_POLICY_FILES) is True
+        refused = self._vet_git(lim)
+        if refused is not None:
+            return 0.0, False, truncate_output(refused, 4000), None
         res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim, env=check_env(runs_policy_files))
         if "storage" in res.events:
             self._events.append("storage")
@@ -468,6 +484,21 @@ class TerminalEnv:
         if res.timed_out:
             output += f"\n[check timed out after {self.check_timeout_s:g}s]"
         return reward, res.ok, truncate_output(output, 4000), res.exit_code
+
+    def _vet_git(self, lim: Limits) -> str | None:
+        """The refusal when the work dir's git metadata could shape a check (see
+        :mod:`envs.terminal_git`), else None. The vetting runs in the sandbox with the check's
+        environment, and only when the work dir holds git metadata at all (a host-side walk)."""
+        assert self._box is not None
+        gitdirs, problems = terminal_git.find_git_dirs(self._box.work_dir)
+        if not gitdirs and not problems:
+            return None
+        argv = [self._box.python, "-I", "-S", "-c", _VET_SOURCE, self._box.inner_work_dir, "git"]
+        res = self._box.run(argv, limits=lim, env=check_env())
+        if res.ok:
+            return None
+        why = res.stdout.strip() or f"git vetting failed (exit {res.exit_code}): {res.stderr.strip()}"
+        return f"[the check was not run: the work dir's git metadata could change what git reports]\n{why}"
 
     def finalize(self) -> dict[str, Any]:
         """The rollout ended the episode before the env did (token or context limit): run the

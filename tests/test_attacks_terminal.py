@@ -40,9 +40,25 @@ GIT = TerminalSpec(
     solution="git -C repo add notes.txt && git -C repo commit -qm notes",
     time_limit_s=30,
 )
-TASKS = {"count": COUNT, "git": GIT}
+# Task 3: restore the broken a.txt to its committed content; the check asks git diff and status.
+RESTORE = TerminalSpec(
+    setup="git init -q repo && git -C repo config user.email a@b && git -C repo config user.name a && "
+    "echo v1 > repo/a.txt && git -C repo add a.txt && git -C repo commit -qm v1 && echo broken > repo/a.txt",
+    check='git -C repo diff --quiet && [ -z "$(git -C repo status --porcelain)" ] || { echo FAIL; exit 1; }',
+    solution="git -C repo checkout -- a.txt",
+    time_limit_s=30,
+)
+# Task 4: change a.txt to v2 without committing; the check reads the diff.
+DIFF = TerminalSpec(
+    setup="git init -q repo && git -C repo config user.email a@b && git -C repo config user.name a && "
+    "echo v1 > repo/a.txt && git -C repo add a.txt && git -C repo commit -qm v1",
+    check="[ \"$(git -C repo diff a.txt | grep '^[-+]v')\" = \"$(printf -- '-v1\\n+v2')\" ] || { echo FAIL; exit 1; }",
+    solution="echo v2 > repo/a.txt",
+    time_limit_s=30,
+)
+TASKS = {"count": COUNT, "git": GIT, "restore": RESTORE, "diff": DIFF}
 
-WRONG = {"count": "echo 4 > count.txt", "git": "true"}
+WRONG = {"count": "echo 4 > count.txt", "git": "true", "restore": "true", "diff": "echo v3 > repo/a.txt"}
 ATTACKS = {
     "pth_os_exit": ("count", f"mkdir -p {PYSITE} && echo 'import os; os._exit(0)' > {PYSITE}/zz.pth"),
     "usercustomize": ("count", f"mkdir -p {PYSITE} && printf 'import os\\nos._exit(0)\\n' > {PYSITE}/usercustomize.py"),
@@ -86,6 +102,36 @@ ATTACKS = {
         "mkdir -p hk && printf '#!/bin/sh\\nexit 0\\n' > hk/post-index-change && chmod +x "
         'hk/post-index-change && git -C repo config core.hooksPath "$PWD/hk"',
     ),
+}
+# Repository-local git metadata that, without the harness's vetting (envs.terminal_git), makes
+# the check above score 1.0 on the wrong state (test_git_attacks_fool_an_unvetted_check).
+GIT_METADATA_ATTACKS = {
+    "git_info_exclude": ("git", "echo notes.txt >> repo/.git/info/exclude"),
+    # The clean filter runs during the check's `git status` (a.txt's stat changed) and deletes
+    # the untracked file before status lists untracked files.
+    "git_filter_clean_driver": (
+        "git",
+        "printf '* filter=ev\\n' > repo/.gitattributes && git -C repo add .gitattributes && "
+        "git -C repo commit -qm attrs && "
+        "git -C repo config filter.ev.clean \"sh -c 'rm -f $PWD/repo/notes.txt; cat'\" && "
+        "sleep 1.1 && touch repo/a.txt",
+    ),
+    "git_diff_textconv": (
+        "diff",
+        "printf 'a.txt diff=tc\\n' > repo/.git/info/attributes && git -C repo config diff.tc.textconv 'sed s/v3/v2/'",
+    ),
+    "git_diff_external": (
+        "diff",
+        "printf '#!/bin/sh\\necho -v1; echo +v2\\n' > ext.sh && chmod +x ext.sh && "
+        'git -C repo config diff.external "$PWD/ext.sh"',
+    ),
+    "git_include_path": (
+        "diff",
+        "printf '#!/bin/sh\\necho -v1; echo +v2\\n' > ext.sh && chmod +x ext.sh && "
+        'printf "[diff]\\n\\texternal = $PWD/ext.sh\\n" > inc.cfg && git -C repo config include.path "$PWD/inc.cfg"',
+    ),
+    "git_assume_unchanged": ("restore", "git -C repo update-index --assume-unchanged a.txt"),
+    "git_skip_worktree": ("restore", "git -C repo update-index --skip-worktree a.txt"),
 }
 
 
@@ -165,13 +211,25 @@ def test_filling_the_storage_fails_the_episode(play):
     assert "storage" in info["sandbox_events"]
 
 
-# Known hole (#15 still open): the repository's own metadata is the policy's state, and git's
-# porcelain reads it. `.git/info/exclude` (like filter/textconv drivers defined in `.git/config`
-# and assigned in `.gitattributes`) changes what `git status` reports, and no harness-side
-# setting turns it off. strict: this test fails (XPASS) once the hole is closed; then drop the mark.
-@pytest.mark.xfail(
-    strict=True, reason="repo-level git metadata (.git/info/exclude, drivers) still shapes a check's git output"
-)
 def test_repo_info_exclude_cannot_hide_untracked_files(play):
     score, info = play("git", WRONG["git"], "echo notes.txt >> repo/.git/info/exclude")
     assert score == 0.0, info["check_output"]
+    assert "info/exclude" in info["check_output"] and "the check was not run" in info["check_output"]
+
+
+@pytest.mark.parametrize("attack", sorted(GIT_METADATA_ATTACKS))
+def test_git_metadata_attack_scores_zero(play, attack):
+    """Each is refused by name before the check runs, so no policy-written program runs either."""
+    task_name, trap = GIT_METADATA_ATTACKS[attack]
+    score, info = play(task_name, WRONG[task_name], trap)
+    assert score == 0.0, (attack, info["check_output"])
+    assert info["check_output"].startswith("[the check was not run"), info["check_output"]
+
+
+@pytest.mark.parametrize("attack", sorted(GIT_METADATA_ATTACKS))
+def test_git_attacks_fool_an_unvetted_check(play, attack, monkeypatch):
+    """The attacks are real: with the vetting switched off each one scores the wrong state 1.0."""
+    monkeypatch.setattr(TerminalEnv, "_vet_git", lambda self, lim: None)
+    task_name, trap = GIT_METADATA_ATTACKS[attack]
+    score, info = play(task_name, WRONG[task_name], trap)
+    assert score == 1.0, (attack, info["check_output"])

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -521,6 +522,44 @@ def test_shell_created_in_short_lived_thread_survives():
     time.sleep(0.2)
     with box["s"] as s:
         assert s.run("echo ok").output == "ok\n"
+
+
+def _racing_launch(monkeypatch, failures: int, message: str) -> list[int]:
+    """Make the first ``failures`` launches of a sandbox print ``message`` and exit 1, as bwrap
+    does when a concurrent tmpfs mount or unmount races its recursive root bind."""
+    real, calls = Sandbox._launch, []
+
+    def launch(self, argv, *args, **kwargs):
+        cmd, env, cwd, preexec = real(self, argv, *args, **kwargs)
+        calls.append(1)
+        if len(calls) <= failures:
+            cmd = ["/bin/sh", "-c", f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"]
+        return cmd, env, cwd, preexec
+
+    monkeypatch.setattr(Sandbox, "_launch", launch)
+    return calls
+
+
+RACE = "bwrap: Can't bind mount /oldroot/tmp/jointrl-sb-x on /newroot/tmp/jointrl-sb-x: No such file or directory"
+
+
+def test_shell_start_retries_a_bwrap_mount_race(monkeypatch):
+    calls = _racing_launch(monkeypatch, 2, RACE)
+    with ShellSession() as s:
+        assert s.run("echo up; pwd").output == f"up\n{s.sandbox.inner_work_dir}\n"
+    assert len(calls) == 3 and zombie_children() == []
+
+
+def test_shell_start_gives_up_after_three_races_and_never_retries_other_failures(monkeypatch):
+    calls = _racing_launch(monkeypatch, 99, RACE)
+    with pytest.raises(ShellSessionError, match="Can't bind mount"):
+        ShellSession()
+    assert len(calls) == sbbase.SETUP_RACE_RETRIES == 3
+    monkeypatch.undo()
+    calls = _racing_launch(monkeypatch, 99, "bwrap: execvp /bin/bash: No such file or directory")
+    with pytest.raises(ShellSessionError, match="execvp"):
+        ShellSession()
+    assert len(calls) == 1 and zombie_children() == []
 
 
 # --------------------------------------------------------------------------------------

@@ -46,8 +46,10 @@ What it does NOT isolate
   secrets in ``/root``, ``/home`` or ``/run``, or make them unreadable to uid 65534.
   When the launcher is not root the code runs as the calling user (mapped to 65534),
   keeps that user's supplementary groups, and can read whatever that user can read.
-* **Disk, without root.** Mounting the capped tmpfs needs root; otherwise the work dir is
-  on the host disk and RLIMIT_FSIZE caps each file, not the total (a warning is logged).
+* **Disk, without root, where user namespaces are refused.** Without root the capped tmpfs
+  is mounted in an unprivileged user + mount namespace (:mod:`envs.sandbox.storage`); only
+  where that is refused (or ``unshare``/``nsenter`` are missing) is the work dir on the
+  host disk, with RLIMIT_FSIZE capping each file, not the total (a warning is logged).
 * **Memory and CPU totals.** RLIMIT_AS and RLIMIT_CPU are per process, so the totals are
   bounded by ``processes`` times those limits, not by a cgroup. RLIMIT_AS also counts
   reserved address space: runtimes that reserve a lot up front (JVM, Go) need a larger

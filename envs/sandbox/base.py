@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
@@ -83,14 +87,30 @@ class RunResult:
 SETUP_RACE_RETRIES = 3
 
 
+_RACE_MESSAGES = ("Can't bind mount", "Unable to apply mount flags", "Can't remount")
+
+
+def bwrap_mount_race(error_text: str) -> bool:
+    """Whether a launch's error output is bwrap failing to set up its mounts (a mount race)."""
+    err = error_text[:2000]
+    return err.startswith("bwrap: ") and any(m in err for m in _RACE_MESSAGES)
+
+
 def setup_race(res: RunResult) -> bool:
     """Whether ``res`` is bwrap failing to set up the mounts (a race with a concurrent mount)."""
-    err = res.stderr[:2000]
-    return (
-        res.exit_code == 1
-        and err.startswith("bwrap: ")
-        and ("Can't bind mount" in err or "Unable to apply mount flags" in err or "Can't remount" in err)
-    )
+    return res.exit_code == 1 and bwrap_mount_race(res.stderr)
+
+
+def retry_setup_race(attempt: Callable[[], T], raced: Callable[[T], bool]) -> T:
+    """``attempt()``, made again while ``raced(result)`` says it lost a mount race; at most
+    :data:`SETUP_RACE_RETRIES` attempts, the last one's result is returned either way.
+    Every launcher (``Sandbox.run``, the code verdict's pair, ``ShellSession`` start) retries
+    through here, so they agree on what a race is and how often it is retried."""
+    for _ in range(SETUP_RACE_RETRIES - 1):
+        res = attempt()
+        if not raced(res):
+            return res
+    return attempt()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envs.sandbox.base import SETUP_RACE_RETRIES, setup_race
+from envs.sandbox.base import retry_setup_race, setup_race
 from envs.sandbox.base import MODES, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, RunResult, _Tools
 from envs.sandbox.files import _open_parent, _split_rel
 from envs.sandbox.launch import (
@@ -81,38 +81,45 @@ class Sandbox:
             self._tools = _tools()
         self._owns_dir = work_dir is None
         self._closed = False
-        if work_dir is None and mode == "bwrap":
-            self.storage = Storage(_temp_parent(), self.config, sandbox_uid=True)
-            self._owns_storage = True
-            work_dir = self.storage.work
-        elif work_dir is None:
-            work_dir = tempfile.mkdtemp(prefix="jointrl-sandbox-")
-        else:
-            os.makedirs(work_dir, exist_ok=True)
-            self.storage = Storage.of(work_dir) if mode == "bwrap" else None
-        self.work_dir = os.path.realpath(work_dir)
+        self.work_dir = self._make_work_dir(work_dir)
         try:
-            if mode == "bwrap":
-                _prepare_work_dir(self.work_dir)
-                self.inner_work_dir = _inner_work_dir()
-            else:
-                self.inner_work_dir = self.work_dir
-            # Other sandboxes' work dirs sit beside this one (whatever TMPDIR is): hide their parent.
-            top = self.storage.root if self.storage is not None else self.work_dir
-            self.hidden = tuple(d for d in {os.path.dirname(top), os.path.realpath(_temp_parent())} if d != "/")
-            self.ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
-            if python is not None:
-                self.python = python
-            elif mode == "none":
-                self.python = sys.executable or os.path.realpath("/usr/bin/python3")
-            else:
-                self.python = _sandbox_python(self.inner_work_dir, self.hidden)
+            self._set_mounts(ro_binds, python)
         except BaseException:
             self.close()
             raise
         if warm and mode == "bwrap":
             # Runs with the default limits use a sandbox pre-started during the previous run.
             self._warm = WarmLauncher(self)
+
+    def _make_work_dir(self, work_dir: str | None) -> str:
+        """The work dir: a capped storage's (bwrap, none given), a temp dir, or ``work_dir``."""
+        if work_dir is None and self.mode == "bwrap":
+            self.storage = Storage(_temp_parent(), self.config, sandbox_uid=True)
+            self._owns_storage = True
+            return self.storage.work  # canonical already (and not realpath-able through /proc)
+        if work_dir is None:
+            return os.path.realpath(tempfile.mkdtemp(prefix="jointrl-sandbox-"))
+        os.makedirs(work_dir, exist_ok=True)
+        self.storage = Storage.of(work_dir) if self.mode == "bwrap" else None
+        return self.storage.work if self.storage is not None else os.path.realpath(work_dir)
+
+    def _set_mounts(self, ro_binds: Sequence[str], python: str | None) -> None:
+        """Where the work dir appears inside, what is hidden, bound, and which Python runs."""
+        if self.mode == "bwrap":
+            _prepare_work_dir(self.work_dir)
+            self.inner_work_dir = _inner_work_dir()
+        else:
+            self.inner_work_dir = self.work_dir
+        # Other sandboxes' work dirs sit beside this one (whatever TMPDIR is): hide their parent.
+        top = self.storage.root if self.storage is not None else self.work_dir
+        self.hidden = tuple(d for d in {os.path.dirname(top), os.path.realpath(_temp_parent())} if d != "/")
+        self.ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
+        if python is not None:
+            self.python = python
+        elif self.mode == "none":
+            self.python = sys.executable or os.path.realpath("/usr/bin/python3")
+        else:
+            self.python = _sandbox_python(self.inner_work_dir, self.hidden)
 
     # -- files -------------------------------------------------------------------------
 
@@ -210,7 +217,7 @@ class Sandbox:
             cmd = _bwrap_command(
                 self._tools,
                 argv,
-                work_dir=self.work_dir,
+                work_dir=st.inside(self.work_dir) if st is not None else self.work_dir,
                 inner=self.inner_work_dir,
                 env=user_env,
                 limits=limits,
@@ -218,11 +225,13 @@ class Sandbox:
                 new_session=new_session,
                 ro_binds=self.ro_binds,
                 # Uncapped storage (not root): fresh bwrap tmpfs, capped in size, per launch.
-                scratch=(st.tmp, st.shm) if st is not None and st.capped else None,
+                scratch=(st.inside(st.tmp), st.inside(st.shm)) if st is not None and st.capped else None,
                 hide=self.hidden,
                 seccomp_fd=seccomp_fd,
             )
-            return prefix + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
+            # Without root, the capped storage is mounted in a namespace the launcher enters first.
+            enter = st.enter() if st is not None else []
+            return prefix + enter + cmd, {"PATH": SANDBOX_PATH}, "/", preexec
         prlimit = shutil.which("prlimit")
         prefix, preexec = _limit_launcher(prlimit, _rlimit_values(limits, _count_procs(os.getuid())))
         full_env = {**_base_env(self.work_dir), "PATH": os.environ.get("PATH", SANDBOX_PATH), **user_env}
@@ -316,13 +325,13 @@ class Sandbox:
             if res is not None:
                 return self.finish(res)
             self._warm.prestart()  # none was waiting: start this run cold, the next one warm
-        for _ in range(SETUP_RACE_RETRIES):
+
+        def attempt() -> RunResult:
             spec = self.prepare(argv, stdin=data, env=env, limits=lim)
             # run_launches owns (and closes) every fd of the spec from here on.
-            res = run_launches([spec], lim.wall_seconds)[0]
-            if not setup_race(res):
-                break
-        return self.finish(res)
+            return run_launches([spec], lim.wall_seconds)[0]
+
+        return self.finish(retry_setup_race(attempt, setup_race))
 
     def run_python(
         self,

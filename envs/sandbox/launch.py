@@ -89,22 +89,37 @@ def _bwrap_command(
     (the sandbox's capped storage) or, without one, bwrap tmpfs capped by size; extra
     read-only binds; the work dir.
     """
-    cmd: list[str] = []
-    if os.geteuid() == 0:
-        assert tools.setpriv is not None
-        cmd += [
-            tools.setpriv,
-            f"--reuid={SANDBOX_UID}",
-            f"--regid={SANDBOX_GID}",
-            "--clear-groups",
-            "--no-new-privs",
-            "--",
-        ]
-    cmd.append(tools.bwrap)
+    cmd = _privilege_drop(tools) + [tools.bwrap]
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
+    cmd += _mounts(tools, work_dir, inner, limits, ro_binds, scratch, hide)
+    cmd += ["--chdir", inner, *_isolation(tools, seccomp_fd, new_session), "--clearenv"]
+    for k, v in {**_base_env(inner), **env}.items():
+        cmd += ["--setenv", k, v]
+    cmd += ["--", *argv]
+    return cmd
+
+
+def _privilege_drop(tools: _Tools) -> list[str]:
+    """As root, bwrap itself runs as the sandbox uid (setpriv), never with root's capabilities."""
+    if os.geteuid() != 0:
+        return []
+    assert tools.setpriv is not None
+    return [tools.setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups", "--no-new-privs", "--"]
+
+
+def _mounts(
+    tools: _Tools,
+    work_dir: str,
+    inner: str,
+    limits: Limits,
+    ro_binds: Sequence[str],
+    scratch: tuple[str, str] | None,
+    hide: Sequence[str],
+) -> list[str]:
+    """The mount options, in the order of :func:`_bwrap_command`'s docstring."""
     small = ["--size", str(_MiB)] if tools.has_size else []
-    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    cmd = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for d in (*hide, *(os.path.realpath(h) for h in HIDDEN_DIRS if os.path.isdir(h))):
         if d not in ("/", "/tmp") and os.path.isdir(d):
             cmd += [*small, "--tmpfs", d, "--remount-ro", d]
@@ -115,23 +130,13 @@ def _bwrap_command(
         cmd += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
     for path in ro_binds:
         cmd += ["--ro-bind", path, path]
-    cmd += [
-        "--bind",
-        work_dir,
-        inner,
-        "--chdir",
-        inner,
-        "--unshare-all",
-        "--unshare-user",
-        "--uid",
-        str(SANDBOX_UID),
-        "--gid",
-        str(SANDBOX_GID),
-        "--hostname",
-        "sandbox",
-        "--cap-drop",
-        "ALL",
-    ]
+    return cmd + ["--bind", work_dir, inner]
+
+
+def _isolation(tools: _Tools, seccomp_fd: int | None, new_session: bool) -> list[str]:
+    """Every namespace unshared, the sandbox uid inside, no capabilities, seccomp, tied to its parent."""
+    cmd = ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+    cmd += ["--hostname", "sandbox", "--cap-drop", "ALL"]
     if tools.has_disable_userns:
         cmd.append("--disable-userns")
     if seccomp_fd is not None:
@@ -139,10 +144,6 @@ def _bwrap_command(
     cmd.append("--die-with-parent")
     if new_session:
         cmd.append("--new-session")
-    cmd.append("--clearenv")
-    for k, v in {**_base_env(inner), **env}.items():
-        cmd += ["--setenv", k, v]
-    cmd += ["--", *argv]
     return cmd
 
 

@@ -47,6 +47,15 @@ def _tools() -> _Tools:
 
 
 def _probe() -> _Tools:
+    """The tools a sandbox needs, after proving that one sandbox starts here."""
+    tools = _find_tools()
+    _check_seccomp()
+    _try_one_sandbox(tools)
+    return tools
+
+
+def _find_tools() -> _Tools:
+    """bwrap (and setpriv when root) on PATH, and which options this bwrap has."""
     if not sys.platform.startswith("linux"):
         raise SandboxUnavailable("bubblewrap sandboxes need Linux (namespaces); use mode='none' for trusted code")
     bwrap = shutil.which("bwrap")
@@ -65,13 +74,17 @@ def _probe() -> _Tools:
         help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxUnavailable(f"cannot run {bwrap} --help: {exc}") from exc
-    tools = _Tools(
+    return _Tools(
         bwrap=bwrap,
         setpriv=setpriv,
         prlimit=shutil.which("prlimit"),
         has_size="--size" in help_text,
         has_disable_userns="--disable-userns" in help_text,
     )
+
+
+def _check_seccomp() -> None:
+    """The seccomp filter can be built (pyseccomp and the system libseccomp are there)."""
     try:
         filter_bpf()
     except ImportError as exc:
@@ -81,6 +94,10 @@ def _probe() -> _Tools:
         ) from exc
     except (OSError, RuntimeError, ValueError) as exc:
         raise SandboxUnavailable(f"cannot build the seccomp filter with libseccomp: {exc}") from exc
+
+
+def _try_one_sandbox(tools: _Tools) -> None:
+    """Run `true` in a sandbox; SandboxUnavailable says what the host refused, and how to fix it."""
     work = tempfile.mkdtemp(prefix="jointrl-sandbox-probe-", dir=_temp_parent())
     try:
         _prepare_work_dir(work)
@@ -110,7 +127,6 @@ def _probe() -> _Tools:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return tools
 
 
 def _read_sysctl(proc_sys: str, name: str) -> str | None:

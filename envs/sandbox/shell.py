@@ -13,7 +13,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envs.sandbox.base import _READ_CHUNK, SANDBOX_UID, Limits, ShellResult, ShellSessionError
+from envs.sandbox.base import (
+    _READ_CHUNK,
+    SANDBOX_UID,
+    Limits,
+    ShellResult,
+    ShellSessionError,
+    bwrap_mount_race,
+    retry_setup_race,
+)
 from envs.sandbox.core import Sandbox
 from envs.sandbox.pump import _with_marker
 from envs.sandbox.seccomp import seccomp_fd
@@ -72,6 +80,14 @@ _PROMPT_COMMAND = '__jrl_r=$?; __jrl_n=$((__jrl_n+1)); printf "\\n__jrl_%s_%s_%s
 # Sent once when a session starts: the prompt settings came in through the environment;
 # stop exporting them to the commands' processes.
 _SHELL_SETUP = b"export -n PS1 PS2 PROMPT_COMMAND; unset HISTFILE; set +H +o history\n"
+
+
+class _StartError(ShellSessionError):
+    """The sandboxed shell did not start; ``output`` is what its terminal showed."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__(f"the sandboxed shell did not start: {output!r}")
+        self.output = output
 
 
 class _PromptCollector:
@@ -192,68 +208,95 @@ class ShellSession:
             "HISTFILE": "",
         }
         argv = ["/bin/bash", "--norc", "--noprofile", "--noediting", "+H", "-i"]
-        info_r = info_w = sfd = None
         try:
             _ensure_subreaper()
-            if mode == "bwrap":
+            error = retry_setup_race(
+                lambda: self._try_start(argv, env, startup_timeout),
+                lambda err: err is not None and bwrap_mount_race(err.output),
+            )
+            if error is not None:
+                raise error
+        except BaseException:
+            self.close()
+            raise
+
+    def _try_start(self, argv: list[str], env: dict[str, str], startup_timeout: float) -> _StartError | None:
+        """Start the shell once: None when it is up, else the failure (its processes killed,
+        the session ready for another attempt)."""
+        try:
+            self._start(argv, env, startup_timeout)
+            return None
+        except _StartError as err:
+            self._terminate()
+            self._dead, self._next, self._leftover = None, 1, b""
+            return err
+
+    def _start(self, argv: list[str], env: dict[str, str], startup_timeout: float) -> None:
+        """Spawn the sandboxed shell on a pty and wait for its first two prompts."""
+        info_r = info_w = sfd = None
+        try:
+            if self.mode == "bwrap":
                 info_r, info_w = os.pipe()
                 os.set_inheritable(info_w, True)
                 sfd = seccomp_fd()
                 if self.sandbox.storage is not None:
                     self.sandbox.storage.clear_scratch()
             cmd, launch_env, cwd, preexec = self.sandbox._launch(
-                argv, env, limits, info_w, new_session=False, seccomp_fd=sfd
+                argv, env, self.limits, info_w, new_session=False, seccomp_fd=sfd
             )
-            pass_fds = tuple(fd for fd in (info_w, sfd) if fd is not None)
-
-            def spawn():
-                with _registry_lock:
-                    child = _make_spawn(
-                        cmd[0],
-                        cmd[1:],
-                        env=launch_env,
-                        cwd=cwd,
-                        echo=False,
-                        encoding=None,
-                        use_poll=True,
-                        preexec_fn=preexec,
-                        dimensions=(24, 200),
-                        pass_fds=pass_fds,
-                    )
-                    _live_launchers.add(child.pid)
-                return child
-
-            # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
-            # forked bwrap exits. Sessions outlive the call that creates them (thread pools, Ray
-            # actor threads), so they are forked from one long-lived thread.
-            self._child = _spawner_call(spawn)
-            self._child.delaybeforesend = None
-            self._child.delayafterclose = 0
-            self._child.delayafterterminate = 0
-            self._child.ptyproc.delayafterclose = 0
-            self._child.ptyproc.delayafterterminate = 0
+            self._spawn(cmd, launch_env, cwd, preexec, tuple(fd for fd in (info_w, sfd) if fd is not None))
             for fd in (info_w, sfd):
                 if fd is not None:
                     os.close(fd)
             info_w = sfd = None
-            deadline = time.monotonic() + startup_timeout
-            col = _PromptCollector(self._prompt_re, limits.output_bytes, 1)
-            if self._collect(col, deadline) != "prompt":
-                raise ShellSessionError(f"the sandboxed shell did not start: {col.text()!r}")
-            if info_r is not None:
-                self._inner = _read_info(info_r, deadline)
-            self._shell_pgrp = os.tcgetpgrp(self._child.child_fd)
-            self._child.send(_SHELL_SETUP)
-            col = _PromptCollector(self._prompt_re, limits.output_bytes, self._next)
-            if self._collect(col, deadline) != "prompt" or col.exit_code != 0 or col.total:
-                raise ShellSessionError(f"the sandboxed shell did not start: {col.text()!r}")
-        except BaseException:
-            self.close()
-            raise
+            self._await_shell(info_r, time.monotonic() + startup_timeout)
         finally:
             for fd in (info_r, info_w, sfd):
                 if fd is not None:
                     os.close(fd)
+
+    def _spawn(self, cmd: list[str], launch_env: dict[str, str], cwd: str, preexec, pass_fds: tuple[int, ...]) -> None:
+        """Fork the launcher on a pty (from the long-lived spawner thread) and register it."""
+
+        def spawn():
+            with _registry_lock:
+                child = _make_spawn(
+                    cmd[0],
+                    cmd[1:],
+                    env=launch_env,
+                    cwd=cwd,
+                    echo=False,
+                    encoding=None,
+                    use_poll=True,
+                    preexec_fn=preexec,
+                    dimensions=(24, 200),
+                    pass_fds=pass_fds,
+                )
+                _live_launchers.add(child.pid)
+            return child
+
+        # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
+        # forked bwrap exits. Sessions outlive the call that creates them (thread pools, Ray
+        # actor threads), so they are forked from one long-lived thread.
+        self._child = _spawner_call(spawn)
+        self._child.delaybeforesend = None
+        self._child.delayafterclose = 0
+        self._child.delayafterterminate = 0
+        self._child.ptyproc.delayafterclose = 0
+        self._child.ptyproc.delayafterterminate = 0
+
+    def _await_shell(self, info_r: int | None, deadline: float) -> None:
+        """Wait for the first prompt, learn the sandbox's pid, send the one-time setup line."""
+        col = _PromptCollector(self._prompt_re, self.limits.output_bytes, 1)
+        if self._collect(col, deadline) != "prompt":
+            raise _StartError(col.text())
+        if info_r is not None:
+            self._inner = _read_info(info_r, deadline)
+        self._shell_pgrp = os.tcgetpgrp(self._child.child_fd)
+        self._child.send(_SHELL_SETUP)
+        col = _PromptCollector(self._prompt_re, self.limits.output_bytes, self._next)
+        if self._collect(col, deadline) != "prompt" or col.exit_code != 0 or col.total:
+            raise _StartError(col.text())
 
     @property
     def work_dir(self) -> str:

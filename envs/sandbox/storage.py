@@ -8,10 +8,18 @@ that writes more gets ENOSPC, the host disk never sees its files, and the memory
 pin is the size cap. :meth:`Storage.full` tells whether the cap was reached (recorded as
 a ``storage`` event).
 
-What it does NOT do: without root (``mount`` needs CAP_SYS_ADMIN on the host) the
-directories are plain host directories; then /tmp and /dev/shm are bwrap tmpfs capped in
-size only (``--size``), the work dir is bounded by RLIMIT_FSIZE per file only, and
-``capped`` is False (a warning is logged once).
+Without root, the same tmpfs is mounted inside an unprivileged user + mount namespace
+held by a small helper process (:class:`_NamespaceHolder`: ``unshare --user
+--map-root-user --mount``, then ``mount -t tmpfs`` and a ``cat`` that waits for its stdin
+to close): the caps are the same, every sandbox launch enters that namespace first
+(``nsenter --user --mount --preserve-credentials``), and the harness reaches the files
+through ``/proc/<holder>/root`` (:attr:`Storage.work` is then such a path; bwrap binds
+:meth:`Storage.inside` of it). The namespace, and the memory its files hold, go away when
+the holder's stdin closes: on :meth:`close`, and also when the harness dies outright.
+Only when unprivileged user namespaces are refused (or ``unshare``/``nsenter`` are
+missing) are the directories plain host directories; then /tmp and /dev/shm are bwrap
+tmpfs capped in size only (``--size``), the work dir is bounded by RLIMIT_FSIZE per file
+only, and ``capped`` is False (a warning naming the reason is logged once).
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import selectors
 import shutil
+import subprocess
 import tempfile
 import threading
 import weakref
@@ -56,27 +66,14 @@ class Storage:
     """The writable places of one sandbox (see the module docstring)."""
 
     def __init__(self, parent: str, config: SandboxConfig, *, sandbox_uid: bool) -> None:
-        global _warned
         self.config = config
         self.root = tempfile.mkdtemp(prefix="jointrl-sb-", dir=parent)
-        self.capped = False
-        if os.geteuid() == 0:
-            try:
-                _mount_tmpfs(self.root, config.storage_mb << 20, config.storage_inodes)
-                self.capped = True
-            except OSError as exc:
-                if not _warned:
-                    logger.warning("sandbox storage is NOT capped (%s): work dirs live on the host disk", exc)
-                    _warned = True
-        elif not _warned:
-            logger.warning(
-                "sandbox storage is NOT capped: mounting a tmpfs needs root; work dirs live on the host "
-                "disk (bounded per file by RLIMIT_FSIZE only)"
-            )
-            _warned = True
+        self.holder: _NamespaceHolder | None = None
+        self.capped = self._mount()
+        view = self.holder.view if self.holder is not None else ""  # where the harness sees the files
         if os.geteuid() == 0:
             os.chmod(self.root, 0o711)  # bwrap, run as the sandbox uid, must reach root/work to bind it
-        self.work, self.tmp, self.shm = (os.path.join(self.root, n) for n in ("work", "tmp", "shm"))
+        self.work, self.tmp, self.shm = (view + os.path.join(self.root, n) for n in ("work", "tmp", "shm"))
         try:
             for d, mode in ((self.work, 0o700), (self.tmp, 0o1777), (self.shm, 0o1777)):
                 os.mkdir(d)
@@ -87,21 +84,52 @@ class Storage:
             self.close()
             raise
         with _live_lock:
-            _live[os.path.realpath(self.work)] = self
+            _live[_canonical(self.work)] = self
         self._closed = False
         # Unmounted also when the object is collected or the interpreter exits without close();
-        # a process killed outright leaves its tmpfs mounted (the memory it holds stays in use).
-        self._finalizer = weakref.finalize(self, _release, self.root, self.capped)
+        # a process killed outright leaves a root-mounted tmpfs mounted (the memory it holds stays
+        # in use); a namespace-held one goes with its holder.
+        self._finalizer = weakref.finalize(self, _release, self.root, self.capped, self.holder)
+
+    def _mount(self) -> bool:
+        """Mount the capped tmpfs on :attr:`root` (as root) or in a held namespace; False if neither."""
+        global _warned
+        size, inodes = self.config.storage_mb << 20, self.config.storage_inodes
+        try:
+            if os.geteuid() == 0:
+                _mount_tmpfs(self.root, size, inodes)
+            else:
+                self.holder = _NamespaceHolder(self.root, size, inodes)
+            return True
+        except OSError as exc:
+            if not _warned:
+                logger.warning(
+                    "sandbox storage is NOT capped (%s): work dirs live on the host disk (bounded per file by "
+                    "RLIMIT_FSIZE only)",
+                    exc,
+                )
+                _warned = True
+            return False
+
+    def inside(self, path: str) -> str:
+        """``path`` (one of this storage's) as the launcher sees it: without the holder's /proc view."""
+        if self.holder is not None and path.startswith(self.holder.view + "/"):
+            return path[len(self.holder.view) :]
+        return path
+
+    def enter(self) -> list[str]:
+        """The command prefix that runs a launcher where the storage is mounted (empty as root)."""
+        return self.holder.enter() if self.holder is not None else []
 
     @staticmethod
     def of(work_dir: str) -> Storage | None:
         """The live storage whose work dir is ``work_dir``, or None."""
         with _live_lock:
-            return _live.get(os.path.realpath(work_dir))
+            return _live.get(_canonical(work_dir))
 
     def usage(self) -> dict[str, int]:
         """Bytes and inodes used and available on the storage (its tmpfs when capped)."""
-        st = os.statvfs(self.root)
+        st = os.statvfs(os.path.dirname(self.work))
         return {
             "bytes_used": (st.f_blocks - st.f_bfree) * st.f_frsize,
             "bytes_free": st.f_bavail * st.f_frsize,
@@ -127,17 +155,76 @@ class Storage:
             return
         self._closed = True
         with _live_lock:
-            _live.pop(os.path.realpath(getattr(self, "work", "") or "/nonexistent"), None)
+            _live.pop(_canonical(getattr(self, "work", "") or "/nonexistent"), None)
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
         else:  # __init__ failed before the finalizer existed
-            _release(self.root, self.capped)
+            _release(self.root, self.capped, self.holder)
 
 
-def _release(root: str, capped: bool) -> None:
+def _canonical(path: str) -> str:
+    """A work dir's key: realpath, except through /proc/<pid>/root (realpath would leave the namespace)."""
+    return os.path.normpath(path) if path.startswith("/proc/") else os.path.realpath(path)
+
+
+class _NamespaceHolder:
+    """A process holding an unprivileged user + mount namespace in which a capped tmpfs is mounted.
+
+    ``unshare --user --map-root-user --mount`` runs ``sh``, which mounts the tmpfs on ``root``
+    (visible only in the namespace), says ``ready`` and becomes ``cat``, which waits for its
+    stdin to close. Raises OSError (saying why) when the namespace or the mount is refused.
+    """
+
+    _SCRIPT = 'mount -t tmpfs -o "size=$2,nr_inodes=$3,mode=0711,nosuid,nodev" tmpfs "$1" && echo ready && exec cat'
+
+    def __init__(self, root: str, size_bytes: int, inodes: int) -> None:
+        unshare, self._nsenter = shutil.which("unshare"), shutil.which("nsenter")
+        if unshare is None or self._nsenter is None:
+            raise OSError("storage caps without root need `unshare` and `nsenter` (util-linux)")
+        argv = [unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--"]
+        argv += ["/bin/sh", "-c", self._SCRIPT, "sh", root, str(size_bytes), str(inodes)]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+        if self._ready_line(10.0) != b"ready\n":
+            self.proc.kill()
+            _, err = self.proc.communicate()
+            why = err.decode("utf-8", "replace").strip() or "no answer"
+            raise OSError(f"cannot mount a capped tmpfs in an unprivileged user namespace: {why}")
+        self.pid = self.proc.pid
+        self.view = f"/proc/{self.pid}/root"
+
+    def _ready_line(self, timeout: float) -> bytes:
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                return b""
+        return self.proc.stdout.readline()
+
+    def enter(self) -> list[str]:
+        return [self._nsenter, f"--target={self.pid}", "--user", "--mount", "--preserve-credentials", "--"]
+
+    def close(self) -> None:
+        """End the namespace: the tmpfs and every file in it are gone once ``cat`` exits."""
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def _release(root: str, capped: bool, holder: _NamespaceHolder | None = None) -> None:
     """Unmount (lazily: every sandbox process is dead by now) and remove one storage root."""
-    if capped and _c().umount2(root.encode(), _MNT_DETACH) != 0:
+    if holder is not None:
+        holder.close()
+    elif capped and _c().umount2(root.encode(), _MNT_DETACH) != 0:
         logger.warning("cannot unmount sandbox storage %s: %s", root, os.strerror(ctypes.get_errno()))
     _rmtree(root)
 

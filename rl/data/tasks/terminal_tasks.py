@@ -100,6 +100,15 @@ def git_repo(path: str, branch: str = "main") -> str:
     )
 
 
+def git_clean(path: str, ignored_ok: bool = False) -> str:
+    """A check line: the repo at ``path`` has no staged, modified, untracked or (unless
+    ``ignored_ok``) ignored file. Listing ignored files too means no ignore rule the policy
+    wrote can hide a file from this check; the repository's own git metadata is vetted by
+    the harness before any check runs (:mod:`envs.terminal_git`)."""
+    flags = "--porcelain --untracked-files=all" + ("" if ignored_ok else " --ignored")
+    return need(f'[ -z "$(git -C {sq(path)} status {flags})" ]', "the working tree is not clean")
+
+
 def git_commit(path: str, message: str, day: int) -> str:
     date = f"2024-01-{day:02d}T12:00:00+00:00"
     return (
@@ -1060,7 +1069,7 @@ def _git(b: _Builder) -> None:
                 '[ "$(git -C notes ls-files | LC_ALL=C sort)" = "$(printf \'ideas.md\\ntodo.md\')" ]',
                 "the commit does not hold exactly todo.md and ideas.md",
             ),
-            need('[ -z "$(git -C notes status --porcelain)" ]', "the working tree is not clean"),
+            git_clean("notes"),
         ),
         "git -C notes init -q && git -C notes add todo.md ideas.md && git -C notes commit -q -m 'initial notes'",
     )
@@ -1112,15 +1121,16 @@ def _git(b: _Builder) -> None:
             ]
         ),
         check(
-            need('[ -z "$(git -C proj status --porcelain)" ]', "the working tree is not clean"),
+            git_clean("proj", ignored_ok=True),
             need('[ "$(git -C proj log -1 --format=%s)" = "add gitignore" ]', "wrong last commit message"),
             need("git -C proj cat-file -e HEAD:.gitignore", ".gitignore is not committed"),
             need(
-                " && ".join(
-                    f"git -C proj check-ignore -q {f}" for f in ("debug.log", "src/trace.log", "build/out.bin")
-                ),
-                "the log files or build/ are not ignored",
+                # -v names the rule's source: the committed .gitignore, not a rule from elsewhere.
+                '[ "$(git -C proj check-ignore -v debug.log src/trace.log build/out.bin | cut -f1 | '
+                'cut -d: -f1 | LC_ALL=C sort -u)" = .gitignore ]',
+                "the log files or build/ are not ignored by proj/.gitignore",
             ),
+            need("! git -C proj check-ignore -q src/util.c notes.txt", "files other than logs and build/ are ignored"),
             need(
                 '[ "$(git -C proj ls-files | LC_ALL=C sort)" = "$(printf \'.gitignore\\nsrc/main.c\')" ]',
                 "other files were committed",
@@ -1197,7 +1207,7 @@ def _git(b: _Builder) -> None:
                 "config.txt is not restored in the new commit",
             ),
             need('[ "$(git -C svc show HEAD:app.sh)" = "echo svc v2" ]', "app.sh changed"),
-            need('[ -z "$(git -C svc status --porcelain)" ]', "the working tree is not clean"),
+            git_clean("svc"),
         ),
         "git -C svc revert --no-edit HEAD",
     )
