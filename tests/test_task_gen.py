@@ -93,6 +93,14 @@ def test_toolcall_ladder_knobs(generated):
         assert t.meta["example_function"] not in t.meta["functions"]
         if t.meta["rung"] == 0:
             assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
+        # Lower rungs pre-start more of the call (rung 0: up to the arguments; 3: only the tag).
+        level = {0: "arguments", 1: "name", 2: "name", 3: "tag"}[t.meta["rung"]]
+        if level == "arguments":
+            assert t.prefill.endswith('"arguments": {') and t.tool_call.expected[0].name in t.prefill
+        elif level == "name":
+            assert t.prefill == '<tool_call>{"name": "'
+        else:
+            assert t.prefill == "<tool_call>"
 
 
 def test_quickstart_generator_unchanged_by_the_ladder(tmp_path):
@@ -199,7 +207,12 @@ def _toolcall_check(tasks):
     for t in tasks:
         e = t.tool_call.expected[0]
         args = {k: v[0] for k, v in e.allowed.items() if v[0] != ""}
-        ok = reward(_toolcall_traj(t, format_call(ToolCall(e.name, args))))
+        reference = format_call(ToolCall(e.name, args))
+        # The env sees prefill + generated text: a prefill that is not a prefix of the right call
+        # would make the task unsolvable.
+        if not reference.startswith(t.prefill):
+            bad.append(f"{t.id}: prefill {t.prefill!r} is not a prefix of the reference {reference!r}")
+        ok = reward(_toolcall_traj(t, reference))
         noop = reward(_toolcall_traj(t, t.prefill))
         if ok != 1.0 or noop != 0.0:
             bad.append(f"{t.id}: reference scores {ok}, a no-op {noop}")
