@@ -103,6 +103,20 @@ def test_toolcall_ladder_knobs(generated):
             assert t.prefill == "<tool_call>"
 
 
+def test_code_and_terminal_prefill_by_rung(generated):
+    # Code rungs 0-2 pre-start the fence and the def line, rung 3 the fence; terminal rungs 0-2
+    # the fence, rung 3 nothing. The def line is the signature the prompt states.
+    for t in generated["code"][0] + generated["code"][1]:
+        if t.meta["rung"] <= 2:
+            assert t.prefill == "```python\n" + t.code.solution.split("\n", 1)[0] + "\n"
+            assert t.prefill.startswith(f"```python\ndef {t.code.entry_point}(")
+            assert t.code.solution.split("\n", 1)[0].removeprefix("def ").removesuffix(":") in t.messages[-1].content
+        else:
+            assert t.prefill == "```python\n"
+    for t in generated["terminal"][0] + generated["terminal"][1]:
+        assert t.prefill == ("```bash\n" if t.meta["rung"] <= 2 else "")
+
+
 def test_quickstart_generator_unchanged_by_the_ladder(tmp_path):
     train, held = toolcall_gen.write_quickstart(tmp_path)
     assert train.read_bytes() == (DATA / toolcall_gen.TRAIN_FILE).read_bytes()
@@ -147,7 +161,11 @@ def _code_check(tasks):
     try:
         for t in tasks:
             env.reset(t)
-            info = env.step(f"```python\n{t.code.solution}```")[3]
+            reference = f"```python\n{t.code.solution}```"
+            # The env sees prefill + generated text: the prefill must be a prefix of a right answer.
+            if not reference.startswith(t.prefill):
+                bad.append(f"{t.id}: prefill {t.prefill!r} is not a prefix of the reference")
+            info = env.step(reference)[3]
             if info["reward"] != 1.0:
                 bad.append(f"{t.id}: reference solution scores {info['reward']}: {info.get('error')}")
             env.reset(t)
@@ -167,7 +185,10 @@ def _terminal_check(tasks):
     try:
         for t in tasks:
             env.reset(t)
-            obs, term, trunc, _ = env.step(f"```bash\n{t.terminal.solution}\n```")
+            reference = f"```bash\n{t.terminal.solution}\n```"
+            if not reference.startswith(t.prefill):
+                bad.append(f"{t.id}: prefill {t.prefill!r} is not a prefix of the reference")
+            obs, term, trunc, _ = env.step(reference)
             info = env.step("DONE")[3]
             if info["reward"] != 1.0:
                 bad.append(f"{t.id}: reference solution scores {info['reward']}: {info['check_output'][:300]}")
