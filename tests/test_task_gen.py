@@ -91,12 +91,16 @@ def test_toolcall_ladder_knobs(generated):
         assert n_tools == {0: 1, 1: 1, 2: 2, 3: 3}[t.meta["rung"]]
         assert t.tool_call.expected[0].name in t.meta["functions"]
         assert t.meta["example_function"] not in t.meta["functions"]
+        # Every listed function is in the prompt by name; no JSON schema or placeholder to copy.
+        system = t.messages[0].content
+        assert all(f"- {name}(" in system for name in t.meta["functions"])
+        assert '"properties"' not in system and "<arguments" not in system
         if t.meta["rung"] == 0:
             assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
         # Lower rungs pre-start more of the call (rung 0: up to the arguments; 3: only the tag).
         level = {0: "arguments", 1: "name", 2: "name", 3: "tag"}[t.meta["rung"]]
         if level == "arguments":
-            assert t.prefill.endswith('"arguments": {') and t.tool_call.expected[0].name in t.prefill
+            assert t.prefill.endswith('"arguments": {"') and t.tool_call.expected[0].name in t.prefill
         elif level == "name":
             assert t.prefill == '<tool_call>{"name": "'
         else:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.io import save_tasks
-from envs.toolcall import format_tools_system_prompt
+from envs.toolcall import format_call, format_tools_system_prompt
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
 from rl.data.tasks.ladder import Template, draw, write_ladder
 
@@ -588,19 +588,60 @@ def _pick_eval(rng: random.Random, options: list[str]) -> str:
 def _ladder_prefill(level: str, target: str) -> str:
     """The assistant turn's pre-start at a prefill ``level``, for a call of ``target``.
 
-    ``"args"``: up to the open arguments object (only the arguments are left to write);
+    ``"args"``: into the arguments object, up to the first key's opening quote (only the
+    arguments are left to write; every rung-0 call has at least one);
     ``"name"``: up to the open name string (the function name and arguments are left);
     ``"tag"``: ``<tool_call>`` (the whole JSON is left). Each is a prefix of
     ``format_call`` of the right call, so the pre-started part can never be wrong, and alone
     it does not parse (a no-op scores 0).
     """
     if level == "args":
-        return f'{PREFILL}{{"name": {json.dumps(target)}, "arguments": {{'
+        # Ends inside the arguments' first key: the tokenizer writes ` {"` as one token, so a
+        # prefill ending at ` {` would leave the model a token split it never saw.
+        return f'{PREFILL}{{"name": {json.dumps(target)}, "arguments": {{"'
     if level == "name":
         return f'{PREFILL}{{"name": "'
     if level == "tag":
         return PREFILL
     raise ValueError(f"unknown prefill level {level!r} (args, name, tag)")
+
+
+def _signature(schema: dict[str, Any]) -> str:
+    """One line per function: ``name(param: type, ...): description``, then the parameter notes."""
+    params = schema["parameters"]
+    required = set(params.get("required", []))
+    parts, notes = [], []
+    for key, prop in params["properties"].items():
+        kind = " | ".join(json.dumps(v) for v in prop["enum"]) if "enum" in prop else prop["type"]
+        parts.append(f"{key}: {kind}" + ("" if key in required else " (optional)"))
+        if "description" in prop:
+            notes.append(f"{key}: {prop['description']}")
+    line = f"- {schema['name']}({', '.join(parts)}): {schema['description']}"
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _ladder_system_prompt(schemas: list[dict[str, Any]], example: tuple[str, ToolCall]) -> str:
+    """The ladder's system prompt: the functions as one-line signatures and one worked example.
+
+    Not :func:`envs.toolcall.format_tools_system_prompt` (the quickstart's): sampled at
+    temperature 0.7 and 1.0 on that prompt, SmolLM2-135M mostly copied its format line's
+    placeholder (``{<arguments as a JSON object>}``) or the JSON schema's ``"type"`` and
+    ``"properties"`` keys into the arguments (8 ladder tasks x 4 samples, 2026-12-01). Here
+    the format is shown only by the example, and no JSON schema is there to copy.
+    """
+    request, call = example
+    return "\n".join(
+        [
+            "You are a helpful assistant that can call functions. You can call:",
+            *(_signature(s) for s in schemas),
+            "",
+            'Reply with one call: a JSON object with "name" and "arguments" inside <tool_call></tool_call> tags.',
+            "",
+            "Example:",
+            f"User: {request}",
+            f"Assistant: {format_call(call)}",
+        ]
+    )
 
 
 def _ladder_task(
@@ -616,8 +657,8 @@ def _ladder_task(
     example_fn = rng.choice([n for n in examples if n not in tools])
     example_text, example_args, _ = FUNCTIONS[example_fn].sample(rng, pick)
     request, _, allowed = FUNCTIONS[target].sample(rng, pick)
-    system = format_tools_system_prompt(
-        [FUNCTIONS[n].schema for n in tools], example=(example_text, ToolCall(name=example_fn, arguments=example_args))
+    system = _ladder_system_prompt(
+        [FUNCTIONS[n].schema for n in tools], (example_text, ToolCall(name=example_fn, arguments=example_args))
     )
     return Task(
         id="",
