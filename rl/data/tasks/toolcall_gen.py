@@ -564,7 +564,8 @@ def write_quickstart(out_dir: str | Path, n_train: int = 200, n_eval: int = 50, 
 # ---------------------------------------------------------------------------- the ladder
 # A graded task family for joint RL (``toolcall_ladder.{train,eval}.jsonl``): the same
 # functions and value pools, with difficulty knobs (how many tools are listed, how many
-# arguments the call needs) and held-out phrasings: each request sampler's wordings are split,
+# arguments the call needs, how much of the call is pre-started), its own system prompt
+# (:func:`_ladder_system_prompt`) and held-out phrasings: each request sampler's wordings are split,
 # the last ~2/5 of every list serve only held-out tasks, so a held-out gain needs the policy to
 # read a request it never saw phrased that way. Rewards give partial credit (format, name,
 # arguments: ``rewards.toolcall.ToolCallReward``); "fully correct" is reward 1.0.
