@@ -91,8 +91,34 @@ def test_toolcall_ladder_knobs(generated):
         assert n_tools == {0: 1, 1: 1, 2: 2, 3: 3}[t.meta["rung"]]
         assert t.tool_call.expected[0].name in t.meta["functions"]
         assert t.meta["example_function"] not in t.meta["functions"]
+        # Every listed function is in the prompt by name; no JSON schema or placeholder to copy.
+        system = t.messages[0].content
+        assert all(f"- {name}(" in system for name in t.meta["functions"])
+        assert '"properties"' not in system and "<arguments" not in system
         if t.meta["rung"] == 0:
             assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
+        # Lower rungs pre-start more of the call (rung 0: up to the arguments; 3: only the tag).
+        level = {0: "arguments", 1: "name", 2: "name", 3: "tag"}[t.meta["rung"]]
+        if level == "arguments":
+            assert t.prefill.endswith('"arguments": {"') and t.tool_call.expected[0].name in t.prefill
+        elif level == "name":
+            assert t.prefill == '<tool_call>{"name": "'
+        else:
+            assert t.prefill == "<tool_call>"
+
+
+def test_code_and_terminal_prefill_by_rung(generated):
+    # Code rungs 0-2 pre-start the fence and the def line, rung 3 the fence; terminal rungs 0-2
+    # the fence, rung 3 nothing. The def line is the signature the prompt states.
+    for t in generated["code"][0] + generated["code"][1]:
+        if t.meta["rung"] <= 2:
+            assert t.prefill == "```python\n" + t.code.solution.split("\n", 1)[0] + "\n"
+            assert t.prefill.startswith(f"```python\ndef {t.code.entry_point}(")
+            assert t.code.solution.split("\n", 1)[0].removeprefix("def ").removesuffix(":") in t.messages[-1].content
+        else:
+            assert t.prefill == "```python\n"
+    for t in generated["terminal"][0] + generated["terminal"][1]:
+        assert t.prefill == ("```bash\n" if t.meta["rung"] <= 2 else "")
 
 
 def test_quickstart_generator_unchanged_by_the_ladder(tmp_path):
@@ -139,7 +165,11 @@ def _code_check(tasks):
     try:
         for t in tasks:
             env.reset(t)
-            info = env.step(f"```python\n{t.code.solution}```")[3]
+            reference = f"```python\n{t.code.solution}```"
+            # The env sees prefill + generated text: the prefill must be a prefix of a right answer.
+            if not reference.startswith(t.prefill):
+                bad.append(f"{t.id}: prefill {t.prefill!r} is not a prefix of the reference")
+            info = env.step(reference)[3]
             if info["reward"] != 1.0:
                 bad.append(f"{t.id}: reference solution scores {info['reward']}: {info.get('error')}")
             env.reset(t)
@@ -159,7 +189,10 @@ def _terminal_check(tasks):
     try:
         for t in tasks:
             env.reset(t)
-            obs, term, trunc, _ = env.step(f"```bash\n{t.terminal.solution}\n```")
+            reference = f"```bash\n{t.terminal.solution}\n```"
+            if not reference.startswith(t.prefill):
+                bad.append(f"{t.id}: prefill {t.prefill!r} is not a prefix of the reference")
+            obs, term, trunc, _ = env.step(reference)
             info = env.step("DONE")[3]
             if info["reward"] != 1.0:
                 bad.append(f"{t.id}: reference solution scores {info['reward']}: {info['check_output'][:300]}")
@@ -199,7 +232,12 @@ def _toolcall_check(tasks):
     for t in tasks:
         e = t.tool_call.expected[0]
         args = {k: v[0] for k, v in e.allowed.items() if v[0] != ""}
-        ok = reward(_toolcall_traj(t, format_call(ToolCall(e.name, args))))
+        reference = format_call(ToolCall(e.name, args))
+        # The env sees prefill + generated text: a prefill that is not a prefix of the right call
+        # would make the task unsolvable.
+        if not reference.startswith(t.prefill):
+            bad.append(f"{t.id}: prefill {t.prefill!r} is not a prefix of the reference {reference!r}")
+        ok = reward(_toolcall_traj(t, reference))
         noop = reward(_toolcall_traj(t, t.prefill))
         if ok != 1.0 or noop != 0.0:
             bad.append(f"{t.id}: reference scores {ok}, a no-op {noop}")

@@ -19,10 +19,15 @@ computed here by running the reference solution (our own code, in this process) 
 test inputs; the test suite then runs every reference solution through the sandboxed
 harness and checks that it passes and that a function returning ``None`` passes nothing.
 No expected value is ``None``.
+
+The answer is pre-started (``Task.prefill``): rungs 0-2 with the opening fence and the
+function's ``def`` line (the signature the prompt states), so only the body is the model's;
+rung 3 with the fence only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -480,7 +485,26 @@ _SPEC: list[tuple[str, int, str, _T]] = [
     ("digit_power_sum", 3, "eval", _digit_power_sum),
     ("word_lengths_sorted", 3, "eval", _word_lengths_sorted),
 ]
-TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, f) for n, r, s, f in _SPEC)
+
+
+def _prefilled(make: _T, rung: int) -> _T:
+    """``make`` with the answer pre-started: rungs 0-2 up to and including the ``def`` line
+    (only the body is left to write), rung 3 with the opening fence only."""
+
+    def wrapped(rng: random.Random) -> Task:
+        task = make(rng)
+        head = "```python\n"
+        if rung <= 2:
+            head += task.code.solution.split("\n", 1)[0] + "\n"
+        return dataclasses.replace(task, prefill=head)
+
+    return wrapped
+
+
+# The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
+# <tool_call> pre-started), applied here: the low rungs leave the model only the body to write.
+# The def line restates the signature the prompt gives; nothing of the body is given away.
+TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 
 def generate(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:

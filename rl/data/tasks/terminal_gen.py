@@ -9,7 +9,8 @@ Rungs: 0 = one file-system action named in the prompt (create a file, write a gi
 1 = one command over a given file (count its lines, copy it, take its first line);
 2 = a filter into a new file (the lines holding a word, sorted lines, the first k lines);
 3 = several parts (make a directory, move files into it, write how many), scored with
-partial credit.
+partial credit. The first turn of rungs 0-2 is pre-started with the opening
+```` ```bash ```` fence (``Task.prefill``); the command is the model's.
 
 Checks use the existing schema (:class:`envs.types.TerminalSpec`): a check is a list of
 sub-checks of equal weight; it exits 0 when all pass, else prints ``FAIL: <why>`` per
@@ -24,6 +25,7 @@ so that ``sort`` agrees with Python's order in any locale the sandbox has.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shlex
 from collections.abc import Callable
@@ -463,7 +465,23 @@ _SPEC: list[tuple[str, int, str, _T]] = [
     ("archive_dir", 3, "eval", _archive_dir),
     ("two_counts", 3, "eval", _two_counts),
 ]
-TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, f) for n, r, s, f in _SPEC)
+PREFILL = "```bash\n"
+
+
+def _prefilled(make: _T, rung: int) -> _T:
+    """``make`` with the first turn pre-started by the opening fence on rungs 0-2 (the model
+    writes the command and the closing fence); rung 3's first turn is all the model's."""
+
+    def wrapped(rng: random.Random) -> Task:
+        task = make(rng)
+        return dataclasses.replace(task, prefill=PREFILL) if rung <= 2 else task
+
+    return wrapped
+
+
+# The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
+# <tool_call> pre-started), applied here: on the low rungs the reply format is given, the command is not.
+TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 
 def generate(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:

@@ -25,6 +25,7 @@ Design (from a GRPO run in which SmolLM2-135M-Instruct learned a task like this)
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.io import save_tasks
-from envs.toolcall import format_tools_system_prompt
+from envs.toolcall import format_call, format_tools_system_prompt
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
 from rl.data.tasks.ladder import Template, draw, write_ladder
 
@@ -563,7 +564,8 @@ def write_quickstart(out_dir: str | Path, n_train: int = 200, n_eval: int = 50, 
 # ---------------------------------------------------------------------------- the ladder
 # A graded task family for joint RL (``toolcall_ladder.{train,eval}.jsonl``): the same
 # functions and value pools, with difficulty knobs (how many tools are listed, how many
-# arguments the call needs) and held-out phrasings: each request sampler's wordings are split,
+# arguments the call needs, how much of the call is pre-started), its own system prompt
+# (:func:`_ladder_system_prompt`) and held-out phrasings: each request sampler's wordings are split,
 # the last ~2/5 of every list serve only held-out tasks, so a held-out gain needs the policy to
 # read a request it never saw phrased that way. Rewards give partial credit (format, name,
 # arguments: ``rewards.toolcall.ToolCallReward``); "fully correct" is reward 1.0.
@@ -584,23 +586,86 @@ def _pick_eval(rng: random.Random, options: list[str]) -> str:
     return rng.choice(options[len(options) - _held_out_count(len(options)) :])
 
 
-def _ladder_task(rng: random.Random, targets: tuple[str, ...], n_tools: int, pick: Pick) -> Task:
-    """One request for a function of ``targets``, with ``n_tools`` functions listed (the rest distractors)."""
+def _ladder_prefill(level: str, target: str) -> str:
+    """The assistant turn's pre-start at a prefill ``level``, for a call of ``target``.
+
+    ``"args"``: into the arguments object, up to the first key's opening quote (only the
+    arguments are left to write; every rung-0 call has at least one);
+    ``"name"``: up to the open name string (the function name and arguments are left);
+    ``"tag"``: ``<tool_call>`` (the whole JSON is left). Each is a prefix of
+    ``format_call`` of the right call, so the pre-started part can never be wrong, and alone
+    it does not parse (a no-op scores 0).
+    """
+    if level == "args":
+        # Ends inside the arguments' first key: the tokenizer writes ` {"` as one token, so a
+        # prefill ending at ` {` would leave the model a token split it never saw.
+        return f'{PREFILL}{{"name": {json.dumps(target)}, "arguments": {{"'
+    if level == "name":
+        return f'{PREFILL}{{"name": "'
+    if level == "tag":
+        return PREFILL
+    raise ValueError(f"unknown prefill level {level!r} (args, name, tag)")
+
+
+def _signature(schema: dict[str, Any]) -> str:
+    """One line per function: ``name(param: type, ...): description``, then the parameter notes."""
+    params = schema["parameters"]
+    required = set(params.get("required", []))
+    parts, notes = [], []
+    for key, prop in params["properties"].items():
+        kind = " | ".join(json.dumps(v) for v in prop["enum"]) if "enum" in prop else prop["type"]
+        parts.append(f"{key}: {kind}" + ("" if key in required else " (optional)"))
+        if "description" in prop:
+            notes.append(f"{key}: {prop['description']}")
+    line = f"- {schema['name']}({', '.join(parts)}): {schema['description']}"
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _ladder_system_prompt(schemas: list[dict[str, Any]], example: tuple[str, ToolCall]) -> str:
+    """The ladder's system prompt: the functions as one-line signatures and one worked example.
+
+    Not :func:`envs.toolcall.format_tools_system_prompt` (the quickstart's): sampled at
+    temperature 0.7 and 1.0 on that prompt, SmolLM2-135M mostly copied its format line's
+    placeholder (``{<arguments as a JSON object>}``) or the JSON schema's ``"type"`` and
+    ``"properties"`` keys into the arguments (8 ladder tasks x 4 samples, 2026-12-01). Here
+    the format is shown only by the example, and no JSON schema is there to copy.
+    """
+    request, call = example
+    return "\n".join(
+        [
+            "You are a helpful assistant that can call functions. You can call:",
+            *(_signature(s) for s in schemas),
+            "",
+            'Reply with one call: a JSON object with "name" and "arguments" inside <tool_call></tool_call> tags.',
+            "",
+            "Example:",
+            f"User: {request}",
+            f"Assistant: {format_call(call)}",
+        ]
+    )
+
+
+def _ladder_task(
+    rng: random.Random, targets: tuple[str, ...], n_tools: int, prefill: str, examples: tuple[str, ...], pick: Pick
+) -> Task:
+    """One request for a function of ``targets``, with ``n_tools`` functions listed (the rest
+    distractors), the assistant turn pre-started at ``prefill`` level, and a worked example
+    for a function of ``examples`` that is not listed."""
     names = list(FUNCTIONS)
     target = rng.choice(list(targets))
     tools = [target] + rng.sample([n for n in names if n != target], n_tools - 1)
     rng.shuffle(tools)
-    example_fn = rng.choice([n for n in names if n not in tools])
+    example_fn = rng.choice([n for n in examples if n not in tools])
     example_text, example_args, _ = FUNCTIONS[example_fn].sample(rng, pick)
     request, _, allowed = FUNCTIONS[target].sample(rng, pick)
-    system = format_tools_system_prompt(
-        [FUNCTIONS[n].schema for n in tools], example=(example_text, ToolCall(name=example_fn, arguments=example_args))
+    system = _ladder_system_prompt(
+        [FUNCTIONS[n].schema for n in tools], (example_text, ToolCall(name=example_fn, arguments=example_args))
     )
     return Task(
         id="",
         domain="tool_call",
         messages=(Message("system", system), Message("user", request)),
-        prefill=PREFILL,
+        prefill=_ladder_prefill(prefill, target),
         tool_call=ToolCallSpec(
             tools=tuple(FUNCTIONS[n].schema for n in tools), expected=(ExpectedCall(name=target, allowed=allowed),)
         ),
@@ -608,21 +673,36 @@ def _ladder_task(rng: random.Random, targets: tuple[str, ...], n_tools: int, pic
     )
 
 
+# (template, rung, target functions, functions listed, prefill level, example functions).
+# SmolLM2-135M at temperature 1.0 wrote a fully right call on none of 8 samples of any rung when
+# every rung was pre-started with only <tool_call> (jointrl difficulty, 16 tasks, 2026-12-01), so
+# the low rungs pre-start more of the call: rung 0 leaves only the argument values, rungs 1-2
+# the name and the arguments, rung 3 the whole JSON. Rung 0's worked example is a one-argument
+# call too, the shape its answer has.
+LADDER_RUNGS = (
+    ("single_arg", 0, SINGLE_ARG, 1, "args", SINGLE_ARG),
+    ("one_tool", 1, tuple(FUNCTIONS), 1, "name", tuple(FUNCTIONS)),
+    ("two_tools", 2, tuple(FUNCTIONS), 2, "name", tuple(FUNCTIONS)),
+    ("three_tools", 3, tuple(FUNCTIONS), 3, "tag", tuple(FUNCTIONS)),
+)
+
+
 def ladder_templates() -> tuple[Template, ...]:
-    """The ladder's templates: rung 0 = one listed function with one argument; 1 = one listed
-    function, any; 2 = two listed (one distractor); 3 = three listed. Train and eval templates of
-    a rung differ in the request phrasings they draw from."""
-    rungs = [
-        ("single_arg", 0, SINGLE_ARG, 1),
-        ("one_tool", 1, tuple(FUNCTIONS), 1),
-        ("two_tools", 2, tuple(FUNCTIONS), 2),
-        ("three_tools", 3, tuple(FUNCTIONS), 3),
-    ]
+    """The ladder's templates (:data:`LADDER_RUNGS`): rung 0 = one listed function with one
+    argument, pre-started up to its arguments; 1 = one listed function, any, pre-started up to
+    its name; 2 = two listed (one distractor), up to the name; 3 = three listed, only
+    ``<tool_call>``. Train and eval templates of a rung differ in the request phrasings they
+    draw from."""
     out = []
-    for name, rung, targets, n_tools in rungs:
+    for name, rung, targets, n_tools, prefill, examples in LADDER_RUNGS:
         for split, pick in (("train", _pick_train), ("eval", _pick_eval)):
             out.append(
-                Template(name, rung, split, lambda rng, t=targets, k=n_tools, p=pick: _ladder_task(rng, t, k, p))
+                Template(
+                    name,
+                    rung,
+                    split,
+                    lambda rng, t=targets, k=n_tools, f=prefill, x=examples, p=pick: _ladder_task(rng, t, k, f, x, p),
+                )
             )
     return tuple(out)
 
