@@ -4,7 +4,6 @@ through them, and seed the mixer."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -42,7 +41,8 @@ def _right(task) -> str:
 
 
 def test_metadata_round_trips_through_the_task_file(tmp_path):
-    tasks = load_tasks(DATA / "toolcall_ladder.train.jsonl")[:3]
+    # The shipped file carries a measurement already: start from the tasks without it.
+    tasks = [strip_measured(t) for t in load_tasks(DATA / "toolcall_ladder.train.jsonl")[:3]]
     rewards = [[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.5, None], [1.0, 1.0, 1.0, 1.0]]
     scored = [_traj(t, "", r) for t, rs in zip(tasks, rewards) for r in rs]
     measured = apply_difficulty(tasks, scored, 4, 1.0, "embedded:x", 1.0)
@@ -83,7 +83,8 @@ def test_command_writes_measurements_through_the_real_scorer(tmp_path, monkeypat
     """The whole command with generation replaced: sample i of task j is right iff i < j (task 0
     never solved, task 1 once in 4...), scored by the recipe's own reward."""
     src = tmp_path / "tool.jsonl"
-    shutil.copy(DATA / "toolcall_ladder.train.jsonl", src)
+    # The shipped file is partly measured already: start from its tasks without the measurement.
+    save_tasks([strip_measured(t) for t in load_tasks(DATA / "toolcall_ladder.train.jsonl")], src)
     k = 4
 
     def fake_generate(cfg, tasks, n, temperature, batch, verbose):
