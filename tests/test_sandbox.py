@@ -37,7 +37,6 @@ except SandboxUnavailable as exc:  # pragma: no cover - CI installs bubblewrap
 
 REPO = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
-SANDBOX_HOST_UID = 65534 if IS_ROOT else os.getuid()
 
 
 def procs_with(marker: str) -> list[int]:
@@ -176,8 +175,8 @@ def test_close_removes_private_dir_keeps_given_dir(tmp_path):
         assert (given / "f.txt").read_text() == "hi\n"
     finally:
         shutil.rmtree(parent)
-    if IS_ROOT:  # pytest's tmp_path sits under a 0700 directory: uid 65534 cannot reach it
-        with pytest.raises(ValueError, match="not reachable by uid 65534"):
+    if IS_ROOT:  # pytest's tmp_path sits under a 0700 directory: the sandbox's host uid cannot reach it
+        with pytest.raises(ValueError, match="not reachable by uid"):
             Sandbox(work_dir=str(tmp_path / "unreachable"))
     with pytest.raises(RuntimeError):
         box.run(["/bin/true"])
@@ -333,9 +332,12 @@ def test_attack_privileges_and_remount(sb):
 def test_attack_uid_not_root_on_host(sb):
     r = sb.run_python("import os; open('owned.txt', 'w').write('x'); print(os.getuid(), os.getgid())")
     assert r.stdout.split() == ["65534", "65534"]
-    assert os.stat(os.path.join(sb.work_dir, "owned.txt")).st_uid == SANDBOX_HOST_UID
+    # On the host: the sandbox's leased uid as root (envs.sandbox.uids), the caller's own otherwise.
+    assert os.stat(os.path.join(sb.work_dir, "owned.txt")).st_uid == sb.host_uid
     if IS_ROOT:
-        assert SANDBOX_HOST_UID != 0
+        assert sb.config.uid_base <= sb.host_uid < sb.config.uid_base + sb.config.uid_count
+    else:
+        assert sb.host_uid == os.getuid()
 
 
 def test_attack_fork_bomb(sb):

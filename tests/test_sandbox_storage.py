@@ -66,7 +66,7 @@ def test_without_root_or_user_namespaces_storage_is_uncapped_and_says_why(tmp_pa
     monkeypatch.setattr(storage_mod.shutil, "which", lambda name: None)
     monkeypatch.setattr(storage_mod, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="envs.sandbox"):
-        st = Storage(str(tmp_path), SandboxConfig(), sandbox_uid=False)
+        st = Storage(str(tmp_path), SandboxConfig(), owner=None)
     try:
         assert not st.capped and st.holder is None and not st.full()
         assert st.work == os.path.join(st.root, "work") and st.inside(st.work) == st.work and st.enter() == []

@@ -7,13 +7,17 @@ background jobs persist between commands), as a terminal env needs.
 
 What ``mode="bwrap"`` isolates
 ------------------------------
-* **Identity.** The code runs as uid/gid 65534 (``nobody``) with no capabilities,
+* **Identity.** The code runs as uid/gid 65534 (``nobody``) inside, with no capabilities,
   ``no_new_privs`` and nested user namespaces disabled. When the launching process is
-  root, privileges are dropped *before* bwrap starts (``setpriv --reuid=65534
-  --regid=65534 --clear-groups``): launched as root, bwrap would keep host capabilities
-  inside (a read-only bind could be remounted read-write) and RLIMIT_NPROC would be
-  ignored. Files the code creates in the work dir are owned by 65534 on the host (by the
-  calling user when it is not root).
+  root, each sandbox leases a host uid (and gid) of its own from a pool
+  (:mod:`envs.sandbox.uids`; ``SandboxConfig.uid_base``/``uid_count``, unique across the
+  host's processes, released on close or when the harness dies), and privileges are
+  dropped to it *before* bwrap starts (``setpriv --reuid=<leased> --regid=<leased>
+  --clear-groups``); bwrap's user namespace maps 65534 inside to it. Launched as root,
+  bwrap would keep host capabilities inside (a read-only bind could be remounted
+  read-write) and RLIMIT_NPROC would be ignored. Files the code creates in the work dir are
+  owned by the leased uid on the host (:attr:`Sandbox.host_uid`; by the calling user when
+  it is not root).
 * **Filesystem.** The host root is bind-mounted read-only. Writable: the private work dir
   (mounted at ``/work``, or ``/tmp/work`` on hosts without a ``/work`` directory; also the
   cwd and ``$HOME``), ``/tmp`` and ``/dev/shm``, all three on ONE private tmpfs capped in
@@ -43,7 +47,7 @@ What it does NOT isolate
   through an allowed syscall escapes.
 * **Reads.** Anything world-readable on the host outside the hidden directories is
   readable (``/etc``, ``/usr``, ``/opt``, ``/sys``, ``/proc/sys``, ``/var``...). Keep
-  secrets in ``/root``, ``/home`` or ``/run``, or make them unreadable to uid 65534.
+  secrets in ``/root``, ``/home`` or ``/run``, or make them unreadable to other users.
   When the launcher is not root the code runs as the calling user (mapped to 65534),
   keeps that user's supplementary groups, and can read whatever that user can read.
 * **Disk, without root, where user namespaces are refused.** Without root the capped tmpfs
@@ -54,9 +58,11 @@ What it does NOT isolate
   bounded by ``processes`` times those limits, not by a cgroup. RLIMIT_AS also counts
   reserved address space: runtimes that reserve a lot up front (JVM, Go) need a larger
   ``memory_mb``.
-* **RLIMIT_NPROC is per host uid.** All sandboxes run as the same uid (65534 when
-  launched as root, the caller otherwise), so they share one count; each sandbox gets
-  ``processes`` plus the number of processes that uid already has when it starts.
+* **RLIMIT_NPROC without root.** RLIMIT_NPROC counts per host uid. As root every sandbox
+  has its own leased uid, so its ``processes`` budget is its own (a sandbox that forks to
+  its limit cannot make another fail to fork). A non-root harness has no uids to lease:
+  all its sandboxes run as the caller's uid and share one count; each gets ``processes``
+  plus the number of processes that uid already has when it starts.
 * **Timing and resource side channels** between sandboxes and the host.
 * ``mode="none"`` isolates nothing: only the rlimits, the timeout and the output cap
   apply (as root, RLIMIT_NPROC is not even enforced). It is for trusted code and tests,
@@ -87,7 +93,8 @@ Layout: :mod:`~envs.sandbox.base` (limits, results, errors), :mod:`~envs.sandbox
 :mod:`~envs.sandbox.launch` (bwrap command line and mounts), :mod:`~envs.sandbox.storage`
 (capped per-sandbox tmpfs), :mod:`~envs.sandbox.limits` (rlimits) and
 :mod:`~envs.sandbox.seccomp`, :mod:`~envs.sandbox.pump` (I/O pump),
-:mod:`~envs.sandbox.reap`, :mod:`~envs.sandbox.core` (:class:`Sandbox`),
+:mod:`~envs.sandbox.reap`, :mod:`~envs.sandbox.uids` (host uid leases),
+:mod:`~envs.sandbox.core` (:class:`Sandbox`),
 :mod:`~envs.sandbox.shell` (:class:`ShellSession`).
 """
 

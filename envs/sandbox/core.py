@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from envs.sandbox.base import retry_setup_race, setup_race
-from envs.sandbox.base import MODES, SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, _MiB, Limits, RunResult, _Tools
+from envs.sandbox.base import MODES, SANDBOX_PATH, _MiB, Limits, RunResult, _Tools
 from envs.sandbox.files import _open_parent, _split_rel
 from envs.sandbox.launch import (
     _base_env,
@@ -33,6 +33,7 @@ from envs.sandbox.warm import WarmLauncher
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.events import classify
 from envs.sandbox.reap import _count_procs, _ensure_subreaper, _retry_pending
+from envs.sandbox.uids import UidLease, lease_uid
 
 logger = logging.getLogger("envs.sandbox")
 
@@ -49,6 +50,12 @@ class Sandbox:
     ``work_dir=None`` a private temporary directory is made and removed by :meth:`close`.
     ``python`` overrides the interpreter :meth:`run_python` uses (it must be visible
     inside); ``ro_binds`` lists extra host paths mounted read-only at the same path.
+
+    :attr:`host_uid` / :attr:`host_gid`: who the sandbox's processes and files are on the
+    host. As root (bwrap mode) a uid leased for this sandbox alone (:mod:`envs.sandbox.uids`),
+    so its RLIMIT_NPROC count is its own, released by :meth:`close`; a Sandbox opened over
+    another's live storage (``work_dir=other.work_dir``, as a terminal env's shell session
+    is) shares that storage's ids. Otherwise the caller's own uid and gid.
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class Sandbox:
         self.storage: Storage | None = None
         self._owns_storage = False
         self._warm: WarmLauncher | None = None
+        self._lease: UidLease | None = None
         if mode == "none":
             logger.warning(
                 "Sandbox(mode='none'): NO ISOLATION. Code runs directly on the host as uid %d with only "
@@ -81,7 +89,12 @@ class Sandbox:
             self._tools = _tools()
         self._owns_dir = work_dir is None
         self._closed = False
-        self.work_dir = self._make_work_dir(work_dir)
+        self.host_uid, self.host_gid = self._host_ids(work_dir)
+        try:
+            self.work_dir = self._make_work_dir(work_dir)
+        except BaseException:
+            self.close()
+            raise
         try:
             self._set_mounts(ro_binds, python)
         except BaseException:
@@ -91,10 +104,20 @@ class Sandbox:
             # Runs with the default limits use a sandbox pre-started during the previous run.
             self._warm = WarmLauncher(self)
 
+    def _host_ids(self, work_dir: str | None) -> tuple[int, int]:
+        """The host (uid, gid) of this sandbox (see the class docstring); leases one when needed."""
+        if self.mode == "none":
+            return os.getuid(), os.getgid()
+        shared = Storage.of(work_dir) if work_dir is not None else None
+        if shared is not None and shared.owner is not None:
+            return shared.owner
+        self._lease = lease_uid(self.config)
+        return self._lease.uid, self._lease.gid
+
     def _make_work_dir(self, work_dir: str | None) -> str:
         """The work dir: a capped storage's (bwrap, none given), a temp dir, or ``work_dir``."""
         if work_dir is None and self.mode == "bwrap":
-            self.storage = Storage(_temp_parent(), self.config, sandbox_uid=True)
+            self.storage = Storage(_temp_parent(), self.config, owner=(self.host_uid, self.host_gid))
             self._owns_storage = True
             return self.storage.work  # canonical already (and not realpath-able through /proc)
         if work_dir is None:
@@ -106,7 +129,7 @@ class Sandbox:
     def _set_mounts(self, ro_binds: Sequence[str], python: str | None) -> None:
         """Where the work dir appears inside, what is hidden, bound, and which Python runs."""
         if self.mode == "bwrap":
-            _prepare_work_dir(self.work_dir)
+            _prepare_work_dir(self.work_dir, (self.host_uid, self.host_gid))
             self.inner_work_dir = _inner_work_dir()
         else:
             self.inner_work_dir = self.work_dir
@@ -123,8 +146,9 @@ class Sandbox:
 
     # -- files -------------------------------------------------------------------------
 
-    def _chown_files(self) -> bool:
-        return self.mode == "bwrap" and os.geteuid() == 0
+    def _chown_files(self) -> tuple[int, int] | None:
+        """Whom files the harness writes into the work dir belong to: the sandbox (as root), else None."""
+        return (self.host_uid, self.host_gid) if self.mode == "bwrap" and os.geteuid() == 0 else None
 
     def write_files(self, files: Mapping[str, str | bytes]) -> None:
         """Write ``{relative path: content}`` into the work dir (str is UTF-8 encoded).
@@ -161,8 +185,8 @@ class Sandbox:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
-                    if chown:
-                        os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
+                    if chown is not None:
+                        os.fchown(fd, *chown)
                 finally:
                     os.close(fd)
             finally:
@@ -176,7 +200,7 @@ class Sandbox:
         """
         self._check_open()
         parts = _split_rel(path)
-        dfd = _open_parent(self.work_dir, parts, create=False, chown=False)
+        dfd = _open_parent(self.work_dir, parts, create=False, chown=None)
         try:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
         finally:
@@ -211,8 +235,9 @@ class Sandbox:
         user_env = _check_env(env)
         if self.mode == "bwrap":
             assert self._tools is not None
-            uid = SANDBOX_UID if os.geteuid() == 0 else os.getuid()
-            prefix, preexec = _limit_launcher(self._tools.prlimit, _rlimit_values(limits, _count_procs(uid)))
+            # The leased uid's own count (what its other launches hold), not other sandboxes'.
+            count = _count_procs(self.host_uid)
+            prefix, preexec = _limit_launcher(self._tools.prlimit, _rlimit_values(limits, count))
             st = self.storage
             cmd = _bwrap_command(
                 self._tools,
@@ -228,6 +253,7 @@ class Sandbox:
                 scratch=(st.inside(st.tmp), st.inside(st.shm)) if st is not None and st.capped else None,
                 hide=self.hidden,
                 seccomp_fd=seccomp_fd,
+                host_ids=(self.host_uid, self.host_gid),
             )
             # Without root, the capped storage is mounted in a namespace the launcher enters first.
             enter = st.enter() if st is not None else []
@@ -355,16 +381,22 @@ class Sandbox:
             raise RuntimeError("this Sandbox is closed")
 
     def close(self) -> None:
-        """Remove the work dir if this sandbox made it. Idempotent."""
+        """Remove the work dir if this sandbox made it, then release its uid lease. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if getattr(self, "_warm", None) is not None:
-            self._warm.close()
-        if getattr(self, "_owns_storage", False) and self.storage is not None:
-            self.storage.close()
-        elif self._owns_dir and getattr(self, "work_dir", None):
-            _rmtree(self.work_dir)
+        try:
+            if getattr(self, "_warm", None) is not None:
+                self._warm.close()
+            if getattr(self, "_owns_storage", False) and self.storage is not None:
+                self.storage.close()
+            elif self._owns_dir and getattr(self, "work_dir", None):
+                _rmtree(self.work_dir)
+        finally:
+            # Last: the uid goes back once nothing of this sandbox is left (a lease whose uid still
+            # runs processes is never handed out again anyway, see envs.sandbox.uids).
+            if self._lease is not None:
+                self._lease.release()
 
     def __enter__(self) -> Sandbox:
         return self

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from envs.sandbox.base import SANDBOX_GID, SANDBOX_UID
 
 # --------------------------------------------------------------------------------------
 # Work-dir file access that never follows symlinks the sandbox may have planted
@@ -23,7 +22,9 @@ def _split_rel(path: str) -> list[str]:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _open_parent(root: str, parts: list[str], create: bool, chown: bool) -> int:
+def _open_parent(root: str, parts: list[str], create: bool, chown: tuple[int, int] | None) -> int:
+    """An fd of the directory that holds ``parts[-1]`` under ``root``, never through a symlink;
+    missing directories are made when ``create``, owned by ``chown`` (uid, gid) when given."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for name in parts[:-1]:
@@ -34,8 +35,8 @@ def _open_parent(root: str, parts: list[str], create: bool, chown: bool) -> int:
                     raise
                 os.mkdir(name, 0o755, dir_fd=fd)
                 nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                if chown:
-                    os.fchown(nfd, SANDBOX_UID, SANDBOX_GID)
+                if chown is not None:
+                    os.fchown(nfd, *chown)
             os.close(fd)
             fd = nfd
         return fd

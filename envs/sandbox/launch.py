@@ -32,7 +32,7 @@ def _inner_work_dir() -> str:
 
 
 def _temp_parent() -> str:
-    """Where private work dirs go: the temp dir, or /tmp when uid 65534 could not reach it."""
+    """Where private work dirs go: the temp dir, or /tmp when a sandbox's host uid could not reach it."""
     tmp = tempfile.gettempdir()
     if os.geteuid() != 0:
         return tmp
@@ -80,8 +80,10 @@ def _bwrap_command(
     scratch: tuple[str, str] | None = None,
     hide: Sequence[str] = (),
     seccomp_fd: int | None = None,
+    host_ids: tuple[int, int],
 ) -> list[str]:
-    """The full launcher command: setpriv (when root), then bwrap with the mounts below.
+    """The full launcher command: setpriv (when root) to ``host_ids`` (the sandbox's leased host
+    uid and gid, :mod:`envs.sandbox.uids`), then bwrap with the mounts below.
 
     Mounts, in order (later ones cover earlier ones): the host root read-only; a private
     /dev and /proc; ``hide`` (the directories holding other sandboxes' storage) and
@@ -89,7 +91,7 @@ def _bwrap_command(
     (the sandbox's capped storage) or, without one, bwrap tmpfs capped by size; extra
     read-only binds; the work dir.
     """
-    cmd = _privilege_drop(tools) + [tools.bwrap]
+    cmd = _privilege_drop(tools, host_ids) + [tools.bwrap]
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
     cmd += _mounts(tools, work_dir, inner, limits, ro_binds, scratch, hide)
@@ -100,12 +102,13 @@ def _bwrap_command(
     return cmd
 
 
-def _privilege_drop(tools: _Tools) -> list[str]:
-    """As root, bwrap itself runs as the sandbox uid (setpriv), never with root's capabilities."""
+def _privilege_drop(tools: _Tools, host_ids: tuple[int, int]) -> list[str]:
+    """As root, bwrap itself runs as the sandbox's host uid and gid (setpriv), never with root's capabilities."""
     if os.geteuid() != 0:
         return []
     assert tools.setpriv is not None
-    return [tools.setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups", "--no-new-privs", "--"]
+    uid, gid = host_ids
+    return [tools.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
 
 
 def _mounts(
@@ -134,7 +137,8 @@ def _mounts(
 
 
 def _isolation(tools: _Tools, seccomp_fd: int | None, new_session: bool) -> list[str]:
-    """Every namespace unshared, the sandbox uid inside, no capabilities, seccomp, tied to its parent."""
+    """Every namespace unshared, uid/gid 65534 inside (mapped to the host uid bwrap runs as), no
+    capabilities, seccomp, tied to its parent."""
     cmd = ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
     cmd += ["--hostname", "sandbox", "--cap-drop", "ALL"]
     if tools.has_disable_userns:
@@ -147,21 +151,21 @@ def _isolation(tools: _Tools, seccomp_fd: int | None, new_session: bool) -> list
     return cmd
 
 
-def _prepare_work_dir(path: str) -> None:
-    """Make ``path`` usable as a work dir by the sandbox uid."""
+def _prepare_work_dir(path: str, host_ids: tuple[int, int]) -> None:
+    """Make ``path`` usable as a work dir by the sandbox's host uid and gid ``host_ids``."""
     st = os.stat(path)
     if os.geteuid() == 0:
-        # bwrap runs as uid 65534 and must be able to reach the directory to bind it.
+        # bwrap runs as the sandbox's host uid and must be able to reach the directory to bind it.
         parent = os.path.dirname(path)
         while parent and parent != "/":
             if not os.stat(parent).st_mode & stat.S_IXOTH:
                 raise ValueError(
-                    f"work dir {path!r} is not reachable by uid {SANDBOX_UID}: {parent!r} is not "
+                    f"work dir {path!r} is not reachable by uid {host_ids[0]}: {parent!r} is not "
                     "world-searchable (mode o+x); use a directory whose ancestors all are, such as "
                     "one made by tempfile.mkdtemp() directly under /tmp"
                 )
             parent = os.path.dirname(parent)
-        os.chown(path, SANDBOX_UID, SANDBOX_GID)
+        os.chown(path, *host_ids)
     if st.st_mode & 0o700 != 0o700:
         os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)
 

@@ -14,6 +14,8 @@ from envs.sandbox.launch import _bwrap_command, _inner_work_dir, _prepare_work_d
 from envs.sandbox.pump import _execute
 from envs.sandbox.reap import _ensure_subreaper
 from envs.sandbox.seccomp import filter_bpf
+from envs.sandbox.config import SandboxConfig
+from envs.sandbox.uids import lease_uid
 
 # --------------------------------------------------------------------------------------
 # Probing
@@ -67,7 +69,7 @@ def _find_tools() -> _Tools:
     setpriv = shutil.which("setpriv")
     if os.geteuid() == 0 and setpriv is None:
         raise SandboxUnavailable(
-            "running as root needs `setpriv` to drop to uid 65534 before bwrap starts: "
+            "running as root needs `setpriv` to drop to the sandbox's own host uid before bwrap starts: "
             "install it with `apt-get install util-linux`"
         )
     try:
@@ -98,9 +100,15 @@ def _check_seccomp() -> None:
 
 def _try_one_sandbox(tools: _Tools) -> None:
     """Run `true` in a sandbox; SandboxUnavailable says what the host refused, and how to fix it."""
-    work = tempfile.mkdtemp(prefix="jointrl-sandbox-probe-", dir=_temp_parent())
+    lease = lease_uid(SandboxConfig())  # the probe runs as a leased host uid too, as sandboxes do
     try:
-        _prepare_work_dir(work)
+        work = tempfile.mkdtemp(prefix="jointrl-sandbox-probe-", dir=_temp_parent())
+    except BaseException:
+        lease.release()
+        raise
+    try:
+        host_ids = (lease.uid, lease.gid)
+        _prepare_work_dir(work, host_ids)
         _ensure_subreaper()
         info_r, info_w = os.pipe()
         cmd = _bwrap_command(
@@ -113,6 +121,7 @@ def _try_one_sandbox(tools: _Tools) -> None:
             info_fd=info_w,
             new_session=True,
             ro_binds=(),
+            host_ids=host_ids,
         )
         try:
             res = _execute(
@@ -127,6 +136,7 @@ def _try_one_sandbox(tools: _Tools) -> None:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        lease.release()
 
 
 def _read_sysctl(proc_sys: str, name: str) -> str | None:

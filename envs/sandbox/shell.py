@@ -15,7 +15,6 @@ from typing import Any
 
 from envs.sandbox.base import (
     _READ_CHUNK,
-    SANDBOX_UID,
     Limits,
     ShellResult,
     ShellSessionError,
@@ -388,8 +387,7 @@ class ShellSession:
             return False
         if self.mode == "bwrap":
             try:
-                expected = SANDBOX_UID if os.geteuid() == 0 else os.getuid()
-                if os.stat(f"/proc/{fg}").st_uid != expected:
+                if os.stat(f"/proc/{fg}").st_uid != self.sandbox.host_uid:  # the sandbox's, not another's
                     return False
             except OSError:
                 return False

@@ -34,7 +34,6 @@ import tempfile
 import threading
 import weakref
 
-from envs.sandbox.base import SANDBOX_GID, SANDBOX_UID
 from envs.sandbox.config import SandboxConfig
 
 __all__ = ["Storage"]
@@ -65,21 +64,24 @@ def _mount_tmpfs(path: str, size_bytes: int, inodes: int) -> None:
 class Storage:
     """The writable places of one sandbox (see the module docstring)."""
 
-    def __init__(self, parent: str, config: SandboxConfig, *, sandbox_uid: bool) -> None:
+    def __init__(self, parent: str, config: SandboxConfig, *, owner: tuple[int, int] | None) -> None:
+        """``owner``: the host (uid, gid) the work, tmp and shm dirs belong to when root (the
+        sandbox's leased ids, which a Sandbox later opened over this work dir shares); None: root's."""
         self.config = config
+        self.owner = owner
         self.root = tempfile.mkdtemp(prefix="jointrl-sb-", dir=parent)
         self.holder: _NamespaceHolder | None = None
         self.capped = self._mount()
         view = self.holder.view if self.holder is not None else ""  # where the harness sees the files
         if os.geteuid() == 0:
-            os.chmod(self.root, 0o711)  # bwrap, run as the sandbox uid, must reach root/work to bind it
+            os.chmod(self.root, 0o711)  # bwrap, run as the sandbox's host uid, must reach root/work to bind it
         self.work, self.tmp, self.shm = (view + os.path.join(self.root, n) for n in ("work", "tmp", "shm"))
         try:
             for d, mode in ((self.work, 0o700), (self.tmp, 0o1777), (self.shm, 0o1777)):
                 os.mkdir(d)
                 os.chmod(d, mode)
-                if sandbox_uid and os.geteuid() == 0:
-                    os.chown(d, SANDBOX_UID, SANDBOX_GID)
+                if owner is not None and os.geteuid() == 0:
+                    os.chown(d, *owner)
         except BaseException:
             self.close()
             raise
