@@ -24,7 +24,7 @@ from envs.code import code_sandboxes
 from envs.sandbox import Limits, Sandbox, SandboxUnavailable, ShellSession, check_sandbox
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.reap import _count_procs
-from envs.sandbox.uids import LOCK_DIR, UidPoolExhausted, lease_uid
+from envs.sandbox.uids import LOCK_DIR, UidPoolExhausted, _lock_dir, lease_uid
 
 try:
     check_sandbox()
@@ -42,6 +42,7 @@ def _private_pool(count: int = 3) -> SandboxConfig:
 
 def _hold_lock(uid: int) -> subprocess.Popen:
     """Another process holding ``uid``'s lease lock (until it is killed)."""
+    _lock_dir()  # the lock directory exists before any sandbox has leased
     code = (
         "import fcntl, os, sys, time\n"
         f"fd = os.open({os.path.join(LOCK_DIR, str(uid))!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
