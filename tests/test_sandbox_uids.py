@@ -24,7 +24,8 @@ from envs.code import code_sandboxes
 from envs.sandbox import Limits, Sandbox, SandboxUnavailable, ShellSession, check_sandbox
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.reap import _count_procs
-from envs.sandbox.uids import LOCK_DIR, UidPoolExhausted, _lock_dir, lease_uid
+import envs.sandbox.uids as uids
+from envs.sandbox.uids import UidPoolExhausted, _lock_dir, lease_uid
 
 try:
     check_sandbox()
@@ -42,10 +43,10 @@ def _private_pool(count: int = 3) -> SandboxConfig:
 
 def _hold_lock(uid: int) -> subprocess.Popen:
     """Another process holding ``uid``'s lease lock (until it is killed)."""
-    _lock_dir()  # the lock directory exists before any sandbox has leased
+    directory = _lock_dir()  # the lock directory exists before any sandbox has leased
     code = (
         "import fcntl, os, sys, time\n"
-        f"fd = os.open({os.path.join(LOCK_DIR, str(uid))!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+        f"fd = os.open({os.path.join(directory, str(uid))!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
         "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
         "print('locked', flush=True)\n"
         "time.sleep(60)\n"
@@ -202,3 +203,18 @@ def test_attack_a_process_flood_does_not_starve_a_sibling_sandbox():
         with Sandbox(limits=lim) as late:
             run = late.run(["/bin/sh", "-c", "echo ok | cat"])
             assert run.ok and run.stdout == "ok\n", run
+
+
+@needs_root
+def test_the_lock_dir_falls_back_when_run_cannot_be_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(uids, "LOCK_DIR", "/proc/jointrl-uids")  # mkdir fails there, as on a read-only /run
+    monkeypatch.setattr(uids, "FALLBACK_LOCK_DIR", str(tmp_path / "locks"))
+    assert _lock_dir() == str(tmp_path / "locks")
+    lease = lease_uid(_private_pool(1))
+    try:
+        assert lease.held and (tmp_path / "locks" / str(lease.uid)).exists()
+    finally:
+        lease.release()
+    (tmp_path / "locks").chmod(0o777)  # anyone could plant or delete locks: refused
+    with pytest.raises(RuntimeError, match="owned by root and writable by root only"):
+        _lock_dir()

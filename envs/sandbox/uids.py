@@ -9,7 +9,8 @@ too, and holds it until it is closed. Inside the sandbox the identity is still 6
 (bwrap's user namespace maps 65534 to the leased host uid).
 
 A lease is an exclusive, non-blocking ``flock`` on ``/run/jointrl-uids/<uid>`` (a
-root-owned directory, hidden from sandboxes like all of /run): unique across every process
+root-owned directory, hidden from sandboxes like all of /run; ``/dev/shm/jointrl-uids`` where
+/run cannot be written, e.g. a read-only container root): unique across every process
 of the host, and released by the kernel when the holder dies, so a crash leaks nothing.
 A uid is leased only while no process runs as it (a previous holder's orphans must not
 share the new holder's count); otherwise the next uid of the pool is tried. Without root
@@ -30,6 +31,9 @@ from envs.sandbox.reap import _count_procs
 __all__ = ["LOCK_DIR", "UidLease", "UidPoolExhausted", "lease_uid"]
 
 LOCK_DIR = "/run/jointrl-uids"
+# Where /run cannot be written. Every process of a host sees the same /run, so all of them
+# pick the same directory and the leases stay unique.
+FALLBACK_LOCK_DIR = "/dev/shm/jointrl-uids"
 _dir_lock = threading.Lock()
 
 
@@ -66,19 +70,30 @@ def _unlock(fd: int) -> None:
 
 
 def _lock_dir() -> str:
-    """:data:`LOCK_DIR`, made if missing; refused unless a root-owned directory nobody else can write."""
+    """The lock directory: :data:`LOCK_DIR`, else :data:`FALLBACK_LOCK_DIR` when /run cannot be
+    written; made if missing, refused unless a root-owned directory nobody else can write."""
     with _dir_lock:
-        try:
-            os.mkdir(LOCK_DIR, 0o700)
-        except FileExistsError:
-            pass
-        st = os.lstat(LOCK_DIR)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-            raise RuntimeError(
-                f"{LOCK_DIR} must be a directory owned by root and writable by root only "
-                f"(mode {stat.filemode(st.st_mode)}, owner {st.st_uid}); remove it to let the sandbox remake it"
-            )
-    return LOCK_DIR
+        for i, path in enumerate((LOCK_DIR, FALLBACK_LOCK_DIR)):
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+            except OSError:
+                if i == 0:
+                    continue  # /run not writable here (read-only, missing): the fallback
+                raise
+            _check_private(path)
+            return path
+    raise AssertionError("unreachable")
+
+
+def _check_private(path: str) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise RuntimeError(
+            f"{path} must be a directory owned by root and writable by root only "
+            f"(mode {stat.filemode(st.st_mode)}, owner {st.st_uid}); remove it to let the sandbox remake it"
+        )
 
 
 def _try_lock(directory: str, uid: int) -> int | None:
