@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-__all__ = ["ActorGroup", "Factory", "actor_died", "kill_ray_actor", "ray_factory"]
+__all__ = ["ActorGroup", "GroupOwner", "Factory", "actor_died", "kill_ray_actor", "ray_factory"]
 
 Factory = Callable[[int, dict[str, Any]], Any]  # (index, options) -> actor handle
 
@@ -106,6 +106,29 @@ class ActorGroup:
             self._kill(actor)
         except Exception:  # noqa: BLE001 - already gone, or its node is
             pass
+
+
+class GroupOwner:
+    """What an owner of one :class:`ActorGroup` (``self.group``) shows of it: its actor handles,
+    restarts and failures. The rollout pool and the reward service both inherit it, so the
+    three read-only views are written once."""
+
+    group: ActorGroup
+
+    @property
+    def workers(self) -> list[Any]:
+        """The actor handles, by index (empty after shutdown)."""
+        return self.group.actors
+
+    @property
+    def restarts(self) -> int:
+        """Replacements so far (what counts as one is the owner's: crashed, hung, stuck in a call)."""
+        return self.group.restarts
+
+    @property
+    def failures(self) -> list[tuple[int, str]]:
+        """(worker, why) of every replacement, oldest first."""
+        return self.group.failures
 
 
 def ray_factory(

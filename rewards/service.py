@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.actors import ActorGroup, ray_factory
+from envs.actors import ActorGroup, GroupOwner, ray_factory
 from envs.base import resolve
 from envs.types import Trajectory
 from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, call_mode
@@ -419,7 +419,7 @@ def fn_metrics(stats: dict[tuple[str, str], list[float]]) -> dict[str, float]:
 _STUCK = "a reward call timed out and its thread could not be stopped"
 
 
-class RewardService:
+class RewardService(GroupOwner):
     """A pool of ``RewardScorer`` Ray actors. Requires ``ray.init`` to have run.
 
     ``timeout_s`` is the per-call limit (see the module docstring); ``workers`` actors,
@@ -455,21 +455,6 @@ class RewardService:
         self._stats: dict[tuple[str, str], list[float]] = {}
         # A worker is hung when it made no progress for timeout_s + grace (its own timeouts did not fire).
         self.grace_s = max(2.0, 0.25 * self.timeout_s)
-
-    @property
-    def workers(self) -> list[Any]:
-        """The reward workers' actor handles, by index (empty after ``shutdown``)."""
-        return self.group.actors
-
-    @property
-    def restarts(self) -> int:
-        """Replacements so far (crashed, hung, or stuck in a timed-out call)."""
-        return self.group.restarts
-
-    @property
-    def failures(self) -> list[tuple[int, str]]:
-        """(worker, why) of every replacement, oldest first."""
-        return self.group.failures
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """Score ``trajs`` (same order out). Each group (same ``group_id``: the samples of one task)

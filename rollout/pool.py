@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from envs.actors import ActorGroup, actor_died, ray_factory
+from envs.actors import ActorGroup, GroupOwner, actor_died, ray_factory
 from envs.base import resolve
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
@@ -142,7 +142,7 @@ class EngineUnresponsive(RuntimeError):
     """A rollout worker whose engine died under it, or that stopped answering: it is replaced like a dead one."""
 
 
-class RolloutPool:
+class RolloutPool(GroupOwner):
     """N ``RolloutWorker`` Ray actors. Requires ``ray.init`` to have run.
 
     Fault tolerance: a worker whose process (or vLLM engine core) dies during ``generate``
@@ -206,21 +206,6 @@ class RolloutPool:
         )
         # Surface start-up errors (bad model, vLLM failure) here rather than at the first generate.
         self._placement = ray.get([w.placement.remote() for w in self.workers], timeout=start_timeout_s)
-
-    @property
-    def workers(self) -> list[Any]:
-        """The workers' actor handles, by index (empty after ``shutdown``)."""
-        return self.group.actors
-
-    @property
-    def restarts(self) -> int:
-        """Replacements so far."""
-        return self.group.restarts
-
-    @property
-    def failures(self) -> list[tuple[int, str]]:
-        """(worker, why) of every replacement, oldest first."""
-        return self.group.failures
 
     def _replace(self, i: int, why: BaseException) -> None:
         """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights."""
