@@ -407,7 +407,7 @@ class LoraConfig(Section):
     transfer: Literal["merged", "adapter"] = knob(
         "merged",
         "what each weight sync sends the engines: merged (base + B A, every weight) | adapter (only the "
-        "adapters, served by vLLM's LoRA support over the unchanged base; attention and MLP projections only)",
+        "adapters, served by vLLM's LoRA support over the unchanged base; attention and MLP projections only; not yet run on vLLM, docs/cluster.md)",
     )
 
     def check(self) -> None:
