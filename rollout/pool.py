@@ -4,7 +4,7 @@
 them as Ray actors. A pool call keeps each GRPO group on one engine (the group shares its
 prompt, so the engine's prefix cache serves it once) and returns trajectories in the order
 of the input. ``sync_weights`` pushes a safetensors file (written by the learner into
-shared memory) into every engine. Engines are shut down explicitly in ``shutdown()``;
+shared memory) into every engine, or with ``adapter=True`` a LoRA adapter folder. Engines are shut down explicitly in ``shutdown()``;
 otherwise each leaks ~420 MB of /dev/shm.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shutil
 import tempfile
 import time
 from typing import Any, Callable
@@ -42,10 +43,12 @@ class RolloutWorker:
         tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
+        lora_rank: int = 0,
         engine: Any = None,
     ) -> None:
         """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
-        passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused."""
+        passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused.
+        ``lora_rank`` > 0: the engine serves the learner's LoRA adapter (``load_adapter``)."""
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
@@ -63,6 +66,7 @@ class RolloutWorker:
                 tensor_parallel_size=tensor_parallel_size,
                 enable_sleep_mode=enable_sleep_mode,
                 engine_kwargs=engine_kwargs,
+                lora_rank=lora_rank,
             )
         )
         # Where weights that arrive through the object store (learner on another node) are put.
@@ -98,6 +102,22 @@ class RolloutWorker:
         os.replace(tmp, self._blob)
         self.engine.load_weights(self._blob)
 
+    def load_adapter(self, path: str) -> None:
+        """Serve the LoRA adapter folder ``path`` (the learner's ``export_adapter``) over the base weights."""
+        self.engine.load_adapter(path)
+
+    def load_adapter_blob(self, files: dict[str, bytes]) -> None:
+        """An adapter folder as ``{file name: bytes}`` (from a learner on another node): written to a new
+        folder on this node (the previous one removed), then loaded like a local folder."""
+        self._adapter_seq = getattr(self, "_adapter_seq", 0) + 1
+        folder = f"{self._blob}.adapter-{self._adapter_seq}"
+        os.makedirs(folder, exist_ok=True)
+        for name, data in files.items():
+            with open(os.path.join(folder, os.path.basename(name)), "wb") as f:
+                f.write(data)
+        self.engine.load_adapter(folder)
+        shutil.rmtree(f"{self._blob}.adapter-{self._adapter_seq - 1}", ignore_errors=True)
+
     def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
         return self.engine.score(prompt, continuation)
 
@@ -132,10 +152,16 @@ class RolloutWorker:
         finally:
             if os.path.exists(self._blob):
                 os.unlink(self._blob)
+            for folder in glob.glob(self._blob + ".adapter-*"):  # adapters received from another node
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 class EngineFailure(RuntimeError):
     """A rollout worker kept dying: more than ``max_restarts`` replacements within one call."""
+
+
+# The calls that give a worker the latest synced weights (a replaced worker makes its own on start).
+LOAD_CALLS = ("load_weights", "load_weights_blob", "load_adapter", "load_adapter_blob")
 
 
 class EngineUnresponsive(RuntimeError):
@@ -260,10 +286,7 @@ class RolloutPool(GroupOwner):
                     ) from e
                 attempts[i] += 1
                 self._replace(i, e)
-                if jobs[i][0] in (
-                    "load_weights",
-                    "load_weights_blob",
-                ):  # the replacement loaded the newest as it started
+                if jobs[i][0] in LOAD_CALLS:  # the replacement loaded the newest as it started
                     out[i] = None
                     del pending[i]
                 else:
@@ -340,30 +363,39 @@ class RolloutPool(GroupOwner):
 
         ray.get([w.wake_up.remote() for w in self.workers])
 
-    def sync_weights(self, path: str, source_node: str | None = None, fetch: Callable[[], Any] | None = None) -> None:
-        """Load the weights file ``path`` into every engine.
+    def sync_weights(
+        self,
+        path: str,
+        source_node: str | None = None,
+        fetch: Callable[[], Any] | None = None,
+        *,
+        adapter: bool = False,
+    ) -> None:
+        """Load the weights file ``path`` into every engine (``adapter``: the LoRA adapter folder ``path``).
 
         ``path`` is on node ``source_node`` (None: every engine can read it). An engine on
-        another node gets the file's bytes through Ray's object store instead: ``fetch()``
-        returns an ObjectRef of them, made once per sync, and pulled by each remote engine's node.
+        another node gets the file's bytes (an adapter: ``{file name: bytes}``) through Ray's object
+        store instead: ``fetch()`` returns an ObjectRef of them, made once per sync, and pulled by
+        each remote engine's node.
         """
         # Recorded first: a worker replaced during this call loads the newest weights as it starts.
-        self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None}
+        self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None, "adapter": adapter}
         self._call({i: self._load_job(i) for i in range(len(self.workers))})
 
     def _load_job(self, i: int) -> tuple[str, tuple[Any, ...]]:
         """The call that gives worker ``i`` the latest synced weights: a file path, or the bytes' ObjectRef."""
         w = self._weights
         assert w is not None
+        kind = "load_adapter" if w.get("adapter") else "load_weights"
         if self.route(i, w["node"]) == "file":
-            return "load_weights", (w["path"],)
+            return kind, (w["path"],)
         if w["ref"] is None:
             if w["fetch"] is None:
                 raise ValueError(
                     f"rollout worker {i} is on another node than the weights file {w['path']}; sync_weights needs fetch"
                 )
             w["ref"] = w["fetch"]()
-        return "load_weights_blob", (w["ref"],)
+        return f"{kind}_blob", (w["ref"],)
 
     def route(self, i: int, source_node: str | None) -> str:
         """How worker ``i`` receives weights from a learner on ``source_node``: ``file`` or ``object_store``."""

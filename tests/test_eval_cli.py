@@ -83,6 +83,7 @@ def test_eval_summary_per_domain_and_failures():
     s1, _ = eval_summary([a], scored[:3], n=3, k=1, threshold=0.5)
     assert "pass@1" in s1 and not any(k.startswith("pass@") and k != "pass@1" for k in s1)
     assert s1["pass@1"] == pytest.approx(2 / 3)
+    assert s1["tasks"] == 1 and s1["domains"]["code"]["tasks"] == 1  # each task counted once with k == 1
 
 
 def _fake_model(folder: Path) -> Path:

@@ -11,15 +11,24 @@ envs and rollout settings, scores them with the recipe's rewards (the same path 
 - ``base_pass``: ``{"model", "samples", "passed", "errors", "mean_reward", "temperature",
   "threshold"}`` (``mean_reward`` keeps partial credit visible).
 
-The files are the recipe's ``data.train_files`` unless ``--files`` names others; each is
-rewritten in place (or into ``--out-dir``) as soon as it is measured (one vLLM engine per
-file, so a stopped run keeps the files it finished), every other field unchanged, so the
-measurement travels with the tasks: the mixer's curriculum and the adaptive domain weights
-start from it (:mod:`rl.data.mixer`), and the ladder generators keep it when they
-regenerate an unchanged task. ``--limit N`` measures the first N tasks of each file only
-(the others keep what they had). A JSON summary per file and domain is printed: how many
-tasks have ``0 < pass rate < 1`` (a group of samples on them has reward variance, i.e.
-learning signal), how many are never or always solved, and mean pass@1 / pass@k.
+The task sets are the recipe's ``data.train_files`` and ``data.train_datasets`` unless
+``--files`` names files; each file is rewritten in place (or into ``--out-dir``) as soon as it
+is measured (one vLLM engine per file, so a stopped run keeps the files it finished), every
+other field unchanged, so the measurement travels with the tasks: the mixer's curriculum and
+the adaptive domain weights start from it (:mod:`rl.data.mixer`), and the ladder generators
+keep it when they regenerate an unchanged task.
+
+A ``data.train_datasets`` entry (a Hub dataset or a local dataset folder, :mod:`rl.data.hub_data`)
+cannot be written back: its tasks, measured, go to a native task file
+``--out-dir/ORG--NAME[.SUBSET].SPLIT.jsonl`` (``--out-dir`` is then required; without it the
+command stops with a message naming ``data.train_datasets.0``). A recipe lists that file in
+``data.train_files`` in place of the entry to train from the measurement (the entry itself
+reads the dataset as it is, without it).
+
+``--limit N`` measures the first N tasks of each set only (the others keep what they had).
+A JSON summary per file and domain is printed: how many tasks have ``0 < pass rate < 1`` (a
+group of samples on them has reward variance, i.e. learning signal), how many are never or
+always solved, and mean pass@1 / pass@k.
 
 This module does not train; it reuses ``jointrl eval``'s engine loop and scorer.
 """
@@ -47,17 +56,27 @@ def add_parser(sub: Any) -> None:
         description="Sample k completions per task with the recipe's model, score them with its "
         "rewards, and write meta.base_pass_rate into the task files.",
     )
-    p.add_argument("recipe", help="recipe YAML file (model, rollout, envs, rewards, data.train_files)")
+    p.add_argument(
+        "recipe", help="recipe YAML file (model, rollout, envs, rewards, data.train_files / data.train_datasets)"
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.max_new_tokens=128")
     p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
-    p.add_argument("--files", nargs="+", help="task files to measure (default: the recipe's data.train_files)")
+    p.add_argument(
+        "--files",
+        nargs="+",
+        help="task files to measure (default: the recipe's data.train_files and data.train_datasets)",
+    )
     p.add_argument("--limit", type=int, default=0, help="measure the first N tasks of each file only (0 = all)")
     p.add_argument("--model", help="model to measure with (default: the recipe's model.path)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument(
         "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
     )
-    p.add_argument("--out-dir", help="write the measured files here (same names) instead of in place")
+    p.add_argument(
+        "--out-dir",
+        help="write the measured files here (same names) instead of in place; required for data.train_datasets "
+        "(written as ORG--NAME[.SUBSET].SPLIT.jsonl)",
+    )
     # 256 (eval's default) failed here: SmolLM2 on 2 busy CPU cores spent over vLLM's RPC timeout
     # on one 16k-token prefill step of 176 new requests, and the engine died.
     p.add_argument("--batch", type=int, default=32, help="episodes per engine call (default 32)")
@@ -126,17 +145,38 @@ def run_difficulty(args: argparse.Namespace) -> int:
     return _guarded(_difficulty, args)
 
 
-def _files(args: argparse.Namespace, cfg: Any) -> list[Path]:
+def _targets(args: argparse.Namespace, cfg: Any) -> list[tuple[str, list[Task], Path]]:
+    """(label, tasks, output file) of each task set to measure: ``--files``, else the recipe's
+    ``data.train_files`` (written in place or into ``--out-dir``) and ``data.train_datasets``
+    (into ``--out-dir`` only: a dataset is not a file the command can rewrite)."""
+    from envs.io import load_tasks
     from rl.cli.evaluate import CommandError
     from rl.config.recipe import resolve_path
+    from rl.data.hub_data import dataset_file_name, recipe_datasets
 
     files = [Path(f) for f in args.files] if args.files else [Path(resolve_path(cfg, f)) for f in cfg.data.train_files]
-    if not files:
-        raise CommandError(f"{args.recipe}: data.train_files is empty; pass --files FILE")
     for f in files:
         if not f.name.endswith((".jsonl", ".jsonl.gz")):
             raise CommandError(f"{f}: difficulty writes into the task file, which must be .jsonl or .jsonl.gz")
-    return files
+    out_dir = Path(args.out_dir) if args.out_dir else None
+    targets = [(str(f), load_tasks(f), out_dir / f.name if out_dir else f) for f in files]
+    if not args.files and cfg.data.train_datasets:
+        if out_dir is None:
+            raise CommandError(
+                f"{args.recipe}: data.train_datasets.0 ({cfg.data.train_datasets[0].path}) is a dataset, which "
+                "difficulty cannot write back into; pass --out-dir DIR to write its measured tasks there as a "
+                "native task file (then list that file in data.train_files instead of the dataset entry)"
+            )
+        for key, entry, tasks in recipe_datasets(cfg, "train"):
+            targets.append((key, tasks, out_dir / dataset_file_name(entry)))
+    if not targets:
+        raise CommandError(f"{args.recipe}: data.train_files and data.train_datasets are empty; pass --files FILE")
+    seen: dict[Path, str] = {}
+    for label, _, out in targets:
+        if out in seen:
+            raise CommandError(f"{label} and {seen[out]} would both be written to {out}")
+        seen[out] = label
+    return targets
 
 
 def _measure_file(
@@ -163,7 +203,6 @@ def _measure_file(
 
 
 def _difficulty(args: argparse.Namespace) -> int:
-    from envs.io import load_tasks
     from rewards.service import RewardFnSpec
     from rl.cli.evaluate import CommandError, make_scorer, resolve_model_arg
     from rl.config.recipe import load_recipe, validate_recipe
@@ -176,19 +215,18 @@ def _difficulty(args: argparse.Namespace) -> int:
     if args.model:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=resolve_model_arg(args.model)[0]))
     validate_recipe(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, overwrite=True)))
-    files = _files(args, cfg)
-    per_file = [load_tasks(f) for f in files]
-    chosen = [ts[: args.limit] if args.limit else ts for ts in per_file]
+    targets = _targets(args, cfg)
+    chosen = [ts[: args.limit] if args.limit else ts for _, ts, _ in targets]
     served = {e.domain for e in cfg.rollout.envs}
-    for f, ts in zip(files, chosen):
+    for (label, _, _), ts in zip(targets, chosen):
         bad = next((t for t in ts if t.domain not in served), None)
         if bad is not None:
             raise CommandError(
-                f"{f}: task {bad.id!r} has domain {bad.domain!r}, but the recipe's rollout.envs "
+                f"{label}: task {bad.id!r} has domain {bad.domain!r}, but the recipe's rollout.envs "
                 f"serves only {sorted(served)}"
             )
     if not any(chosen):
-        raise CommandError(f"no tasks in {', '.join(map(str, files))}")
+        raise CommandError(f"no tasks in {', '.join(label for label, _, _ in targets)}")
 
     specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
     scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
@@ -202,9 +240,8 @@ def _difficulty(args: argparse.Namespace) -> int:
     measured_all: list[Task] = []
     # One file at a time, each written as soon as it is measured: a long run that is stopped keeps
     # the files it finished (one engine start per file is small next to k samples of every task).
-    for f, ts, chosen_ts in zip(files, per_file, chosen):
+    for (_, ts, out), chosen_ts in zip(targets, chosen):
         if chosen_ts:
-            out = Path(args.out_dir) / f.name if args.out_dir else f
             measured, summary["files"][str(out)] = _measure_file(args, cfg, scorer, ts, len(chosen_ts), out)
             measured_all += measured
     summary["domains"] = difficulty_summary(measured_all)

@@ -120,14 +120,18 @@ def add_eval_parser(sub: Any) -> None:
         description="Sample completions for a task set with vLLM, score them with the recipe's rewards, "
         "print pass@k per domain as JSON and write the failed tasks as a native task file.",
     )
-    e.add_argument("recipe", help="recipe YAML file (model, rollout, envs, rewards, data.eval_files)")
+    e.add_argument(
+        "recipe", help="recipe YAML file (model, rollout, envs, rewards, data.eval_files / data.eval_datasets)"
+    )
     e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.max_new_tokens=128")
     e.add_argument(
         "--model",
         help="model folder, checkpoint dir (checkpoints/step_N) or run dir (its newest "
         "checkpoint); default: the recipe's model.path",
     )
-    e.add_argument("--tasks", help="evaluate these tasks instead of the recipe's data.eval_files")
+    e.add_argument(
+        "--tasks", help="evaluate these tasks instead of the recipe's data.eval_files and data.eval_datasets"
+    )
     e.add_argument("--format", choices=FORMATS, default="native", help="format of --tasks (default: native)")
     e.add_argument("--answers", help="BFCL answer file (with --format bfcl)")
     e.add_argument("--k", type=int, default=1, help="k of pass@k (default 1)")
@@ -684,20 +688,28 @@ def _eval_recipe(args: argparse.Namespace) -> tuple[Any, Path | None]:
 
 
 def _eval_tasks(args: argparse.Namespace, cfg: Any) -> tuple[list[Task], str]:
-    """The tasks to evaluate (``--tasks`` or the recipe's ``data.eval_files``, ``--limit``) and where they came from;
-    each task's domain must be served by the recipe's ``rollout.envs``."""
+    """The tasks to evaluate (``--tasks``, or the recipe's ``data.eval_files`` then ``data.eval_datasets``;
+    ``--limit``) and where they came from; each task's domain must be served by the recipe's ``rollout.envs``."""
     from rl.config.recipe import resolve_path
+    from rl.data.hub_data import recipe_datasets
 
     if args.tasks:
         tasks, source = load_task_file(args.tasks, args.format, args.answers), args.tasks
     else:
         if args.format != "native" or args.answers:
             raise CommandError("--format/--answers go with --tasks")
-        if not cfg.data.eval_files:
-            raise CommandError(f"{args.recipe}: data.eval_files is empty; pass --tasks FILE")
-        tasks, source = [], ", ".join(cfg.data.eval_files)
+        if not cfg.data.eval_files and not cfg.data.eval_datasets:
+            raise CommandError(
+                f"{args.recipe}: data.eval_files is empty; pass --tasks FILE (or set data.eval_datasets)"
+            )
+        tasks, sources = [], list(cfg.data.eval_files)
         for f in cfg.data.eval_files:
             tasks += load_task_file(str(resolve_path(cfg, f)))
+        # The held-out datasets `jointrl train` evaluates on, read the same way (rl/data/hub_data.py).
+        for key, entry, ts in recipe_datasets(cfg, "eval"):
+            tasks += ts
+            sources.append(f"{key} ({entry.path}:{entry.split})")
+        source = ", ".join(sources)
     if args.limit:
         tasks = tasks[: args.limit]
     if not tasks:
@@ -764,7 +776,8 @@ def eval_summary(
         c = sum(r >= threshold for r in rewards)
         d = per_domain[task.domain]
         d["pass@1"].append(pass_at_k(n, c, 1))
-        d[f"pass@{k}"].append(pass_at_k(n, c, k))
+        if k != 1:  # with k = 1 the same list: appending again counted every task twice
+            d[f"pass@{k}"].append(pass_at_k(n, c, k))
         d["rewards"] += rewards
         d["errors"].append(n - len(rewards))
         if c == 0:

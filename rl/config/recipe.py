@@ -386,6 +386,13 @@ class AlgoConfig(Section):
     )
 
 
+# What `learner.lora.transfer: adapter` can serve: the projections vLLM 0.32's LoRA layers cover on
+# Llama/Qwen2-style decoders (vllm/model_executor/models/llama.py packed_modules_mapping), and its
+# largest max_lora_rank (vllm/config/lora.py MaxLoRARanks).
+ENGINE_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ENGINE_MAX_LORA_RANK = 512
+
+
 @dataclass(frozen=True)
 class LoraConfig(Section):
     """LoRA adapters on the policy instead of full fine-tuning (rl/trainer/lora.py, through peft)."""
@@ -397,10 +404,27 @@ class LoraConfig(Section):
         doc="linear layers to adapt (checked against the model before any actor starts)",
         factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     )
+    transfer: Literal["merged", "adapter"] = knob(
+        "merged",
+        "what each weight sync sends the engines: merged (base + B A, every weight) | adapter (only the "
+        "adapters, served by vLLM's LoRA support over the unchanged base; attention and MLP projections only; not yet run on vLLM, docs/cluster.md)",
+    )
 
     def check(self) -> None:
         if self.rank > 0 and not self.target_modules:
             raise FieldError("target_modules", "LoRA (rank > 0) needs at least one target module")
+        if self.transfer == "adapter":
+            if self.rank == 0:
+                raise FieldError("transfer", "adapter transfer needs LoRA (learner.lora.rank > 0)")
+            if self.rank > ENGINE_MAX_LORA_RANK:
+                raise FieldError("transfer", f"vLLM serves adapters up to rank {ENGINE_MAX_LORA_RANK}, not {self.rank}")
+            other = sorted(set(self.target_modules) - set(ENGINE_LORA_MODULES))
+            if other:
+                raise FieldError(
+                    "transfer",
+                    f"adapter transfer serves adapters on {list(ENGINE_LORA_MODULES)} only; target_modules has "
+                    f"{other} (use transfer: merged)",
+                )
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,11 @@ of an earlier load.
 Not found anywhere: ``FileNotFoundError`` naming the recipe key; a mapped column the dataset lacks:
 ``TaskFormatError`` naming the key, the column and the dataset. Both end a run with exit 2.
 
+``recipe_datasets(cfg, "train" | "eval")`` gives every entry of a recipe with its key and tasks:
+``jointrl train``, ``jointrl eval`` and ``jointrl difficulty`` read the same entries the same way.
+``dataset_file_name(entry)`` names the native task file a measurement of an entry is written to
+(a Hub dataset cannot be written back).
+
 This module does not choose which tasks a step draws (``rl.data.mixer``) nor touch the network
 when ``HF_HUB_OFFLINE`` is set.
 """
@@ -41,7 +46,7 @@ from envs.io import TaskFormatError, task_from_dict
 from envs.types import Task
 from rl.config.recipe import DatasetConfig
 
-__all__ = ["load_dataset_tasks", "rows_to_tasks", "open_dataset"]
+__all__ = ["load_dataset_tasks", "rows_to_tasks", "open_dataset", "recipe_datasets", "dataset_file_name"]
 
 
 def _offline() -> bool:
@@ -187,3 +192,33 @@ def load_dataset_tasks(entry: DatasetConfig, key: str, base: Path | None = None)
     """The tasks of one ``data.*_datasets`` entry; ``key`` (e.g. ``data.train_datasets.0``) names it in errors."""
     ds = open_dataset(entry, key, base)
     return rows_to_tasks(ds, list(ds.column_names), entry, key)
+
+
+def recipe_datasets(cfg: Any, which: str) -> list[tuple[str, DatasetConfig, list[Task]]]:
+    """(recipe key, entry, tasks) of each ``data.{which}_datasets`` entry of the recipe ``cfg``, in order.
+
+    Relative local paths are read against the recipe file's folder, as ``data.*_files`` are.
+    """
+    if which not in ("train", "eval"):
+        raise ValueError(f"which must be 'train' or 'eval', not {which!r}")
+    base = Path(cfg.source).parent if cfg.source else None
+    out = []
+    for i, entry in enumerate(getattr(cfg.data, f"{which}_datasets")):
+        key = f"data.{which}_datasets.{i}"
+        out.append((key, entry, load_dataset_tasks(entry, key, base)))
+    return out
+
+
+def dataset_file_name(entry: DatasetConfig) -> str:
+    """A file name for the tasks of ``entry`` as a native task file: ``ORG--NAME[.SUBSET].SPLIT.jsonl``
+    (a local folder: its last path part), characters outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
+    import re
+
+    path = entry.path.rstrip("/")
+    stem = Path(path).name if _looks_local(path) else path.replace("/", "--")
+    parts = [stem, *([entry.subset] if entry.subset else []), entry.split]
+    return re.sub(r"[^A-Za-z0-9._-]", "_", ".".join(parts)) + ".jsonl"
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or path.count("/") != 1

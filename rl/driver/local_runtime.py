@@ -4,7 +4,8 @@ One ``rollout.pool.RolloutWorker`` on an in-process engine (``engine="hf"``: Tra
 the model, ``rollout.hf_engine.HFEngine``; ``engine="vllm"``: an in-process ``VLLMEngine``), an
 in-process ``rewards.service.RewardScorer`` and, unless ``learner=False`` (``jointrl eval``),
 an in-process ``rl.trainer.learner.Learner`` (one rank). Weights reach the engine through the
-same safetensors export as on Ray. It runs the whole loop in seconds on the tiny model (fast
+same safetensors export as on Ray (or, with ``learner.lora.transfer: adapter``, the same adapter
+folder: both engines serve it). It runs the whole loop in seconds on the tiny model (fast
 tests); it has no process boundary, so nothing to restart: an exception in a part ends the call.
 It does not place, shard or parallelize anything.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
 from rl.config.recipe import Recipe
+from rl.driver.ray_runtime import adapter_transfer
 from rl.driver.runtime import LengthEstimate
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
@@ -61,6 +63,7 @@ class LocalRuntime:
                 kv_cache_gib=r.kv_cache_gib,
                 gpu_memory_utilization=r.gpu_memory_utilization,
                 engine_kwargs=dict(r.engine_kwargs),
+                lora_rank=cfg.learner.lora.rank if adapter_transfer(cfg) else 0,
             )
         engine = make_engine(self.engine_kind, self.model_path, **kwargs)
         self.worker = RolloutWorker(self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine)
@@ -97,7 +100,11 @@ class LocalRuntime:
         return self._learner().step(batch)
 
     def sync_weights(self) -> None:
-        self._worker().load_weights(self._learner().export_weights(self.cfg.model.engine_dtype))
+        """Merged weights into the engine, or only the LoRA adapter (``learner.lora.transfer: adapter``)."""
+        if adapter_transfer(self.cfg):
+            self._worker().load_adapter(self._learner().export_adapter())
+        else:
+            self._worker().load_weights(self._learner().export_weights(self.cfg.model.engine_dtype))
 
     def save(self, path: str) -> None:
         self._learner().save_checkpoint(path)

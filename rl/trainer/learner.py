@@ -1001,6 +1001,22 @@ class Learner:
                 del full
         return out.publish() if out is not None else ""
 
+    def export_adapter(self) -> str:
+        """With LoRA, write only the adapters as a new ``peft`` folder in shared memory; return its path.
+
+        What ``learner.lora.transfer: adapter`` sends the engines instead of ``export_weights``' file
+        (``rl.trainer.lora.AdapterExports``: a new folder per call, the last two kept). Sharded: every
+        rank must call it (A and B are gathered); rank 0 writes, the others return ``""``.
+        """
+        if self.peft is None:
+            raise RuntimeError("export_adapter needs LoRA (learner.lora.rank > 0)")
+        state = lora.adapter_state(self.peft)  # a collective when sharded
+        if self.rank > 0:
+            return ""
+        if getattr(self, "_adapter_exports", None) is None:
+            self._adapter_exports = lora.AdapterExports(self.shm_dir)
+        return self._adapter_exports.write(self.peft, state)
+
     def _export_tensors(self) -> dict[str, Any]:
         """What the engines load, by HF name: the parameters themselves (so that ties stay visible) plus
         ``lm_head.weight``; with LoRA, adapted weights as a zero-argument function computing base + B A

@@ -13,19 +13,34 @@ under the base model's own names (``W + scaling * B @ A`` for every adapted line
 ``check_targets(model_dir, cfg)`` checks, before any actor starts, that every target module
 is a linear layer of the model (built on the meta device from ``config.json``: no weights are read).
 
+Adapter-only transfer (``learner.lora.transfer: adapter``): ``AdapterExports.write`` saves the
+adapters alone as a ``peft`` folder (``adapter_config.json`` + ``adapter_model.safetensors``),
+a new numbered folder per sync under the learner's shared-memory dir, keeping the last two (an
+engine replaced mid-sync reloads the newest while the one before stays readable). The engines
+serve it with vLLM's LoRA support over their unchanged base (``rollout.engine.VLLMEngine.load_adapter``).
+
 Sharded (FSDP2, several learners): the adapters are sharded with the layers they belong to;
-merging gathers base, A and B one layer at a time. This module does not train, and it does
-not send adapters to an engine on its own (the engines get merged weights; adapter-only
-transfer is not implemented).
+merging gathers base, A and B one layer at a time, and an adapter export gathers A and B.
+This module does not train, and it does not send anything to an engine itself.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterator
 
+import shutil
+from pathlib import Path
+
 import torch
 
-__all__ = ["enabled", "attach", "merged_tensors", "check_targets", "adapter_state"]
+__all__ = [
+    "enabled",
+    "attach",
+    "merged_tensors",
+    "check_targets",
+    "adapter_state",
+    "AdapterExports",
+]
 
 
 def enabled(cfg: Any) -> bool:
@@ -111,8 +126,35 @@ def merged_tensors(model: torch.nn.Module, lazy: bool = False) -> Iterator[tuple
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters' tensors (detached, on CPU), under their state-dict names."""
-    return {k: v.detach().cpu() for k, v in model.state_dict().items() if ".lora_" in k}
+    """The adapters' tensors (detached, on CPU, gathered in full when sharded: a collective), under their
+    state-dict names."""
+    return {k: _full(v).detach().cpu() for k, v in model.state_dict().items() if ".lora_" in k}
+
+
+class AdapterExports:
+    """Numbered ``peft`` adapter folders ``adapter-NNNNNN`` under ``root``, the last ``keep`` of them kept.
+
+    A new folder per export (never rewritten in place): an engine loading the previous one while
+    the next is written reads a complete folder, and the folder name changes with every sync.
+    """
+
+    def __init__(self, root: str | Path, keep: int = 2) -> None:
+        self.root, self.keep, self.count = Path(root), keep, 0
+
+    def write(self, peft_model: Any, state: dict[str, torch.Tensor]) -> str:
+        """Save ``state`` (``adapter_state``'s tensors) with ``peft_model``'s adapter config; return the folder."""
+        self.count += 1
+        folder = self.root / f"adapter-{self.count:06d}"
+        tmp = self.root / f".adapter-{self.count:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        # peft renames the keys itself (``.default`` dropped): the folder is what PeftModel.from_pretrained and
+        # vLLM's LoRARequest read. No model card: it would be rewritten every step for nobody.
+        peft_model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        (tmp / "README.md").unlink(missing_ok=True)
+        tmp.rename(folder)  # published whole
+        for old in sorted(self.root.glob("adapter-*"))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return str(folder)
 
 
 def check_targets(model_dir: str, cfg: Any, key: str = "learner.lora.target_modules") -> None:
