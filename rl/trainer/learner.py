@@ -48,7 +48,9 @@ updated once per step from the batch's ``kl/mean``.
 LoRA (``learner.lora.rank > 0``, ``rl.trainer.lora``): only the adapters train; the
 reference is the policy with its adapters disabled. ``learner.activation_checkpointing``
 recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
-autocast by timing both at start (``rl.trainer.precision``).
+autocast by timing both at start (``rl.trainer.precision``). After each step the learner hands the
+step's freed memory back to the OS (glibc ``malloc_trim``, ``rl.trainer.memory``), so its resident
+memory between steps stays flat over a run.
 
 ``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
 memory for the engines, gathering sharded tensors one at a time (``lm_head.weight`` always
