@@ -14,6 +14,13 @@ GRPO, ``--kl-coef``) on one model (default SmolLM2-135M), in one run:
 2. The host's matmul rate at the precision the step uses (``rl.trainer.precision.matmul_gflops``:
    fp32, or bf16 under autocast), measured in the same run.
 3. The learner step's wall time (after one warm-up step), and the ratio step / floor.
+4. A second rate, beside (never instead of) the square one: the host's rate on the step's own
+   GEMM shapes (``shape_gflops``: each linear layer's forward and its two backward products at
+   the token counts a trunk call runs, and ``lm_head`` at a micro-batch's response tokens), with
+   the floor and ratio it gives: how much of the gap is small matmuls running below the host's
+   square-matmul rate.
+5. With ``--profile``, one more step under ``torch.profiler``: the ops that took the step's time
+   (self CPU time), grouped into matmul, attention, optimizer and the rest, and the top ops.
 
 It does not count elementwise work (norms, activations, softmax), so the floor is a lower bound.
 Run it under the shared heavy-job lock; ``--results`` appends the table to bench/RESULTS.md.
@@ -58,6 +65,87 @@ def step_flops(cfg: dict, samples: list, *, share_prompt: bool, backward: bool =
     return mult * (body + head)
 
 
+def _gemm_shapes(cfg: dict, samples: list, micro_resp_tokens: int) -> list[tuple[int, int, int, float]]:
+    """(M, K, N, weight) of the step's matmuls, forward-shaped and both backward-shaped: each linear
+    layer at the token counts of a shared-prompt trunk call (the prompt; a group's responses), weighted
+    by how many such calls the step makes, and ``lm_head`` at a micro-batch's response tokens."""
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    kv = h * cfg.get("num_key_value_heads", heads) // heads
+    groups: dict[tuple, list] = {}
+    for s in samples:
+        groups.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(s)
+    first = next(iter(groups.values()))
+    m_prompt = first[0].prompt_len
+    m_resp = len(first) * (max(len(s.input_ids) - s.prompt_len for s in first) - 1)  # padded, as computed
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, i), (h, i), (i, h)]  # q, k, v, o, gate, up, down
+    out = []
+    for m in (m_prompt, m_resp):
+        for k, n in linears:
+            out += [(m, k, n, 1.0), (m, n, k, 1.0), (k, m, n, 1.0)]  # y = xW; dx = dy W^T; dW = x^T dy
+    out += [(micro_resp_tokens, h, v, 1.0), (micro_resp_tokens, v, h, 1.0), (h, micro_resp_tokens, v, 1.0)]
+    return out
+
+
+def shape_gflops(shapes: list[tuple[int, int, int, float]], seconds: float = 2.0) -> float:
+    """fp32 rate over ``shapes`` (total FLOPs / total best time), each timed for its share of ``seconds``."""
+    import torch
+
+    flops = tsum = 0.0
+    for m, k, n, w in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        a @ b  # warm-up
+        best, end = float("inf"), time.perf_counter() + seconds / len(shapes)
+        while True:
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+            if time.perf_counter() > end:
+                break
+        flops += w * 2 * m * k * n
+        tsum += w * best
+    return flops / tsum / 1e9
+
+
+_GROUPS = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention"),
+}
+
+
+def profile_step(lrn, batch, top: int = 15) -> list[str]:
+    """One learner step under ``torch.profiler`` (CPU): self time by op group and the top ops (markdown lines)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        lrn.step(batch)
+    wall = time.perf_counter() - t0
+    ev = prof.key_averages()
+    self_s = {e.key: e.self_cpu_time_total / 1e6 for e in ev}
+    opt = sum(e.cpu_time_total for e in ev if e.key.startswith("Optimizer.step#")) / 1e6
+    group = {g: sum(t for k, t in self_s.items() if k.startswith(names)) for g, names in _GROUPS.items()}
+    total = sum(t for k, t in self_s.items() if k.startswith("aten::"))
+    lines = [
+        f"profiled step: {wall:.2f} s wall under the profiler; self CPU time of aten ops {total:.2f} s "
+        "(summed over threads' ops as the profiler records them)",
+        "",
+        "| group | self s | share of aten self time |",
+        "|---|---|---|",
+    ]
+    for g, t in group.items():
+        lines.append(f"| {g} | {t:.2f} | {t / total:.0%} |")
+    lines.append(f"| AdamW step (total, all its ops) | {opt:.2f} | {opt / total:.0%} |")
+    rest = total - sum(group.values())
+    lines += [f"| everything else | {rest:.2f} | {rest / total:.0%} |", "", "top ops by self CPU time:", ""]
+    lines += ["| op | calls | self s | share |", "|---|---|---|---|"]
+    for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:top]:
+        lines.append(
+            f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e6:.2f} | {e.self_cpu_time_total / 1e6 / total:.0%} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -69,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autocast", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--share-prompt", choices=["on", "off"], default="on")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: where the time goes")
     ap.add_argument("--results", action="store_true")
     args = ap.parse_args(argv)
     import torch
@@ -97,21 +186,31 @@ def main(argv: list[str] | None = None) -> int:
         passes.append("reference fwd")
     dtype = torch.bfloat16 if lrn.use_autocast else torch.float32
     rate = precision.matmul_gflops(dtype, seconds=1.0) * 1e9
+    micros = lrn._micro_batches(batch.samples)
+    micro_resp = max(sum(s.num_tokens for s in mb) for mb in micros)
+    srate = shape_gflops(_gemm_shapes(conf, batch.samples, micro_resp)) * 1e9 if dtype == torch.float32 else 0.0
     lrn.step(batch)  # warm-up
     t0 = time.perf_counter()
     lrn.step(_batch(len(lrn.tokenizer), args, seed=1))
     wall = time.perf_counter() - t0
     floor = flops / rate
+    sfloor = flops / srate if srate else float("nan")
+    prof = profile_step(lrn, _batch(len(lrn.tokenizer), args, seed=2)) if args.profile else []
     text = "\n".join(
         [
             f"learner_floor: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, responses <= "
             f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
-            f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'})",
+            f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'}), "
+            f"torch threads {torch.get_num_threads()}, attention {lrn.model.config._attn_implementation}, "
+            f"{len(micros)} micro-batches",
             "",
-            "| passes | TFLOP | matmul GFLOP/s | floor s | step s | step / floor |",
-            "|---|---|---|---|---|---|",
-            f"| {' + '.join(passes)} | {flops / 1e12:.3f} | {rate / 1e9:.0f} | {floor:.2f} | {wall:.2f} | {wall / floor:.2f} |",
+            "| passes | TFLOP | matmul GFLOP/s | floor s | step s | step / floor "
+            "| GFLOP/s on the step's GEMM shapes | floor s at that rate | step / that floor |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| {' + '.join(passes)} | {flops / 1e12:.3f} | {rate / 1e9:.0f} | {floor:.2f} | {wall:.2f} | "
+            f"{wall / floor:.2f} | {srate / 1e9:.0f} | {sfloor:.2f} | {wall / sfloor:.2f} |",
         ]
+        + ([""] + prof if prof else [])
     )
     print(text)
     if args.results:

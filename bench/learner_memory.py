@@ -16,11 +16,15 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
   their log-softmax and softmax (with ``learner.logits_chunk_tokens`` C: C tokens' worth, at most).
   It is an estimate, not a measurement: the ratio tells how far the learner is from what its state
   and one micro-batch need;
-* with ``--steps N``, the resident memory after each of N learner steps on the same-shaped batch
-  (fresh random tokens each step): whether it stays flat over a run.
+* with ``--steps N``, after each of N learner steps on the same-shaped batch (fresh random
+  tokens each step): the resident memory, glibc's bytes in live blocks and in freed blocks it
+  still holds (``rl.trainer.memory.stats``: ``mallinfo2``), and the bytes of the tensors the
+  learner keeps (parameters, gradients, AdamW state): whether resident memory stays flat over a
+  run, and when it does not, whether live tensors or the allocator's free pages grow.
 
 ``--configs`` picks the configurations (default: ``full,fsdp,lora``; ``full-chunked`` is one
-worker with ``--logits-chunk-tokens``), so that chunked and unchunked logits run side by side.
+worker with ``--logits-chunk-tokens``; ``full-notrim`` is one worker without the learner's
+``malloc_trim`` after each step, ``Learner.trim_after_step``), so that they run side by side.
 
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
 and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-job lock.
@@ -41,8 +45,21 @@ sys.path.insert(0, str(ROOT))
 
 
 def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    from rl.trainer.memory import rss_bytes
+
+    return rss_bytes()
+
+
+def _kept_bytes(lrn) -> int:
+    """Bytes of the tensors the learner keeps between steps: parameters, gradients, optimizer state."""
+    import torch
+
+    ps = list(lrn.model.parameters())
+    return (
+        sum(_nbytes(p) for p in ps)
+        + sum(_nbytes(p.grad) for p in ps if p.grad is not None)
+        + sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v))
+    )
 
 
 def _batch(tok_vocab: int, args: argparse.Namespace, seed: int = 0):
@@ -84,6 +101,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
     import torch
 
     from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, LoraConfig, ModelConfig, OptimConfig
+    from rl.trainer import memory
     from rl.trainer.distributed import shard_batch
     from rl.trainer.learner import Learner
 
@@ -106,13 +124,16 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         dist_port=port,
         learner=learner,
     )
-    rss_steps = []
+    lrn.trim_after_step = kind != "full-notrim"
+    rss_steps, heap_steps, kept_steps = [], [], []
     for step in range(args.steps):  # a fresh batch of the same shape each step, as in a run
         batch = _batch(len(lrn.tokenizer), args, seed=step)
         if world > 1:
             batch = shard_batch(batch, world)[rank]
         m = lrn.step(batch)
         rss_steps.append(_rss())
+        heap_steps.append(memory.stats())
+        kept_steps.append(_kept_bytes(lrn))
     params = [p for p in lrn.model.parameters()]
     out = {
         "kind": kind,
@@ -130,6 +151,8 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "resp_tokens": sum(s.num_tokens for s in batch.samples),
         "chunk": chunk,
         "rss_steps": rss_steps,
+        "heap_steps": heap_steps,
+        "kept_steps": kept_steps,
     }
     q.put(out)
     lrn.shutdown()
@@ -162,6 +185,33 @@ def _floor(r: dict) -> int:
     return r["params"] + r["grads"] + r["optim"] + r["reference"] + act + logits
 
 
+def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
+    """Per step: resident memory, glibc's live and free-held bytes, the learner's kept tensors; and the
+    largest change of resident memory after step 1 (once AdamW's state exists) relative to step 1's."""
+    mb = 2**20
+
+    def col(vals) -> str:
+        return ", ".join("-" if v is None else f"{v / mb:.0f}" for v in vals)
+
+    lines = [
+        "",
+        "after each learner step (MB): RSS; glibc in live blocks; glibc freed but held; "
+        "parameters + gradients + AdamW state",
+        "",
+        "| config | rank | RSS | glibc live | glibc free held | kept tensors | largest RSS change after step 1 (of step 1) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, rs in rows.items():
+        for r in rs:
+            rss, heap = r["rss_steps"], r["heap_steps"]
+            drift = max((abs(b - rss[0]) for b in rss[1:]), default=0) / rss[0]
+            lines.append(
+                f"| {name} | {r['rank']} | {col(rss)} | {col(h and h['in_use'] for h in heap)} | "
+                f"{col(h and h['free_held'] for h in heap)} | {col(r['kept_steps'])} | {100 * drift:.1f}% |"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -185,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = {
         "full": ("1 worker", "full", 1),
         "full-chunked": (f"1 worker, logits in chunks of {args.logits_chunk_tokens}", "full-chunked", 1),
+        "full-notrim": ("1 worker, no malloc_trim after a step", "full-notrim", 1),
         "fsdp": ("2 FSDP workers", "full", 2),
         "lora": (f"LoRA r={args.lora_rank}", "lora", 1),
     }
@@ -220,10 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     n = full["params"] // 4
     lines += ["", f"bytes per parameter (1 worker, fp32 AdamW): {state_full / n:.1f}"]
     if args.steps > 1:
-        lines += ["", "resident memory after each learner step (MB):", ""]
-        for name, rs in rows.items():
-            for r in rs:
-                lines.append(f"- {name}, rank {r['rank']}: " + ", ".join(f"{b / mb:.0f}" for b in r["rss_steps"]))
+        lines += _steps_table(rows)
     text = "\n".join(lines)
     print(text)
     if args.results:

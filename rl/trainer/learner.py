@@ -48,7 +48,9 @@ updated once per step from the batch's ``kl/mean``.
 LoRA (``learner.lora.rank > 0``, ``rl.trainer.lora``): only the adapters train; the
 reference is the policy with its adapters disabled. ``learner.activation_checkpointing``
 recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
-autocast by timing both at start (``rl.trainer.precision``).
+autocast by timing both at start (``rl.trainer.precision``). After each step the learner hands the
+step's freed memory back to the OS (glibc ``malloc_trim``, ``rl.trainer.memory``), so its resident
+memory between steps stays flat over a run.
 
 ``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
 memory for the engines, gathering sharded tensors one at a time (``lm_head.weight`` always
@@ -79,7 +81,7 @@ import torch
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import fsdp, lora, precision
+from rl.trainer import fsdp, lora, memory, precision
 from rl.trainer.logits import Entropy, head_logprobs
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (
@@ -231,6 +233,9 @@ class Learner:
         self.shm_dir = self._weights_dir(shm_dir)
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
+        # Hand the step's freed activations back to the OS after each step (rl.trainer.memory): without it
+        # glibc keeps them and the resident memory grows over a run. False only to measure that growth.
+        self.trim_after_step = True
 
     def _pick_precision(self) -> tuple[bool, str]:
         """(autocast on?, note): ``model.autocast``, or with ``learner.precision: auto`` what was faster
@@ -576,6 +581,8 @@ class Learner:
         m = self._metrics(tot, st, updates, n_computed, coef)
         if self.has_ref and n_computed:
             self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
+        if self.trim_after_step:
+            memory.trim()
         m["timing/learner_compute_s"] = time.perf_counter() - t0
         return m
 

@@ -2,7 +2,8 @@
 
 ``head_logprobs(head, hidden, targets, chunk_tokens, entropy)`` returns the log-probability of
 each target token (float32, ``rl.algos.losses.token_logprobs``) and, when asked, the entropy
-of each position's distribution (``entropy_from_logits``). Unchunked (``chunk_tokens == 0``) the
+of each position's distribution (``entropy_from_logits`` when it is differentiated; as a measured
+value, one logsumexp shared with the log-probs and fewer passes over the logits). Unchunked (``chunk_tokens == 0``) the
 [N, V] logits of all N tokens exist at once, and autograd keeps them (and their float32 copy)
 until the backward. With ``chunk_tokens = C > 0`` the tokens go through ``lm_head`` C at a time,
 each chunk under ``torch.utils.checkpoint`` (non-reentrant): the forward frees a chunk's logits as
@@ -37,13 +38,32 @@ def _chunk(
     head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, t: torch.Tensor, entropy: Entropy
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = head(h)
-    lp = token_logprobs(logits, t)
     if entropy == "none":
-        return lp, None
+        return token_logprobs(logits, t), None
     if entropy == "grad":
-        return lp, entropy_from_logits(logits)
+        return token_logprobs(logits, t), entropy_from_logits(logits)
+    return _logprobs_and_entropy_value(logits, t)
+
+
+def _logprobs_and_entropy_value(logits: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs`` (differentiable) and the entropy as a measured value, sharing one logsumexp.
+
+    ``H = lse - sum_v p_v x_v`` with ``p = exp(x - lse)``: fewer passes over the [N, V] logits than
+    ``entropy_from_logits`` (no log-softmax tensor, no clamp, a dot product instead of a product and a
+    sum), the vocabulary-sized work a step without an entropy bonus does only to report ``entropy/mean``
+    (bench/RESULTS.md, learner_floor). The log-probs are ``token_logprobs``' formula. Assumes finite
+    logits (``lm_head``'s are): a ``-inf`` logit would make the dot product NaN.
+    """
+    if t.shape != logits.shape[:-1]:
+        raise ValueError(f"targets has shape {tuple(t.shape)}, expected {tuple(logits.shape[:-1])}")
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    lp = x.gather(-1, t.long().unsqueeze(-1)).squeeze(-1) - lse
     with torch.no_grad():
-        return lp, entropy_from_logits(logits.detach())
+        xd, lsed = x.detach(), lse.detach()
+        p = (xd - lsed.unsqueeze(-1)).exp_()
+        ent = lsed - torch.linalg.vecdot(p, xd)
+    return lp, ent
 
 
 def head_logprobs(
