@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +58,26 @@ def recipe_copier(tmp_path: Path):
         return path
 
     return make
+
+
+def train_until_step_1(recipe: Path, out: Path, env: dict | None = None) -> subprocess.Popen:
+    """``jointrl train recipe`` in its own session (environment ``env``, default this one with W&B
+    disabled), returned once step 1 is logged."""
+    exe = Path(sys.executable).with_name("jointrl")
+    proc = subprocess.Popen(
+        [str(exe), "train", str(recipe)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env if env is not None else {**os.environ, "WANDB_MODE": "disabled"},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no step 1 logged: {proc.stderr.read().decode()[-3000:]}")
+        time.sleep(0.2)
+    return proc
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 """Injected faults: a rollout worker killed by pid mid-call, a run whose updates keep
-coming out non-finite, and a driver killed with SIGKILL then resumed (issue #9).
+coming out non-finite, and a driver stopped with SIGTERM (issue #9).
 
-The reward-worker faults (crash, hang, raise, NaN) are in tests/test_reward_service.py.
+The reward-worker faults (crash, hang, raise, NaN) are in tests/test_reward_service.py; a
+rollout worker SIGKILLed in the middle of a whole `jointrl train` run is
+tests/test_integration.py::test_training_run_survives_a_killed_rollout_worker (it shares that
+file's CLI run); the SIGKILLed driver is in tests/test_resume.py.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import train_until_step_1
 
 from rl.driver.loop import BadStepGuard, RunAborted
 
@@ -376,25 +380,6 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
 # ---------------------------------------------------------------- SIGTERM
 
 
-def _train_until_step_1(recipe: Path, out: Path) -> subprocess.Popen:
-    """``jointrl train recipe`` in its own session, returned once step 1 is logged."""
-    exe = Path(sys.executable).with_name("jointrl")
-    proc = subprocess.Popen(
-        [str(exe), "train", str(recipe)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "WANDB_MODE": "disabled"},
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 300
-    while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"no step 1 logged: {proc.stderr.read().decode()[-3000:]}")
-        time.sleep(0.2)
-    return proc
-
-
 def _shm_bytes() -> int:
     return sum(f.stat().st_size for f in Path("/dev/shm").iterdir() if f.is_file())
 
@@ -408,7 +393,7 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
     recipe = recipe_copy("tiny.yaml", edit=edit)
     out = tmp_path / "out"
     shm0 = _shm_bytes()
-    proc = _train_until_step_1(recipe, out)
+    proc = train_until_step_1(recipe, out)
     try:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=120)
@@ -423,40 +408,3 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
     assert not (out / ".live.json").exists() and not (out / "DONE").exists()
     time.sleep(2)
     assert _shm_bytes() - shm0 < 50 * 2**20, "engines and the weights folder were freed"
-
-
-@pytest.mark.slow
-def test_training_run_survives_a_killed_rollout_worker(tmp_path: Path, recipe_copy) -> None:
-    """The whole loop: a rollout worker SIGKILLed by pid mid-run; the run completes every step
-    and counts the restart."""
-
-    def edit(d: dict) -> None:
-        d["train"].update(steps=6)
-        d["wandb"]["mode"] = "disabled"
-
-    recipe = recipe_copy("tiny.yaml", edit=edit)
-    out = tmp_path / "out"
-    proc = _train_until_step_1(recipe, out)
-    try:
-        # The run's own rollout worker: a descendant of the driver (raylet -> worker process).
-        from rollout.pool import _descendants
-
-        victims = []
-        for pid in _descendants(proc.pid):
-            try:
-                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RolloutWorker"):
-                    victims.append(pid)
-            except OSError:
-                pass
-        assert len(victims) == 1, victims
-        os.kill(victims[0], signal.SIGKILL)
-        rc = proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = proc.stderr.read().decode()
-    assert rc == 0, err[-3000:]
-    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in recs] == list(range(7)) and (out / "DONE").is_file()
-    assert sum(r.get("faults/rollout_restarts", 0.0) for r in recs) == 1.0
-    assert "rollout worker 0 died" in err

