@@ -193,7 +193,7 @@ def test_vllm_serves_the_learners_adapter(learner, tiny_tokenizer, tiny_model_pa
             seen.append(got)
         assert max(abs(a - b) for a, b in zip(seen[0], base)) > 1e-3
         assert max(abs(a - b) for a, b in zip(seen[1], seen[0])) > 1e-4, "the second adapter was not served"
-        assert engine._lora.lora_int_id == 2 and engine.llm.llm_engine.list_loras() == {2}
+        assert engine._lora.lora_int_id == 2 and set(engine.llm.llm_engine.list_loras()) == {2}
         (g,) = engine.generate([prompt], Sampling(8, 0.0, 1.0, 1, 512))
         assert len(g.token_ids) >= 1 and len(g.logprobs) == len(g.token_ids)
     finally:
