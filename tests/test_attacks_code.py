@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from trajs import answered
 from envs.code import MARKER, CodeEnv, run_tests
 from envs.sandbox import SandboxUnavailable, check_sandbox
 from envs.types import CodeSpec, Message, Task, Trajectory
@@ -54,20 +55,7 @@ def task_of(spec: CodeSpec) -> Task:
 
 
 def traj(task: Task, answer: str, env_reward: float | None) -> Trajectory:
-    return Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=[*task.messages, Message("assistant", answer)],
-        terminated=True,
-        truncated=False,
-        finish_reason="stop",
-        num_turns=1,
-        env_reward=env_reward,
-    )
+    return answered(task, answer, num_turns=1, env_reward=env_reward)
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from trajs import answered
 from envs.io import load_tasks, save_tasks
 from envs.toolcall import format_call
-from envs.types import Message, ToolCall, Trajectory
+from envs.types import ToolCall
 from rl.cli.main import main
 from rl.config.recipe import DatasetConfig
 from rl.data.hub_data import dataset_file_name
@@ -34,19 +35,8 @@ def _right(task) -> str:
     return format_call(ToolCall(e.name, {k: v[0] for k, v in e.allowed.items() if v[0] != ""}))
 
 
-def _traj(task, text: str) -> Trajectory:
-    return Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=[*task.messages, Message("assistant", text)],
-        terminated=True,
-        truncated=False,
-        finish_reason="stop",
-    )
+def _traj(task, text: str):
+    return answered(task, text)
 
 
 @pytest.fixture

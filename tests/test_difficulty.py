@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from trajs import answered
 from envs.io import load_tasks, save_tasks
 from envs.toolcall import format_call
-from envs.types import Message, ToolCall, Trajectory
+from envs.types import ToolCall
 from rl.cli.difficulty import apply_difficulty, difficulty_summary
 from rl.cli.main import main
 from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, difficulty_priors
@@ -19,20 +20,8 @@ from rl.data.tasks.ladder import strip_measured
 DATA = Path(__file__).resolve().parents[1] / "recipes" / "data"
 
 
-def _traj(task, text: str, reward: float | None = None) -> Trajectory:
-    return Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=[*task.messages, Message("assistant", text)],
-        terminated=True,
-        truncated=False,
-        finish_reason="stop",
-        reward=reward,
-    )
+def _traj(task, text: str, reward: float | None = None):
+    return answered(task, text, reward=reward)
 
 
 def _right(task) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trajs import finished
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.events import EVENTS, classify, shell_status_events
 from envs.types import Message, Task, Trajectory
@@ -14,20 +15,7 @@ from rollout.episode import _Episode, _note_sandbox_events
 
 def traj(domain: str, events: list[str] | None) -> Trajectory:
     task = Task(id="t", domain=domain, messages=(Message("user", "x"),))
-    return Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=list(task.messages),
-        terminated=True,
-        truncated=False,
-        finish_reason="stop",
-        reward=0.0,
-        sandbox_events=events,
-    )
+    return finished(task, task.messages, reward=0.0, sandbox_events=events)
 
 
 def test_classify_reads_signals_stderr_and_storage():
