@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import pytest
 
+from trajs import finished
 from envs.sandbox import SandboxUnavailable, check_sandbox
 from envs.terminal import TerminalEnv
-from envs.types import Message, Task, TerminalSpec, Trajectory
+from envs.types import Message, Task, TerminalSpec
 from rewards.terminal import TerminalCheckReward
 
 try:
@@ -151,20 +152,7 @@ def play():
         for cmd in commands:
             env.step(f"```bash\n{cmd}\n```")
         info = env.step("DONE")[3]
-        traj = Trajectory(
-            task=task,
-            group_id=0,
-            prompt_ids=[1],
-            response_ids=[2],
-            loss_mask=[1],
-            logprobs=[0.0],
-            messages=list(task.messages),
-            terminated=True,
-            truncated=False,
-            finish_reason="stop",
-            num_turns=len(commands) + 1,
-            env_reward=info["reward"],
-        )
+        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
         return reward(traj), info
 
     yield run

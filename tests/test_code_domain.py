@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import envs.sandbox.core as sbmod  # Sandbox looks up _tools here
+from trajs import finished
 from envs.base import Env, check_env
 from envs.code import (
     MARKER,
@@ -71,20 +72,7 @@ def traj_for(task: Task, *answers: str, env_reward: float | None = None) -> Traj
         if i:
             msgs.append(Message("user", "fix it"))
         msgs.append(Message("assistant", a))
-    return Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=msgs,
-        terminated=True,
-        truncated=False,
-        finish_reason="stop",
-        num_turns=len(answers),
-        env_reward=env_reward,
-    )
+    return finished(task, msgs, num_turns=len(answers), env_reward=env_reward)
 
 
 def fenced(code: str, lang: str = "python") -> str:

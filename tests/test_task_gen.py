@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from trajs import finished
 from envs.io import load_tasks
 from envs.sandbox import check_sandbox
 from envs.toolcall import ToolCallEnv, format_call
-from envs.types import Message, ToolCall, Trajectory
+from envs.types import Message, ToolCall
 from rewards.toolcall import ToolCallReward
 from rl.data.tasks import code_gen, terminal_gen, toolcall_gen
 from rl.data.tasks.ladder import Template, draw, strip_measured, write_ladder
@@ -211,19 +212,7 @@ def _toolcall_traj(task, text):
     _, term, _, info = env.step(text)
     env.close()
     assert term
-    return Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=[*messages, Message("assistant", text)],
-        terminated=True,
-        truncated=False,
-        finish_reason="stop",
-        env_reward=info.get("reward"),
-    )
+    return finished(task, [*messages, Message("assistant", text)], env_reward=info.get("reward"))
 
 
 def _toolcall_check(tasks):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from trajs import finished
 from envs.base import check_env
 from envs.io import TaskFormatError, load_tasks, save_tasks, task_from_dict, task_to_dict
 from envs.toolcall import (
@@ -79,19 +81,7 @@ def traj(task: Task, turns: list[str], between: list[list[Message]] | None = Non
         msgs.append(Message("assistant", t))
         if between and i < len(between):
             msgs += between[i]
-    return Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=msgs,
-        terminated=True,
-        truncated=False,
-        finish_reason="stop",
-        num_turns=len(turns),
-    )
+    return finished(task, msgs, num_turns=len(turns))
 
 
 def run_episode(task: Task, turns: list[str], max_turns: int | None = None):
@@ -106,18 +96,8 @@ def run_episode(task: Task, turns: list[str], max_turns: int | None = None):
         if terminated or truncated:
             break
     env.close()
-    tr = Trajectory(
-        task=task,
-        group_id=0,
-        prompt_ids=[1],
-        response_ids=[2],
-        loss_mask=[1],
-        logprobs=[0.0],
-        messages=msgs,
-        terminated=steps[-1][1],
-        truncated=steps[-1][2],
-        finish_reason="stop",
-        num_turns=len(steps),
+    tr = dataclasses.replace(
+        finished(task, msgs, num_turns=len(steps)), terminated=steps[-1][1], truncated=steps[-1][2]
     )
     return tr, steps
 
