@@ -30,7 +30,7 @@ from rl.driver.logger import ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard
 from rl.driver.runtime import Runtime
 from rl.driver.stream import EpisodeStream
-from rl.data.hub_data import load_dataset_tasks
+from rl.data.hub_data import recipe_datasets
 from rl.trainer.hub import resolve_model
 from rl.trainer.lora import check_targets
 
@@ -341,13 +341,10 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
                 sources += sources_by_domain(tasks, path.name, weights[i])
             else:
                 held += tasks
-    base = Path(cfg.source).parent if cfg.source else None
-    for entries, is_train in ((cfg.data.train_datasets, True), (cfg.data.eval_datasets, False)):
-        for i, entry in enumerate(entries):  # through `datasets`, before any actor starts (rl/data/hub_data.py)
-            key = f"data.{'train' if is_train else 'eval'}_datasets.{i}"
-            tasks = load_dataset_tasks(entry, key, base)
+    for which in ("train", "eval"):  # through `datasets`, before any actor starts (rl/data/hub_data.py)
+        for key, entry, tasks in recipe_datasets(cfg, which):
             _check_domains(tasks, key, domains)
-            if is_train:
+            if which == "train":
                 sources += sources_by_domain(tasks, f"{entry.path}:{entry.split}", entry.weight)
             else:
                 held += tasks
