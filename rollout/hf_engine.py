@@ -30,6 +30,7 @@ class HFEngine:
         self.model_path, self.seed, self.max_model_len = model_path, seed, max_model_len
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
+        self._adapters = 0  # LoRA adapters loaded so far (load_adapter names each by its number)
         tok = AutoTokenizer.from_pretrained(model_path)
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -98,7 +99,7 @@ class HFEngine:
         counterpart): the first call wraps the model in a ``PeftModel``, later ones replace the adapter."""
         from peft import PeftModel
 
-        self._adapters = getattr(self, "_adapters", 0) + 1
+        self._adapters += 1
         name = f"policy-{self._adapters}"
         if isinstance(self.model, PeftModel):
             old = self.model.active_adapter

@@ -78,6 +78,7 @@ class RolloutWorker:
         # The engine core's shared-memory segments (~420 MB on CPU) and that file: if this process
         # is killed nobody unlinks them, so the pool does it on this node after the death.
         self._shm = (shm_segments(os.getpid()) if engine is None else []) + [self._blob]
+        self._adapter_seq = 0  # adapter folders received from another node (load_adapter_blob)
 
     def _make_env(self, domain: str) -> Any:
         if domain not in self.envs:
@@ -109,7 +110,7 @@ class RolloutWorker:
     def load_adapter_blob(self, files: dict[str, bytes]) -> None:
         """An adapter folder as ``{file name: bytes}`` (from a learner on another node): written to a new
         folder on this node (the previous one removed), then loaded like a local folder."""
-        self._adapter_seq = getattr(self, "_adapter_seq", 0) + 1
+        self._adapter_seq += 1
         folder = f"{self._blob}.adapter-{self._adapter_seq}"
         os.makedirs(folder, exist_ok=True)
         for name, data in files.items():

@@ -198,3 +198,18 @@ def test_vllm_serves_the_learners_adapter(learner, tiny_tokenizer, tiny_model_pa
         assert len(g.token_ids) >= 1 and len(g.logprobs) == len(g.token_ids)
     finally:
         engine.shutdown()
+
+
+def test_learner_sends_an_adapter_folder_as_its_files(learner, tiny_model_path):
+    """An engine on another node gets the adapter as ``Learner.read_weights`` returns it (the folder's
+    files by name) and loads exactly those files; a merged weights file still comes back as its bytes."""
+    path = learner.export_adapter()
+    files = learner.read_weights(path)
+    assert set(files) == {p.name for p in Path(path).iterdir()} and "adapter_config.json" in files
+    engine = _Engine()
+    w = RolloutWorker(tiny_model_path, [], engine=engine)
+    w.load_adapter_blob(files)
+    assert engine.loaded[0][1] == files
+    w.shutdown()
+    weights = learner.export_weights("float32")
+    assert learner.read_weights(weights) == Path(weights).read_bytes()

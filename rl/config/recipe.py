@@ -411,6 +411,11 @@ class LoraConfig(Section):
         "7.8x faster syncs but 0.34x generation, docs/cluster.md)",
     )
 
+    @property
+    def engine_rank(self) -> int:
+        """The adapter rank the engines serve: ``rank`` with adapter transfer, else 0 (they get merged weights)."""
+        return self.rank if self.rank > 0 and self.transfer == "adapter" else 0
+
     def check(self) -> None:
         if self.rank > 0 and not self.target_modules:
             raise FieldError("target_modules", "LoRA (rank > 0) needs at least one target module")

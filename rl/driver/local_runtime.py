@@ -21,7 +21,6 @@ from typing import Any
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
 from rl.config.recipe import Recipe
-from rl.driver.ray_runtime import adapter_transfer
 from rl.driver.runtime import LengthEstimate
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
@@ -63,7 +62,7 @@ class LocalRuntime:
                 kv_cache_gib=r.kv_cache_gib,
                 gpu_memory_utilization=r.gpu_memory_utilization,
                 engine_kwargs=dict(r.engine_kwargs),
-                lora_rank=cfg.learner.lora.rank if adapter_transfer(cfg) else 0,
+                lora_rank=cfg.learner.lora.engine_rank,
             )
         engine = make_engine(self.engine_kind, self.model_path, **kwargs)
         self.worker = RolloutWorker(self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine)
@@ -101,7 +100,7 @@ class LocalRuntime:
 
     def sync_weights(self) -> None:
         """Merged weights into the engine, or only the LoRA adapter (``learner.lora.transfer: adapter``)."""
-        if adapter_transfer(self.cfg):
+        if self.cfg.learner.lora.engine_rank > 0:
             self._worker().load_adapter(self._learner().export_adapter())
         else:
             self._worker().load_weights(self._learner().export_weights(self.cfg.model.engine_dtype))

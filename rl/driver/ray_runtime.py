@@ -195,24 +195,14 @@ class RayRuntime:
         ``learner.lora.transfer: adapter``, the LoRA adapter alone (a ``peft`` folder)."""
         import ray
 
-        if adapter_transfer(self.cfg):
+        adapter = self.cfg.learner.lora.engine_rank > 0
+        if adapter:
             path = ray.get([a.export_adapter.remote() for a in self.learners.actors])[0]  # every rank: A, B gathered
-            self.pool.sync_weights(path, self.learner_node, lambda: self._read_folder(path), adapter=True)
-            return
-        path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered
-        # Engines on the learner's node read the file in shared memory; others get its bytes
+        else:
+            path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered
+        # Engines on the learner's node read the file (folder) in shared memory; others get its bytes
         # through Ray's object store (one copy per node), written to their own shared memory.
-        self.pool.sync_weights(path, self.learner_node, lambda: self.learner.read_weights.remote(path))
-
-    def _read_folder(self, path: str) -> Any:
-        """An ObjectRef of ``{file name: bytes}`` of the folder ``path`` on the learner's node."""
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        task = ray.remote(num_cpus=0)(read_folder).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.learner_node, soft=False)
-        )
-        return task.remote(path)
+        self.pool.sync_weights(path, self.learner_node, lambda: self.learner.read_weights.remote(path), adapter=adapter)
 
     def save(self, path: str) -> None:
         self.learners.save_checkpoint(path)
@@ -271,18 +261,8 @@ def make_rollout_pool(
         tensor_parallel_size=cfg.cluster.engine_tp,
         enable_sleep_mode=colocated,
         engine_kwargs=dict(r.engine_kwargs),
-        lora_rank=cfg.learner.lora.rank if adapter_transfer(cfg) else 0,
+        lora_rank=cfg.learner.lora.engine_rank,
     )
-
-
-def adapter_transfer(cfg: Recipe) -> bool:
-    """Whether weight syncs send only the LoRA adapter (``learner.lora.transfer: adapter``)."""
-    return cfg.learner.lora.rank > 0 and cfg.learner.lora.transfer == "adapter"
-
-
-def read_folder(path: str) -> dict[str, bytes]:
-    """The files directly in folder ``path``, by name (an adapter export, for engines on other nodes)."""
-    return {p.name: p.read_bytes() for p in sorted(Path(path).iterdir()) if p.is_file()}
 
 
 def _actor_env(verbose: bool) -> dict[str, str]:

@@ -231,6 +231,7 @@ class Learner:
             if self.critic is not None:
                 broadcast_params(self.critic.parameters())
         self.shm_dir = self._weights_dir(shm_dir)
+        self._adapter_exports = lora.AdapterExports(self.shm_dir)  # export_adapter's folders (no I/O until then)
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
         # Hand the step's freed activations back to the OS after each step (rl.trainer.memory): without it
@@ -1020,8 +1021,6 @@ class Learner:
         state = lora.adapter_state(self.peft)  # a collective when sharded
         if self.rank > 0:
             return ""
-        if getattr(self, "_adapter_exports", None) is None:
-            self._adapter_exports = lora.AdapterExports(self.shm_dir)
         return self._adapter_exports.write(self.peft, state)
 
     def _export_tensors(self) -> dict[str, Any]:
@@ -1052,9 +1051,13 @@ class Learner:
     def _critic_module(self) -> torch.nn.Module | None:
         return self.critic if self.critic is not None else self.value_head
 
-    def read_weights(self, path: str) -> bytes:
-        """The bytes of an exported weights file, for engines on other nodes (through Ray's object store)."""
-        return Path(path).read_bytes()
+    def read_weights(self, path: str) -> bytes | dict[str, bytes]:
+        """What an export wrote, for engines on other nodes (through Ray's object store): a weights file's
+        bytes, or an adapter folder's files as ``{file name: bytes}``."""
+        p = Path(path)
+        if p.is_dir():
+            return {f.name: f.read_bytes() for f in sorted(p.iterdir()) if f.is_file()}
+        return p.read_bytes()
 
     def _state_modules(self) -> torch.nn.Module:
         """The modules of the main optimizer under stable names (``policy``, ``value_head``), for
