@@ -98,14 +98,30 @@ def test_toolcall_ladder_knobs(generated):
         assert '"properties"' not in system and "<arguments" not in system
         if t.meta["rung"] == 0:
             assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
-        # Lower rungs pre-start more of the call (rung 0: up to the arguments; 3: only the tag).
-        level = {0: "arguments", 1: "name", 2: "name", 3: "tag"}[t.meta["rung"]]
-        if level == "arguments":
-            assert t.prefill.endswith('"arguments": {"') and t.tool_call.expected[0].name in t.prefill
-        elif level == "name":
+        # Lower rungs pre-start more of the call (rung 0: up to the first argument's value;
+        # 1: into the arguments; 2: up to the name; 3: only the tag).
+        name = t.tool_call.expected[0].name
+        head = f'<tool_call>{{"name": "{name}", "arguments": {{'
+        if t.meta["rung"] == 0:
+            first_key = next(iter(t.tool_call.expected[0].allowed))
+            assert t.prefill == f'{head}"{first_key}":'
+        elif t.meta["rung"] == 1:
+            assert t.prefill == head + '"'
+        elif t.meta["rung"] == 2:
             assert t.prefill == '<tool_call>{"name": "'
         else:
             assert t.prefill == "<tool_call>"
+
+
+def test_toolcall_ladder_prefill_levels_end_at_a_token_boundary_and_reject_bad_levels():
+    # The 'value' level ends after the key's colon (SmolLM2 writes `":` as one token and the
+    # value's opening ` "` as the next), the 'args' level after ` {"`.
+    assert toolcall_gen._ladder_prefill("value", "set_timer", "minutes").endswith('{"minutes":')
+    assert toolcall_gen._ladder_prefill("args", "set_timer").endswith(' {"')
+    with pytest.raises(ValueError, match="first argument"):
+        toolcall_gen._ladder_prefill("value", "set_timer")
+    with pytest.raises(ValueError, match="unknown prefill level"):
+        toolcall_gen._ladder_prefill("all", "set_timer")
 
 
 def test_code_and_terminal_prefill_by_rung(generated):
@@ -118,8 +134,33 @@ def test_code_and_terminal_prefill_by_rung(generated):
             assert t.code.solution.split("\n", 1)[0].removeprefix("def ").removesuffix(":") in t.messages[-1].content
         else:
             assert t.prefill == "```python\n"
+    # Terminal rungs 0-1 pre-start the fence and the reference command's first word with its
+    # flags (no trailing space: the tokenizer writes the space with the next word), rung 2 the
+    # fence, rung 3 nothing; the same rule on train and eval templates.
     for t in generated["terminal"][0] + generated["terminal"][1]:
-        assert t.prefill == ("```bash\n" if t.meta["rung"] <= 2 else "")
+        solution = t.terminal.solution
+        if t.meta["rung"] <= 1:
+            lead = t.prefill.removeprefix("```bash\n")
+            assert t.prefill.startswith("```bash\n") and lead and not lead.endswith(" ")
+            assert solution.startswith(lead + " ") and lead.split(" ")[0] == solution.split(" ")[0]
+            assert all(w.startswith("-") for w in lead.split(" ")[1:])
+        else:
+            assert t.prefill == ("```bash\n" if t.meta["rung"] == 2 else "")
+    leads = {t.prefill for t in generated["terminal"][0] if t.meta["rung"] <= 1}
+    assert {"```bash\ntouch", "```bash\necho", "```bash\nwc -l", "```bash\nhead -n"} <= leads
+
+
+def test_terminal_ladder_system_prompt_shows_one_worked_episode(generated):
+    prompt = terminal_gen.SYSTEM_PROMPT
+    # The example: a request, the fenced one-line command, the env's answer, then the done marker.
+    example = prompt[prompt.index("Example:") :]
+    assert "User: " in example and "```bash\npwd > where.txt\n```" in example
+    assert example.rstrip().endswith("User: exit code 0\nAssistant: DONE")
+    assert prompt.count("```bash") == 2  # the rule's mention and the example: one example only
+    train, held = generated["terminal"]
+    assert all(t.messages[0] == Message("system", prompt) for t in train + held)
+    # The example's chore is no task of either split (copying it never pays).
+    assert not any("where.txt" in t.messages[-1].content or "pwd" in t.terminal.solution for t in train + held)
 
 
 def test_quickstart_generator_unchanged_by_the_ladder(tmp_path):
@@ -155,6 +196,19 @@ def test_write_ladder_keeps_a_measurement_only_for_unchanged_tasks(tmp_path):
     assert all("base_pass_rate" not in t.meta for t in back[1:])
 
 
+def test_write_ladder_drops_a_measurement_when_only_the_prefill_changed(tmp_path):
+    # A new pre-start makes the task another task for the model: its old pass rate is stale.
+    train = terminal_gen.generate(4, 2)[0]
+    measured = [dataclasses.replace(t, meta={**t.meta, "base_pass_rate": 0.25, "base_pass": {"k": 8}}) for t in train]
+    write_ladder({"train": measured}, tmp_path, "lad")
+    new = [train[0], dataclasses.replace(train[1], prefill=train[1].prefill + " x")] + train[2:]
+    write_ladder({"train": new}, tmp_path, "lad")
+    back = load_tasks(tmp_path / "lad.train.jsonl")
+    assert back[0].meta["base_pass_rate"] == 0.25 and back[0].meta["base_pass"] == {"k": 8}
+    assert not any(k in back[1].meta for k in ("base_pass_rate", "base_pass"))
+    assert [strip_measured(t) for t in back] == new
+
+
 # ---------------------------------------------------------------- reference passes, no-op fails
 
 
@@ -185,7 +239,8 @@ def _code_check(tasks):
 def _terminal_check(tasks):
     from envs.terminal import TerminalEnv
 
-    env = TerminalEnv()
+    # A short command timeout: a bare `wc -l` (a prefill alone) waits on the terminal until it.
+    env = TerminalEnv(command_timeout_s=2.0)
     bad = []
     try:
         for t in tasks:
@@ -201,6 +256,13 @@ def _terminal_check(tasks):
             info = env.step("DONE")[3]
             if info["reward"] != 0.0:
                 bad.append(f"{t.id}: doing nothing scores {info['reward']}: {info['check_output'][:300]}")
+            # The pre-start alone (the model stops right after it) runs its bare command word.
+            env.reset(t)
+            _, term, trunc, info = env.step(t.prefill)
+            if not (term or trunc):
+                info = env.step("DONE")[3]
+            if info["reward"] != 0.0:
+                bad.append(f"{t.id}: the prefill alone scores {info['reward']}: {info['check_output'][:300]}")
     finally:
         env.close()
     assert not bad, "\n".join(bad)

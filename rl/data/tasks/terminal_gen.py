@@ -9,8 +9,13 @@ Rungs: 0 = one file-system action named in the prompt (create a file, write a gi
 1 = one command over a given file (count its lines, copy it, take its first line);
 2 = a filter into a new file (the lines holding a word, sorted lines, the first k lines);
 3 = several parts (make a directory, move files into it, write how many), scored with
-partial credit. The first turn of rungs 0-2 is pre-started with the opening
-```` ```bash ```` fence (``Task.prefill``); the command is the model's.
+partial credit. The first turn is pre-started by rung (``Task.prefill``, the same rule for
+train and eval templates): rungs 0-1 with the opening ```` ```bash ```` fence AND the
+reference command's first word and its leading flags (``touch``, ``wc -l``, ``head -n``), rung
+2 with the fence only, rung 3 not at all. Every pre-start is a prefix of the reference
+solution's first turn and alone scores 0.0. The system prompt is the ladder's own
+(:data:`SYSTEM_PROMPT`): the reply format shown by one worked example of a chore that is no
+template of either split.
 
 Checks use the existing schema (:class:`envs.types.TerminalSpec`): a check is a list of
 sub-checks of equal weight; it exits 0 when all pass, else prints ``FAIL: <why>`` per
@@ -31,13 +36,35 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from envs.terminal import SYSTEM_PROMPT
+from envs.terminal import DONE_MARKER
 from envs.types import Message, Task, TerminalSpec
 from rl.data.tasks.ladder import Template, generate_split, ladder_main, write_ladder
 
-__all__ = ["SOURCE", "TEMPLATES", "generate", "write", "main", "partial_check"]
+__all__ = ["SOURCE", "SYSTEM_PROMPT", "TEMPLATES", "generate", "write", "main", "partial_check", "prefill_for"]
 
 SOURCE = "terminal_ladder"
+FENCE = "```bash\n"
+# The ladder's system prompt. envs.terminal.SYSTEM_PROMPT states the protocol as rules; sampled on
+# it, SmolLM2-135M wrote comments, prose and empty fences after the pre-started fence and never a
+# command (11 train tasks x 8 samples, 2026-12-01). A 135M model imitates an example far better
+# than it follows rules, so here the format is shown by ONE worked episode: a fixed chore that is
+# no template of either split (copying it never pays), its one-line command in a fence, the
+# observation the env answers (envs.terminal: "exit code N" then the output) and the done marker.
+SYSTEM_PROMPT = "\n".join(
+    [
+        "You are in a Linux terminal (bash), in your work directory. Reply with ONE shell command in a "
+        f"```bash block; you then see its exit code and output. When the task is done, reply {DONE_MARKER}.",
+        "",
+        "Example:",
+        "User: Write the path of the current directory into a new file named `where.txt`.",
+        "Assistant:",
+        "```bash",
+        "pwd > where.txt",
+        "```",
+        "User: exit code 0",
+        f"Assistant: {DONE_MARKER}",
+    ]
+)
 sq = shlex.quote
 WORDS = [
     "apple",
@@ -465,22 +492,44 @@ _SPEC: list[tuple[str, int, str, _T]] = [
     ("archive_dir", 3, "eval", _archive_dir),
     ("two_counts", 3, "eval", _two_counts),
 ]
-PREFILL = "```bash\n"
+
+
+def _lead(solution: str) -> str:
+    """The solution's command word and the flags right after it (``wc -l``, ``head -n``, ``touch``).
+
+    No trailing space: SmolLM2's tokenizer writes the space with the next word (``touch``,
+    `` notes``), so the model continues at a split it has seen.
+    """
+    words = solution.split(" ")
+    n = 1
+    while n < len(words) and words[n].startswith("-"):
+        n += 1
+    return " ".join(words[:n])
+
+
+def prefill_for(rung: int, solution: str) -> str:
+    """The first turn's pre-start on ``rung`` for a task whose reference command is ``solution``:
+    rungs 0-1 the fence and :func:`_lead`, rung 2 the fence, rung 3 nothing. Always a prefix of
+    the reference's first turn (``FENCE + solution``)."""
+    if rung <= 1:
+        return FENCE + _lead(solution)
+    return FENCE if rung == 2 else ""
 
 
 def _prefilled(make: _T, rung: int) -> _T:
-    """``make`` with the first turn pre-started by the opening fence on rungs 0-2 (the model
-    writes the command and the closing fence); rung 3's first turn is all the model's."""
+    """``make`` with the first turn pre-started as :func:`prefill_for` says."""
 
     def wrapped(rng: random.Random) -> Task:
         task = make(rng)
-        return dataclasses.replace(task, prefill=PREFILL) if rung <= 2 else task
+        assert task.terminal is not None
+        return dataclasses.replace(task, prefill=prefill_for(rung, task.terminal.solution))
 
     return wrapped
 
 
 # The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
-# <tool_call> pre-started), applied here: on the low rungs the reply format is given, the command is not.
+# <tool_call> pre-started), applied here: on the low rungs the reply format and the command word
+# are given, the command's arguments are not.
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 

@@ -586,25 +586,31 @@ def _pick_eval(rng: random.Random, options: list[str]) -> str:
     return rng.choice(options[len(options) - _held_out_count(len(options)) :])
 
 
-def _ladder_prefill(level: str, target: str) -> str:
+def _ladder_prefill(level: str, target: str, first_key: str = "") -> str:
     """The assistant turn's pre-start at a prefill ``level``, for a call of ``target``.
 
-    ``"args"``: into the arguments object, up to the first key's opening quote (only the
-    arguments are left to write; every rung-0 call has at least one);
-    ``"name"``: up to the open name string (the function name and arguments are left);
-    ``"tag"``: ``<tool_call>`` (the whole JSON is left). Each is a prefix of
-    ``format_call`` of the right call, so the pre-started part can never be wrong, and alone
-    it does not parse (a no-op scores 0).
+    ``"value"``: up to the first argument's value, after its key's colon (``..."arguments":
+    {"city":``; only the values are left to write); ``"args"``: into the arguments object, up
+    to the first key's opening quote (the arguments are left); ``"name"``: up to the open name
+    string (the function name and arguments are left); ``"tag"``: ``<tool_call>`` (the whole
+    JSON is left). Each is a prefix of ``format_call`` of the right call, so the pre-started
+    part can never be wrong, and alone it does not parse (a no-op scores 0). Each ends where
+    SmolLM2's tokenizer splits the right call's text, so the model continues at a token
+    boundary it has seen: it writes ` {"` and ` "` as one token each, and ``":`` ends a key
+    (``{"city": "Paris"}`` is ``{"``, ``city``, ``":``, `` "``, ``Paris``...).
     """
+    head = f'{PREFILL}{{"name": {json.dumps(target)}, "arguments": {{'
+    if level == "value":
+        if not first_key:
+            raise ValueError(f"prefill level 'value' needs the first argument's key (call of {target!r})")
+        return f"{head}{json.dumps(first_key)}:"
     if level == "args":
-        # Ends inside the arguments' first key: the tokenizer writes ` {"` as one token, so a
-        # prefill ending at ` {` would leave the model a token split it never saw.
-        return f'{PREFILL}{{"name": {json.dumps(target)}, "arguments": {{"'
+        return f'{head}"'
     if level == "name":
         return f'{PREFILL}{{"name": "'
     if level == "tag":
         return PREFILL
-    raise ValueError(f"unknown prefill level {level!r} (args, name, tag)")
+    raise ValueError(f"unknown prefill level {level!r} (value, args, name, tag)")
 
 
 def _signature(schema: dict[str, Any]) -> str:
@@ -657,7 +663,7 @@ def _ladder_task(
     rng.shuffle(tools)
     example_fn = rng.choice([n for n in examples if n not in tools])
     example_text, example_args, _ = FUNCTIONS[example_fn].sample(rng, pick)
-    request, _, allowed = FUNCTIONS[target].sample(rng, pick)
+    request, args, allowed = FUNCTIONS[target].sample(rng, pick)
     system = _ladder_system_prompt(
         [FUNCTIONS[n].schema for n in tools], (example_text, ToolCall(name=example_fn, arguments=example_args))
     )
@@ -665,7 +671,7 @@ def _ladder_task(
         id="",
         domain="tool_call",
         messages=(Message("system", system), Message("user", request)),
-        prefill=_ladder_prefill(prefill, target),
+        prefill=_ladder_prefill(prefill, target, next(iter(args), "")),
         tool_call=ToolCallSpec(
             tools=tuple(FUNCTIONS[n].schema for n in tools), expected=(ExpectedCall(name=target, allowed=allowed),)
         ),
@@ -675,13 +681,14 @@ def _ladder_task(
 
 # (template, rung, target functions, functions listed, prefill level, example functions).
 # SmolLM2-135M at temperature 1.0 wrote a fully right call on none of 8 samples of any rung when
-# every rung was pre-started with only <tool_call> (jointrl difficulty, 16 tasks, 2026-12-01), so
-# the low rungs pre-start more of the call: rung 0 leaves only the argument values, rungs 1-2
-# the name and the arguments, rung 3 the whole JSON. Rung 0's worked example is a one-argument
-# call too, the shape its answer has.
+# every rung was pre-started with only <tool_call> (jointrl difficulty, 16 tasks, 2026-12-01); with
+# rung 0 pre-started up to the arguments and rungs 1-2 up to the name, 2 of 16 tasks had
+# 0 < pass@8 < 1 (rungs 2-3 none), so every rung pre-starts one notch more: rung 0 leaves only
+# the argument value, rung 1 the arguments, rung 2 the name and the arguments, rung 3 the whole
+# JSON. Rung 0's worked example is a one-argument call too, the shape its answer has.
 LADDER_RUNGS = (
-    ("single_arg", 0, SINGLE_ARG, 1, "args", SINGLE_ARG),
-    ("one_tool", 1, tuple(FUNCTIONS), 1, "name", tuple(FUNCTIONS)),
+    ("single_arg", 0, SINGLE_ARG, 1, "value", SINGLE_ARG),
+    ("one_tool", 1, tuple(FUNCTIONS), 1, "args", tuple(FUNCTIONS)),
     ("two_tools", 2, tuple(FUNCTIONS), 2, "name", tuple(FUNCTIONS)),
     ("three_tools", 3, tuple(FUNCTIONS), 3, "tag", tuple(FUNCTIONS)),
 )
@@ -689,8 +696,8 @@ LADDER_RUNGS = (
 
 def ladder_templates() -> tuple[Template, ...]:
     """The ladder's templates (:data:`LADDER_RUNGS`): rung 0 = one listed function with one
-    argument, pre-started up to its arguments; 1 = one listed function, any, pre-started up to
-    its name; 2 = two listed (one distractor), up to the name; 3 = three listed, only
+    argument, pre-started up to its value; 1 = one listed function, any, pre-started up to its
+    arguments; 2 = two listed (one distractor), up to the name; 3 = three listed, only
     ``<tool_call>``. Train and eval templates of a rung differ in the request phrasings they
     draw from."""
     out = []
