@@ -521,7 +521,8 @@ def _prefilled(make: _T, rung: int) -> _T:
 
     def wrapped(rng: random.Random) -> Task:
         task = make(rng)
-        assert task.terminal is not None
+        if task.terminal is None or not task.terminal.solution.strip():
+            raise ValueError(f"terminal template {make.__name__}: its task has no reference solution to pre-start")
         return dataclasses.replace(task, prefill=prefill_for(rung, task.terminal.solution))
 
     return wrapped
