@@ -81,7 +81,7 @@ import torch
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import fsdp, lora, memory, precision
+from rl.trainer import fsdp, lora, memory, packing, precision
 from rl.trainer.logits import Entropy, head_logprobs
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (
@@ -237,6 +237,9 @@ class Learner:
         # Hand the step's freed activations back to the OS after each step (rl.trainer.memory): without it
         # glibc keeps them and the resident memory grows over a run. False only to measure that growth.
         self.trim_after_step = True
+        # With share_prompt: a micro-batch's groups run packed in one trunk call (rl.trainer.packing); False runs
+        # each group as a prompt call + its responses padded to its longest (kept to measure and test against).
+        self.pack_responses = True
 
     def _pick_precision(self) -> tuple[bool, str]:
         """(autocast on?, note): ``model.autocast``, or with ``learner.precision: auto`` what was faster
@@ -390,7 +393,7 @@ class Learner:
         """How many trunk forwards ``_response_hidden`` makes on ``samples`` (a sharded model checks it)."""
         if not samples:
             return 0
-        if not self.lcfg.share_prompt:
+        if not self.lcfg.share_prompt or self.pack_responses:
             return 1
         longest: dict[tuple[int, ...], int] = {}
         for s in samples:
@@ -411,6 +414,8 @@ class Learner:
         T = max(len(s.loss_mask) for s in samples)
         if not self.lcfg.share_prompt:
             return self._full_hidden(base, samples, list(range(len(samples))), T)
+        if self.pack_responses:
+            return self._packed_hidden(base, samples, T)
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for b, s in enumerate(samples):
             by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
@@ -423,6 +428,14 @@ class Learner:
         hidden, targets, index = torch.cat(hs), torch.cat(tg), torch.cat(ix)
         order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
         return hidden[order], targets[order], index[order]
+
+    def _packed_hidden(self, base: Any, samples: list[Sample], T: int):
+        """``_response_hidden`` in one trunk call: each prompt once, its responses packed after it."""
+        pk = packing.pack(samples, T, self.pad_id, self.device)
+        hidden = self.lock.trunk(
+            base, input_ids=pk.input_ids, attention_mask=pk.mask, position_ids=pk.position_ids
+        ).last_hidden_state
+        return hidden[pk.rows, pk.cols], pk.targets, pk.index  # already in row-major (sample, position) order
 
     @staticmethod
     def _values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
@@ -512,44 +525,51 @@ class Learner:
         )
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Split into micro-batches of at most ``algo.micro_batch_tokens`` padded tokens.
+        """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed (padded) tokens.
 
         Samples sharing a prompt stay together (their prompt is computed once and costs
-        its length once); a group too large for the budget is split.
+        its length once); a group too large for the budget is split. Packed
+        (``pack_responses``), a micro-batch's cost is its rows x its longest row
+        (``rl.trainer.packing``), and groups are taken shortest first so that rows of similar
+        length share a micro-batch; padded, it is the sum of its groups' padded tokens.
         """
         budget = self.lcfg.micro_batch_tokens
         groups: dict[tuple[int, ...], list[Sample]] = {}
         for s in sorted(samples, key=lambda s: len(s.input_ids)):
             groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.lcfg.share_prompt else (id(s),), []).append(s)
-
-        def cost(group: list[Sample]) -> int:
-            longest = max(len(s.input_ids) for s in group)
-            if not self.lcfg.share_prompt:
-                return len(group) * longest
-            return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
-
+        packed = self.lcfg.share_prompt and self.pack_responses
         units: list[list[Sample]] = []
         for group in groups.values():
             chunk: list[Sample] = []
             for s in group:  # an oversized group is split (each part runs the prompt once)
-                if chunk and cost(chunk + [s]) > budget:
+                if chunk and self._unit_cost(chunk + [s]) > budget:
                     units.append(chunk)
                     chunk = []
                 chunk.append(s)
             units.append(chunk)
+        if packed:
+            units.sort(key=self._unit_cost)
         out: list[list[Sample]] = []
-        cur: list[Sample] = []
-        cur_cost = 0
+        cur: list[list[Sample]] = []
         for unit in units:
-            c = cost(unit)
-            if cur and cur_cost + c > budget:
-                out.append(cur)
-                cur, cur_cost = [], 0
-            cur.extend(unit)
-            cur_cost += c
+            costs = [self._unit_cost(u) for u in cur + [unit]]
+            total = len(costs) * max(costs) if packed else sum(costs)
+            if cur and total > budget:
+                out.append([s for u in cur for s in u])
+                cur = []
+            cur.append(unit)
         if cur:
-            out.append(cur)
+            out.append([s for u in cur for s in u])
         return out
+
+    def _unit_cost(self, group: list[Sample]) -> int:
+        """Tokens one group (or part of one) computes: padded to its longest, or packed into one row."""
+        longest = max(len(s.input_ids) for s in group)
+        if not self.lcfg.share_prompt:
+            return len(group) * longest
+        if self.pack_responses:
+            return packing.row_lengths(group)[0]
+        return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
 
     # ---- training -------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, float]:
