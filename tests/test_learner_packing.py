@@ -19,27 +19,28 @@ def _s(prompt: list[int], resp: list[int], mask: list[int] | None = None, adv: f
 
 
 def test_pack_layout_positions_mask_and_gather_index():
-    a, b = [5, 6, 7], [8, 9]
-    samples = [_s(a, [10, 11, 12]), _s(b, [20]), _s(a, [13, 14], mask=[0, 1])]
-    pk = packing.pack(samples, T=3, pad_id=0)
-    # row 0: prompt a, then responses 1 and 3 minus their last token; row 1: prompt b (its response has 1 token)
-    assert pk.input_ids.tolist() == [[5, 6, 7, 10, 11, 13], [8, 9, 0, 0, 0, 0]]
-    assert pk.position_ids[0].tolist() == [0, 1, 2, 3, 4, 3]  # each response restarts after the prompt
+    a = [5, 6, 7]
+    members = [_s(a, [10, 11, 12]), _s(a, [20]), _s(a, [13, 14], mask=[0, 1])]
+    pk = packing.pack(members, rows_b=[0, 2, 3], T=3)
+    # the prompt, then each response minus its last token (the 1-token response adds none)
+    assert pk.input_ids.tolist() == [[5, 6, 7, 10, 11, 13]]
+    assert pk.position_ids.tolist() == [[0, 1, 2, 3, 4, 3]]  # each response restarts after the prompt
     m = pk.mask[0, 0]
     assert m[5].tolist() == [True, True, True, False, False, True]  # sees the prompt and itself, not response 1
     assert m[4].tolist() == [True, True, True, True, True, False]
-    assert pk.mask[1, 0, 3].tolist() == [True, True, True, True, False, False]  # a pad: prompt + pads, causal
-    # every masked token, row-major (sample, position): its predicting hidden state, target and grid index
-    assert list(zip(pk.rows.tolist(), pk.cols.tolist())) == [(0, 2), (0, 3), (0, 4), (1, 1), (0, 5)]
+    assert m[1].tolist() == [True, True, False, False, False, False]  # the prompt is causal
+    # every masked token, in (sample, position) order: its predicting hidden state, target and grid index
+    assert pk.cols.tolist() == [2, 3, 4, 2, 5]
     assert pk.targets.tolist() == [10, 11, 12, 20, 14]
-    assert pk.index.tolist() == [0, 1, 2, 3, 7]
-    assert pk.computed_tokens == 12
-    assert packing.row_lengths(samples) == [6, 2]
+    assert pk.index.tolist() == [0, 1, 2, 6, 10]
+    assert packing.packed_length(members) == 6
 
 
-def test_pack_rejects_an_empty_prompt():
+def test_pack_rejects_an_empty_or_unshared_prompt():
     with pytest.raises(ValueError, match="empty prompt"):
-        packing.pack([_s([], [1, 2])], T=2, pad_id=0)
+        packing.pack([_s([], [1, 2])], [0], T=2)
+    with pytest.raises(ValueError, match="share one prompt"):
+        packing.pack([_s([1, 2], [3]), _s([1, 4], [3])], [0, 1], T=1)
 
 
 def _batch(vocab: int, seed: int = 0) -> Batch:
@@ -89,18 +90,23 @@ def test_packed_equals_padded_logprobs_loss_and_grads(pair):
         torch.testing.assert_close(gk[k].grad, gd[k].grad, rtol=1e-4, atol=1e-7, msg=lambda m, k=k: f"grad {k}: {m}")
 
 
-def test_packed_micro_batches_count_rows_times_longest_row(pair):
+def test_packed_micro_batches_count_packed_tokens(pair):
     packed, padded = pair
     batch = _batch(len(packed.tokenizer), seed=1)
-    rows = packing.row_lengths(batch.samples)
-    budget = 2 * max(rows)
+    groups = {}
+    for s in batch.samples:
+        groups.setdefault(s.group_id, []).append(s)
+    budget = 2 * max(packing.packed_length(g) for g in groups.values())
     for lrn in pair:
         lrn.lcfg = LearnerConfig(micro_batch_tokens=budget)
     micros = packed._micro_batches(batch.samples)
-    assert sorted(s.uid for mb in micros for s in mb) == sorted(s.uid for s in batch.samples)
+    assert sorted(id(s) for mb in micros for s in mb) == sorted(id(s) for s in batch.samples)
     for mb in micros:
-        r = packing.row_lengths(mb)
-        assert len(r) * max(r) <= budget
-        assert packing.pack(mb, 9, 0).computed_tokens == len(r) * max(r)
-    # the padded layout counts each group padded to its longest response: more tokens, no fewer micro-batches
+        by = {}
+        for s in mb:
+            by.setdefault(s.group_id, []).append(s)
+        assert sum(packing.packed_length(g) for g in by.values()) <= budget
+        assert packed._trunk_calls(mb) == len(by)  # one packed call per group
+        assert padded._trunk_calls(mb) == 2 * len(by)  # padded: the prompt, then the responses
+    # padded, each group costs its members padded to the longest: more tokens, no fewer micro-batches
     assert len(micros) <= len(padded._micro_batches(batch.samples))

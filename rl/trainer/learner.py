@@ -224,6 +224,9 @@ class Learner:
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
         self._build_models(model_path)
+        # Loading (and sharding: each rank loads the whole model, then keeps its shard) frees what glibc keeps
+        # resident otherwise; hand it back before the first step (rl.trainer.memory).
+        memory.trim()
         self._build_optimizers(total_steps)
         self.kl_ctl = kl_controller(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         if world_size > 1:  # replicated modules (value head, separate critic) start identical; shards are disjoint
@@ -393,12 +396,14 @@ class Learner:
         """How many trunk forwards ``_response_hidden`` makes on ``samples`` (a sharded model checks it)."""
         if not samples:
             return 0
-        if not self.lcfg.share_prompt or self.pack_responses:
+        if not self.lcfg.share_prompt:
             return 1
         longest: dict[tuple[int, ...], int] = {}
         for s in samples:
             key = tuple(s.input_ids[: s.prompt_len])
             longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
+        if self.pack_responses:
+            return len(longest)  # one packed call per group
         return sum(1 + (r > 1) for r in longest.values())  # the prompt, then the responses when longer than 1
 
     def _response_hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -414,14 +419,13 @@ class Learner:
         T = max(len(s.loss_mask) for s in samples)
         if not self.lcfg.share_prompt:
             return self._full_hidden(base, samples, list(range(len(samples))), T)
-        if self.pack_responses:
-            return self._packed_hidden(base, samples, T)
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for b, s in enumerate(samples):
             by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
         hs, tg, ix = [], [], []
+        per_group = self._packed_hidden if self.pack_responses else self._shared_prompt_hidden
         for members in by_prompt.values():
-            h, t, i = self._shared_prompt_hidden(base, [samples[b] for b in members], members, T)
+            h, t, i = per_group(base, [samples[b] for b in members], members, T)
             hs.append(h)
             tg.append(t)
             ix.append(i)
@@ -429,13 +433,13 @@ class Learner:
         order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
         return hidden[order], targets[order], index[order]
 
-    def _packed_hidden(self, base: Any, samples: list[Sample], T: int):
-        """``_response_hidden`` in one trunk call: each prompt once, its responses packed after it."""
-        pk = packing.pack(samples, T, self.pad_id, self.device)
+    def _packed_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
+        """One group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``)."""
+        pk = packing.pack(members, rows_b, T, self.device)
         hidden = self.lock.trunk(
             base, input_ids=pk.input_ids, attention_mask=pk.mask, position_ids=pk.position_ids
         ).last_hidden_state
-        return hidden[pk.rows, pk.cols], pk.targets, pk.index  # already in row-major (sample, position) order
+        return hidden[0, pk.cols], pk.targets, pk.index
 
     @staticmethod
     def _values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
@@ -525,19 +529,16 @@ class Learner:
         )
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed (padded) tokens.
+        """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed tokens.
 
         Samples sharing a prompt stay together (their prompt is computed once and costs
-        its length once); a group too large for the budget is split. Packed
-        (``pack_responses``), a micro-batch's cost is its rows x its longest row
-        (``rl.trainer.packing``), and groups are taken shortest first so that rows of similar
-        length share a micro-batch; padded, it is the sum of its groups' padded tokens.
+        its length once; packed, ``pack_responses``, their responses cost their own lengths,
+        padded each costs the group's longest); a group too large for the budget is split.
         """
         budget = self.lcfg.micro_batch_tokens
         groups: dict[tuple[int, ...], list[Sample]] = {}
         for s in sorted(samples, key=lambda s: len(s.input_ids)):
             groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.lcfg.share_prompt else (id(s),), []).append(s)
-        packed = self.lcfg.share_prompt and self.pack_responses
         units: list[list[Sample]] = []
         for group in groups.values():
             chunk: list[Sample] = []
@@ -547,28 +548,27 @@ class Learner:
                     chunk = []
                 chunk.append(s)
             units.append(chunk)
-        if packed:
-            units.sort(key=self._unit_cost)
         out: list[list[Sample]] = []
-        cur: list[list[Sample]] = []
+        cur: list[Sample] = []
+        cur_cost = 0
         for unit in units:
-            costs = [self._unit_cost(u) for u in cur + [unit]]
-            total = len(costs) * max(costs) if packed else sum(costs)
-            if cur and total > budget:
-                out.append([s for u in cur for s in u])
-                cur = []
-            cur.append(unit)
+            c = self._unit_cost(unit)
+            if cur and cur_cost + c > budget:
+                out.append(cur)
+                cur, cur_cost = [], 0
+            cur.extend(unit)
+            cur_cost += c
         if cur:
-            out.append([s for u in cur for s in u])
+            out.append(cur)
         return out
 
     def _unit_cost(self, group: list[Sample]) -> int:
-        """Tokens one group (or part of one) computes: padded to its longest, or packed into one row."""
+        """Tokens one group (or part of one) computes: packed, or padded to its longest response."""
         longest = max(len(s.input_ids) for s in group)
         if not self.lcfg.share_prompt:
             return len(group) * longest
         if self.pack_responses:
-            return packing.row_lengths(group)[0]
+            return packing.packed_length(group)
         return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
 
     # ---- training -------------------------------------------------------------------------

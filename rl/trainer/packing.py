@@ -1,24 +1,28 @@
-"""One trunk call per micro-batch: each group's prompt once, its responses packed after it, no per-group padding.
+"""A group's shared prompt and all its responses in one trunk call, without padding.
 
-``pack(samples, T, pad_id)`` lays a micro-batch out for ``learner.share_prompt`` as one
-row per distinct prompt: ``[prompt, r_1[:-1], r_2[:-1], ...]`` (a response's last token
-predicts nothing, so it is not run). A 4D boolean attention mask lets every token see the
-prompt and, causally, its own response only; position ids restart after the prompt for
-each response, so each response token has exactly the keys, values and positions it has
-when the group runs padded (a prompt call whose key/value cache every member attends to).
-The rows are padded to the longest row of the micro-batch (pad tokens attend to the prompt
-and to each other, so no attention row is empty, and are never read).
+``pack(members, rows_b, T)`` lays out the samples of one group (they share a prompt) as one
+sequence ``[prompt, r_1[:-1], r_2[:-1], ...]`` (a response's last token predicts nothing, so it is
+not run). A 4D boolean attention mask lets every token see the prompt and, causally, its own
+response only; position ids restart after the prompt for each response. So each response token
+has exactly the keys, values and positions it has in the padded layout (a prompt call whose
+key/value cache every member attends to, then the members' responses padded to the longest):
+the same log-probs up to float summation order (tests/test_learner_packing.py).
 
-Against the padded layout (a prompt call, then the group's responses padded to its longest
-against the prompt cache repeated per member) this computes no response padding, repeats no
-prompt keys/values per member, and makes one trunk call of ``rows x S`` tokens per
-micro-batch instead of two small ones per group (larger matmuls). What it costs: attention
-runs over the whole ``S x S`` mask of a row (a masked kernel skips no blocks), where the
-padded layout's prompt call runs causal and its response call ``R x (p + R)``.
+Against that padded layout it computes no response padding (a group's responses of 32-64
+tokens padded to 63 are ~16% of its tokens), keeps no per-member copy of the prompt's keys and
+values (the padded layout repeats the prompt cache for every member, and attention saves the
+repeated keys/values of every layer for the backward), and makes one trunk call per group
+instead of two, over more rows (larger matmuls). What it costs: attention over the whole
+``S x S`` mask of the sequence (a masked kernel skips no blocks), where the padded layout's
+prompt call runs causal and its response call ``R x (p + R)``.
 
-The returned ``Packed`` says where each masked response token's predicting hidden state sits
-(``rows``, ``cols``), its target, and its index into the micro-batch's ``[B, T]`` response
-grid, in row-major (sample, position) order. This module runs no model and computes no loss.
+Groups are not batched into one call with each other: padding rows to a common length changes
+a sample's float rounding with what it is batched with, and a group's numbers should not depend
+on that (a skipped zero-advantage sample must leave the others' updates bit for bit the same).
+
+``Packed`` says where each masked response token's predicting hidden state sits (``cols``), its
+target, and its index into the micro-batch's ``[B, T]`` response grid, in (sample, position)
+order. This module runs no model and computes no loss.
 """
 
 from __future__ import annotations
@@ -29,82 +33,51 @@ import torch
 
 from rl.algos.batch import Sample
 
-__all__ = ["Packed", "pack", "row_lengths"]
+__all__ = ["Packed", "pack", "packed_length"]
 
 
 @dataclass
 class Packed:
-    input_ids: torch.Tensor  # [n, S]
-    position_ids: torch.Tensor  # [n, S]
-    mask: torch.Tensor  # [n, 1, S, S] bool: True = may attend
-    rows: torch.Tensor  # [N] row of the hidden state that predicts each masked response token
-    cols: torch.Tensor  # [N] its column
+    input_ids: torch.Tensor  # [1, S]
+    position_ids: torch.Tensor  # [1, S]
+    mask: torch.Tensor  # [1, 1, S, S] bool: True = may attend
+    cols: torch.Tensor  # [N] position of the hidden state that predicts each masked response token
     targets: torch.Tensor  # [N]
     index: torch.Tensor  # [N] b * T + j in the [B, T] response grid
 
-    @property
-    def computed_tokens(self) -> int:
-        """Tokens the trunk call runs, padding included."""
-        return self.input_ids.numel()
+
+def packed_length(members: list[Sample]) -> int:
+    """Tokens the packed sequence of a group (members sharing a prompt) runs."""
+    return members[0].prompt_len + sum(max(len(s.input_ids) - s.prompt_len - 1, 0) for s in members)
 
 
-def _prompt_key(s: Sample) -> tuple[int, ...]:
-    return tuple(s.input_ids[: s.prompt_len])
-
-
-def row_lengths(samples: list[Sample]) -> list[int]:
-    """Length of each packed row (one per distinct prompt, in order of first appearance)."""
-    lengths: dict[tuple[int, ...], int] = {}
-    for s in samples:
-        key = _prompt_key(s)
-        lengths[key] = lengths.get(key, s.prompt_len) + max(len(s.input_ids) - s.prompt_len - 1, 0)
-    return list(lengths.values())
-
-
-def pack(samples: list[Sample], T: int, pad_id: int, device: torch.device | str = "cpu") -> Packed:
-    """The packed layout of ``samples`` (see the module docstring); ``T``: the response grid's width."""
-    row_of: dict[tuple[int, ...], int] = {}
-    ids: list[list[int]] = []
-    pos: list[list[int]] = []
-    seg: list[list[int]] = []  # 0: prompt; k >= 1: the k-th response of the row
-    rows, cols, tgt, ix = [], [], [], []
-    for b, s in enumerate(samples):
-        p = s.prompt_len
-        if p < 1:
-            raise ValueError(f"sample {b} has an empty prompt: a shared-prompt pass needs prompt_len >= 1")
-        key = _prompt_key(s)
-        if key not in row_of:
-            row_of[key] = len(ids)
-            ids.append(list(key))
-            pos.append(list(range(p)))
-            seg.append([0] * p)
-        r = row_of[key]
-        resp = s.input_ids[p:-1]  # every response token but the last one is an input
-        start = len(ids[r])
-        ids[r] += resp
-        pos[r] += range(p, p + len(resp))
-        seg[r] += [max(seg[r]) + 1] * len(resp)
+def pack(members: list[Sample], rows_b: list[int], T: int, device: torch.device | str = "cpu") -> Packed:
+    """The packed layout of ``members`` (one group; ``rows_b``: their rows in the ``[B, T]`` grid)."""
+    p = members[0].prompt_len
+    prompt = members[0].input_ids[:p]
+    if p < 1:
+        raise ValueError("a sample has an empty prompt: a shared-prompt pass needs prompt_len >= 1")
+    if any(s.prompt_len != p or s.input_ids[:p] != prompt for s in members):
+        raise ValueError("pack: the members do not share one prompt")
+    ids, pos, seg = list(prompt), list(range(p)), [0] * p  # seg 0: the prompt; k >= 1: the k-th response
+    cols, tgt, ix = [], [], []
+    for k, (s, b) in enumerate(zip(members, rows_b), start=1):
+        resp = s.input_ids[p:-1]  # every response token but the last is an input
+        start = len(ids)
+        ids += resp
+        pos += range(p, p + len(resp))
+        seg += [k] * len(resp)
         for j, m in enumerate(s.loss_mask):
             if m:
-                rows.append(r)
                 cols.append(p - 1 if j == 0 else start + j - 1)  # the hidden state before response token j
                 tgt.append(s.input_ids[p + j])
                 ix.append(b * T + j)
-    n, S = len(ids), max(len(x) for x in ids)
-    input_ids = torch.full((n, S), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((n, S), dtype=torch.long)
-    segments = torch.full((n, S), -1, dtype=torch.long)  # -1: padding, its own segment
-    for r in range(n):
-        k = len(ids[r])
-        input_ids[r, :k] = torch.tensor(ids[r])
-        position_ids[r, :k] = torch.tensor(pos[r])
-        segments[r, :k] = torch.tensor(seg[r])
-    q = torch.arange(S)
-    causal = q[:, None] >= q[None, :]
-    visible = (segments[:, None, :] == 0) | (segments[:, :, None] == segments[:, None, :])
-    mask = (causal & visible).unsqueeze(1)
+    segments = torch.tensor(seg)
+    q = torch.arange(len(ids))
+    visible = (segments[None, :] == 0) | (segments[:, None] == segments[None, :])
+    mask = (q[:, None] >= q[None, :]) & visible
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long, device=device)
 
-    return Packed(input_ids.to(device), position_ids.to(device), mask.to(device), t(rows), t(cols), t(tgt), t(ix))
+    return Packed(t(ids)[None], t(pos)[None], mask[None, None].to(device), t(cols), t(tgt), t(ix))
