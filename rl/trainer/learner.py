@@ -28,7 +28,10 @@ detached log-probs (the engine's log-probs differ by bf16/kernel noise and are r
 prompt's logits are never materialised); with ``learner.logits_chunk_tokens`` they go through it
 that many tokens at a time, each chunk recomputed in the backward (``rl.trainer.logits``), so a
 micro-batch's vocabulary-sized tensors stay bounded; with ``share_prompt`` a group's prompt runs
-once. Log-probs are computed in float32 under bf16 autocast.
+once, its responses packed after it in the same trunk call under a 4D mask, without padding
+(``rl.trainer.packing``; ``Learner.pack_responses = False`` runs the padded layout instead: the
+prompt, then the responses padded to the group's longest against its key/value cache). Log-probs
+are computed in float32 under bf16 autocast.
 
 Critic (an estimator with ``needs_critic``: ppo): ``algo.critic.model: value_head`` is a linear head on the
 policy's final hidden states (trained with the policy, its own learning rate ``algo.critic.lr``);
