@@ -414,10 +414,11 @@ class Learner:
 
         Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
         counts masked response tokens, in row-major (sample, position) order, and T is the
-        longest response in ``samples``. With ``algo.share_prompt``, samples with the same
-        prompt (a GRPO group) run the prompt once and attend to its key/value cache,
-        repeated per member; gradients still flow through the prompt. Otherwise every
-        sample runs its full sequence.
+        longest response in ``samples``. With ``learner.share_prompt``, samples with the same
+        prompt (a GRPO group) run the prompt once: packed, in one call with their responses
+        after it (``rl.trainer.packing``); padded, attending to its key/value cache, repeated
+        per member. Gradients still flow through the prompt. Otherwise every sample runs its
+        full sequence.
         """
         T = max(len(s.loss_mask) for s in samples)
         if not self.lcfg.share_prompt:
