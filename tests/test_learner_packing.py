@@ -110,3 +110,12 @@ def test_packed_micro_batches_count_packed_tokens(pair):
         assert padded._trunk_calls(mb) == 2 * len(by)  # padded: the prompt, then the responses
     # padded, each group costs its members padded to the longest: more tokens, no fewer micro-batches
     assert len(micros) <= len(padded._micro_batches(batch.samples))
+
+
+def test_pack_additive_mask_matches_the_boolean_one():
+    members = [_s([5, 6], [7, 8, 9]), _s([5, 6], [1, 2])]
+    b = packing.pack(members, [0, 1], T=3).mask
+    f = packing.pack(members, [0, 1], T=3, mask_dtype=torch.float32).mask
+    assert f.dtype == torch.float32
+    assert torch.equal(f == 0, b)
+    assert torch.all(f[~b] == torch.finfo(torch.float32).min)

@@ -439,7 +439,8 @@ class Learner:
 
     def _packed_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
         """One group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``)."""
-        pk = packing.pack(members, rows_b, T, self.device)
+        # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
+        pk = packing.pack(members, rows_b, T, self.device, mask_dtype=next(base.parameters()).dtype)
         hidden = self.lock.trunk(
             base, input_ids=pk.input_ids, attention_mask=pk.mask, position_ids=pk.position_ids
         ).last_hidden_state

@@ -40,7 +40,7 @@ __all__ = ["Packed", "pack", "packed_length"]
 class Packed:
     input_ids: torch.Tensor  # [1, S]
     position_ids: torch.Tensor  # [1, S]
-    mask: torch.Tensor  # [1, 1, S, S] bool: True = may attend
+    mask: torch.Tensor  # [1, 1, S, S]: bool (True = may attend), or additive (0 / the dtype's min) in mask_dtype
     cols: torch.Tensor  # [N] position of the hidden state that predicts each masked response token
     targets: torch.Tensor  # [N]
     index: torch.Tensor  # [N] b * T + j in the [B, T] response grid
@@ -51,8 +51,19 @@ def packed_length(members: list[Sample]) -> int:
     return members[0].prompt_len + sum(max(len(s.input_ids) - s.prompt_len - 1, 0) for s in members)
 
 
-def pack(members: list[Sample], rows_b: list[int], T: int, device: torch.device | str = "cpu") -> Packed:
-    """The packed layout of ``members`` (one group; ``rows_b``: their rows in the ``[B, T]`` grid)."""
+def pack(
+    members: list[Sample],
+    rows_b: list[int],
+    T: int,
+    device: torch.device | str = "cpu",
+    mask_dtype: torch.dtype | None = None,
+) -> Packed:
+    """The packed layout of ``members`` (one group; ``rows_b``: their rows in the ``[B, T]`` grid).
+
+    ``mask_dtype``: the attention mask as an additive float mask of that dtype (the attention's
+    compute dtype), made once for every layer; a boolean mask (None) is converted to float by
+    ``scaled_dot_product_attention`` in every layer, and each copy is kept for the backward.
+    """
     p = members[0].prompt_len
     prompt = members[0].input_ids[:p]
     if p < 1:
@@ -76,6 +87,8 @@ def pack(members: list[Sample], rows_b: list[int], T: int, device: torch.device 
     q = torch.arange(len(ids))
     visible = (segments[None, :] == 0) | (segments[:, None] == segments[None, :])
     mask = (q[:, None] >= q[None, :]) & visible
+    if mask_dtype is not None:
+        mask = torch.zeros(mask.shape, dtype=mask_dtype).masked_fill_(~mask, torch.finfo(mask_dtype).min)
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long, device=device)
