@@ -12,7 +12,9 @@ GRPO, ``--kl-coef``) on one model (default SmolLM2-135M), in one run:
    (and the prepare pass's old log-probs when the step needs one) and the reference; backward:
    the policy's.
 2. The host's matmul rate at the precision the step uses (``rl.trainer.precision.matmul_gflops``:
-   fp32, or bf16 under autocast), measured in the same run.
+   fp32, or bf16 under autocast), measured in the same run before and after every step (the host
+   is shared: one measurement can land beside another job); the floor uses the median, and the
+   table's header gives the min and max.
 3. The learner step's wall time (after one warm-up step), and the ratio step / floor, for each
    shared-prompt layout of ``--layouts`` side by side in the same process (``packed``: a group's
    prompt and responses in one trunk call without padding, ``rl.trainer.packing``, the learner's
@@ -23,7 +25,8 @@ GRPO, ``--kl-coef``) on one model (default SmolLM2-135M), in one run:
    GEMM shapes (``shape_gflops``: each linear layer's forward and its two backward products at
    the token counts a trunk call runs, and ``lm_head`` at a micro-batch's response tokens), with
    the floor and ratio it gives: how much of the gap is small matmuls running below the host's
-   square-matmul rate. Each layout has its own shapes (packed: one call of a group's packed length).
+   square-matmul rate. Each layout has its own shapes (packed: one call of a group's packed length),
+   timed right after each of its steps (the median is used).
 5. With ``--profile``, one more step under ``torch.profiler``: the ops that took the step's time
    (self CPU time), grouped into matmul, attention, optimizer and the rest, and the top ops.
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -206,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         flops += step_flops(conf, batch.samples, share_prompt=learner.share_prompt, backward=False)
         passes.append("reference fwd")
     dtype = torch.bfloat16 if lrn.use_autocast else torch.float32
-    rate = precision.matmul_gflops(dtype, seconds=1.0) * 1e9
+    rates: list[float] = []  # the square-matmul rate, measured before and after every step (a shared host)
+
+    def measure_rate() -> None:
+        rates.append(precision.matmul_gflops(dtype, seconds=1.0) * 1e9)
+
+    measure_rate()
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     rows, micros = [], {}
     for lay in layouts:  # each layout's own GEMM shapes and a warm-up step (AdamW state exists after the first)
@@ -214,23 +223,28 @@ def main(argv: list[str] | None = None) -> int:
         micros[lay] = lrn._micro_batches(batch.samples)
         micro_resp = max(sum(s.num_tokens for s in mb) for mb in micros[lay])
         shapes = _gemm_shapes(conf, batch.samples, micro_resp, lrn.pack_responses)
-        srate = shape_gflops(shapes) * 1e9 if dtype == torch.float32 else 0.0
-        rows.append([lay, srate, []])
+        rows.append([lay, shapes, [], []])  # layout, its GEMM shapes, its shape rates, its timed steps
         lrn.step(batch)
+        measure_rate()
     for rnd in range(args.rounds):  # the layouts' timed steps alternate, on the same batches
         for row in rows:
             lrn.pack_responses = row[0] == "packed"
             t0 = time.perf_counter()
             lrn.step(_batch(len(lrn.tokenizer), args, seed=1 + rnd))
-            row[2].append(time.perf_counter() - t0)
+            row[3].append(time.perf_counter() - t0)
+            measure_rate()
+            if dtype == torch.float32:  # this layout's shape rate, right after its step
+                row[2].append(shape_gflops(row[1]) * 1e9)
+    rate = statistics.median(rates)
     floor = flops / rate
     prof = []
     if args.profile:
         lrn.pack_responses = layouts[0] == "packed"
         prof = [f"profiled layout: {layouts[0]}", ""] + profile_step(lrn, _batch(len(lrn.tokenizer), args, seed=99))
     table = []
-    for lay, srate, walls in rows:
+    for lay, _, srates, walls in rows:
         wall = min(walls)
+        srate = statistics.median(srates) if srates else 0.0
         sfloor = flops / srate if srate else float("nan")
         table.append(
             f"| {lay} | {' + '.join(passes)} | {flops / 1e12:.3f} | {rate / 1e9:.0f} | {floor:.2f} | "
@@ -243,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
             f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'}), "
             f"torch threads {torch.get_num_threads()}, attention {lrn.model.config._attn_implementation}, "
-            f"{args.rounds} timed step(s) per layout, alternating (ratios use the fastest)",
+            f"{args.rounds} timed step(s) per layout, alternating (ratios use the fastest); square-matmul rate "
+            f"(1024^3) measured {len(rates)} times between the steps: median {rate / 1e9:.0f}, min "
+            f"{min(rates) / 1e9:.0f}, max {max(rates) / 1e9:.0f} GFLOP/s (the floor uses the median)",
             "",
             "| layout | passes | TFLOP | matmul GFLOP/s | floor s | step s | step / floor "
             "| GFLOP/s on the step's GEMM shapes | floor s at that rate | step / that floor | micro-batches |",
