@@ -7,7 +7,8 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
 * per-rank bytes of parameters + gradients + AdamW state after one learner step, for 1 worker,
   for 2 FSDP workers (gloo, each holding its shards) and with LoRA (rank ``--lora-rank``), and
   the reference model's bytes where a KL term keeps one;
-* each configuration's peak resident memory (``ru_maxrss`` of its own fresh process) and the
+* each configuration's peak resident memory (of its own fresh process, over loading and every
+  step: the maximum of the ``VmHWM`` intervals below, as resetting those resets ``ru_maxrss``) and the
   part above the process's resident memory before the model was loaded (Python, torch, HF);
 * an analytic floor: the state bytes plus the largest micro-batch's activations, estimated as
   ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (tokens: those the micro-batch needs, a
@@ -43,7 +44,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import resource
 import socket
 import sys
 from pathlib import Path
@@ -122,7 +122,15 @@ class _Phases:
             ("_update", "grads reduced", "optimizer step"),
         ):
             setattr(lrn, name, self._wrap(getattr(lrn, name), before, after))
+        # Resetting VmHWM resets ru_maxrss too (both are the kernel's hiwater_rss): the process's peak is
+        # kept here, as the maximum over every interval, the loading before this included.
+        self.peak = self.hwm()
         self.reset()
+
+    @staticmethod
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
 
     @staticmethod
     def reset() -> None:
@@ -132,8 +140,8 @@ class _Phases:
     def mark(self, label: str) -> None:
         from rl.trainer import memory
 
-        with open("/proc/self/status") as f:
-            hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
+        hwm = self.hwm()
+        self.peak = max(self.peak, hwm)
         self.points.append((label, _rss(), hwm, memory.stats()))
         self.reset()
 
@@ -199,7 +207,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
         "optim": sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v)),
         "reference": sum(_nbytes(p) for p in lrn.ref.parameters()) if lrn.ref is not None else 0,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss": max(phases.peak, phases.hwm()),  # not ru_maxrss: _Phases resets it
         "rss_before": before,
         "step_s": m["timing/learner_compute_s"],
         "config": lrn.model.config.to_dict(),
