@@ -12,13 +12,21 @@ GRPO, ``--kl-coef``) on one model (default SmolLM2-135M), in one run:
    (and the prepare pass's old log-probs when the step needs one) and the reference; backward:
    the policy's.
 2. The host's matmul rate at the precision the step uses (``rl.trainer.precision.matmul_gflops``:
-   fp32, or bf16 under autocast), measured in the same run.
-3. The learner step's wall time (after one warm-up step), and the ratio step / floor.
+   fp32, or bf16 under autocast), measured in the same run before and after every step (the host
+   is shared: one measurement can land beside another job); the floor uses the median, and the
+   table's header gives the min and max.
+3. The learner step's wall time (after one warm-up step), and the ratio step / floor, for each
+   shared-prompt layout of ``--layouts`` side by side in the same process (``packed``: a group's
+   prompt and responses in one trunk call without padding, ``rl.trainer.packing``, the learner's
+   default; ``padded``: a prompt call, then the responses padded to the group's longest), their
+   timed steps alternating over ``--rounds`` rounds on the same batches. The FLOPs are the same for
+   both: they count the tokens that count (a shared prompt once, no padding).
 4. A second rate, beside (never instead of) the square one: the host's rate on the step's own
    GEMM shapes (``shape_gflops``: each linear layer's forward and its two backward products at
    the token counts a trunk call runs, and ``lm_head`` at a micro-batch's response tokens), with
    the floor and ratio it gives: how much of the gap is small matmuls running below the host's
-   square-matmul rate.
+   square-matmul rate. Each layout has its own shapes (packed: one call of a group's packed length),
+   timed right after each of its steps (the median is used).
 5. With ``--profile``, one more step under ``torch.profiler``: the ops that took the step's time
    (self CPU time), grouped into matmul, attention, optimizer and the rest, and the top ops.
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,22 +74,29 @@ def step_flops(cfg: dict, samples: list, *, share_prompt: bool, backward: bool =
     return mult * (body + head)
 
 
-def _gemm_shapes(cfg: dict, samples: list, micro_resp_tokens: int) -> list[tuple[int, int, int, float]]:
+def _gemm_shapes(cfg: dict, samples: list, micro_resp_tokens: int, packed: bool) -> list[tuple[int, int, int, float]]:
     """(M, K, N, weight) of the step's matmuls, forward-shaped and both backward-shaped: each linear
-    layer at the token counts of a shared-prompt trunk call (the prompt; a group's responses), weighted
-    by how many such calls the step makes, and ``lm_head`` at a micro-batch's response tokens."""
+    layer at the token counts of a shared-prompt trunk call, weighted by how many such calls the step
+    makes, and ``lm_head`` at a micro-batch's response tokens. Packed (``Learner.pack_responses``): one
+    call per group of its packed length (``rl.trainer.packing``); padded: the prompt, then the group's
+    responses padded to its longest (M: the groups' mean)."""
+    from rl.trainer.packing import packed_length
+
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     heads = cfg["num_attention_heads"]
     kv = h * cfg.get("num_key_value_heads", heads) // heads
     groups: dict[tuple, list] = {}
     for s in samples:
         groups.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(s)
-    first = next(iter(groups.values()))
-    m_prompt = first[0].prompt_len
-    m_resp = len(first) * (max(len(s.input_ids) - s.prompt_len for s in first) - 1)  # padded, as computed
+    gs = list(groups.values())
+    if packed:
+        calls = [round(sum(packed_length(g) for g in gs) / len(gs))]
+    else:
+        resp = [len(g) * (max(len(s.input_ids) - s.prompt_len for s in g) - 1) for g in gs]
+        calls = [round(sum(g[0].prompt_len for g in gs) / len(gs)), round(sum(resp) / len(resp))]
     linears = [(h, h), (h, kv), (h, kv), (h, h), (h, i), (h, i), (i, h)]  # q, k, v, o, gate, up, down
     out = []
-    for m in (m_prompt, m_resp):
+    for m in calls:
         for k, n in linears:
             out += [(m, k, n, 1.0), (m, n, k, 1.0), (k, m, n, 1.0)]  # y = xW; dx = dy W^T; dW = x^T dy
     out += [(micro_resp_tokens, h, v, 1.0), (micro_resp_tokens, v, h, 1.0), (h, micro_resp_tokens, v, 1.0)]
@@ -158,8 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--share-prompt", choices=["on", "off"], default="on")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: where the time goes")
+    ap.add_argument(
+        "--layouts",
+        default="packed,padded",
+        help="shared-prompt layouts timed side by side: packed (Learner.pack_responses), padded",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="timed steps per layout (alternating)")
     ap.add_argument("--results", action="store_true")
     args = ap.parse_args(argv)
+    bad = [x for x in args.layouts.split(",") if x.strip() not in ("packed", "padded")]
+    if bad or args.rounds < 1:
+        ap.error(f"--layouts: {', '.join(bad)} (choose packed, padded)" if bad else "--rounds must be >= 1")
     import torch
 
     from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, ModelConfig, OptimConfig
@@ -185,31 +210,62 @@ def main(argv: list[str] | None = None) -> int:
         flops += step_flops(conf, batch.samples, share_prompt=learner.share_prompt, backward=False)
         passes.append("reference fwd")
     dtype = torch.bfloat16 if lrn.use_autocast else torch.float32
-    rate = precision.matmul_gflops(dtype, seconds=1.0) * 1e9
-    micros = lrn._micro_batches(batch.samples)
-    micro_resp = max(sum(s.num_tokens for s in mb) for mb in micros)
-    srate = shape_gflops(_gemm_shapes(conf, batch.samples, micro_resp)) * 1e9 if dtype == torch.float32 else 0.0
-    lrn.step(batch)  # warm-up
-    t0 = time.perf_counter()
-    lrn.step(_batch(len(lrn.tokenizer), args, seed=1))
-    wall = time.perf_counter() - t0
+    rates: list[float] = []  # the square-matmul rate, measured before and after every step (a shared host)
+
+    def measure_rate() -> None:
+        rates.append(precision.matmul_gflops(dtype, seconds=1.0) * 1e9)
+
+    measure_rate()
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    rows, micros = [], {}
+    for lay in layouts:  # each layout's own GEMM shapes and a warm-up step (AdamW state exists after the first)
+        lrn.pack_responses = lay == "packed"
+        micros[lay] = lrn._micro_batches(batch.samples)
+        micro_resp = max(sum(s.num_tokens for s in mb) for mb in micros[lay])
+        shapes = _gemm_shapes(conf, batch.samples, micro_resp, lrn.pack_responses)
+        rows.append([lay, shapes, [], []])  # layout, its GEMM shapes, its shape rates, its timed steps
+        lrn.step(batch)
+        measure_rate()
+    for rnd in range(args.rounds):  # the layouts' timed steps alternate, on the same batches
+        for row in rows:
+            lrn.pack_responses = row[0] == "packed"
+            t0 = time.perf_counter()
+            lrn.step(_batch(len(lrn.tokenizer), args, seed=1 + rnd))
+            row[3].append(time.perf_counter() - t0)
+            measure_rate()
+            if dtype == torch.float32:  # this layout's shape rate, right after its step
+                row[2].append(shape_gflops(row[1]) * 1e9)
+    rate = statistics.median(rates)
     floor = flops / rate
-    sfloor = flops / srate if srate else float("nan")
-    prof = profile_step(lrn, _batch(len(lrn.tokenizer), args, seed=2)) if args.profile else []
+    prof = []
+    if args.profile:
+        lrn.pack_responses = layouts[0] == "packed"
+        prof = [f"profiled layout: {layouts[0]}", ""] + profile_step(lrn, _batch(len(lrn.tokenizer), args, seed=99))
+    table = []
+    for lay, _, srates, walls in rows:
+        wall = min(walls)
+        srate = statistics.median(srates) if srates else 0.0
+        sfloor = flops / srate if srate else float("nan")
+        table.append(
+            f"| {lay} | {' + '.join(passes)} | {flops / 1e12:.3f} | {rate / 1e9:.0f} | {floor:.2f} | "
+            f"{', '.join(f'{w:.2f}' for w in walls)} | {wall / floor:.2f} | {srate / 1e9:.0f} | {sfloor:.2f} | "
+            f"{wall / sfloor:.2f} | {len(micros[lay])} |"
+        )
     text = "\n".join(
         [
             f"learner_floor: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, responses <= "
             f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
             f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'}), "
             f"torch threads {torch.get_num_threads()}, attention {lrn.model.config._attn_implementation}, "
-            f"{len(micros)} micro-batches",
+            f"{args.rounds} timed step(s) per layout, alternating (ratios use the fastest); square-matmul rate "
+            f"(1024^3) measured {len(rates)} times between the steps: median {rate / 1e9:.0f}, min "
+            f"{min(rates) / 1e9:.0f}, max {max(rates) / 1e9:.0f} GFLOP/s (the floor uses the median)",
             "",
-            "| passes | TFLOP | matmul GFLOP/s | floor s | step s | step / floor "
-            "| GFLOP/s on the step's GEMM shapes | floor s at that rate | step / that floor |",
-            "|---|---|---|---|---|---|---|---|---|",
-            f"| {' + '.join(passes)} | {flops / 1e12:.3f} | {rate / 1e9:.0f} | {floor:.2f} | {wall:.2f} | "
-            f"{wall / floor:.2f} | {srate / 1e9:.0f} | {sfloor:.2f} | {wall / sfloor:.2f} |",
+            "| layout | passes | TFLOP | matmul GFLOP/s | floor s | step s | step / floor "
+            "| GFLOP/s on the step's GEMM shapes | floor s at that rate | step / that floor | micro-batches |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+        + table
         + ([""] + prof if prof else [])
     )
     print(text)

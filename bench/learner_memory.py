@@ -7,24 +7,33 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
 * per-rank bytes of parameters + gradients + AdamW state after one learner step, for 1 worker,
   for 2 FSDP workers (gloo, each holding its shards) and with LoRA (rank ``--lora-rank``), and
   the reference model's bytes where a KL term keeps one;
-* each configuration's peak resident memory (``ru_maxrss`` of its own fresh process) and the
+* each configuration's peak resident memory (of its own fresh process, over loading and every
+  step: the maximum of the ``VmHWM`` intervals below, as resetting those resets ``ru_maxrss``) and the
   part above the process's resident memory before the model was loaded (Python, torch, HF);
-* an analytic floor: the state bytes plus one micro-batch's activations, estimated as
-  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (tokens: those the largest micro-batch runs,
-  a shared prompt once; the tensors a decoder layer saves for its
-  backward, counted at 4 bytes each) plus ``3 x 4 B x response tokens x V`` for the logits,
-  their log-softmax and softmax (with ``learner.logits_chunk_tokens`` C: C tokens' worth, at most).
+* an analytic floor: the state bytes plus the largest micro-batch's activations, estimated as
+  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (tokens: those the micro-batch needs, a
+  shared prompt once, no padding; the tensors a decoder layer saves for its backward, counted
+  at 4 bytes each) plus ``3 x 4 B x response tokens x V`` for the logits, their log-softmax and
+  softmax (with ``learner.logits_chunk_tokens`` C: C tokens' worth, at most); sharded (FSDP),
+  plus what FSDP must hold unsharded: the root's parameters (embeddings, final norm, lm_head),
+  gathered for the whole forward and backward, and one decoder layer's, each with a full-size
+  gradient before its reduce-scatter (less the shards already counted as state).
   It is an estimate, not a measurement: the ratio tells how far the learner is from what its state
   and one micro-batch need;
 * with ``--steps N``, after each of N learner steps on the same-shaped batch (fresh random
   tokens each step): the resident memory, glibc's bytes in live blocks and in freed blocks it
   still holds (``rl.trainer.memory.stats``: ``mallinfo2``), and the bytes of the tensors the
   learner keeps (parameters, gradients, AdamW state): whether resident memory stays flat over a
-  run, and when it does not, whether live tensors or the allocator's free pages grow.
+  run, and when it does not, whether live tensors or the allocator's free pages grow;
+* inside the last step, at each micro-batch's forward and backward and around the optimizer step:
+  the peak resident memory since the point before (``VmHWM``, reset through
+  ``/proc/self/clear_refs``), the resident memory and glibc's live / free-held bytes: where in a
+  step the peak is reached and how much of it is live blocks.
 
 ``--configs`` picks the configurations (default: ``full,fsdp,lora``; ``full-chunked`` is one
 worker with ``--logits-chunk-tokens``; ``full-notrim`` is one worker without the learner's
-``malloc_trim`` after each step, ``Learner.trim_after_step``), so that they run side by side.
+``malloc_trim`` after each step, ``Learner.trim_after_step``; ``full-padded`` is one worker with
+the padded shared-prompt layout, ``Learner.pack_responses`` off), so that they run side by side.
 
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
 and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-job lock.
@@ -35,7 +44,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import resource
 import socket
 import sys
 from pathlib import Path
@@ -97,6 +105,57 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+class _Phases:
+    """Resident memory at points inside each learner step, and the peak between consecutive points.
+
+    Wraps the learner's own methods (``_forward``: after a micro-batch's forward; ``_accumulate``: after its
+    backward; ``_update``: before and after the optimizer step). At each point it reads the resident size,
+    the peak since the point before (``VmHWM``, reset by writing 5 to ``/proc/self/clear_refs``) and glibc's
+    live / free-held bytes (``rl.trainer.memory.stats``). Kept for the last step only.
+    """
+
+    def __init__(self, lrn) -> None:
+        self.points: list[tuple[str, int, int, dict | None]] = []
+        for name, before, after in (
+            ("_forward", None, "forward"),
+            ("_accumulate", None, "backward"),
+            ("_update", "grads reduced", "optimizer step"),
+        ):
+            setattr(lrn, name, self._wrap(getattr(lrn, name), before, after))
+        # Resetting VmHWM resets ru_maxrss too (both are the kernel's hiwater_rss): the process's peak is
+        # kept here, as the maximum over every interval, the loading before this included.
+        self.peak = self.hwm()
+        self.reset()
+
+    @staticmethod
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
+
+    @staticmethod
+    def reset() -> None:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+    def mark(self, label: str) -> None:
+        from rl.trainer import memory
+
+        hwm = self.hwm()
+        self.peak = max(self.peak, hwm)
+        self.points.append((label, _rss(), hwm, memory.stats()))
+        self.reset()
+
+    def _wrap(self, fn, before, after):
+        def wrapped(*a, **k):
+            if before:
+                self.mark(before)
+            out = fn(*a, **k)
+            self.mark(after)
+            return out
+
+        return wrapped
+
+
 def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: argparse.Namespace, q) -> None:
     import torch
 
@@ -125,12 +184,18 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         learner=learner,
     )
     lrn.trim_after_step = kind != "full-notrim"
+    lrn.pack_responses = kind != "full-padded"
+    loaded = _rss()
+    phases = _Phases(lrn)
     rss_steps, heap_steps, kept_steps = [], [], []
     for step in range(args.steps):  # a fresh batch of the same shape each step, as in a run
         batch = _batch(len(lrn.tokenizer), args, seed=step)
         if world > 1:
             batch = shard_batch(batch, world)[rank]
+        phases.points.clear()
+        phases.mark("step start")
         m = lrn.step(batch)
+        phases.mark("step end (after the trim)")
         rss_steps.append(_rss())
         heap_steps.append(memory.stats())
         kept_steps.append(_kept_bytes(lrn))
@@ -142,13 +207,17 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
         "optim": sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v)),
         "reference": sum(_nbytes(p) for p in lrn.ref.parameters()) if lrn.ref is not None else 0,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss": max(phases.peak, phases.hwm()),  # not ru_maxrss: _Phases resets it
         "rss_before": before,
         "step_s": m["timing/learner_compute_s"],
         "config": lrn.model.config.to_dict(),
-        "micros": len(lrn._micro_batches(batch.samples)),
-        "max_micro_tokens": max(_tokens_run(mb, lrn.lcfg.share_prompt) for mb in lrn._micro_batches(batch.samples)),
-        "resp_tokens": sum(s.num_tokens for s in batch.samples),
+        "micros": [
+            (_tokens_run(mb, lrn.lcfg.share_prompt), sum(s.num_tokens for s in mb))
+            for mb in lrn._micro_batches(batch.samples)
+        ],
+        "world": world,
+        "rss_loaded": loaded,
+        "phases": phases.points,
         "chunk": chunk,
         "rss_steps": rss_steps,
         "heap_steps": heap_steps,
@@ -176,13 +245,23 @@ def _run(kind: str, world: int, model_path: str, args: argparse.Namespace) -> li
 
 
 def _floor(r: dict) -> int:
+    """State + the largest micro-batch's activations and logits (+ FSDP's gathered units); see the docstring."""
     c = r["config"]
     h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     kv = h * c.get("num_key_value_heads", c["num_attention_heads"]) // c["num_attention_heads"]
-    act = 4 * r["max_micro_tokens"] * layers * (8 * h + 2 * kv + 4 * i)
-    per_micro = r["resp_tokens"] // max(r["micros"], 1)
-    logits = 3 * 4 * (min(per_micro, r["chunk"]) if r.get("chunk") else per_micro) * v
-    return r["params"] + r["grads"] + r["optim"] + r["reference"] + act + logits
+
+    def micro(run: int, resp: int) -> int:
+        act = 4 * run * layers * (8 * h + 2 * kv + 4 * i)
+        return act + 3 * 4 * (min(resp, r["chunk"]) if r.get("chunk") else resp) * v
+
+    gathered = 0
+    if r["world"] > 1:  # the root's parameters stay gathered through forward and backward, with one layer's;
+        # both get a full-size gradient before the reduce-scatter
+        root = v * h * (1 if c.get("tie_word_embeddings") else 2) + h
+        layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+        gathered = 2 * 4 * (root + layer) * (r["world"] - 1) // r["world"]  # less the shards counted as state
+    act = max(micro(run, resp) for run, resp in r["micros"])
+    return r["params"] + r["grads"] + r["optim"] + r["reference"] + act + gathered
 
 
 def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
@@ -212,6 +291,29 @@ def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def _phases_table(rows: dict[str, list[dict]]) -> list[str]:
+    """The last step's points (``_Phases``): peak since the point before, resident, glibc live / free held."""
+    mb = 2**20
+    lines = [
+        "",
+        "inside the last step (MB): peak resident since the point before (VmHWM), resident at the point, "
+        "glibc in live blocks, glibc freed but held; 'forward'/'backward' are each micro-batch's",
+        "",
+        "| config | rank | point | peak since previous | RSS | glibc live | glibc free held |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, rs in rows.items():
+        for r in rs:
+            lines.append(
+                f"| {name} | {r['rank']} | model loaded (after the trim) | - | {r['rss_loaded'] / mb:.0f} | - | - |"
+            )
+            for label, rss, hwm, heap in r["phases"]:
+                live = f"{heap['in_use'] / mb:.0f}" if heap else "-"
+                held = f"{heap['free_held'] / mb:.0f}" if heap else "-"
+                lines.append(f"| {name} | {r['rank']} | {label} | {hwm / mb:.0f} | {rss / mb:.0f} | {live} | {held} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -226,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--logits-chunk-tokens", type=int, default=512, help="learner.logits_chunk_tokens of full-chunked")
     ap.add_argument("--steps", type=int, default=1, help="learner steps per configuration (RSS after each)")
-    ap.add_argument("--configs", default="full,fsdp,lora", help="comma-separated: full, full-chunked, fsdp, lora")
+    ap.add_argument(
+        "--configs",
+        default="full,fsdp,lora",
+        help="comma-separated: full, full-chunked, full-notrim, full-padded, fsdp, lora",
+    )
     ap.add_argument("--results", action="store_true", help="append the table to bench/RESULTS.md")
     args = ap.parse_args(argv)
     from rl.trainer.hub import resolve_model
@@ -236,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "full": ("1 worker", "full", 1),
         "full-chunked": (f"1 worker, logits in chunks of {args.logits_chunk_tokens}", "full-chunked", 1),
         "full-notrim": ("1 worker, no malloc_trim after a step", "full-notrim", 1),
+        "full-padded": ("1 worker, padded shared-prompt layout", "full-padded", 1),
         "fsdp": ("2 FSDP workers", "full", 2),
         "lora": (f"LoRA r={args.lora_rank}", "lora", 1),
     }
@@ -272,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"bytes per parameter (1 worker, fp32 AdamW): {state_full / n:.1f}"]
     if args.steps > 1:
         lines += _steps_table(rows)
+    lines += _phases_table(rows)
     text = "\n".join(lines)
     print(text)
     if args.results:

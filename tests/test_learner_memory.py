@@ -68,15 +68,34 @@ def _batch(tok) -> Batch:
 @pytest.mark.parametrize("on", [True, False])
 def test_learner_trims_after_each_step_unless_switched_off(tiny_model_path, tmp_path, monkeypatch, on):
     calls = []
-    monkeypatch.setattr(memory, "trim", lambda: calls.append(1) or True)
     cfg = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
     lrn = Learner(
         tiny_model_path, cfg, AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3)), threads=1, shm_dir=str(tmp_path)
     )
+    # counted from here: the trim after loading has its own test (test_learner_trims_after_loading_the_models)
+    monkeypatch.setattr(memory, "trim", lambda: calls.append(1) or True)
     try:
         lrn.trim_after_step = on
         for _ in range(2):
             lrn.step(_batch(lrn.tokenizer))
         assert len(calls) == (2 if on else 0)
+    finally:
+        lrn.shutdown()
+
+
+def test_learner_trims_after_loading_the_models(tiny_model_path, tmp_path, monkeypatch):
+    """The pages freed while loading (and, sharded, the full copy each rank drops) go back before the first step."""
+    calls = []
+    monkeypatch.setattr(memory, "trim", lambda: calls.append(1) or True)
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2))
+    lrn = Learner(
+        tiny_model_path,
+        ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False),
+        algo,
+        threads=1,
+        shm_dir=str(tmp_path / "s"),
+    )
+    try:
+        assert len(calls) == 1
     finally:
         lrn.shutdown()

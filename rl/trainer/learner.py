@@ -28,7 +28,10 @@ detached log-probs (the engine's log-probs differ by bf16/kernel noise and are r
 prompt's logits are never materialised); with ``learner.logits_chunk_tokens`` they go through it
 that many tokens at a time, each chunk recomputed in the backward (``rl.trainer.logits``), so a
 micro-batch's vocabulary-sized tensors stay bounded; with ``share_prompt`` a group's prompt runs
-once. Log-probs are computed in float32 under bf16 autocast.
+once, its responses packed after it in the same trunk call under a 4D mask, without padding
+(``rl.trainer.packing``; ``Learner.pack_responses = False`` runs the padded layout instead: the
+prompt, then the responses padded to the group's longest against its key/value cache). Log-probs
+are computed in float32 under bf16 autocast.
 
 Critic (an estimator with ``needs_critic``: ppo): ``algo.critic.model: value_head`` is a linear head on the
 policy's final hidden states (trained with the policy, its own learning rate ``algo.critic.lr``);
@@ -81,7 +84,7 @@ import torch
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import fsdp, lora, memory, precision
+from rl.trainer import fsdp, lora, memory, packing, precision
 from rl.trainer.logits import Entropy, head_logprobs
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (
@@ -224,6 +227,9 @@ class Learner:
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
         self._build_models(model_path)
+        # Loading (and sharding: each rank loads the whole model, then keeps its shard) frees what glibc keeps
+        # resident otherwise; hand it back before the first step (rl.trainer.memory).
+        memory.trim()
         self._build_optimizers(total_steps)
         self.kl_ctl = kl_controller(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         if world_size > 1:  # replicated modules (value head, separate critic) start identical; shards are disjoint
@@ -237,6 +243,9 @@ class Learner:
         # Hand the step's freed activations back to the OS after each step (rl.trainer.memory): without it
         # glibc keeps them and the resident memory grows over a run. False only to measure that growth.
         self.trim_after_step = True
+        # With share_prompt: a micro-batch's groups run packed in one trunk call (rl.trainer.packing); False runs
+        # each group as a prompt call + its responses padded to its longest (kept to measure and test against).
+        self.pack_responses = True
 
     def _pick_precision(self) -> tuple[bool, str]:
         """(autocast on?, note): ``model.autocast``, or with ``learner.precision: auto`` what was faster
@@ -396,6 +405,8 @@ class Learner:
         for s in samples:
             key = tuple(s.input_ids[: s.prompt_len])
             longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
+        if self.pack_responses:
+            return len(longest)  # one packed call per group
         return sum(1 + (r > 1) for r in longest.values())  # the prompt, then the responses when longer than 1
 
     def _response_hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -403,10 +414,11 @@ class Learner:
 
         Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
         counts masked response tokens, in row-major (sample, position) order, and T is the
-        longest response in ``samples``. With ``algo.share_prompt``, samples with the same
-        prompt (a GRPO group) run the prompt once and attend to its key/value cache,
-        repeated per member; gradients still flow through the prompt. Otherwise every
-        sample runs its full sequence.
+        longest response in ``samples``. With ``learner.share_prompt``, samples with the same
+        prompt (a GRPO group) run the prompt once: packed, in one call with their responses
+        after it (``rl.trainer.packing``); padded, attending to its key/value cache, repeated
+        per member. Gradients still flow through the prompt. Otherwise every sample runs its
+        full sequence.
         """
         T = max(len(s.loss_mask) for s in samples)
         if not self.lcfg.share_prompt:
@@ -415,14 +427,24 @@ class Learner:
         for b, s in enumerate(samples):
             by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
         hs, tg, ix = [], [], []
+        per_group = self._packed_hidden if self.pack_responses else self._shared_prompt_hidden
         for members in by_prompt.values():
-            h, t, i = self._shared_prompt_hidden(base, [samples[b] for b in members], members, T)
+            h, t, i = per_group(base, [samples[b] for b in members], members, T)
             hs.append(h)
             tg.append(t)
             ix.append(i)
         hidden, targets, index = torch.cat(hs), torch.cat(tg), torch.cat(ix)
         order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
         return hidden[order], targets[order], index[order]
+
+    def _packed_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
+        """One group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``)."""
+        # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
+        pk = packing.pack(members, rows_b, T, self.device, mask_dtype=next(base.parameters()).dtype)
+        hidden = self.lock.trunk(
+            base, input_ids=pk.input_ids, attention_mask=pk.mask, position_ids=pk.position_ids
+        ).last_hidden_state
+        return hidden[0, pk.cols], pk.targets, pk.index
 
     @staticmethod
     def _values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
@@ -512,27 +534,21 @@ class Learner:
         )
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Split into micro-batches of at most ``algo.micro_batch_tokens`` padded tokens.
+        """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed tokens.
 
         Samples sharing a prompt stay together (their prompt is computed once and costs
-        its length once); a group too large for the budget is split.
+        its length once; packed, ``pack_responses``, their responses cost their own lengths,
+        padded each costs the group's longest); a group too large for the budget is split.
         """
         budget = self.lcfg.micro_batch_tokens
         groups: dict[tuple[int, ...], list[Sample]] = {}
         for s in sorted(samples, key=lambda s: len(s.input_ids)):
             groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.lcfg.share_prompt else (id(s),), []).append(s)
-
-        def cost(group: list[Sample]) -> int:
-            longest = max(len(s.input_ids) for s in group)
-            if not self.lcfg.share_prompt:
-                return len(group) * longest
-            return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
-
         units: list[list[Sample]] = []
         for group in groups.values():
             chunk: list[Sample] = []
             for s in group:  # an oversized group is split (each part runs the prompt once)
-                if chunk and cost(chunk + [s]) > budget:
+                if chunk and self._unit_cost(chunk + [s]) > budget:
                     units.append(chunk)
                     chunk = []
                 chunk.append(s)
@@ -541,7 +557,7 @@ class Learner:
         cur: list[Sample] = []
         cur_cost = 0
         for unit in units:
-            c = cost(unit)
+            c = self._unit_cost(unit)
             if cur and cur_cost + c > budget:
                 out.append(cur)
                 cur, cur_cost = [], 0
@@ -550,6 +566,15 @@ class Learner:
         if cur:
             out.append(cur)
         return out
+
+    def _unit_cost(self, group: list[Sample]) -> int:
+        """Tokens one group (or part of one) computes: packed, or padded to its longest response."""
+        longest = max(len(s.input_ids) for s in group)
+        if not self.lcfg.share_prompt:
+            return len(group) * longest
+        if self.pack_responses:
+            return packing.packed_length(group)
+        return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
 
     # ---- training -------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, float]:

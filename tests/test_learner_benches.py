@@ -1,0 +1,89 @@
+"""The memory and floor benches' own arithmetic (bench/learner_memory.py, bench/learner_floor.py), without a model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import learner_floor, learner_memory  # noqa: E402
+from rl.algos.batch import Sample  # noqa: E402
+
+CFG = {
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 100,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "tie_word_embeddings": True,
+}
+
+
+def _row(micros, world=1, chunk=0):
+    return {
+        "config": CFG,
+        "params": 0,
+        "grads": 0,
+        "optim": 0,
+        "reference": 0,
+        "micros": micros,
+        "world": world,
+        "chunk": chunk,
+    }
+
+
+def test_floor_takes_the_largest_micro_batch_not_the_average():
+    h, i, layers, v, kv = 8, 16, 2, 100, 4
+    per = lambda run, resp: 4 * run * layers * (8 * h + 2 * kv + 4 * i) + 12 * resp * v  # noqa: E731
+    assert learner_memory._floor(_row([(10, 5), (40, 30)])) == per(40, 30)
+    assert learner_memory._floor(_row([(40, 30)], chunk=8)) == per(40, 8)  # chunked logits: C tokens at most
+
+
+def test_floor_adds_fsdps_unsharded_root_and_layer_only_when_sharded():
+    one = learner_memory._floor(_row([(40, 30)]))
+    two = learner_memory._floor(_row([(40, 30)], world=2))
+    root = 100 * 8 + 8  # tied embeddings/lm_head + final norm
+    layer = 2 * 8 * 8 + 2 * 8 * 4 + 3 * 8 * 16 + 2 * 8
+    assert two - one == 2 * 4 * (root + layer) // 2  # gathered params + full grads, less the shards
+
+
+class _Fake:
+    def _forward(self):
+        return "f"
+
+    def _accumulate(self):
+        self._forward()
+        return "a"
+
+    def _update(self):
+        return 1
+
+
+def test_phases_mark_every_point_and_keep_the_peak_over_resets():
+    lrn = _Fake()
+    ph = learner_memory._Phases(lrn)
+    start_peak = ph.peak  # the process's peak so far (loading), read before the first reset
+    assert lrn._accumulate() == "a" and lrn._update() == 1
+    assert [p[0] for p in ph.points] == ["forward", "backward", "grads reduced", "optimizer step"]
+    assert ph.peak >= start_peak  # the resets of VmHWM do not lower it
+    assert ph.peak >= max(p[2] for p in ph.points)
+
+
+def _s(prompt, n):
+    return Sample(prompt + list(range(20, 20 + n)), len(prompt), [1] * n, [-1.0] * n, 1.0, "t")
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_gemm_shapes_follow_the_layout(packed):
+    samples = [_s([1, 2, 3, 4], 5), _s([1, 2, 3, 4], 3), _s([7, 8, 9, 9], 2), _s([7, 8, 9, 9], 6)]
+    shapes = learner_floor._gemm_shapes(CFG, samples, 7, packed)
+    assert shapes[-3:] == [(7, 8, 100, 1.0), (7, 100, 8, 1.0), (8, 7, 100, 1.0)]  # lm_head at the micro-batch's tokens
+    ms = sorted({m for m, _, _, _ in shapes[:-3][0::3]})  # the forward product of each linear: M = the call's tokens
+    if packed:  # one call per group of its packed length: 4 + 4 + 2 and 4 + 1 + 5 -> mean 10
+        assert ms == [10]
+    else:  # the prompt (4) and the responses padded to the longest: 2 x 4, 2 x 5 -> mean 9
+        assert ms == [4, 9]
