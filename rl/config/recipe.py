@@ -442,11 +442,11 @@ class LearnerConfig(Section):
         1, "learner actors; 2+ shard the policy and reference with FSDP2 (gloo on CPU, NCCL on GPU)", ge=1
     )
     micro_batch_tokens: int = knob(4096, "forward/backward in micro-batches of at most this many tokens", ge=1)
-    share_prompt: bool = knob(True, "run a group's shared prompt once (its KV cache serves every member)")
-    lora: LoraConfig = knob(doc="adapters instead of full fine-tuning", factory=LoraConfig)
-    activation_checkpointing: bool = knob(
-        False, "recompute each decoder layer's activations in the backward (needs share_prompt: false)"
+    share_prompt: bool = knob(
+        True, "run a group's shared prompt once, its members' responses packed after it in one sequence"
     )
+    lora: LoraConfig = knob(doc="adapters instead of full fine-tuning", factory=LoraConfig)
+    activation_checkpointing: bool = knob(False, "recompute each decoder layer's activations in the backward")
     precision: Literal["manual", "auto"] = knob(
         "manual", "manual: model.autocast decides | auto: time bf16 autocast vs fp32 at start, use the faster (logged)"
     )
@@ -456,14 +456,6 @@ class LearnerConfig(Section):
         "micro-batch's vocabulary-sized tensors stay bounded (0 = all at once)",
         ge=0,
     )
-
-    def check(self) -> None:
-        if self.activation_checkpointing and self.share_prompt:
-            raise FieldError(
-                "activation_checkpointing",
-                "needs learner.share_prompt: false (a shared prompt's key/value cache would be written twice "
-                "when its layers are recomputed)",
-            )
 
 
 RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")

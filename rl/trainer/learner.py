@@ -427,6 +427,9 @@ class Learner:
         for b, s in enumerate(samples):
             by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
         hs, tg, ix = [], [], []
+        if self.lcfg.activation_checkpointing and not self.pack_responses:
+            # The padded layout's prompt call fills a key/value cache that recomputed layers would write twice.
+            raise RuntimeError("activation checkpointing with a shared prompt needs the packed layout")
         per_group = self._packed_hidden if self.pack_responses else self._shared_prompt_hidden
         for members in by_prompt.values():
             h, t, i = per_group(base, [samples[b] for b in members], members, T)
