@@ -12,7 +12,8 @@ from rl.algos.batch import Batch, Sample
 from rl.config.recipe import AlgoConfig, LearnerConfig, LossConfig, ModelConfig, OptimConfig
 from rl.trainer.learner import Learner
 
-MODEL_CFG = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
+# A bf16 reference (the former default): from step 1 it differs from the fp32 policy, so KL terms are non-zero.
+MODEL_CFG = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False, reference_dtype="bfloat16")
 ALGO = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2))
 
 PROMPT_A = "<|im_start|>user\nweather in Paris<|im_end|>\n<|im_start|>assistant\n"

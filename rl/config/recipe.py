@@ -89,7 +89,11 @@ class ModelConfig(Section):
     )
     learner_dtype: Literal["float32", "bfloat16"] = knob("float32", "learner master weights")
     autocast: bool = knob(True, "bf16 autocast for learner forward/backward (2-2.7x faster on AVX-512 bf16 CPUs)")
-    reference_dtype: Dtype = knob("bfloat16", "frozen reference model for the KL term")
+    reference_dtype: Literal["float32", "bfloat16", "float16", "auto"] = knob(
+        "auto",
+        "frozen reference model for the KL term; auto: bfloat16 on GPU or when the learner runs bf16 autocast, "
+        "else float32 (on a CPU without fast bf16 a bf16 reference forward ran 4.6x slower than fp32)",
+    )
 
 
 # Task fields a dataset column can fill (``data.*_datasets[i].columns``: task field -> column). ``prompt``

@@ -247,6 +247,15 @@ class Learner:
         # each group as a prompt call + its responses padded to its longest (kept to measure and test against).
         self.pack_responses = True
 
+    def reference_dtype(self) -> str:
+        """``model.reference_dtype``; ``auto``: bfloat16 on GPU or under bf16 autocast, else float32 (the
+        learner's precision, which ``learner.precision: auto`` times: a bf16 reference on a CPU without
+        fast bf16 matmuls would be the slowest pass of the step)."""
+        d = self.model_cfg.reference_dtype
+        if d != "auto":
+            return d
+        return "bfloat16" if self.device.type == "cuda" or self.use_autocast else "float32"
+
     def _pick_precision(self) -> tuple[bool, str]:
         """(autocast on?, note): ``model.autocast``, or with ``learner.precision: auto`` what was faster
         when timed on this host (``rl.trainer.precision``)."""
@@ -290,7 +299,7 @@ class Learner:
         self.ref = None
         self.has_ref = self.est.needs_reference(algo)  # no KL term: no reference model, and no reference forward
         if self.has_ref and self.peft is None:
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[model_cfg.reference_dtype]).to(
+            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[self.reference_dtype()]).to(
                 self.device
             )
             self.ref.eval().requires_grad_(False)

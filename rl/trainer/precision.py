@@ -11,8 +11,9 @@ recipes target runs bf16 at least as fast). The timing runs once per process and
 ``resolve(recipe, device)`` is what a runtime calls at start-up, before any learner or engine
 exists: with ``learner.precision: auto`` and/or ``model.engine_dtype: auto`` on a CPU run it times
 once (on the driver's host) and returns the recipe with both made concrete: the learner's
-``model.autocast`` (and ``learner.precision: manual``, so the learners do not time again) and the
-engines' dtype (bfloat16 when bf16 autocast won, else float32), plus the line to log. On a GPU run
+``model.autocast`` (and ``learner.precision: manual``, so the learners do not time again), the
+engines' dtype and the KL reference's (``auto``: bfloat16 when bf16 autocast won, else float32),
+plus the line to log. On a GPU run
 ``engine_dtype: auto`` is bfloat16 and the learners' own ``auto`` stays (bf16, untimed). On CPU with
 ``learner.precision: manual``, ``engine_dtype: auto`` is bfloat16 (the engines' former default).
 
@@ -105,10 +106,13 @@ def resolve(recipe: Any, device: str) -> tuple[Any, str]:
     choice = pick(torch.device("cpu"))
     model = dataclasses.replace(model, autocast=choice.autocast)
     notes = [choice.describe()]
+    dtype = "bfloat16" if choice.autocast else "float32"
     if engine_auto:
-        dtype = "bfloat16" if choice.autocast else "float32"
         model = dataclasses.replace(model, engine_dtype=dtype)
         notes.append(f"engine_dtype auto: {dtype}")
+    if model.reference_dtype == "auto":  # the KL reference runs at the learner's precision
+        model = dataclasses.replace(model, reference_dtype=dtype)
+        notes.append(f"reference_dtype auto: {dtype}")
     learner = dataclasses.replace(lcfg, precision="manual")  # the learners follow this timing, untimed
     return dataclasses.replace(recipe, model=model, learner=learner), "; ".join(notes)
 
