@@ -248,13 +248,10 @@ class Learner:
         self.pack_responses = True
 
     def reference_dtype(self) -> str:
-        """``model.reference_dtype``; ``auto``: bfloat16 on GPU or under bf16 autocast, else float32 (the
-        learner's precision, which ``learner.precision: auto`` times: a bf16 reference on a CPU without
-        fast bf16 matmuls would be the slowest pass of the step)."""
-        d = self.model_cfg.reference_dtype
-        if d != "auto":
-            return d
-        return "bfloat16" if self.device.type == "cuda" or self.use_autocast else "float32"
+        """``model.reference_dtype`` at this learner's device and precision (``precision.reference_dtype``)."""
+        return precision.reference_dtype(
+            self.model_cfg.reference_dtype, cuda=self.device.type == "cuda", autocast=self.use_autocast
+        )
 
     def _pick_precision(self) -> tuple[bool, str]:
         """(autocast on?, note): ``model.autocast``, or with ``learner.precision: auto`` what was faster

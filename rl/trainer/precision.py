@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Choice", "matmul_gflops", "pick", "timed_choice", "resolve", "resolve_logged"]
+__all__ = ["Choice", "matmul_gflops", "pick", "timed_choice", "resolve", "resolve_logged", "reference_dtype"]
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,19 @@ def resolve(recipe: Any, device: str) -> tuple[Any, str]:
         model = dataclasses.replace(model, engine_dtype=dtype)
         notes.append(f"engine_dtype auto: {dtype}")
     if model.reference_dtype == "auto":  # the KL reference runs at the learner's precision
-        model = dataclasses.replace(model, reference_dtype=dtype)
-        notes.append(f"reference_dtype auto: {dtype}")
+        ref = reference_dtype("auto", cuda=False, autocast=choice.autocast)
+        model = dataclasses.replace(model, reference_dtype=ref)
+        notes.append(f"reference_dtype auto: {ref}")
     learner = dataclasses.replace(lcfg, precision="manual")  # the learners follow this timing, untimed
     return dataclasses.replace(recipe, model=model, learner=learner), "; ".join(notes)
+
+
+def reference_dtype(setting: str, cuda: bool, autocast: bool) -> str:
+    """``model.reference_dtype`` made concrete: ``auto`` is bfloat16 on GPU or under bf16 autocast, else
+    float32 (a bf16 reference on a CPU without fast bf16 matmuls is the slowest pass of a step)."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if cuda or autocast else "float32"
 
 
 def resolve_logged(recipe: Any, device: str) -> Any:
