@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from envs.types import Generation, Sampling
+from rollout.reaper import start_reaper
 
 
 def configure_vllm_env(kv_cache_gib: float) -> None:
@@ -117,6 +118,8 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
         self._closed = False
         self._core_procs = _core_processes(self.llm)
+        # vLLM's core processes outlive a SIGKILLed parent (see rollout.reaper): kill them then.
+        self._reaper = start_reaper([p.pid for p in self._core_procs])
 
     def alive(self) -> str | None:
         """None while the engine can serve; else why not (its engine core process exited, or vLLM's
@@ -242,6 +245,9 @@ class VLLMEngine:
                 core.shutdown()
         finally:
             del self.llm
+            if self._reaper is not None:
+                self._reaper.terminate()
+                self._reaper.wait(timeout=10)
 
 
 def _core_processes(llm: Any) -> list[Any]:

@@ -64,8 +64,9 @@ def _finite(v: Any) -> bool:
 LIVE_FILE = ".live.json"
 
 
-# How long a resumed run waits for a killed run's orphaned engine processes to exit (they die on
-# their own, seconds after their parent) before it leaves their shared memory in place.
+# How long a resumed run waits for a killed run's engine processes to exit (vLLM's engine cores
+# do not notice their worker's death; rollout.reaper kills them within a second of it) before it
+# leaves their shared memory in place.
 _DEAD_ENGINE_WAIT_S = 60.0
 
 
