@@ -70,7 +70,8 @@ def shard(model: torch.nn.Module, *, bf16_compute: bool = False) -> torch.nn.Mod
     """``fully_shard`` each decoder layer, then the root; SUM gradient reduction. In place; returns ``model``.
 
     ``bf16_compute``: FSDP's ``MixedPrecisionPolicy`` (bf16 parameters in compute, fp32 gradient
-    reduction, fp32 master weights); meant for CUDA, where it replaces autocast (not run here: no GPU).
+    reduction, fp32 master weights); the learner uses it on CUDA, where it replaces autocast. It runs on
+    CPU over gloo too (tests/test_fsdp_mixed_precision.py); it has not run on a GPU.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
