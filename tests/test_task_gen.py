@@ -132,25 +132,20 @@ def test_code_and_terminal_prefill_by_rung(generated):
             assert t.code.solution.split("\n", 1)[0].removeprefix("def ").removesuffix(":") in t.messages[-1].content
         else:
             assert t.prefill == "```python\n"
-    # Terminal rung 0 pre-starts the fence and the reference command up to its last word (the
-    # file to create is left), rung 1 up to its output (`> out` or the destination is left),
-    # rung 2 the command word with its flags (no trailing space: the tokenizer writes the space
-    # with the next word), rung 3 the fence; the same rule on train and eval templates.
+    # Terminal rungs 0-1 pre-start the fence and the reference command up to its last word (the
+    # file to create is left), rung 2 the command word with its flags (no trailing space: the
+    # tokenizer writes the space with the next word), rung 3 the fence; the same rule on train
+    # and eval templates.
     for t in generated["terminal"][0] + generated["terminal"][1]:
         solution, rung = t.terminal.solution, t.meta["rung"]
         assert t.prefill.startswith("```bash\n")
         lead = t.prefill.removeprefix("```bash\n")
         assert not lead.endswith(" ") and solution.startswith(lead)
         left = solution.removeprefix(lead)
-        if rung == 0:
+        if rung <= 1:
             # Only the name of the file to create is left, and the request gives that name.
             assert left.startswith(" ") and len(left.split()) == 1
             assert left.strip().strip("'") in t.messages[-1].content
-        elif rung == 1:
-            assert left.startswith(" ") and (
-                left.startswith(" > ") and len(left.split()) == 2 or len(left.split()) == 1
-            )
-            assert left.split()[-1].strip("'") in t.messages[-1].content
         elif rung == 2:
             assert lead.split(" ")[0] == solution.split(" ")[0] and solution.startswith(lead + " ")
             assert all(w.startswith("-") for w in lead.split(" ")[1:])
@@ -159,7 +154,8 @@ def test_code_and_terminal_prefill_by_rung(generated):
     prefills = {t.meta["template"]: t.prefill for t in generated["terminal"][0]}
     assert prefills["touch_file"] == "```bash\ntouch"
     assert prefills["write_line"].startswith("```bash\necho ") and prefills["write_line"].endswith(" >")
-    assert prefills["count_lines"].startswith("```bash\nwc -l < ") and prefills["count_lines"].endswith(".txt")
+    assert prefills["count_lines"].startswith("```bash\nwc -l < ") and prefills["count_lines"].endswith(".txt >")
+    assert prefills["copy_file"].startswith("```bash\ncp ") and prefills["copy_file"].count(" ") == 1
     assert prefills["head_n"] == "```bash\nhead -n" and prefills["sort_lines"] == "```bash\nsort"
 
 

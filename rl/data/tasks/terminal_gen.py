@@ -10,10 +10,10 @@ number); 1 = one command over a given file (count its lines or characters, copy 
 take its first line); 2 = a filter into a new file (the lines holding a word, sorted lines, the
 first k lines); 3 = several parts (make a directory, move files into it, write how many), scored
 with partial credit. The first turn is pre-started by rung (``Task.prefill``, the same rule for
-train and eval templates, :func:`prefill_for`): rung 0 with the opening ```` ```bash ```` fence
-AND the reference command up to its last word (``touch``, ``echo 'a line' >``: the name of the
-file to create is left), rung 1 up to its output (``wc -l < notes_4.txt``, ``cp notes_4.txt``:
-the ``> output`` or the destination is left), rung 2 the command word and its leading flags
+train and eval templates, :func:`prefill_for`): rungs 0-1 with the opening ```` ```bash ````
+fence AND the reference command up to its last word (``touch``, ``echo 'a line' >``,
+``wc -l < notes_4.txt >``, ``cp notes_4.txt``: the name of the file to create, which the
+request gives, is left), rung 2 the command word and its leading flags
 (``grep -w``, ``head -n``), rung 3 the fence only. Every pre-start is a prefix of the reference
 solution's first turn and alone scores 0.0. The system prompt is the ladder's own
 (:data:`SYSTEM_PROMPT`): the reply format shown by one worked example of a chore that is no
@@ -557,25 +557,15 @@ def _without_last_word(solution: str) -> str:
     return solution[: solution.rindex(" ")]
 
 
-def _without_output(solution: str) -> str:
-    """The solution without its ``> output`` redirect, or without its last word when it has
-    none (``wc -l < a.txt``, ``cp a.txt``): the command with its input file."""
-    if " > " in solution:
-        return solution[: solution.rindex(" > ")]
-    return _without_last_word(solution)
-
-
 def prefill_for(rung: int, solution: str) -> str:
     """The first turn's pre-start on ``rung`` for a task whose reference command is ``solution``:
-    rung 0 the fence and the command up to its last word (the name of the file to create is
-    left to write), rung 1 the command with its input file (the ``> output`` or the destination
-    is left), rung 2 the fence and :func:`_lead`, rung 3 the fence. Always a prefix of the
-    reference's first turn (``FENCE + solution``); every rung-0/1 reference is one command whose
-    last word is the file the request names, so the pre-start alone never creates it."""
-    if rung == 0:
+    rungs 0-1 the fence and the command up to its last word (the file to create or write into
+    is left: ``echo 'a line' >``, ``wc -l < a.txt >``, ``cp a.txt``), rung 2 the fence and
+    :func:`_lead`, rung 3 the fence. Always a prefix of the reference's first turn
+    (``FENCE + solution``); every rung-0/1 reference is one command whose last word is the file
+    the request names, so the pre-start alone never creates it."""
+    if rung <= 1:
         return FENCE + _without_last_word(solution)
-    if rung == 1:
-        return FENCE + _without_output(solution)
     return FENCE + _lead(solution) if rung == 2 else FENCE
 
 
@@ -594,8 +584,10 @@ def _prefilled(make: _T, rung: int) -> _T:
 # The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
 # <tool_call> pre-started), applied here. With rungs 0-1 pre-started up to the command word and
 # its flags only 1 of 11 train tasks had 0 < pass@8 < 1 (2026-12-01): the model wrote real
-# commands with wrong arguments. So each rung pre-starts one notch more: rung 0 leaves only the
-# name of the file to create, rung 1 the output, rung 2 the arguments, rung 3 the command.
+# commands with wrong arguments. So each rung pre-starts more: rungs 0-1 leave only the name of
+# the file to create, rung 2 the arguments, rung 3 the command. Rung 1 pre-started up to its
+# input file (`wc -l < a.txt`, the ` > count.txt` left) had 1 of 5 tasks with signal, only `cp`:
+# the three needing a `>` redirect 0 of 8 each (14 train tasks, 2026-12-02).
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 
