@@ -98,14 +98,14 @@ def test_toolcall_ladder_knobs(generated):
         assert '"properties"' not in system and "<arguments" not in system
         if t.meta["rung"] == 0:
             assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
-        # Lower rungs pre-start more of the call (rung 0: up to the first argument's value;
-        # 1-2: into the arguments, the name given; 3: up to the name).
+        # Lower rungs pre-start more of the call (rungs 0-1: up to the first argument's value;
+        # 2: into the arguments, the name given; 3: up to the name).
         name = t.tool_call.expected[0].name
         head = f'<tool_call>{{"name": "{name}", "arguments": {{'
-        if t.meta["rung"] == 0:
+        if t.meta["rung"] <= 1:
             first_key = next(iter(t.tool_call.expected[0].allowed))
             assert t.prefill == f'{head}"{first_key}":'
-        elif t.meta["rung"] in (1, 2):
+        elif t.meta["rung"] == 2:
             assert t.prefill == head + '"'
         else:
             assert t.prefill == '<tool_call>{"name": "'
