@@ -98,19 +98,17 @@ def test_toolcall_ladder_knobs(generated):
         assert '"properties"' not in system and "<arguments" not in system
         if t.meta["rung"] == 0:
             assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
-        # Lower rungs pre-start more of the call (rung 0: up to the first argument's value;
-        # 1: into the arguments; 2: up to the name; 3: only the tag).
+        # Lower rungs pre-start more of the call (rungs 0-1: up to the first argument's value;
+        # 2: into the arguments, the name given; 3: up to the name).
         name = t.tool_call.expected[0].name
         head = f'<tool_call>{{"name": "{name}", "arguments": {{'
-        if t.meta["rung"] == 0:
+        if t.meta["rung"] <= 1:
             first_key = next(iter(t.tool_call.expected[0].allowed))
             assert t.prefill == f'{head}"{first_key}":'
-        elif t.meta["rung"] == 1:
-            assert t.prefill == head + '"'
         elif t.meta["rung"] == 2:
-            assert t.prefill == '<tool_call>{"name": "'
+            assert t.prefill == head + '"'
         else:
-            assert t.prefill == "<tool_call>"
+            assert t.prefill == '<tool_call>{"name": "'
 
 
 def test_toolcall_ladder_prefill_levels_end_at_a_token_boundary_and_reject_bad_levels():
@@ -134,33 +132,61 @@ def test_code_and_terminal_prefill_by_rung(generated):
             assert t.code.solution.split("\n", 1)[0].removeprefix("def ").removesuffix(":") in t.messages[-1].content
         else:
             assert t.prefill == "```python\n"
-    # Terminal rungs 0-1 pre-start the fence and the reference command's first word with its
-    # flags (no trailing space: the tokenizer writes the space with the next word), rung 2 the
-    # fence, rung 3 nothing; the same rule on train and eval templates.
+    # Terminal rungs 0-1 pre-start the fence and the reference command up to its last word (the
+    # file to create is left), rung 2 the command word with its flags (no trailing space: the
+    # tokenizer writes the space with the next word), rung 3 the fence; the same rule on train
+    # and eval templates.
     for t in generated["terminal"][0] + generated["terminal"][1]:
-        solution = t.terminal.solution
-        if t.meta["rung"] <= 1:
-            lead = t.prefill.removeprefix("```bash\n")
-            assert t.prefill.startswith("```bash\n") and lead and not lead.endswith(" ")
-            assert solution.startswith(lead + " ") and lead.split(" ")[0] == solution.split(" ")[0]
+        solution, rung = t.terminal.solution, t.meta["rung"]
+        assert t.prefill.startswith("```bash\n")
+        lead = t.prefill.removeprefix("```bash\n")
+        assert not lead.endswith(" ") and solution.startswith(lead)
+        left = solution.removeprefix(lead)
+        if rung <= 1:
+            # Only the name of the file to create is left, and the request gives that name.
+            assert left.startswith(" ") and len(left.split()) == 1
+            assert left.strip().strip("'") in t.messages[-1].content
+        elif rung == 2:
+            assert lead.split(" ")[0] == solution.split(" ")[0] and solution.startswith(lead + " ")
             assert all(w.startswith("-") for w in lead.split(" ")[1:])
         else:
-            assert t.prefill == ("```bash\n" if t.meta["rung"] == 2 else "")
-    leads = {t.prefill for t in generated["terminal"][0] if t.meta["rung"] <= 1}
-    assert {"```bash\ntouch", "```bash\necho", "```bash\nwc -l", "```bash\nhead -n"} <= leads
+            assert lead == ""
+    prefills = {t.meta["template"]: t.prefill for t in generated["terminal"][0]}
+    assert prefills["touch_file"] == "```bash\ntouch"
+    assert prefills["write_line"].startswith("```bash\necho ") and prefills["write_line"].endswith(" >")
+    assert prefills["count_lines"].startswith("```bash\nwc -l < ") and prefills["count_lines"].endswith(".txt >")
+    assert prefills["copy_file"].startswith("```bash\ncp ") and prefills["copy_file"].count(" ") == 1
+    assert prefills["head_n"] == "```bash\nhead -n" and prefills["sort_lines"] == "```bash\nsort"
 
 
 def test_terminal_ladder_system_prompt_shows_one_worked_episode(generated):
     prompt = terminal_gen.SYSTEM_PROMPT
     # The example: a request, the fenced one-line command, the env's answer, then the done marker.
+    # Its command has the low rungs' shape: an input file the request names, `>` an output file.
     example = prompt[prompt.index("Example:") :]
-    assert "User: " in example and "```bash\npwd > where.txt\n```" in example
+    assert "User: " in example and "```bash\ntac colors.md > reversed.cfg\n```" in example
+    assert "`colors.md`" in example and "`reversed.cfg`" in example
     assert example.rstrip().endswith("User: exit code 0\nAssistant: DONE")
     assert prompt.count("```bash") == 2  # the rule's mention and the example: one example only
     train, held = generated["terminal"]
     assert all(t.messages[0] == Message("system", prompt) for t in train + held)
     # The example's chore is no task of either split (copying it never pays).
-    assert not any("where.txt" in t.messages[-1].content or "pwd" in t.terminal.solution for t in train + held)
+    assert not any(
+        "reversed.cfg" in t.messages[-1].content
+        or "colors.md" in t.messages[-1].content
+        or "tac" in t.terminal.solution
+        for t in train + held
+    )
+
+
+def test_terminal_one_step_templates_on_the_low_rungs(generated):
+    # Rungs 0-1 hold one-command answers, rungs 0-1 have more train templates than before.
+    train, held = generated["terminal"]
+    low = {t.meta["template"] for t in train if t.meta["rung"] <= 1}
+    assert {"write_number", "count_chars", "join_files"} <= low and len(low) == 8
+    for t in train + held:
+        if t.meta["rung"] <= 1:
+            assert "&&" not in t.terminal.solution and ";" not in t.terminal.solution and "|" not in t.terminal.solution
 
 
 def test_quickstart_generator_unchanged_by_the_ladder(tmp_path):

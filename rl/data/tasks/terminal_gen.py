@@ -5,17 +5,20 @@
 writes ``terminal_ladder.train.jsonl`` and ``terminal_ladder.eval.jsonl`` (held out BY
 TEMPLATE, see :mod:`rl.data.tasks.ladder`). Same seed, same bytes.
 
-Rungs: 0 = one file-system action named in the prompt (create a file, write a given line);
-1 = one command over a given file (count its lines, copy it, take its first line);
-2 = a filter into a new file (the lines holding a word, sorted lines, the first k lines);
-3 = several parts (make a directory, move files into it, write how many), scored with
-partial credit. The first turn is pre-started by rung (``Task.prefill``, the same rule for
-train and eval templates): rungs 0-1 with the opening ```` ```bash ```` fence AND the
-reference command's first word and its leading flags (``touch``, ``wc -l``, ``head -n``), rung
-2 with the fence only, rung 3 not at all. Every pre-start is a prefix of the reference
+Rungs: 0 = one file-system action named in the prompt (create a file, write a given line or
+number); 1 = one command over a given file (count its lines or characters, copy it, join two,
+take its first line); 2 = a filter into a new file (the lines holding a word, sorted lines, the
+first k lines); 3 = several parts (make a directory, move files into it, write how many), scored
+with partial credit. The first turn is pre-started by rung (``Task.prefill``, the same rule for
+train and eval templates, :func:`prefill_for`): rungs 0-1 with the opening ```` ```bash ````
+fence AND the reference command up to its last word (``touch``, ``echo 'a line' >``,
+``wc -l < notes_4.txt >``, ``cp notes_4.txt``: the name of the file to create, which the
+request gives, is left), rung 2 the command word and its leading flags
+(``grep -w``, ``head -n``), rung 3 the fence only. Every pre-start is a prefix of the reference
 solution's first turn and alone scores 0.0. The system prompt is the ladder's own
 (:data:`SYSTEM_PROMPT`): the reply format shown by one worked example of a chore that is no
-template of either split.
+template of either split, with the shape of the low rungs' answers (an input file, a command,
+``>`` an output file).
 
 Checks use the existing schema (:class:`envs.types.TerminalSpec`): a check is a list of
 sub-checks of equal weight; it exits 0 when all pass, else prints ``FAIL: <why>`` per
@@ -50,16 +53,21 @@ FENCE = "```bash\n"
 # than it follows rules, so here the format is shown by ONE worked episode: a fixed chore that is
 # no template of either split (copying it never pays), its one-line command in a fence, the
 # observation the env answers (envs.terminal: "exit code N" then the output) and the done marker.
+# The example has the shape of the low rungs' answers: an input file the request names, a
+# command, and `>` into the output file the request names, with names whose extensions are not
+# .txt. The earlier example (`pwd > where.txt`, no input file) left the model writing `.txt` for a
+# `.cfg` name, leaving out the `> file` redirect and swapping input and output (read back
+# 2026-12-01, bench/RESULTS.md).
 SYSTEM_PROMPT = "\n".join(
     [
         "You are in a Linux terminal (bash), in your work directory. Reply with ONE shell command in a "
         f"```bash block; you then see its exit code and output. When the task is done, reply {DONE_MARKER}.",
         "",
         "Example:",
-        "User: Write the path of the current directory into a new file named `where.txt`.",
+        "User: Write the lines of the file `colors.md` in reverse order into a new file named `reversed.cfg`.",
         "Assistant:",
         "```bash",
-        "pwd > where.txt",
+        "tac colors.md > reversed.cfg",
         "```",
         "User: exit code 0",
         f"Assistant: {DONE_MARKER}",
@@ -172,6 +180,16 @@ def _write_line(rng: random.Random) -> Task:
     )
 
 
+def _write_number(rng: random.Random) -> Task:
+    name, n = _fname(rng), rng.randint(2, 999)
+    return _task(
+        f"Write the number {n} into a new file named `{name}`.",
+        "",
+        [(value(name, str(n)), f"{name} does not hold the number")],
+        f"echo {n} > {sq(name)}",
+    )
+
+
 def _make_dir(rng: random.Random) -> Task:
     name = f"{rng.choice(WORDS)}_{rng.randint(1, 99)}"
     return _task(
@@ -225,6 +243,30 @@ def _first_line(rng: random.Random) -> Task:
         put(src, _text(lines)),
         [(holds("first.txt", lines[0]), "first.txt does not hold the first line")],
         f"head -n 1 {sq(src)} > first.txt",
+    )
+
+
+def _count_chars(rng: random.Random) -> Task:
+    src, body = _fname(rng, "txt"), _text(_lines(rng, rng.randint(2, 6)))
+    return _task(
+        f"Write the number of characters of the file `{src}` into a new file named `size.txt`.",
+        put(src, body),
+        [(value("size.txt", str(len(body))), "size.txt does not hold the character count")],
+        f"wc -c < {sq(src)} > size.txt",
+    )
+
+
+def _join_files(rng: random.Random) -> Task:
+    a = _fname(rng, "txt")
+    b = _fname(rng, "txt")
+    while b == a:
+        b = _fname(rng, "txt")
+    body_a, body_b = _text(_lines(rng, rng.randint(1, 3))), _text(_lines(rng, rng.randint(1, 3)))
+    return _task(
+        f"Write the contents of `{a}` followed by the contents of `{b}` into a new file named `both.txt`.",
+        "\n".join([put(a, body_a), put(b, body_b)]),
+        [(holds("both.txt", body_a + body_b), f"both.txt is not {a} followed by {b}")],
+        f"cat {sq(a)} {sq(b)} > both.txt",
     )
 
 
@@ -471,11 +513,14 @@ _T = Callable[[random.Random], Task]
 _SPEC: list[tuple[str, int, str, _T]] = [
     ("touch_file", 0, "train", _touch_file),
     ("write_line", 0, "train", _write_line),
+    ("write_number", 0, "train", _write_number),
     ("make_dir", 0, "eval", _make_dir),
     ("delete_file", 0, "eval", _delete_file),
     ("count_lines", 1, "train", _count_lines),
     ("copy_file", 1, "train", _copy_file),
     ("first_line", 1, "train", _first_line),
+    ("count_chars", 1, "train", _count_chars),
+    ("join_files", 1, "train", _join_files),
     ("count_words", 1, "eval", _count_words),
     ("rename_file", 1, "eval", _rename_file),
     ("last_line", 1, "eval", _last_line),
@@ -507,13 +552,21 @@ def _lead(solution: str) -> str:
     return " ".join(words[:n])
 
 
+def _without_last_word(solution: str) -> str:
+    """The solution up to its last word, no trailing space (``echo 'a line' >``, ``touch``)."""
+    return solution[: solution.rindex(" ")]
+
+
 def prefill_for(rung: int, solution: str) -> str:
     """The first turn's pre-start on ``rung`` for a task whose reference command is ``solution``:
-    rungs 0-1 the fence and :func:`_lead`, rung 2 the fence, rung 3 nothing. Always a prefix of
-    the reference's first turn (``FENCE + solution``)."""
+    rungs 0-1 the fence and the command up to its last word (the file to create or write into
+    is left: ``echo 'a line' >``, ``wc -l < a.txt >``, ``cp a.txt``), rung 2 the fence and
+    :func:`_lead`, rung 3 the fence. Always a prefix of the reference's first turn
+    (``FENCE + solution``); every rung-0/1 reference is one command whose last word is the file
+    the request names, so the pre-start alone never creates it."""
     if rung <= 1:
-        return FENCE + _lead(solution)
-    return FENCE if rung == 2 else ""
+        return FENCE + _without_last_word(solution)
+    return FENCE + _lead(solution) if rung == 2 else FENCE
 
 
 def _prefilled(make: _T, rung: int) -> _T:
@@ -529,8 +582,12 @@ def _prefilled(make: _T, rung: int) -> _T:
 
 
 # The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
-# <tool_call> pre-started), applied here: on the low rungs the reply format and the command word
-# are given, the command's arguments are not.
+# <tool_call> pre-started), applied here. With rungs 0-1 pre-started up to the command word and
+# its flags only 1 of 11 train tasks had 0 < pass@8 < 1 (2026-12-01): the model wrote real
+# commands with wrong arguments. So each rung pre-starts more: rungs 0-1 leave only the name of
+# the file to create, rung 2 the arguments, rung 3 the command. Rung 1 pre-started up to its
+# input file (`wc -l < a.txt`, the ` > count.txt` left) had 1 of 5 tasks with signal, only `cp`:
+# the three needing a `>` redirect 0 of 8 each (14 train tasks, 2026-12-02).
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 
