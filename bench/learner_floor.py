@@ -103,13 +103,15 @@ def _gemm_shapes(cfg: dict, samples: list, micro_resp_tokens: int, packed: bool)
     return out
 
 
-def shape_gflops(shapes: list[tuple[int, int, int, float]], seconds: float = 2.0) -> float:
-    """fp32 rate over ``shapes`` (total FLOPs / total best time), each timed for its share of ``seconds``."""
+def shape_gflops(shapes: list[tuple[int, int, int, float]], seconds: float = 2.0, dtype=None) -> float:
+    """Rate over ``shapes`` (total FLOPs / total best time) in ``dtype`` (default fp32; the step's
+    precision: bf16 under autocast), each timed for its share of ``seconds``."""
     import torch
 
+    dtype = dtype or torch.float32
     flops = tsum = 0.0
     for m, k, n, w in shapes:
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         a @ b  # warm-up
         best, end = float("inf"), time.perf_counter() + seconds / len(shapes)
         while True:
@@ -233,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             lrn.step(_batch(len(lrn.tokenizer), args, seed=1 + rnd))
             row[3].append(time.perf_counter() - t0)
             measure_rate()
-            if dtype == torch.float32:  # this layout's shape rate, right after its step
-                row[2].append(shape_gflops(row[1]) * 1e9)
+            row[2].append(shape_gflops(row[1], dtype=dtype) * 1e9)  # this layout's shape rate, right after its step
     rate = statistics.median(rates)
     floor = flops / rate
     prof = []
