@@ -22,6 +22,7 @@ from envs.actors import ActorGroup, GroupOwner, actor_died, ray_factory
 from envs.base import resolve
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
+from rollout.reaper import descendants
 from rollout.episode import run_episodes
 
 log = logging.getLogger("jointrl.rollout")
@@ -445,7 +446,7 @@ def _engine_died(e: BaseException) -> bool:
 def shm_segments(pid: int) -> list[str]:
     """/dev/shm files mapped by the descendants of process ``pid`` (Linux /proc; [] elsewhere)."""
     found: set[str] = set()
-    for p in _descendants(pid):
+    for p in descendants(pid):
         try:
             with open(f"/proc/{p}/maps") as f:
                 for line in f:
@@ -500,21 +501,6 @@ def _in_use(paths: set[str]) -> set[str]:
         except OSError:
             continue
     return in_use
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for t in glob.glob(f"/proc/{p}/task/*/children"):
-            try:
-                with open(t) as f:
-                    kids = [int(c) for c in f.read().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def estimate_length(task: Task, sampling: Sampling, estimator: Callable[[Task], float | None] | None = None) -> float:

@@ -41,8 +41,13 @@ def start_time(pid: int) -> int | None:
 
 
 def _parents() -> dict[int, int]:
+    """Each live process's parent pid, from ``/proc`` ({} where there is none: not Linux)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
     out = {}
-    for name in os.listdir("/proc"):
+    for name in names:
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat") as f:
@@ -53,7 +58,7 @@ def _parents() -> dict[int, int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (children, their children, ...), read from ``/proc``."""
+    """Every live descendant of ``pid`` (children, their children, ...), read from ``/proc`` ([] elsewhere)."""
     children: dict[int, list[int]] = {}
     for child, parent in _parents().items():
         children.setdefault(parent, []).append(child)

@@ -134,10 +134,10 @@ CLI_STEPS = 4
 
 def _rollout_workers(driver: int) -> list[int]:
     """The run's own rollout worker processes: descendants of the driver (raylet -> worker process)."""
-    from rollout.pool import _descendants
+    from rollout.reaper import descendants
 
     found = []
-    for pid in _descendants(driver):
+    for pid in descendants(driver):
         try:
             if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RolloutWorker"):
                 found.append(pid)
