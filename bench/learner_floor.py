@@ -36,6 +36,13 @@ Run it under the shared heavy-job lock; ``--results`` appends the table to bench
 
 from __future__ import annotations
 
+import os as _os
+
+# What a learner actor gets (learner.huge_pages, the default: rl.trainer.distributed.learner_env); torch
+# reads it at its first allocation, so it is set before torch is imported. THP_MEM_ALLOC_ENABLE=0 in the
+# environment measures 4 KB pages instead.
+_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 import argparse
 import os
 import statistics
@@ -258,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
             f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'}), "
             f"torch threads {torch.get_num_threads()}, attention {lrn.model.config._attn_implementation}, "
+            f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}, "
             f"{args.rounds} timed step(s) per layout, alternating (ratios use the fastest); square-matmul rate "
             f"(1024^3) measured {len(rates)} times between the steps: median {rate / 1e9:.0f}, min "
             f"{min(rates) / 1e9:.0f}, max {max(rates) / 1e9:.0f} GFLOP/s (the floor uses the median)",

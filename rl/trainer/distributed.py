@@ -42,6 +42,7 @@ from envs.actors import ActorGroup, ray_factory
 from rl.algos.batch import Batch, Sample
 
 __all__ = [
+    "learner_env",
     "free_port",
     "init_process_group",
     "all_reduce_sum",
@@ -200,6 +201,21 @@ def shard_batch(batch: Batch, n: int) -> list[Batch]:
     return shards
 
 
+def learner_env(learner: Any) -> dict[str, str]:
+    """Environment variables of a learner actor's process for the recipe's ``learner`` section.
+
+    ``learner.huge_pages``: ``THP_MEM_ALLOC_ENABLE=1``, which torch's CPU allocator reads once, at its
+    first allocation, to ``madvise(MADV_HUGEPAGE)`` every block of 2 MB or more. A learner step allocates
+    and frees gigabytes (activations, vocabulary-sized logits, gradients) and the learner hands freed
+    pages back to the OS after each step (``rl.trainer.memory.trim``), so with 4 KB pages the next step
+    faults them all in again: 2.4 million minor faults and 16-20 s of system time per quickstart-shaped
+    step, against 20 thousand to 1.2 million with huge pages (bench/RESULTS.md). It must be set before
+    the process imports torch, hence in the actor's environment. The kernel uses huge pages only where
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``; elsewhere it is a no-op.
+    """
+    return {"THP_MEM_ALLOC_ENABLE": "1"} if getattr(learner, "huge_pages", True) else {}
+
+
 class LearnerGroup:
     """N ``Learner`` Ray actors in one process group (N = 1: a single actor, no torch.distributed).
 
@@ -244,6 +260,8 @@ class LearnerGroup:
             raise ValueError(f"{len(actor_options)} actor_options for {n} learners")
         self.n = n
         opts, port = self._placed(n, actor_options)
+        for o in opts:  # a rank's own runtime_env (the rendezvous address) keeps its variables
+            o.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(learner_env(learner))
         per = max(1, (threads or os.cpu_count() or 1) // n)
         factory = ray_factory(
             Learner,

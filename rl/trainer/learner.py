@@ -84,7 +84,7 @@ import torch
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import fsdp, lora, memory, packing, precision
+from rl.trainer import fsdp, lora, memory, packed_attention, packing, precision
 from rl.trainer.logits import Entropy, head_logprobs
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
 from rl.algos.losses import (
@@ -284,6 +284,7 @@ class Learner:
         dtype = DTYPES[model_cfg.learner_dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         self.model.config.use_cache = False
+        packed_attention.install(self.model)
         if self.lcfg.activation_checkpointing:  # per decoder layer, recomputed in the backward
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.peft = None
@@ -300,6 +301,7 @@ class Learner:
                 self.device
             )
             self.ref.eval().requires_grad_(False)
+            packed_attention.install(self.ref)
             if self.world_size > 1:
                 fsdp.shard(self.ref, bf16_compute=bf16_compute)
         self.value_head: torch.nn.Linear | None = None
@@ -310,6 +312,7 @@ class Learner:
         elif self.est.needs_critic:
             trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             trunk_src.config.use_cache = False
+            packed_attention.install(trunk_src)
             self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
             del trunk_src
             self.critic.train()
@@ -450,8 +453,13 @@ class Learner:
         """One group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``)."""
         # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
         pk = packing.pack(members, rows_b, T, self.device, mask_dtype=next(base.parameters()).dtype)
+        # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
         hidden = self.lock.trunk(
-            base, input_ids=pk.input_ids, attention_mask=pk.mask, position_ids=pk.position_ids
+            base,
+            input_ids=pk.input_ids,
+            attention_mask=pk.mask,
+            position_ids=pk.position_ids,
+            packed_segments=pk.segments,
         ).last_hidden_state
         return hidden[0, pk.cols], pk.targets, pk.index
 

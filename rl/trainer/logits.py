@@ -16,12 +16,24 @@ Works for any callable ``head`` (a plain ``nn.Linear``, a peft-adapted one); und
 called inside the root's forward (``rl.trainer.fsdp.Lockstep.root``), where the root's parameters
 are gathered; the root keeps them gathered until its backward, where the recompute runs.
 
+A plain bias-free ``nn.Linear`` head (every causal LM's ``lm_head``) takes a fused path when the
+entropy is not differentiated (``_FusedHead``): the forward turns the [N, V] logits into the
+softmax in place, a block of rows at a time (each block's max, exp, sum, log-prob and entropy while
+it is in cache), and keeps that softmax for the backward, which turns it into the logits'
+gradient in place and runs the two matmuls. Unfused, the same work allocates a fresh [N, V] tensor
+for each of ~6 elementwise steps (the logsumexp's, the entropy's, the backward's), and on a CPU
+each new tensor of that size also pays its page faults: in the quickstart-shaped step of
+``bench/learner_floor.py`` the vocabulary-sized ``sub``, ``mul``, ``exp`` and ``fill_`` took
+~6 s of ~83 (AMD EPYC, 2 cores, fp32). Without grad (a reference or an inspection pass) the
+logits are made a block of rows at a time into one reused buffer. Same values and gradients up
+to float summation order (tests/test_chunked_logits.py).
+
 This module does not compute losses and does not pick positions (``rl.trainer.learner`` does).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -34,9 +46,102 @@ __all__ = ["head_logprobs", "Entropy"]
 Entropy = Literal["grad", "value", "none"]
 
 
+# Rows of the [N, V] logits handled together by the fused path: 64 x 49,152 float32 is 12.6 MB, which
+# stays in a CPU's last-level cache through the block's passes.
+_BLOCK_ROWS = 64
+# Rows per lm_head matmul in a pass without grad: bounded buffers, matmuls still large.
+_NOGRAD_ROWS = 512
+
+
+def _softmax_rows_(x: torch.Tensor, t: torch.Tensor, entropy: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [N] of ``t`` under logits ``x`` [N, V] (float32/64), entropies [N] (empty unless ``entropy``);
+    with ``keep``, ``x`` is overwritten with ``softmax(x)``. A block of rows at a time."""
+    n = x.shape[0]
+    lp = torch.empty(n, dtype=x.dtype, device=x.device)
+    ent = torch.empty(n if entropy else 0, dtype=x.dtype, device=x.device)
+    for i in range(0, n, _BLOCK_ROWS):
+        xc, tc = x[i : i + _BLOCK_ROWS], t[i : i + _BLOCK_ROWS]
+        m = xc.amax(dim=-1, keepdim=True)
+        picked = xc.gather(-1, tc.unsqueeze(-1))
+        z = xc - m  # shifted logits: exp cannot overflow
+        e = z.exp()
+        s = e.sum(dim=-1, keepdim=True)
+        e.div_(s)  # the softmax
+        log_s = s.log()
+        lp[i : i + _BLOCK_ROWS] = (picked - m - log_s).squeeze(-1)
+        if entropy:  # H = lse - sum p x = log s - sum p (x - m), as sum p = 1
+            ent[i : i + _BLOCK_ROWS] = log_s.squeeze(-1) - torch.linalg.vecdot(e, z)
+        if keep:
+            xc.copy_(e)
+    return lp, ent
+
+
+class _FusedHead(torch.autograd.Function):
+    """(log-probs [N], entropy [N] or empty) of ``h @ w.T``; the softmax is kept for the backward (see module doc)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, ...]:
+        logits = h @ w.t()
+        x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+        lp, ent = _softmax_rows_(x, t, entropy, keep=True)
+        ctx.save_for_backward(h, w, t, x)
+        ctx.mark_non_differentiable(ent)
+        ctx.spent = False
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, _g_ent: Any) -> tuple[Any, ...]:
+        if ctx.spent:  # the kept softmax became the gradient in place
+            raise RuntimeError("the fused lm_head log-probs can be differentiated once (no retain_graph)")
+        ctx.spent = True
+        h, w, t, p = ctx.saved_tensors
+        g = g.to(p.dtype)
+        for i in range(0, p.shape[0], _BLOCK_ROWS):  # d logp_t / d x = onehot(t) - softmax(x), times g
+            pc, gc = p[i : i + _BLOCK_ROWS], g[i : i + _BLOCK_ROWS, None]
+            pc.mul_(-gc)
+            pc.scatter_add_(-1, t[i : i + _BLOCK_ROWS, None], gc)
+        d = p if p.dtype == h.dtype else p.to(h.dtype)
+        dh = d @ w if ctx.needs_input_grad[0] else None
+        dw = d.t() @ h if ctx.needs_input_grad[1] else None
+        return dh, dw, None, None
+
+
+def _fusable(head: Any) -> bool:
+    return type(head) is torch.nn.Linear and head.bias is None
+
+
+def _fused(
+    head: torch.nn.Linear, h: torch.Tensor, t: torch.Tensor, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused path, in the dtype ``head(h)`` would compute in (autocast's, when it is on)."""
+    dev = h.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    w, h = head.weight.to(dtype), h.to(dtype)
+    t = t.long()
+    with torch.autocast(dev, enabled=False):
+        if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
+            lp, ent = _FusedHead.apply(h, w, t, entropy)
+        else:
+            lps, ents = [], []
+            for i in range(0, h.shape[0], _NOGRAD_ROWS):
+                x = h[i : i + _NOGRAD_ROWS] @ w.t()
+                x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+                lp_i, ent_i = _softmax_rows_(x, t[i : i + _NOGRAD_ROWS], entropy, keep=False)
+                lps.append(lp_i)
+                ents.append(ent_i)
+            lp, ent = torch.cat(lps), torch.cat(ents)
+    return lp.float() if lp.dtype != torch.float64 else lp, (
+        ent.float() if ent.dtype != torch.float64 else ent
+    ) if entropy else None
+
+
 def _chunk(
     head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, t: torch.Tensor, entropy: Entropy
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if t.shape != h.shape[:-1]:
+        raise ValueError(f"targets has shape {tuple(t.shape)}, expected {tuple(h.shape[:-1])}")
+    if entropy != "grad" and _fusable(head):
+        return _fused(head, h, t, entropy == "value")  # type: ignore[arg-type]
     logits = head(h)
     if entropy == "none":
         return token_logprobs(logits, t), None

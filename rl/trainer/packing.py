@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from rl.algos.batch import Sample
+from rl.trainer.packed_attention import Segments
 
 __all__ = ["Packed", "pack", "packed_length"]
 
@@ -44,6 +45,7 @@ class Packed:
     cols: torch.Tensor  # [N] position of the hidden state that predicts each masked response token
     targets: torch.Tensor  # [N]
     index: torch.Tensor  # [N] b * T + j in the [B, T] response grid
+    segments: Segments  # the prompt's length and the response segments, for the mask-free attention
 
 
 def packed_length(members: list[Sample]) -> int:
@@ -71,9 +73,10 @@ def pack(
     if any(s.prompt_len != p or s.input_ids[:p] != prompt for s in members):
         raise ValueError("pack: the members do not share one prompt")
     ids, pos, seg = list(prompt), list(range(p)), [0] * p  # seg 0: the prompt; k >= 1: the k-th response
-    cols, tgt, ix = [], [], []
+    cols, tgt, ix, lengths = [], [], [], []
     for k, (s, b) in enumerate(zip(members, rows_b), start=1):
         resp = s.input_ids[p:-1]  # every response token but the last is an input
+        lengths.append(len(resp))
         start = len(ids)
         ids += resp
         pos += range(p, p + len(resp))
@@ -83,9 +86,9 @@ def pack(
                 cols.append(p - 1 if j == 0 else start + j - 1)  # the hidden state before response token j
                 tgt.append(s.input_ids[p + j])
                 ix.append(b * T + j)
-    segments = torch.tensor(seg)
+    seg_ids = torch.tensor(seg)
     q = torch.arange(len(ids))
-    visible = (segments[None, :] == 0) | (segments[:, None] == segments[None, :])
+    visible = (seg_ids[None, :] == 0) | (seg_ids[:, None] == seg_ids[None, :])
     mask = (q[:, None] >= q[None, :]) & visible
     if mask_dtype is not None:
         mask = torch.zeros(mask.shape, dtype=mask_dtype).masked_fill_(~mask, torch.finfo(mask_dtype).min)
@@ -93,4 +96,5 @@ def pack(
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long, device=device)
 
-    return Packed(t(ids)[None], t(pos)[None], mask[None, None].to(device), t(cols), t(tgt), t(ix))
+    parts = Segments.of(p, lengths, device)
+    return Packed(t(ids)[None], t(pos)[None], mask[None, None].to(device), t(cols), t(tgt), t(ix), parts)

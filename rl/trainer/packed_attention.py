@@ -1,0 +1,173 @@
+"""Attention of the packed shared-prompt layout without a dense mask (CPU).
+
+A packed group (``rl.trainer.packing``) is one sequence ``[prompt (p tokens), r_1, ..., r_G]``: the
+prompt attends to itself causally, each response to the whole prompt and causally to itself. Run as
+one ``scaled_dot_product_attention`` call with the ``S x S`` mask, the CPU kernel visits every block
+of the mask (a masked kernel skips none) and runs a masked inner loop; measured on SmolLM2's shapes
+(9 heads, p = 254, 8 responses, S = 671; 2 cores, AMD EPYC) the dense call took 51 ms forward +
+backward per layer against 30 ms for the three unmasked parts below (``bench/learner_floor.py``
+measures the whole step). The three parts:
+
+1. the prompt's rows: causal attention over the prompt (``is_causal``, no mask);
+2. the responses' rows against the prompt's keys: no mask at all;
+3. each response's rows against its own keys: causal, the responses padded to the longest (the
+   padded keys sit after a row's own, so causality already hides them).
+
+Parts 2 and 3 cover disjoint keys of the same query rows; their outputs merge exactly through
+each part's log-sum-exp (``o = sum_k exp(lse_k - lse) o_k``, ``lse = logaddexp(lse_2, lse_3)``).
+The backward runs PyTorch's own flash backward for each part with the *merged* output and
+log-sum-exp, which gives each part's exact share of the gradient (the same way ring attention
+splits keys); the query gradient is the sum of the two shares. Values and gradients are the dense
+call's up to float summation order (tests/test_packed_attention.py).
+
+Plugged into transformers as an attention implementation (``NAME``, registered by ``install``):
+it runs the split when the trunk call passes ``packed_segments`` (a ``Segments``) and is
+otherwise ``sdpa``, so every other call (unpacked layouts, the padded layout's cache, generation)
+is unchanged. On CUDA it falls back to the dense masked call that the packed call also passes
+(not run here: no GPU was available); the split uses the CPU flash kernel's ops
+(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward).
+
+It does not lay out sequences (``rl.trainer.packing`` does) and computes no loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+__all__ = ["NAME", "Segments", "install", "packed_attention", "split_attention"]
+
+NAME = "jointrl_packed_sdpa"
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Where a packed sequence's parts lie: the prompt's length and each response segment's rows.
+
+    ``gather`` [G, R]: for response segment g (of the non-empty ones) and its j-th row, that row's
+    index among the response rows (0-based after the prompt); padded entries (j >= its length) point
+    at the segment's first row. ``valid`` [G, R]: which entries are real. ``flat`` [N]: for each
+    response row, its place ``g * R + j`` in the padded grid.
+    """
+
+    prompt_len: int
+    gather: torch.Tensor
+    valid: torch.Tensor
+    flat: torch.Tensor
+
+    @classmethod
+    def of(cls, prompt_len: int, lengths: list[int], device: torch.device | str = "cpu") -> "Segments":
+        lengths = [n for n in lengths if n > 0]
+        G, R = len(lengths), max(lengths, default=0)
+        gather = torch.zeros((G, R), dtype=torch.long)
+        valid = torch.zeros((G, R), dtype=torch.bool)
+        flat, start = [], 0
+        for g, n in enumerate(lengths):
+            gather[g] = start
+            gather[g, :n] = torch.arange(start, start + n)
+            valid[g, :n] = True
+            flat += range(g * R, g * R + n)
+            start += n
+        return cls(prompt_len, gather.to(device), valid.to(device), torch.tensor(flat, dtype=torch.long, device=device))
+
+    @property
+    def rows(self) -> int:
+        """Response rows (tokens after the prompt)."""
+        return int(self.flat.numel())
+
+
+def _pad(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """[1, H, N, ...] response rows -> [G, H, R, ...] padded segments (contiguous)."""
+    return x[0][:, seg.gather].transpose(0, 1).contiguous()
+
+
+def _unpad(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """[G, H, R, ...] padded segments -> [1, H, N, ...] response rows."""
+    G, H, R = x.shape[:3]
+    return x.transpose(0, 1).reshape(H, G * R, *x.shape[3:])[:, seg.flat].unsqueeze(0)
+
+
+class _ResponseAttention(torch.autograd.Function):
+    """Response rows against the prompt's keys (no mask) and their own (causal), merged by log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, kr: torch.Tensor, vr: torch.Tensor,
+                seg: Segments, scale: float) -> torch.Tensor:  # fmt: skip
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        o_b, lse_b = flash(q, kp, vp, 0.0, False, scale=scale)
+        qc, kc, vc = _pad(q, seg), _pad(kr, seg), _pad(vr, seg)
+        o_c, lse_c = flash(qc, kc, vc, 0.0, True, scale=scale)
+        o_c, lse_c = _unpad(o_c, seg), _unpad(lse_c.unsqueeze(-1), seg).squeeze(-1)
+        lse = torch.logaddexp(lse_b, lse_c)
+        o = o_b.float() * (lse_b - lse).exp().unsqueeze(-1) + o_c.float() * (lse_c - lse).exp().unsqueeze(-1)
+        o = o.to(q.dtype)
+        ctx.save_for_backward(q, kp, vp, qc, kc, vc, o, lse)
+        ctx.seg, ctx.scale = seg, scale
+        return o
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor) -> tuple[Any, ...]:
+        q, kp, vp, qc, kc, vc, o, lse = ctx.saved_tensors
+        seg, scale = ctx.seg, ctx.scale
+        back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        do = do.contiguous()
+        dq, dkp, dvp = back(do, q, kp, vp, o, lse, 0.0, False, scale=scale)
+        # Padded rows get a zero output gradient: they then add nothing to any key's gradient.
+        doc = _pad(do, seg) * seg.valid[:, None, :, None].to(do.dtype)
+        lsec = _pad(lse.unsqueeze(-1), seg).squeeze(-1).contiguous()
+        dqc, dkc, dvc = back(doc, qc, kc, vc, _pad(o, seg), lsec, 0.0, True, scale=scale)
+        dq = dq + _unpad(dqc, seg)
+        return dq, dkp, dvp, _unpad(dkc, seg), _unpad(dvc, seg), None, None
+
+
+def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segments, scale: float) -> torch.Tensor:
+    """Attention [1, H, S, D] of one packed sequence's q, k, v [1, H, S, D] (as many key heads as query heads)."""
+    p = seg.prompt_len
+    out_p = F.scaled_dot_product_attention(q[:, :, :p], k[:, :, :p], v[:, :, :p], is_causal=True, scale=scale)
+    if seg.rows == 0:
+        return out_p
+    part = (x.contiguous() for x in (q[:, :, p:], k[:, :, :p], v[:, :, :p], k[:, :, p:], v[:, :, p:]))
+    out_r = _ResponseAttention.apply(*part, seg, scale)
+    return torch.cat([out_p, out_r], dim=2)
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    packed_segments: Segments | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: the split for a packed CPU call, else ``sdpa`` as it is."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    if packed_segments is None or query.device.type != "cpu" or dropout > 0.0 or query.shape[0] != 1:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
+    with torch.autocast("cpu", enabled=False):  # sdpa's own rule under CPU autocast: q, k, v in its dtype
+        out = split_attention(query.to(dtype), key.to(dtype), value.to(dtype), packed_segments, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def install(model: Any) -> None:
+    """Register the implementation with transformers and switch ``model`` (an sdpa model) to it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, packed_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # masks of unpacked calls: as for sdpa
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(NAME)
