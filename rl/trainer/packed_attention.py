@@ -5,16 +5,17 @@ prompt attends to itself causally, each response to the whole prompt and causall
 one ``scaled_dot_product_attention`` call with the ``S x S`` mask, the CPU kernel visits every block
 of the mask (a masked kernel skips none) and runs a masked inner loop; measured on SmolLM2's shapes
 (9 heads, p = 254, 8 responses, S = 671; 2 cores, AMD EPYC) the dense call took 51 ms forward +
-backward per layer against 30 ms for the three unmasked parts below (``bench/learner_floor.py``
+backward per layer against ~30 ms for the unmasked parts below (``bench/learner_floor.py``
 measures the whole step). The three parts:
 
-1. the prompt's rows: causal attention over the prompt (``is_causal``, no mask);
-2. the responses' rows against the prompt's keys: no mask at all;
-3. each response's rows against its own keys: causal, the responses padded to the longest (the
+1. every row against the prompt's keys, causal: with more queries than keys the kernel's causal
+   mask is aligned top-left, so the prompt's rows are causal over the prompt and every response
+   row sees the whole prompt (one call, no mask);
+2. each response's rows against its own keys: causal, the responses padded to the longest (the
    padded keys sit after a row's own, so causality already hides them).
 
-Parts 2 and 3 cover disjoint keys of the same query rows; their outputs merge exactly through
-each part's log-sum-exp (``o = sum_k exp(lse_k - lse) o_k``, ``lse = logaddexp(lse_2, lse_3)``).
+For the response rows the two parts cover disjoint keys; their outputs merge exactly through each
+part's log-sum-exp (``o = sum_k exp(lse_k - lse) o_k``, ``lse = logaddexp(lse_1, lse_2)``).
 The backward runs PyTorch's own flash backward for each part with the *merged* output and
 log-sum-exp, which gives each part's exact share of the gradient (the same way ring attention
 splits keys); the query gradient is the sum of the two shares. Values and gradients are the dense
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 __all__ = ["NAME", "Segments", "install", "packed_attention", "split_attention"]
 
@@ -90,48 +90,55 @@ def _unpad(x: torch.Tensor, seg: Segments) -> torch.Tensor:
     return x.transpose(0, 1).reshape(H, G * R, *x.shape[3:])[:, seg.flat].unsqueeze(0)
 
 
-class _ResponseAttention(torch.autograd.Function):
-    """Response rows against the prompt's keys (no mask) and their own (causal), merged by log-sum-exp."""
+class _PackedAttention(torch.autograd.Function):
+    """One packed sequence's attention: every row against the prompt's keys (top-left causal), the
+    responses' rows also against their own keys (causal, padded), merged by log-sum-exp."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, kr: torch.Tensor, vr: torch.Tensor,
-                seg: Segments, scale: float) -> torch.Tensor:  # fmt: skip
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segments, scale: float
+    ) -> torch.Tensor:
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        o_b, lse_b = flash(q, kp, vp, 0.0, False, scale=scale)
-        qc, kc, vc = _pad(q, seg), _pad(kr, seg), _pad(vr, seg)
-        o_c, lse_c = flash(qc, kc, vc, 0.0, True, scale=scale)
-        o_c, lse_c = _unpad(o_c, seg), _unpad(lse_c.unsqueeze(-1), seg).squeeze(-1)
-        lse = torch.logaddexp(lse_b, lse_c)
-        o = o_b.float() * (lse_b - lse).exp().unsqueeze(-1) + o_c.float() * (lse_c - lse).exp().unsqueeze(-1)
-        o = o.to(q.dtype)
-        ctx.save_for_backward(q, kp, vp, qc, kc, vc, o, lse)
+        p = seg.prompt_len
+        # Causal with more queries than keys is aligned top-left: query i sees keys 0..i, so the prompt's
+        # rows are causal and every response row (i >= p) sees the whole prompt, in one call.
+        o, lse = flash(q, k[:, :, :p], v[:, :, :p], 0.0, True, scale=scale)
+        if seg.rows:
+            o_c, lse_c = flash(*(_pad(x[:, :, p:], seg) for x in (q, k, v)), 0.0, True, scale=scale)
+            o_c, lse_c = _unpad(o_c, seg), _unpad(lse_c.unsqueeze(-1), seg).squeeze(-1)
+            o_b, lse_b = o[:, :, p:], lse[:, :, p:]
+            both = torch.logaddexp(lse_b, lse_c)
+            merged = o_b.float() * (lse_b - both).exp().unsqueeze(-1) + o_c.float() * (lse_c - both).exp().unsqueeze(-1)
+            o[:, :, p:] = merged.to(o.dtype)
+            lse[:, :, p:] = both
+        ctx.save_for_backward(q, k, v, o, lse)  # q, k, v as given (views): no copies kept for the backward
         ctx.seg, ctx.scale = seg, scale
         return o
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor) -> tuple[Any, ...]:
-        q, kp, vp, qc, kc, vc, o, lse = ctx.saved_tensors
-        seg, scale = ctx.seg, ctx.scale
+        q, k, v, o, lse = ctx.saved_tensors
+        seg, scale, p = ctx.seg, ctx.scale, ctx.seg.prompt_len
         back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         do = do.contiguous()
-        dq, dkp, dvp = back(do, q, kp, vp, o, lse, 0.0, False, scale=scale)
-        # Padded rows get a zero output gradient: they then add nothing to any key's gradient.
-        doc = _pad(do, seg) * seg.valid[:, None, :, None].to(do.dtype)
-        lsec = _pad(lse.unsqueeze(-1), seg).squeeze(-1).contiguous()
-        dqc, dkc, dvc = back(doc, qc, kc, vc, _pad(o, seg), lsec, 0.0, True, scale=scale)
-        dq = dq + _unpad(dqc, seg)
-        return dq, dkp, dvp, _unpad(dkc, seg), _unpad(dvc, seg), None, None
+        # Each part's flash backward with the merged output and log-sum-exp: its exact share of the gradient.
+        dq, dkp, dvp = back(do, q, k[:, :, :p], v[:, :, :p], o, lse, 0.0, True, scale=scale)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        dk[:, :, :p], dv[:, :, :p] = dkp, dvp
+        if seg.rows:
+            # Padded rows get a zero output gradient: they then add nothing to any key's gradient.
+            doc = _pad(do[:, :, p:], seg) * seg.valid[:, None, :, None].to(do.dtype)
+            lsec = _pad(lse[:, :, p:].unsqueeze(-1), seg).squeeze(-1).contiguous()
+            parts = (_pad(x[:, :, p:], seg) for x in (q, k, v, o))
+            dqc, dkc, dvc = back(doc, *parts, lsec, 0.0, True, scale=scale)
+            dq[:, :, p:] += _unpad(dqc, seg)
+            dk[:, :, p:], dv[:, :, p:] = _unpad(dkc, seg), _unpad(dvc, seg)
+        return dq, dk, dv, None, None
 
 
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segments, scale: float) -> torch.Tensor:
     """Attention [1, H, S, D] of one packed sequence's q, k, v [1, H, S, D] (as many key heads as query heads)."""
-    p = seg.prompt_len
-    out_p = F.scaled_dot_product_attention(q[:, :, :p], k[:, :, :p], v[:, :, :p], is_causal=True, scale=scale)
-    if seg.rows == 0:
-        return out_p
-    part = (x.contiguous() for x in (q[:, :, p:], k[:, :, :p], v[:, :, :p], k[:, :, p:], v[:, :, p:]))
-    out_r = _ResponseAttention.apply(*part, seg, scale)
-    return torch.cat([out_p, out_r], dim=2)
+    return _PackedAttention.apply(q, k, v, seg, scale)
 
 
 def packed_attention(
