@@ -37,11 +37,16 @@ def test_split_in_bf16_stays_near_fp32():
     torch.manual_seed(1)
     p, lengths, H, D = 20, [9, 14, 3], 4, 32
     S = p + sum(lengths)
-    q, k, v = (torch.randn(1, H, S, D) for _ in range(3))
+    q, k, v = (torch.randn(1, H, S, D, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, H, S, D)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=_dense_mask(p, lengths))
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad)
     out = split_attention(*(x.bfloat16() for x in (q, k, v)), Segments.of(p, lengths), D**-0.5)
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref).abs().max() < 0.05
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad.bfloat16()), ref_grads):
+        assert a.dtype == torch.float32  # through the casts, back to the float32 leaves
+        assert (a - b).abs().max() < 0.05 * b.abs().max()
 
 
 def test_a_wrong_segment_changes_the_result():

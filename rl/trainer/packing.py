@@ -12,9 +12,11 @@ Against that padded layout it computes no response padding (a group's responses 
 tokens padded to 63 are ~16% of its tokens), keeps no per-member copy of the prompt's keys and
 values (the padded layout repeats the prompt cache for every member, and attention saves the
 repeated keys/values of every layer for the backward), and makes one trunk call per group
-instead of two, over more rows (larger matmuls). What it costs: attention over the whole
-``S x S`` mask of the sequence (a masked kernel skips no blocks), where the padded layout's
-prompt call runs causal and its response call ``R x (p + R)``.
+instead of two, over more rows (larger matmuls). The mask stays the definition of who sees whom
+(and what a model without ``rl.trainer.packed_attention`` or on CUDA attends with); on CPU the
+learner's models attend through that module instead, which reads ``Packed.segments`` and runs
+the prompt's causal part and each response's own part without the dense ``S x S`` mask (a masked
+kernel skips no blocks of it).
 
 Groups are not batched into one call with each other: padding rows to a common length changes
 a sample's float rounding with what it is batched with, and a group's numbers should not depend
