@@ -63,7 +63,9 @@ def test_torch_backs_a_large_tensor_with_huge_pages_only_when_asked():
 
     def huge_kb(value: str) -> int:
         env = {**os.environ, "THP_MEM_ALLOC_ENABLE": value}
-        return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        return int(
+            subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        )
 
     assert huge_kb("1") >= 32 * 1024  # most of the 64 MB on 2 MB pages
     if _thp_mode() == "madvise":  # with 'always' the kernel may use huge pages unasked

@@ -108,8 +108,9 @@ class _PackedAttention(torch.autograd.Function):
             o_c, lse_c = _unpad(o_c, seg), _unpad(lse_c.unsqueeze(-1), seg).squeeze(-1)
             o_b, lse_b = o[:, :, p:], lse[:, :, p:]
             both = torch.logaddexp(lse_b, lse_c)
-            merged = o_b.float() * (lse_b - both).exp().unsqueeze(-1) + o_c.float() * (lse_c - both).exp().unsqueeze(-1)
-            o[:, :, p:] = merged.to(o.dtype)
+            acc = torch.promote_types(o.dtype, torch.float32)  # bf16 outputs merge in float32, float64 stays
+            w_b, w_c = (lse_b - both).exp().unsqueeze(-1), (lse_c - both).exp().unsqueeze(-1)
+            o[:, :, p:] = (o_b.to(acc) * w_b + o_c.to(acc) * w_c).to(o.dtype)
             lse[:, :, p:] = both
         ctx.save_for_backward(q, k, v, o, lse)  # q, k, v as given (views): no copies kept for the backward
         ctx.seg, ctx.scale = seg, scale
