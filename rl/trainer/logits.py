@@ -25,8 +25,8 @@ for each of ~6 elementwise steps (the logsumexp's, the entropy's, the backward's
 each new tensor of that size also pays its page faults: in the quickstart-shaped step of
 ``bench/learner_floor.py`` the vocabulary-sized ``sub``, ``mul``, ``exp`` and ``fill_`` took
 ~6 s of ~83 (AMD EPYC, 2 cores, fp32). Without grad (a reference or an inspection pass) the
-logits are made a block of rows at a time into one reused buffer. Same values and gradients up
-to float summation order (tests/test_chunked_logits.py).
+logits are made 512 rows at a time (no vocabulary-sized tensor of more rows). Same values and gradients up
+to float summation order (tests/test_fused_head.py, tests/test_chunked_logits.py).
 
 This module does not compute losses and does not pick positions (``rl.trainer.learner`` does).
 """
@@ -130,9 +130,8 @@ def _fused(
                 lps.append(lp_i)
                 ents.append(ent_i)
             lp, ent = torch.cat(lps), torch.cat(ents)
-    return lp.float() if lp.dtype != torch.float64 else lp, (
-        ent.float() if ent.dtype != torch.float64 else ent
-    ) if entropy else None
+    lp, ent = (x if x.dtype == torch.float64 else x.float() for x in (lp, ent))  # float32, as token_logprobs
+    return lp, (ent if entropy else None)
 
 
 def _chunk(
