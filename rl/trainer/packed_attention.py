@@ -6,7 +6,7 @@ one ``scaled_dot_product_attention`` call with the ``S x S`` mask, the CPU kerne
 of the mask (a masked kernel skips none) and runs a masked inner loop; measured on SmolLM2's shapes
 (9 heads, p = 254, 8 responses, S = 671; 2 cores, AMD EPYC) the dense call took 51 ms forward +
 backward per layer against ~30 ms for the unmasked parts below (``bench/learner_floor.py``
-measures the whole step). The three parts:
+measures the whole step). The two parts:
 
 1. every row against the prompt's keys, causal: with more queries than keys the kernel's causal
    mask is aligned top-left, so the prompt's rows are causal over the prompt and every response
