@@ -253,10 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         elif (run_dir / "seesaw_wall_s.txt").is_file():
             wall[c] = float((run_dir / "seesaw_wall_s.txt").read_text())
         runs[c] = eval_rewards(run_dir / "rollouts.jsonl")
-    import yaml
+    from rl.config.recipe import load_recipe
 
-    r = yaml.safe_load(RECIPE.read_text())["rollout"]
-    meta = {"steps": args.steps, "samples": r["prompts_per_step"] * r["group_size"] * args.steps, "wall_s": wall}
+    # The typed recipe, not the YAML: keys the recipe leaves at their defaults (prompts_per_step) count too.
+    r = load_recipe(RECIPE, args.extra).rollout
+    meta = {"steps": args.steps, "samples": r.prompts_per_step * r.group_size * args.steps, "wall_s": wall}
     body = render(analyse(runs), meta)
     print(body)
     if not args.no_write:

@@ -136,9 +136,17 @@ class VLLMEngine:
         return None
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        stops: list[list[str]] | None = None,
     ) -> list[Generation]:
         """Sample one completion per prompt (token ids in, token ids out), in order.
+
+        ``stops[i]``: vLLM stop strings of prompt i; the completion keeps every token up to the
+        one that completed the string (``include_stop_str_in_output``), so the ids returned are
+        exactly the ids sampled and their text holds the stop string.
 
         ``seeds`` (one per prompt) make each request's sampling reproducible whatever else
         is in the batch (measured on CPU, SmolLM2 bf16: 64/64 samples identical when re-run,
@@ -164,6 +172,8 @@ class VLLMEngine:
                     logprobs=0,
                     seed=None if seeds is None else int(seeds[i]) % (2**31),
                     skip_special_tokens=False,
+                    stop=list(stops[i]) if stops and stops[i] else None,
+                    include_stop_str_in_output=True,
                 )
             )
         outs = self.llm.generate(

@@ -25,8 +25,16 @@ from envs.types import Generation, Message, Sampling, Task, Trajectory
 
 
 class Engine(Protocol):
+    """``stops[i]``: strings that end prompt i's completion once its text holds one (the tokens up
+    to the one completing it are returned, ``finish_reason`` "stop"). Passed only when some episode
+    has stop strings, so an engine without the keyword serves recipes that set none."""
+
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        stops: list[list[str]] | None = None,
     ) -> list[Generation]: ...
 
 
@@ -51,6 +59,7 @@ class _Episode:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # the domain's stop strings (rollout.envs[].stop)
     turns: int = 0
     terminated: bool = False
     truncated: bool = False
@@ -70,23 +79,30 @@ def run_episodes(
     group_ids: list[int],
     seeds: list[int],
     sampling: Sampling,
+    stops: dict[str, list[str]] | None = None,
 ) -> list[Trajectory]:
     """Run one episode per task (in order) and return their trajectories.
 
     ``make_env(domain)`` returns a fresh env for a task of that domain; it is closed at the
-    end of its episode, also on errors.
+    end of its episode, also on errors. ``stops[domain]``: strings that end a policy turn of
+    that domain (e.g. ``</tool_call>``); a turn ended by one is not cut, and its env sees the
+    action with the stop string in it.
     """
     eps: list[_Episode] = []
     try:
         _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling)
+        for e in eps:
+            e.stop = list((stops or {}).get(e.task.domain, ()))
         while True:
             active = [e for e in eps if not e.done]
             if not active:
                 break
+            extra = {"stops": [e.stop for e in active]} if any(e.stop for e in active) else {}
             gens = engine.generate(
                 [e.prompt_ids + e.response_ids for e in active],
                 sampling,
                 seeds=[e.seed * 7919 + e.turns for e in active],
+                **extra,
             )
             for e, gen in zip(active, gens):
                 _advance(e, gen, tokenizer, sampling)

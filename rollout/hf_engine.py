@@ -31,7 +31,7 @@ class HFEngine:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self._adapters = 0  # LoRA adapters loaded so far (load_adapter names each by its number)
-        tok = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = tok = AutoTokenizer.from_pretrained(model_path)
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tok.eos_token_id is not None:
@@ -40,9 +40,15 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        stops: list[list[str]] | None = None,
     ) -> list[Generation]:
-        """One completion per prompt, in order; ``seeds[i]`` (default ``seed + i``) seeds prompt i's sampling."""
+        """One completion per prompt, in order; ``seeds[i]`` (default ``seed + i``) seeds prompt i's sampling.
+        ``stops[i]``: prompt i's completion ends with the token after which its text holds one of
+        these strings (as vLLM's ``stop`` with ``include_stop_str_in_output``)."""
         out = []
         for i, p in enumerate(prompts):
             room = sampling.max_model_len - len(p)
@@ -51,10 +57,11 @@ class HFEngine:
                     f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}"
                 )
             seed = int(seeds[i]) if seeds is not None else self.seed + i
-            out.append(self._sample(p, min(sampling.max_new_tokens, room), sampling, seed % (2**31)))
+            stop = list(stops[i]) if stops else []
+            out.append(self._sample(p, min(sampling.max_new_tokens, room), sampling, seed % (2**31), stop))
         return out
 
-    def _sample(self, prompt: list[int], max_tokens: int, sampling: Sampling, seed: int) -> Generation:
+    def _sample(self, prompt: list[int], max_tokens: int, sampling: Sampling, seed: int, stop: list[str]) -> Generation:
         gen = torch.Generator().manual_seed(seed)
         res = self.model(torch.tensor([prompt], device=self.device), use_cache=True)
         ids: list[int] = []
@@ -64,7 +71,7 @@ class HFEngine:
             tok = _pick(logits, sampling, gen)
             ids.append(tok)
             lps.append(float(torch.log_softmax(logits, -1)[tok]))
-            if tok in self.eos:
+            if tok in self.eos or (stop and any(s in self.tokenizer.decode(ids) for s in stop)):
                 return Generation(token_ids=ids, logprobs=lps, finish_reason="stop")
             res = self.model(
                 torch.tensor([[tok]], device=self.device), past_key_values=res.past_key_values, use_cache=True

@@ -46,13 +46,16 @@ class RolloutWorker:
         engine_kwargs: dict[str, Any] | None = None,
         lora_rank: int = 0,
         engine: Any = None,
+        stops: dict[str, list[str]] | None = None,
     ) -> None:
         """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
         passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused.
-        ``lora_rank`` > 0: the engine serves the learner's LoRA adapter (``load_adapter``)."""
+        ``lora_rank`` > 0: the engine serves the learner's LoRA adapter (``load_adapter``).
+        ``stops[domain]``: strings that end a policy turn of that domain (``rollout.envs[].stop``)."""
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
+        self.stops = {d: list(s) for d, s in (stops or {}).items()}
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine = (
             engine
@@ -90,7 +93,7 @@ class RolloutWorker:
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
     ) -> list[Trajectory]:
-        return run_episodes(self.engine, self.tokenizer, self._make_env, tasks, group_ids, seeds, sampling)
+        return run_episodes(self.engine, self.tokenizer, self._make_env, tasks, group_ids, seeds, sampling, self.stops)
 
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)

@@ -103,3 +103,17 @@ def test_single_domain_overrides_validate():
         validate_recipe(cfg)
         assert len(cfg.data.train_files) == (1 if c.startswith("single_") else 3)
         assert cfg.mixer.mode == ("adaptive" if c == "joint_adaptive" else "fixed")
+
+
+def test_main_from_finished_runs_counts_the_recipes_samples(tmp_path, capsys):
+    """``--from-runs`` re-reads run dirs; the samples per run come from the typed recipe (its
+    default prompts_per_step too) and the overrides given, not only the keys the YAML lists."""
+    from bench.seesaw import main
+
+    base = {"code": {"c0": 0.0, "c1": 1.0}, "terminal": {"t0": 0.0, "t1": 0.0}}
+    _write_run(tmp_path / "joint_fixed", base, base)
+    argv = ["--from-runs", "--out", str(tmp_path), "--configs", "joint_fixed", "--no-write", "--steps", "3"]
+    assert main(argv) == 0
+    assert "3 steps per run, 96 samples per run" in capsys.readouterr().out  # 8 prompts x 4 x 3
+    assert main([*argv, "rollout.prompts_per_step=6"]) == 0
+    assert "72 samples per run" in capsys.readouterr().out

@@ -57,7 +57,7 @@ def test_every_key_is_listed_with_type_default_and_doc() -> None:
     assert rows["algo.loss.agg"][0] == (
         "`auto \\| token-mean \\| seq-mean-token-mean \\| seq-mean-token-sum \\| seq-mean-token-sum-norm`"
     )  # Literal choices, pipes escaped
-    assert rows["rollout.envs"][1] == "`[{domain: tool_call, cls: envs.toolcall.ToolCallEnv, kwargs: {}}]`"
+    assert rows["rollout.envs"][1] == "`[{domain: tool_call, cls: envs.toolcall.ToolCallEnv, kwargs: {}, stop: []}]`"
 
     # Every key of the shipped recipes is documented.
     def walk(node, prefix):

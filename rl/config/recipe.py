@@ -206,6 +206,16 @@ class EnvSpec(Section):
     domain: str = knob("tool_call", "the task domain this env serves")
     cls: str = knob("envs.toolcall.ToolCallEnv", "dotted path of the env class", check=_dotted_class)
     kwargs: dict[str, Any] = knob(doc="constructor keyword arguments", factory=dict)
+    stop: list[str] = knob(
+        doc="strings that end a policy turn in this domain (the engine stops once its output holds one; "
+        'the tokens up to the one completing it are kept), e.g. ["</tool_call>"] for one call per turn',
+        factory=list,
+    )
+
+    def check(self) -> None:
+        for i, s in enumerate(self.stop):
+            if not isinstance(s, str) or not s:
+                raise FieldError("stop", f"entry {i} must be a non-empty string, got {s!r}")
 
 
 @dataclass(frozen=True)
@@ -226,12 +236,16 @@ class RolloutConfig(Section):
     max_restarts: int = knob(
         2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0
     )
-    envs: list[EnvSpec] = knob(doc="one env class per domain (domain, cls, kwargs)", factory=lambda: [EnvSpec()])
+    envs: list[EnvSpec] = knob(doc="one env class per domain (domain, cls, kwargs, stop)", factory=lambda: [EnvSpec()])
     engine_kwargs: dict[str, Any] = knob(
         doc="extra vLLM engine arguments (e.g. max_num_seqs, enable_prefix_caching, "
         "quantization, speculative_config), checked against the installed vLLM",
         factory=dict,
     )
+
+    def stops(self) -> dict[str, list[str]]:
+        """Each domain's stop strings (``envs[].stop``), for the rollout workers."""
+        return {e.domain: list(e.stop) for e in self.envs if e.stop}
 
     def check(self) -> None:
         if self.max_model_len <= self.max_new_tokens:

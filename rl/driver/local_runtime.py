@@ -65,7 +65,9 @@ class LocalRuntime:
                 lora_rank=cfg.learner.lora.engine_rank,
             )
         engine = make_engine(self.engine_kind, self.model_path, **kwargs)
-        self.worker = RolloutWorker(self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine)
+        self.worker = RolloutWorker(
+            self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine, stops=r.stops()
+        )
         if self.scorer is None:
             specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
             self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)

@@ -262,6 +262,7 @@ def make_rollout_pool(
         enable_sleep_mode=colocated,
         engine_kwargs=dict(r.engine_kwargs),
         lora_rank=cfg.learner.lora.engine_rank,
+        stops=r.stops(),
     )
 
 
