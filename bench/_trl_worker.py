@@ -87,7 +87,7 @@ def main(plan_path: str, out_path: str) -> None:
         def __init__(self, gens):
             self.gens = gens
 
-        def generate(self, prompts, sampling, seeds=None):
+        def generate(self, prompts, sampling, seeds=None, stops=None):
             return self.gens
 
     eos = {tok.eos_token_id}

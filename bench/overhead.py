@@ -55,7 +55,7 @@ class ReplayEngine:
     def __init__(self, prompts, gens) -> None:
         self.prompts, self.gens = prompts, gens
 
-    def generate(self, prompts, sampling, seeds=None):
+    def generate(self, prompts, sampling, seeds=None, stops=None):
         if [list(p) for p in prompts] != self.prompts:
             raise RuntimeError("replayed prompts differ from the generated ones")
         return self.gens

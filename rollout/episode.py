@@ -26,8 +26,7 @@ from envs.types import Generation, Message, Sampling, Task, Trajectory
 
 class Engine(Protocol):
     """``stops[i]``: strings that end prompt i's completion once its text holds one (the tokens up
-    to the one completing it are returned, ``finish_reason`` "stop"). Passed only when some episode
-    has stop strings, so an engine without the keyword serves recipes that set none."""
+    to the one completing it are returned, ``finish_reason`` "stop"); ``[]``: none."""
 
     def generate(
         self,
@@ -92,17 +91,16 @@ def run_episodes(
     try:
         _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling)
         for e in eps:
-            e.stop = list((stops or {}).get(e.task.domain, ()))
+            e.stop = (stops or {}).get(e.task.domain, [])
         while True:
             active = [e for e in eps if not e.done]
             if not active:
                 break
-            extra = {"stops": [e.stop for e in active]} if any(e.stop for e in active) else {}
             gens = engine.generate(
                 [e.prompt_ids + e.response_ids for e in active],
                 sampling,
                 seeds=[e.seed * 7919 + e.turns for e in active],
-                **extra,
+                stops=[e.stop for e in active],
             )
             for e, gen in zip(active, gens):
                 _advance(e, gen, tokenizer, sampling)

@@ -55,7 +55,7 @@ class RolloutWorker:
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
-        self.stops = {d: list(s) for d, s in (stops or {}).items()}
+        self.stops = dict(stops or {})
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine = (
             engine

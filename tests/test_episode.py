@@ -61,7 +61,7 @@ class ScriptedEngine:
     calls: list[tuple[list[list[int]], Sampling, list[int] | None]] = field(default_factory=list)
     raise_on_call: int | None = None
 
-    def generate(self, prompts, sampling, seeds=None):
+    def generate(self, prompts, sampling, seeds=None, stops=None):
         k = len(self.calls)
         self.calls.append(([list(p) for p in prompts], sampling, list(seeds) if seeds is not None else None))
         if self.raise_on_call == k:

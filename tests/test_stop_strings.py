@@ -1,6 +1,6 @@
 """Stop strings per domain (``rollout.envs[].stop``): a policy turn ends at its action's end.
 
-The recipe key reaches the engines through ``RecipeConfig.rollout.stops()``; ``run_episodes``
+The recipe key reaches the engines through ``Recipe.rollout.stops()``; ``run_episodes``
 passes each episode's domain strings with every generate call; both engines end a completion
 at the token whose text completes a stop string and keep every sampled token (so the
 trajectory's tokens stay exactly the sampled ones). A turn ended so is not truncated, and the
@@ -10,6 +10,7 @@ template's end-of-turn tokens come in as env tokens (loss mask 0).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from envs.types import Generation, Message, Sampling, Task
 from rl.config.recipe import RecipeError, load_recipe
 from rollout.episode import render, run_episodes
 
-RECIPES = __import__("pathlib").Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def enc(tok, text: str) -> list[int]:
@@ -33,11 +34,9 @@ class StopEngine:
     stops_seen: list[list[list[str]] | None] = field(default_factory=list)
 
     def generate(self, prompts, sampling, seeds=None, stops=None):
-        k = len(self.stops_seen)
+        ids = enc(self.tok, self.texts[len(self.stops_seen)])
         self.stops_seen.append(stops)
-        return [Generation(enc(self.tok, self.texts[k]), [-0.1] * len(enc(self.tok, self.texts[k])), "stop")] * len(
-            prompts
-        )
+        return [Generation(ids, [-0.1] * len(ids), "stop")] * len(prompts)
 
 
 class TwoTurnEnv:
@@ -87,18 +86,6 @@ def test_stop_strings_reach_the_engine_by_domain_and_end_turns_honestly(tiny_tok
     text = tok.decode(t.prompt_ids + t.response_ids, skip_special_tokens=False)
     assert render(tok, t.messages, add_generation_prompt=False).startswith(text)
     assert "<|im_end|>" in tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if not m])
-
-
-def test_an_engine_without_the_keyword_serves_recipes_without_stops(tiny_tokenizer) -> None:
-    class OldEngine:
-        def generate(self, prompts, sampling, seeds=None):
-            ids = enc(tiny_tokenizer, "hi")
-            return [Generation(ids, [-0.1] * len(ids), "length")] * len(prompts)
-
-    (t,) = run_episodes(
-        OldEngine(), tiny_tokenizer, lambda d: TwoTurnEnv([]), [_task("scripted")], [0], [0], Sampling(max_turns=1)
-    )
-    assert (t.truncated, t.num_turns, t.completion) == (True, 1, "hi")
 
 
 def _first_new_text(tok, ids: list[int]) -> tuple[int, str]:
