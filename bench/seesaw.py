@@ -8,9 +8,11 @@ step and group size, so every run draws the same number of samples:
 * ``joint_adaptive``: the same, ``mixer.mode=adaptive``;
 * ``single_<domain>``: only that domain's training file (``mixer.domain_weights={}``).
 
-Each run evaluates greedily on all three held-out ladders at its start (the base model) and
-at its end (the run's own step-0 and final held-out evaluations, read per task from its
-``rollouts.jsonl``). Reported, per domain, with paired standard errors over the same
+Every run is scored greedily on all three held-out ladders at its end (its final held-out
+evaluation, read per task from its ``rollouts.jsonl``) against one shared evaluation of the base
+model (a ``train.steps=0`` run in ``OUT/base``): the base model, recipe and greedy sampling are
+the same for every configuration, so each run's own step-0 evaluation would repeat the same
+numbers (``train.eval_at_start=false`` skips it; about 6 minutes a run on 2 CPU cores). Reported, per domain, with paired standard errors over the same
 held-out tasks (SE = sample std of the per-task differences / sqrt(n)):
 
 * each run's before -> after change (did the domain improve?);
@@ -21,9 +23,11 @@ held-out tasks (SE = sample std of the per-task differences / sqrt(n)):
 
 A difference is called out only when it exceeds two standard errors; the rest is reported
 as not distinguishable from noise. Writes its section of ``bench/RESULTS.md``
-(``--no-write``: print only); ``--from-runs DIR`` re-analyses finished runs without training.
+(``--no-write``: print only); ``--from-runs`` re-analyses the runs in ``--out`` without
+training; ``--keep-done`` trains only the runs ``--out`` does not hold yet (to go on after an
+interruption).
 
-    .venv/bin/python bench/seesaw.py --steps 12           # 5 runs; long on 2 CPU cores
+    .venv/bin/python bench/seesaw.py --steps 8            # base + 5 runs; ~2 h on 2 CPU cores
     .venv/bin/python bench/seesaw.py --steps 1 --configs joint_fixed --eval-limit 6 --no-write   # a quick check
 """
 
@@ -93,14 +97,14 @@ def verdict(p: dict[str, float]) -> str:
     return "up" if z > 2 else "down" if z < -2 else "noise"
 
 
-def eval_rewards(rollouts: Path) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """(first, last) held-out evaluation of a run: ``{domain: {task_id: reward}}`` each.
+Evaluation = dict[str, dict[str, float]]  # {domain: {task_id: reward}}
 
-    Reads the ``split == "eval"`` records of ``rollouts.jsonl``; first = the lowest step
-    (0, the base model), last = the highest. An unscored sample (reward null) counts 0, as
-    the trainer's held-out mean does not (it is reported in its own metric): say so here by
-    counting it as a failure, the conservative reading for a before/after comparison.
-    """
+
+def eval_steps(rollouts: Path) -> dict[int, Evaluation]:
+    """Every held-out evaluation in a run's ``rollouts.jsonl``, by step (the ``split == "eval"``
+    records). An unscored sample (reward null) counts 0: the trainer's held-out mean leaves it
+    out (it is reported in its own metric); here it counts as a failure, the conservative
+    reading for a before/after comparison."""
     by_step: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for line in rollouts.read_text().splitlines():
         if not line.strip():
@@ -108,9 +112,29 @@ def eval_rewards(rollouts: Path) -> tuple[dict[str, dict[str, float]], dict[str,
         r = json.loads(line)
         if r.get("split") == "eval":
             by_step[int(r["step"])][r["domain"]][r["task_id"]] = float(r["reward"] or 0.0)
+    return {k: {d: dict(per) for d, per in v.items()} for k, v in by_step.items()}
+
+
+def eval_rewards(rollouts: Path, base: Evaluation | None = None) -> tuple[Evaluation, Evaluation]:
+    """(first, last) held-out evaluation of a run: first = the lowest step (0, the base model),
+    last = the highest. A run that skipped its step-0 evaluation (``train.eval_at_start=false``)
+    takes ``base`` (the shared base run's) as its first."""
+    by_step = eval_steps(rollouts)
+    if base is not None and by_step and min(by_step) > 0:
+        return base, by_step[max(by_step)]
     if len(by_step) < 2:
-        raise ValueError(f"{rollouts}: needs held-out evaluations at two steps, found {sorted(by_step)}")
+        raise ValueError(
+            f"{rollouts}: needs held-out evaluations at two steps (or a shared base evaluation), found {sorted(by_step)}"
+        )
     return by_step[min(by_step)], by_step[max(by_step)]
+
+
+def base_eval(rollouts: Path) -> Evaluation:
+    """The step-0 evaluation of the shared base run (``train.steps=0``)."""
+    by_step = eval_steps(rollouts)
+    if 0 not in by_step:
+        raise ValueError(f"{rollouts}: the base run holds no step-0 held-out evaluation")
+    return by_step[0]
 
 
 def analyse(runs: dict[str, tuple[dict, dict]]) -> dict[str, Any]:
@@ -142,7 +166,8 @@ def render(result: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
         f"Recipe `recipes/joint_rl.yaml`, {meta['steps']} steps per run, {meta['samples']} samples per run "
         f"(prompts/step x group size x steps), held-out = the three `*_ladder.eval.jsonl` files "
-        f"(greedy; n tasks per domain in the tables). ± is one paired standard error; a change is called "
+        f"(greedy; n tasks per domain in the tables), scored against one shared evaluation of the base model "
+        f"({meta['wall_s'].get('base', float('nan')):.0f} s). ± is one paired standard error; a change is called "
         f"up/down only beyond two of them, else noise.",
         "",
         "Before -> after, each run on each domain (held-out mean reward):",
@@ -199,8 +224,9 @@ def conclusions(result: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------- running
 
 
-def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str]) -> float:
-    """Run ``jointrl train`` for ``config``; return its wall time in seconds."""
+def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str], at_start: bool = False) -> float:
+    """Run ``jointrl train`` for ``config`` (``base``: no step, only the base model's held-out
+    evaluation); return its wall time in seconds. ``at_start``: a step-0 evaluation too."""
     cmd = [
         sys.executable,
         "-m",
@@ -212,7 +238,8 @@ def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str])
         f"train.steps={steps}",
         f"data.eval_limit={eval_limit}",
         "run.save_every=0",
-        *overrides(config),
+        f"train.eval_at_start={str(at_start).lower()}",
+        *(overrides(config) if config != "base" else []),
         *extra,
     ]
     t0 = time.perf_counter()
@@ -237,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=str(ROOT / "runs" / "seesaw"), help="run directories go here")
     ap.add_argument("--from-runs", action="store_true", help="analyse the runs already in --out; train nothing")
+    ap.add_argument("--keep-done", action="store_true", help="train only the runs (and base) --out does not hold yet")
     ap.add_argument("--no-write", action="store_true", help="print; do not write bench/RESULTS.md")
     ap.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = ap.parse_args(argv)
@@ -245,14 +273,19 @@ def main(argv: list[str] | None = None) -> int:
         overrides(c)  # validates the name
     out = Path(args.out)
     runs, wall = {}, {}
-    for c in configs:
+    for c in ["base", *configs]:
         run_dir = out / c
-        if not args.from_runs:
-            print(f"seesaw: training {c} ({args.steps} steps)...", file=sys.stderr, flush=True)
-            wall[c] = train(c, run_dir, args.steps, args.eval_limit, args.extra)
-        elif (run_dir / "seesaw_wall_s.txt").is_file():
+        done = (run_dir / "seesaw_wall_s.txt").is_file()
+        if not args.from_runs and not (args.keep_done and done):
+            steps = 0 if c == "base" else args.steps
+            print(f"seesaw: training {c} ({steps} steps)...", file=sys.stderr, flush=True)
+            wall[c] = train(c, run_dir, steps, args.eval_limit, args.extra, at_start=c == "base")
+        elif done:
             wall[c] = float((run_dir / "seesaw_wall_s.txt").read_text())
-        runs[c] = eval_rewards(run_dir / "rollouts.jsonl")
+    # Runs from before the shared base (each with its own step-0 evaluation) still read.
+    base = base_eval(out / "base" / "rollouts.jsonl") if (out / "base" / "rollouts.jsonl").is_file() else None
+    for c in configs:
+        runs[c] = eval_rewards(out / c / "rollouts.jsonl", base)
     from rl.config.recipe import load_recipe
 
     # The typed recipe, not the YAML: keys the recipe leaves at their defaults (prompts_per_step) count too.

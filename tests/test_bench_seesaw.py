@@ -117,3 +117,52 @@ def test_main_from_finished_runs_counts_the_recipes_samples(tmp_path, capsys):
     assert "3 steps per run, 96 samples per run" in capsys.readouterr().out  # 8 prompts x 4 x 3
     assert main([*argv, "rollout.prompts_per_step=6"]) == 0
     assert "72 samples per run" in capsys.readouterr().out
+
+
+def test_runs_without_a_step0_evaluation_take_the_shared_base(tmp_path, capsys):
+    """``train.eval_at_start=false`` runs hold only their final evaluation; the report pairs it
+    with the base run's step-0 evaluation, and refuses a run that has neither."""
+    from bench.seesaw import base_eval, main
+
+    before = {"code": {f"c{i}": 0.0 for i in range(8)}}
+    after = {"code": {f"c{i}": 1.0 for i in range(8)}}
+    base_dir = tmp_path / "base"
+    base_dir.mkdir()
+    rows = [
+        {"step": 0, "split": "eval", "domain": "code", "task_id": t, "reward": r} for t, r in before["code"].items()
+    ]
+    (base_dir / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    run = tmp_path / "joint_fixed"
+    run.mkdir()
+    rows = [{"step": 4, "split": "eval", "domain": "code", "task_id": t, "reward": r} for t, r in after["code"].items()]
+    (run / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert base_eval(base_dir / "rollouts.jsonl") == before
+    assert eval_rewards(run / "rollouts.jsonl", before) == (before, after)
+    with pytest.raises(ValueError, match="shared base"):
+        eval_rewards(run / "rollouts.jsonl")
+    with pytest.raises(ValueError, match="no step-0"):
+        base_eval(run / "rollouts.jsonl")
+    argv = ["--from-runs", "--out", str(tmp_path), "--configs", "joint_fixed", "--no-write", "--steps", "4"]
+    assert main(argv) == 0
+    assert "0.000 -> 1.000, +1.000 ± 0.000 (up), n=8" in capsys.readouterr().out
+
+
+def test_train_command_skips_the_step0_evaluation_except_for_base(tmp_path, monkeypatch):
+    import bench.seesaw as seesaw
+
+    seen = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "", ""
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        Path(next(a for a in cmd if a.startswith("run.output_dir=")).split("=", 1)[1]).mkdir(parents=True)
+        return Done()
+
+    monkeypatch.setattr(seesaw.subprocess, "run", fake_run)
+    seesaw.train("base", tmp_path / "base", 0, 0, [], at_start=True)
+    seesaw.train("single_code", tmp_path / "sc", 6, 0, [])
+    assert "train.eval_at_start=true" in seen[0] and "train.steps=0" in seen[0]
+    assert "mixer.domain_weights={}" not in seen[0]
+    assert "train.eval_at_start=false" in seen[1] and "mixer.domain_weights={}" in seen[1]

@@ -111,6 +111,17 @@ def test_inprocess_run_writes_every_output(tmp_path: Path, recipe_copy, user_rew
     assert {r["step"] for r in rollouts} >= {0, 1, 2, 3}
 
 
+def test_inprocess_eval_at_start_off_skips_only_the_baseline(tmp_path: Path, recipe_copy, user_rewards) -> None:
+    """``train.eval_at_start=false``: no step-0 record, no step-0 held-out rollouts; the final
+    evaluation still runs (bench/seesaw.py pairs it with one shared baseline)."""
+    cfg = _cfg(recipe_copy, train={"steps": 2, "eval_at_start": False})
+    out = train(cfg, progress=False, runtime=local)
+    steps = _metrics(out)
+    assert sorted(steps) == [1, 2] and "eval/reward/mean" in steps[2]
+    rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in rollouts if r["split"] == "eval"} == {2}
+
+
 def test_inprocess_resume_continues_exactly(tmp_path: Path, recipe_copy, user_rewards) -> None:
     """A run stopped by an exception after its step-2 checkpoint, resumed (``run.resume=auto``), logs for
     steps 3-4 exactly what the uninterrupted run logged."""

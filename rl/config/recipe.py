@@ -543,8 +543,9 @@ class ClusterConfig(Section):
 @dataclass(frozen=True)
 class TrainConfig(Section):
     steps: int = knob(20, "optimizer steps (one batch each)", ge=0)
-    eval_every: int = knob(
-        0, "held-out evaluation every N steps; it always runs at start and end (0 = only then)", ge=0
+    eval_every: int = knob(0, "held-out evaluation every N steps; it always runs at the end (0 = only there)", ge=0)
+    eval_at_start: bool = knob(
+        True, "evaluate the base model before step 1 (off when its scores are known, e.g. shared by bench/seesaw.py)"
     )
     max_bad_steps: int = knob(
         3, "stop after this many steps in a row whose update was skipped (non-finite loss or gradients)", ge=1

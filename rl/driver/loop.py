@@ -66,7 +66,7 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
     run = RunParts(cfg, out, rt, mixer, normalizer, eval_tasks, greedy)
     try:
         first = start_run(run, train_sources, sampling, resume_from, progress)
-        if first == 1:
+        if first == 1 and cfg.train.eval_at_start:
             run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
         for step in range(first, cfg.train.steps + 1):
             trajs, metrics = train_step(run, step)  # 1-6. draw, generate, score, shape, update, sync
