@@ -27,6 +27,7 @@ __all__ = [
     "ToolCallFormatReward",
     "values_match",
     "arguments_match",
+    "argument_fraction",
     "answer_matches",
     "normalize_answer",
     "extract_numbers",
@@ -87,6 +88,32 @@ def arguments_match(call: ToolCall, expected: ExpectedCall) -> bool:
     return True
 
 
+def argument_fraction(call: ToolCall, expected: ExpectedCall) -> float:
+    """The share of ``call``'s arguments that are right, in [0, 1]; 1.0 exactly when
+    :func:`arguments_match` holds, 0.0 for another function.
+
+    Counted: every required parameter of ``expected`` (one whose allowed values lack ``""``)
+    and every parameter the call gives. Right: a counted parameter that is given with an
+    allowed value. So a missing required parameter and a parameter ``expected`` does not
+    list (hallucinated, or not wanted) each count as wrong, and an optional parameter left
+    out counts for nothing either way: leaving everything out earns no credit, and padding
+    a call with extra keys lowers its share. A function without parameters called without
+    arguments scores 1.0.
+    """
+    if call.name != expected.name:
+        return 0.0
+    args = call.arguments
+    counted = {p for p, allowed in expected.allowed.items() if "" not in allowed} | set(args)
+    if not counted:
+        return 1.0
+    right = sum(
+        1
+        for p in counted
+        if p in args and p in expected.allowed and any(values_match(args[p], a) for a in expected.allowed[p])
+    )
+    return right / len(counted)
+
+
 def _best_assignment(gain: list[list[float]]) -> list[tuple[int, int]]:
     """Pairs (expected i, predicted j), each index used once, maximizing the total gain."""
     n = len(gain)
@@ -125,11 +152,19 @@ class ToolCallReward:
 
     With ``E`` the expected calls, ``P`` the parsed calls, and a one-to-one, order-insensitive
     assignment between them that maximizes the total pair score
-    ``name_weight * [same name] + args_weight * [same name and all arguments allowed]``::
+    ``name_weight * [same name] + args_weight * args(pair)``::
 
         reward = format_weight * [P non-empty and no parse problems]
                + name_weight * (#pairs with the same name)             / max(|E|, |P|)
-               + args_weight * (#pairs whose arguments all match)      / max(|E|, |P|)
+               + args_weight * (sum over pairs of args(pair))          / max(|E|, |P|)
+
+    ``args_credit="all"`` (default): args(pair) = 1 when the pair's arguments all match, else
+    0 (BFCL's exact match). ``"fraction"``: args(pair) = :func:`argument_fraction`, the share
+    of the call's arguments that are right (missing required and unlisted ones count as
+    wrong), so that a call with two of three arguments right scores between a call with none
+    and a fully right one; a group of samples that differ only in how many arguments they get
+    right then has reward variance to learn from. Both give the same reward to a fully right
+    and to a fully wrong call.
 
     Argument matching (see :func:`arguments_match`): each expected parameter's value is in
     its allowed list (numbers compared numerically, strings case-sensitively after strip),
@@ -148,10 +183,15 @@ class ToolCallReward:
     name = "toolcall"
     domains = ("tool_call",)
 
-    def __init__(self, format_weight: float = 0.2, name_weight: float = 0.3, args_weight: float = 0.5):
+    def __init__(
+        self, format_weight: float = 0.2, name_weight: float = 0.3, args_weight: float = 0.5, args_credit: str = "all"
+    ):
         for label, w in (("format_weight", format_weight), ("name_weight", name_weight), ("args_weight", args_weight)):
             if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 or not math.isfinite(w):
                 raise ValueError(f"{label} must be a finite number >= 0, got {w!r}")
+        if args_credit not in ("all", "fraction"):
+            raise ValueError(f"args_credit must be 'all' or 'fraction', got {args_credit!r}")
+        self.args_score = arguments_match if args_credit == "all" else argument_fraction
         self.format_weight = float(format_weight)
         self.name_weight = float(name_weight)
         self.args_weight = float(args_weight)
@@ -173,7 +213,7 @@ class ToolCallReward:
         if not calls:
             return fmt
         name_ok = [[c.name == e.name for c in calls] for e in expected]
-        args_ok = [[arguments_match(c, e) for c in calls] for e in expected]
+        args_ok = [[float(self.args_score(c, e)) for c in calls] for e in expected]
         # Tie-break toward name matches so a zero name_weight still pairs by name.
         gain = [
             [

@@ -18,7 +18,7 @@ from envs.toolcall import (
 )
 from rl.data.tasks.toolcall_gen import EVAL_FILE, FUNCTIONS, TRAIN_FILE, generate, write_quickstart
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec, Trajectory
-from rewards.toolcall import ToolCallReward, arguments_match, values_match
+from rewards.toolcall import ToolCallReward, argument_fraction, arguments_match, values_match
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "recipes" / "data"
@@ -393,6 +393,72 @@ def test_values_and_arguments_match():
     assert values_match([1, "a "], [1.0, "a"]) and not values_match([1], [1, 2])
     assert values_match({"a": 1}, {"a": 1.0}) and values_match(None, None) and not values_match(0, None)
     assert not arguments_match(ToolCall("set_timer", {"minutes": 20}), WEATHER_PARIS)
+
+
+BOOK = ExpectedCall("book_table", {"restaurant": ["Olive Tree"], "time": ["16:00"], "party_size": [6], "note": [""]})
+
+
+def test_argument_fraction_counts_required_and_given_parameters():
+    frac = argument_fraction
+    assert frac(ToolCall("book_table", {"restaurant": "Olive Tree", "time": "16:00", "party_size": 6}), BOOK) == 1.0
+    assert frac(ToolCall("book_table", {"restaurant": "Olive Tree", "time": "16:00"}), BOOK) == pytest.approx(2 / 3)
+    assert frac(ToolCall("book_table", {"restaurant": "Olive Tree", "time": "12:00"}), BOOK) == pytest.approx(1 / 3)
+    # An optional parameter left out counts for nothing; given, it is counted (and here wrong: "" only allows omission).
+    assert (
+        frac(ToolCall("book_table", {"restaurant": "Olive Tree", "time": "16:00", "party_size": 6, "note": "x"}), BOOK)
+        == 0.75
+    )
+    # Padding with keys the call should not have lowers the share; leaving everything out earns nothing.
+    padded = {"restaurant": "Olive Tree", "time": "16:00", "party_size": 6, "a": 1, "b": 2, "c": 3}
+    assert frac(ToolCall("book_table", padded), BOOK) == 0.5
+    assert frac(ToolCall("book_table", {}), BOOK) == 0.0
+    assert frac(ToolCall("get_weather", {"restaurant": "Olive Tree"}), BOOK) == 0.0
+    assert frac(ToolCall("ping", {}), ExpectedCall("ping", {})) == 1.0
+    assert frac(ToolCall("ping", {"x": 1}), ExpectedCall("ping", {})) == 0.0
+    assert frac(ToolCall("get_weather", {}), WEATHER_PARIS) == 0.0
+    assert frac(ToolCall("get_weather", {"city": "Paris"}), WEATHER_PARIS) == 1.0
+
+
+def test_argument_fraction_is_one_exactly_when_the_arguments_match():
+    """Over every shipped tool-call task and perturbations of its reference call (a value changed,
+    a parameter dropped or added), the partial credit is 1.0 iff the all-or-nothing match holds."""
+    import random
+
+    rng = random.Random(0)
+    seen = {True: 0, False: 0}
+    for path in sorted(DATA.glob("toolcall_*.jsonl")):
+        for task in load_tasks(path)[:40]:
+            for e in task.tool_call.expected if task.tool_call else ():
+                ref = {
+                    p: next(v for v in vals if v != "") for p, vals in e.allowed.items() if any(v != "" for v in vals)
+                }
+                variants = [dict(ref), {}, {**ref, "extra": 1}]
+                for p in ref:
+                    variants += [{k: v for k, v in ref.items() if k != p}, {**ref, p: "wrong-" + str(rng.random())}]
+                for args in variants:
+                    call = ToolCall(e.name, args)
+                    match = arguments_match(call, e)
+                    assert (argument_fraction(call, e) == 1.0) == match, (task.id, args)
+                    seen[match] += 1
+    assert seen[True] > 20 and seen[False] > 100
+
+
+def test_fraction_credit_in_the_reward():
+    full = block("book_table", {"restaurant": "Olive Tree", "time": "16:00", "party_size": 6})
+    two = block("book_table", {"restaurant": "Olive Tree", "time": "16:00"})
+    assert score([BOOK], two) == pytest.approx(0.2 + 0.3)  # all-or-nothing: no argument credit
+    assert score([BOOK], two, args_credit="fraction") == pytest.approx(0.2 + 0.3 + 0.5 * 2 / 3)
+    assert score([BOOK], full, args_credit="fraction") == pytest.approx(1.0) == score([BOOK], full)
+    # Two expected calls, one made right and one half right; a spurious third call enlarges the denominator.
+    half_timer = ExpectedCall("set_timer", {"minutes": [20], "label": ["tea"]})
+    made = block("book_table", {"restaurant": "Olive Tree", "time": "16:00", "party_size": 6}) + block(
+        "set_timer", {"minutes": 20}
+    )
+    assert score([BOOK, half_timer], made, args_credit="fraction") == pytest.approx(0.2 + 0.3 + 0.5 * 1.5 / 2)
+    spam = made + block("set_timer", {"minutes": 20})
+    assert score([BOOK, half_timer], spam, args_credit="fraction") == pytest.approx(0.2 + 0.3 * 2 / 3 + 0.5 * 1.5 / 3)
+    with pytest.raises(ValueError, match="args_credit must be 'all' or 'fraction'"):
+        ToolCallReward(args_credit="partial")
 
 
 # ----------------------------------------------------------------------------- quickstart data
