@@ -25,7 +25,9 @@ A difference is called out only when it exceeds two standard errors; the rest is
 as not distinguishable from noise. Writes its section of ``bench/RESULTS.md``
 (``--no-write``: print only); ``--from-runs`` re-analyses the runs in ``--out`` without
 training; ``--keep-done`` trains only the runs ``--out`` does not hold yet (to go on after an
-interruption).
+interruption); ``--archive DIR`` keeps the finished runs' held-out evaluations (``eval.jsonl``,
+kilobytes, read like ``rollouts.jsonl``), wall times and host in DIR, so that the runs can be
+re-analysed or the missing ones added later (copy DIR to ``--out``, then ``--keep-done``).
 
     .venv/bin/python bench/seesaw.py --steps 8            # base + 5 runs; ~2 h on 2 CPU cores
     .venv/bin/python bench/seesaw.py --steps 1 --configs joint_fixed --eval-limit 6 --no-write   # a quick check
@@ -127,6 +129,43 @@ def eval_rewards(rollouts: Path, base: Evaluation | None = None) -> tuple[Evalua
             f"{rollouts}: needs held-out evaluations at two steps (or a shared base evaluation), found {sorted(by_step)}"
         )
     return by_step[min(by_step)], by_step[max(by_step)]
+
+
+def records(run_dir: Path) -> Path:
+    """A run's held-out records: its ``rollouts.jsonl``, else the archived ``eval.jsonl``."""
+    full = run_dir / "rollouts.jsonl"
+    return full if full.is_file() else run_dir / "eval.jsonl"
+
+
+def archive(out: Path, dest: Path, names: list[str]) -> list[str]:
+    """Copy each finished run's held-out records, wall time and host into ``dest/<name>/``; return the names."""
+    import platform
+    import shutil
+
+    host = _cpu_model() or platform.processor() or "unknown"
+    kept = []
+    for name in names:
+        src = out / name
+        if not (src / "seesaw_wall_s.txt").is_file():
+            continue
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        lines = [x for x in records(src).read_text().splitlines() if x.strip() and json.loads(x).get("split") == "eval"]
+        (dest / name / "eval.jsonl").write_text("\n".join(lines) + "\n")
+        shutil.copyfile(src / "seesaw_wall_s.txt", dest / name / "seesaw_wall_s.txt")
+        if not (dest / name / "host.txt").is_file():
+            (dest / name / "host.txt").write_text(host + "\n")
+        kept.append(name)
+    return kept
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def base_eval(rollouts: Path) -> Evaluation:
@@ -265,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "runs" / "seesaw"), help="run directories go here")
     ap.add_argument("--from-runs", action="store_true", help="analyse the runs already in --out; train nothing")
     ap.add_argument("--keep-done", action="store_true", help="train only the runs (and base) --out does not hold yet")
+    ap.add_argument("--archive", default="", help="keep finished runs' held-out evaluations, wall times, host here")
     ap.add_argument("--no-write", action="store_true", help="print; do not write bench/RESULTS.md")
     ap.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = ap.parse_args(argv)
@@ -283,9 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         elif done:
             wall[c] = float((run_dir / "seesaw_wall_s.txt").read_text())
     # Runs from before the shared base (each with its own step-0 evaluation) still read.
-    base = base_eval(out / "base" / "rollouts.jsonl") if (out / "base" / "rollouts.jsonl").is_file() else None
+    if args.archive:
+        print(f"seesaw: archived {', '.join(archive(out, Path(args.archive), ['base', *configs]))}", file=sys.stderr)
+    base = base_eval(records(out / "base")) if records(out / "base").is_file() else None
     for c in configs:
-        runs[c] = eval_rewards(out / c / "rollouts.jsonl", base)
+        runs[c] = eval_rewards(records(out / c), base)
     from rl.config.recipe import load_recipe
 
     # The typed recipe, not the YAML: keys the recipe leaves at their defaults (prompts_per_step) count too.

@@ -166,3 +166,25 @@ def test_train_command_skips_the_step0_evaluation_except_for_base(tmp_path, monk
     assert "train.eval_at_start=true" in seen[0] and "train.steps=0" in seen[0]
     assert "mixer.domain_weights={}" not in seen[0]
     assert "train.eval_at_start=false" in seen[1] and "mixer.domain_weights={}" in seen[1]
+
+
+def test_archive_keeps_the_held_out_evaluations_and_reads_back_the_same(tmp_path, capsys):
+    """``--archive`` keeps only the held-out records (plus wall time and host) of finished runs; the
+    archive re-analyses to the same report as the full run directories."""
+    from bench.seesaw import main
+
+    out, dest = tmp_path / "runs", tmp_path / "kept"
+    base = {"code": {f"c{i}": float(i % 3 == 0) for i in range(9)}}
+    after = {"code": {f"c{i}": float(i % 2 == 0) for i in range(9)}}
+    _write_run(out / "joint_fixed", base, after)
+    (out / "joint_fixed" / "seesaw_wall_s.txt").write_text("123.0\n")
+    _write_run(out / "single_code", base, base)  # unfinished: no wall time, so not archived
+    argv = ["--from-runs", "--configs", "joint_fixed", "--no-write", "--steps", "12"]
+    assert main([*argv, "--out", str(out), "--archive", str(dest)]) == 0
+    first = capsys.readouterr().out
+    assert sorted(p.name for p in dest.iterdir()) == ["joint_fixed"]
+    kept = [json.loads(x) for x in (dest / "joint_fixed" / "eval.jsonl").read_text().splitlines()]
+    assert kept and all(r["split"] == "eval" for r in kept) and len(kept) == 18
+    assert (dest / "joint_fixed" / "host.txt").read_text().strip()
+    assert main([*argv, "--out", str(dest)]) == 0
+    assert capsys.readouterr().out == first and "| joint_fixed | 123 |" in first
