@@ -158,6 +158,12 @@ def archive(out: Path, dest: Path, names: list[str]) -> list[str]:
     return kept
 
 
+def hosts(out: Path, names: list[str]) -> str:
+    """The CPU model(s) the runs in ``out`` trained on: archived ``host.txt`` files, else this machine's."""
+    seen = {(out / n / "host.txt").read_text().strip() for n in names if (out / n / "host.txt").is_file()}
+    return ", ".join(sorted(seen)) if seen else _cpu_model()
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -207,7 +213,7 @@ def render(result: dict[str, Any], meta: dict[str, Any]) -> str:
         f"(prompts/step x group size x steps), held-out = the three `*_ladder.eval.jsonl` files "
         f"(greedy; n tasks per domain in the tables), scored against one shared evaluation of the base model "
         f"({meta['wall_s'].get('base', float('nan')):.0f} s). ± is one paired standard error; a change is called "
-        f"up/down only beyond two of them, else noise.",
+        f"up/down only beyond two of them, else noise. Host: {meta.get('host') or 'not recorded'}.",
         "",
         "Before -> after, each run on each domain (held-out mean reward):",
         "",
@@ -332,7 +338,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # The typed recipe, not the YAML: keys the recipe leaves at their defaults (prompts_per_step) count too.
     r = load_recipe(RECIPE, args.extra).rollout
-    meta = {"steps": args.steps, "samples": r.prompts_per_step * r.group_size * args.steps, "wall_s": wall}
+    meta = {
+        "steps": args.steps,
+        "samples": r.prompts_per_step * r.group_size * args.steps,
+        "wall_s": wall,
+        "host": hosts(out, ["base", *configs]),
+    }
     body = render(analyse(runs), meta)
     print(body)
     if not args.no_write:
