@@ -1,7 +1,11 @@
 """Multi-turn episodes, token in, token out: tasks + an engine + envs -> trajectories.
 
 All episodes of a call advance turn by turn together: one batched ``engine.generate`` per
-turn for every episode still running, then each env's ``step``. The trajectory keeps the
+turn for every episode still running, then each env's ``step``. Env calls (``reset``,
+``step``, ``finalize``: sandboxed commands, unit tests, tools) run on up to ``env_workers``
+threads at once, each env instance on one thread at a time; the engine waits for all of
+them, so a batch's env time is its slowest env calls, not their sum. Everything else
+(tokenizing, templates) stays on the calling thread, in episode order. The trajectory keeps the
 exact token ids the engine sampled; text is only decoded to hand the env its action.
 Environment observations are rendered through the model's chat template and appended as
 tokens with ``loss_mask`` 0, using the template's own rendering of the conversation (the
@@ -18,8 +22,9 @@ This module does not score trajectories (``rewards``) or train (``rl``).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from envs.types import Generation, Message, Sampling, Task, Trajectory
 
@@ -66,8 +71,37 @@ class _Episode:
     env_reward: float | None = None
     sandbox_events: list[str] | None = None
     done: bool = False
+    action: str = ""  # the current turn's action, for its env's step
     # Text the engine's tokens of the current conversation correspond to (for env-token deltas).
     text: str = ""
+
+
+T = TypeVar("T")
+
+
+class _EnvCalls:
+    """Runs one env call per episode, on up to ``workers`` threads (inline with 1), results in order.
+
+    An env call that raises re-raises here once every call of the batch has ended, so that no env
+    is closed while another thread is still inside it."""
+
+    def __init__(self, workers: int, episodes: int) -> None:
+        n = min(workers, episodes)
+        self.pool = ThreadPoolExecutor(n, thread_name_prefix="env") if n > 1 else None
+
+    def each(self, fn: Callable[[_Episode], T], eps: list[_Episode]) -> list[T]:
+        if self.pool is None or len(eps) < 2:
+            return [fn(e) for e in eps]
+        futures = [self.pool.submit(fn, e) for e in eps]
+        errors = [f.exception() for f in futures]  # waits for all of them
+        first = next((x for x in errors if x is not None), None)
+        if first is not None:
+            raise first
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def run_episodes(
@@ -79,17 +113,20 @@ def run_episodes(
     seeds: list[int],
     sampling: Sampling,
     stops: dict[str, list[str]] | None = None,
+    env_workers: int = 1,
 ) -> list[Trajectory]:
     """Run one episode per task (in order) and return their trajectories.
 
     ``make_env(domain)`` returns a fresh env for a task of that domain; it is closed at the
     end of its episode, also on errors. ``stops[domain]``: strings that end a policy turn of
     that domain (e.g. ``</tool_call>``); a turn ended by one is not cut, and its env sees the
-    action with the stop string in it.
+    action with the stop string in it. ``env_workers``: env calls of different episodes run
+    on up to this many threads at once (1: one at a time, on this thread).
     """
     eps: list[_Episode] = []
+    calls = _EnvCalls(env_workers, len(tasks))
     try:
-        _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling)
+        _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling, calls)
         for e in eps:
             e.stop = (stops or {}).get(e.task.domain, [])
         while True:
@@ -103,8 +140,12 @@ def run_episodes(
                 stops=[e.stop for e in active],
             )
             for e, gen in zip(active, gens):
-                _advance(e, gen, tokenizer, sampling)
+                _act(e, gen, tokenizer)
+            results = calls.each(lambda e: e.env.step(e.action), active)
+            ended = [e for e, gen, res in zip(active, gens, results) if _observe(e, gen, res, tokenizer, sampling)]
+            calls.each(_finalize, ended)
     finally:
+        calls.close()
         for e in eps:
             e.env.close()
     return [_trajectory(e) for e in eps]
@@ -118,15 +159,17 @@ def _start_episodes(
     group_ids: list[int],
     seeds: list[int],
     sampling: Sampling,
+    calls: _EnvCalls,
 ) -> None:
     """Append an episode per task to ``eps`` (its env made and reset, its prompt rendered and tokenized). Each
     env is in ``eps`` as soon as it exists, so that the caller closes it if a later one fails."""
     for task, g, s in zip(tasks, group_ids, seeds, strict=True):
         env = make_env(task.domain)
         eps.append(_Episode(task=task, group_id=g, seed=s, env=env, prompt_ids=[], messages=[]))
-        msgs = list(env.reset(task))
-        text = render(tokenizer, msgs, add_generation_prompt=True) + task.prefill
-        eps[-1].messages, eps[-1].text, eps[-1].prompt_ids = msgs, text, encode(tokenizer, text)
+    resets = calls.each(lambda e: list(e.env.reset(e.task)), eps)
+    for e, msgs in zip(eps, resets):
+        text = render(tokenizer, msgs, add_generation_prompt=True) + e.task.prefill
+        e.messages, e.text, e.prompt_ids = msgs, text, encode(tokenizer, text)
     for e in eps:
         if len(e.prompt_ids) >= sampling.max_model_len:
             # No room to generate: an empty, truncated episode (no policy tokens, so never trained on).
@@ -152,8 +195,8 @@ def _trajectory(e: _Episode) -> Trajectory:
     )
 
 
-def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -> None:
-    """Append one policy turn to episode ``e``, step its env, and append the observation tokens."""
+def _act(e: _Episode, gen: Generation, tokenizer: Any) -> None:
+    """Append one policy turn to episode ``e`` and set the action its env is stepped with."""
     e.response_ids += gen.token_ids
     e.loss_mask += [1] * len(gen.token_ids)
     e.logprobs += gen.logprobs
@@ -162,24 +205,29 @@ def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -
     ids = gen.token_ids
     ended = gen.finish_reason == "stop" and bool(ids) and ids[-1] == tokenizer.eos_token_id
     generated = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-    action = (e.task.prefill if e.turns == 0 else "") + generated
+    e.action = (e.task.prefill if e.turns == 0 else "") + generated
     e.turns += 1
-    obs, terminated, truncated, info = e.env.step(action)
+
+
+def _observe(e: _Episode, gen: Generation, result: tuple, tokenizer: Any, sampling: Sampling) -> bool:
+    """Take the env's answer to the turn: end the episode, or append the observation tokens.
+    Returns whether the rollout ended the episode early (its env's ``finalize`` is then due)."""
+    obs, terminated, truncated, info = result
     if isinstance(info, dict) and isinstance(info.get("reward"), (int, float)):
         e.env_reward = float(info["reward"])
     _note_sandbox_events(e, info)
-    e.messages = e.messages + [Message("assistant", action)] + list(obs)
+    e.messages = e.messages + [Message("assistant", e.action)] + list(obs)
     e.finish_reason = gen.finish_reason
     cut = gen.finish_reason == "length"
     if terminated or truncated:
         # A final turn cut by max_new_tokens makes a truncated episode, whatever the env concluded.
         e.terminated, e.truncated, e.done = bool(terminated) and not cut, bool(truncated) or cut, True
-        return
+        return False
     if e.turns >= sampling.max_turns:
         return _end_early(e, "max_turns")
     # The conversation's text now is the old text + exactly what the engine produced. A turn cut
     # by max_new_tokens has no EOS: the template's closing tokens then come as env tokens.
-    e.text += tokenizer.decode(ids, skip_special_tokens=False)
+    e.text += tokenizer.decode(gen.token_ids, skip_special_tokens=False)
     full = render(tokenizer, e.messages, add_generation_prompt=True)
     if not full.startswith(e.text):
         # The template re-renders this turn differently from what the engine produced (e.g. the
@@ -192,11 +240,17 @@ def _advance(e: _Episode, gen: Generation, tokenizer: Any, sampling: Sampling) -
     e.response_ids += delta
     e.loss_mask += [0] * len(delta)
     e.logprobs += [0.0] * len(delta)
+    return False
 
 
-def _end_early(e: _Episode, reason: str) -> None:
-    """The rollout ends an episode the env has not ended: truncated, and the env may still score it."""
+def _end_early(e: _Episode, reason: str) -> bool:
+    """The rollout ends an episode the env has not ended: truncated; ``_finalize`` then lets the env score it."""
     e.truncated, e.done, e.finish_reason = True, True, reason
+    return True
+
+
+def _finalize(e: _Episode) -> None:
+    """The env's optional ``finalize()`` for an episode the rollout ended (self-scoring envs still score it)."""
     finalize = getattr(e.env, "finalize", None)
     if callable(finalize):
         info = finalize()

@@ -47,15 +47,19 @@ class RolloutWorker:
         lora_rank: int = 0,
         engine: Any = None,
         stops: dict[str, list[str]] | None = None,
+        env_workers: int = 0,
     ) -> None:
         """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
         passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused.
         ``lora_rank`` > 0: the engine serves the learner's LoRA adapter (``load_adapter``).
-        ``stops[domain]``: strings that end a policy turn of that domain (``rollout.envs[].stop``)."""
+        ``stops[domain]``: strings that end a policy turn of that domain (``rollout.envs[].stop``).
+        ``env_workers``: env calls run on up to this many threads at once (``rollout.env_workers``;
+        0 = one per CPU this process may run on)."""
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.stops = dict(stops or {})
+        self.env_workers = env_workers or len(os.sched_getaffinity(0))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine = (
             engine
@@ -93,7 +97,17 @@ class RolloutWorker:
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
     ) -> list[Trajectory]:
-        return run_episodes(self.engine, self.tokenizer, self._make_env, tasks, group_ids, seeds, sampling, self.stops)
+        return run_episodes(
+            self.engine,
+            self.tokenizer,
+            self._make_env,
+            tasks,
+            group_ids,
+            seeds,
+            sampling,
+            self.stops,
+            env_workers=self.env_workers,
+        )
 
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)

@@ -7,7 +7,10 @@ generation prompt); token ids are the tiny tokenizer's encoding of those literal
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -401,3 +404,179 @@ def test_special_token_mid_turn_is_a_template_mismatch(tiny_tokenizer):
     # ... or, if it continues, its tokens must still spell the conversation the env saw.
     final = render(tok, t.messages, add_generation_prompt=False)
     assert tok.decode(t.prompt_ids + t.response_ids, skip_special_tokens=False) == final[:-1]
+
+
+# ------------------------------------------------------------------------- env calls on threads
+
+
+class SlowEnv(ScriptedEnv):
+    """ScriptedEnv whose reset/step/finalize each take ``delay`` seconds; records how many env calls
+    were in flight at once and whether an env was closed while one of its calls ran."""
+
+    lock = threading.Lock()
+    inflight = 0
+    peak = 0
+    closed_while_busy = 0
+
+    def __init__(self, registry: list, delay: float = 0.15, fail_on: str = ""):
+        super().__init__(registry)
+        self.delay, self.fail_on, self.busy = delay, fail_on, False
+        self.finalized = 0
+
+    def _call(self, fn, *args):
+        cls = SlowEnv
+        with cls.lock:
+            cls.inflight += 1
+            cls.peak = max(cls.peak, cls.inflight)
+        self.busy = True
+        try:
+            time.sleep(self.delay)
+            return fn(*args)
+        finally:
+            self.busy = False
+            with cls.lock:
+                cls.inflight -= 1
+
+    def reset(self, task):
+        return self._call(super().reset, task)
+
+    def step(self, action):
+        if self.fail_on and self.fail_on in action:
+            raise RuntimeError("sandbox broke")
+        return self._call(super().step, action)
+
+    def finalize(self):
+        self.finalized += 1
+        return self._call(lambda: {"reward": 0.75})
+
+    def close(self):
+        SlowEnv.closed_while_busy += self.busy
+        super().close()
+
+
+@pytest.fixture
+def slow_env():
+    SlowEnv.inflight = SlowEnv.peak = SlowEnv.closed_while_busy = 0
+    return SlowEnv
+
+
+def _slow_run(tok, n, workers, max_turns=2, fail_on=""):
+    envs: list[SlowEnv] = []
+    turns = [[gen(tok, T1, LP1)] * n, [gen(tok, T2, LP2)] * n]
+    engine = ScriptedEngine(turns[:max_turns])
+    t0 = time.perf_counter()
+    trajs = run_episodes(
+        engine,
+        tok,
+        lambda d: SlowEnv(envs, fail_on=fail_on),
+        [task(f"t{i}", terminate_on=5) for i in range(n)],
+        list(range(n)),
+        list(range(n)),
+        Sampling(max_turns=max_turns),
+        env_workers=workers,
+    )
+    return trajs, envs, time.perf_counter() - t0
+
+
+def test_env_calls_of_different_episodes_run_at_once_with_the_same_trajectories(tiny_tokenizer, slow_env):
+    """6 episodes x (reset, 2 steps, finalize at max_turns) of 0.15 s each: 3.6 s one at a time, ~0.6 s on
+    6 threads; the trajectories are the same either way."""
+    tok = tiny_tokenizer
+    serial, envs1, t_serial = _slow_run(tok, 6, workers=1)
+    assert slow_env.peak == 1 and t_serial >= 6 * 4 * 0.15
+    slow_env.peak = 0
+    threaded, envs6, t_threaded = _slow_run(tok, 6, workers=6)
+    assert slow_env.peak == 6, "all six episodes' env calls were in flight together"
+    assert t_threaded < t_serial / 2
+    assert threaded == serial
+    assert [t.env_reward for t in threaded] == [0.75] * 6 and all(t.finish_reason == "max_turns" for t in threaded)
+    assert all(
+        e.finalized == 1 and e.closed == 1 and e.actions == ["Answer: get weather Paris", T2.strip()] for e in envs6
+    )
+    assert slow_env.closed_while_busy == 0
+
+
+def test_an_env_call_that_raises_ends_the_call_after_the_others_and_closes_every_env(tiny_tokenizer, slow_env):
+    tok = tiny_tokenizer
+    envs: list[SlowEnv] = []
+    engine = ScriptedEngine([[gen(tok, T1, LP1), gen(tok, " boom", LP1), gen(tok, T1, LP1)]])
+    with pytest.raises(RuntimeError, match="sandbox broke"):
+        run_episodes(
+            engine,
+            tok,
+            lambda d: SlowEnv(envs, fail_on="boom"),
+            [task(f"t{i}", terminate_on=5) for i in range(3)],
+            [0, 1, 2],
+            [0, 1, 2],
+            Sampling(max_turns=2),
+            env_workers=3,
+        )
+    assert [e.closed for e in envs] == [1, 1, 1]
+    assert slow_env.closed_while_busy == 0, "no env was closed while another thread was inside it"
+    assert [len(e.actions) for e in envs] == [1, 0, 1], "the other episodes' steps ran to their end"
+
+
+def test_rollout_worker_takes_env_workers_from_the_recipe(tiny_model_path, monkeypatch):
+    """``rollout.env_workers`` reaches ``run_episodes``; 0 means one thread per CPU the worker may use."""
+    import os
+
+    import rollout.pool as pool
+    from rl.config.recipe import RecipeError, load_recipe
+
+    seen = {}
+    monkeypatch.setattr(pool, "run_episodes", lambda *a, **kw: seen.update(kw) or [])
+    w = pool.RolloutWorker(tiny_model_path, [], engine=object())
+    assert w.env_workers == len(os.sched_getaffinity(0))
+    w = pool.RolloutWorker(tiny_model_path, [], engine=object(), env_workers=3)
+    w.generate([], [], [], Sampling())
+    assert seen["env_workers"] == 3
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    assert load_recipe(recipes / "quickstart.yaml", ["rollout.env_workers=1"]).rollout.env_workers == 1
+    with pytest.raises(RecipeError, match="rollout.env_workers"):
+        load_recipe(recipes / "quickstart.yaml", ["rollout.env_workers=-1"])
+
+
+def test_real_sandboxed_envs_on_threads_score_as_one_at_a_time(tiny_tokenizer):
+    """Terminal and code ladder tasks (bubblewrap sandboxes: setup, command, check; unit tests), half
+    answered with the reference solution and half wrongly: the same observations and env verdicts on
+    4 threads as one at a time."""
+    from envs.base import resolve
+    from envs.io import load_tasks
+    from rewards.code import CodeTestsReward
+
+    tok = tiny_tokenizer
+    data = Path(__file__).resolve().parents[1] / "recipes" / "data"
+    tasks = load_tasks(data / "terminal_ladder.eval.jsonl")[:4] + load_tasks(data / "code_ladder.eval.jsonl")[:4]
+
+    def answer(t: Task, i: int) -> str:
+        """The reference solution (even i) or a wrong one (odd i), after the task's prefill."""
+        if i % 2:
+            return " --help\n```" if t.domain == "terminal" else "    return None\n```"
+        full = f"```bash\n{t.terminal.solution}\n```" if t.domain == "terminal" else f"```python\n{t.code.solution}```"
+        assert full.startswith(t.prefill), t.id
+        return full[len(t.prefill) :]
+
+    envs = {
+        "terminal": ("envs.terminal.TerminalEnv", {"max_turns": 1}),
+        "code": ("envs.code.CodeEnv", {"max_turns": 1}),
+    }
+
+    def episodes(workers: int):
+        engine = ScriptedEngine([[gen(tok, answer(t, i), LP1) for i, t in enumerate(tasks)]])
+        n = len(tasks)
+        return run_episodes(
+            engine,
+            tok,
+            lambda d: resolve(envs[d][0])(**envs[d][1]),
+            tasks,
+            list(range(n)),
+            list(range(n)),
+            Sampling(max_turns=1),
+            env_workers=workers,
+        )
+
+    serial, threaded = episodes(1), episodes(4)
+    assert [t.env_reward for t in serial] == [t.env_reward for t in threaded]
+    assert [t.messages for t in serial] == [t.messages for t in threaded]
+    assert [t.env_reward for t in threaded[:4]] == [1.0, 0.0, 1.0, 0.0], "terminal verdicts"
+    assert [CodeTestsReward()(t) for t in threaded[4:]] == [1.0, 0.0, 1.0, 0.0], "code verdicts"

@@ -237,6 +237,12 @@ class RolloutConfig(Section):
         2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0
     )
     envs: list[EnvSpec] = knob(doc="one env class per domain (domain, cls, kwargs, stop)", factory=lambda: [EnvSpec()])
+    env_workers: int = knob(
+        0,
+        "env calls (sandboxed commands, tests, tools) of different episodes run at once per rollout worker, on "
+        "threads; 0 = one per CPU the worker may use; 1 = one at a time (an env class not safe across threads)",
+        ge=0,
+    )
     engine_kwargs: dict[str, Any] = knob(
         doc="extra vLLM engine arguments (e.g. max_num_seqs, enable_prefix_caching, "
         "quantization, speculative_config), checked against the installed vLLM",

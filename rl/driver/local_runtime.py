@@ -66,7 +66,11 @@ class LocalRuntime:
             )
         engine = make_engine(self.engine_kind, self.model_path, **kwargs)
         self.worker = RolloutWorker(
-            self.model_path, [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs], engine=engine, stops=r.stops()
+            self.model_path,
+            [(e.domain, e.cls, dict(e.kwargs)) for e in r.envs],
+            engine=engine,
+            stops=r.stops(),
+            env_workers=r.env_workers,
         )
         if self.scorer is None:
             specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]

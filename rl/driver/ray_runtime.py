@@ -263,6 +263,7 @@ def make_rollout_pool(
         engine_kwargs=dict(r.engine_kwargs),
         lora_rank=cfg.learner.lora.engine_rank,
         stops=r.stops(),
+        env_workers=r.env_workers,
     )
 
 
