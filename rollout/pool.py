@@ -28,6 +28,12 @@ from rollout.episode import run_episodes
 log = logging.getLogger("jointrl.rollout")
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 class RolloutWorker:
     """One engine plus the env classes of each domain. Not thread-safe."""
 
@@ -59,7 +65,7 @@ class RolloutWorker:
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.stops = dict(stops or {})
-        self.env_workers = env_workers or len(os.sched_getaffinity(0))
+        self.env_workers = env_workers or usable_cpus()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine = (
             engine

@@ -526,7 +526,7 @@ def test_rollout_worker_takes_env_workers_from_the_recipe(tiny_model_path, monke
     seen = {}
     monkeypatch.setattr(pool, "run_episodes", lambda *a, **kw: seen.update(kw) or [])
     w = pool.RolloutWorker(tiny_model_path, [], engine=object())
-    assert w.env_workers == len(os.sched_getaffinity(0))
+    assert w.env_workers == pool.usable_cpus() == len(os.sched_getaffinity(0))
     w = pool.RolloutWorker(tiny_model_path, [], engine=object(), env_workers=3)
     w.generate([], [], [], Sampling())
     assert seen["env_workers"] == 3
