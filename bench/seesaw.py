@@ -26,7 +26,7 @@ as not distinguishable from noise. Writes its section of ``bench/RESULTS.md``
 (``--no-write``: print only); ``--from-runs`` re-analyses the runs in ``--out`` without
 training; ``--keep-done`` trains only the runs ``--out`` does not hold yet (to go on after an
 interruption); ``--archive DIR`` keeps the finished runs' held-out evaluations (``eval.jsonl``,
-kilobytes, read like ``rollouts.jsonl``), wall times and host in DIR, so that the runs can be
+~150 KB a run, read like ``rollouts.jsonl``), wall times and host in DIR, so that the runs can be
 re-analysed or the missing ones added later (copy DIR to ``--out``, then ``--keep-done``).
 
     .venv/bin/python bench/seesaw.py --steps 8            # base + 5 runs; ~2 h on 2 CPU cores
