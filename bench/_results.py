@@ -17,16 +17,20 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 TITLE = "# jointrl benchmark results\n\nWritten by the scripts in `bench/`; each section is replaced when its script re-runs.\n"
 
 
-def machine() -> str:
-    """One line: CPU count, CPU model, total RAM, torch/vllm versions."""
-    cpu = ""
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return ""
+
+
+def machine() -> str:
+    """One line: CPU count, CPU model, total RAM, torch/vllm versions."""
+    cpu = cpu_model()
     ram = "?"
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

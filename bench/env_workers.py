@@ -14,7 +14,6 @@ saving is this env time's share of the rollout.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 import time
@@ -23,10 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._results import cpu_model  # noqa: E402
 from envs.base import resolve  # noqa: E402
 from envs.io import load_tasks  # noqa: E402
 from envs.types import Generation, Sampling, Task  # noqa: E402
 from rollout.episode import run_episodes  # noqa: E402
+from rollout.pool import usable_cpus  # noqa: E402
 
 ENVS = {"terminal": ("envs.terminal.TerminalEnv", {"max_turns": 1}), "code": ("envs.code.CodeEnv", {"max_turns": 1})}
 
@@ -89,10 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             trajs = rollout(w, tasks)
             timings[w] = min(timings.get(w, float("inf")), time.perf_counter() - t0)
             verdicts[w] = [(t.env_reward, [m.content for m in t.messages]) for t in trajs]
-    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "")
     print(
-        f"{n} episodes ({args.tasks} terminal + {args.tasks} code), host {cpu or platform.processor()}, "
-        f"{len(os.sched_getaffinity(0))} CPUs"
+        f"{n} episodes ({args.tasks} terminal + {args.tasks} code), host {cpu_model() or platform.processor()}, "
+        f"{usable_cpus()} CPUs"
     )
     first = next(iter(timings))
     for w, s in timings.items():

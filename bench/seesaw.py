@@ -48,6 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._results import cpu_model  # noqa: E402
+
 RECIPE = ROOT / "recipes" / "joint_rl.yaml"
 DOMAINS = ("code", "terminal", "tool_call")
 TRAIN_FILES = {
@@ -142,7 +144,7 @@ def archive(out: Path, dest: Path, names: list[str]) -> list[str]:
     import platform
     import shutil
 
-    host = _cpu_model() or platform.processor() or "unknown"
+    host = cpu_model() or platform.processor() or "unknown"
     kept = []
     for name in names:
         src = out / name
@@ -161,17 +163,7 @@ def archive(out: Path, dest: Path, names: list[str]) -> list[str]:
 def hosts(out: Path, names: list[str]) -> str:
     """The CPU model(s) the runs in ``out`` trained on: archived ``host.txt`` files, else this machine's."""
     seen = {(out / n / "host.txt").read_text().strip() for n in names if (out / n / "host.txt").is_file()}
-    return ", ".join(sorted(seen)) if seen else _cpu_model()
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return ", ".join(sorted(seen)) if seen else cpu_model()
 
 
 def base_eval(rollouts: Path) -> Evaluation:
