@@ -12,7 +12,8 @@ Every run is scored greedily on all three held-out ladders at its end (its final
 evaluation, read per task from its ``rollouts.jsonl``) against one shared evaluation of the base
 model (a ``train.steps=0`` run in ``OUT/base``): the base model, recipe and greedy sampling are
 the same for every configuration, so each run's own step-0 evaluation would repeat the same
-numbers (``train.eval_at_start=false`` skips it; about 6 minutes a run on 2 CPU cores). Reported, per domain, with paired standard errors over the same
+numbers (``train.eval_at_start=false`` skips it: 367-458 s a run on 2 AMD EPYC cores).
+Reported, per domain, with paired standard errors over the same
 held-out tasks (SE = sample std of the per-task differences / sqrt(n)):
 
 * each run's before -> after change (did the domain improve?);
@@ -29,7 +30,7 @@ interruption); ``--archive DIR`` keeps the finished runs' held-out evaluations (
 ~150 KB a run, read like ``rollouts.jsonl``), wall times and host in DIR, so that the runs can be
 re-analysed or the missing ones added later (copy DIR to ``--out``, then ``--keep-done``).
 
-    .venv/bin/python bench/seesaw.py --steps 8            # base + 5 runs; ~2 h on 2 CPU cores
+    .venv/bin/python bench/seesaw.py --steps 8            # base + 5 runs; ~3 h on 2 AMD EPYC cores (base + 4: 2 h 24 min)
     .venv/bin/python bench/seesaw.py --steps 1 --configs joint_fixed --eval-limit 6 --no-write   # a quick check
 """
 
@@ -140,7 +141,8 @@ def records(run_dir: Path) -> Path:
 
 
 def archive(out: Path, dest: Path, names: list[str]) -> list[str]:
-    """Copy each finished run's held-out records, wall time and host into ``dest/<name>/``; return the names."""
+    """Copy each finished run's held-out records, wall time and host (this machine's CPU model: archive
+    where the runs trained) into ``dest/<name>/``; return the names."""
     import platform
     import shutil
 
