@@ -22,7 +22,7 @@ from envs.actors import ActorGroup, GroupOwner, actor_died, ray_factory
 from envs.base import resolve
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
-from rollout.reaper import descendants
+from rollout.reaper import descendants, reap, stamped
 from rollout.episode import run_episodes
 
 log = logging.getLogger("jointrl.rollout")
@@ -89,9 +89,11 @@ class RolloutWorker:
             if os.path.isdir("/dev/shm")
             else os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")
         )
-        # The engine core's shared-memory segments (~420 MB on CPU) and that file: if this process
-        # is killed nobody unlinks them, so the pool does it on this node after the death.
+        # The engine core's shared-memory segments (~420 MB on CPU) and that file, and the engine's
+        # processes: if this process is killed nobody unlinks them, so the pool does it on this node
+        # after the death (``free_dead_engine``), killing whatever of the engine outlived it first.
         self._shm = (shm_segments(os.getpid()) if engine is None else []) + [self._blob]
+        self._procs = stamped(descendants(os.getpid())) if engine is None else []
         self._adapter_seq = 0  # adapter folders received from another node (load_adapter_blob)
 
     def _make_env(self, domain: str) -> Any:
@@ -165,11 +167,12 @@ class RolloutWorker:
         """Process ids of this worker's engine core processes (tests kill them to inject faults)."""
         return [p.pid for p in getattr(self.engine, "_core_procs", [])]
 
-    def placement(self) -> tuple[str, list[str]]:
-        """This worker's Ray node id and the /dev/shm segments its engine maps."""
+    def placement(self) -> tuple[str, list[str], list[tuple[int, int]]]:
+        """This worker's Ray node id, the /dev/shm segments its engine maps, and its engine's processes
+        as ``(pid, start time)`` (what ``free_dead_engine`` needs once this process is dead)."""
         import ray
 
-        return ray.get_runtime_context().get_node_id(), self._shm
+        return ray.get_runtime_context().get_node_id(), self._shm, self._procs
 
     def shutdown(self) -> None:
         try:
@@ -265,22 +268,32 @@ class RolloutPool(GroupOwner):
         reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
         log.warning("rollout worker %d died (%s); restarting it", i, reason)
         self.group.retire(i, reason)
-        node, segments = self._placement[i]
-        if segments:  # on the dead worker's node, whichever that is; skipped if the node is gone
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            )
-            try:
-                ray.get(sweep.remote(segments, 30.0), timeout=90)  # its engine core may take seconds to die
-            except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
-                log.warning("could not free the dead engine's shared memory %s: %s", segments, e)
+        self._free([i])
         self.group.respawn(i)
         self._placement[i] = ray.get(self.workers[i].placement.remote(), timeout=self.start_timeout_s)
         if self._weights is not None:
             m, args = self._load_job(i)
             ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
+
+    def _free(self, workers: list[int]) -> None:
+        """Kill what is left of the engines of ``workers`` (dead or killed) and unlink their shared memory,
+        each on its own node (skipped if the node is gone). Both are no-ops for an engine shut down cleanly."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        sweep, refs = ray.remote(num_cpus=0)(free_dead_engine), {}
+        for i in workers:
+            node, segments, procs = self._placement[i]
+            if segments or procs:
+                on_node = NodeAffinitySchedulingStrategy(node, soft=False)
+                refs[i] = sweep.options(scheduling_strategy=on_node).remote(segments, procs, 30.0)
+        for i, ref in refs.items():
+            try:
+                left = ray.get(ref, timeout=90)
+            except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
+                left = f"{type(e).__name__}: {e}"
+            if left:
+                log.warning("rollout worker %d: could not free its engine's shared memory: %s", i, left)
 
     def _call(self, jobs: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
         """Run ``jobs`` (worker index -> method name, args) concurrently; replace and re-issue dead ones."""
@@ -432,7 +445,7 @@ class RolloutPool(GroupOwner):
 
     def shm_owned(self) -> list[tuple[str, list[str]]]:
         """Per worker: its node id and the /dev/shm segments its engine maps."""
-        return [(node, list(segs)) for node, segs in self._placement]
+        return [(node, list(segs)) for node, segs, _ in self._placement]
 
     def pids(self) -> list[int]:
         """Process id of each worker (tests kill them to inject faults)."""
@@ -446,12 +459,16 @@ class RolloutPool(GroupOwner):
         import ray
 
         self._closing = True
-        for w in self.workers:
+        unclean = []
+        for i, w in enumerate(self.workers):
             try:
                 ray.get(w.shutdown.remote(), timeout=60)
             except Exception:  # noqa: BLE001 - a dead actor has nothing left to shut down
-                pass
+                unclean.append(i)
         self.group.kill_all()
+        # A worker that could not shut its engine down (dead, or past the timeout and killed above)
+        # leaves the engine's processes and /dev/shm segments behind: free them on its node.
+        self._free(unclean)
 
 
 def _engine_died(e: BaseException) -> bool:
@@ -479,6 +496,18 @@ def shm_segments(pid: int) -> list[str]:
         except OSError:
             continue
     return sorted(found)
+
+
+def free_dead_engine(paths: list[str], procs: list[tuple[int, int]], wait_s: float = 0.0) -> list[str]:
+    """What a dead rollout worker's engine left on this node: SIGKILL each of ``procs`` (``(pid, start
+    time)``, recorded at its start) still running with that start time, with its descendants, then unlink
+    ``paths`` once nothing maps them (waiting up to ``wait_s``). Returns the paths still left ([]: freed).
+
+    The worker's reaper (``rollout.reaper``) kills the engine core too, but only its descendants as they are
+    when it acts: a core that exits first leaves its own worker process orphaned, holding the segments."""
+    reap(procs)
+    unlink_unmapped(paths, wait_s)
+    return [p for p in paths if os.path.exists(p)]
 
 
 def unlink_unmapped(paths: list[str], wait_s: float = 0.0) -> list[str]:

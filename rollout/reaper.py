@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["start_reaper", "start_time", "descendants", "reap"]
+__all__ = ["start_reaper", "start_time", "stamped", "descendants", "reap"]
 
 POLL_S = 0.5
 
@@ -38,6 +38,11 @@ def start_time(pid: int) -> int | None:
         return None
     # fields[0] is field 3 (state); field 22 (starttime) is fields[19].
     return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def stamped(pids: list[int]) -> list[tuple[int, int]]:
+    """``(pid, start time)`` of each of ``pids`` still running: what :func:`reap` takes, safe against reuse."""
+    return [(p, s) for p in pids if (s := start_time(p)) is not None]
 
 
 def _parents() -> dict[int, int]:
@@ -100,7 +105,7 @@ def start_reaper(pids: list[int]) -> subprocess.Popen | None:
     """Start the reaper of ``pids`` (children of this process); None where there is nothing to
     watch or no ``/proc``. The caller ends it (``terminate``) after shutting the processes down
     itself; otherwise it exits on its own once they are gone."""
-    targets = [(p, s) for p in pids if (s := start_time(p)) is not None]
+    targets = stamped(pids)
     if not targets or not os.path.isdir("/proc/self"):
         return None
     args = [sys.executable, os.path.abspath(__file__), str(os.getpid())] + [f"{p}:{s}" for p, s in targets]

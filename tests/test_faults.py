@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import train_until_step_1
+from rollout.reaper import start_time
 
 from rl.driver.loop import BadStepGuard, RunAborted
 
@@ -117,8 +118,8 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
         assert pool.metrics() == {"faults/rollout_restarts": 0.0}
 
         # 1. Killed while generating: the step still gets every trajectory, sampled as before.
-        pid, (_, segments) = pool.pids()[0], pool._placement[0]
-        assert segments, "the engine's shared memory is recorded"
+        pid, (_, segments, procs) = pool.pids()[0], pool._placement[0]
+        assert segments and procs, "the engine's shared memory and processes are recorded"
         killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
         killer.start()
         after = pool.generate(tasks, groups, seeds, sampling)
@@ -126,6 +127,7 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
         assert pool.restarts == 1 and pool.pids()[0] != pid
         assert [t.response_ids for t in after] == [t.response_ids for t in before], "same seeds, same samples"
         assert not [s for s in segments if os.path.exists(s)], "the dead engine's shared memory is freed"
+        assert not [p for p, st in procs if start_time(p) == st], "no process of the dead engine is left"
         # The replacement serves the synced weights, not the checkpoint on disk.
         assert pool.score(prompt, cont)[0] == pytest.approx(synced, abs=1e-5)
         assert pool.metrics() == {"faults/rollout_restarts": 1.0}
@@ -235,10 +237,10 @@ class StandIn:
             time.sleep(3600)
         return "engine core process 1234 (EngineCore_DP0) exited with code -9" if self.mode == "dead" else None
 
-    def placement(self) -> tuple[str, list[str]]:
+    def placement(self) -> tuple[str, list[str], list[tuple[int, int]]]:
         import ray
 
-        return ray.get_runtime_context().get_node_id(), []
+        return ray.get_runtime_context().get_node_id(), [], []
 
 
 @pytest.mark.slow
@@ -286,6 +288,73 @@ def test_unresponsive_worker_is_replaced_and_its_call_reissued(tmp_path: Path, r
         for w in pool.workers:  # a stuck stand-in would hold its shutdown call for 60 s
             ray.kill(w)
         pool.shutdown()
+
+
+HOLDER = "import mmap, sys, time; f = open(sys.argv[1], 'r+b'); m = mmap.mmap(f.fileno(), 0); print(1, flush=True); time.sleep(3600)"
+
+
+def _holder(path: Path) -> subprocess.Popen:
+    """A process that maps ``path`` (as a vLLM engine maps its /dev/shm ring buffers) and sleeps."""
+    path.write_bytes(b"\0" * 4096)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"1\n"  # mapped
+    return proc
+
+
+def test_free_dead_engine_kills_the_orphans_then_unlinks(tmp_path: Path) -> None:
+    """What a SIGKILLed worker's engine leaves: a process still mapping its segment. Recorded by (pid, start
+    time), it is killed and the segment unlinked; a segment someone else maps is left and reported."""
+    from rollout.pool import free_dead_engine
+
+    ours, theirs = tmp_path / "psm_ours", tmp_path / "psm_theirs"
+    orphan, stranger = _holder(ours), _holder(theirs)
+    try:
+        left = free_dead_engine([str(ours), str(theirs)], [(orphan.pid, start_time(orphan.pid))], wait_s=1.0)
+        assert left == [str(theirs)] and not ours.exists() and theirs.exists()
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert stranger.poll() is None, "a process not recorded is never killed"
+        # A recorded pid whose start time no longer matches (reused) is not killed either.
+        assert free_dead_engine([], [(stranger.pid, start_time(stranger.pid) + 1)]) == []
+        assert stranger.poll() is None
+    finally:
+        for p in (orphan, stranger):
+            p.kill()
+            p.wait()
+
+
+class Leaky(StandIn):
+    """A stand-in whose "engine" is a process mapping a segment, and whose shutdown fails (as a
+    worker's does when its engine hangs past the pool's timeout)."""
+
+    def __init__(self, model_path: str, env_specs: list, seed: int = 0, segment: str = "") -> None:
+        super().__init__(model_path, env_specs)
+        self.segment, self.proc = segment, _holder(Path(segment))
+
+    def placement(self) -> tuple[str, list[str], list[tuple[int, int]]]:
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), [self.segment], [(self.proc.pid, start_time(self.proc.pid))]
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def shutdown(self) -> None:
+        raise RuntimeError("engine shutdown timed out")
+
+
+@pytest.mark.slow
+def test_pool_shutdown_frees_engines_that_did_not_shut_down(tmp_path: Path, ray_cpus) -> None:
+    """``RolloutPool.shutdown``: a worker killed because its engine did not shut down leaves neither the
+    engine's processes nor its shared memory behind."""
+    from rollout.pool import RolloutPool
+
+    segment = tmp_path / "psm_engine"
+    pool = RolloutPool(1, "unused", [], num_cpus=0.1, worker_cls=Leaky, segment=str(segment))
+    engine = pool._call({0: ("pid", ())})[0]
+    assert segment.exists() and start_time(engine) is not None
+    pool.shutdown()
+    assert not segment.exists(), "the segment is unlinked"
+    assert start_time(engine) is None, "the engine's process is killed"
 
 
 # ---------------------------------------------------------------- non-finite updates stop the run
