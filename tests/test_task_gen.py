@@ -98,17 +98,15 @@ def test_toolcall_ladder_knobs(generated):
         assert '"properties"' not in system and "<arguments" not in system
         if t.meta["rung"] == 0:
             assert len(t.tool_call.tools[0]["parameters"]["required"]) == 1
-        # Lower rungs pre-start more of the call (rungs 0-1: up to the first argument's value;
-        # 2: into the arguments, the name given; 3: up to the name).
+        # Lower rungs pre-start more of the call (rungs 0-2: up to the first argument's value;
+        # 3: into the arguments); every rung gives the name (choosing it was past the 135M model).
         name = t.tool_call.expected[0].name
         head = f'<tool_call>{{"name": "{name}", "arguments": {{'
-        if t.meta["rung"] <= 1:
+        if t.meta["rung"] <= 2:
             first_key = next(iter(t.tool_call.expected[0].allowed))
             assert t.prefill == f'{head}"{first_key}":'
-        elif t.meta["rung"] == 2:
-            assert t.prefill == head + '"'
         else:
-            assert t.prefill == '<tool_call>{"name": "'
+            assert t.prefill == head + '"'
 
 
 def test_toolcall_ladder_prefill_levels_end_at_a_token_boundary_and_reject_bad_levels():
@@ -127,7 +125,9 @@ def test_code_and_terminal_prefill_by_rung(generated):
     # the fence, rung 3 nothing. The def line is the signature the prompt states.
     for t in generated["code"][0] + generated["code"][1]:
         if t.meta["rung"] <= 2:
-            assert t.prefill == "```python\n" + t.code.solution.split("\n", 1)[0] + "\n"
+            # up to the def line's colon: the body's first token is "\n" + indent (a token boundary)
+            assert t.prefill == "```python\n" + t.code.solution.split("\n", 1)[0]
+            assert t.prefill.endswith(":")
             assert t.prefill.startswith(f"```python\ndef {t.code.entry_point}(")
             assert t.code.solution.split("\n", 1)[0].removeprefix("def ").removesuffix(":") in t.messages[-1].content
         else:

@@ -6,9 +6,9 @@ writes ``code_ladder.train.jsonl`` and ``code_ladder.eval.jsonl`` (held out BY T
 no eval task's shape appears in training; see :mod:`rl.data.tasks.ladder`). Same seed,
 same bytes.
 
-Rungs: 0 = one arithmetic or string operation on the input (``x + 7``); 1 = one
+Rungs: 0 = one arithmetic or string operation on the input (``x * 7``, ``s[:3]``); 1 = one
 built-in or comprehension with a parameter (count a character, sum the elements above
-k); 2 = a filter and a map, or a small loop (a shift cipher, every k-th element);
+k); 2 = a filter and a map, or slicing with a step (squares of the even elements, every k-th element);
 3 = a loop with state (run-length encoding, a recurrence). Every template's parameters
 (constants, characters, thresholds) are drawn per instance, so two instances of one
 template differ in what the function must do, not only in its name.
@@ -21,8 +21,11 @@ harness and checks that it passes and that a function returning ``None`` passes 
 No expected value is ``None``.
 
 The answer is pre-started (``Task.prefill``): rungs 0-2 with the opening fence and the
-function's ``def`` line (the signature the prompt states), so only the body is the model's;
-rung 3 with the fence only.
+function's ``def`` line up to its colon (the signature the prompt states), so only the body
+is the model's; rung 3 with the fence only. The pre-start ends at the colon, not after the
+line's newline: SmolLM2's tokenizer writes a body's first newline and indentation as one
+token (``\n   ``), so after a pre-started bare ``\n`` the model saw no indented body ahead
+and closed the block at once (every one of 45 held-out rung 0-2 tasks, greedy).
 """
 
 from __future__ import annotations
@@ -102,14 +105,15 @@ def _word_args(rng: random.Random) -> list[tuple[Any, ...]]:
 # ------------------------------------------------------------------------ rung 0: one operation
 
 
-def _add_const(rng: random.Random) -> Task:
-    c = rng.randint(2, 19)
+def _take_first(rng: random.Random) -> Task:
+    c = rng.randint(2, 4)
+    name = f"first_{c}_chars"
     return _task(
-        f"add_{c}",
-        f"add_{c}(x: int) -> int",
-        f"returns `x` plus {c}.",
-        f"def add_{c}(x: int) -> int:\n    return x + {c}\n",
-        [(x,) for x in _ints(rng, N_TESTS, -50, 50)],
+        name,
+        f"{name}(s: str) -> str",
+        f"returns the first {c} characters of `s`.",
+        f"def {name}(s: str) -> str:\n    return s[:{c}]\n",
+        _word_args(rng),
     )
 
 
@@ -293,22 +297,15 @@ def _every_kth(rng: random.Random) -> Task:
     )
 
 
-def _shift_letters(rng: random.Random) -> Task:
-    k = rng.randint(1, 5)
-    name = f"shift_by_{k}"
-    sol = (
-        f"def {name}(s: str) -> str:\n    out = []\n    for c in s:\n        if c.islower():\n"
-        f"            out.append(chr((ord(c) - ord('a') + {k}) % 26 + ord('a')))\n        else:\n"
-        f"            out.append(c)\n    return ''.join(out)\n"
-    )
-    words = ["abc", "xyz", "hello world", "zebra", "python 3", "jump", "yak", "crazy fox"]
+def _squares_of_parity(rng: random.Random) -> Task:
+    parity, rest = rng.choice([("even", 0), ("odd", 1)])
+    name = f"squares_of_{parity}"
     return _task(
         name,
-        f"{name}(s: str) -> str",
-        f"shifts every lowercase letter of `s` {k} places forward in the alphabet, wrapping from 'z' to "
-        f"'a', and leaves every other character unchanged.",
-        sol,
-        [(w,) for w in rng.sample(words, N_TESTS)],
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns, in order, the square of each {parity} element of `nums` (the other elements are left out).",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [x * x for x in nums if x % 2 == {rest}]\n",
+        _lists(rng),
     )
 
 
@@ -460,7 +457,9 @@ def _word_lengths_sorted(rng: random.Random) -> Task:
 
 _T = Callable[[random.Random], Task]
 _SPEC: list[tuple[str, int, str, _T]] = [
-    ("add_const", 0, "train", _add_const),
+    # take_first, not add_const: add_const was solved by all 8 samples of 2 of 2 tasks (jointrl
+    # difficulty, 2026-12-02), so it taught nothing; so was x * a + b (3 of 3), tried in its place.
+    ("take_first", 0, "train", _take_first),
     ("times_const", 0, "train", _times_const),
     ("add_suffix", 0, "train", _add_suffix),
     ("minus_const", 0, "eval", _minus_const),
@@ -474,7 +473,9 @@ _SPEC: list[tuple[str, int, str, _T]] = [
     ("repeat_word", 1, "eval", _repeat_word),
     ("scale_above", 2, "train", _scale_above),
     ("every_kth", 2, "train", _every_kth),
-    ("shift_letters", 2, "train", _shift_letters),
+    # squares_of_parity, not a shift cipher: the cipher passed in none of 8 samples on 5 of 5 tasks
+    # (jointrl difficulty, 2026-12-02); rung 3 keeps the loops with state.
+    ("squares_of_parity", 2, "train", _squares_of_parity),
     ("sum_multiples_scaled", 2, "eval", _sum_multiples_scaled),
     ("replace_vowels", 2, "eval", _replace_vowels),
     ("chunk_sums", 2, "eval", _chunk_sums),
@@ -488,14 +489,15 @@ _SPEC: list[tuple[str, int, str, _T]] = [
 
 
 def _prefilled(make: _T, rung: int) -> _T:
-    """``make`` with the answer pre-started: rungs 0-2 up to and including the ``def`` line
-    (only the body is left to write), rung 3 with the opening fence only."""
+    """``make`` with the answer pre-started: rungs 0-2 up to the ``def`` line's colon (only the
+    body is left to write, starting with its newline-and-indent token), rung 3 with the opening
+    fence only."""
 
     def wrapped(rng: random.Random) -> Task:
         task = make(rng)
         head = "```python\n"
         if rung <= 2:
-            head += task.code.solution.split("\n", 1)[0] + "\n"
+            head += task.code.solution.split("\n", 1)[0]
         return dataclasses.replace(task, prefill=head)
 
     return wrapped
@@ -504,6 +506,11 @@ def _prefilled(make: _T, rung: int) -> _T:
 # The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
 # <tool_call> pre-started), applied here: the low rungs leave the model only the body to write.
 # The def line restates the signature the prompt gives; nothing of the body is given away.
+# Ending it after the line's "\n" cost the whole first turn: greedy on the 45 held-out rung 0-2
+# tasks (bench/code_prefill.py, 2026-12-02) the model closed the fence right after that
+# "\n" in 45 of 45 (mean test pass fraction 0.049, none fully right); ended at the colon, 0 of 45
+# empty bodies, pass fraction 0.213, 5 fully right. The tokenizer writes "\n" + indent as one
+# token, so a bare "\n" told the model that no indented line follows.
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 
