@@ -6,7 +6,7 @@ the Ray actor hop of a real ``jointrl train`` run (pickling trajectories/batches
 actors, ``ray.get`` round trips) is NOT included in any number here.
 
 Setup: SmolLM2-135M-Instruct, recipes/quickstart.yaml (its model and algo config: GRPO,
-kl_coef 0.02, zero_variance drop), 8 tasks of recipes/data/toolcall_quickstart.train.jsonl
+kl_coef 0.02, zero_variance drop; the rest pinned by ``bench._workload.SCHEMA_TOOLCALL``), 8 tasks of recipes/data/toolcall_quickstart.train.jsonl
 x group 8 = 64 samples, max_new_tokens 64, temperature 1, fixed seeds (``rl.driver.loop.expand``).
 
 Parts, each timed alone on tasks 0-7:
@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the reload runs our function in vLLM's worker
 
 from bench import _device  # noqa: E402
+from bench._workload import SCHEMA_TOOLCALL  # noqa: E402
 
 
 class ReplayEngine:
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from rl.trainer.precision import resolve_logged
 
-    cfg = resolve_logged(load_recipe(args.recipe), "cpu")  # `auto` precisions made concrete, as a run does
+    # `auto` precisions made concrete, as a run does; the measured workload pinned (bench/_workload.py)
+    cfg = resolve_logged(load_recipe(args.recipe, SCHEMA_TOOLCALL), "cpu")
     r = cfg.rollout
     path = resolve_model(cfg.model.path)
     tasks = load_tasks(resolve_path(cfg, cfg.data.train_files[0]))

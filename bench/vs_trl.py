@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_TRL_PYTHON = ROOT / "bench" / ".venv-trl" / "bin" / "python"
 
 from bench import _device  # noqa: E402
+from bench._workload import SCHEMA_TOOLCALL  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -147,6 +148,7 @@ def jointrl_overrides(args: argparse.Namespace, out_dir: str, device: str, gpus:
         "train.eval_every=0",
         f"data.eval_limit={args.eval_limit}",
         "wandb.mode=disabled",
+        *SCHEMA_TOOLCALL,  # the workload as issue #8 set it and bench/RESULTS.md measured it
     ]
     if device == "cuda":
         ov.append("cluster.device=gpu")

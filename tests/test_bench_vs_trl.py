@@ -45,6 +45,9 @@ def test_overrides_make_a_valid_recipe_and_plan(tmp_path: Path) -> None:
     assert (cfg.algo.kl.coef, cfg.algo.optim.lr, cfg.algo.optim.max_grad_norm, cfg.train.steps) == (0.04, 1e-5, 0.5, 3)
     assert cfg.model.path == "embedded:smollm2-135m-instruct" and cfg.model.autocast
     assert [r.cls for r in cfg.rewards] == ["rewards.toolcall.ToolCallReward"]
+    # the measured workload, not whatever the quickstart is now: schema-prompt tasks, no stops, all-or-nothing args
+    assert [Path(f).name for f in cfg.data.train_files] == ["toolcall_quickstart.train.jsonl"]
+    assert cfg.rollout.stops() == {} and "args_credit" not in cfg.rewards[0].kwargs
 
     ids = vs_trl.plan_task_ids(cfg, 3)
     assert [len(s) for s in ids] == [16, 16, 16] and all(len(set(s)) == 16 for s in ids)
