@@ -6,8 +6,9 @@ the Ray actor hop of a real ``jointrl train`` run (pickling trajectories/batches
 actors, ``ray.get`` round trips) is NOT included in any number here.
 
 Setup: SmolLM2-135M-Instruct, recipes/quickstart.yaml (its model and algo config: GRPO,
-kl_coef 0.02, zero_variance drop; the rest pinned by ``bench._workload.SCHEMA_TOOLCALL``), 8 tasks of recipes/data/toolcall_quickstart.train.jsonl
-x group 8 = 64 samples, max_new_tokens 64, temperature 1, fixed seeds (``rl.driver.loop.expand``).
+kl_coef 0.02, zero_variance drop; the rest pinned by ``bench._workload.SCHEMA_TOOLCALL``), 8 tasks
+of recipes/data/toolcall_quickstart.train.jsonl x group 8 = 64 samples, max_new_tokens 64,
+temperature 1, fixed seeds (``rl.driver.loop.expand``).
 
 Parts, each timed alone on tasks 0-7:
   (i)   pure generate: ``engine.generate`` of the 64 prompts' token ids (built as
