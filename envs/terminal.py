@@ -28,7 +28,11 @@ Episode and check semantics (:class:`TerminalEnv`)
   ``RuntimeError`` naming the task and the setup's output: a broken task never scores
   silently. Returns ``list(task.messages)``.
 * ``step(action)`` runs the command with a timeout of
-  ``min(command_timeout_s, time left)``. A command that times out is interrupted with
+  ``min(command_timeout_s, time left)``, its standard input ``/dev/null`` by default
+  (``stdin="null"``: ``tee out.txt`` or ``grep word`` without a file get end-of-file and
+  finish, as in a script, instead of waiting for keyboard input that never comes until
+  the timeout; one such command used to hold a whole rollout batch for ``command_timeout_s``);
+  ``stdin="terminal"`` gives commands the session's tty. A command that times out is interrupted with
   Ctrl-C and reported as an observation (``command timed out after Xs (interrupted)``);
   the session goes on. ``time_limit_s`` of the task budgets the summed wall time of
   the policy's commands (not the time the policy spends generating, which depends on
@@ -289,6 +293,7 @@ class TerminalEnv:
     characters of a command's output shown to the policy. ``sandbox``: only ``"bwrap"``.
     ``done_marker``: the line that ends the episode. ``check_timeout_s``: wall-clock
     limit of the check. ``limits``: resource limits of the session's processes.
+    ``stdin``: what the policy's commands read, ``"null"`` (``/dev/null``) or ``"terminal"`` (the tty).
     """
 
     def __init__(
@@ -302,6 +307,7 @@ class TerminalEnv:
         check_timeout_s: float = 30.0,
         limits: Limits | None = None,
         sandbox_config: SandboxConfig | dict | None = None,
+        stdin: str = "null",
     ) -> None:
         if sandbox != "bwrap":
             raise ValueError(
@@ -316,6 +322,8 @@ class TerminalEnv:
             raise ValueError(f"output_chars must be an int >= 16, got {output_chars!r}")
         if not done_marker or not done_marker.strip() or "\n" in done_marker:
             raise ValueError(f"done_marker must be a non-empty single line, got {done_marker!r}")
+        if stdin not in ("null", "terminal"):
+            raise ValueError(f"stdin must be 'null' or 'terminal', got {stdin!r}")
         check_sandbox()  # SandboxUnavailable here, not in the middle of a rollout
         self.sandbox_config = SandboxConfig.coerce(sandbox_config)
         self.max_turns = max_turns
@@ -324,6 +332,7 @@ class TerminalEnv:
         self.sandbox = sandbox
         self.done_marker = done_marker.strip()
         self.check_timeout_s = float(check_timeout_s)
+        self.stdin = stdin
         self.limits = limits or Limits(
             cpu_seconds=60, wall_seconds=self.command_timeout_s, output_bytes=max(65536, 8 * output_chars)
         )
@@ -398,7 +407,7 @@ class TerminalEnv:
             timeout = max(0.1, min(self.command_timeout_s, budget))
             start = time.monotonic()
             try:
-                res = self._session.run(cmd, timeout=timeout)
+                res = self._session.run(cmd, timeout=timeout, stdin=self.stdin)
             except ShellSessionError as exc:  # dead before this command: end the episode
                 obs = [Message("user", f"the shell is gone ({exc})")]
                 return self._finish(obs, "shell_dead", truncated=True)

@@ -115,6 +115,8 @@ class VLLMEngine:
         self.model_path = model_path
         self._lora: Any = None  # the LoRARequest every request runs with (None: the base weights)
         self._lora_seq = 0
+        self._streams: dict[str, int] = {}  # submitted request id -> the caller's key
+        self._stream_seq = 0
         self.llm = LLM(**kwargs)
         self._closed = False
         self._core_procs = _core_processes(self.llm)
@@ -153,42 +155,51 @@ class VLLMEngine:
         63/64 with the batch order reversed, 32/32 for a sub-batch), so a resumed run
         samples what the uninterrupted run would have.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = []
-        for i, p in enumerate(prompts):
-            room = sampling.max_model_len - len(p)
-            if room < 1:
-                raise ValueError(
-                    f"prompt {i} has {len(p)} tokens, no room under max_model_len={sampling.max_model_len}"
-                )
-            params.append(
-                SamplingParams(
-                    n=1,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
-                    max_tokens=min(sampling.max_new_tokens, room),
-                    logprobs=0,
-                    seed=None if seeds is None else int(seeds[i]) % (2**31),
-                    skip_special_tokens=False,
-                    stop=list(stops[i]) if stops and stops[i] else None,
-                    include_stop_str_in_output=True,
-                )
-            )
+        params = [
+            _params(i, p, sampling, None if seeds is None else seeds[i], stops[i] if stops else None)
+            for i, p in enumerate(prompts)
+        ]
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self._lora
         )
-        gens = []
-        for o in outs:
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            # logprobs=0 returns the sampled token's own logprob at each position.
-            lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
-            if len(lps) != len(ids):
-                raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
-            gens.append(Generation(token_ids=ids, logprobs=lps, finish_reason=c.finish_reason or "stop"))
-        return gens
+        return [_generation(o) for o in outs]
+
+    # -- streaming: requests that join the running batch (multi-turn episodes, ``rollout.episode``) --
+
+    def submit(self, key: int, prompt: list[int], sampling: Sampling, seed: int | None, stop: list[str]) -> None:
+        """Add one request to the running batch now (as ``generate`` would sample it); ``poll`` returns
+        its completion under ``key`` once it has finished. Not for use while ``generate`` or ``score`` runs."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = _params(0, prompt, sampling, seed, stop)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it has finished
+        self._stream_seq += 1
+        # Our own request ids (vLLM's outputs carry the id given here; ``LLM`` numbers its own 0, 1, ...)
+        rid = f"jointrl-stream-{self._stream_seq}"
+        self.llm.llm_engine.add_request(
+            rid, TokensPrompt(prompt_token_ids=list(prompt)), params, lora_request=self._lora
+        )
+        self._streams[rid] = key
+
+    def poll(self) -> list[tuple[int, Generation]]:
+        """One engine step (a decode iteration, ~50-100 ms on 2 CPU cores): the submitted requests
+        that finished in it, as ``(key, completion)``; [] when nothing is pending."""
+        if not self._streams:
+            return []
+        done = []
+        for o in self.llm.llm_engine.step():
+            if o.finished and o.request_id in self._streams:
+                done.append((self._streams.pop(o.request_id), _generation(o)))
+        return done
+
+    def abort(self) -> None:
+        """Drop every submitted request that has not finished (after an error: the engine is left idle)."""
+        if self._streams:
+            self.llm.llm_engine.abort_request(list(self._streams))
+            self._streams.clear()
 
     def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """Logprobs the engine's current weights give to ``continuation`` after ``prompt``.
@@ -258,6 +269,37 @@ class VLLMEngine:
             if self._reaper is not None:
                 self._reaper.terminate()
                 self._reaper.wait(timeout=10)
+
+
+def _params(i: int, prompt: list[int], sampling: Sampling, seed: int | None, stop: list[str] | None) -> Any:
+    """vLLM's sampling parameters of one request (prompt ``i`` of a call, for the error message)."""
+    from vllm import SamplingParams
+
+    room = sampling.max_model_len - len(prompt)
+    if room < 1:
+        raise ValueError(f"prompt {i} has {len(prompt)} tokens, no room under max_model_len={sampling.max_model_len}")
+    return SamplingParams(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
+        max_tokens=min(sampling.max_new_tokens, room),
+        logprobs=0,
+        seed=None if seed is None else int(seed) % (2**31),
+        skip_special_tokens=False,
+        stop=list(stop) if stop else None,
+        include_stop_str_in_output=True,
+    )
+
+
+def _generation(out: Any) -> Generation:
+    """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped."""
+    c = out.outputs[0]
+    ids = list(c.token_ids)
+    # logprobs=0 returns the sampled token's own logprob at each position.
+    lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+    if len(lps) != len(ids):
+        raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
+    return Generation(token_ids=ids, logprobs=lps, finish_reason=c.finish_reason or "stop")
 
 
 def _core_processes(llm: Any) -> list[Any]:

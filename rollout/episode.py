@@ -1,11 +1,17 @@
 """Multi-turn episodes, token in, token out: tasks + an engine + envs -> trajectories.
 
-All episodes of a call advance turn by turn together: one batched ``engine.generate`` per
-turn for every episode still running, then each env's ``step``. Env calls (``reset``,
-``step``, ``finalize``: sandboxed commands, unit tests, tools) run on up to ``env_workers``
-threads at once, each env instance on one thread at a time; the engine waits for all of
-them, so a batch's env time is its slowest env calls, not their sum. Everything else
-(tokenizing, templates) stays on the calling thread, in episode order. The trajectory keeps the
+With a streaming engine (``submit``/``poll``/``abort``: ``rollout.engine.VLLMEngine``) each
+episode moves on by itself: its next turn joins the engine's running batch as soon as its env
+has answered, while other episodes are still generating or in their envs. So a multi-turn batch
+takes about its tokens' decode time, not the sum over turns of each turn's longest completion
+plus its slowest env call (measured on the flagship's mix: ``bench/episode_stream.py``). With an
+engine that only has a batched ``generate`` (``rollout.hf_engine.HFEngine``, test engines) all
+episodes advance turn by turn together: one ``generate`` per turn for every episode still
+running, then each env's ``step``. Either way a request's sampling seed is its episode's seed and
+turn, so what an episode samples does not depend on what it was batched with. Env calls
+(``reset``, ``step``, ``finalize``: sandboxed commands, unit tests, tools) run on up to
+``env_workers`` threads at once, each env instance on one thread at a time. Everything else
+(tokenizing, templates) stays on the calling thread. The trajectory keeps the
 exact token ids the engine sampled; text is only decoded to hand the env its action.
 Environment observations are rendered through the model's chat template and appended as
 tokens with ``loss_mask`` 0, using the template's own rendering of the conversation (the
@@ -22,7 +28,7 @@ This module does not score trajectories (``rewards``) or train (``rl``).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -40,6 +46,17 @@ class Engine(Protocol):
         seeds: list[int] | None = None,
         stops: list[list[str]] | None = None,
     ) -> list[Generation]: ...
+
+
+class StreamingEngine(Engine, Protocol):
+    """An engine whose requests join its running batch: ``submit`` one, ``poll`` (one engine step)
+    for the ones that finished, as ``(key, completion)``; ``abort`` drops every unfinished one."""
+
+    def submit(self, key: int, prompt: list[int], sampling: Sampling, seed: int | None, stop: list[str]) -> None: ...
+
+    def poll(self) -> list[tuple[int, Generation]]: ...
+
+    def abort(self) -> None: ...
 
 
 def render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool) -> str:
@@ -99,6 +116,17 @@ class _EnvCalls:
             raise first
         return [f.result() for f in futures]
 
+    def submit(self, fn: Callable[..., T], *args: Any) -> "Future[T]":
+        """One env call, on a thread (inline with one worker: the future is then done already)."""
+        if self.pool is not None:
+            return self.pool.submit(fn, *args)
+        f: Future[T] = Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the result
+            f.set_exception(exc)
+        return f
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
@@ -129,26 +157,82 @@ def run_episodes(
         _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling, calls)
         for e in eps:
             e.stop = (stops or {}).get(e.task.domain, [])
-        while True:
-            active = [e for e in eps if not e.done]
-            if not active:
-                break
-            gens = engine.generate(
-                [e.prompt_ids + e.response_ids for e in active],
-                sampling,
-                seeds=[e.seed * 7919 + e.turns for e in active],
-                stops=[e.stop for e in active],
-            )
-            for e, gen in zip(active, gens):
-                _act(e, gen, tokenizer)
-            results = calls.each(lambda e: e.env.step(e.action), active)
-            ended = [e for e, gen, res in zip(active, gens, results) if _observe(e, gen, res, tokenizer, sampling)]
-            calls.each(_finalize, ended)
+        if all(callable(getattr(engine, m, None)) for m in ("submit", "poll", "abort")):
+            _run_streaming(engine, eps, tokenizer, sampling, calls)  # type: ignore[arg-type]
+        else:
+            _run_in_turns(engine, eps, tokenizer, sampling, calls)
     finally:
         calls.close()
         for e in eps:
             e.env.close()
     return [_trajectory(e) for e in eps]
+
+
+def _run_in_turns(engine: Engine, eps: list[_Episode], tokenizer: Any, sampling: Sampling, calls: _EnvCalls) -> None:
+    """Every running episode's turn in one ``generate``, then their env steps; until all are done."""
+    while True:
+        active = [e for e in eps if not e.done]
+        if not active:
+            return
+        gens = engine.generate(
+            [e.prompt_ids + e.response_ids for e in active],
+            sampling,
+            seeds=[_seed(e) for e in active],
+            stops=[e.stop for e in active],
+        )
+        for e, gen in zip(active, gens):
+            _act(e, gen, tokenizer)
+        results = calls.each(lambda e: e.env.step(e.action), active)
+        ended = [e for e, gen, res in zip(active, gens, results) if _observe(e, gen, res, tokenizer, sampling)]
+        calls.each(_finalize, ended)
+
+
+def _run_streaming(
+    engine: StreamingEngine, eps: list[_Episode], tokenizer: Any, sampling: Sampling, calls: _EnvCalls
+) -> None:
+    """Each episode's turns through ``submit``/``poll``: a turn goes to its env as soon as it is sampled,
+    the next turn to the engine as soon as the env has answered. On an error the engine's requests are
+    dropped and every env call in flight is waited for before it is raised (the caller closes the envs)."""
+    in_engine = 0
+    in_env: dict[Future[Any], tuple[int, Generation | None]] = {}  # None: a finalize call
+
+    def turn(i: int) -> None:
+        nonlocal in_engine
+        e = eps[i]
+        engine.submit(i, e.prompt_ids + e.response_ids, sampling, _seed(e), e.stop)
+        in_engine += 1
+
+    try:
+        for i, e in enumerate(eps):
+            if not e.done:
+                turn(i)
+        while in_engine or in_env:
+            if in_engine:
+                for i, gen in engine.poll():
+                    in_engine -= 1
+                    _act(eps[i], gen, tokenizer)
+                    in_env[calls.submit(eps[i].env.step, eps[i].action)] = (i, gen)
+                ready = [f for f in in_env if f.done()]
+            else:
+                ready = list(wait(in_env, return_when=FIRST_COMPLETED).done)
+            for f in sorted(ready, key=lambda f: in_env[f][0]):
+                i, gen = in_env.pop(f)
+                result = f.result()  # an env call's error ends the call (below)
+                if gen is None:
+                    continue
+                if _observe(eps[i], gen, result, tokenizer, sampling):
+                    in_env[calls.submit(_finalize, eps[i])] = (i, None)
+                elif not eps[i].done:
+                    turn(i)
+    except BaseException:
+        engine.abort()
+        wait(in_env)  # no env is closed while a thread is still inside it
+        raise
+
+
+def _seed(e: _Episode) -> int:
+    """The sampling seed of episode ``e``'s next turn."""
+    return e.seed * 7919 + e.turns
 
 
 def _start_episodes(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -194,6 +195,43 @@ def test_timeout_is_an_observation_and_the_session_recovers():
         assert env.step("DONE")[3]["reward"] == 1.0
     finally:
         env.close()
+
+
+@needs_sandbox
+def test_commands_reading_input_get_end_of_file_not_a_hang():
+    # `tee out.txt` and `grep word` with no file read standard input: on the session's tty they wait
+    # for keyboard input until the timeout (and hold the whole rollout batch that long).
+    env = TerminalEnv(command_timeout_s=5.0)
+    try:
+        env.reset(make_task(check='[ -f out.txt ] && [ ! -s out.txt ] && [ "$(cat where)" = /work/sub ]'))
+        t0 = time.monotonic()
+        obs, term, trunc, info = env.step("```bash\ntee out.txt\n```")
+        assert not info["timed_out"] and obs[0].content == "exit code 0", obs
+        obs, *_ = env.step("grep -w meadow")
+        assert obs[0].content == "exit code 1" and not _[-1]["timed_out"]
+        obs, *_ = env.step('read x; echo "got [$x]"')
+        assert obs[0].content == "exit code 0\ngot []\n"
+        # Everything else still works: cd and variables persist, heredocs feed their own command.
+        obs, *_ = env.step("mkdir sub && cd sub && V=kept")
+        obs, *_ = env.step("```bash\ncat <<EOF > ../where\n$PWD\nEOF\necho $V\n```")
+        assert obs[0].content == "exit code 0\nkept\n"
+        assert time.monotonic() - t0 < 4.0
+        assert env.step("DONE")[3]["reward"] == 1.0
+    finally:
+        env.close()
+
+
+@needs_sandbox
+def test_terminal_stdin_waits_for_input_until_the_timeout():
+    env = TerminalEnv(command_timeout_s=1.0, stdin="terminal")
+    try:
+        env.reset(make_task())
+        obs, term, trunc, info = env.step("tee out.txt")
+        assert info["timed_out"] and "timed out after 1s" in obs[0].content
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="stdin must be 'null' or 'terminal'"):
+        TerminalEnv(stdin="tty")
 
 
 @needs_sandbox

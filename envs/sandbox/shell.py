@@ -39,7 +39,7 @@ from envs.sandbox.reap import (
 # --------------------------------------------------------------------------------------
 
 
-def _shell_encode(command: str) -> bytes:
+def _shell_encode(command: str, stdin_null: bool = False) -> bytes:
     """The line that runs ``command`` in a session.
 
     The command travels as an ANSI-C quoted string for ``eval``: printable ASCII as is,
@@ -68,7 +68,9 @@ def _shell_encode(command: str) -> bytes:
         n += len(t)
     pieces.append("".join(cur))
     body = "\\\n".join(f"$'{p}'" for p in pieces)
-    return f"eval -- {body}\n".encode("ascii")
+    # With ``stdin_null`` the whole command list reads /dev/null (a redirection of the ``eval``
+    # builtin: ``cd`` and variables still persist, a heredoc inside still feeds its own command).
+    return f"eval -- {body}{' </dev/null' if stdin_null else ''}\n".encode("ascii")
 
 
 # The prompt is printed by PROMPT_COMMAND, not PS1: after an eval that hits EOF inside a
@@ -329,8 +331,14 @@ class ShellSession:
                 self._next = col.number + 1
                 return "prompt"
 
-    def run(self, command: str, timeout: float = 10.0) -> ShellResult:
-        """Run ``command`` (any bash, multi-line allowed) and return its output and exit status."""
+    def run(self, command: str, timeout: float = 10.0, *, stdin: str = "terminal") -> ShellResult:
+        """Run ``command`` (any bash, multi-line allowed) and return its output and exit status.
+
+        ``stdin``: ``"terminal"`` (the session's tty: a command that reads input waits for it, until
+        ``timeout``) or ``"null"`` (``/dev/null``: a command that reads input gets end-of-file at once).
+        """
+        if stdin not in ("terminal", "null"):
+            raise ValueError(f"stdin must be 'terminal' or 'null', got {stdin!r}")
         if self._closed:
             raise ShellSessionError("this ShellSession is closed")
         if self._dead is not None:
@@ -350,7 +358,7 @@ class ShellSession:
         col = _PromptCollector(self._prompt_re, self.limits.output_bytes, self._next)
         col.add_prefix(bytes(before))
         try:
-            self._child.send(_shell_encode(command))
+            self._child.send(_shell_encode(command, stdin_null=stdin == "null"))
         except OSError as exc:
             self._dead = f"cannot write to the shell: {exc}"
             self._terminate()
