@@ -16,9 +16,9 @@ arms side by side in one process, interleaved over ``--rounds`` rounds:
 For each arm: the rollout's wall time (median over rounds), policy tokens sampled, tokens/s,
 mean turns and mean env reward (a check that the arms ran the same episodes; sampling differs
 only where batch composition changes bf16 rounding), and the ratio of each arm's time to the
-streamed one. ``--results`` writes the table to bench/RESULTS.md.
+streamed one, written to bench/RESULTS.md (``--no-write``: printed only).
 
-    .venv/bin/python bench/episode_stream.py --groups 8 --rounds 3 --results
+    .venv/bin/python bench/episode_stream.py --groups 8 --rounds 3
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=8, help="tasks per rollout (each x the recipe's group size)")
     ap.add_argument("--rounds", type=int, default=3, help="rollouts per arm, interleaved (the median is reported)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--results", action="store_true", help="write the table to bench/RESULTS.md")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not write bench/RESULTS.md")
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "offline")
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     body = head + "\n\n" + table(hdr, rows)
     print(body)
-    if args.results:
+    if not args.no_write:
         write_section(
             "episode_stream", "Multi-turn rollouts: streamed vs. turn by turn (`bench/episode_stream.py`)", body
         )

@@ -580,3 +580,116 @@ def test_real_sandboxed_envs_on_threads_score_as_one_at_a_time(tiny_tokenizer):
     assert [t.messages for t in serial] == [t.messages for t in threaded]
     assert [t.env_reward for t in threaded[:4]] == [1.0, 0.0, 1.0, 0.0], "terminal verdicts"
     assert [CodeTestsReward()(t) for t in threaded[4:]] == [1.0, 0.0, 1.0, 0.0], "code verdicts"
+
+
+# ------------------------------------------------------------------------- streamed episodes
+
+
+class StreamingEngine:
+    """A streaming engine (``submit``/``poll``/``abort``) whose reply to a request depends on its turn
+    only (``seed % 7919``: run_episodes seeds turn k of an episode with seed ``s * 7919 + k``); the
+    reply to turn k of episode ``key`` is ready ``latency(key, k)`` polls after its submission.
+    ``generate`` answers the same replies at once, so the same engine can run either way."""
+
+    def __init__(self, replies, latency=lambda key, turn: 1, fail_on_poll: int | None = None, poll_s: float = 0.0):
+        self.replies, self.latency, self.fail_on_poll, self.poll_s = replies, latency, fail_on_poll, poll_s
+        self.clock = 0
+        self.pending: dict[int, tuple[int, Generation]] = {}  # key -> (ready at, reply)
+        self.log: list[tuple] = []  # ("submit" | "done", key, turn, clock)
+        self.aborted: list[int] = []
+
+    def generate(self, prompts, sampling, seeds=None, stops=None):
+        return [self.replies[s % 7919] for s in seeds]
+
+    def submit(self, key, prompt, sampling, seed, stop):
+        assert key not in self.pending, "one request per episode at a time"
+        turn = seed % 7919
+        self.pending[key] = (self.clock + self.latency(key, turn), self.replies[turn])
+        self.log.append(("submit", key, turn, self.clock))
+
+    def poll(self):
+        time.sleep(self.poll_s)
+        self.clock += 1
+        if self.clock == self.fail_on_poll:
+            raise RuntimeError("engine core died")
+        done = [(k, g) for k, (at, g) in sorted(self.pending.items()) if at <= self.clock]
+        for k, _ in done:
+            del self.pending[k]
+            self.log.append(("done", k, None, self.clock))
+        return done
+
+    def abort(self):
+        self.aborted += list(self.pending)
+        self.pending.clear()
+
+
+class TurnsOnly:
+    def __init__(self, engine):
+        self.generate = engine.generate
+
+
+def _streams(tok, engine, n_turns, workers=1, env=ScriptedEnv, **env_kw):
+    envs: list = []
+    trajs = run_episodes(
+        engine,
+        tok,
+        lambda d: env(envs, **env_kw),
+        [task(f"t{i}", terminate_on=k) for i, k in enumerate(n_turns)],
+        list(range(len(n_turns))),
+        [3 + i for i in range(len(n_turns))],
+        Sampling(max_turns=3),
+        env_workers=workers,
+    )
+    return trajs, envs
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_streamed_episodes_are_the_episodes_run_in_turns(tiny_tokenizer, workers):
+    """Episodes of 1, 2, 3 turns and one the rollout ends at max_turns: the same trajectories and env
+    calls streamed as turn by turn; every request of an episode is its own turn, seeded by its turn."""
+    tok = tiny_tokenizer
+    replies = [gen(tok, T1, LP1), gen(tok, T2, LP2), gen(tok, " more", LP2)]
+    lat = {0: 3, 1: 1, 2: 5, 3: 2}
+    engine = StreamingEngine(replies, latency=lambda key, turn: lat[key] + turn)
+    streamed, envs_s = _streams(tok, engine, [1, 2, 3, 5], workers)
+    in_turns, envs_t = _streams(tok, TurnsOnly(engine), [1, 2, 3, 5], workers)
+    assert streamed == in_turns
+    assert [e.actions for e in envs_s] == [e.actions for e in envs_t]
+    assert [t.num_turns for t in streamed] == [1, 2, 3, 3]
+    assert streamed[3].finish_reason == "max_turns" and streamed[3].truncated
+    submits = [(k, turn) for kind, k, turn, _ in engine.log if kind == "submit"]
+    assert sorted(submits) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (3, 2)]
+    assert not engine.pending and not engine.aborted and [e.closed for e in envs_s] == [1, 1, 1, 1]
+
+
+def test_a_streamed_episode_moves_on_while_another_is_still_generating(tiny_tokenizer):
+    """Episode 1's first turn takes 20 polls; episode 0 runs its three turns (1 poll each) in the meantime."""
+    tok = tiny_tokenizer
+    replies = [gen(tok, T1, LP1), gen(tok, T2, LP2), gen(tok, " more", LP2)]
+    engine = StreamingEngine(replies, latency=lambda key, turn: 20 if key == 1 else 1)
+    trajs, envs = _streams(tok, engine, [3, 1])
+    ep0_done = [clock for kind, k, _, clock in engine.log if kind == "done" and k == 0]
+    ep1_done = [clock for kind, k, _, clock in engine.log if kind == "done" and k == 1]
+    assert len(ep0_done) == 3 and ep1_done == [20] and max(ep0_done) < 20
+    assert engine.clock == 20, "the whole rollout took as long as its longest turn, not the sum of turns"
+    assert [t.num_turns for t in trajs] == [3, 1]
+
+
+def test_a_streamed_env_error_drops_the_engine_requests_and_waits_for_other_env_calls(tiny_tokenizer, slow_env):
+    tok = tiny_tokenizer
+    replies = [gen(tok, T1, LP1), gen(tok, " boom", LP2), gen(tok, T2, LP2)]
+    # Episode 0 fails in its second turn's env step; episode 1 is still generating then, episode 2 in its env.
+    lat = {0: 1, 1: 500, 2: 1}  # polls of 10 ms: episode 1's first turn takes 5 s, the others' env calls 0.15 s
+    engine = StreamingEngine(replies, latency=lambda key, turn: lat[key], poll_s=0.01)
+    with pytest.raises(RuntimeError, match="sandbox broke"):
+        _streams(tok, engine, [5, 5, 5], workers=3, env=SlowEnv, fail_on="boom")
+    assert 1 in engine.aborted and not engine.pending
+    assert slow_env.closed_while_busy == 0, "no env was closed while another thread was inside it"
+
+
+def test_a_streamed_engine_error_closes_every_env(tiny_tokenizer, slow_env):
+    tok = tiny_tokenizer
+    engine = StreamingEngine([gen(tok, T1, LP1)] * 3, latency=lambda key, turn: 2, fail_on_poll=3)
+    with pytest.raises(RuntimeError, match="engine core died"):
+        _streams(tok, engine, [5, 5], workers=2, env=SlowEnv)
+    assert not engine.pending and slow_env.closed_while_busy == 0
