@@ -49,18 +49,16 @@ class TurnsOnly:
 def draw(cfg: Any, groups: int, seed: int) -> list:
     """``groups`` tasks drawn by the recipe's domain weights (largest remainder), each ``group_size`` times."""
     from envs.io import load_tasks
+    from rl.data.mixer import largest_remainder
 
     by_domain: dict[str, list] = {}
     for f in cfg.data.train_files:
         path = f if os.path.exists(f) else ROOT / "recipes" / f
         for t in load_tasks(path):
             by_domain.setdefault(t.domain, []).append(t)
-    w = {d: cfg.mixer.domain_weights.get(d, 1.0) for d in by_domain}
-    total = sum(w.values())
-    share = {d: groups * x / total for d, x in w.items()}
-    counts = {d: int(s) for d, s in share.items()}
-    for d in sorted(share, key=lambda d: share[d] - counts[d], reverse=True)[: groups - sum(counts.values())]:
-        counts[d] += 1
+    domains = list(by_domain)
+    weights = [cfg.mixer.domain_weights.get(d, 1.0) for d in domains]
+    counts = dict(zip(domains, largest_remainder(groups, weights)))
     rng = random.Random(seed)
     tasks = []
     for d in sorted(counts):

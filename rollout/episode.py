@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
 from envs.types import Generation, Message, Sampling, Task, Trajectory
 
@@ -48,6 +48,7 @@ class Engine(Protocol):
     ) -> list[Generation]: ...
 
 
+@runtime_checkable
 class StreamingEngine(Engine, Protocol):
     """An engine whose requests join its running batch: ``submit`` one, ``poll`` (one engine step)
     for the ones that finished, as ``(key, completion)``; ``abort`` drops every unfinished one."""
@@ -157,8 +158,8 @@ def run_episodes(
         _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling, calls)
         for e in eps:
             e.stop = (stops or {}).get(e.task.domain, [])
-        if all(callable(getattr(engine, m, None)) for m in ("submit", "poll", "abort")):
-            _run_streaming(engine, eps, tokenizer, sampling, calls)  # type: ignore[arg-type]
+        if isinstance(engine, StreamingEngine):
+            _run_streaming(engine, eps, tokenizer, sampling, calls)
         else:
             _run_in_turns(engine, eps, tokenizer, sampling, calls)
     finally:
