@@ -132,7 +132,7 @@ def ladder_main(prog: str, description: str, write: Callable[..., list[Path]], a
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[3] / "recipes" / "data"))
     ap.add_argument("--n-train", type=int, default=120)
-    ap.add_argument("--n-eval", type=int, default=60)
+    ap.add_argument("--n-eval", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     for p in write(args.out_dir, args.n_train, args.n_eval, args.seed):

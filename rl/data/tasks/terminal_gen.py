@@ -591,12 +591,12 @@ def _prefilled(make: _T, rung: int) -> _T:
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 
-def generate(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
+def generate(n_train: int = 120, n_eval: int = 100, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) terminal tasks; deterministic in ``seed``; eval uses only eval templates."""
     return generate_split(TEMPLATES, SOURCE, n_train, n_eval, seed)
 
 
-def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
+def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 100, seed: int = 0) -> list[Path]:
     train, held = generate(n_train, n_eval, seed)
     return write_ladder({"train": train, "eval": held}, out_dir, SOURCE)
 

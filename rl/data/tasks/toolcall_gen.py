@@ -726,7 +726,7 @@ def ladder_templates() -> tuple[Template, ...]:
     return tuple(out)
 
 
-def generate_ladder(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tuple[list[Task], list[Task]]:
+def generate_ladder(n_train: int = 120, n_eval: int = 100, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) tool-call ladder tasks; deterministic in ``seed``; no held-out phrasing in train."""
     templates = ladder_templates()
     return (
@@ -735,7 +735,7 @@ def generate_ladder(n_train: int = 120, n_eval: int = 60, seed: int = 0) -> tupl
     )
 
 
-def write_ladder_files(out_dir: str | Path, n_train: int = 120, n_eval: int = 60, seed: int = 0) -> list[Path]:
+def write_ladder_files(out_dir: str | Path, n_train: int = 120, n_eval: int = 100, seed: int = 0) -> list[Path]:
     train, held = generate_ladder(n_train, n_eval, seed)
     return write_ladder({"train": train, "eval": held}, out_dir, LADDER_SOURCE)
 
@@ -749,12 +749,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--ladder",
         action="store_true",
-        help="write the graded ladder (toolcall_ladder.*.jsonl, 120/60 by default) instead",
+        help="write the graded ladder (toolcall_ladder.*.jsonl, 120/100 by default) instead",
     )
     args = parser.parse_args(argv)
     if args.ladder:
         n_train = 120 if args.n_train == 200 else args.n_train
-        n_eval = 60 if args.n_eval == 50 else args.n_eval
+        n_eval = 100 if args.n_eval == 50 else args.n_eval
         paths = write_ladder_files(args.out_dir, n_train, n_eval, args.seed)
     else:
         paths = write_quickstart(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed)
