@@ -15,7 +15,8 @@ bodies (the fence closed before any body line), the mean test pass fraction and 
 right answers, each answer one turn of ``envs.code.CodeEnv`` (tests in its bubblewrap
 sandbox). Same model, tasks and decoding for all three, one after the other in one run.
 
-    .venv/bin/python bench/code_prefill.py                 # 45 held-out rung 0-2 tasks
+    .venv/bin/python bench/code_prefill.py                 # every held-out rung 0-2 task (76 of 100)
+    .venv/bin/python bench/code_prefill.py --limit 45      # the 45 of the 60-task file, measured 2026-12-02
     .venv/bin/python bench/code_prefill.py --limit 8 --model embedded:tiny
 
 It trains nothing and writes nothing but its printout.
