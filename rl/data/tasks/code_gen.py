@@ -38,7 +38,7 @@ from typing import Any
 
 from envs.types import CodeSpec, Message, Task
 from rl.data.tasks.code_tasks import SYSTEM_PROMPT
-from rl.data.tasks.ladder import Template, generate_split, ladder_main, write_ladder
+from rl.data.tasks.ladder import N_EVAL, N_TRAIN, Template, generate_split, ladder_main, write_ladder
 
 __all__ = ["SOURCE", "TEMPLATES", "generate", "write", "main"]
 
@@ -514,12 +514,12 @@ def _prefilled(make: _T, rung: int) -> _T:
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 
-def generate(n_train: int = 120, n_eval: int = 100, seed: int = 0) -> tuple[list[Task], list[Task]]:
+def generate(n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) code tasks; deterministic in ``seed``; eval uses only eval templates."""
     return generate_split(TEMPLATES, SOURCE, n_train, n_eval, seed)
 
 
-def write(out_dir: str | Path, n_train: int = 120, n_eval: int = 100, seed: int = 0) -> list[Path]:
+def write(out_dir: str | Path, n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0) -> list[Path]:
     train, held = generate(n_train, n_eval, seed)
     return write_ladder({"train": train, "eval": held}, out_dir, SOURCE)
 

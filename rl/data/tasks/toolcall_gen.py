@@ -35,7 +35,7 @@ from typing import Any
 from envs.io import save_tasks
 from envs.toolcall import format_call, format_tools_system_prompt
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
-from rl.data.tasks.ladder import Template, draw, write_ladder
+from rl.data.tasks.ladder import N_EVAL, N_TRAIN, Template, draw, write_ladder
 
 __all__ = [
     "FUNCTIONS",
@@ -726,7 +726,7 @@ def ladder_templates() -> tuple[Template, ...]:
     return tuple(out)
 
 
-def generate_ladder(n_train: int = 120, n_eval: int = 100, seed: int = 0) -> tuple[list[Task], list[Task]]:
+def generate_ladder(n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, eval) tool-call ladder tasks; deterministic in ``seed``; no held-out phrasing in train."""
     templates = ladder_templates()
     return (
@@ -735,7 +735,7 @@ def generate_ladder(n_train: int = 120, n_eval: int = 100, seed: int = 0) -> tup
     )
 
 
-def write_ladder_files(out_dir: str | Path, n_train: int = 120, n_eval: int = 100, seed: int = 0) -> list[Path]:
+def write_ladder_files(out_dir: str | Path, n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0) -> list[Path]:
     train, held = generate_ladder(n_train, n_eval, seed)
     return write_ladder({"train": train, "eval": held}, out_dir, LADDER_SOURCE)
 
@@ -749,12 +749,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--ladder",
         action="store_true",
-        help="write the graded ladder (toolcall_ladder.*.jsonl, 120/100 by default) instead",
+        help=f"write the graded ladder (toolcall_ladder.*.jsonl, {N_TRAIN}/{N_EVAL} by default) instead",
     )
     args = parser.parse_args(argv)
     if args.ladder:
-        n_train = 120 if args.n_train == 200 else args.n_train
-        n_eval = 100 if args.n_eval == 50 else args.n_eval
+        n_train = N_TRAIN if args.n_train == 200 else args.n_train
+        n_eval = N_EVAL if args.n_eval == 50 else args.n_eval
         paths = write_ladder_files(args.out_dir, n_train, n_eval, args.seed)
     else:
         paths = write_quickstart(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed)
