@@ -13,6 +13,8 @@ command -v bwrap >/dev/null 2>&1 || APT_PKGS="$APT_PKGS bubblewrap"
 command -v chromium >/dev/null 2>&1 || APT_PKGS="$APT_PKGS chromium fonts-dejavu-core"
 # libseccomp2: the sandbox's seccomp filter is built with it (through the pyseccomp binding).
 ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || APT_PKGS="$APT_PKGS libseccomp2"
+# libjemalloc2: learner processes run jemalloc as their malloc (learner.allocator: auto; rl/trainer/memory.py).
+ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2' || APT_PKGS="$APT_PKGS libjemalloc2"
 if [ -n "$APT_PKGS" ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -1,14 +1,17 @@
-"""Learner steps with and without transparent huge pages (``learner.huge_pages``), side by side.
+"""Learner steps under the memory settings of a learner process, side by side: transparent huge pages
+(``learner.huge_pages``) and the malloc (``learner.allocator``: jemalloc or glibc).
 
-torch reads ``THP_MEM_ALLOC_ENABLE`` once, at its first allocation, so each setting needs its own
-process: this script starts one child per setting (``--child``), each builds the learner of
-``bench/learner_floor.py`` (SmolLM2, the quickstart-shaped batch, the quickstart's KL term, fp32),
-runs a warm-up step and then ``--steps`` timed steps, and reports per step: wall time, the process's
-system and user CPU time, minor page faults and resident memory after the step (the learner trims
-the heap after each step, so the next step faults its memory in again). The children run one after
-the other, alternating ``--rounds`` times, on the same batches.
+torch reads ``THP_MEM_ALLOC_ENABLE`` once, at its first allocation, and ``LD_PRELOAD`` is read when a
+process starts, so each setting needs its own process: this script starts one child per setting
+(``--child``), each builds the learner of ``bench/learner_floor.py`` (SmolLM2, the quickstart-shaped
+batch; by default the quickstart's KL term and fp32, ``--kl-coef``, ``--autocast``), runs a warm-up step
+and then ``--steps`` timed steps, and reports per step: wall time, the process's system and user CPU
+time, minor page faults and resident memory after the step (under glibc the learner trims the heap
+after each step, so the next step faults its memory in again; under jemalloc it does not). The
+children run one after the other, alternating ``--rounds`` times, on the same batches.
 
     python bench/huge_pages.py --steps 2 --rounds 2 [--results]
+    python bench/huge_pages.py --huge-pages 1 --allocators auto,system --autocast auto --kl-coef 0
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def child(steps: int) -> None:
+def child(steps: int, autocast: str = "off", kl_coef: float = 0.02) -> None:
     import resource
 
     sys.path.insert(0, str(ROOT))
@@ -39,9 +42,10 @@ def child(steps: int) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     shape = argparse.Namespace(prompts=8, group=8, prompt_len=254, resp_len=64)
     path = resolve_model("embedded:smollm2-135m-instruct")
-    cfg = ModelConfig(path=path, learner_dtype="float32", autocast=False)
-    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-6), kl=KLConfig(coef=0.02))
-    lrn = Learner(path, cfg, algo, threads=torch.get_num_threads(), learner=LearnerConfig(precision="manual"))
+    cfg = ModelConfig(path=path, learner_dtype="float32", autocast=autocast == "on")
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-6), kl=KLConfig(coef=kl_coef))
+    prec = "auto" if autocast == "auto" else "manual"
+    lrn = Learner(path, cfg, algo, threads=torch.get_num_threads(), learner=LearnerConfig(precision=prec))
     lrn.step(_batch(len(lrn.tokenizer), shape))  # warm-up: AdamW state exists after it
     for i in range(steps):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -53,18 +57,21 @@ def child(steps: int) -> None:
             "user_s": r1.ru_utime - r0.ru_utime,
             "minor_faults": r1.ru_minflt - r0.ru_minflt,
             "rss_mb": memory.rss_bytes() / 1e6,
+            "malloc": memory.allocator(),
         }
         print("ROW " + json.dumps(row), flush=True)
     lrn.shutdown()
 
 
-def run(setting: str, steps: int) -> list[dict[str, float]]:
-    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": setting}
+def run(thp: str, alloc: str, steps: int, extra: list[str]) -> list[dict[str, float]]:
+    from _actor_env import with_allocator
+
+    env = {**with_allocator(alloc, dict(os.environ)), "THP_MEM_ALLOC_ENABLE": thp}
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "--steps", str(steps)], env=env, capture_output=True, text=True
+        [sys.executable, __file__, "--child", "--steps", str(steps), *extra], env=env, capture_output=True, text=True
     )
     if out.returncode != 0:
-        raise SystemExit(f"child THP_MEM_ALLOC_ENABLE={setting} failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"child THP_MEM_ALLOC_ENABLE={thp}, allocator {alloc} failed:\n{out.stderr[-3000:]}")
     return [json.loads(line[4:]) for line in out.stdout.splitlines() if line.startswith("ROW ")]
 
 
@@ -72,26 +79,39 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=2, help="timed steps per child")
     ap.add_argument("--rounds", type=int, default=2, help="children per setting, alternating")
+    ap.add_argument("--huge-pages", default="1,0", help="THP_MEM_ALLOC_ENABLE values to compare")
+    ap.add_argument(
+        "--allocators", default="system", help="learner.allocator values to compare (auto, jemalloc, system)"
+    )
+    ap.add_argument("--autocast", choices=["auto", "on", "off"], default="off", help="bf16 autocast (auto: timed)")
+    ap.add_argument("--kl-coef", type=float, default=0.02)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--results", action="store_true", help="append the table to bench/RESULTS.md")
     args = ap.parse_args(argv)
     if args.child:
-        child(args.steps)
+        child(args.steps, args.autocast, args.kl_coef)
         return 0
-    rows: dict[str, list[dict[str, float]]] = {"1": [], "0": []}
+    settings = [(t.strip(), a.strip()) for a in args.allocators.split(",") for t in args.huge_pages.split(",")]
+    rows: dict[tuple[str, str], list[dict[str, float]]] = {s: [] for s in settings}
     for _ in range(args.rounds):
-        for setting in rows:
-            rows[setting] += run(setting, args.steps)
+        for thp, alloc in settings:
+            rows[(thp, alloc)] += run(
+                thp, alloc, args.steps, ["--autocast", args.autocast, "--kl-coef", str(args.kl_coef)]
+            )
     lines = [
-        "| THP_MEM_ALLOC_ENABLE | step s | system CPU s | user CPU s | minor faults | RSS after MB |",
-        "|---|---|---|---|---|---|",
+        "| THP_MEM_ALLOC_ENABLE | malloc | step s | system CPU s | user CPU s | minor faults | RSS after MB |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for setting, rs in rows.items():
+    for (thp, alloc), rs in rows.items():
         cols = [", ".join(f"{r[k]:{fmt}}" for r in rs) for k, fmt in
                 (("wall_s", ".1f"), ("sys_s", ".1f"), ("user_s", ".1f"), ("minor_faults", ",.0f"), ("rss_mb", ".0f"))]  # fmt: skip
-        lines.append(f"| {setting} | " + " | ".join(cols) + " |")
+        lines.append(f"| {thp} | {rs[0]['malloc'] if rs else alloc} | " + " | ".join(cols) + " |")
     best = {s: min(r["wall_s"] for r in rs) for s, rs in rows.items()}
-    lines += ["", f"fastest step with huge pages / without: {best['1'] / best['0']:.2f}"]
+    first = settings[0]
+    lines += [""] + [
+        f"fastest step, THP {s[0]} / {s[1]} against THP {first[0]} / {first[1]}: {best[s] / best[first]:.2f}"
+        for s in settings[1:]
+    ]
     text = "\n".join(lines)
     print(text)
     if args.results:

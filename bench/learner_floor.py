@@ -43,6 +43,11 @@ import os as _os
 # environment measures 4 KB pages instead.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+if __name__ == "__main__":  # the learner actor's malloc (learner.allocator; --allocator): read at exec
+    from _actor_env import reexec_with_allocator
+
+    reexec_with_allocator()
+
 import argparse
 import os
 import statistics
@@ -189,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         help="shared-prompt layouts timed side by side: packed (Learner.pack_responses), padded",
     )
     ap.add_argument("--rounds", type=int, default=1, help="timed steps per layout (alternating)")
+    ap.add_argument(
+        "--allocator",
+        choices=["auto", "jemalloc", "system"],
+        default="auto",
+        help="malloc, as learner.allocator (auto: jemalloc where installed, as a learner actor gets)",
+    )
     ap.add_argument("--results", action="store_true")
     args = ap.parse_args(argv)
     bad = [x for x in args.layouts.split(",") if x.strip() not in ("packed", "padded")]
@@ -197,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, ModelConfig, OptimConfig
-    from rl.trainer import precision
+    from rl.trainer import memory, precision
     from rl.trainer.hub import resolve_model
     from rl.trainer.learner import Learner
 
@@ -265,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
             f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'}), "
             f"torch threads {torch.get_num_threads()}, attention {lrn.model.config._attn_implementation}, "
-            f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}, "
+            f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}, malloc {memory.allocator()}, "
             f"{args.rounds} timed step(s) per layout, alternating (ratios use the fastest); square-matmul rate "
             f"(1024^3) measured {len(rates)} times between the steps: median {rate / 1e9:.0f}, min "
             f"{min(rates) / 1e9:.0f}, max {max(rates) / 1e9:.0f} GFLOP/s (the floor uses the median)",

@@ -21,18 +21,19 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
   It is an estimate, not a measurement: the ratio tells how far the learner is from what its state
   and one micro-batch need;
 * with ``--steps N``, after each of N learner steps on the same-shaped batch (fresh random
-  tokens each step): the resident memory, glibc's bytes in live blocks and in freed blocks it
-  still holds (``rl.trainer.memory.stats``: ``mallinfo2``), and the bytes of the tensors the
+  tokens each step): the resident memory, the allocator's bytes in live blocks and in freed blocks it
+  still holds (``rl.trainer.memory.stats``: glibc's ``mallinfo2`` or jemalloc's ``stats.*``), and the bytes of the tensors the
   learner keeps (parameters, gradients, AdamW state): whether resident memory stays flat over a
   run, and when it does not, whether live tensors or the allocator's free pages grow;
 * inside the last step, at each micro-batch's forward and backward and around the optimizer step:
   the peak resident memory since the point before (``VmHWM``, reset through
-  ``/proc/self/clear_refs``), the resident memory and glibc's live / free-held bytes: where in a
+  ``/proc/self/clear_refs``), the resident memory and the allocator's live / free-held bytes: where in a
   step the peak is reached and how much of it is live blocks.
 
 ``--configs`` picks the configurations (default: ``full,fsdp,lora``; ``full-chunked`` is one
 worker with ``--logits-chunk-tokens``; ``full-notrim`` is one worker without the learner's
-``malloc_trim`` after each step, ``Learner.trim_after_step``; ``full-padded`` is one worker with
+``malloc_trim`` after each step (``Learner.trim_after_step``; under jemalloc, ``--allocator``, the
+learner does not trim anyway); ``full-padded`` is one worker with
 the padded shared-prompt layout, ``Learner.pack_responses`` off), so that they run side by side.
 
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
@@ -47,6 +48,11 @@ import os as _os
 # reads it at its first allocation, so it is set before torch is imported. THP_MEM_ALLOC_ENABLE=0 in the
 # environment measures 4 KB pages instead.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+if __name__ == "__main__":  # the learner actor's malloc (learner.allocator; --allocator): read at exec
+    from _actor_env import reexec_with_allocator
+
+    reexec_with_allocator()
 
 import argparse
 import multiprocessing as mp
@@ -117,7 +123,7 @@ class _Phases:
 
     Wraps the learner's own methods (``_forward``: after a micro-batch's forward; ``_accumulate``: after its
     backward; ``_update``: before and after the optimizer step). At each point it reads the resident size,
-    the peak since the point before (``VmHWM``, reset by writing 5 to ``/proc/self/clear_refs``) and glibc's
+    the peak since the point before (``VmHWM``, reset by writing 5 to ``/proc/self/clear_refs``) and the allocator's
     live / free-held bytes (``rl.trainer.memory.stats``). Kept for the last step only.
     """
 
@@ -190,7 +196,8 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         dist_port=port,
         learner=learner,
     )
-    lrn.trim_after_step = kind != "full-notrim"
+    if kind == "full-notrim":  # else the learner's own choice (it trims after each step under glibc)
+        lrn.trim_after_step = False
     lrn.pack_responses = kind != "full-padded"
     loaded = _rss()
     phases = _Phases(lrn)
@@ -272,7 +279,7 @@ def _floor(r: dict) -> int:
 
 
 def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
-    """Per step: resident memory, glibc's live and free-held bytes, the learner's kept tensors; and the
+    """Per step: resident memory, the allocator's live and free-held bytes, the learner's kept tensors; and the
     largest change of resident memory after step 1 (once AdamW's state exists) relative to step 1's."""
     mb = 2**20
 
@@ -281,10 +288,10 @@ def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
 
     lines = [
         "",
-        "after each learner step (MB): RSS; glibc in live blocks; glibc freed but held; "
+        "after each learner step (MB): RSS; malloc in live blocks; malloc freed but held; "
         "parameters + gradients + AdamW state",
         "",
-        "| config | rank | RSS | glibc live | glibc free held | kept tensors | largest RSS change after step 1 (of step 1) |",
+        "| config | rank | RSS | malloc live | malloc free held | kept tensors | largest RSS change after step 1 (of step 1) |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, rs in rows.items():
@@ -299,14 +306,14 @@ def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
 
 
 def _phases_table(rows: dict[str, list[dict]]) -> list[str]:
-    """The last step's points (``_Phases``): peak since the point before, resident, glibc live / free held."""
+    """The last step's points (``_Phases``): peak since the point before, resident, malloc live / free held."""
     mb = 2**20
     lines = [
         "",
         "inside the last step (MB): peak resident since the point before (VmHWM), resident at the point, "
-        "glibc in live blocks, glibc freed but held; 'forward'/'backward' are each micro-batch's",
+        "malloc in live blocks, malloc freed but held; 'forward'/'backward' are each micro-batch's",
         "",
-        "| config | rank | point | peak since previous | RSS | glibc live | glibc free held |",
+        "| config | rank | point | peak since previous | RSS | malloc live | malloc free held |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, rs in rows.items():
@@ -340,8 +347,15 @@ def main(argv: list[str] | None = None) -> int:
         default="full,fsdp,lora",
         help="comma-separated: full, full-chunked, full-notrim, full-padded, fsdp, lora",
     )
+    ap.add_argument(
+        "--allocator",
+        choices=["auto", "jemalloc", "system"],
+        default="auto",
+        help="malloc of every configuration's processes, as learner.allocator (auto: jemalloc where installed)",
+    )
     ap.add_argument("--results", action="store_true", help="append the table to bench/RESULTS.md")
     args = ap.parse_args(argv)
+    from rl.trainer import memory
     from rl.trainer.hub import resolve_model
 
     path = resolve_model(args.model)
@@ -365,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"learner_memory: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, "
         f"responses <= {args.resp_len} tokens, micro_batch_tokens {args.micro_batch_tokens}, "
-        f"{'bf16 autocast' if args.autocast else 'fp32'}, kl_coef {args.kl_coef}, {args.steps} step(s) each",
+        f"{'bf16 autocast' if args.autocast else 'fp32'}, kl_coef {args.kl_coef}, {args.steps} step(s) each, "
+        f"malloc {memory.allocator()} (--allocator {args.allocator})",
         "",
         "| config | rank | params MB | grads MB | AdamW MB | state / 1-worker state | AdamW / full AdamW | "
         "peak RSS MB | peak - pre-load RSS MB | floor MB | (peak - pre-load) / floor | step s |",

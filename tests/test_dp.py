@@ -330,3 +330,29 @@ def test_sharded_lora_equals_one_learner(tiny_model_path, tiny_tokenizer, tmp_pa
             torch.testing.assert_close(got["export"][k], v, rtol=0, atol=1e-6)
     finally:
         one.shutdown()
+
+
+def _malloc(lrn: Learner) -> tuple[str, bool]:
+    from rl.trainer import memory
+
+    return memory.allocator(), lrn.trim_after_step
+
+
+@pytest.mark.parametrize("choice", ["auto", "system"])
+def test_learner_actor_runs_the_recipes_malloc(ray2, tiny_model_path, tmp_path, choice):
+    """``learner.allocator`` reaches the actor's process (LD_PRELOAD in its runtime env, read when Ray starts
+    the worker): jemalloc where installed under ``auto``, glibc (trimmed after each step) under ``system``."""
+    from rl.config.recipe import LearnerConfig
+    from rl.trainer import memory
+    from rl.trainer.distributed import LearnerGroup
+
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3))
+    group = LearnerGroup(
+        1, tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path), learner=LearnerConfig(allocator=choice)
+    )
+    try:
+        got = ray2.get(group.actors[0].__ray_call__.remote(_malloc))
+    finally:
+        group.kill()
+    want = "jemalloc" if choice == "auto" and memory.jemalloc_path() else "glibc"
+    assert tuple(got) == (want, want == "glibc")

@@ -82,3 +82,33 @@ def test_fused_backward_runs_once():
 def test_fused_rejects_mismatched_targets():
     with pytest.raises(ValueError, match="targets has shape"):
         head_logprobs(torch.nn.Linear(8, 11, bias=False), torch.randn(5, 8), torch.zeros(4, dtype=torch.long))
+
+
+def test_bf16_kept_softmax_keeps_the_gradient_of_a_near_certain_target():
+    """Under bf16 autocast the kept softmax is bf16, where p = 0.999 rounds to 1 and 1 - p to 0; the target's
+    own gradient g (1 - p_t) comes from the float32 log-prob instead. The reference: the unfused path's
+    float32 softmax of the same bf16 logits, its gradient rounded to bf16 for the matmuls (as the fused
+    path's is)."""
+    torch.manual_seed(0)
+    n, hdim, v = 8, 16, 50
+    head = torch.nn.Linear(hdim, v, bias=False)
+    h = torch.randn(n, hdim)
+    t = torch.randint(0, v, (n,))
+    with torch.no_grad():  # rows 0-3: the target's logit far above the rest (p_t ~ 0.99-0.999)
+        head.weight.mul_(0.1)
+        for i in range(4):
+            head.weight[t[i]] += h[i] * (10.0 + 0.5 * i) / h[i].pow(2).sum()
+    h.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, _ = head_logprobs(head, h, t)
+    p_t = lp.detach().exp()
+    assert (p_t[:4] > 0.98).all() and (p_t[1:4] > 0.997).all() and (p_t[:4] < 0.9999).all()
+    gh = torch.autograd.grad(lp.sum(), h)[0]
+    hb, wb = h.detach().bfloat16(), head.weight.detach().bfloat16()
+    x = (hb @ wb.t()).float()
+    d = torch.nn.functional.one_hot(t, v).float() - x.softmax(-1)  # d logp_t / d logits, float32
+    want = (d.bfloat16() @ wb).float()
+    torch.testing.assert_close(gh, want, atol=2e-3, rtol=2e-2)
+    # the near-certain rows' gradients are small ((1 - p_t) w_t - ...): compared row by row, relative to their size
+    err = (gh[:4] - want[:4]).norm(dim=-1) / want[:4].norm(dim=-1)
+    assert (want[:4].norm(dim=-1) > 0).all() and (err < 0.05).all(), err

@@ -15,8 +15,9 @@ from rl.trainer.distributed import LearnerGroup, learner_env
 
 
 def test_learner_env_follows_the_recipe_key():
-    assert learner_env(LearnerConfig()) == {"THP_MEM_ALLOC_ENABLE": "1"}  # the default
-    assert learner_env(LearnerConfig(huge_pages=False)) == {}
+    assert learner_env(LearnerConfig(allocator="system")) == {"THP_MEM_ALLOC_ENABLE": "1"}  # the default
+    assert learner_env(LearnerConfig(allocator="system", huge_pages=False)) == {}
+    assert learner_env(LearnerConfig())["THP_MEM_ALLOC_ENABLE"] == "1"  # beside the malloc's (tests/test_allocator.py)
 
 
 @pytest.mark.parametrize("n", [1, 2])

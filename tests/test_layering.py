@@ -22,6 +22,9 @@ ALLOWED = {
     # The recipe checks algo.name and each estimator's own config section against the estimator
     # registry (an estimator owns its section: #16 item 2), at validate time, inside functions.
     ("rl.config.recipe", "rl.algos.estimators"),
+    # validate_recipe checks learner.allocator: jemalloc against the installed library (jemalloc_path: stdlib
+    # only, no torch), so a missing library fails at validate time naming the key, before anything starts.
+    ("rl.config.recipe", "rl.trainer.memory"),
 }
 
 

@@ -90,6 +90,25 @@ def test_packed_equals_padded_logprobs_loss_and_grads(pair):
         torch.testing.assert_close(gk[k].grad, gd[k].grad, rtol=1e-4, atol=1e-7, msg=lambda m, k=k: f"grad {k}: {m}")
 
 
+def test_packed_groups_look_up_their_embeddings_in_one_call(pair):
+    """One embedding call per packed forward, whatever the number of groups: its backward builds the
+    vocabulary-sized embedding gradient once (one fresh [V, H] tensor), not once per group."""
+    packed, _ = pair
+    batch = _batch(len(packed.tokenizer))
+    calls = []
+    hook = packed.model.get_input_embeddings().register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
+    try:
+        with torch.no_grad():
+            packed._response_logprobs(packed.model, batch.samples)
+    finally:
+        hook.remove()
+    groups = {}
+    for s in batch.samples:
+        groups.setdefault(s.group_id, []).append(s)
+    assert len(groups) == 3 and len(calls) == 1
+    assert calls[0][1] == sum(packing.packed_length(g) for g in groups.values())  # every group's packed tokens
+
+
 def test_packed_micro_batches_count_packed_tokens(pair):
     packed, padded = pair
     batch = _batch(len(packed.tokenizer), seed=1)

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import yaml
 
@@ -480,6 +480,12 @@ class LearnerConfig(Section):
         "the page faults or fewer and less system time per CPU step; wall time -15% in one A/B, +4% in another "
         "(bench/RESULTS.md)",
     )
+    allocator: Literal["auto", "jemalloc", "system"] = knob(
+        "auto",
+        "the learner processes' malloc: jemalloc (preloaded) reuses a step's freed pages where glibc mmaps and "
+        "faults in every large tensor afresh (bf16 quickstart step -19%, bench/RESULTS.md) | system: glibc | "
+        "auto: jemalloc where libjemalloc.so.2 is installed",
+    )
     logits_chunk_tokens: int = knob(
         0,
         "lm_head + log-softmax over this many tokens at a time, each chunk recomputed in the backward, so a "
@@ -822,7 +828,19 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
     if check_imports:
         _check_classes(recipe, fail)
     check_engine_kwargs(recipe.rollout.engine_kwargs, fail)
+    _check_allocator(recipe, fail)
     _check_output_dir(recipe, fail)
+
+
+def _check_allocator(recipe: Recipe, fail: Callable[[str, str], None]) -> None:
+    from rl.trainer.memory import jemalloc_path
+
+    if recipe.learner.allocator == "jemalloc" and jemalloc_path() is None:
+        fail(
+            "learner.allocator",
+            "jemalloc, but libjemalloc.so.2 is not installed on this machine (Debian/Ubuntu: apt install "
+            "libjemalloc2); 'auto' uses it where it is found, 'system' keeps glibc's malloc",
+        )
 
 
 def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:

@@ -40,6 +40,7 @@ import torch
 
 from envs.actors import ActorGroup, ray_factory
 from rl.algos.batch import Batch, Sample
+from rl.trainer import memory
 
 __all__ = [
     "learner_env",
@@ -212,8 +213,13 @@ def learner_env(learner: Any) -> dict[str, str]:
     step, against 20 thousand to 1.2 million with huge pages (bench/RESULTS.md). It must be set before
     the process imports torch, hence in the actor's environment. The kernel uses huge pages only where
     ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``; elsewhere it is a no-op.
+
+    ``learner.allocator``: ``jemalloc`` (or ``auto`` where ``libjemalloc.so.2`` is installed) puts jemalloc
+    first in ``LD_PRELOAD`` (before any preload already set), so it is the process's ``malloc`` from its
+    start (``rl.trainer.memory``: why it is faster here). ``LD_PRELOAD`` is read when the process starts,
+    hence again the actor's environment.
     """
-    return {"THP_MEM_ALLOC_ENABLE": "1"} if getattr(learner, "huge_pages", True) else {}
+    return memory.process_env(getattr(learner, "huge_pages", True), getattr(learner, "allocator", "auto"))
 
 
 class LearnerGroup:

@@ -240,9 +240,13 @@ class Learner:
         self._adapter_exports = lora.AdapterExports(self.shm_dir)  # export_adapter's folders (no I/O until then)
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
-        # Hand the step's freed activations back to the OS after each step (rl.trainer.memory): without it
-        # glibc keeps them and the resident memory grows over a run. False only to measure that growth.
-        self.trim_after_step = True
+        # glibc: hand the step's freed activations back to the OS after each step (rl.trainer.memory): without
+        # it glibc keeps them and the resident memory grows over a run. jemalloc reuses them in the next step
+        # and its decay returns what stays unused; a purge after each step made the next one fault every page
+        # in again (bf16 quickstart-shaped step 26-29 s with it, 22-25 s without: bench/RESULTS.md).
+        self.trim_after_step = memory.allocator() != "jemalloc"
+        if self.rank == 0 and self.device.type == "cpu":
+            print(f"jointrl learner: allocator {memory.allocator()}", flush=True)
         # With share_prompt: a micro-batch's groups run packed in one trunk call (rl.trainer.packing); False runs
         # each group as a prompt call + its responses padded to its longest (kept to measure and test against).
         self.pack_responses = True
@@ -439,9 +443,11 @@ class Learner:
         if self.lcfg.activation_checkpointing and not self.pack_responses:
             # The padded layout's prompt call fills a key/value cache that recomputed layers would write twice.
             raise RuntimeError("activation checkpointing with a shared prompt needs the packed layout")
-        per_group = self._packed_hidden if self.pack_responses else self._shared_prompt_hidden
-        for members in by_prompt.values():
-            h, t, i = per_group(base, [samples[b] for b in members], members, T)
+        if self.pack_responses:
+            outs = self._packed_hiddens(base, [([samples[b] for b in m], m) for m in by_prompt.values()], T)
+        else:
+            outs = [self._shared_prompt_hidden(base, [samples[b] for b in m], m, T) for m in by_prompt.values()]
+        for h, t, i in outs:
             hs.append(h)
             tg.append(t)
             ix.append(i)
@@ -449,19 +455,29 @@ class Learner:
         order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
         return hidden[order], targets[order], index[order]
 
-    def _packed_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
-        """One group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``)."""
+    def _packed_hiddens(self, base: Any, groups: list[tuple[list[Sample], list[int]]], T: int) -> list[tuple[Any, ...]]:
+        """Each group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``).
+
+        The token embeddings of all the groups are looked up in one call: the embedding's backward then
+        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU a fresh
+        [V, H] zero tensor per group cost ~0.1 s each in page faults, bench/learner_floor.py --profile).
+        """
         # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
-        pk = packing.pack(members, rows_b, T, self.device, mask_dtype=next(base.parameters()).dtype)
-        # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
-        hidden = self.lock.trunk(
-            base,
-            input_ids=pk.input_ids,
-            attention_mask=pk.mask,
-            position_ids=pk.position_ids,
-            packed_segments=pk.segments,
-        ).last_hidden_state
-        return hidden[0, pk.cols], pk.targets, pk.index
+        dtype = next(base.parameters()).dtype
+        packs = [packing.pack(members, rows_b, T, self.device, mask_dtype=dtype) for members, rows_b in groups]
+        embeds = base.get_input_embeddings()(torch.cat([pk.input_ids for pk in packs], dim=1))
+        out = []
+        for pk, emb in zip(packs, embeds.split([pk.input_ids.shape[1] for pk in packs], dim=1)):
+            # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
+            hidden = self.lock.trunk(
+                base,
+                inputs_embeds=emb,
+                attention_mask=pk.mask,
+                position_ids=pk.position_ids,
+                packed_segments=pk.segments,
+            ).last_hidden_state
+            out.append((hidden[0, pk.cols], pk.targets, pk.index))
+        return out
 
     @staticmethod
     def _values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:

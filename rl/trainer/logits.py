@@ -18,9 +18,15 @@ are gathered; the root keeps them gathered until its backward, where the recompu
 
 A plain bias-free ``nn.Linear`` head (every causal LM's ``lm_head``) takes a fused path when the
 entropy is not differentiated (``_FusedHead``): the forward turns the [N, V] logits into the
-softmax in place, a block of rows at a time (each block's max, exp, sum, log-prob and entropy while
-it is in cache), and keeps that softmax for the backward, which turns it into the logits'
-gradient in place and runs the two matmuls. Unfused, the same work allocates a fresh [N, V] tensor
+softmax in place, in the logits' dtype (bf16 under autocast), a block of rows at a time through
+two float32 block buffers reused for every block (each block's max, exp, sum, log-prob and entropy
+while it is in cache), and keeps that softmax for the backward, which turns it into the logits'
+gradient in place and runs the two matmuls; the target's own probability, which a bf16 softmax
+rounds to 1 when it is near 1, comes from the float32 log-prob. Under bf16 autocast this replaced a
+float32 copy of the [N, V] logits (and its bf16 copy back for the backward): on the quickstart-shaped
+step (no KL term) the vocabulary-sized copies, products and exponentials went from ~4.3 s to under
+0.5 s of profiled op time (AMD EPYC Zen4, 2 cores, glibc malloc, 2026-12-03; a profile by op and shape
+of ``bench/learner_floor.py``'s learner step, before and after). Unfused, the same work allocates a fresh [N, V] tensor
 for each of ~6 elementwise steps (the logsumexp's, the entropy's, the backward's), and on a CPU
 each new tensor of that size also pays its page faults: in the quickstart-shaped step of
 ``bench/learner_floor.py`` the vocabulary-sized ``sub``, ``mul``, ``exp`` and ``fill_`` took
@@ -53,26 +59,36 @@ _BLOCK_ROWS = 64
 _NOGRAD_ROWS = 512
 
 
-def _softmax_rows_(x: torch.Tensor, t: torch.Tensor, entropy: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs [N] of ``t`` under logits ``x`` [N, V] (float32/64), entropies [N] (empty unless ``entropy``);
-    with ``keep``, ``x`` is overwritten with ``softmax(x)``. A block of rows at a time."""
-    n = x.shape[0]
-    lp = torch.empty(n, dtype=x.dtype, device=x.device)
-    ent = torch.empty(n if entropy else 0, dtype=x.dtype, device=x.device)
-    for i in range(0, n, _BLOCK_ROWS):
-        xc, tc = x[i : i + _BLOCK_ROWS], t[i : i + _BLOCK_ROWS]
-        m = xc.amax(dim=-1, keepdim=True)
-        picked = xc.gather(-1, tc.unsqueeze(-1))
-        z = xc - m  # shifted logits: exp cannot overflow
-        e = z.exp()
+def _softmax_rows_(
+    src: torch.Tensor, t: torch.Tensor, entropy: bool, dst: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [N] of ``t`` under logits ``src`` [N, V] (any float dtype), entropies [N] (empty unless
+    ``entropy``), both in float32 (float64 stays); with ``dst`` [N, V] (may be ``src``), ``softmax(src)``
+    is written there in ``dst``'s dtype. A block of rows at a time through two float32 block buffers
+    reused for every block: a fresh vocabulary-sized tensor per step of every block (the shifted logits,
+    their exp, the entropy's product) paid its page faults on a CPU."""
+    n, v = src.shape
+    acc = torch.float64 if src.dtype == torch.float64 else torch.float32
+    lp = torch.empty(n, dtype=acc, device=src.device)
+    ent = torch.empty(n if entropy else 0, dtype=acc, device=src.device)
+    rows = max(1, min(_BLOCK_ROWS, n))
+    z_buf = torch.empty((rows, v), dtype=acc, device=src.device)
+    e_buf = torch.empty_like(z_buf)
+    for i in range(0, n, rows):
+        k = min(rows, n - i)
+        z, e, tc = z_buf[:k], e_buf[:k], t[i : i + k]
+        z.copy_(src[i : i + k])
+        m = z.amax(dim=-1, keepdim=True)
+        picked = z.gather(-1, tc.unsqueeze(-1))
+        z.sub_(m)  # shifted logits: exp cannot overflow
+        torch.exp(z, out=e)
         s = e.sum(dim=-1, keepdim=True)
-        e.div_(s)  # the softmax
         log_s = s.log()
-        lp[i : i + _BLOCK_ROWS] = (picked - m - log_s).squeeze(-1)
-        if entropy:  # H = lse - sum p x = log s - sum p (x - m), as sum p = 1
-            ent[i : i + _BLOCK_ROWS] = log_s.squeeze(-1) - torch.linalg.vecdot(e, z)
-        if keep:
-            xc.copy_(e)
+        lp[i : i + k] = (picked - m - log_s).squeeze(-1)
+        if entropy:  # H = lse - sum p x = log s - sum p (x - m) = log s - (sum e z) / s, as sum p = 1
+            ent[i : i + k] = (log_s - z.mul_(e).sum(dim=-1, keepdim=True) / s).squeeze(-1)
+        if dst is not None:
+            dst[i : i + k].copy_(e.div_(s))
     return lp, ent
 
 
@@ -82,9 +98,11 @@ class _FusedHead(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, ...]:
         logits = h @ w.t()
-        x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-        lp, ent = _softmax_rows_(x, t, entropy, keep=True)
-        ctx.save_for_backward(h, w, t, x)
+        # The softmax overwrites the logits, in their dtype: under bf16 autocast a bf16 softmax (the logits'
+        # gradient goes into bf16 matmuls anyway); the target's own probability, where bf16 is too coarse
+        # (p near 1 rounds to 1, and the gradient there is 1 - p), comes back from the float32 log-prob.
+        lp, ent = _softmax_rows_(logits, t, entropy, dst=logits)
+        ctx.save_for_backward(h, w, t, logits, lp)
         ctx.mark_non_differentiable(ent)
         ctx.spent = False
         return lp, ent
@@ -94,15 +112,21 @@ class _FusedHead(torch.autograd.Function):
         if ctx.spent:  # the kept softmax became the gradient in place
             raise RuntimeError("the fused lm_head log-probs can be differentiated once (no retain_graph)")
         ctx.spent = True
-        h, w, t, p = ctx.saved_tensors
-        g = g.to(p.dtype)
-        for i in range(0, p.shape[0], _BLOCK_ROWS):  # d logp_t / d x = onehot(t) - softmax(x), times g
-            pc, gc = p[i : i + _BLOCK_ROWS], g[i : i + _BLOCK_ROWS, None]
-            pc.mul_(-gc)
-            pc.scatter_add_(-1, t[i : i + _BLOCK_ROWS, None], gc)
-        d = p if p.dtype == h.dtype else p.to(h.dtype)
-        dh = d @ w if ctx.needs_input_grad[0] else None
-        dw = d.t() @ h if ctx.needs_input_grad[1] else None
+        h, w, t, p, lp = ctx.saved_tensors
+        g = g.to(lp.dtype)
+        at_target = (g * -torch.expm1(lp)).unsqueeze(-1)  # g (1 - p_t), p_t from the float32 log-prob
+        rows = max(1, min(_BLOCK_ROWS, p.shape[0]))
+        in_place = p.dtype == lp.dtype  # a float32/64 softmax; a bf16 one goes through a float32 block buffer
+        buf = None if in_place else torch.empty((rows, p.shape[1]), dtype=lp.dtype, device=p.device)
+        for i in range(0, p.shape[0], rows):  # d logp_t / d x = onehot(t) - softmax(x), times g
+            k = min(rows, p.shape[0] - i)
+            d = p[i : i + k] if buf is None else buf[:k].copy_(p[i : i + k])
+            d.mul_(-g[i : i + k, None])
+            d.scatter_(-1, t[i : i + k, None], at_target[i : i + k])
+            if buf is not None:
+                p[i : i + k].copy_(d)
+        dh = p @ w if ctx.needs_input_grad[0] else None
+        dw = p.t() @ h if ctx.needs_input_grad[1] else None
         return dh, dw, None, None
 
 
@@ -123,10 +147,10 @@ def _fused(
             lp, ent = _FusedHead.apply(h, w, t, entropy)
         else:
             lps, ents = [], []
+            buf = torch.empty((min(_NOGRAD_ROWS, h.shape[0]), w.shape[0]), dtype=dtype, device=h.device)
             for i in range(0, h.shape[0], _NOGRAD_ROWS):
-                x = h[i : i + _NOGRAD_ROWS] @ w.t()
-                x = x if x.dtype in (torch.float32, torch.float64) else x.float()
-                lp_i, ent_i = _softmax_rows_(x, t[i : i + _NOGRAD_ROWS], entropy, keep=False)
+                x = torch.mm(h[i : i + _NOGRAD_ROWS], w.t(), out=buf[: min(_NOGRAD_ROWS, h.shape[0] - i)])
+                lp_i, ent_i = _softmax_rows_(x, t[i : i + _NOGRAD_ROWS], entropy)
                 lps.append(lp_i)
                 ents.append(ent_i)
             lp, ent = torch.cat(lps), torch.cat(ents)

@@ -4,14 +4,22 @@ On CPU, torch allocates tensors through the C library's ``malloc`` (there is no 
 as on CUDA). glibc keeps what is freed: blocks below its mmap threshold (which rises, up to
 32 MiB, each time a larger mmapped block is freed) live in arenas (one per thread that
 allocates, so torch's intra-op threads get their own) and go back to the OS only when the top of
-an arena is free. A learner step allocates and frees gigabytes of activations of every size, so
-its resident memory grows after each step although the live tensors do not
-(bench/RESULTS.md, "learner_memory: resident memory over a run"). ``trim()`` calls glibc's
-``malloc_trim(0)``, which returns the free pages of every arena (``MADV_DONTNEED``) without
-moving live blocks; the learner calls it after each step.
+an arena is free; blocks above it are mmapped fresh and unmapped when freed, so every tensor of
+32 MiB or more (a micro-batch's logits, a weight's bf16 copy, a vocabulary-sized gradient) is paid
+for in page faults each time it is allocated. A learner step allocates and frees gigabytes of
+activations of every size, so its resident memory grows after each step although the live tensors
+do not (bench/RESULTS.md, "learner_memory: resident memory over a run").
 
-``stats()`` reads glibc's ``mallinfo2`` (bytes in use by live blocks vs free but held), for the
-memory bench. Elsewhere (musl, macOS) both are no-ops: ``trim()`` returns False, ``stats()`` None.
+jemalloc (``libjemalloc.so.2``, loaded into a learner actor with ``LD_PRELOAD`` when
+``learner.allocator`` resolves to it, ``rl.trainer.distributed.learner_env``) reuses freed pages of
+every size within a step instead; ``jemalloc_path`` finds the library, ``allocator`` says which
+allocator this process runs.
+
+``trim()`` hands the free pages back to the OS without moving live blocks: glibc's
+``malloc_trim(0)``, or jemalloc's ``arena.<all>.purge``; the learner calls it after each step, so
+that between steps (while the engines generate) the learner holds only its live tensors.
+``stats()`` reads the allocator's counters (bytes in live blocks vs free but held), for the memory
+bench. Elsewhere (musl, macOS) both are no-ops: ``trim()`` returns False, ``stats()`` None.
 This module does not change allocator settings (``mallopt``, ``MALLOC_*`` env vars).
 """
 
@@ -23,7 +31,20 @@ import functools
 import os
 import platform
 
-__all__ = ["trim", "stats", "rss_bytes", "available"]
+__all__ = ["trim", "stats", "rss_bytes", "available", "allocator", "jemalloc_path", "process_env"]
+
+# Where distributions put jemalloc's shared library (Debian/Ubuntu: libjemalloc2; Fedora/RHEL: jemalloc).
+_JEMALLOC_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+)
+# jemalloc's MALLCTL_ARENAS_ALL: "arena.4096.purge" purges every arena.
+_ARENAS_ALL = 4096
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -45,23 +66,94 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def jemalloc_path() -> str | None:
+    """The path of ``libjemalloc.so.2`` on this machine (what ``LD_PRELOAD`` takes), or None."""
+    if platform.system() != "Linux":
+        return None
+    for d in _JEMALLOC_DIRS:
+        path = os.path.join(d, "libjemalloc.so.2")
+        if os.path.exists(path):
+            return path
+    name = ctypes.util.find_library("jemalloc")  # e.g. a conda or custom prefix in the loader's cache
+    return name if name and name.endswith(".so.2") else None
+
+
+def process_env(
+    huge_pages: bool = True, allocator: str = "auto", environ: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment variables that give a new process these memory settings (``learner.huge_pages``,
+    ``learner.allocator``; ``rl.trainer.distributed.learner_env`` says why each); ``environ`` (default
+    ``os.environ``) supplies a preload already set, which stays after jemalloc."""
+    env = {"THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else {}
+    lib = jemalloc_path() if allocator in ("auto", "jemalloc") else None
+    if allocator == "jemalloc" and lib is None:  # validate_recipe says so before anything starts
+        raise RuntimeError("learner.allocator: jemalloc, but libjemalloc.so.2 is not installed on this machine")
+    if lib is not None:
+        have = (os.environ if environ is None else environ).get("LD_PRELOAD", "").split()
+        env["LD_PRELOAD"] = " ".join([lib, *(p for p in have if "jemalloc" not in p)])
+    return env
+
+
+@functools.cache
+def _jemalloc() -> ctypes.CDLL | None:
+    """This process's jemalloc (its ``mallctl``), when jemalloc is the process's ``malloc`` (preloaded)."""
+    try:
+        proc = ctypes.CDLL(None)
+        proc.mallctl  # noqa: B018  (a symbol lookup: present only where jemalloc is loaded)
+    except (OSError, AttributeError):
+        return None
+    proc.mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    proc.mallctl.restype = ctypes.c_int
+    return proc
+
+
+def allocator() -> str:
+    """Which ``malloc`` this process runs: ``"jemalloc"``, ``"glibc"`` or ``"other"``."""
+    if _jemalloc() is not None:
+        return "jemalloc"
+    return "glibc" if _libc() is not None else "other"
+
+
 def available() -> bool:
-    """Whether ``trim`` does anything here (a glibc process)."""
+    """Whether ``trim`` does anything here (jemalloc, or a glibc process)."""
+    if _jemalloc() is not None:
+        return True
     lib = _libc()
     return lib is not None and hasattr(lib, "malloc_trim")
 
 
 def trim() -> bool:
-    """Return the allocator's free pages to the OS (glibc ``malloc_trim(0)``); False where it is not glibc."""
+    """Return the allocator's free pages to the OS (jemalloc's purge of every arena, or glibc's
+    ``malloc_trim(0)``); False where neither is the process's allocator."""
+    je = _jemalloc()
+    if je is not None:
+        return je.mallctl(f"arena.{_ARENAS_ALL}.purge".encode(), None, None, None, 0) == 0
     if not available():
         return False
     _libc().malloc_trim(0)  # its result (1: memory was released) says nothing about how much: not used
     return True
 
 
+def _je_size(je: ctypes.CDLL, name: str) -> int:
+    value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+    if je.mallctl(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+        raise OSError(f"jemalloc mallctl({name!r}) failed")
+    return value.value
+
+
 def stats() -> dict[str, int] | None:
-    """glibc's view of the heap in bytes: ``in_use`` (live blocks, arenas + mmapped), ``free_held`` (freed,
-    still held in arenas), ``mmapped``; None where ``mallinfo2`` is missing (not glibc, or glibc < 2.33)."""
+    """The allocator's view of the heap in bytes: ``in_use`` (live blocks), ``free_held`` (freed, still
+    held), ``mmapped``; glibc's ``mallinfo2`` or jemalloc's ``stats.*`` counters; None where neither
+    is available (not glibc, glibc < 2.33, a jemalloc built without statistics)."""
+    je = _jemalloc()
+    if je is not None:
+        epoch = ctypes.c_uint64(1)  # writing the epoch refreshes the counters
+        je.mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
+        try:
+            allocated, resident, mapped = (_je_size(je, f"stats.{k}") for k in ("allocated", "resident", "mapped"))
+        except OSError:
+            return None
+        return {"in_use": allocated, "free_held": max(resident - allocated, 0), "mmapped": mapped}
     lib = _libc()
     if lib is None or not hasattr(lib, "mallinfo2"):
         return None

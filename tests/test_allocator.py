@@ -1,0 +1,120 @@
+"""``learner.allocator``: jemalloc preloaded into learner processes (rl.trainer.memory, learner_env), and the
+bench helper that runs a script under the same malloc (bench/_actor_env.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl.config.recipe import LearnerConfig, RecipeError, load_recipe, validate_recipe
+from rl.trainer import memory
+from rl.trainer.distributed import learner_env
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _actor_env import allocator_arg, with_allocator  # noqa: E402
+
+FAKE = "/opt/x/libjemalloc.so.2"
+needs_jemalloc = pytest.mark.skipif(memory.jemalloc_path() is None, reason="libjemalloc.so.2 is not installed")
+
+
+def test_process_env_follows_the_recipe_keys(monkeypatch):
+    monkeypatch.setattr(memory, "jemalloc_path", lambda: FAKE)
+    assert memory.process_env(True, "auto", environ={}) == {"THP_MEM_ALLOC_ENABLE": "1", "LD_PRELOAD": FAKE}
+    assert memory.process_env(False, "jemalloc", environ={}) == {"LD_PRELOAD": FAKE}
+    assert memory.process_env(True, "system", environ={"LD_PRELOAD": "/a/libfoo.so"}) == {"THP_MEM_ALLOC_ENABLE": "1"}
+    # a preload already set stays, after jemalloc (first: its malloc is the process's); jemalloc is not doubled
+    env = memory.process_env(False, "auto", environ={"LD_PRELOAD": "/a/libfoo.so /b/libjemalloc.so.2"})
+    assert env == {"LD_PRELOAD": f"{FAKE} /a/libfoo.so"}
+    assert learner_env(LearnerConfig(allocator="system", huge_pages=False)) == {}
+    assert learner_env(LearnerConfig())["LD_PRELOAD"].split()[0] == FAKE
+
+
+def test_auto_keeps_glibc_where_jemalloc_is_missing_and_jemalloc_then_fails(monkeypatch):
+    monkeypatch.setattr(memory, "jemalloc_path", lambda: None)
+    assert memory.process_env(True, "auto", environ={}) == {"THP_MEM_ALLOC_ENABLE": "1"}
+    with pytest.raises(RuntimeError, match="learner.allocator: jemalloc"):
+        memory.process_env(True, "jemalloc", environ={})
+
+
+def test_recipe_asking_for_missing_jemalloc_fails_naming_the_key(recipe_copy, monkeypatch):
+    monkeypatch.setattr(memory, "jemalloc_path", lambda: None)
+    path = recipe_copy("tiny.yaml")
+    with pytest.raises(RecipeError, match=r"learner\.allocator: jemalloc, but libjemalloc\.so\.2 is not installed"):
+        validate_recipe(load_recipe(path, ["learner.allocator=jemalloc"]))
+    validate_recipe(load_recipe(path, ["learner.allocator=auto"]))  # auto falls back to glibc: valid
+    with pytest.raises(RecipeError, match="learner.allocator: choose one of auto, jemalloc, system"):
+        load_recipe(path, ["learner.allocator=tcmalloc"])
+
+
+def _child(env: dict[str, str], code: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# Frees 400 MiB of 1 MiB tensors while one stays live, then trims: the bytes the allocator held, and the RSS drop.
+_TRIM = """
+import json, torch
+from rl.trainer import memory
+xs = [torch.ones(1 << 18) for _ in range(400)]
+keep = torch.ones(1 << 18)
+del xs
+held = memory.stats()
+before = memory.rss_bytes()
+ok = memory.trim()
+after = memory.rss_bytes()
+print(json.dumps({"malloc": memory.allocator(), "held": held, "before": before, "after": after, "ok": ok,
+                  "held_after": memory.stats()}))
+"""
+
+
+@needs_jemalloc
+def test_a_preloaded_process_runs_jemalloc_and_trim_purges_it():
+    env = memory.process_env(huge_pages=False, allocator="jemalloc", environ={})
+    r = _child(env, _TRIM)
+    assert r["malloc"] == "jemalloc" and r["ok"] is True
+    assert set(r["held"]) == {"in_use", "free_held", "mmapped"}
+    # jemalloc keeps freed pages for reuse (returned gradually, over its 10 s decay); the purge hands them back now
+    held = r["held"]["free_held"]
+    assert held >= 32 << 20, r
+    assert r["before"] - r["after"] >= 0.5 * held, r
+    assert r["held_after"]["free_held"] <= 0.25 * held, r
+    plain = _child(
+        {"LD_PRELOAD": ""}, "import json\nfrom rl.trainer import memory\nprint(json.dumps(memory.allocator()))"
+    )
+    assert plain == "glibc"
+
+
+@pytest.mark.parametrize("malloc, trims", [("jemalloc", False), ("glibc", True)])
+def test_the_learner_trims_after_each_step_only_under_glibc(tiny_model_path, tmp_path, monkeypatch, malloc, trims):
+    from rl.config.recipe import AlgoConfig, ModelConfig, OptimConfig
+    from rl.trainer.learner import Learner
+
+    monkeypatch.setattr(memory, "allocator", lambda: malloc)
+    cfg = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
+    lrn = Learner(
+        tiny_model_path, cfg, AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3)), threads=1, shm_dir=str(tmp_path)
+    )
+    try:
+        assert lrn.trim_after_step is trims
+    finally:
+        lrn.shutdown()
+
+
+def test_bench_helper_sets_and_strips_the_preload(monkeypatch):
+    monkeypatch.setattr(memory, "jemalloc_path", lambda: FAKE)
+    assert allocator_arg(["--steps", "2", "--allocator", "system"]) == "system"
+    assert allocator_arg(["--allocator=jemalloc"]) == "jemalloc" and allocator_arg([]) == "auto"
+    base = {"PATH": "/bin", "LD_PRELOAD": "/a/libfoo.so"}
+    assert with_allocator("auto", base) == {"PATH": "/bin", "LD_PRELOAD": f"{FAKE} /a/libfoo.so"}
+    assert with_allocator("system", {**base, "LD_PRELOAD": f"{FAKE} /a/libfoo.so"}) == base
+    assert with_allocator("system", {"PATH": "/bin", "LD_PRELOAD": FAKE}) == {"PATH": "/bin"}
+    with pytest.raises(SystemExit, match="--allocator"):
+        with_allocator("tcmalloc", base)
