@@ -21,7 +21,12 @@ def _dense_mask(p: int, lengths: list[int]) -> torch.Tensor:
     [(7, [5, 3, 0, 6, 1]), (1, [4]), (12, [0, 0]), (3, [1, 1, 1]), (30, [17, 9, 23, 2])],
 )
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.float64, 1e-10)])
-def test_split_equals_the_dense_masked_call(p: int, lengths: list[int], dtype: torch.dtype, tol: float):
+@pytest.mark.parametrize("math_rows", [packed_attention._MATH_ROWS, 0], ids=["matmul-backward", "flash-backward"])
+def test_split_equals_the_dense_masked_call(
+    p: int, lengths: list[int], dtype: torch.dtype, tol: float, math_rows: int, monkeypatch
+):
+    # Both backwards of the response segments: batched matmuls (segments up to _MATH_ROWS rows) and the flash kernel.
+    monkeypatch.setattr(packed_attention, "_MATH_ROWS", math_rows)
     torch.manual_seed(0)
     S, H, D = p + sum(lengths), 3, 16
     q, k, v = (torch.randn(1, H, S, D, dtype=dtype, requires_grad=True) for _ in range(3))

@@ -16,8 +16,10 @@ every size within a step instead; ``jemalloc_path`` finds the library, ``allocat
 allocator this process runs.
 
 ``trim()`` hands the free pages back to the OS without moving live blocks: glibc's
-``malloc_trim(0)``, or jemalloc's ``arena.<all>.purge``; the learner calls it after each step, so
-that between steps (while the engines generate) the learner holds only its live tensors.
+``malloc_trim(0)``, or jemalloc's ``arena.<all>.purge``. The learner calls it after loading its models,
+and under glibc after each step too, so that between steps (while the engines generate) it holds only its
+live tensors; under jemalloc it does not after a step (``Learner.trim_after_step``: the next step would
+fault every purged page in again), and jemalloc's own decay returns pages that stay unused.
 ``stats()`` reads the allocator's counters (bytes in live blocks vs free but held), for the memory
 bench. Elsewhere (musl, macOS) both are no-ops: ``trim()`` returns False, ``stats()`` None.
 This module does not change allocator settings (``mallopt``, ``MALLOC_*`` env vars).

@@ -151,7 +151,7 @@ class _PackedAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         seg, scale, p = ctx.seg, ctx.scale, ctx.seg.prompt_len
         do = do.contiguous()
-        # Each part's flash backward with the merged output and log-sum-exp: its exact share of the gradient.
+        # Each part's backward with the merged output and log-sum-exp: its exact share of the gradient.
         dq, dkp, dvp = _flash_backward(do, q, k[:, :, :p], v[:, :, :p], o, lse, scale)
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         dk[:, :, :p], dv[:, :, :p] = dkp, dvp
