@@ -11,7 +11,10 @@ after each step, so the next step faults its memory in again; under jemalloc it 
 children run one after the other, alternating ``--rounds`` times, on the same batches.
 
     python bench/huge_pages.py --steps 2 --rounds 2 [--results]
-    python bench/huge_pages.py --huge-pages 1 --allocators auto,system --autocast auto --kl-coef 0
+    python bench/huge_pages.py --huge-pages 1 --allocators jemalloc,system --autocast auto --kl-coef 0
+
+``auto`` is what a learner actor gets at that precision (``rl.trainer.memory.resolve_allocator``: glibc for
+an fp32 learner), so compare ``jemalloc,system`` to see both mallocs.
 """
 
 from __future__ import annotations
@@ -63,10 +66,10 @@ def child(steps: int, autocast: str = "off", kl_coef: float = 0.02) -> None:
     lrn.shutdown()
 
 
-def run(thp: str, alloc: str, steps: int, extra: list[str]) -> list[dict[str, float]]:
+def run(thp: str, alloc: str, steps: int, extra: list[str], fp32: bool) -> list[dict[str, float]]:
     from _actor_env import with_allocator
 
-    env = {**with_allocator(alloc, dict(os.environ)), "THP_MEM_ALLOC_ENABLE": thp}
+    env = {**with_allocator(alloc, dict(os.environ), fp32), "THP_MEM_ALLOC_ENABLE": thp}
     out = subprocess.run(
         [sys.executable, __file__, "--child", "--steps", str(steps), *extra], env=env, capture_output=True, text=True
     )
@@ -93,10 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = [(t.strip(), a.strip()) for a in args.allocators.split(",") for t in args.huge_pages.split(",")]
     rows: dict[tuple[str, str], list[dict[str, float]]] = {s: [] for s in settings}
+    from _actor_env import fp32_learner
+
+    fp32 = fp32_learner(args.autocast) if any(a == "auto" for _, a in settings) else False  # what `auto` follows
     for _ in range(args.rounds):
         for thp, alloc in settings:
             rows[(thp, alloc)] += run(
-                thp, alloc, args.steps, ["--autocast", args.autocast, "--kl-coef", str(args.kl_coef)]
+                thp, alloc, args.steps, ["--autocast", args.autocast, "--kl-coef", str(args.kl_coef)], fp32
             )
     lines = [
         "| THP_MEM_ALLOC_ENABLE | malloc | step s | system CPU s | user CPU s | minor faults | RSS after MB |",

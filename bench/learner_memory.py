@@ -52,7 +52,7 @@ _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 if __name__ == "__main__":  # the learner actor's malloc (learner.allocator; --allocator): read at exec
     from _actor_env import reexec_with_allocator
 
-    reexec_with_allocator()
+    reexec_with_allocator(autocast_default="off")  # fp32 unless --autocast
 
 import argparse
 import multiprocessing as mp

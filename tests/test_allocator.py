@@ -17,7 +17,7 @@ from rl.trainer.distributed import learner_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from _actor_env import allocator_arg, with_allocator  # noqa: E402
+from _actor_env import allocator_arg, autocast_arg, fp32_learner, with_allocator  # noqa: E402
 
 FAKE = "/opt/x/libjemalloc.so.2"
 needs_jemalloc = pytest.mark.skipif(memory.jemalloc_path() is None, reason="libjemalloc.so.2 is not installed")
@@ -32,7 +32,49 @@ def test_process_env_follows_the_recipe_keys(monkeypatch):
     env = memory.process_env(False, "auto", environ={"LD_PRELOAD": "/a/libfoo.so /b/libjemalloc.so.2"})
     assert env == {"LD_PRELOAD": f"{FAKE} /a/libfoo.so"}
     assert learner_env(LearnerConfig(allocator="system", huge_pages=False)) == {}
+
+
+def test_system_drops_a_jemalloc_the_process_would_inherit(monkeypatch):
+    # Ray's workers inherit the driver's environment: a driver started under jemalloc would hand it to
+    # learner actors that asked for glibc, unless their env sets the preload without it.
+    monkeypatch.setattr(memory, "jemalloc_path", lambda: FAKE)
+    inherited = {"LD_PRELOAD": f"{FAKE} /a/libfoo.so"}
+    assert memory.process_env(False, "system", environ=inherited) == {"LD_PRELOAD": "/a/libfoo.so"}
+    assert memory.process_env(False, "system", environ={"LD_PRELOAD": FAKE}) == {"LD_PRELOAD": ""}
+    monkeypatch.setenv("LD_PRELOAD", FAKE)
+    assert learner_env(LearnerConfig(allocator="system", huge_pages=False)) == {"LD_PRELOAD": ""}
+    assert learner_env(LearnerConfig(allocator="auto", huge_pages=False)) == {"LD_PRELOAD": FAKE}
     assert learner_env(LearnerConfig())["LD_PRELOAD"].split()[0] == FAKE
+
+
+def test_auto_follows_the_learners_precision(monkeypatch):
+    """jemalloc was faster only under bf16 autocast; an fp32 learner ran 0.92x as fast on it (bench/RESULTS.md):
+    ``auto`` gives an fp32 learner glibc, and a jemalloc asked for by name stays."""
+    from rl.config.recipe import ModelConfig
+
+    monkeypatch.setattr(memory, "jemalloc_path", lambda: FAKE)
+    assert memory.resolve_allocator("auto", fp32=False) == "jemalloc"
+    assert memory.resolve_allocator("auto", fp32=True) == "system"
+    assert memory.resolve_allocator("jemalloc", fp32=True) == "jemalloc"
+    assert memory.process_env(False, "auto", environ={}, fp32=True) == {}
+    assert memory.process_env(False, "jemalloc", environ={}, fp32=True) == {"LD_PRELOAD": FAKE}
+    fp32, bf16 = ModelConfig(path="embedded:tiny", autocast=False), ModelConfig(path="embedded:tiny", autocast=True)
+    assert "LD_PRELOAD" not in learner_env(LearnerConfig(), fp32)
+    assert learner_env(LearnerConfig(), bf16)["LD_PRELOAD"] == FAKE
+    assert with_allocator("auto", {}, fp32=True) == {} and with_allocator("auto", {}) == {"LD_PRELOAD": FAKE}
+
+
+def test_bench_scripts_read_their_precision_for_auto(monkeypatch):
+    assert autocast_arg(["--autocast", "off", "--rounds", "2"], "auto") == "off"
+    assert autocast_arg(["--autocast=on"], "auto") == "on"
+    assert autocast_arg(["--steps", "3", "--autocast"], "off") == "on"  # learner_memory's bare flag
+    assert autocast_arg(["--steps", "3"], "off") == "off"
+    assert fp32_learner("off") and not fp32_learner("on")
+    from rl.trainer import precision
+
+    for bf16_wins in (True, False):
+        monkeypatch.setattr(precision, "pick", lambda device, w=bf16_wins: precision.Choice(w, 100.0, 1.0))
+        assert fp32_learner("auto") is (not bf16_wins)
 
 
 def test_auto_keeps_glibc_where_jemalloc_is_missing_and_jemalloc_then_fails(monkeypatch):

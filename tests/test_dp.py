@@ -338,21 +338,25 @@ def _malloc(lrn: Learner) -> tuple[str, bool]:
     return memory.allocator(), lrn.trim_after_step
 
 
-@pytest.mark.parametrize("choice", ["auto", "system"])
-def test_learner_actor_runs_the_recipes_malloc(ray2, tiny_model_path, tmp_path, choice):
+@pytest.mark.parametrize("choice, autocast", [("auto", True), ("auto", False), ("system", True)])
+def test_learner_actor_runs_the_recipes_malloc(ray2, tiny_model_path, tmp_path, choice, autocast):
     """``learner.allocator`` reaches the actor's process (LD_PRELOAD in its runtime env, read when Ray starts
-    the worker): jemalloc where installed under ``auto``, glibc (trimmed after each step) under ``system``."""
+    the worker): under ``auto`` jemalloc where installed for a bf16 autocast learner and glibc for an fp32 one
+    (``memory.resolve_allocator``); glibc (trimmed after each step) under ``system``."""
+    import dataclasses
+
     from rl.config.recipe import LearnerConfig
     from rl.trainer import memory
     from rl.trainer.distributed import LearnerGroup
 
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3))
+    cfg = dataclasses.replace(MODEL_CFG, autocast=autocast)  # no step runs: the precision only picks the malloc
     group = LearnerGroup(
-        1, tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path), learner=LearnerConfig(allocator=choice)
+        1, tiny_model_path, cfg, algo, threads=1, shm_dir=str(tmp_path), learner=LearnerConfig(allocator=choice)
     )
     try:
         got = ray2.get(group.actors[0].__ray_call__.remote(_malloc))
     finally:
         group.kill()
-    want = "jemalloc" if choice == "auto" and memory.jemalloc_path() else "glibc"
+    want = "jemalloc" if choice == "auto" and autocast and memory.jemalloc_path() else "glibc"
     assert tuple(got) == (want, want == "glibc")

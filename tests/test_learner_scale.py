@@ -104,7 +104,7 @@ def fake_timing(monkeypatch):
     calls: list[torch.dtype] = []
 
     def fake(dtype, n=1024, seconds=0.4, device="cpu"):
-        calls.append(dtype)
+        calls.append(dtype if n == 1024 else (dtype, n))
         return rates[dtype]
 
     monkeypatch.setattr(precision, "matmul_gflops", fake)
@@ -124,11 +124,33 @@ def test_engine_dtype_auto_follows_the_learner_timing(recipe_copy, fake_timing):
     )
     assert got.model.reference_dtype == "float32"
     again, _ = precision.resolve(cfg, "cpu")  # one timing per process: the learner and the engines share it
-    assert again == got and calls == [torch.float32, torch.bfloat16]
+    # bf16 first on a 256^3 product (not far below fp32's rate here), then timed at 1024^3
+    assert again == got and calls == [torch.float32, (torch.bfloat16, 256), torch.bfloat16]
     rates[torch.bfloat16] = 300.0
     precision.timed_choice.cache_clear()
     got, _ = precision.resolve(cfg, "cpu")
     assert (got.model.engine_dtype, got.model.autocast, got.model.reference_dtype) == ("bfloat16", True, "bfloat16")
+
+
+def test_a_far_slower_bf16_is_settled_by_a_small_product(fake_timing):
+    """A CPU without bf16 instructions ran a bf16 1024^3 product in 2.4 s (1 GFLOP/s against fp32's 150): a
+    256^3 product decides that without one; a bf16 rate near fp32's is still timed at full size."""
+    rates, calls = fake_timing
+    rates[torch.bfloat16] = 100.0 / precision._PROBE_MARGIN - 1
+    choice = precision.pick(torch.device("cpu"))
+    assert not choice.autocast and calls == [torch.float32, (torch.bfloat16, 256)]
+    assert choice.bf16_gflops == rates[torch.bfloat16]
+    calls.clear()
+    precision.timed_choice.cache_clear()
+    rates[torch.bfloat16] = 100.0 / precision._PROBE_MARGIN + 1
+    assert not precision.pick(torch.device("cpu")).autocast
+    assert calls == [torch.float32, (torch.bfloat16, 256), torch.bfloat16]
+
+
+def test_matmul_rate_comes_back_when_one_product_spends_the_budget():
+    """With a budget no timed repeat fits in, the warm-up product's own rate is returned (once 0 GFLOP/s)."""
+    rate = precision.matmul_gflops(torch.float32, n=128, seconds=0.0)
+    assert 0.0 < rate < float("inf")
 
 
 def test_reference_dtype_auto_follows_the_learners_precision(tiny_model_path, tmp_path):
@@ -179,7 +201,7 @@ def test_local_runtime_resolves_auto_once(recipe_copy, tiny_model_path, fake_tim
         assert rt.cfg.model.engine_dtype == "float32"
         assert next(rt.worker.engine.model.parameters()).dtype == torch.float32
         assert rt.learner.use_autocast is False and rt.learner.precision_note == ""
-        assert calls == [torch.float32, torch.bfloat16]
+        assert calls == [torch.float32, (torch.bfloat16, 256), torch.bfloat16]  # timed once
         assert capsys.readouterr().out.count("engine_dtype auto: float32") == 1
         rt.sync_weights()  # the export in the resolved dtype
     finally:

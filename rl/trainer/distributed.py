@@ -202,7 +202,7 @@ def shard_batch(batch: Batch, n: int) -> list[Batch]:
     return shards
 
 
-def learner_env(learner: Any) -> dict[str, str]:
+def learner_env(learner: Any, model_cfg: Any = None) -> dict[str, str]:
     """Environment variables of a learner actor's process for the recipe's ``learner`` section.
 
     ``learner.huge_pages``: ``THP_MEM_ALLOC_ENABLE=1``, which torch's CPU allocator reads once, at its
@@ -217,9 +217,13 @@ def learner_env(learner: Any) -> dict[str, str]:
     ``learner.allocator``: ``jemalloc`` (or ``auto`` where ``libjemalloc.so.2`` is installed) puts jemalloc
     first in ``LD_PRELOAD`` (before any preload already set), so it is the process's ``malloc`` from its
     start (``rl.trainer.memory``: why it is faster here). ``LD_PRELOAD`` is read when the process starts,
-    hence again the actor's environment.
+    hence again the actor's environment. ``system`` sets the preload without a jemalloc the actor would
+    otherwise inherit from the driver's environment. ``auto`` follows the learner's precision
+    (``model_cfg.autocast``, concrete once ``rl.trainer.precision.resolve`` ran): glibc for an fp32 learner
+    (``rl.trainer.memory.resolve_allocator`` says why).
     """
-    return memory.process_env(getattr(learner, "huge_pages", True), getattr(learner, "allocator", "auto"))
+    fp32 = model_cfg is not None and not getattr(model_cfg, "autocast", True)
+    return memory.process_env(getattr(learner, "huge_pages", True), getattr(learner, "allocator", "auto"), fp32=fp32)
 
 
 class LearnerGroup:
@@ -267,7 +271,7 @@ class LearnerGroup:
         self.n = n
         opts, port = self._placed(n, actor_options)
         for o in opts:  # a rank's own runtime_env (the rendezvous address) keeps its variables
-            o.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(learner_env(learner))
+            o.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(learner_env(learner, model_cfg))
         per = max(1, (threads or os.cpu_count() or 1) // n)
         factory = ray_factory(
             Learner,

@@ -12,7 +12,8 @@ do not (bench/RESULTS.md, "learner_memory: resident memory over a run").
 
 jemalloc (``libjemalloc.so.2``, loaded into a learner actor with ``LD_PRELOAD`` when
 ``learner.allocator`` resolves to it, ``rl.trainer.distributed.learner_env``) reuses freed pages of
-every size within a step instead; ``jemalloc_path`` finds the library, ``allocator`` says which
+every size within a step instead (under bf16 autocast; ``resolve_allocator`` says when ``auto``
+chooses it); ``jemalloc_path`` finds the library, ``allocator`` says which
 allocator this process runs.
 
 ``trim()`` hands the free pages back to the OS without moving live blocks: glibc's
@@ -33,7 +34,16 @@ import functools
 import os
 import platform
 
-__all__ = ["trim", "stats", "rss_bytes", "available", "allocator", "jemalloc_path", "process_env"]
+__all__ = [
+    "trim",
+    "stats",
+    "rss_bytes",
+    "available",
+    "allocator",
+    "jemalloc_path",
+    "resolve_allocator",
+    "process_env",
+]
 
 # Where distributions put jemalloc's shared library (Debian/Ubuntu: libjemalloc2; Fedora/RHEL: jemalloc).
 _JEMALLOC_DIRS = (
@@ -80,19 +90,37 @@ def jemalloc_path() -> str | None:
     return name if name and name.endswith(".so.2") else None
 
 
+def resolve_allocator(allocator: str, fp32: bool = False) -> str:
+    """``learner.allocator`` made concrete: ``jemalloc`` or ``system``. ``auto`` is jemalloc where it is
+    installed, unless the learner computes in fp32 (``fp32``): there glibc. jemalloc was measured faster
+    only under bf16 autocast (quickstart-shaped step 1.21x, AMD EPYC Zen4 with avx512_bf16); an fp32 step
+    ran 0.92x as fast as under glibc side by side and held 0.7 GB more after it (AMD EPYC with AVX2 only,
+    where bf16 is not an option; bench/RESULTS.md)."""
+    if allocator == "auto":
+        return "jemalloc" if jemalloc_path() is not None and not fp32 else "system"
+    return allocator
+
+
 def process_env(
-    huge_pages: bool = True, allocator: str = "auto", environ: dict[str, str] | None = None
+    huge_pages: bool = True, allocator: str = "auto", environ: dict[str, str] | None = None, fp32: bool = False
 ) -> dict[str, str]:
     """The environment variables that give a new process these memory settings (``learner.huge_pages``,
-    ``learner.allocator``; ``rl.trainer.distributed.learner_env`` says why each); ``environ`` (default
-    ``os.environ``) supplies a preload already set, which stays after jemalloc."""
+    ``learner.allocator``, resolved with ``fp32`` by ``resolve_allocator``; ``rl.trainer.distributed.learner_env``
+    says why each); ``environ`` (default ``os.environ``) supplies a preload already set, which stays after
+    jemalloc. A jemalloc in that preload
+    is dropped when the process is to run glibc's malloc (``system``): a new process inherits its parent's
+    ``LD_PRELOAD`` (Ray's workers the driver's), so leaving the variable out would not be enough."""
     env = {"THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else {}
-    lib = jemalloc_path() if allocator in ("auto", "jemalloc") else None
+    allocator = resolve_allocator(allocator, fp32)
+    lib = jemalloc_path() if allocator == "jemalloc" else None
     if allocator == "jemalloc" and lib is None:  # validate_recipe says so before anything starts
         raise RuntimeError("learner.allocator: jemalloc, but libjemalloc.so.2 is not installed on this machine")
+    have = (os.environ if environ is None else environ).get("LD_PRELOAD", "").split()
+    rest = [p for p in have if "jemalloc" not in p]
     if lib is not None:
-        have = (os.environ if environ is None else environ).get("LD_PRELOAD", "").split()
-        env["LD_PRELOAD"] = " ".join([lib, *(p for p in have if "jemalloc" not in p)])
+        env["LD_PRELOAD"] = " ".join([lib, *rest])
+    elif len(rest) < len(have):  # an inherited jemalloc: set the preload without it (may be empty)
+        env["LD_PRELOAD"] = " ".join(rest)
     return env
 
 

@@ -4,7 +4,9 @@ Hosts of one kind differ: on one CPU bf16 autocast ran 2-2.7x faster than fp32, 
 (avx512_bf16 without AMX) bf16 matmuls ran at 56% of fp32's speed (docs in
 /work/shared/reference/machine-notes.md). ``pick(device)`` times the same square matmul in
 fp32 and under bf16 autocast for about a second in all and returns the faster, with the
-measured rates, for the learner to log. On CUDA it returns bf16 without timing (every GPU the
+measured rates, for the learner to log. bf16 is first timed on a 256^3 product: far below fp32
+there (a CPU without bf16 instructions), that settles it without a 1024^3 bf16 product, which took
+2.4 s on such a host (the timing: 6.5 s before, 0.6 s with the small product; AMD EPYC, AVX2 only). On CUDA it returns bf16 without timing (every GPU the
 recipes target runs bf16 at least as fast). The timing runs once per process and device
 (``timed_choice`` is cached): what the learner and the engines follow is one measurement.
 
@@ -59,7 +61,11 @@ def matmul_gflops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.4, devic
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             (a @ b).sum().item()
 
+    t0 = time.perf_counter()
     once()  # warm-up: kernel selection, first-touch pages
+    warm = time.perf_counter() - t0
+    if warm >= seconds:  # one product already spent the budget: its rate (a little low, with the warm-up's costs)
+        return 2 * n**3 / warm / 1e9
     best = float("inf")
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -80,8 +86,20 @@ def pick(device: torch.device, seconds: float = 0.4) -> Choice:
 def timed_choice(device_type: str, seconds: float = 0.4) -> Choice:
     """``pick``'s timing, once per process and (device type, seconds); ``timed_choice.cache_clear()`` forgets it."""
     fp32 = matmul_gflops(torch.float32, seconds=seconds, device=device_type)
+    # A CPU without bf16 instructions (AVX2 only) ran a bf16 1024^3 product at 1 GFLOP/s against fp32's 150
+    # (AMD EPYC with AVX-512 hidden, 2026-12-03): 2.4 s a product, 6.5 s to time both. A 256^3 product (64x
+    # less work) first: far below fp32 (with the margin small sizes need), it settles the choice.
+    probe = matmul_gflops(torch.bfloat16, n=256, seconds=seconds / 8, device=device_type)
+    if probe < fp32 / _PROBE_MARGIN:
+        return Choice(False, fp32, probe)
     bf16 = matmul_gflops(torch.bfloat16, seconds=seconds, device=device_type)
     return Choice(bf16 > fp32, fp32, bf16)
+
+
+# How far below fp32's 1024^3 rate a 256^3 bf16 product must be to decide without the 1024^3 one. Small
+# products run somewhat below large ones (fewer flops per load; under autocast, the casts): fp32 256^3 at
+# 143 GFLOP/s against 1024^3 at 150 on the host above. A bf16 path worth choosing is not 8x below at 256^3.
+_PROBE_MARGIN = 8.0
 
 
 def resolve(recipe: Any, device: str) -> tuple[Any, str]:
