@@ -51,8 +51,8 @@ def with_allocator(choice: str, environ: dict[str, str], fp32: bool = False) -> 
     if choice not in ("auto", "jemalloc", "system"):
         raise SystemExit(f"--allocator: {choice!r} (choose auto, jemalloc, system)")
     env = {**environ, **process_env(huge_pages=False, allocator=choice, environ=environ, fp32=fp32)}
-    if not env.get("LD_PRELOAD", "x"):  # nothing left to preload
-        env.pop("LD_PRELOAD")
+    if env.get("LD_PRELOAD") == "":  # nothing left to preload
+        del env["LD_PRELOAD"]
     return env
 
 
@@ -72,12 +72,12 @@ def reexec_with_allocator(argv: list[str] | None = None, autocast_default: str =
     """Re-execute this script under ``--allocator``'s preload unless it already runs under it; ``auto``
     follows the precision the script's learner will run (``--autocast``, else ``autocast_default``)."""
     argv = sys.argv[1:] if argv is None else argv
-    choice = allocator_arg(argv)
-    if os.environ.get(_GUARD):
+    if os.environ.get(_GUARD):  # the re-executed process: no second exec, and no second precision timing
         return
+    choice = allocator_arg(argv)
     fp32 = fp32_learner(autocast_arg(argv, autocast_default)) if choice == "auto" else False
     env = with_allocator(choice, dict(os.environ), fp32)
-    if env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD") or os.environ.get(_GUARD):
+    if env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD"):
         return
     env[_GUARD] = "1"
     os.execve(sys.executable, [sys.executable, sys.argv[0], *argv], env)

@@ -12,9 +12,8 @@ do not (bench/RESULTS.md, "learner_memory: resident memory over a run").
 
 jemalloc (``libjemalloc.so.2``, loaded into a learner actor with ``LD_PRELOAD`` when
 ``learner.allocator`` resolves to it, ``rl.trainer.distributed.learner_env``) reuses freed pages of
-every size within a step instead (under bf16 autocast; ``resolve_allocator`` says when ``auto``
-chooses it); ``jemalloc_path`` finds the library, ``allocator`` says which
-allocator this process runs.
+every size within a step instead (faster under bf16 autocast, not in fp32: ``resolve_allocator``);
+``jemalloc_path`` finds the library, ``allocator`` says which allocator this process runs.
 
 ``trim()`` hands the free pages back to the OS without moving live blocks: glibc's
 ``malloc_trim(0)``, or jemalloc's ``arena.<all>.purge``. The learner calls it after loading its models,
@@ -107,9 +106,9 @@ def process_env(
     """The environment variables that give a new process these memory settings (``learner.huge_pages``,
     ``learner.allocator``, resolved with ``fp32`` by ``resolve_allocator``; ``rl.trainer.distributed.learner_env``
     says why each); ``environ`` (default ``os.environ``) supplies a preload already set, which stays after
-    jemalloc. A jemalloc in that preload
-    is dropped when the process is to run glibc's malloc (``system``): a new process inherits its parent's
-    ``LD_PRELOAD`` (Ray's workers the driver's), so leaving the variable out would not be enough."""
+    jemalloc. A jemalloc in that preload is dropped when the process is to run glibc's malloc: a new process
+    inherits its parent's ``LD_PRELOAD`` (Ray's workers the driver's), so leaving the variable out would not
+    be enough."""
     env = {"THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else {}
     allocator = resolve_allocator(allocator, fp32)
     lib = jemalloc_path() if allocator == "jemalloc" else None

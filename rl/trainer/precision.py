@@ -6,8 +6,8 @@ Hosts of one kind differ: on one CPU bf16 autocast ran 2-2.7x faster than fp32, 
 fp32 and under bf16 autocast for about a second in all and returns the faster, with the
 measured rates, for the learner to log. bf16 is first timed on a 256^3 product: far below fp32
 there (a CPU without bf16 instructions), that settles it without a 1024^3 bf16 product, which took
-2.4 s on such a host (the timing: 6.5 s before, 0.6 s with the small product; AMD EPYC, AVX2 only). On CUDA it returns bf16 without timing (every GPU the
-recipes target runs bf16 at least as fast). The timing runs once per process and device
+2.4 s on such a host (the timing: 6.5 s before, 0.6 s with the small product; AMD EPYC, AVX2 only).
+On CUDA it returns bf16 without timing (every GPU the recipes target runs bf16 at least as fast). The timing runs once per process and device
 (``timed_choice`` is cached): what the learner and the engines follow is one measurement.
 
 ``resolve(recipe, device)`` is what a runtime calls at start-up, before any learner or engine
