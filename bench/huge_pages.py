@@ -1,17 +1,19 @@
 """Learner steps under the memory settings of a learner process, side by side: transparent huge pages
-(``learner.huge_pages``) and the malloc (``learner.allocator``: jemalloc or glibc).
+(``learner.huge_pages``), the malloc (``learner.allocator``: jemalloc or glibc) and whether the learner keeps
+a step's freed memory for the next step (``learner.hold_memory``) or hands it back after each step.
 
 torch reads ``THP_MEM_ALLOC_ENABLE`` once, at its first allocation, and ``LD_PRELOAD`` is read when a
 process starts, so each setting needs its own process: this script starts one child per setting
 (``--child``), each builds the learner of ``bench/learner_floor.py`` (SmolLM2, the quickstart-shaped
 batch; by default the quickstart's KL term and fp32, ``--kl-coef``, ``--autocast``), runs a warm-up step
 and then ``--steps`` timed steps, and reports per step: wall time, the process's system and user CPU
-time, minor page faults and resident memory after the step (under glibc the learner trims the heap
-after each step, so the next step faults its memory in again; under jemalloc it does not). The
-children run one after the other, alternating ``--rounds`` times, on the same batches.
+time, minor page faults and resident memory after the step (with ``--hold-memory off`` the learner
+trims the heap after each step, so the next step faults its memory in again). The children run one
+after the other, alternating ``--rounds`` times, on the same batches.
 
     python bench/huge_pages.py --steps 2 --rounds 2 [--results]
     python bench/huge_pages.py --huge-pages 1 --allocators jemalloc,system --autocast auto --kl-coef 0
+    python bench/huge_pages.py --huge-pages 1 --allocators system --hold-memory on,off --steps 2 --rounds 1
 
 ``auto`` is what a learner actor gets at that precision (``rl.trainer.memory.resolve_allocator``: glibc for
 an fp32 learner), so compare ``jemalloc,system`` to see both mallocs.
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def child(steps: int, autocast: str = "off", kl_coef: float = 0.02) -> None:
+def child(steps: int, autocast: str = "off", kl_coef: float = 0.02, hold: bool = True) -> None:
     import resource
 
     sys.path.insert(0, str(ROOT))
@@ -48,7 +50,8 @@ def child(steps: int, autocast: str = "off", kl_coef: float = 0.02) -> None:
     cfg = ModelConfig(path=path, learner_dtype="float32", autocast=autocast == "on")
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-6), kl=KLConfig(coef=kl_coef))
     prec = "auto" if autocast == "auto" else "manual"
-    lrn = Learner(path, cfg, algo, threads=torch.get_num_threads(), learner=LearnerConfig(precision=prec))
+    learner = LearnerConfig(precision=prec, hold_memory=hold)
+    lrn = Learner(path, cfg, algo, threads=torch.get_num_threads(), learner=learner)
     lrn.step(_batch(len(lrn.tokenizer), shape))  # warm-up: AdamW state exists after it
     for i in range(steps):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -86,36 +89,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--allocators", default="system", help="learner.allocator values to compare (auto, jemalloc, system)"
     )
+    ap.add_argument(
+        "--hold-memory",
+        default="on",
+        help="learner.hold_memory values to compare (on: keep for the next step, off: trim)",
+    )
+    ap.add_argument("--hold", choices=["on", "off"], default="on", help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--autocast", choices=["auto", "on", "off"], default="off", help="bf16 autocast (auto: timed)")
     ap.add_argument("--kl-coef", type=float, default=0.02)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--results", action="store_true", help="append the table to bench/RESULTS.md")
     args = ap.parse_args(argv)
     if args.child:
-        child(args.steps, args.autocast, args.kl_coef)
+        child(args.steps, args.autocast, args.kl_coef, args.hold == "on")
         return 0
-    settings = [(t.strip(), a.strip()) for a in args.allocators.split(",") for t in args.huge_pages.split(",")]
-    rows: dict[tuple[str, str], list[dict[str, float]]] = {s: [] for s in settings}
+    holds = [h.strip() for h in args.hold_memory.split(",") if h.strip()]
+    if not holds or any(h not in ("on", "off") for h in holds):
+        ap.error(f"--hold-memory: {args.hold_memory!r} (comma-separated on, off)")
+    settings = [
+        (t.strip(), a.strip(), h) for h in holds for a in args.allocators.split(",") for t in args.huge_pages.split(",")
+    ]
+    rows: dict[tuple[str, str, str], list[dict[str, float]]] = {s: [] for s in settings}
     from _actor_env import fp32_learner
 
-    fp32 = fp32_learner(args.autocast) if any(a == "auto" for _, a in settings) else False  # what `auto` follows
+    fp32 = fp32_learner(args.autocast) if any(s[1] == "auto" for s in settings) else False  # what `auto` follows
     for _ in range(args.rounds):
-        for thp, alloc in settings:
-            rows[(thp, alloc)] += run(
-                thp, alloc, args.steps, ["--autocast", args.autocast, "--kl-coef", str(args.kl_coef)], fp32
-            )
+        for thp, alloc, hold in settings:
+            extra = ["--autocast", args.autocast, "--kl-coef", str(args.kl_coef), "--hold", hold]
+            rows[(thp, alloc, hold)] += run(thp, alloc, args.steps, extra, fp32)
     lines = [
-        "| THP_MEM_ALLOC_ENABLE | malloc | step s | system CPU s | user CPU s | minor faults | RSS after MB |",
-        "|---|---|---|---|---|---|---|",
+        "| THP_MEM_ALLOC_ENABLE | malloc | hold_memory | step s | system CPU s | user CPU s | minor faults | RSS after MB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (thp, alloc), rs in rows.items():
+    for (thp, alloc, hold), rs in rows.items():
         cols = [", ".join(f"{r[k]:{fmt}}" for r in rs) for k, fmt in
                 (("wall_s", ".1f"), ("sys_s", ".1f"), ("user_s", ".1f"), ("minor_faults", ",.0f"), ("rss_mb", ".0f"))]  # fmt: skip
-        lines.append(f"| {thp} | {rs[0]['malloc'] if rs else alloc} | " + " | ".join(cols) + " |")
+        lines.append(f"| {thp} | {rs[0]['malloc'] if rs else alloc} | {hold} | " + " | ".join(cols) + " |")
     best = {s: min(r["wall_s"] for r in rs) for s, rs in rows.items()}
     first = settings[0]
     lines += [""] + [
-        f"fastest step, THP {s[0]} / {s[1]} against THP {first[0]} / {first[1]}: {best[s] / best[first]:.2f}"
+        f"fastest step, THP {s[0]} / {s[1]} / hold {s[2]} against THP {first[0]} / {first[1]} / hold {first[2]}: "
+        f"{best[s] / best[first]:.2f}"
         for s in settings[1:]
     ]
     text = "\n".join(lines)

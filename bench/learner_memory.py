@@ -31,9 +31,9 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
   step the peak is reached and how much of it is live blocks.
 
 ``--configs`` picks the configurations (default: ``full,fsdp,lora``; ``full-chunked`` is one
-worker with ``--logits-chunk-tokens``; ``full-notrim`` is one worker without the learner's
-``malloc_trim`` after each step (``Learner.trim_after_step``; under jemalloc, ``--allocator``, the
-learner does not trim anyway); ``full-padded`` is one worker with
+worker with ``--logits-chunk-tokens``; ``full-trim`` is one worker that hands its freed memory back
+after each step (``learner.hold_memory: false``: ``malloc_trim``, or jemalloc's purge under
+``--allocator jemalloc``) where the default keeps it for the next step; ``full-padded`` is one worker with
 the padded shared-prompt layout, ``Learner.pack_responses`` off), so that they run side by side.
 
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
@@ -184,7 +184,11 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-5), kl=KLConfig(coef=args.kl_coef))
     chunk = args.logits_chunk_tokens if kind == "full-chunked" else 0
     learner = LearnerConfig(
-        workers=world, micro_batch_tokens=args.micro_batch_tokens, lora=lora, logits_chunk_tokens=chunk
+        workers=world,
+        micro_batch_tokens=args.micro_batch_tokens,
+        lora=lora,
+        logits_chunk_tokens=chunk,
+        hold_memory=kind != "full-trim",
     )
     lrn = Learner(
         model_path,
@@ -196,8 +200,6 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         dist_port=port,
         learner=learner,
     )
-    if kind == "full-notrim":  # else the learner's own choice (it trims after each step under glibc)
-        lrn.trim_after_step = False
     lrn.pack_responses = kind != "full-padded"
     loaded = _rss()
     phases = _Phases(lrn)
@@ -209,7 +211,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         phases.points.clear()
         phases.mark("step start")
         m = lrn.step(batch)
-        phases.mark("step end (after the trim)")
+        phases.mark("step end (after the trim)" if lrn.trim_after_step else "step end")
         rss_steps.append(_rss())
         heap_steps.append(memory.stats())
         kept_steps.append(_kept_bytes(lrn))
@@ -345,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs",
         default="full,fsdp,lora",
-        help="comma-separated: full, full-chunked, full-notrim, full-padded, fsdp, lora",
+        help="comma-separated: full, full-chunked, full-trim, full-padded, fsdp, lora",
     )
     ap.add_argument(
         "--allocator",
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = {
         "full": ("1 worker", "full", 1),
         "full-chunked": (f"1 worker, logits in chunks of {args.logits_chunk_tokens}", "full-chunked", 1),
-        "full-notrim": ("1 worker, no malloc_trim after a step", "full-notrim", 1),
+        "full-trim": ("1 worker, memory handed back after each step", "full-trim", 1),
         "full-padded": ("1 worker, padded shared-prompt layout", "full-padded", 1),
         "fsdp": ("2 FSDP workers", "full", 2),
         "lora": (f"LoRA r={args.lora_rank}", "lora", 1),

@@ -134,20 +134,71 @@ def test_a_preloaded_process_runs_jemalloc_and_trim_purges_it():
     assert plain == "glibc"
 
 
-@pytest.mark.parametrize("malloc, trims", [("jemalloc", False), ("glibc", True)])
-def test_the_learner_trims_after_each_step_only_under_glibc(tiny_model_path, tmp_path, monkeypatch, malloc, trims):
+@pytest.mark.parametrize("hold", [True, False])
+def test_the_learner_holds_or_trims_as_the_recipe_says(tiny_model_path, tmp_path, monkeypatch, hold):
     from rl.config.recipe import AlgoConfig, ModelConfig, OptimConfig
     from rl.trainer.learner import Learner
 
-    monkeypatch.setattr(memory, "allocator", lambda: malloc)
+    calls = []
+    monkeypatch.setattr(memory, "hold", lambda: calls.append(1) or True)
     cfg = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
     lrn = Learner(
-        tiny_model_path, cfg, AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3)), threads=1, shm_dir=str(tmp_path)
+        tiny_model_path,
+        cfg,
+        AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3)),
+        threads=1,
+        shm_dir=str(tmp_path),
+        learner=LearnerConfig(hold_memory=hold),
     )
     try:
-        assert lrn.trim_after_step is trims
+        assert lrn.trim_after_step is not hold
+        assert calls == ([1] if hold else [])
     finally:
         lrn.shutdown()
+
+
+# Allocates a 64 MiB tensor three times (freed in between) and counts the minor page faults each time,
+# as a learner step allocates its activations again: with hold() glibc hands the same pages back.
+_HOLD = """
+import json, resource, sys, torch
+from rl.trainer import memory
+held = memory.hold() if sys.argv[1] == "1" else None
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.ones(16 << 20)
+    del x
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"malloc": memory.allocator(), "held": held, "faults": [faults() for _ in range(3)]}))
+"""
+
+
+@pytest.mark.skipif(memory.allocator() != "glibc", reason="hold() tunes glibc's malloc")
+@pytest.mark.parametrize("hold", [True, False])
+def test_hold_makes_glibc_reuse_freed_pages(hold):
+    """With huge pages (the learner's default) glibc mmaps a 64 MiB block and unmaps it when freed, so each
+    allocation faults its pages in afresh; held, only the first does. Both settings of THP fault: under
+    4 KB pages every page, under huge pages one fault per 2 MB page plus the block's edges."""
+    env = {"THP_MEM_ALLOC_ENABLE": "1", "LD_PRELOAD": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", _HOLD, "1" if hold else "0"],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    first, *again = r["faults"]
+    assert r["malloc"] == "glibc" and first >= 32, r  # at least one fault per 2 MB page
+    if hold:
+        assert r["held"] is True and max(again) <= first // 10, r
+    else:
+        assert min(again) >= first // 2, r
+
+
+def test_hold_leaves_jemalloc_alone(monkeypatch):
+    monkeypatch.setattr(memory, "_jemalloc", lambda: object())
+    assert memory.hold() is False
 
 
 def test_bench_helper_sets_and_strips_the_preload(monkeypatch):

@@ -83,6 +83,19 @@ def test_learner_trims_after_each_step_unless_switched_off(tiny_model_path, tmp_
         lrn.shutdown()
 
 
+def test_learner_reports_its_resident_memory_after_a_step(tiny_model_path, tmp_path):
+    cfg = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
+    lrn = Learner(
+        tiny_model_path, cfg, AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3)), threads=1, shm_dir=str(tmp_path)
+    )
+    try:
+        got = lrn.step(_batch(lrn.tokenizer))["memory/learner_rss_gb"] * 1e9
+        now = memory.rss_bytes()
+        assert got > 0 and abs(got - now) <= 0.1 * now, (got, now)  # this process's, read at the step's end
+    finally:
+        lrn.shutdown()
+
+
 def test_learner_trims_after_loading_the_models(tiny_model_path, tmp_path, monkeypatch):
     """The pages freed while loading (and, sharded, the full copy each rank drops) go back before the first step."""
     calls = []

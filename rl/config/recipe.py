@@ -487,6 +487,12 @@ class LearnerConfig(Section):
         "auto: jemalloc where libjemalloc.so.2 is installed and the learner runs bf16 autocast; glibc for an fp32 "
         "learner (0.92x the step time under jemalloc on an AVX2-only host)",
     )
+    hold_memory: bool = knob(
+        True,
+        "learner processes keep the memory a step frees for the next step (glibc: no per-tensor mappings, no "
+        "trim; resident memory stays at the step's peak) | false: hand it back after each step, which the next "
+        "step faults in again (fp32 quickstart-shaped step 76.7-87.0 s vs 56.8-60.2 s held, bench/RESULTS.md)",
+    )
     logits_chunk_tokens: int = knob(
         0,
         "lm_head + log-softmax over this many tokens at a time, each chunk recomputed in the backward, so a "

@@ -207,10 +207,10 @@ def learner_env(learner: Any, model_cfg: Any = None) -> dict[str, str]:
 
     ``learner.huge_pages``: ``THP_MEM_ALLOC_ENABLE=1``, which torch's CPU allocator reads once, at its
     first allocation, to ``madvise(MADV_HUGEPAGE)`` every block of 2 MB or more. A learner step allocates
-    and frees gigabytes (activations, vocabulary-sized logits, gradients) and the learner hands freed
-    pages back to the OS after each step (``rl.trainer.memory.trim``), so with 4 KB pages the next step
-    faults them all in again: 2.4 million minor faults and 16-20 s of system time per quickstart-shaped
-    step, against 20 thousand to 1.2 million with huge pages (bench/RESULTS.md). It must be set before
+    and frees gigabytes (activations, vocabulary-sized logits, gradients); when the learner hands freed
+    pages back to the OS after each step (``learner.hold_memory: false``, ``rl.trainer.memory.trim``), with
+    4 KB pages the next step faults them all in again: 2.4 million minor faults and 16-20 s of system time
+    per quickstart-shaped step, against 20 thousand to 1.2 million with huge pages (bench/RESULTS.md). It must be set before
     the process imports torch, hence in the actor's environment. The kernel uses huge pages only where
     ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``; elsewhere it is a no-op.
 

@@ -51,9 +51,10 @@ updated once per step from the batch's ``kl/mean``.
 LoRA (``learner.lora.rank > 0``, ``rl.trainer.lora``): only the adapters train; the
 reference is the policy with its adapters disabled. ``learner.activation_checkpointing``
 recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
-autocast by timing both at start (``rl.trainer.precision``). After each step the learner hands the
-step's freed memory back to the OS (glibc ``malloc_trim``, ``rl.trainer.memory``), so its resident
-memory between steps stays flat over a run.
+autocast by timing both at start (``rl.trainer.precision``). The memory a step frees is kept for the
+next step (``learner.hold_memory``, ``rl.trainer.memory.hold``): resident memory between steps stays
+at a step's peak, flat over a run; with ``hold_memory: false`` it is handed back to the OS after each
+step (glibc ``malloc_trim``), so that only live tensors stay resident between steps.
 
 ``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
 memory for the engines, gathering sharded tensors one at a time (``lm_head.weight`` always
@@ -240,11 +241,14 @@ class Learner:
         self._adapter_exports = lora.AdapterExports(self.shm_dir)  # export_adapter's folders (no I/O until then)
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
-        # glibc: hand the step's freed activations back to the OS after each step (rl.trainer.memory): without
-        # it glibc keeps them and the resident memory grows over a run. jemalloc reuses them in the next step
-        # and its decay returns what stays unused; a purge after each step made the next one fault every page
-        # in again (bf16 quickstart-shaped step 26-29 s with it, 22-25 s without: bench/RESULTS.md).
-        self.trim_after_step = memory.allocator() != "jemalloc"
+        # learner.hold_memory: the next step reuses the pages this one freed (rl.trainer.memory.hold) instead of
+        # faulting them in afresh after a trim (fp32 step -18%; under jemalloc a purge after each step cost
+        # bf16 steps 26-29 s against 22-25 s: bench/RESULTS.md). Off, the learner holds only its live tensors
+        # between steps, while the engines generate.
+        hold = self.lcfg.hold_memory
+        self.trim_after_step = not hold
+        if hold:
+            memory.hold()
         if self.rank == 0 and self.device.type == "cpu":
             print(f"jointrl learner: allocator {memory.allocator()}", flush=True)
         # With share_prompt: a micro-batch's groups run packed in one trunk call (rl.trainer.packing); False runs
@@ -623,7 +627,9 @@ class Learner:
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
         gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update;
         with ``algo.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
-        importance weights (``rl.algos.losses.truncated_is_weights``).
+        importance weights (``rl.algos.losses.truncated_is_weights``); ``memory/learner_rss_gb``: this
+        process's resident memory after the step (``learner.hold_memory``: flat over a run once it holds a
+        step's peak).
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
         An empty batch (nothing to compute on any rank) leaves the weights alone.
         """
@@ -642,6 +648,7 @@ class Learner:
             self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
         if self.trim_after_step:
             memory.trim()
+        m["memory/learner_rss_gb"] = memory.rss_bytes() / 1e9
         m["timing/learner_compute_s"] = time.perf_counter() - t0
         return m
 
