@@ -23,8 +23,9 @@ generate, it holds only its live tensors, and the next step faults every page in
 heap's free top, so a step's allocations reuse the pages the previous step freed. On a quickstart-shaped
 fp32 step that took the minor faults from 0.53-0.86 million to 5-75 thousand and the step from 76.7-87.0 s
 to 56.8-60.2 s, side by side, with the resident memory between steps at the step's peak (~9.1 GB) instead
-of 3.1 GB (AMD EPYC, AVX2 only, bench/RESULTS.md, "Holding a step's memory"). jemalloc already reuses freed pages within a process; its decay
-returns those that stay unused for 10 s, and ``hold()`` leaves it alone. ``stats()`` reads the
+of 3.1 GB (AMD EPYC, AVX2 only, bench/RESULTS.md, "Holding a step's memory"). jemalloc already reuses
+freed pages within a process; its decay returns those that stay unused for 10 s, and ``hold()`` leaves
+it alone. ``stats()`` reads the
 allocator's counters (bytes in live blocks vs free but held), for the memory bench. Elsewhere (musl,
 macOS) all three are no-ops: ``trim()`` and ``hold()`` return False, ``stats()`` None. This module sets
 no ``MALLOC_*`` environment variables: ``hold()`` calls ``mallopt`` in the running process.
