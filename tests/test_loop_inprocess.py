@@ -89,7 +89,9 @@ def local(cfg, model_path, out, verbose):
 def _metrics(out: Path) -> dict[int, dict]:
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {
-        r["step"]: {k: v for k, v in r.items() if not k.startswith("timing/") and not k.endswith("latency_s")}
+        r["step"]: {
+            k: v for k, v in r.items() if not k.startswith(("timing/", "memory/")) and not k.endswith("latency_s")
+        }
         for r in recs
     }
 

@@ -60,8 +60,10 @@ def _steps(path: Path) -> dict[int, dict]:
     out = {}
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        # Wall-clock measurements differ between any two runs; everything else must not.
-        out[rec["step"]] = {k: v for k, v in rec.items() if not k.startswith("timing/") and not k.endswith("latency_s")}
+        # Wall-clock and resident-memory measurements differ between any two runs; everything else must not.
+        out[rec["step"]] = {
+            k: v for k, v in rec.items() if not k.startswith(("timing/", "memory/")) and not k.endswith("latency_s")
+        }
     return out
 
 
