@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             extra = ["--autocast", args.autocast, "--kl-coef", str(args.kl_coef), "--hold", hold]
             rows[(thp, alloc, hold)] += run(thp, alloc, args.steps, extra, fp32)
     lines = [
-        "| THP_MEM_ALLOC_ENABLE | malloc | hold_memory | step s | system CPU s | user CPU s | minor faults | RSS after MB |",
+        "| THP_MEM_ALLOC_ENABLE | malloc | hold_memory | step s | system CPU s | user CPU s | minor faults "
+        "| RSS after MB |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for (thp, alloc, hold), rs in rows.items():

@@ -160,9 +160,9 @@ def test_the_learner_holds_or_trims_as_the_recipe_says(tiny_model_path, tmp_path
 # Allocates a 64 MiB tensor three times (freed in between) and counts the minor page faults each time,
 # as a learner step allocates its activations again: with hold() glibc hands the same pages back.
 _HOLD = """
-import json, resource, sys, torch
+import json, resource, torch
 from rl.trainer import memory
-held = memory.hold() if sys.argv[1] == "1" else None
+held = memory.hold() if HOLD else None
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     x = torch.ones(16 << 20)
@@ -178,16 +178,7 @@ def test_hold_makes_glibc_reuse_freed_pages(hold):
     """With huge pages (the learner's default) glibc mmaps a 64 MiB block and unmaps it when freed, so each
     allocation faults its pages in afresh; held, only the first does. Both settings of THP fault: under
     4 KB pages every page, under huge pages one fault per 2 MB page plus the block's edges."""
-    env = {"THP_MEM_ALLOC_ENABLE": "1", "LD_PRELOAD": ""}
-    out = subprocess.run(
-        [sys.executable, "-c", _HOLD, "1" if hold else "0"],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = _child({"THP_MEM_ALLOC_ENABLE": "1", "LD_PRELOAD": ""}, f"HOLD = {hold}\n" + _HOLD)
     first, *again = r["faults"]
     assert r["malloc"] == "glibc" and first >= 32, r  # at least one fault per 2 MB page
     if hold:

@@ -210,9 +210,10 @@ def learner_env(learner: Any, model_cfg: Any = None) -> dict[str, str]:
     and frees gigabytes (activations, vocabulary-sized logits, gradients); when the learner hands freed
     pages back to the OS after each step (``learner.hold_memory: false``, ``rl.trainer.memory.trim``), with
     4 KB pages the next step faults them all in again: 2.4 million minor faults and 16-20 s of system time
-    per quickstart-shaped step, against 20 thousand to 1.2 million with huge pages (bench/RESULTS.md). It must be set before
-    the process imports torch, hence in the actor's environment. The kernel uses huge pages only where
-    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``; elsewhere it is a no-op.
+    per quickstart-shaped step, against 20 thousand to 1.2 million with huge pages (bench/RESULTS.md). It
+    must be set before the process imports torch, hence in the actor's environment. The kernel uses huge
+    pages only where ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``;
+    elsewhere it is a no-op.
 
     ``learner.allocator``: ``jemalloc`` (or ``auto`` where ``libjemalloc.so.2`` is installed) puts jemalloc
     first in ``LD_PRELOAD`` (before any preload already set), so it is the process's ``malloc`` from its

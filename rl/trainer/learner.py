@@ -242,9 +242,9 @@ class Learner:
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
         # learner.hold_memory: the next step reuses the pages this one freed (rl.trainer.memory.hold) instead of
-        # faulting them in afresh after a trim (fp32 step 76.7-87.0 s -> 56.8-60.2 s; under jemalloc a purge after each step cost
-        # bf16 steps 26-29 s against 22-25 s: bench/RESULTS.md). Off, the learner holds only its live tensors
-        # between steps, while the engines generate.
+        # faulting them in afresh after a trim (fp32 step 76.7-87.0 s -> 56.8-60.2 s; under jemalloc a purge
+        # after each step cost bf16 steps 26-29 s against 22-25 s: bench/RESULTS.md). Off, the learner holds
+        # only its live tensors between steps, while the engines generate.
         hold = self.lcfg.hold_memory
         self.trim_after_step = not hold
         if hold:

@@ -25,10 +25,10 @@ fp32 step that took the minor faults from 0.53-0.86 million to 5-75 thousand and
 to 56.8-60.2 s, side by side, with the resident memory between steps at the step's peak (~9.1 GB) instead
 of 3.1 GB (AMD EPYC, AVX2 only, bench/RESULTS.md, "Holding a step's memory"). jemalloc already reuses
 freed pages within a process; its decay returns those that stay unused for 10 s, and ``hold()`` leaves
-it alone. ``stats()`` reads the
-allocator's counters (bytes in live blocks vs free but held), for the memory bench. Elsewhere (musl,
-macOS) all three are no-ops: ``trim()`` and ``hold()`` return False, ``stats()`` None. This module sets
-no ``MALLOC_*`` environment variables: ``hold()`` calls ``mallopt`` in the running process.
+it alone. ``stats()`` reads the allocator's counters (bytes in live blocks vs free but held), for the
+memory bench. Elsewhere (musl, macOS) all three are no-ops: ``trim()`` and ``hold()`` return False,
+``stats()`` None. This module sets no ``MALLOC_*`` environment variables: ``hold()`` calls ``mallopt``
+in the running process.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def hold() -> bool:
     the call stay mapped until freed. False (nothing done) where glibc is not the process's malloc: jemalloc
     reuses freed pages anyway."""
     lib = _libc()
-    if _jemalloc() is not None or lib is None or not hasattr(lib, "mallopt"):
+    if allocator() != "glibc" or not hasattr(lib, "mallopt"):
         return False
     # mallopt takes an int; glibc converts it to size_t, so -1 is the largest threshold there is.
     return bool(lib.mallopt(_M_MMAP_MAX, 0)) and bool(lib.mallopt(_M_TRIM_THRESHOLD, -1))
