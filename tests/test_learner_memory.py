@@ -96,6 +96,26 @@ def test_learner_reports_its_resident_memory_after_a_step(tiny_model_path, tmp_p
         lrn.shutdown()
 
 
+def test_a_step_over_the_hold_budget_trims(tiny_model_path, tmp_path, monkeypatch):
+    """Held (glibc), a step that ends above the budget trims and says so in ``memory/trimmed``."""
+    if not memory.hold():
+        pytest.skip("hold() tunes glibc's malloc")
+    cfg = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
+    lrn = Learner(
+        tiny_model_path, cfg, AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3)), threads=1, shm_dir=str(tmp_path)
+    )
+    try:
+        assert isinstance(lrn.hold_budget, memory.HoldBudget) and not lrn.trim_after_step
+        calls = []
+        monkeypatch.setattr(memory, "trim", lambda: calls.append(1) or True)
+        for _ in range(2):  # the first two steps set the level
+            assert lrn.step(_batch(lrn.tokenizer))["memory/trimmed"] == 0.0 and not calls
+        lrn.hold_budget.level = 1 << 20  # as if the run had settled at 1 MiB: this process is far above it
+        assert lrn.step(_batch(lrn.tokenizer))["memory/trimmed"] == 1.0 and calls == [1]
+    finally:
+        lrn.shutdown()
+
+
 def test_learner_trims_after_loading_the_models(tiny_model_path, tmp_path, monkeypatch):
     """The pages freed while loading (and, sharded, the full copy each rank drops) go back before the first step."""
     calls = []

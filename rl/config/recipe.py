@@ -490,8 +490,9 @@ class LearnerConfig(Section):
     hold_memory: bool = knob(
         True,
         "learner processes keep the memory a step frees for the next step (glibc: no per-tensor mappings, no "
-        "trim; resident memory stays at the step's peak) | false: hand it back after each step, which the next "
-        "step faults in again (fp32 quickstart-shaped step 76.7-87.0 s vs 56.8-60.2 s held, bench/RESULTS.md)",
+        "trim; resident memory stays at the step's peak, and a step ending above 1.25x the level it settled at "
+        "trims: memory.HoldBudget) | false: hand it back after each step, which the next step faults in again "
+        "(fp32 quickstart-shaped step 76.7-87.0 s vs 56.8-60.2 s held, bench/RESULTS.md)",
     )
     logits_chunk_tokens: int = knob(
         0,

@@ -53,7 +53,8 @@ reference is the policy with its adapters disabled. ``learner.activation_checkpo
 recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
 autocast by timing both at start (``rl.trainer.precision``). The memory a step frees is kept for the
 next step (``learner.hold_memory``, ``rl.trainer.memory.hold``): resident memory between steps stays
-at a step's peak, flat over a run; with ``hold_memory: false`` it is handed back to the OS after each
+at a step's peak, and a step that ends above 1.25x the level it settled at trims (glibc's held blocks can
+fragment into growth: ``memory.HoldBudget``); with ``hold_memory: false`` it is handed back to the OS after each
 step (glibc ``malloc_trim``), so that only live tensors stay resident between steps.
 
 ``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
@@ -247,8 +248,8 @@ class Learner:
         # only its live tensors between steps, while the engines generate.
         hold = self.lcfg.hold_memory
         self.trim_after_step = not hold
-        if hold:
-            memory.hold()
+        # glibc can fragment what it holds into unbounded growth (memory.HoldBudget): trim past 1.25x the level
+        self.hold_budget = memory.HoldBudget() if hold and memory.hold() else None
         if self.rank == 0 and self.device.type == "cpu":
             print(f"jointrl learner: allocator {memory.allocator()}", flush=True)
         # With share_prompt: a micro-batch's groups run packed in one trunk call (rl.trainer.packing); False runs
@@ -629,7 +630,7 @@ class Learner:
         with ``algo.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
         importance weights (``rl.algos.losses.truncated_is_weights``); ``memory/learner_rss_gb``: this
         process's resident memory after the step (``learner.hold_memory``: flat over a run once it holds a
-        step's peak).
+        step's peak); ``memory/trimmed``: 1 where that step went over the hold budget and was trimmed.
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
         An empty batch (nothing to compute on any rank) leaves the weights alone.
         """
@@ -648,7 +649,11 @@ class Learner:
             self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
         if self.trim_after_step:
             memory.trim()
-        m["memory/learner_rss_gb"] = memory.rss_bytes() / 1e9
+        rss = memory.rss_bytes()
+        if self.hold_budget is not None:
+            m["memory/trimmed"] = float(self.hold_budget.after_step(rss))
+            rss = memory.rss_bytes() if m["memory/trimmed"] else rss
+        m["memory/learner_rss_gb"] = rss / 1e9
         m["timing/learner_compute_s"] = time.perf_counter() - t0
         return m
 

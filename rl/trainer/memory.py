@@ -25,8 +25,10 @@ fp32 step that took the minor faults from 0.53-0.86 million to 5-75 thousand and
 to 56.8-60.2 s, side by side, with the resident memory between steps at the step's peak (~9.1 GB) instead
 of 3.1 GB (AMD EPYC, AVX2 only, bench/RESULTS.md, "Holding a step's memory"). jemalloc already reuses
 freed pages within a process; its decay returns those that stay unused for 10 s, and ``hold()`` leaves
-it alone. ``stats()`` reads the allocator's counters (bytes in live blocks vs free but held), for the
-memory bench. Elsewhere (musl, macOS) all three are no-ops: ``trim()`` and ``hold()`` return False,
+it alone. What glibc holds can fragment into growth without bound (a block kept live, carved from the
+front of a freed one, sends the next block of that size to the heap's top): ``HoldBudget`` trims after a
+step that ends above 1.25x the level the run settled at. ``stats()`` reads the allocator's counters
+(bytes in live blocks vs free but held), for the memory bench. Elsewhere (musl, macOS) all three are no-ops: ``trim()`` and ``hold()`` return False,
 ``stats()`` None. This module sets no ``MALLOC_*`` environment variables: ``hold()`` calls ``mallopt``
 in the running process.
 """
@@ -42,6 +44,7 @@ import platform
 __all__ = [
     "trim",
     "hold",
+    "HoldBudget",
     "stats",
     "rss_bytes",
     "available",
@@ -187,6 +190,41 @@ def hold() -> bool:
         return False
     # mallopt takes an int; glibc converts it to size_t, so -1 is the largest threshold there is.
     return bool(lib.mallopt(_M_MMAP_MAX, 0)) and bool(lib.mallopt(_M_TRIM_THRESHOLD, -1))
+
+
+class HoldBudget:
+    """Bounds what ``hold()`` keeps, one call per learner step.
+
+    glibc reuses a freed block only for a request that fits in it. A block that stays live after a large
+    one was freed (a tensor kept past the step, a buffer allocated in between) can be carved from the front
+    of the free block; the next request of the same size then goes to the heap's top, onto fresh pages,
+    and under such a pattern the resident memory grows by one block per step without bound
+    (tests/test_allocator.py makes it happen; the free blocks stay counted as held). ``after_step(rss)``
+    takes the resident memory after a step: the largest of the first ``settle`` steps is the level a run
+    holds; a step that ends above ``slack`` times it calls ``trim()`` (the free pages go back to the OS,
+    the next step faults in what it needs) and the level is read again after the next step, so a run
+    whose batches grew for real holds the new level from then on. It does not prevent the pattern; it
+    caps what the pattern costs at ``slack`` times the level plus one step's growth."""
+
+    def __init__(self, slack: float = 1.25, settle: int = 2):
+        if slack < 1 or settle < 1:
+            raise ValueError(f"HoldBudget: slack {slack} must be >= 1 and settle {settle} >= 1")
+        self.slack, self.settle = slack, settle
+        self.level = 0  # bytes
+        self._reading = settle  # steps left whose resident memory sets the level
+        self.trims = 0
+
+    def after_step(self, rss: int) -> bool:
+        """Trim if ``rss`` (bytes, after a step) is above the budget; True when it trimmed."""
+        if self._reading:
+            self.level, self._reading = max(self.level, rss), self._reading - 1
+            return False
+        if rss <= self.slack * self.level:
+            return False
+        trim()
+        self.trims += 1
+        self.level, self._reading = 0, 1
+        return True
 
 
 def _je_size(je: ctypes.CDLL, name: str) -> int:
