@@ -17,6 +17,7 @@ import pytest
 from rl.config.recipe import load_recipe, validate_recipe
 from rl.driver.local_runtime import LocalRuntime
 from rl.driver.loop import RunAborted, latest_checkpoint, train
+from runlog import comparable_steps
 
 PARITY = '''
 class Parity:
@@ -86,20 +87,10 @@ def local(cfg, model_path, out, verbose):
     return LocalRuntime(cfg, model_path, out, verbose)
 
 
-def _metrics(out: Path) -> dict[int, dict]:
-    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return {
-        r["step"]: {
-            k: v for k, v in r.items() if not k.startswith(("timing/", "memory/")) and not k.endswith("latency_s")
-        }
-        for r in recs
-    }
-
-
 def test_inprocess_run_writes_every_output(tmp_path: Path, recipe_copy, user_rewards) -> None:
     cfg = _cfg(recipe_copy, run={"save_every": 1, "keep_checkpoints": 2}, train={"steps": 3})
     out = train(cfg, progress=False, runtime=local)
-    steps = _metrics(out)
+    steps = comparable_steps(out / "metrics.jsonl")
     assert sorted(steps) == [0, 1, 2, 3]
     assert "eval/reward/mean" in steps[0] and "eval/reward/mean" in steps[3], "baseline and final held-out eval"
     assert "eval/reward/mean" not in steps[1]
@@ -118,7 +109,7 @@ def test_inprocess_eval_at_start_off_skips_only_the_baseline(tmp_path: Path, rec
     evaluation still runs (bench/seesaw.py pairs it with one shared baseline)."""
     cfg = _cfg(recipe_copy, train={"steps": 2, "eval_at_start": False})
     out = train(cfg, progress=False, runtime=local)
-    steps = _metrics(out)
+    steps = comparable_steps(out / "metrics.jsonl")
     assert sorted(steps) == [1, 2] and "eval/reward/mean" in steps[2]
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts if r["split"] == "eval"} == {2}
@@ -154,7 +145,7 @@ def test_inprocess_resume_continues_exactly(tmp_path: Path, recipe_copy, user_re
     assert latest_checkpoint(b).name == "step_000002" and not (b / "DONE").exists()
     cfg_b = _cfg(recipe_copy, out="b", run={**common["run"], "resume": "auto"}, train=common["train"])
     train(cfg_b, progress=False, runtime=local)
-    want, got = _metrics(full), _metrics(b)
+    want, got = comparable_steps(full / "metrics.jsonl"), comparable_steps(b / "metrics.jsonl")
     assert sorted(got) == [0, 1, 2, 3, 4]
     for s in (3, 4):
         assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-7), f"step {s} differs after the resume"
@@ -163,7 +154,7 @@ def test_inprocess_resume_continues_exactly(tmp_path: Path, recipe_copy, user_re
 def test_inprocess_reward_that_raises_is_counted_and_the_run_goes_on(tmp_path: Path, recipe_copy, user_rewards) -> None:
     cfg = _cfg(recipe_copy, reward="flaky_reward.Flaky", train={"steps": 2})
     out = train(cfg, progress=False, runtime=local)
-    steps = _metrics(out)
+    steps = comparable_steps(out / "metrics.jsonl")
     assert sorted(steps) == [0, 1, 2] and (out / "DONE").is_file()
     errors = sum(steps[s]["reward/flaky/errors"] for s in (1, 2))
     assert errors > 0, "some first tokens are divisible by 3 on the random model"
@@ -189,7 +180,7 @@ def test_inprocess_non_finite_updates_stop_the_run_with_checkpoint_intact(
     with pytest.raises(RunAborted, match=r"skipped their update.*train\.max_bad_steps=2"):
         train(cfg, progress=False, runtime=local)
     out = Path(cfg.run.output_dir)
-    steps = _metrics(out)
+    steps = comparable_steps(out / "metrics.jsonl")
     assert sorted(steps) == [0, 1, 2], "every step up to the stop is logged"
     assert all(steps[s]["learner/skipped_update"] == 1.0 for s in (1, 2))
     # Step 1 (one skip, the run goes on) was checkpointed; step 2 ended the run before its checkpoint.
@@ -241,6 +232,6 @@ def test_cli_train_local_runs_in_this_process(tmp_path: Path, recipe_copy, user_
     assert yaml.safe_load(recipe.read_text())["train"]["steps"] == 1
     assert main(["train", str(recipe), "--local", "run.save_every=1"]) == 0, capsys.readouterr().err
     out = Path(cfg.run.output_dir)
-    assert sorted(_metrics(out)) == [0, 1] and (out / "DONE").is_file()
+    assert sorted(comparable_steps(out / "metrics.jsonl")) == [0, 1] and (out / "DONE").is_file()
     assert (out / "checkpoints" / "step_000001" / "step.json").is_file()
     assert not (out / "placement.json").exists(), "no Ray actors were placed"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import recipe_copier
+from runlog import comparable_steps
 
 pytestmark = pytest.mark.slow
 
@@ -54,17 +55,6 @@ def _run(recipe: Path, *overrides: str) -> None:
         env={**os.environ, "WANDB_MODE": "disabled"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
-
-
-def _steps(path: Path) -> dict[int, dict]:
-    out = {}
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        # Wall-clock and resident-memory measurements differ between any two runs; everything else must not.
-        out[rec["step"]] = {
-            k: v for k, v in rec.items() if not k.startswith(("timing/", "memory/")) and not k.endswith("latency_s")
-        }
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -150,12 +140,12 @@ def test_resume_auto_continues_exactly(killed_run: KilledRun, full_run: Path) ->
     """Killed after its step-3 log, before the step-4 checkpoint, the log ending in a torn line: the
     resumed run redoes steps 3-4 from the step-2 checkpoint, keeps the discarded step-3 line aside,
     and matches the uninterrupted run."""
-    full = _steps(full_run / "metrics.jsonl")
+    full = comparable_steps(full_run / "metrics.jsonl")
     assert sorted(full) == [0, 1, 2, 3, 4]
     assert any(v["grad/norm"] > 0 for s, v in full.items() if s)
     b = killed_run.out
     assert [json.loads(x)["step"] for x in killed_run.killed_log] == [0, 1, 2, 3], "killed while step 4 ran"
-    _assert_same_steps(_steps(b / "metrics.jsonl"), full)
+    _assert_same_steps(comparable_steps(b / "metrics.jsonl"), full)
     discarded = [json.loads(x)["step"] for x in (b / "metrics.discarded.jsonl").read_text().splitlines()]
     assert discarded == [3], "the step logged after the last checkpoint is kept aside, not lost"
     assert (b / "DONE").is_file()
@@ -168,7 +158,7 @@ def test_sigkilled_driver_resumes_exactly(killed_run: KilledRun, full_run: Path)
     b = killed_run.out
     assert not killed_run.done_after_kill
     assert killed_run.leaked, "a SIGKILLed run cannot clean up after itself"
-    _assert_same_steps(_steps(b / "metrics.jsonl"), _steps(full_run / "metrics.jsonl"))
+    _assert_same_steps(comparable_steps(b / "metrics.jsonl"), comparable_steps(full_run / "metrics.jsonl"))
     # The killed run's weights folder is always freed; its engines' segments are freed once their
     # orphaned engine processes have exited (best effort, waited for up to 60 s, else a warning).
     assert not {n for n in killed_run.still if n.startswith("jointrl-")}, (
