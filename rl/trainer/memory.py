@@ -199,7 +199,7 @@ class HoldBudget:
     one was freed (a tensor kept past the step, a buffer allocated in between) can be carved from the front
     of the free block; the next request of the same size then goes to the heap's top, onto fresh pages,
     and under such a pattern the resident memory grows by one block per step without bound
-    (tests/test_allocator.py makes it happen; the free blocks stay counted as held). ``after_step(rss)``
+    (the pattern of tests/test_allocator.py; the free blocks stay counted as held). ``after_step(rss)``
     takes the resident memory after a step: the largest of the first ``settle`` steps is the level a run
     holds; a step that ends above ``slack`` times it calls ``trim()`` (the free pages go back to the OS,
     the next step faults in what it needs) and the level is read again after the next step, so a run
