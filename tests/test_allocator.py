@@ -232,10 +232,10 @@ def test_hold_budget_trims_past_its_slack_and_reads_the_level_again(monkeypatch)
     gb = 1 << 30
     assert [b.after_step(n * gb) for n in (8, 9)] == [False, False] and b.level == 9 * gb  # settling
     assert [b.after_step(n * gb) for n in (9, 11, 11.25)] == [False, False, False] and not trims
-    assert b.after_step(12 * gb) is True and trims == [1] and b.trims == 1
+    assert b.after_step(12 * gb) is True and trims == [1]
     # the step after a trim sets the level again (batches that grew for real): 12 GB is then within 1.25x
     assert b.after_step(10 * gb) is False and b.level == 10 * gb
-    assert b.after_step(12 * gb) is False and b.after_step(13 * gb) is True and b.trims == 2
+    assert b.after_step(12 * gb) is False and b.after_step(13 * gb) is True and trims == [1, 1]
     with pytest.raises(ValueError, match="slack"):
         memory.HoldBudget(slack=0.9)
 

@@ -53,9 +53,9 @@ reference is the policy with its adapters disabled. ``learner.activation_checkpo
 recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
 autocast by timing both at start (``rl.trainer.precision``). The memory a step frees is kept for the
 next step (``learner.hold_memory``, ``rl.trainer.memory.hold``): resident memory between steps stays
-at a step's peak, and a step that ends above 1.25x the level it settled at trims (glibc's held blocks can
-fragment into growth: ``memory.HoldBudget``); with ``hold_memory: false`` it is handed back to the OS after each
-step (glibc ``malloc_trim``), so that only live tensors stay resident between steps.
+at a step's peak, and a step that ends above 1.25x the level it settled at trims (glibc's held blocks
+can fragment into growth: ``memory.HoldBudget``); with ``hold_memory: false`` it is handed back to the
+OS after each step (glibc ``malloc_trim``), so that only live tensors stay resident between steps.
 
 ``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
 memory for the engines, gathering sharded tensors one at a time (``lm_head.weight`` always
@@ -651,8 +651,10 @@ class Learner:
             memory.trim()
         rss = memory.rss_bytes()
         if self.hold_budget is not None:
-            m["memory/trimmed"] = float(self.hold_budget.after_step(rss))
-            rss = memory.rss_bytes() if m["memory/trimmed"] else rss
+            trimmed = self.hold_budget.after_step(rss)
+            m["memory/trimmed"] = float(trimmed)
+            if trimmed:
+                rss = memory.rss_bytes()
         m["memory/learner_rss_gb"] = rss / 1e9
         m["timing/learner_compute_s"] = time.perf_counter() - t0
         return m

@@ -28,9 +28,9 @@ freed pages within a process; its decay returns those that stay unused for 10 s,
 it alone. What glibc holds can fragment into growth without bound (a block kept live, carved from the
 front of a freed one, sends the next block of that size to the heap's top): ``HoldBudget`` trims after a
 step that ends above 1.25x the level the run settled at. ``stats()`` reads the allocator's counters
-(bytes in live blocks vs free but held), for the memory bench. Elsewhere (musl, macOS) all three are no-ops: ``trim()`` and ``hold()`` return False,
-``stats()`` None. This module sets no ``MALLOC_*`` environment variables: ``hold()`` calls ``mallopt``
-in the running process.
+(bytes in live blocks vs free but held), for the memory bench. Elsewhere (musl, macOS) all three are
+no-ops: ``trim()`` and ``hold()`` return False, ``stats()`` None. This module sets no ``MALLOC_*``
+environment variables: ``hold()`` calls ``mallopt`` in the running process.
 """
 
 from __future__ import annotations
@@ -212,7 +212,6 @@ class HoldBudget:
         self.slack, self.settle = slack, settle
         self.level = 0  # bytes
         self._reading = settle  # steps left whose resident memory sets the level
-        self.trims = 0
 
     def after_step(self, rss: int) -> bool:
         """Trim if ``rss`` (bytes, after a step) is above the budget; True when it trimmed."""
@@ -222,7 +221,6 @@ class HoldBudget:
         if rss <= self.slack * self.level:
             return False
         trim()
-        self.trims += 1
         self.level, self._reading = 0, 1
         return True
 
