@@ -1,8 +1,8 @@
 """GPU smoke test: the three GPU paths of a jointrl step, in one process, with timings.
 
-NEVER RUN YET: written on a CPU-only machine (no GPU to run it on). Expect to fix things on the
-first GPU run; every stage prints PASS/FAIL and its time, and a failing stage does not hide
-the others' results.
+NEVER RUN YET: the one GPU machine lent so far had no vLLM (its learner stages ran there through
+``bench/gpu_learner.py``, which needs no engine). Expect to fix things on the first run with vLLM;
+every stage prints PASS/FAIL and its time, and a failing stage does not hide the others' results.
 
 Stages (``--model`` default ``embedded:tiny``, any local HF folder works, e.g. Qwen2.5-1.5B):
 

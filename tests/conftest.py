@@ -89,6 +89,18 @@ def recipe_copy(tmp_path):
 # Fixtures that start a Ray cluster: a test that uses one is in the slow tier whatever its own
 # marks say (starting Ray costs 5-10 s before the test does anything; the fast tier is the
 # developer's loop and has a 3-minute budget). The full suite runs them.
+# Tests that spawn 2 learner ranks in one process tree: each rank's learner takes the GPU when there is one,
+# and NCCL refuses two ranks on one device ("Duplicate GPU detected", seen on an H200); they run over gloo on CPU.
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+gloo_ranks = pytest.mark.skipif(
+    _cuda(), reason="2 learner ranks on this process tree's one device: NCCL needs a GPU per rank (CPU/gloo test)"
+)
+
 RAY_FIXTURES = frozenset({"ray_session", "ray2"})
 
 

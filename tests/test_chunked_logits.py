@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, LoraConfig, LossConfig, OptimConfig, UpdateConfig
 from rl.trainer.logits import head_logprobs
 from test_learner import PROMPT_A, enc, make_batch, make_learner, use_sgd  # noqa: F401 (fixture)
+from conftest import gloo_ranks
 
 ALGO = AlgoConfig(
     name="grpo",
@@ -199,6 +200,7 @@ def _fsdp_rank(rank: int, port: int, path: str, out: str) -> None:
 
 
 @pytest.mark.slow
+@gloo_ranks
 def test_fsdp_chunked_equals_one_unchunked_learner(tiny_model_path, tiny_tokenizer, tmp_path):
     """2 FSDP ranks with chunked logits (recomputed in the backward inside the root's gathered parameters)
     take the same update as one unchunked learner: metrics, gradients and weights."""

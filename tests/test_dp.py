@@ -18,6 +18,7 @@ from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LearnerConfig, 
 from rl.trainer.distributed import shard_batch
 from rl.trainer.learner import Learner
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
+from conftest import gloo_ranks
 
 PROMPT_C = "<|im_start|>user\nset a timer for 10 minutes<|im_end|>\n<|im_start|>assistant\n"
 
@@ -302,6 +303,7 @@ LORA_LEARNER = LearnerConfig(lora=LoraConfig(rank=4, alpha=8.0))
 
 
 @pytest.mark.slow
+@gloo_ranks
 def test_sharded_lora_equals_one_learner(tiny_model_path, tiny_tokenizer, tmp_path):
     """LoRA on 2 FSDP ranks (adapters sharded with their layers; the KL reference is the base with
     adapters disabled) takes the same two updates as LoRA on one learner, and exports the same merged weights."""

@@ -18,6 +18,7 @@ import yaml
 from rl.cli.main import main
 from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, LoraConfig, OptimConfig
 from test_learner import PROMPT_A, enc, make_batch, make_learner, use_sgd  # noqa: F401 (fixture)
+from conftest import gloo_ranks
 
 ALGO = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2), kl=KLConfig(coef=0.1))
 LORA = LoraConfig(rank=4, alpha=8.0)
@@ -135,6 +136,7 @@ def _sharded_rank(rank: int, port: int, path: str, out: str) -> None:
 
 
 @pytest.mark.slow
+@gloo_ranks
 def test_export_sharded_checkpoint(tiny_model_path, tmp_path):
     """A checkpoint written by 2 FSDP ranks (each its shard, through torch.distributed.checkpoint) exports
     the weights the ranks held, gathered."""

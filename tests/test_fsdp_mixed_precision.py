@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import gloo_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -85,6 +86,7 @@ def _rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return num / sum(float(b[k].norm() ** 2) for k in b) ** 0.5
 
 
+@gloo_ranks
 def test_fsdp_bf16_policy_computes_in_bf16_and_keeps_fp32_master_weights(tiny_model_path, tmp_path):
     torch.set_num_threads(1)
     mixed = _run(tmp_path, tiny_model_path, bf16=True)

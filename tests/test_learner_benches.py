@@ -87,3 +87,32 @@ def test_gemm_shapes_follow_the_layout(packed):
         assert ms == [10]
     else:  # the prompt (4) and the responses padded to the longest: 2 x 4, 2 x 5 -> mean 9
         assert ms == [4, 9]
+
+
+@pytest.mark.slow
+def test_gpu_learner_stages_pass_as_a_cpu_dry_run(tmp_path):
+    """bench/gpu_learner.py's stages (run on an H200 once) on CPU with the tiny model: every stage passes,
+    so the GPU check does not rot between the rare sessions with a GPU."""
+    import json
+    import subprocess
+
+    out = tmp_path / "figures.json"
+    args = ["--tiny", "--steps", "2", "--prompts", "2", "--group", "2", "--prompt-len", "16", "--resp-len", "16"]
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "bench" / "gpu_learner.py"),
+            *args,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads(out.read_text())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert [s for _, s, _ in report["results"]] == ["PASS"] * 7
+    fig = report["figures"]
+    assert fig["fsdp_gap_after"] < 0.05 < fig["fsdp_gap_before"], "the engine follows the sharded learner's export"
+    assert 0 < fig["lora_adam_share"] < 0.5

@@ -155,12 +155,13 @@ def test_matmul_rate_comes_back_when_one_product_spends_the_budget():
 
 def test_reference_dtype_auto_follows_the_learners_precision(tiny_model_path, tmp_path):
     """A bf16 reference on a CPU without fast bf16 ran its forward 4.6x slower than fp32 (SmolLM2, 512
-    tokens, AMD EPYC): `auto` runs it at the learner's precision; a dtype set by hand is kept."""
+    tokens, AMD EPYC): `auto` runs it at the learner's precision on CPU (bf16 on a GPU, where it is fast);
+    a dtype set by hand is kept."""
     import dataclasses
 
     algo = AlgoConfig(name="grpo", kl=KLConfig(coef=0.1))
     for autocast, set_by_hand, want in (
-        (False, "auto", torch.float32),
+        (False, "auto", torch.bfloat16 if torch.cuda.is_available() else torch.float32),
         (True, "auto", torch.bfloat16),
         (False, "bfloat16", torch.bfloat16),
     ):
@@ -206,3 +207,37 @@ def test_local_runtime_resolves_auto_once(recipe_copy, tiny_model_path, fake_tim
         rt.sync_weights()  # the export in the resolved dtype
     finally:
         rt.stop()
+
+
+def test_fsdp_always_shards_a_single_learner_with_the_same_update_export_and_resume(
+    tiny_model_path, tiny_tokenizer, tmp_path
+):
+    """``learner.fsdp: always`` at one worker: FSDP2 over a process group of one (the GPU smoke test's path).
+    The update, the exported weights and a checkpoint round trip match the unsharded learner's."""
+    from safetensors.torch import load_file
+
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1))
+    plain = _learner(tiny_model_path, tmp_path, "a", LearnerConfig(share_prompt=True), algo)
+    sharded = _learner(tiny_model_path, tmp_path, "b", LearnerConfig(share_prompt=True, fsdp="always"), algo)
+    try:
+        assert sharded.sharded and not plain.sharded
+        assert torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1
+        assert all(hasattr(p, "full_tensor") for p in sharded.model.parameters()), "every parameter a DTensor"
+        for _ in range(2):  # AdamW, two steps: its state is sharded too
+            m1, m2 = plain.step(make_batch(tiny_tokenizer)), sharded.step(make_batch(tiny_tokenizer))
+            assert m2["grad/norm"] == pytest.approx(m1["grad/norm"], rel=1e-4)
+            assert m2["loss/kl"] == pytest.approx(m1["loss/kl"], rel=1e-4, abs=1e-8)
+        a, b = load_file(plain.export_weights("float32")), load_file(sharded.export_weights("float32"))
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=0, atol=2e-6)
+        sharded.save_checkpoint(str(tmp_path / "ckpt"))
+        ref = sharded.step(make_batch(tiny_tokenizer))
+        sharded.load_checkpoint(str(tmp_path / "ckpt"))
+        again = sharded.step(make_batch(tiny_tokenizer))
+        assert again["grad/norm"] == pytest.approx(ref["grad/norm"], rel=1e-6)
+        assert again["loss/policy"] == pytest.approx(ref["loss/policy"], rel=1e-6, abs=1e-9)
+    finally:
+        plain.shutdown()
+        sharded.shutdown()
+    assert not torch.distributed.is_initialized(), "shutdown leaves the process group"

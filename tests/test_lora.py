@@ -74,8 +74,8 @@ def test_export_is_base_plus_scaled_ba(make, tiny_tokenizer, tiny_model_path):
     for name in base:
         mod = name.rsplit(".", 1)[0]
         if mod.split(".")[-1] in LORA.target_modules and name.endswith(".weight"):
-            a = params[f"{mod}.lora_A.default.weight"].detach()
-            b = params[f"{mod}.lora_B.default.weight"].detach()
+            a = params[f"{mod}.lora_A.default.weight"].detach().cpu()  # the learner's device may be a GPU
+            b = params[f"{mod}.lora_B.default.weight"].detach().cpu()
             want = base[name] + scale * (b @ a)
             assert not torch.equal(sd[name], base[name]), name
             torch.testing.assert_close(sd[name], want, rtol=0, atol=1e-6)

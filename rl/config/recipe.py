@@ -465,6 +465,11 @@ class LearnerConfig(Section):
     workers: int = knob(
         1, "learner actors; 2+ shard the policy and reference with FSDP2 (gloo on CPU, NCCL on GPU)", ge=1
     )
+    fsdp: Literal["auto", "always"] = knob(
+        "auto",
+        "auto: FSDP2 sharding with 2+ workers | always: a single worker too (a process group of one; on GPU "
+        "FSDP's bf16-compute policy then replaces autocast, as with 2+ workers)",
+    )
     micro_batch_tokens: int = knob(4096, "forward/backward in micro-batches of at most this many tokens", ge=1)
     share_prompt: bool = knob(
         True, "run a group's shared prompt once, its members' responses packed after it in one sequence"

@@ -88,7 +88,7 @@ from rl.algos.estimators import get_estimator
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import fsdp, lora, memory, packed_attention, packing, precision
 from rl.trainer.logits import Entropy, head_logprobs
-from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_process_group
+from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.losses import (
     aggregate,
     kl,
@@ -219,8 +219,10 @@ class Learner:
         self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if world_size > 1:
-            init_process_group(rank, world_size, dist_port, self.device)
+        # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one)
+        self.sharded = world_size > 1 or self.lcfg.fsdp == "always"
+        if self.sharded:
+            init_process_group(rank, world_size, dist_port or free_port(), self.device)
         self._reduce = all_reduce_sum if world_size > 1 else None
         self.gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -300,8 +302,8 @@ class Learner:
         if lora.enabled(self.lcfg.lora):  # before sharding: the adapters shard with their layers
             self.peft = lora.attach(self.model, self.lcfg.lora)
         self.model.train()
-        bf16_compute = self.use_autocast and self.device.type == "cuda"  # GPU: FSDP's policy (not run here)
-        if self.world_size > 1:  # sharded before the optimizer is built: its state is sharded too
+        bf16_compute = self.use_autocast and self.device.type == "cuda"  # GPU: FSDP's policy, not autocast
+        if self.sharded:  # sharded before the optimizer is built: its state is sharded too
             fsdp.shard(self.model, bf16_compute=bf16_compute)
         self.ref = None
         self.has_ref = self.est.needs_reference(algo)  # no KL term: no reference model, and no reference forward
@@ -311,7 +313,7 @@ class Learner:
             )
             self.ref.eval().requires_grad_(False)
             packed_attention.install(self.ref)
-            if self.world_size > 1:
+            if self.sharded:
                 fsdp.shard(self.ref, bf16_compute=bf16_compute)
         self.value_head: torch.nn.Linear | None = None
         self.critic: Critic | None = None
@@ -1291,7 +1293,7 @@ class Learner:
 
     def shutdown(self) -> None:
         shutil.rmtree(self.shm_dir, ignore_errors=True)
-        if self.world_size > 1:
+        if self.sharded:
             import torch.distributed as dist
 
             if dist.is_initialized():

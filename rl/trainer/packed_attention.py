@@ -27,7 +27,7 @@ Plugged into transformers as an attention implementation (``NAME``, registered b
 it runs the split when the trunk call passes ``packed_segments`` (a ``Segments``) and is
 otherwise ``sdpa``, so every other call (unpacked layouts, the padded layout's cache, generation)
 is unchanged. On CUDA it falls back to the dense masked call that the packed call also passes
-(not run here: no GPU was available); the split uses the CPU flash kernel's ops
+(run on an H200, bench/gpu_learner.py); the split uses the CPU flash kernel's ops
 (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward).
 
 It does not lay out sequences (``rl.trainer.packing`` does) and computes no loss.

@@ -1,0 +1,399 @@
+"""The learner's GPU paths without vLLM: bf16 steps, FSDP2 over NCCL, LoRA, export into an engine, DCP resume.
+
+``bench/gpu_smoke.py`` checks the whole GPU step with a CUDA vLLM engine; this script checks what the
+learner does on a GPU where vLLM is not installed (the lent device machine has no vLLM, and its wheel is
+far over what can be carried there), on a random model of a real shape (Qwen2.5-1.5B's config by
+default; nothing is downloaded). Every stage prints PASS/FAIL with its figures; a failing stage does not
+hide the others'. Stages, each on a fresh ``rl.trainer.learner.Learner`` (GRPO + k3 KL, AdamW):
+
+1. **autocast**: one worker, fp32 master weights, bf16 autocast (the default GPU learner): s/step,
+   tokens/s, peak memory and model FLOP utilisation against a bf16 square matmul timed in the same run.
+2. **weight sync** (after 1): ``export_weights("bfloat16")`` loaded into a stand-in engine (an HF model in
+   bf16 on the same GPU, as vLLM holds it): its log-probs of a sampled continuation must follow the
+   learner's (gap after the sync < max(0.05, 1/4 of the gap before)).
+3. **fsdp**: ``learner.fsdp: always``: FSDP2 over an NCCL process group of one, FSDP's bf16-compute policy
+   instead of autocast; the first step's losses equal stage 1's to bf16 tolerance; export as in 2 (the
+   DTensor gather); a ``torch.distributed.checkpoint`` round trip gives the same next step.
+   (2+ ranks need 2+ GPUs: NCCL refuses two ranks on one device.)
+4. **lora**: rank 16 on every projection: only adapters change, AdamW state bytes against stage 1's,
+   merged export followed by the stand-in engine.
+5. **activation checkpointing** (stage 1's learner with ``learner.activation_checkpointing``): peak
+   memory and step time against stage 1.
+
+    python3 bench/gpu_learner.py                          # on a GPU machine; ~3-5 min on one H200
+    python3 bench/gpu_learner.py --tiny --steps 2         # the same stages on CPU with the tiny model (a dry run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+RESULTS: list[tuple[str, str, str]] = []  # (stage, PASS/FAIL, detail)
+FIGURES: dict[str, float] = {}
+
+# Qwen2.5-1.5B-Instruct's config.json (architecture fields only; the weights are random)
+QWEN25_1_5B = dict(
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+
+
+class stage:
+    """``with stage("x") as st: ...; st.detail = "..."``: records PASS/FAIL and the time; never raises."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.detail = name, ""
+
+    def __enter__(self) -> "stage":
+        self.t0 = time.perf_counter()
+        print(f"== {self.name}", flush=True)
+        return self
+
+    def __exit__(self, et, e, tb) -> bool:
+        dt = time.perf_counter() - self.t0
+        if e is None:
+            RESULTS.append((self.name, "PASS", f"{dt:.1f}s {self.detail}"))
+        else:
+            traceback.print_exception(et, e, tb)
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            RESULTS.append((self.name, "FAIL", f"{dt:.1f}s {type(e).__name__}: {first}"))
+        print(f"   {RESULTS[-1][1]} {RESULTS[-1][2]}", flush=True)
+        return True
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def build_model(folder: Path, tiny: bool) -> Path:
+    """A local HF folder: the tiny test model, or a random model of Qwen2.5-1.5B's shape (bf16 weights)
+    with the tiny model's tokenizer (the learner reads only its pad id; the batch's ids are random)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rl.trainer.hub import resolve_model
+
+    tiny_path = Path(resolve_model("embedded:tiny"))
+    if tiny:
+        return tiny_path
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in tiny_path.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json":
+            shutil.copy(f, folder / f.name)
+    cfg = Qwen2Config(**QWEN25_1_5B, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    return folder
+
+
+def make_batch(vocab: int, prompts: int, group: int, prompt_len: int, resp_len: int, seed: int = 0):
+    """The synthetic quickstart-shaped batch of bench/learner_memory.py (groups sharing a prompt, +-1 advantages)."""
+    from bench.learner_memory import _batch
+
+    ns = argparse.Namespace(prompts=prompts, group=group, prompt_len=prompt_len, resp_len=resp_len)
+    return _batch(vocab, ns, seed=seed)
+
+
+def new_learner(model_path: Path, shm: Path, name: str, lr: float, **learner_kw):
+    from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, ModelConfig, OptimConfig
+    from rl.trainer.learner import Learner
+
+    return Learner(
+        str(model_path),
+        ModelConfig(path=str(model_path), learner_dtype="float32", autocast=True, reference_dtype="bfloat16"),
+        AlgoConfig(name="grpo", optim=OptimConfig(lr=lr), kl=KLConfig(coef=0.02)),
+        shm_dir=str(shm / name),
+        learner=LearnerConfig(**learner_kw),
+    )
+
+
+def timed_steps(lrn, batch, steps: int) -> tuple[list[float], list[dict]]:
+    times, metrics = [], []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        metrics.append(lrn.step(batch))
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times, metrics
+
+
+class StandInEngine:
+    """What an engine holds: the model in bf16 on the GPU, its weights replaced from an export file."""
+
+    def __init__(self, model_path: Path, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).to(device).eval()
+        self.device = device
+        self.initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def reset(self) -> None:
+        """Back to the initial weights (before the next stage's learner)."""
+        self.model.load_state_dict(self.initial)
+
+    def load(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        sd = load_file(path, device=str(self.device))
+        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise AssertionError(f"export does not cover the engine's weights: missing {missing}, extra {unexpected}")
+
+    @torch.no_grad()
+    def logprobs(self, prompt: list[int], cont: list[int]) -> list[float]:
+        ids = torch.tensor([prompt + cont], device=self.device)
+        logp = torch.log_softmax(self.model(input_ids=ids).logits[0].float(), dim=-1)
+        pos = torch.arange(len(prompt) - 1, len(prompt) + len(cont) - 1, device=self.device)
+        return logp[pos, ids[0, len(prompt) :]].tolist()
+
+
+def gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def check_sync(lrn, engine: StandInEngine, prompt: list[int], cont: list[int], label: str) -> str:
+    """Export the learner's weights into ``engine``; its log-probs must follow the learner's."""
+    want = lrn.logprobs(prompt, cont)
+    before = gap(engine.logprobs(prompt, cont), want)
+    sync()
+    t0 = time.perf_counter()
+    path = lrn.export_weights("bfloat16")
+    sync()
+    t1 = time.perf_counter()
+    engine.load(path)
+    after = gap(engine.logprobs(prompt, cont), want)
+    FIGURES[f"{label}_gap_before"], FIGURES[f"{label}_gap_after"] = before, after
+    FIGURES[f"{label}_export_s"] = t1 - t0
+    assert after < max(0.05, 0.25 * before), f"engine log-probs did not follow the learner: {before:.4f} -> {after:.4f}"
+    assert before > 2 * after, f"the steps hardly moved the log-probs ({before:.4f}): the check would prove nothing"
+    return f"export {t1 - t0:.2f}s; max |engine - learner| {before:.4f} before the sync, {after:.4f} after"
+
+
+def matmul_tflops(device: torch.device) -> float:
+    """bf16 square matmul rate on ``device`` (n=8192 on GPU: the ceiling the step's MFU is read against)."""
+    n, reps = (8192, 10) if device.type == "cuda" else (1024, 3)
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync()
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def free(*objs) -> None:
+    for o in objs:
+        if o is not None and hasattr(o, "shutdown"):
+            o.shutdown()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+BASELINE = [0]  # bytes allocated before a stage's learner (the stand-in engine's weights)
+
+
+def peak_gib() -> float:
+    """The stage's peak GPU memory above the baseline: what the learner took."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    return (torch.cuda.max_memory_allocated() - BASELINE[0]) / 2**30
+
+
+def adam_bytes(lrn) -> int:
+    return sum(
+        (v.to_local() if hasattr(v, "to_local") else v).numel() * v.element_size()
+        for st in lrn.opt.state.values()
+        for v in st.values()
+        if torch.is_tensor(v)
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="the tiny test model (a CPU dry run of the stages)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--resp-len", type=int, default=512)
+    ap.add_argument("--json", default="", help="write the figures here")
+    args = ap.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.tiny:
+        print("no CUDA device: run on a GPU machine, or --tiny for a CPU dry run")
+        return 2
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    import transformers
+
+    print(f"device {name}; torch {torch.__version__}; transformers {transformers.__version__}", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="jointrl-gpu-"))
+    try:
+        return run_stages(args, device, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        _report(args.json)
+
+
+def run_stages(args: argparse.Namespace, device: torch.device, work: Path) -> int:
+    from bench.learner_floor import step_flops
+    from rl.config.recipe import LoraConfig
+
+    model_path = build_model(work / "model", args.tiny)
+    cfg = json.loads((model_path / "config.json").read_text())
+    vocab = min(cfg["vocab_size"], 49152)  # the tokenizer's ids
+    batch = make_batch(vocab, args.prompts, args.group, args.prompt_len, args.resp_len)
+    tokens = sum(len(s.input_ids) for s in batch.samples)
+    # FLOPs of one step: the policy's forward + backward, and the reference's forward (KL term)
+    flops = step_flops(cfg, batch.samples, share_prompt=True) + step_flops(
+        cfg, batch.samples, share_prompt=True, backward=False
+    )
+    rate = matmul_tflops(device)
+    FIGURES.update(matmul_tflops=rate, step_tflop=flops / 1e12, batch_tokens=tokens)
+    print(
+        f"model {cfg['num_hidden_layers']} layers x {cfg['hidden_size']}, vocab {cfg['vocab_size']} "
+        f"; batch {len(batch.samples)} samples, {tokens} tokens, "
+        f"{flops / 1e12:.2f} TFLOP/step; bf16 matmul {rate:.0f} TFLOP/s",
+        flush=True,
+    )
+    shm = work / "shm"
+    first = batch.samples[1]  # advantage +1: the steps raise its log-probs
+    prompt, cont = first.input_ids[: first.prompt_len], first.input_ids[first.prompt_len :][:64]
+    engine = StandInEngine(model_path, device)
+    free()
+    BASELINE[0] = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+    base = None
+    with stage("1. learner, 1 worker, fp32 master + bf16 autocast") as st:
+        base = new_learner(model_path, shm, "autocast", args.lr)
+        times, ms = timed_steps(base, batch, args.steps)
+        best = min(times[1:] or times)
+        mfu = flops / best / (rate * 1e12)
+        FIGURES.update(autocast_step_s=best, autocast_first_s=times[0], autocast_peak_gib=peak_gib(), autocast_mfu=mfu)
+        FIGURES.update(autocast_grad_norm_1=ms[0]["grad/norm"], autocast_loss_policy_1=ms[0]["loss/policy"])
+        FIGURES["full_adam_bytes"] = adam_bytes(base)
+        st.detail = (
+            f"{best:.3f}s/step (first {times[0]:.2f}s), {tokens / best:.0f} tok/s, "
+            f"MFU {mfu:.1%} of the measured bf16 rate, peak {peak_gib():.1f} GiB"
+        )
+    with stage("2. weight sync: export_weights -> stand-in bf16 engine, log-probs follow") as st:
+        st.detail = check_sync(base, engine, prompt, cont, "autocast")
+    free(base)
+    base = None
+
+    engine.reset()
+    lrn = None
+    with stage("3. FSDP2 (learner.fsdp: always), a process group of one, bf16-compute policy on GPU") as st:
+        lrn = new_learner(model_path, shm, "fsdp", args.lr, fsdp="always")
+        import torch.distributed as dist
+
+        backend = dist.get_backend()
+        assert all(hasattr(p, "full_tensor") for p in lrn.model.parameters()), "parameters are not DTensors"
+        times, ms = timed_steps(lrn, batch, args.steps)
+        best = min(times[1:] or times)
+        FIGURES.update(fsdp_step_s=best, fsdp_peak_gib=peak_gib(), fsdp_mfu=flops / best / (rate * 1e12))
+        g0, pol0 = ms[0]["grad/norm"], ms[0]["loss/policy"]
+        g_ac = FIGURES.get("autocast_grad_norm_1", g0)
+        pol_ac = FIGURES.get("autocast_loss_policy_1", pol0)
+        # the same weights and batch in two bf16 schemes: the first step's gradient norm and loss agree
+        assert abs(g0 - g_ac) <= 0.05 * g_ac and abs(pol0 - pol_ac) <= 0.02, (
+            f"first step differs from the autocast learner's: grad/norm {g0:.5g} vs {g_ac:.5g}, "
+            f"loss/policy {pol0:.5f} vs {pol_ac:.5f}"
+        )
+        st.detail = (
+            f"backend {backend}; {best:.3f}s/step ({FIGURES.get('autocast_step_s', float('nan')) / best:.2f}x "
+            f"the autocast step's speed), peak {peak_gib():.1f} GiB; step-1 loss/policy {pol0:.5f} "
+            f"(autocast {pol_ac:.5f}), grad/norm {g0:.5g} ({g_ac:.5g})"
+        )
+    if lrn is not None:
+        with stage("3. FSDP2 export (DTensor gather) -> stand-in engine") as st:
+            st.detail = check_sync(lrn, engine, prompt, cont, "fsdp")
+        with stage("3. FSDP2 checkpoint (torch.distributed.checkpoint) round trip") as st:
+            ck = work / "ckpt"
+            lrn.save_checkpoint(str(ck))
+            ref = lrn.step(batch)
+            lrn.load_checkpoint(str(ck))
+            again = lrn.step(batch)
+            d = abs(again["grad/norm"] - ref["grad/norm"]) / ref["grad/norm"]
+            assert d < 1e-3, f"resumed step differs: grad/norm {again['grad/norm']} vs {ref['grad/norm']}"
+            st.detail = f"grad/norm after resume {again['grad/norm']:.6g} vs {ref['grad/norm']:.6g} (rel {d:.1e})"
+    free(lrn)
+    lrn = None
+
+    engine.reset()
+    with stage("4. LoRA rank 16 (all projections), adapters only; merged export -> engine") as st:
+        lrn = new_learner(model_path, shm, "lora", args.lr * 10, lora=LoraConfig(rank=16, alpha=32.0))
+        frozen = {
+            k: v.detach().clone() for k, v in lrn.model.named_parameters() if "lora_" not in k and "layers.0." in k
+        }
+        adapters = {
+            k: v.detach().clone() for k, v in lrn.model.named_parameters() if "lora_B" in k and "layers.0." in k
+        }
+        times, _ = timed_steps(lrn, batch, args.steps)
+        best = min(times[1:] or times)
+        now = dict(lrn.model.named_parameters())
+        assert all(torch.equal(now[k], v) for k, v in frozen.items()), "a base weight changed under LoRA"
+        assert all(not torch.equal(now[k], v) for k, v in adapters.items()), "an adapter did not change"
+        share = adam_bytes(lrn) / FIGURES["full_adam_bytes"] if FIGURES.get("full_adam_bytes") else float("nan")
+        FIGURES.update(lora_step_s=best, lora_peak_gib=peak_gib(), lora_adam_share=share)
+        st.detail = f"{best:.3f}s/step, peak {peak_gib():.1f} GiB, AdamW state {share:.2%} of full; " + check_sync(
+            lrn, engine, prompt, cont, "lora"
+        )
+    free(lrn)
+    lrn = None
+
+    with stage("5. activation checkpointing (per decoder layer)") as st:
+        lrn = new_learner(model_path, shm, "ckpt", args.lr, activation_checkpointing=True)
+        times, _ = timed_steps(lrn, batch, args.steps)
+        best = min(times[1:] or times)
+        FIGURES.update(ac_step_s=best, ac_peak_gib=peak_gib())
+        st.detail = (
+            f"{best:.3f}s/step ({best / FIGURES.get('autocast_step_s', float('nan')):.2f}x stage 1), "
+            f"peak {peak_gib():.1f} GiB (stage 1: {FIGURES.get('autocast_peak_gib', float('nan')):.1f})"
+        )
+    free(lrn)
+    return 0 if all(s == "PASS" for _, s, _ in RESULTS) else 1
+
+
+def _report(path: str) -> None:
+    print("\nsummary (bench/gpu_learner.py):")
+    for name, status, detail in RESULTS:
+        print(f"  {status:4s}  {name}: {detail}")
+    print("figures: " + json.dumps({k: round(v, 6) for k, v in FIGURES.items()}))
+    if path:
+        Path(path).write_text(json.dumps({"results": RESULTS, "figures": FIGURES}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
