@@ -67,6 +67,7 @@ def ray_cpus():
         runtime_env={
             "env_vars": {
                 "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # engine core processes, as in a run (tests/conftest.py)
                 "JOINTRL_CACHE": os.environ["JOINTRL_CACHE"],
                 "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isdir(p)),
             }

