@@ -248,6 +248,12 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--resp-len", type=int, default=512)
     ap.add_argument("--json", default="", help="write the figures here")
+    ap.add_argument(
+        "--sweep",
+        default="",
+        help="instead of the stages: stage 1's step at each of these learner.micro_batch_tokens (comma-separated), "
+        "then one CUDA-profiled step at the last",
+    )
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -260,7 +266,7 @@ def main() -> int:
     print(f"device {name}; torch {torch.__version__}; transformers {transformers.__version__}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="jointrl-gpu-"))
     try:
-        return run_stages(args, device, work)
+        return sweep(args, device, work) if args.sweep else run_stages(args, device, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         _report(args.json)
@@ -382,6 +388,53 @@ def run_stages(args: argparse.Namespace, device: torch.device, work: Path) -> in
             f"{best:.3f}s/step ({best / FIGURES.get('autocast_step_s', float('nan')):.2f}x stage 1), "
             f"peak {peak_gib():.1f} GiB (stage 1: {FIGURES.get('autocast_peak_gib', float('nan')):.1f})"
         )
+    free(lrn)
+    return 0 if all(s == "PASS" for _, s, _ in RESULTS) else 1
+
+
+def sweep(args: argparse.Namespace, device: torch.device, work: Path) -> int:
+    """Stage 1's learner at several micro-batch sizes (s/step, MFU, peak), then where one step's time goes."""
+    from bench.learner_floor import step_flops
+
+    model_path = build_model(work / "model", args.tiny)
+    cfg = json.loads((model_path / "config.json").read_text())
+    batch = make_batch(min(cfg["vocab_size"], 49152), args.prompts, args.group, args.prompt_len, args.resp_len)
+    flops = step_flops(cfg, batch.samples, share_prompt=True) + step_flops(
+        cfg, batch.samples, share_prompt=True, backward=False
+    )
+    rate = matmul_tflops(device)
+    sizes = [int(x) for x in args.sweep.split(",")]
+    lrn = None
+    for mbt in sizes:
+        with stage(f"step at learner.micro_batch_tokens={mbt}") as st:
+            free(lrn)
+            lrn = new_learner(model_path, work / "shm", f"mbt{mbt}", args.lr, micro_batch_tokens=mbt)
+            times, _ = timed_steps(lrn, batch, args.steps)
+            best = min(times[1:] or times)
+            FIGURES[f"mbt{mbt}_step_s"], FIGURES[f"mbt{mbt}_mfu"] = best, flops / best / (rate * 1e12)
+            FIGURES[f"mbt{mbt}_peak_gib"] = peak_gib()
+            st.detail = f"{best:.3f}s/step, MFU {flops / best / (rate * 1e12):.1%}, peak {peak_gib():.1f} GiB"
+    with stage(f"profile of one step at learner.micro_batch_tokens={sizes[-1]}") as st:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        sync()
+        t0 = time.perf_counter()
+        with profile(activities=acts) as prof:
+            lrn.step(batch)
+            sync()
+        wall = time.perf_counter() - t0
+        ev = prof.key_averages()
+        dev = lambda e: getattr(e, "self_device_time_total", 0.0)  # noqa: E731
+        kernels = [e for e in ev if "CUDA" in str(getattr(e, "device_type", ""))]  # the kernels themselves, not ops
+        busy = sum(dev(e) for e in kernels) / 1e6
+        print(f"profiled step {wall:.2f} s wall; kernels {busy:.2f} s (GPU busy {busy / wall:.0%})")
+        for e in sorted(kernels, key=lambda e: -dev(e))[:12]:
+            print(f"  {e.key[:70]:70s} calls {e.count:6d}  device {dev(e) / 1e6:7.3f} s")
+        for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]:
+            print(f"  cpu {e.key[:66]:66s} calls {e.count:6d}  self cpu {e.self_cpu_time_total / 1e6:7.3f} s")
+        FIGURES.update(profile_wall_s=wall, profile_kernel_s=busy)
+        st.detail = f"{wall:.2f} s under the profiler, GPU kernels {busy:.2f} s ({busy / wall:.0%} busy)"
     free(lrn)
     return 0 if all(s == "PASS" for _, s, _ in RESULTS) else 1
 
