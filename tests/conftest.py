@@ -92,9 +92,6 @@ def recipe_copy(tmp_path):
     return recipe_copier(tmp_path)
 
 
-# Fixtures that start a Ray cluster: a test that uses one is in the slow tier whatever its own
-# marks say (starting Ray costs 5-10 s before the test does anything; the fast tier is the
-# developer's loop and has a 3-minute budget). The full suite runs them.
 # Tests that spawn 2 learner ranks in one process tree: each rank's learner takes the GPU when there is one,
 # and NCCL refuses two ranks on one device ("Duplicate GPU detected", seen on an H200); they run over gloo on CPU.
 def _cuda() -> bool:
@@ -107,6 +104,9 @@ gloo_ranks = pytest.mark.skipif(
     _cuda(), reason="2 learner ranks on this process tree's one device: NCCL needs a GPU per rank (CPU/gloo test)"
 )
 
+# Fixtures that start a Ray cluster: a test that uses one is in the slow tier whatever its own
+# marks say (starting Ray costs 5-10 s before the test does anything; the fast tier is the
+# developer's loop and has a 3-minute budget). The full suite runs them.
 RAY_FIXTURES = frozenset({"ray_session", "ray2"})
 
 
@@ -114,3 +114,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if RAY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # Files with slow tests first, in their order, then the rest: with the README's `-n 2 --dist loadscope`
+    # (a file's tests on one worker, so its shared runs start once) the end-to-end files start early and
+    # the many short tests fill both workers at the end, instead of one long run ending the suite alone.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

@@ -263,11 +263,21 @@ def _code_check(tasks):
 
 
 def _terminal_check(tasks):
+    """Every task's reference, no-op and bare prefill, over 4 threads with a terminal each (most of the time
+    is waiting: sandbox starts and the prefill's 2 s timeout)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        bad = [b for part in pool.map(_terminal_check_part, [tasks[i::4] for i in range(4)]) for b in part]
+    assert not bad, "\n".join(bad)
+
+
+def _terminal_check_part(tasks) -> list[str]:
     from envs.terminal import TerminalEnv
 
     # A short command timeout: a bare `wc -l` (a prefill alone) waits on the terminal until it.
     env = TerminalEnv(command_timeout_s=2.0)
-    bad = []
+    bad: list[str] = []
     try:
         for t in tasks:
             env.reset(t)
@@ -291,7 +301,7 @@ def _terminal_check(tasks):
                 bad.append(f"{t.id}: the prefill alone scores {info['reward']}: {info['check_output'][:300]}")
     finally:
         env.close()
-    assert not bad, "\n".join(bad)
+    return bad
 
 
 def _toolcall_traj(task, text):
