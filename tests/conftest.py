@@ -21,9 +21,22 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # vLLM's engine core in the process that starts the engine (vLLM's own switch; on CPU it also drops the separate
 # worker process): two fewer processes importing vLLM per engine start, a tiny-recipe run 52 -> 31 s (2 cores,
 # AMD EPYC). Runs, rewards and samples are the same (same seeds, same kernels); the tests that look at the engine
-# core process (test_faults' pool tests, test_reaper, test_integration's CLI run) set it back to 1, the layout
-# `jointrl train` uses. `VLLM_ENABLE_V1_MULTIPROCESSING=1 pytest ...` runs every engine that way.
+# core process (test_faults' pool tests: killed workers and engine cores, weight syncs into the worker process;
+# test_reaper) set it back to 1, the layout `jointrl train` uses. `VLLM_ENABLE_V1_MULTIPROCESSING=1 pytest ...` runs every engine that way.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@pytest.fixture(autouse=True)
+def _keep_ld_preload():
+    """vLLM's CPU platform puts its OpenMP library into this process's LD_PRELOAD when a test builds an engine
+    config here (vllm/platforms/cpu.py); put it back after each test, so the next test's subprocesses and
+    preload arithmetic see the environment the session started with."""
+    before = os.environ.get("LD_PRELOAD")
+    yield
+    if before is None:
+        os.environ.pop("LD_PRELOAD", None)
+    else:
+        os.environ["LD_PRELOAD"] = before
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,7 @@ def test_auto_follows_the_learners_precision(monkeypatch):
     from rl.config.recipe import ModelConfig
 
     monkeypatch.setattr(memory, "jemalloc_path", lambda: FAKE)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)  # learner_env below reads this process's preload
     assert memory.resolve_allocator("auto", fp32=False) == "jemalloc"
     assert memory.resolve_allocator("auto", fp32=True) == "system"
     assert memory.resolve_allocator("jemalloc", fp32=True) == "jemalloc"

@@ -166,7 +166,6 @@ def cli_run(tmp_path_factory) -> CliRun:
         **os.environ,
         "WANDB_MODE": "offline",
         "PYTHONPATH": os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # the engine process layout of `jointrl train` (tests/conftest.py)
     }
     shm0 = _shm_bytes()
     proc = train_until_step_1(recipe, tmp / "out", env)
