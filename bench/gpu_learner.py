@@ -34,7 +34,9 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -272,171 +274,205 @@ def main() -> int:
         _report(args.json)
 
 
-def run_stages(args: argparse.Namespace, device: torch.device, work: Path) -> int:
+@dataclass
+class Setup:
+    """What every stage shares: the model folder, its config, the batch and its FLOPs, the bf16 matmul rate."""
+
+    args: argparse.Namespace
+    work: Path
+    model_path: Path
+    cfg: dict
+    batch: Any
+    flops: float
+    rate: float  # TFLOP/s
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.input_ids) for s in self.batch.samples)
+
+    def learner(self, name: str, lr: float | None = None, **learner_kw):
+        return new_learner(self.model_path, self.work / "shm", name, lr or self.args.lr, **learner_kw)
+
+    def mfu(self, seconds: float) -> float:
+        return self.flops / seconds / (self.rate * 1e12)
+
+
+def setup(args: argparse.Namespace, device: torch.device, work: Path) -> Setup:
     from bench.learner_floor import step_flops
-    from rl.config.recipe import LoraConfig
 
     model_path = build_model(work / "model", args.tiny)
     cfg = json.loads((model_path / "config.json").read_text())
     vocab = min(cfg["vocab_size"], 49152)  # the tokenizer's ids
     batch = make_batch(vocab, args.prompts, args.group, args.prompt_len, args.resp_len)
-    tokens = sum(len(s.input_ids) for s in batch.samples)
     # FLOPs of one step: the policy's forward + backward, and the reference's forward (KL term)
-    flops = step_flops(cfg, batch.samples, share_prompt=True) + step_flops(
-        cfg, batch.samples, share_prompt=True, backward=False
-    )
-    rate = matmul_tflops(device)
-    FIGURES.update(matmul_tflops=rate, step_tflop=flops / 1e12, batch_tokens=tokens)
+    flops = step_flops(cfg, batch.samples, share_prompt=True)
+    flops += step_flops(cfg, batch.samples, share_prompt=True, backward=False)
+    su = Setup(args, work, model_path, cfg, batch, flops, matmul_tflops(device))
+    FIGURES.update(matmul_tflops=su.rate, step_tflop=flops / 1e12, batch_tokens=su.tokens)
     print(
-        f"model {cfg['num_hidden_layers']} layers x {cfg['hidden_size']}, vocab {cfg['vocab_size']} "
-        f"; batch {len(batch.samples)} samples, {tokens} tokens, "
-        f"{flops / 1e12:.2f} TFLOP/step; bf16 matmul {rate:.0f} TFLOP/s",
+        f"model {cfg['num_hidden_layers']} layers x {cfg['hidden_size']}, vocab {cfg['vocab_size']}; batch "
+        f"{len(batch.samples)} samples, {su.tokens} tokens, {flops / 1e12:.2f} TFLOP/step; bf16 matmul "
+        f"{su.rate:.0f} TFLOP/s",
         flush=True,
     )
-    shm = work / "shm"
-    first = batch.samples[1]  # advantage +1: the steps raise its log-probs
-    prompt, cont = first.input_ids[: first.prompt_len], first.input_ids[first.prompt_len :][:64]
-    engine = StandInEngine(model_path, device)
+    return su
+
+
+def run_stages(args: argparse.Namespace, device: torch.device, work: Path) -> int:
+    su = setup(args, device, work)
+    first = su.batch.samples[1]  # advantage +1: the steps raise its log-probs
+    probe = (first.input_ids[: first.prompt_len], first.input_ids[first.prompt_len :][:64])
+    engine = StandInEngine(su.model_path, device)
     free()
     BASELINE[0] = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    for run in (stage_autocast, stage_fsdp, stage_lora, stage_checkpointing):
+        engine.reset()
+        lrn = None
+        try:
+            lrn = run(su, engine, probe)
+        finally:
+            free(lrn)
+    return 0 if all(s == "PASS" for _, s, _ in RESULTS) else 1
 
-    base = None
+
+def _best(times: list[float]) -> float:
+    return min(times[1:] or times)  # the first step pays CUDA's warm-up
+
+
+def stage_autocast(su: Setup, engine: StandInEngine, probe: tuple[list[int], list[int]]):
+    """Stages 1 and 2: the default GPU learner's steps, then its export followed by the engine."""
+    lrn = None
     with stage("1. learner, 1 worker, fp32 master + bf16 autocast") as st:
-        base = new_learner(model_path, shm, "autocast", args.lr)
-        times, ms = timed_steps(base, batch, args.steps)
-        best = min(times[1:] or times)
-        mfu = flops / best / (rate * 1e12)
-        FIGURES.update(autocast_step_s=best, autocast_first_s=times[0], autocast_peak_gib=peak_gib(), autocast_mfu=mfu)
+        lrn = su.learner("autocast")
+        times, ms = timed_steps(lrn, su.batch, su.args.steps)
+        best = _best(times)
+        FIGURES.update(autocast_step_s=best, autocast_first_s=times[0], autocast_peak_gib=peak_gib())
+        FIGURES.update(autocast_mfu=su.mfu(best), full_adam_bytes=adam_bytes(lrn))
         FIGURES.update(autocast_grad_norm_1=ms[0]["grad/norm"], autocast_loss_policy_1=ms[0]["loss/policy"])
-        FIGURES["full_adam_bytes"] = adam_bytes(base)
         st.detail = (
-            f"{best:.3f}s/step (first {times[0]:.2f}s), {tokens / best:.0f} tok/s, "
-            f"MFU {mfu:.1%} of the measured bf16 rate, peak {peak_gib():.1f} GiB"
+            f"{best:.3f}s/step (first {times[0]:.2f}s), {su.tokens / best:.0f} tok/s, "
+            f"MFU {su.mfu(best):.1%} of the measured bf16 rate, peak {peak_gib():.1f} GiB"
         )
-    with stage("2. weight sync: export_weights -> stand-in bf16 engine, log-probs follow") as st:
-        st.detail = check_sync(base, engine, prompt, cont, "autocast")
-    free(base)
-    base = None
+    if lrn is not None:
+        with stage("2. weight sync: export_weights -> stand-in bf16 engine, log-probs follow") as st:
+            st.detail = check_sync(lrn, engine, *probe, "autocast")
+    return lrn
 
-    engine.reset()
+
+def stage_fsdp(su: Setup, engine: StandInEngine, probe: tuple[list[int], list[int]]):
+    """Stage 3: FSDP2 at one rank (bf16-compute policy on GPU): steps equal to stage 1's, export, DCP resume."""
     lrn = None
     with stage("3. FSDP2 (learner.fsdp: always), a process group of one, bf16-compute policy on GPU") as st:
-        lrn = new_learner(model_path, shm, "fsdp", args.lr, fsdp="always")
         import torch.distributed as dist
 
-        backend = dist.get_backend()
+        lrn = su.learner("fsdp", fsdp="always")
         assert all(hasattr(p, "full_tensor") for p in lrn.model.parameters()), "parameters are not DTensors"
-        times, ms = timed_steps(lrn, batch, args.steps)
-        best = min(times[1:] or times)
-        FIGURES.update(fsdp_step_s=best, fsdp_peak_gib=peak_gib(), fsdp_mfu=flops / best / (rate * 1e12))
+        times, ms = timed_steps(lrn, su.batch, su.args.steps)
+        best = _best(times)
+        FIGURES.update(fsdp_step_s=best, fsdp_peak_gib=peak_gib(), fsdp_mfu=su.mfu(best))
         g0, pol0 = ms[0]["grad/norm"], ms[0]["loss/policy"]
-        g_ac = FIGURES.get("autocast_grad_norm_1", g0)
-        pol_ac = FIGURES.get("autocast_loss_policy_1", pol0)
+        g_ac, pol_ac = FIGURES.get("autocast_grad_norm_1", g0), FIGURES.get("autocast_loss_policy_1", pol0)
         # the same weights and batch in two bf16 schemes: the first step's gradient norm and loss agree
         assert abs(g0 - g_ac) <= 0.05 * g_ac and abs(pol0 - pol_ac) <= 0.02, (
             f"first step differs from the autocast learner's: grad/norm {g0:.5g} vs {g_ac:.5g}, "
             f"loss/policy {pol0:.5f} vs {pol_ac:.5f}"
         )
         st.detail = (
-            f"backend {backend}; {best:.3f}s/step ({FIGURES.get('autocast_step_s', float('nan')) / best:.2f}x "
-            f"the autocast step's speed), peak {peak_gib():.1f} GiB; step-1 loss/policy {pol0:.5f} "
-            f"(autocast {pol_ac:.5f}), grad/norm {g0:.5g} ({g_ac:.5g})"
+            f"backend {dist.get_backend()}; {best:.3f}s/step "
+            f"({FIGURES.get('autocast_step_s', float('nan')) / best:.2f}x the autocast step's speed), peak "
+            f"{peak_gib():.1f} GiB; step-1 loss/policy {pol0:.5f} (autocast {pol_ac:.5f}), grad/norm {g0:.5g} ({g_ac:.5g})"
         )
-    if lrn is not None:
-        with stage("3. FSDP2 export (DTensor gather) -> stand-in engine") as st:
-            st.detail = check_sync(lrn, engine, prompt, cont, "fsdp")
-        with stage("3. FSDP2 checkpoint (torch.distributed.checkpoint) round trip") as st:
-            ck = work / "ckpt"
-            lrn.save_checkpoint(str(ck))
-            ref = lrn.step(batch)
-            lrn.load_checkpoint(str(ck))
-            again = lrn.step(batch)
-            d = abs(again["grad/norm"] - ref["grad/norm"]) / ref["grad/norm"]
-            assert d < 1e-3, f"resumed step differs: grad/norm {again['grad/norm']} vs {ref['grad/norm']}"
-            st.detail = f"grad/norm after resume {again['grad/norm']:.6g} vs {ref['grad/norm']:.6g} (rel {d:.1e})"
-    free(lrn)
-    lrn = None
+    if lrn is None:
+        return None
+    with stage("3. FSDP2 export (DTensor gather) -> stand-in engine") as st:
+        st.detail = check_sync(lrn, engine, *probe, "fsdp")
+    with stage("3. FSDP2 checkpoint (torch.distributed.checkpoint) round trip") as st:
+        lrn.save_checkpoint(str(su.work / "ckpt"))
+        ref = lrn.step(su.batch)
+        lrn.load_checkpoint(str(su.work / "ckpt"))
+        again = lrn.step(su.batch)
+        d = abs(again["grad/norm"] - ref["grad/norm"]) / ref["grad/norm"]
+        assert d < 1e-3, f"resumed step differs: grad/norm {again['grad/norm']} vs {ref['grad/norm']}"
+        st.detail = f"grad/norm after resume {again['grad/norm']:.6g} vs {ref['grad/norm']:.6g} (rel {d:.1e})"
+    return lrn
 
-    engine.reset()
+
+def stage_lora(su: Setup, engine: StandInEngine, probe: tuple[list[int], list[int]]):
+    """Stage 4: LoRA rank 16: only adapters change, AdamW state against full, merged export followed."""
+    from rl.config.recipe import LoraConfig
+
+    lrn = None
     with stage("4. LoRA rank 16 (all projections), adapters only; merged export -> engine") as st:
-        lrn = new_learner(model_path, shm, "lora", args.lr * 10, lora=LoraConfig(rank=16, alpha=32.0))
-        frozen = {
-            k: v.detach().clone() for k, v in lrn.model.named_parameters() if "lora_" not in k and "layers.0." in k
-        }
-        adapters = {
-            k: v.detach().clone() for k, v in lrn.model.named_parameters() if "lora_B" in k and "layers.0." in k
-        }
-        times, _ = timed_steps(lrn, batch, args.steps)
-        best = min(times[1:] or times)
+        lrn = su.learner("lora", su.args.lr * 10, lora=LoraConfig(rank=16, alpha=32.0))
+        layer0 = {k: v.detach().clone() for k, v in lrn.model.named_parameters() if "layers.0." in k}
+        times, _ = timed_steps(lrn, su.batch, su.args.steps)
+        best = _best(times)
         now = dict(lrn.model.named_parameters())
-        assert all(torch.equal(now[k], v) for k, v in frozen.items()), "a base weight changed under LoRA"
-        assert all(not torch.equal(now[k], v) for k, v in adapters.items()), "an adapter did not change"
+        assert all(torch.equal(now[k], v) for k, v in layer0.items() if "lora_" not in k), "a base weight changed"
+        assert all(not torch.equal(now[k], v) for k, v in layer0.items() if "lora_B" in k), "an adapter did not change"
         share = adam_bytes(lrn) / FIGURES["full_adam_bytes"] if FIGURES.get("full_adam_bytes") else float("nan")
         FIGURES.update(lora_step_s=best, lora_peak_gib=peak_gib(), lora_adam_share=share)
-        st.detail = f"{best:.3f}s/step, peak {peak_gib():.1f} GiB, AdamW state {share:.2%} of full; " + check_sync(
-            lrn, engine, prompt, cont, "lora"
-        )
-    free(lrn)
-    lrn = None
+        sync_detail = check_sync(lrn, engine, *probe, "lora")
+        st.detail = f"{best:.3f}s/step, peak {peak_gib():.1f} GiB, AdamW state {share:.2%} of full; {sync_detail}"
+    return lrn
 
+
+def stage_checkpointing(su: Setup, engine: StandInEngine, probe: tuple[list[int], list[int]]):
+    """Stage 5: activation checkpointing: peak memory and step time against stage 1."""
+    lrn = None
     with stage("5. activation checkpointing (per decoder layer)") as st:
-        lrn = new_learner(model_path, shm, "ckpt", args.lr, activation_checkpointing=True)
-        times, _ = timed_steps(lrn, batch, args.steps)
-        best = min(times[1:] or times)
+        lrn = su.learner("ckpt", activation_checkpointing=True)
+        times, _ = timed_steps(lrn, su.batch, su.args.steps)
+        best = _best(times)
         FIGURES.update(ac_step_s=best, ac_peak_gib=peak_gib())
         st.detail = (
             f"{best:.3f}s/step ({best / FIGURES.get('autocast_step_s', float('nan')):.2f}x stage 1), "
             f"peak {peak_gib():.1f} GiB (stage 1: {FIGURES.get('autocast_peak_gib', float('nan')):.1f})"
         )
-    free(lrn)
-    return 0 if all(s == "PASS" for _, s, _ in RESULTS) else 1
+    return lrn
 
 
 def sweep(args: argparse.Namespace, device: torch.device, work: Path) -> int:
     """Stage 1's learner at several micro-batch sizes (s/step, MFU, peak), then where one step's time goes."""
-    from bench.learner_floor import step_flops
-
-    model_path = build_model(work / "model", args.tiny)
-    cfg = json.loads((model_path / "config.json").read_text())
-    batch = make_batch(min(cfg["vocab_size"], 49152), args.prompts, args.group, args.prompt_len, args.resp_len)
-    flops = step_flops(cfg, batch.samples, share_prompt=True) + step_flops(
-        cfg, batch.samples, share_prompt=True, backward=False
-    )
-    rate = matmul_tflops(device)
+    su = setup(args, device, work)
     sizes = [int(x) for x in args.sweep.split(",")]
     lrn = None
     for mbt in sizes:
         with stage(f"step at learner.micro_batch_tokens={mbt}") as st:
             free(lrn)
-            lrn = new_learner(model_path, work / "shm", f"mbt{mbt}", args.lr, micro_batch_tokens=mbt)
-            times, _ = timed_steps(lrn, batch, args.steps)
-            best = min(times[1:] or times)
-            FIGURES[f"mbt{mbt}_step_s"], FIGURES[f"mbt{mbt}_mfu"] = best, flops / best / (rate * 1e12)
-            FIGURES[f"mbt{mbt}_peak_gib"] = peak_gib()
-            st.detail = f"{best:.3f}s/step, MFU {flops / best / (rate * 1e12):.1%}, peak {peak_gib():.1f} GiB"
-    with stage(f"profile of one step at learner.micro_batch_tokens={sizes[-1]}") as st:
-        from torch.profiler import ProfilerActivity, profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        sync()
-        t0 = time.perf_counter()
-        with profile(activities=acts) as prof:
-            lrn.step(batch)
-            sync()
-        wall = time.perf_counter() - t0
-        ev = prof.key_averages()
-        dev = lambda e: getattr(e, "self_device_time_total", 0.0)  # noqa: E731
-        kernels = [e for e in ev if "CUDA" in str(getattr(e, "device_type", ""))]  # the kernels themselves, not ops
-        busy = sum(dev(e) for e in kernels) / 1e6
-        print(f"profiled step {wall:.2f} s wall; kernels {busy:.2f} s (GPU busy {busy / wall:.0%})")
-        for e in sorted(kernels, key=lambda e: -dev(e))[:12]:
-            print(f"  {e.key[:70]:70s} calls {e.count:6d}  device {dev(e) / 1e6:7.3f} s")
-        for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]:
-            print(f"  cpu {e.key[:66]:66s} calls {e.count:6d}  self cpu {e.self_cpu_time_total / 1e6:7.3f} s")
-        FIGURES.update(profile_wall_s=wall, profile_kernel_s=busy)
-        st.detail = f"{wall:.2f} s under the profiler, GPU kernels {busy:.2f} s ({busy / wall:.0%} busy)"
+            lrn = su.learner(f"mbt{mbt}", micro_batch_tokens=mbt)
+            best = _best(timed_steps(lrn, su.batch, args.steps)[0])
+            FIGURES.update({f"mbt{mbt}_step_s": best, f"mbt{mbt}_mfu": su.mfu(best), f"mbt{mbt}_peak_gib": peak_gib()})
+            st.detail = f"{best:.3f}s/step, MFU {su.mfu(best):.1%}, peak {peak_gib():.1f} GiB"
+    if lrn is not None:
+        with stage(f"profile of one step at learner.micro_batch_tokens={sizes[-1]}") as st:
+            st.detail = profile_step(lrn, su.batch, device)
     free(lrn)
     return 0 if all(s == "PASS" for _, s, _ in RESULTS) else 1
+
+
+def profile_step(lrn, batch, device: torch.device) -> str:
+    """One step under ``torch.profiler``: GPU kernel time against the wall, the top kernels and host ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        lrn.step(batch)
+        sync()
+    wall = time.perf_counter() - t0
+    ev = prof.key_averages()
+    dev = lambda e: getattr(e, "self_device_time_total", 0.0)  # noqa: E731
+    kernels = [e for e in ev if "CUDA" in str(getattr(e, "device_type", ""))]  # the kernels themselves, not ops
+    busy = sum(dev(e) for e in kernels) / 1e6
+    print(f"profiled step {wall:.2f} s wall; kernels {busy:.2f} s (GPU busy {busy / wall:.0%})")
+    for e in sorted(kernels, key=lambda e: -dev(e))[:12]:
+        print(f"  {e.key[:70]:70s} calls {e.count:6d}  device {dev(e) / 1e6:7.3f} s")
+    for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]:
+        print(f"  cpu {e.key[:66]:66s} calls {e.count:6d}  self cpu {e.self_cpu_time_total / 1e6:7.3f} s")
+    FIGURES.update(profile_wall_s=wall, profile_kernel_s=busy)
+    return f"{wall:.2f} s under the profiler, GPU kernels {busy:.2f} s ({busy / wall:.0%} busy)"
 
 
 def _report(path: str) -> None:
