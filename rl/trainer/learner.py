@@ -38,9 +38,9 @@ policy's final hidden states (trained with the policy, its own learning rate ``a
 ``separate`` is its own copy of the model's transformer with a scalar head and its own
 optimizer. Neither is sent to the engines.
 
-Several learners (``world_size > 1``, see ``rl.trainer.distributed`` and ``rl.trainer.fsdp``): the
-policy and the reference are sharded with FSDP2 (``fully_shard`` per decoder layer + root), so
-each rank holds 1/N of the parameters, gradients and AdamW state; gradients are SUM-reduced
+Several learners (``world_size > 1``, or one with ``learner.fsdp: always``; see ``rl.trainer.distributed``
+and ``rl.trainer.fsdp``): the policy and the reference are sharded with FSDP2 (``fully_shard`` per decoder
+layer + root), so each rank holds 1/N of the parameters, gradients and AdamW state; gradients are SUM-reduced
 (each rank's loss uses the whole batch's denominators), so the update equals the single
 learner's on the same batch. Every forward of a sharded model is a collective, so the ranks
 pad their micro-batches and trunk calls to the same counts (``fsdp.Lockstep``). The value head
