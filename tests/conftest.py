@@ -39,6 +39,22 @@ def _keep_ld_preload():
         os.environ["LD_PRELOAD"] = before
 
 
+def shm_files() -> set[str]:
+    """The files in /dev/shm now (what ``shm_left_bytes`` compares against)."""
+    return {str(p) for p in Path("/dev/shm").iterdir() if p.is_file()} if os.path.isdir("/dev/shm") else set()
+
+
+def shm_left_bytes(before: set[str]) -> int:
+    """Bytes of the /dev/shm files created since ``before`` that no live process maps or holds open: what a
+    finished run left behind. A run going on beside this one (the other xdist worker) uses its files, so they
+    do not count."""
+    from rollout.pool import _in_use
+
+    new = shm_files() - before
+    left = new - _in_use(new)
+    return sum(os.path.getsize(p) for p in left if os.path.exists(p))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
     """Local HF folder of ``embedded:tiny`` (a ~1M-param Qwen2 with a ChatML tokenizer)."""

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import train_until_step_1
+from conftest import shm_files, shm_left_bytes, train_until_step_1
 from rollout.reaper import start_time
 
 from rl.driver.loop import BadStepGuard, RunAborted
@@ -461,10 +461,6 @@ def test_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path: Path
 # ---------------------------------------------------------------- SIGTERM
 
 
-def _shm_bytes() -> int:
-    return sum(f.stat().st_size for f in Path("/dev/shm").iterdir() if f.is_file())
-
-
 @pytest.mark.slow
 def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> None:
     def edit(d: dict) -> None:
@@ -473,7 +469,7 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
 
     recipe = recipe_copy("tiny.yaml", edit=edit)
     out = tmp_path / "out"
-    shm0 = _shm_bytes()
+    shm0 = shm_files()
     proc = train_until_step_1(recipe, out)
     try:
         proc.send_signal(signal.SIGTERM)
@@ -488,4 +484,4 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
     assert steps[:2] == [0, 1] and steps == list(range(len(steps)))
     assert not (out / ".live.json").exists() and not (out / "DONE").exists()
     time.sleep(2)
-    assert _shm_bytes() - shm0 < 50 * 2**20, "engines and the weights folder were freed"
+    assert shm_left_bytes(shm0) < 50 * 2**20, "engines and the weights folder were freed"

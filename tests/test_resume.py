@@ -25,6 +25,10 @@ from runlog import comparable_steps
 
 pytestmark = pytest.mark.slow
 
+# vLLM's process layout, as `jointrl train` ships it: a killed run's engine processes and segments are recorded
+# in its .live.json and freed by the resumed run (an in-process engine core's are not: tests/conftest.py).
+_ENV = {**os.environ, "WANDB_MODE": "disabled", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+
 
 def _recipe(recipe_copy, out: Path) -> Path:
     def edit(d: dict) -> None:
@@ -52,7 +56,7 @@ def _run(recipe: Path, *overrides: str) -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "WANDB_MODE": "disabled"},
+        env=_ENV,
     )
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -85,7 +89,7 @@ class KilledRun:
     out: Path  # the run's output folder, after the resume
     killed_log: list[str]  # metrics.jsonl as the SIGKILL left it (before the torn line was added)
     done_after_kill: bool  # DONE was written by the killed run
-    leaked: set[str]  # /dev/shm names the killed run left
+    leaked: set[str]  # what its .live.json names (weights folder, engine segments), there after the kill
     still: set[str]  # of those, the ones still there after the resume
 
 
@@ -97,7 +101,7 @@ def _kill_after_step_3(recipe: Path, out: Path) -> None:
         [str(exe), "train", str(recipe)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, "WANDB_MODE": "disabled"},
+        env=_ENV,
         start_new_session=True,
     )
     log = out / "metrics.jsonl"
@@ -123,7 +127,6 @@ def killed_run(tmp_path_factory) -> KilledRun:
     tmp = tmp_path_factory.mktemp("killed")
     b = tmp / "b"
     recipe = _recipe(recipe_copier(tmp), b)
-    shm_before = set(os.listdir("/dev/shm"))
     _kill_after_step_3(recipe, b)
     killed_log = (b / "metrics.jsonl").read_text().splitlines()
     done_after_kill = (b / "DONE").exists()
@@ -131,9 +134,12 @@ def killed_run(tmp_path_factory) -> KilledRun:
         f.write('{"step": 4, "reward')
     # Ray's own processes die with their driver; give them a moment before the next run starts.
     time.sleep(3)
-    leaked = set(os.listdir("/dev/shm")) - shm_before
+    # The run's own shared memory, as its driver recorded it (another test's run beside this one has its own).
+    live = json.loads((b / ".live.json").read_text())
+    named = [live["shm_dir"]] + [p for _, segments in live.get("engines", []) for p in segments]
+    leaked = {p for p in named if os.path.exists(p)}
     _run(recipe, "run.resume=auto")
-    return KilledRun(b, killed_log, done_after_kill, leaked, {n for n in leaked if os.path.exists(f"/dev/shm/{n}")})
+    return KilledRun(b, killed_log, done_after_kill, leaked, {p for p in leaked if os.path.exists(p)})
 
 
 def test_resume_auto_continues_exactly(killed_run: KilledRun, full_run: Path) -> None:
@@ -161,7 +167,7 @@ def test_sigkilled_driver_resumes_exactly(killed_run: KilledRun, full_run: Path)
     _assert_same_steps(comparable_steps(b / "metrics.jsonl"), comparable_steps(full_run / "metrics.jsonl"))
     # The killed run's weights folder is always freed; its engines' segments are freed once their
     # orphaned engine processes have exited (best effort, waited for up to 60 s, else a warning).
-    assert not {n for n in killed_run.still if n.startswith("jointrl-")}, (
+    assert not {p for p in killed_run.still if p.startswith("/dev/shm/jointrl-")}, (
         f"left in /dev/shm: {sorted(killed_run.still)}"
     )
     assert (b / "DONE").is_file()
