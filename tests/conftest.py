@@ -21,8 +21,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # vLLM's engine core in the process that starts the engine (vLLM's own switch; on CPU it also drops the separate
 # worker process): two fewer processes importing vLLM per engine start, a tiny-recipe run 52 -> 31 s (2 cores,
 # AMD EPYC). Runs, rewards and samples are the same (same seeds, same kernels); the tests that look at the engine
-# core process (test_faults' pool tests: killed workers and engine cores, weight syncs into the worker process;
-# test_reaper) set it back to 1, the layout `jointrl train` uses. `VLLM_ENABLE_V1_MULTIPROCESSING=1 pytest ...` runs every engine that way.
+# core process or kill a run (test_faults' pool tests, test_reaper, test_resume, test_integration's CLI run: an
+# in-process core's segments are not recorded for freeing after a SIGKILL) set it back to 1, the layout
+# `jointrl train` uses. `VLLM_ENABLE_V1_MULTIPROCESSING=1 pytest ...` runs every engine that way.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
