@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.learner_memory import optim_bytes  # noqa: E402
+
 RESULTS: list[tuple[str, str, str]] = []  # (stage, PASS/FAIL, detail)
 FIGURES: dict[str, float] = {}
 
@@ -231,15 +233,6 @@ def peak_gib() -> float:
     return (torch.cuda.max_memory_allocated() - BASELINE[0]) / 2**30
 
 
-def adam_bytes(lrn) -> int:
-    return sum(
-        (v.to_local() if hasattr(v, "to_local") else v).numel() * v.element_size()
-        for st in lrn.opt.state.values()
-        for v in st.values()
-        if torch.is_tensor(v)
-    )
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="the tiny test model (a CPU dry run of the stages)")
@@ -347,7 +340,7 @@ def stage_autocast(su: Setup, engine: StandInEngine, probe: tuple[list[int], lis
         times, ms = timed_steps(lrn, su.batch, su.args.steps)
         best = _best(times)
         FIGURES.update(autocast_step_s=best, autocast_first_s=times[0], autocast_peak_gib=peak_gib())
-        FIGURES.update(autocast_mfu=su.mfu(best), full_adam_bytes=adam_bytes(lrn))
+        FIGURES.update(autocast_mfu=su.mfu(best), full_adam_bytes=optim_bytes(lrn))
         FIGURES.update(autocast_grad_norm_1=ms[0]["grad/norm"], autocast_loss_policy_1=ms[0]["loss/policy"])
         st.detail = (
             f"{best:.3f}s/step (first {times[0]:.2f}s), {su.tokens / best:.0f} tok/s, "
@@ -410,7 +403,7 @@ def stage_lora(su: Setup, engine: StandInEngine, probe: tuple[list[int], list[in
         now = dict(lrn.model.named_parameters())
         assert all(torch.equal(now[k], v) for k, v in layer0.items() if "lora_" not in k), "a base weight changed"
         assert all(not torch.equal(now[k], v) for k, v in layer0.items() if "lora_B" in k), "an adapter did not change"
-        share = adam_bytes(lrn) / FIGURES["full_adam_bytes"] if FIGURES.get("full_adam_bytes") else float("nan")
+        share = optim_bytes(lrn) / FIGURES["full_adam_bytes"] if FIGURES.get("full_adam_bytes") else float("nan")
         FIGURES.update(lora_step_s=best, lora_peak_gib=peak_gib(), lora_adam_share=share)
         sync_detail = check_sync(lrn, engine, *probe, "lora")
         st.detail = f"{best:.3f}s/step, peak {peak_gib():.1f} GiB, AdamW state {share:.2%} of full; {sync_detail}"

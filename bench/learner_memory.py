@@ -73,14 +73,8 @@ def _rss() -> int:
 
 def _kept_bytes(lrn) -> int:
     """Bytes of the tensors the learner keeps between steps: parameters, gradients, optimizer state."""
-    import torch
-
     ps = list(lrn.model.parameters())
-    return (
-        sum(_nbytes(p) for p in ps)
-        + sum(_nbytes(p.grad) for p in ps if p.grad is not None)
-        + sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v))
-    )
+    return sum(_nbytes(p) for p in ps) + sum(_nbytes(p.grad) for p in ps if p.grad is not None) + optim_bytes(lrn)
 
 
 def _batch(tok_vocab: int, args: argparse.Namespace, seed: int = 0):
@@ -116,6 +110,13 @@ def _tokens_run(mb: list, share_prompt: bool) -> int:
 def _nbytes(t) -> int:
     t = t.to_local() if hasattr(t, "to_local") else t
     return t.numel() * t.element_size()
+
+
+def optim_bytes(lrn) -> int:
+    """Bytes of the learner's optimizer state on this rank (its shard when sharded)."""
+    import torch
+
+    return sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v))
 
 
 class _Phases:
@@ -221,7 +222,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "rank": rank,
         "params": sum(_nbytes(p) for p in params),
         "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
-        "optim": sum(_nbytes(v) for st in lrn.opt.state.values() for v in st.values() if torch.is_tensor(v)),
+        "optim": optim_bytes(lrn),
         "reference": sum(_nbytes(p) for p in lrn.ref.parameters()) if lrn.ref is not None else 0,
         "peak_rss": max(phases.peak, phases.hwm()),  # not ru_maxrss: _Phases resets it
         "rss_before": before,
