@@ -241,3 +241,10 @@ def test_fsdp_always_shards_a_single_learner_with_the_same_update_export_and_res
         plain.shutdown()
         sharded.shutdown()
     assert not torch.distributed.is_initialized(), "shutdown leaves the process group"
+
+
+def test_two_ranks_without_a_rendezvous_port_fail_clearly(tiny_model_path, tmp_path):
+    """Only a process group of one picks its own port: 2+ ranks each picking one would wait for each other."""
+    algo = AlgoConfig(name="grpo")
+    with pytest.raises(ValueError, match="rendezvous port"):
+        Learner(tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path / "x"), world_size=2, dist_port=0)

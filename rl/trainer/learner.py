@@ -219,10 +219,12 @@ class Learner:
         self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one)
+        # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one, on a port of
+        # its own; 2+ ranks must be given their shared rendezvous port, else init_process_group says so)
         self.sharded = world_size > 1 or self.lcfg.fsdp == "always"
         if self.sharded:
-            init_process_group(rank, world_size, dist_port or free_port(), self.device)
+            port = dist_port or (free_port() if world_size == 1 else 0)
+            init_process_group(rank, world_size, port, self.device)
         self._reduce = all_reduce_sum if world_size > 1 else None
         self.gen = torch.Generator().manual_seed(seed)  # minibatch shuffles
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
