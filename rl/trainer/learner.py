@@ -1069,21 +1069,65 @@ class Learner:
                     out.close()
                 out = self._shm_weights = _ShmWeights(self.shm_dir, "policy.safetensors", layout)
             views = out.begin()
-        first: dict[int, str] = {}  # id(tensor) -> the key it was first written under (a tied head)
+        for key, full, alias in self._export_stream(tensors):
+            if out is not None:
+                views[key].copy_(views[alias] if full is None else full)
+        return out.publish() if out is not None else ""
+
+    def export_ipc(self, dtype: str = "bfloat16") -> dict[str, Any] | None:
+        """CUDA: the policy's weights packed into one ``dtype`` buffer on this GPU, shared through a CUDA IPC
+        handle; returns what ``rollout.engine.VLLMEngine.load_weights_ipc`` takes (small and picklable).
+
+        For engines on this node's GPUs (the colocated placement): no file and no copy through host
+        memory, each engine worker maps the buffer and loads from it. The buffer is kept (and reused)
+        until the next export, so an engine may read it until then. The same tensors as
+        ``export_weights`` (``lm_head.weight`` included). Sharded: every rank must call it (tensors are
+        gathered one at a time); rank 0 packs them and returns the handle, the others ``None``.
+        """
+        if self.device.type != "cuda":
+            raise RuntimeError("export_ipc needs a learner on a CUDA device; CPU engines load export_weights' file")
+        tensors = self._export_tensors()
+        dt, place, total = DTYPES[dtype], {}, 0
+        for key, t in tensors.items():
+            shape = tuple(t.shape)
+            place[key] = (shape, total)
+            total += -(-math.prod(shape) // 64) * 64  # each tensor 128-byte aligned in the buffer
+        buf = getattr(self, "_ipc_buffer", None)
+        if self.rank == 0 and (buf is None or buf.numel() != total or buf.dtype != dt):
+            buf = self._ipc_buffer = None  # the old one freed before the new one is made
+            buf = self._ipc_buffer = torch.empty(total, dtype=dt, device=self.device)
+
+        def view(key: str) -> torch.Tensor:
+            shape, off = place[key]
+            return buf[off : off + math.prod(shape)].view(shape)
+
+        for key, full, alias in self._export_stream(tensors):
+            if self.rank == 0:
+                view(key).copy_(view(alias) if full is None else full)
+        if self.rank > 0:
+            return None
+        torch.cuda.synchronize(self.device)  # the engines read it from other processes, outside this stream
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rebuild, args = reduce_tensor(buf)
+        return {"rebuild": rebuild, "args": args, "tensors": [(k, shape, off) for k, (shape, off) in place.items()]}
+
+    def _export_stream(self, tensors: dict[str, Any]):
+        """``(key, tensor, None)`` for each export tensor in turn, full (gathered when sharded, a collective
+        every rank must join; a LoRA-merged weight computed only now, one at a time), or ``(key, None, first)``
+        for a tensor already given under the key ``first`` (a tied head)."""
+        first: dict[int, str] = {}  # id(tensor) -> the key it was first given under
         with torch.no_grad():
             for key, t in tensors.items():
                 if id(t) in first:
-                    if out is not None:
-                        views[key].copy_(views[first[id(t)]])
+                    yield key, None, first[id(t)]
                     continue
                 first[id(t)] = key
-                full = t.full_tensor() if _is_dtensor(t) else t  # a collective when sharded
-                if callable(full):  # a LoRA-merged weight, computed only now (one at a time)
+                full = t.full_tensor() if _is_dtensor(t) else t
+                if callable(full):
                     full = full()
-                if out is not None:
-                    views[key].copy_(full.detach())
+                yield key, full.detach(), None
                 del full
-        return out.publish() if out is not None else ""
 
     def export_adapter(self) -> str:
         """With LoRA, write only the adapters as a new ``peft`` folder in shared memory; return its path.
