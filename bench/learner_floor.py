@@ -185,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resp-len", type=int, default=64)
     ap.add_argument("--kl-coef", type=float, default=0.0)
     ap.add_argument("--autocast", choices=["on", "off", "auto"], default="auto")
+    ap.add_argument(
+        "--learner-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="model.learner_dtype: bfloat16 (with --autocast off) measures a step with no casts at all",
+    )
     ap.add_argument("--share-prompt", choices=["on", "off"], default="on")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: where the time goes")
@@ -215,7 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model)
     prec = "auto" if args.autocast == "auto" else "manual"
-    cfg = ModelConfig(path=path, learner_dtype="float32", autocast=args.autocast == "on")
+    cfg = ModelConfig(
+        path=path,
+        learner_dtype=args.learner_dtype,
+        autocast=args.autocast == "on",
+        reference_dtype="bfloat16" if args.learner_dtype == "bfloat16" else "auto",  # auto: fp32 without autocast
+    )
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-6), kl=KLConfig(coef=args.kl_coef))
     learner = LearnerConfig(share_prompt=args.share_prompt == "on", precision=prec)
     lrn = Learner(path, cfg, algo, threads=args.threads, learner=learner)
@@ -229,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if lrn.has_ref:
         flops += step_flops(conf, batch.samples, share_prompt=learner.share_prompt, backward=False)
         passes.append("reference fwd")
-    dtype = torch.bfloat16 if lrn.use_autocast else torch.float32
+    bf16 = lrn.use_autocast or args.learner_dtype == "bfloat16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
     rates: list[float] = []  # the square-matmul rate, measured before and after every step (a shared host)
 
     def measure_rate() -> None:
@@ -274,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         [
             f"learner_floor: {args.model}, batch {args.prompts}x{args.group}, prompt {args.prompt_len}, responses <= "
             f"{args.resp_len}, kl_coef {args.kl_coef}, share_prompt {args.share_prompt}, "
-            f"{'bf16 autocast' if lrn.use_autocast else 'fp32'} ({lrn.precision_note or 'manual'}), "
+            f"{'bf16 autocast' if lrn.use_autocast else 'bf16 weights' if bf16 else 'fp32'} "
+            f"({lrn.precision_note or 'manual'}), "
             f"torch threads {torch.get_num_threads()}, attention {lrn.model.config._attn_implementation}, "
             f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}, malloc {memory.allocator()}, "
             f"{args.rounds} timed step(s) per layout, alternating (ratios use the fastest); square-matmul rate "

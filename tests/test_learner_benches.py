@@ -146,3 +146,24 @@ def test_export_ipc_needs_a_cuda_learner(tiny_model_path):
     lrn = Learner(tiny_model_path, ModelConfig(path=tiny_model_path), AlgoConfig(name="grpo"))
     with pytest.raises(RuntimeError, match="export_ipc needs a learner on a CUDA device"):
         lrn.export_ipc()
+
+
+def test_attention_kernels_math_paths_match_the_flash_kernel():
+    """bench/attention_kernels.py times batched-matmul attention against the flash kernel: its math paths
+    must compute the same attention (float32: to rounding), or the timing compares different work."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from attention_kernels import math_backward, math_forward
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 12, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    mask = torch.ones(12, 5, dtype=torch.bool).triu_(1)
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=0.3)[:2]
+    mo, mlse = math_forward(q, k, v, mask, 0.3, True)
+    assert torch.allclose(mo, o, atol=1e-5) and torch.allclose(mlse, lse, atol=1e-5)
+    do = torch.randn_like(q)
+    back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    want = back(do, q, k, v, o, lse, 0.0, True, scale=0.3)[:3]
+    for got, ref in zip(math_backward(do, q, k, v, o, lse, mask, 0.3, True), want):
+        assert torch.allclose(got, ref, atol=1e-5)
