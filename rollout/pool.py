@@ -120,6 +120,10 @@ class RolloutWorker:
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)
 
+    def load_weights_ipc(self, update: dict[str, Any]) -> None:
+        """Weights from a learner rank on this engine's GPU (``Learner.export_ipc``), mapped, not copied."""
+        self.engine.load_weights_ipc(update)
+
     def load_weights_blob(self, blob: bytes) -> None:
         """Weights as the bytes of a safetensors file (sent through Ray's object store from a learner on
         another node): written to this node's shared memory, then loaded like a local file."""
@@ -420,10 +424,23 @@ class RolloutPool(GroupOwner):
         self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None, "adapter": adapter}
         self._call({i: self._load_job(i) for i in range(len(self.workers))})
 
+    def sync_weights_ipc(self, updates: list[dict[str, Any]]) -> None:
+        """Each engine i maps learner rank i's CUDA IPC export (``learner.weight_sync: ipc``: engine i and learner
+        worker i share a GPU in the colocated placement)."""
+        if len(updates) != len(self.workers):
+            raise ValueError(
+                f"{len(updates)} learner exports for {len(self.workers)} engines: ipc pairs them one to one"
+            )
+        self._weights = {"ipc": updates}  # recorded first: a replacement maps the same buffer as it starts
+        self._call({i: self._load_job(i) for i in range(len(self.workers))})
+
     def _load_job(self, i: int) -> tuple[str, tuple[Any, ...]]:
-        """The call that gives worker ``i`` the latest synced weights: a file path, or the bytes' ObjectRef."""
+        """The call that gives worker ``i`` the latest synced weights: its learner rank's CUDA IPC export, a file
+        path, or the bytes' ObjectRef."""
         w = self._weights
         assert w is not None
+        if "ipc" in w:
+            return "load_weights_ipc", (w["ipc"][i],)
         kind = "load_adapter" if w.get("adapter") else "load_weights"
         if self.route(i, w["node"]) == "file":
             return kind, (w["path"],)

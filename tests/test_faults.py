@@ -485,3 +485,37 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
     assert not (out / ".live.json").exists() and not (out / "DONE").exists()
     time.sleep(2)
     assert shm_left_bytes(shm0) < 50 * 2**20, "engines and the weights folder were freed"
+
+
+class IPCStandIn(StandIn):
+    """A stand-in that records the CUDA IPC export it was given (the pool's pairing, without a GPU)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.loaded: list = []
+
+    def load_weights_ipc(self, update: dict) -> None:
+        self.loaded.append(update)
+
+    def got(self) -> list:
+        return self.loaded
+
+
+@pytest.mark.slow
+def test_ipc_sync_pairs_engine_i_with_learner_rank_i_also_after_a_restart(tmp_path: Path, ray_cpus) -> None:
+    """``learner.weight_sync: ipc``: engine i maps learner rank i's buffer (they share a GPU when colocated), and
+    a replaced engine maps its own rank's latest export as it starts, not rank 0's."""
+    import ray
+
+    from rollout.pool import RolloutPool
+
+    pool = RolloutPool(2, "unused", [], num_cpus=0.1, worker_cls=IPCStandIn, flag=str(tmp_path / "flag"))
+    try:
+        pool.sync_weights_ipc([{"rank": 0, "step": 1}, {"rank": 1, "step": 1}])
+        assert ray.get([w.got.remote() for w in pool.workers]) == [[{"rank": 0, "step": 1}], [{"rank": 1, "step": 1}]]
+        pool._replace(1, RuntimeError("a killed engine"))
+        assert ray.get(pool.workers[1].got.remote()) == [{"rank": 1, "step": 1}]
+        with pytest.raises(ValueError, match="1 learner exports for 2 engines"):
+            pool.sync_weights_ipc([{"rank": 0}])
+    finally:
+        pool.shutdown()

@@ -47,3 +47,14 @@ def test_unknown_engine_kind_is_named(tiny_model_path) -> None:
 
     with pytest.raises(ValueError, match="engine 'tpu'"):
         make_engine("tpu", tiny_model_path)
+
+
+def test_local_runtime_refuses_ipc_weight_sync_before_building_anything(recipe_copy, tiny_model_path) -> None:
+    """``learner.weight_sync: ipc`` pairs Ray actors on a shared GPU; the in-process runtime says so at start."""
+    from rl.driver.local_runtime import LocalRuntime
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=ipc"])
+    rt = LocalRuntime(cfg, tiny_model_path)
+    with pytest.raises(ValueError, match="learner.weight_sync: ipc"):
+        rt.start()
+    assert rt.worker is None and rt.learner is None

@@ -499,6 +499,12 @@ class LearnerConfig(Section):
         "trims: memory.HoldBudget) | false: hand it back after each step, which the next step faults in again "
         "(fp32 quickstart-shaped step 76.7-87.0 s vs 56.8-60.2 s held, bench/RESULTS.md)",
     )
+    weight_sync: Literal["file", "ipc"] = knob(
+        "file",
+        "how merged weights reach the engines after a step: file = one safetensors file in the learner node's "
+        "/dev/shm (Ray's object store to other nodes) | ipc = CUDA IPC, engine i maps learner rank i's packed "
+        "bf16 buffer on their shared GPU (cluster.placement colocated; each rank holds one bf16 copy)",
+    )
     logits_chunk_tokens: int = knob(
         0,
         "lm_head + log-softmax over this many tokens at a time, each chunk recomputed in the backward, so a "
@@ -1029,7 +1035,24 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
     on_cpu = f"(cluster.device: {c.device}{', no GPU in the Ray cluster' if c.device == 'auto' else ''})"
     if c.placement == "colocated":
         _check_colocated(recipe, dev, on_cpu, fail)
+    if recipe.learner.weight_sync == "ipc":
+        _check_ipc(recipe, fail)
     _check_parallelism(recipe, dev, on_cpu, fail)
+
+
+def _check_ipc(recipe: Recipe, fail) -> None:
+    """``learner.weight_sync: ipc``: engine i maps learner rank i's GPU buffer, so they share one GPU."""
+    if recipe.cluster.placement != "colocated":
+        fail(
+            "learner.weight_sync",
+            "ipc maps each learner rank's GPU buffer into the engine on the same GPU: it needs "
+            f"cluster.placement colocated (got {recipe.cluster.placement}); use weight_sync file",
+        )
+    if recipe.learner.lora.engine_rank > 0:
+        fail(
+            "learner.weight_sync",
+            "ipc sends merged weights; learner.lora.transfer adapter sends the adapter folder instead: use one of them",
+        )
 
 
 def _check_colocated(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> None:

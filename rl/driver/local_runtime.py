@@ -53,6 +53,12 @@ class LocalRuntime:
 
         from rl.trainer.precision import resolve_logged
 
+        if self.with_learner and self.cfg.learner.weight_sync == "ipc":
+            raise ValueError(
+                "learner.weight_sync: ipc maps learner and engine GPU buffers across Ray actors on a shared GPU "
+                "(cluster.placement colocated); the in-process runtime (train --local, eval) syncs through the file"
+            )
+
         # `auto` precisions made concrete: one timing for the learner and the engine, printed once
         self.cfg = cfg = resolve_logged(self.cfg, "gpu" if torch.cuda.is_available() else "cpu")
         r = cfg.rollout

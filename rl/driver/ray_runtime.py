@@ -191,11 +191,15 @@ class RayRuntime:
         return train_side | self.rewards.metrics()
 
     def sync_weights(self) -> None:
-        """The policy into every engine: merged weights (a safetensors file) or, with
-        ``learner.lora.transfer: adapter``, the LoRA adapter alone (a ``peft`` folder)."""
+        """The policy into every engine: merged weights (a safetensors file, or with ``learner.weight_sync: ipc``
+        each learner rank's GPU buffer mapped by the engine on its GPU) or, with ``learner.lora.transfer:
+        adapter``, the LoRA adapter alone (a ``peft`` folder)."""
         import ray
 
         adapter = self.cfg.learner.lora.engine_rank > 0
+        if self.cfg.learner.weight_sync == "ipc":  # colocated: engine i maps learner rank i's GPU buffer
+            self.pool.sync_weights_ipc(self.learners.export_ipc(self.cfg.model.engine_dtype))
+            return
         if adapter:
             path = ray.get([a.export_adapter.remote() for a in self.learners.actors])[0]  # every rank: A, B gathered
         else:

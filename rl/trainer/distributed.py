@@ -353,6 +353,12 @@ class LearnerGroup:
 
         return ray.get([a.export_weights.remote(dtype) for a in self.actors])[0]
 
+    def export_ipc(self, dtype: str) -> list[dict[str, Any]]:
+        """Every rank's CUDA IPC export (``Learner.export_ipc``), in rank order: engine i maps rank i's."""
+        import ray
+
+        return ray.get([a.export_ipc.remote(dtype) for a in self.actors])
+
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """The policy's log-probs of ``continuation`` after ``prompt`` (every rank: a sharded forward)."""
         import ray

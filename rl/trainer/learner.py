@@ -1074,15 +1074,16 @@ class Learner:
                 views[key].copy_(views[alias] if full is None else full)
         return out.publish() if out is not None else ""
 
-    def export_ipc(self, dtype: str = "bfloat16") -> dict[str, Any] | None:
+    def export_ipc(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """CUDA: the policy's weights packed into one ``dtype`` buffer on this GPU, shared through a CUDA IPC
         handle; returns what ``rollout.engine.VLLMEngine.load_weights_ipc`` takes (small and picklable).
 
-        For engines on this node's GPUs (the colocated placement): no file and no copy through host
-        memory, each engine worker maps the buffer and loads from it. The buffer is kept (and reused)
-        until the next export, so an engine may read it until then. The same tensors as
-        ``export_weights`` (``lm_head.weight`` included). Sharded: every rank must call it (tensors are
-        gathered one at a time); rank 0 packs them and returns the handle, the others ``None``.
+        For an engine on this learner's GPU (``learner.weight_sync: ipc``, the colocated placement): no
+        file and no copy through host memory, the engine's worker maps the buffer and loads from it. The
+        buffer is kept (and reused) until the next export, so an engine may read it until then. The same
+        tensors as ``export_weights`` (``lm_head.weight`` included). Sharded: every rank must call it
+        (tensors are gathered one at a time) and every rank packs its own copy on its own GPU, for the
+        engine it shares that GPU with (a bf16 copy of the model per GPU).
         """
         if self.device.type != "cuda":
             raise RuntimeError("export_ipc needs a learner on a CUDA device; CPU engines load export_weights' file")
@@ -1093,7 +1094,7 @@ class Learner:
             place[key] = (shape, total)
             total += -(-math.prod(shape) // 64) * 64  # each tensor 128-byte aligned in the buffer
         buf = getattr(self, "_ipc_buffer", None)
-        if self.rank == 0 and (buf is None or buf.numel() != total or buf.dtype != dt):
+        if buf is None or buf.numel() != total or buf.dtype != dt:
             buf = self._ipc_buffer = None  # the old one freed before the new one is made
             buf = self._ipc_buffer = torch.empty(total, dtype=dt, device=self.device)
 
@@ -1102,10 +1103,7 @@ class Learner:
             return buf[off : off + math.prod(shape)].view(shape)
 
         for key, full, alias in self._export_stream(tensors):
-            if self.rank == 0:
-                view(key).copy_(view(alias) if full is None else full)
-        if self.rank > 0:
-            return None
+            view(key).copy_(view(alias) if full is None else full)
         torch.cuda.synchronize(self.device)  # the engines read it from other processes, outside this stream
         from torch.multiprocessing.reductions import reduce_tensor
 
