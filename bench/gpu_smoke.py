@@ -1,7 +1,8 @@
 """The GPU step with a CUDA vLLM engine: jointrl's engine and learner, weight sync by file and by CUDA IPC.
 
 ``bench/gpu_learner.py`` measures the learner alone (a GPU machine without vLLM); this script runs the
-parts a GPU run joins, in one process and on one GPU, on a random model of a real shape (Qwen2.5-1.5B's
+parts a GPU run joins, in one process and on one GPU (the H200 runs: bench/RESULTS.md, vLLM carried there by
+``bench/gpu_vllm_bundle.py``; the second file sync came in after them), on a random model of a real shape (Qwen2.5-1.5B's
 config by default; nothing is downloaded; the engine skips the tokenizer, the ids are random). Every
 stage prints PASS/FAIL with its figures; a failing stage does not hide the others'.
 
@@ -9,12 +10,13 @@ stage prints PASS/FAIL with its figures; a failing stage does not hide the other
    picks vLLM's attention backend), then ``generate`` of ``--prompts`` x ``--max-tokens``: tokens/s.
 2. **learner**: ``rl.trainer.learner.Learner`` (fp32 master weights, bf16 autocast, GRPO + k3 KL to a bf16
    reference, AdamW) takes ``--steps`` steps on those completions (advantages +-1): s/step.
-3. **sync by file** (what a run does today): ``export_weights`` into /dev/shm, ``VLLMEngine.load_weights``.
-   The engine's log-probs of a sampled continuation (``VLLMEngine.score``) must follow the learner's: the
-   gap after the sync < max(0.05, 1/4 of the gap before).
-4. **sync by CUDA IPC**: ``Learner.export_ipc`` (one packed bf16 buffer on the GPU, shared by handle),
-   ``VLLMEngine.load_weights_ipc`` (the engine's worker process maps it): the same check, and its time
-   against the file's.
+3. **sync by file** (``learner.weight_sync: file``, the default): ``export_weights`` into /dev/shm,
+   ``VLLMEngine.load_weights``, twice (the first export also creates the two files). The engine's log-probs of
+   a sampled continuation (``VLLMEngine.score``) must follow the learner's: the gap after the sync <
+   max(0.05, 1/4 of the gap before).
+4. **sync by CUDA IPC** (``learner.weight_sync: ipc``): ``Learner.export_ipc`` (one packed bf16 buffer on
+   the GPU, shared by handle), ``VLLMEngine.load_weights_ipc`` (the engine's worker process maps it), twice:
+   the same check, and its time against the file's.
 5. **FSDP2** (``learner.fsdp: always``, an NCCL group of one, FSDP's bf16-compute policy): steps, then the
    IPC sync from DTensor shards (gathered tensor by tensor).
 6. **LoRA** rank 16: steps, then the merged weights through IPC.
@@ -180,7 +182,9 @@ def run(args: argparse.Namespace, cuda: bool, work: Path) -> int:
             st.detail = f"{min(times[1:] or times):.3f}s/step (first {times[0]:.2f}s), peak {peak_gib():.1f} GiB"
         if lrn is not None:
             with stage("3. sync by file: export_weights -> VLLMEngine.load_weights") as st:
-                st.detail = follow(lrn, engine, probe, "file", "file")
+                st.detail = follow(lrn, engine, probe, "file", "file")  # the first export also creates the files
+                steps(lrn, batch, 1)
+                st.detail += "; again: " + follow(lrn, engine, probe, "file2", "file")
             if cuda:
                 with stage("4. sync by CUDA IPC: export_ipc -> VLLMEngine.load_weights_ipc") as st:
                     steps(lrn, batch, 1)
