@@ -191,11 +191,17 @@ def check_sync(lrn, engine: StandInEngine, prompt: list[int], cont: list[int], l
     t1 = time.perf_counter()
     engine.load(path)
     after = gap(engine.logprobs(prompt, cont), want)
-    FIGURES[f"{label}_gap_before"], FIGURES[f"{label}_gap_after"] = before, after
+    followed(label, before, after)
     FIGURES[f"{label}_export_s"] = t1 - t0
+    return f"export {t1 - t0:.2f}s; max |engine - learner| {before:.4f} before the sync, {after:.4f} after"
+
+
+def followed(label: str, before: float, after: float) -> None:
+    """Record an engine/learner log-prob gap before and after a sync; the engine must have followed the learner
+    (the gap after < max(0.05, 1/4 of the gap before)), and the steps must have moved it (or it proves nothing)."""
+    FIGURES[f"{label}_gap_before"], FIGURES[f"{label}_gap_after"] = before, after
     assert after < max(0.05, 0.25 * before), f"engine log-probs did not follow the learner: {before:.4f} -> {after:.4f}"
     assert before > 2 * after, f"the steps hardly moved the log-probs ({before:.4f}): the check would prove nothing"
-    return f"export {t1 - t0:.2f}s; max |engine - learner| {before:.4f} before the sync, {after:.4f} after"
 
 
 def matmul_tflops(device: torch.device) -> float:

@@ -43,12 +43,20 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # our reload fu
 
 import torch  # noqa: E402
 
-from bench.gpu_learner import FIGURES, RESULTS, _report, build_model, free, gap, new_learner, peak_gib, stage  # noqa: E402
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from bench.gpu_learner import (  # noqa: E402
+    FIGURES,
+    RESULTS,
+    _report,
+    build_model,
+    followed,
+    free,
+    gap,
+    new_learner,
+    peak_gib,
+    stage,
+    sync,
+    timed_steps,
+)
 
 
 def make_engine(model_path: Path, args: argparse.Namespace, cuda: bool):
@@ -80,14 +88,8 @@ def samples_from(gens: list[tuple[list[int], list[int], list[float]]], group: in
 
 
 def steps(lrn, batch, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        sync()
-        t0 = time.perf_counter()
-        lrn.step(batch)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return times
+    """Seconds of each of ``n`` learner steps on ``batch``."""
+    return timed_steps(lrn, batch, n)[0]
 
 
 def follow(lrn, engine, probe: tuple[list[int], list[int]], label: str, via: str) -> str:
@@ -103,9 +105,8 @@ def follow(lrn, engine, probe: tuple[list[int], list[int]], label: str, via: str
     sync()
     dt = time.perf_counter() - t0
     after = gap(engine.score(*probe), want)
-    FIGURES.update({f"{label}_gap_before": before, f"{label}_gap_after": after, f"{label}_sync_s": dt})
-    assert before > 2 * after, f"the steps hardly moved the log-probs ({before:.4f}): the check would prove nothing"
-    assert after < max(0.05, 0.25 * before), f"engine log-probs did not follow the learner: {before:.4f} -> {after:.4f}"
+    followed(label, before, after)
+    FIGURES[f"{label}_sync_s"] = dt
     return f"sync {dt:.3f}s (export + load); max |engine - learner| {before:.4f} before, {after:.4f} after"
 
 

@@ -53,7 +53,7 @@ DROP_LIBS = ("_moe_C", "_flashmla", "_qutlass_C", "_vllm_fa3_C", "deep_gemm/_C")
 FATBIN_MAGIC = 0xBA55ED50
 
 
-def fatbin_range(elf: bytes) -> tuple[int, int]:
+def fatbin_range(elf: bytes | bytearray) -> tuple[int, int]:
     """(offset, size) of the ``.nv_fatbin`` section of a 64-bit little-endian ELF; (0, 0) if none."""
     shoff, shentsize, shnum, shstrndx = (
         struct.unpack_from("<Q", elf, 0x28)[0],
@@ -71,7 +71,7 @@ def fatbin_range(elf: bytes) -> tuple[int, int]:
 def zero_images(elf: bytearray, keep_arch: int) -> tuple[int, int]:
     """Zero every GPU image's payload in the fatbin not built for ``sm_<keep_arch>`` (headers kept).
     Returns (bytes zeroed, bytes kept)."""
-    off, size = fatbin_range(bytes(elf))
+    off, size = fatbin_range(elf)
     pos, zeroed, kept = off, 0, 0
     while pos < off + size - 16:
         magic, _, hsz, fsz = struct.unpack_from("<IHHQ", elf, pos)

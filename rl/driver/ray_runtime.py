@@ -196,10 +196,10 @@ class RayRuntime:
         adapter``, the LoRA adapter alone (a ``peft`` folder)."""
         import ray
 
-        adapter = self.cfg.learner.lora.engine_rank > 0
         if self.cfg.learner.weight_sync == "ipc":  # colocated: engine i maps learner rank i's GPU buffer
             self.pool.sync_weights_ipc(self.learners.export_ipc(self.cfg.model.engine_dtype))
             return
+        adapter = self.cfg.learner.lora.engine_rank > 0
         if adapter:
             path = ray.get([a.export_adapter.remote() for a in self.learners.actors])[0]  # every rank: A, B gathered
         else:
