@@ -167,3 +167,52 @@ def test_attention_kernels_math_paths_match_the_flash_kernel():
     want = back(do, q, k, v, o, lse, 0.0, True, scale=0.3)[:3]
     for got, ref in zip(math_backward(do, q, k, v, o, lse, mask, 0.3, True), want):
         assert torch.allclose(got, ref, atol=1e-5)
+
+
+def _train_run(out: Path, diffs, kls, rewards, device="gpu") -> None:
+    import json
+
+    out.mkdir()
+    rows = [{"step": 0, "eval": 1}] + [
+        {"step": i + 1, "rollout/logprob_diff": d, "kl/mean": k, "reward/tool_call/lower_half/mean": r}
+        for i, (d, k, r) in enumerate(zip(diffs, kls, rewards))
+    ]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "placement.json").write_text(json.dumps({"device": device}))
+
+
+def test_gpu_train_checks_fail_a_stale_engine_a_short_run_and_a_flat_reward(tmp_path):
+    """bench/gpu_train.py reads its verdicts from the run's metrics: an engine that kept its first weights
+    (|learner - engine| grows with the policy's drift) fails "follows", whatever else passes."""
+    from argparse import Namespace
+
+    from bench.gpu_train import check
+
+    args = Namespace(steps=6, gpu=True)
+    kls = [0.0, 0.01, 0.02, 0.04, 0.06, 0.08]
+    rising = [0.45, 0.47, 0.5, 0.52, 0.55, 0.6]
+    _train_run(tmp_path / "ok", [0.004, 0.004, 0.005, 0.004, 0.005, 0.005], kls, rising)
+    lines, fig = check(tmp_path / "ok", 0, "", args)
+    assert [x.split()[:2] for x in lines[:3]] == [["PASS", "run:"], ["PASS", "follows:"], ["PASS", "learns:"]]
+    assert fig["checks"] == [True, True, True]
+
+    # the H200's shape: the engine's bf16 copy after the first update sits 2-4x above step 1's exact copy
+    _train_run(tmp_path / "bf16", [0.0084, 0.0278, 0.011, 0.006, 0.005, 0.005], kls, rising)
+    assert check(tmp_path / "bf16", 0, "", args)[1]["checks"] == [True, True, True]
+    _train_run(tmp_path / "far", [0.004, 0.06, 0.01, 0.005, 0.005, 0.005], [k * 100 for k in kls], rising)
+    assert check(tmp_path / "far", 0, "", args)[0][1].startswith("FAIL follows"), "0.06 is beyond bf16 rounding"
+
+    stale = [0.004] + [0.8 * (2 * k) ** 0.5 for k in kls[1:]]  # the engine scores with the first weights
+    _train_run(tmp_path / "stale", stale, kls, rising)
+    lines, _ = check(tmp_path / "stale", 0, "", args)
+    assert lines[1].startswith("FAIL follows"), lines
+
+    _train_run(tmp_path / "flat", [0.004] * 6, kls, [0.5, 0.6, 0.5, 0.5, 0.5, 0.5])
+    assert check(tmp_path / "flat", 0, "", args)[0][2].startswith("FAIL learns")
+
+    _train_run(tmp_path / "short", [0.004] * 4, kls[:4], rising[:4])
+    lines, _ = check(tmp_path / "short", 0, "the log's tail", args)
+    assert lines[0].startswith("FAIL run: exit 0, 4/6 steps") and lines[1] == "the log's tail"
+
+    _train_run(tmp_path / "cpu", [0.004] * 6, kls, rising, device="cpu")
+    assert check(tmp_path / "cpu", 0, "", args)[0][0].startswith("FAIL run"), "asked for a GPU, ran on the CPU"
