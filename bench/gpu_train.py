@@ -20,10 +20,13 @@ Checks, per run (PASS/FAIL each, the figures beside them):
    sampled tokens, before its update) stays <= 0.05 at every step (bf16 rounding: 0.004-0.028 on an H200),
    while the policy moves away from the weights the engine started with: sqrt(2 x ``kl/mean``) at the last
    step (about the mean |log-prob change| a stale engine would show) is >= 4x that step's ``logprob_diff``.
-   (Not "stays at step 1's level": at step 1 the engine holds the learner's bf16 checkpoint exactly, and after
-   the first update its bf16 copy of the fp32 master weights differs by rounding, 2.4x step 1's on the H200,
-   by file and by IPC alike.);
+   Not "stays at step 1's level": at step 1 the engine holds the learner's bf16 checkpoint exactly, and after
+   the first update its bf16 copy of the fp32 master weights differs by rounding (2.4x step 1's on the H200,
+   by file and by IPC alike);
 3. the reward rises (the last three steps' mean > the first three's).
+
+A run still going at ``--timeout`` has every process's Python stacks dumped and its Ray logs packed beside its
+log (``train``), then is killed: a stall names its place.
 
     python3 bench/gpu_train.py --gpu --json out.json    # a GPU machine with vLLM and Ray (bench/gpu_vllm_bundle.py)
     python bench/gpu_train.py                           # a CPU dry run: tiny model, weight_sync file
