@@ -211,6 +211,8 @@ def main() -> int:
         ap.error("--steps must be >= 6 (the reward check compares the first three steps with the last three)")
     runs = args.run or (["ipc", "file"] if args.gpu else ["file"])
     work = Path(tempfile.mkdtemp(prefix="jointrl-gpu-train-"))
+    logs = Path(args.logs or work)
+    logs.mkdir(parents=True, exist_ok=True)
     report: dict = {"args": vars(args), "runs": {}}
     failed = False
     try:
@@ -224,8 +226,6 @@ def main() -> int:
         print(f"model {model} (vocab {vocab}) ready in {time.monotonic() - t:.1f} s", flush=True)
         for i, spec in enumerate(runs):
             sync, *overrides = spec.split(",")
-            logs = Path(args.logs or work)
-            logs.mkdir(parents=True, exist_ok=True)
             recipe = write_recipe(work, model, vocab, args, sync, i)
             rc, wall, log = train(recipe, overrides, args.timeout, logs / f"train_{i}.log")
             lines, fig = check(work / f"out_{i}", rc, log, args)
