@@ -79,6 +79,7 @@ Scoring for the recipe lives in :mod:`rewards.terminal`.
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 import time
 from pathlib import Path
@@ -146,6 +147,10 @@ _GIT_PINS = (
     # The untracked cache is index state the policy wrote; gc would rewrite the repo mid-check.
     ("core.untrackedCache", "false"),
     ("gc.auto", "0"),
+    # A bare repository is used only when named (--git-dir): git does not discover one from the
+    # check's working directory, so a work dir (or subdirectory) the policy made into a bare
+    # repository with its own config is never the repository a check's `git status` reads.
+    ("safe.bareRepository", "explicit"),
 )
 CHECK_ENV = {
     "HOME": "/nonexistent",
@@ -168,13 +173,18 @@ CHECK_ENV = {
 }
 
 
-def check_env(runs_policy_files: bool = False) -> dict[str, str]:
+def check_env(runs_policy_files: bool = False, work_dir: str | None = None) -> dict[str, str]:
     """The environment a check runs with (see :data:`CHECK_ENV`). A task whose check runs the
     policy's own program (``runs_policy_files``) keeps the script dir / cwd on ``sys.path``
-    (``python3 -m unittest test_calc`` must import the policy's module); nothing else changes."""
+    (``python3 -m unittest test_calc`` must import the policy's module). ``work_dir`` (the
+    check's working directory inside the sandbox) sets ``GIT_CEILING_DIRECTORIES`` to its
+    parent: git discovers repositories in the work dir and below, all of them vetted, and never
+    one in a directory above it."""
     env = dict(CHECK_ENV)
     if runs_policy_files:
         del env["PYTHONSAFEPATH"]
+    if work_dir is not None:
+        env["GIT_CEILING_DIRECTORIES"] = posixpath.dirname(posixpath.normpath(work_dir)) or "/"
     return env
 
 
@@ -483,7 +493,8 @@ class TerminalEnv:
         refused = self._vet_git(lim)
         if refused is not None:
             return 0.0, False, truncate_output(refused, 4000), None
-        res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim, env=check_env(runs_policy_files))
+        env = check_env(runs_policy_files, self._box.inner_work_dir)
+        res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim, env=env)
         if "storage" in res.events:
             self._events.append("storage")
         reward = parse_check_result(res.exit_code, res.stdout, res.timed_out)
@@ -503,7 +514,7 @@ class TerminalEnv:
         if not gitdirs and not problems:
             return None
         argv = [self._box.python, "-I", "-S", "-c", _VET_SOURCE, self._box.inner_work_dir, "git"]
-        res = self._box.run(argv, limits=lim, env=check_env())
+        res = self._box.run(argv, limits=lim, env=check_env(work_dir=self._box.inner_work_dir))
         if res.ok:
             return None
         why = res.stdout.strip() or f"git vetting failed (exit {res.exit_code}): {res.stderr.strip()}"

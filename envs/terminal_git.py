@@ -15,9 +15,14 @@ anything beyond what ``git init``, ``commit``, ``branch``, ``remote`` and an ide
 What is vetted (:func:`vet`, run inside the check's sandbox by :class:`envs.terminal.TerminalEnv`
 before the check, with the check's environment):
 
-* every ``.git`` entry under the work dir must be a directory (no gitfile, no symlink),
-  without a ``commondir`` file; every bare-looking directory (``HEAD`` + ``objects/`` +
-  ``refs/``) is vetted like a ``.git`` directory;
+* every directory git could use from a working directory in the work dir: each ``.git``
+  entry (which must be a directory: no gitfile, no symlink, no ``commondir`` file) and each
+  directory holding ``HEAD``, ``objects`` and ``refs`` (a bare repository, or a copy of a git
+  dir), the work dir itself and the insides of ``.git`` directories included. The walk
+  (:func:`find_git_dirs`) is iterative and bounded (:data:`MAX_DEPTH`, :data:`MAX_ENTRIES`):
+  a tree past the bounds is refused, never half-vetted. The check's environment adds
+  ``safe.bareRepository=explicit`` (git discovers no bare repository) and
+  ``GIT_CEILING_DIRECTORIES`` (git discovers nothing above the work dir);
 * its ``config`` (and ``config.worktree``) may set only the keys of :data:`ALLOWED_KEYS`
   (read with ``git config --file ... --list``, which parses and never follows includes
   or runs anything); every other key is refused by name;
@@ -47,7 +52,7 @@ import stat
 import subprocess
 import sys
 
-__all__ = ["ALLOWED_KEYS", "key_problem", "find_git_dirs", "vet", "main"]
+__all__ = ["ALLOWED_KEYS", "MAX_DEPTH", "MAX_ENTRIES", "key_problem", "find_git_dirs", "vet", "main"]
 
 # Repository-local config keys a checked repository may hold: what git itself writes for
 # init/clone/branch/remote/worktree-less use, an identity, and settings that only matter to
@@ -119,31 +124,68 @@ def key_problem(key: str, value: str | None = None) -> str | None:
     return f"config sets {key!r} ({why})"
 
 
+# Bounds of the walk: a policy can build a tree deeper or larger than any task needs; past these
+# the tree is not walked further and the walk reports a problem (the check is then refused).
+MAX_DEPTH = 1000
+MAX_ENTRIES = 1_000_000
+_GIT_DIR_NAMES = frozenset({"HEAD", "objects", "refs"})
+
+
 def find_git_dirs(root: str) -> tuple[list[str], list[str]]:
     """(git dirs to vet, problems found while walking ``root``), symlinks never followed.
 
-    A ``.git`` that is not a real directory is a problem (a gitfile or symlink redirects
-    git elsewhere); so is a ``.gitattributes`` with content.
+    Every directory under ``root``, ``root`` itself and the insides of ``.git`` directories
+    included, is one git could use: a ``.git`` directory in it, or the directory itself when
+    it holds ``HEAD``, ``objects`` and ``refs`` (a bare repository, which git discovers from
+    a working directory inside it). A ``.git`` that is not a real directory is a problem (a
+    gitfile or symlink redirects git elsewhere); so is a ``.gitattributes`` with content, a
+    directory that cannot be listed, and a tree past :data:`MAX_DEPTH` levels or
+    :data:`MAX_ENTRIES` entries (what lies beyond was not vetted). The walk is iterative
+    (no recursion limit) and lists each directory once. A missing ``root`` has nothing to vet.
     """
     gitdirs: list[str] = []
     problems: list[str] = []
-    for top, dirs, files in os.walk(root):
-        if ".git" in dirs or ".git" in files:
-            path = os.path.join(top, ".git")
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                gitdirs.append(path)
+    if not os.path.isdir(root) or os.path.islink(root):
+        return gitdirs, problems
+    stack = [(root, 0)]
+    seen = 0
+    while stack:
+        top, depth = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            problems.append(f"{top}: cannot be listed ({exc.strerror}); git metadata below it was not vetted")
+            continue
+        seen += len(entries)
+        if seen > MAX_ENTRIES:
+            problems.append(f"{root}: more than {MAX_ENTRIES} entries; the rest of the tree was not vetted")
+            break
+        names = {e.name for e in entries}
+        problems += _entry_problems(top, entries, gitdirs)
+        if _GIT_DIR_NAMES <= names:
+            gitdirs.append(top)  # a bare repository (or a .git dir, or a copy of one)
+        subdirs = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        if subdirs and depth >= MAX_DEPTH:
+            problems.append(f"{top}: deeper than {MAX_DEPTH} levels; the tree below was not vetted")
+            continue
+        stack.extend((p, depth + 1) for p in reversed(subdirs))
+    return list(dict.fromkeys(gitdirs)), problems
+
+
+def _entry_problems(top: str, entries: list, gitdirs: list[str]) -> list[str]:
+    """The problems of one directory's ``.git`` and ``.gitattributes`` entries; a real ``.git``
+    directory is added to ``gitdirs``."""
+    problems = []
+    for e in entries:
+        if e.name == ".git":
+            if e.is_dir(follow_symlinks=False):
+                gitdirs.append(e.path)
             else:
-                problems.append(f"{path}: .git is not a directory (a gitfile or symlink points git elsewhere)")
-        if ".gitattributes" in files and _has_content(os.path.join(top, ".gitattributes")):
-            problems.append(
-                f"{os.path.join(top, '.gitattributes')}: attributes assign drivers and conversions "
-                "that change what git reports"
-            )
-        if top != root and {"objects", "refs"} <= set(dirs) and "HEAD" in files:
-            gitdirs.append(top)  # a bare repository (or a .git dir's copy)
-        # Do not walk into git dirs: their objects are many and hold nothing to vet.
-        dirs[:] = [d for d in dirs if d != ".git" and os.path.join(top, d) not in gitdirs]
-    return gitdirs, problems
+                problems.append(f"{e.path}: .git is not a directory (a gitfile or symlink points git elsewhere)")
+        elif e.name == ".gitattributes" and _has_content(e.path):
+            problems.append(f"{e.path}: attributes assign drivers and conversions that change what git reports")
+    return problems
 
 
 def _has_content(path: str) -> bool:

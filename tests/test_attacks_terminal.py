@@ -57,9 +57,23 @@ DIFF = TerminalSpec(
     solution="echo v2 > repo/a.txt",
     time_limit_s=30,
 )
-TASKS = {"count": COUNT, "git": GIT, "restore": RESTORE, "diff": DIFF}
+# Task 5: commit everything in the work dir, itself a repository; the check asks git from the work dir.
+ROOT = TerminalSpec(
+    setup="git init -q . && git config user.email a@b && git config user.name a && echo data > a.txt",
+    check='git rev-parse -q --verify HEAD >/dev/null && [ -z "$(git status --porcelain --untracked-files=all)" ] '
+    "|| { echo FAIL; exit 1; }",
+    solution="git add -A && git commit -qm data",
+    time_limit_s=30,
+)
+TASKS = {"count": COUNT, "git": GIT, "restore": RESTORE, "diff": DIFF, "root": ROOT}
 
-WRONG = {"count": "echo 4 > count.txt", "git": "true", "restore": "true", "diff": "echo v3 > repo/a.txt"}
+WRONG = {
+    "count": "echo 4 > count.txt",
+    "git": "true",
+    "restore": "true",
+    "diff": "echo v3 > repo/a.txt",
+    "root": "true",
+}
 ATTACKS = {
     "pth_os_exit": ("count", f"mkdir -p {PYSITE} && echo 'import os; os._exit(0)' > {PYSITE}/zz.pth"),
     "usercustomize": ("count", f"mkdir -p {PYSITE} && printf 'import os\\nos._exit(0)\\n' > {PYSITE}/usercustomize.py"),
@@ -221,3 +235,40 @@ def test_git_attacks_fool_an_unvetted_check(play, attack, monkeypatch):
     task_name, trap = GIT_METADATA_ATTACKS[attack]
     score, info = play(task_name, WRONG[task_name], trap)
     assert score == 1.0, (attack, info["check_output"])
+
+
+# The work dir itself made into a bare repository whose own config names the work tree, hides the
+# git metadata from status and empties every file on `git add` (a commit of empty files).
+ROOT_BARE_ATTACK = (
+    'rm -rf .git && git init -q --bare . && git config core.bare false && git config core.worktree "$PWD" && '
+    "git config user.name a && git config user.email a@b && printf '* filter=ev\\n' > info/attributes && "
+    "git config filter.ev.clean \"sh -c 'cat >/dev/null'\" && printf '/*\\n!/a.txt\\n' > info/exclude && "
+    "git add a.txt && git commit -qm x"
+)
+
+
+def test_the_work_dir_as_a_bare_repository_scores_zero(play):
+    score, info = play("root", ROOT_BARE_ATTACK)
+    assert score == 0.0, info["check_output"]
+    assert info["check_output"].startswith("[the check was not run"), info["check_output"]
+    assert "/config: config sets 'core.worktree'" in info["check_output"]
+
+
+def test_the_work_dir_as_a_bare_repository_fools_an_unguarded_check(play, monkeypatch):
+    """The attack is real: without the vetting of the work dir and ``safe.bareRepository=explicit``
+    the empty commit scores 1.0; either guard alone stops it."""
+    import envs.terminal as terminal
+
+    real = terminal.check_env
+
+    def without_bare_pin(runs_policy_files=False, work_dir=None):
+        env = real(runs_policy_files, work_dir)
+        assert env[f"GIT_CONFIG_KEY_{int(env['GIT_CONFIG_COUNT']) - 1}"] == "safe.bareRepository"
+        env["GIT_CONFIG_COUNT"] = str(int(env["GIT_CONFIG_COUNT"]) - 1)
+        return env
+
+    monkeypatch.setattr(TerminalEnv, "_vet_git", lambda self, lim: None)
+    assert play("root", ROOT_BARE_ATTACK)[0] == 0.0  # safe.bareRepository=explicit alone
+    monkeypatch.setattr(terminal, "check_env", without_bare_pin)
+    score, info = play("root", ROOT_BARE_ATTACK)
+    assert score == 1.0, info["check_output"]

@@ -171,3 +171,42 @@ def test_main_prints_one_refusal_per_problem_and_exits_1(work, capsys):
     assert len(out) == 2 and all(ln.startswith("refused: ") for ln in out)
     assert terminal_git.main(["terminal_git.py", str(work / "empty-does-not-exist")]) == 0
     assert terminal_git.main(["terminal_git.py"]) == 2
+
+
+def test_the_work_dir_itself_as_a_bare_repository_is_vetted(tmp_path):
+    """The walk starts at the work dir: a work dir made into a repository is vetted like any."""
+    git(tmp_path, "init", "-q", "--bare", ".")
+    git(tmp_path, "config", "core.worktree", str(tmp_path))
+    (tmp_path / "info" / "exclude").write_text("/*\n!/a.txt\n")
+    problems = vet(str(tmp_path))
+    assert any(p.startswith(f"{tmp_path}/config:") and "core.worktree" in p for p in problems), problems
+    assert any("info/exclude" in p for p in problems), problems
+
+
+def test_a_repository_hidden_inside_a_bare_looking_directory_is_vetted(work):
+    git(work, "init", "-q", "--bare", "hub.git")
+    git(work / "hub.git", "init", "-q", "inner")  # a repo inside the bare one's directory
+    git(work / "hub.git" / "inner", "config", "diff.external", "/work/x.sh")
+    assert any("hub.git/inner/.git/config" in p and "diff.external" in p for p in vet(str(work)))
+
+
+def test_a_chain_deeper_than_the_bound_is_refused_not_a_recursion_error(tmp_path):
+    deep = str(tmp_path)
+    for _ in range(terminal_git.MAX_DEPTH + 100):  # a loop: pathlib's mkdir(parents=True) recurses
+        deep += "/d"
+        os.mkdir(deep)
+    with open(deep + "/.gitattributes", "w") as f:  # below the bound: never reached
+        f.write("* filter=ev\n")
+    gitdirs, problems = terminal_git.find_git_dirs(str(tmp_path))
+    assert gitdirs == [] and len(problems) == 1 and f"deeper than {terminal_git.MAX_DEPTH} levels" in problems[0]
+    shallow = tmp_path / "ok"
+    shallow.joinpath(*(["d"] * 50)).mkdir(parents=True)  # within the bound: walked, nothing found
+    assert terminal_git.find_git_dirs(str(shallow)) == ([], [])
+
+
+def test_the_entry_bound_stops_the_walk_with_a_problem(tmp_path, monkeypatch):
+    monkeypatch.setattr(terminal_git, "MAX_ENTRIES", 10)
+    for i in range(20):
+        (tmp_path / f"f{i}").write_text("x")
+    gitdirs, problems = terminal_git.find_git_dirs(str(tmp_path))
+    assert gitdirs == [] and len(problems) == 1 and "more than 10 entries" in problems[0]
