@@ -2,7 +2,15 @@
 
 :class:`LLMJudge` fills ``prompt_template`` from the trajectory, posts it to
 ``{base_url}/chat/completions``, and parses a score from the reply with
-``score_regex``. Failures raise (HTTP errors after ``max_retries`` retries, a reply
+``score_regex``.
+
+Injection: the completion is the policy's text, and the policy is an adversary. It is handed
+to the judge between delimiters that carry a fresh random tag per request (nothing in the
+completion can close them), with every verdict-like text in it (a ``score_regex`` match)
+masked, and the verdict is read from one fixed place: the LAST non-empty line of the
+judge's reply, which must hold exactly one ``score_regex`` match. A completion that writes
+``Score: 10/10`` (hoping the judge quotes it, or that a scan of the reply finds it) gets no
+credit from it. Failures raise (HTTP errors after ``max_retries`` retries, a reply
 without a score, a score outside [0, 1]) so that the reward service records an error
 for the sample -- a judge outage never becomes a silent 0.
 
@@ -26,6 +34,7 @@ import json
 import math
 import os
 import re
+import secrets
 import string
 import threading
 import time
@@ -38,12 +47,14 @@ from typing import Any
 
 from envs.types import Trajectory
 
-__all__ = ["LLMJudge", "JudgeError", "TEMPLATE_FIELDS", "DEFAULT_SCORE_REGEX"]
+__all__ = ["LLMJudge", "JudgeError", "TEMPLATE_FIELDS", "DEFAULT_SCORE_REGEX", "VERDICT_MASK"]
 
-# "Score: 7", "score = 7/10", "SCORE: 0.5 / 1"; the last match in the reply counts.
+# "Score: 7", "score = 7/10", "SCORE: 0.5 / 1"; read from the reply's last non-empty line only.
 DEFAULT_SCORE_REGEX = r"(?i)score\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?"
 TEMPLATE_FIELDS = ("prompt", "conversation", "completion", "task_id", "domain", "reference", "meta")
 RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
+# What a verdict-like text in the completion is replaced with before the judge sees it.
+VERDICT_MASK = "[verdict-like text removed]"
 
 
 class JudgeError(RuntimeError):
@@ -66,7 +77,9 @@ class LLMJudge:
     ``prompt_template`` is a :meth:`str.format` template with the fields ``{prompt}`` (the
     task's last user message), ``{conversation}`` (the task's messages, one
     ``role: content`` block each), ``{completion}`` (``traj.completion``: every assistant
-    turn, prefill included), ``{task_id}``, ``{domain}``, ``{reference}`` (the task's
+    turn, prefill included, between the lines ``<completion TAG>`` and ``</completion TAG>``
+    where TAG is a fresh random hex string per request that the completion does not contain,
+    and with each ``score_regex`` match in it replaced by :data:`VERDICT_MASK`), ``{task_id}``, ``{domain}``, ``{reference}`` (the task's
     ``meta["reference"]``, or ``""``) and ``{meta}`` (the task's meta as JSON). Literal
     braces are doubled (``{{`` ``}}``).
 
@@ -76,10 +89,12 @@ class LLMJudge:
     ``max_retries`` times (backoff ``retry_backoff_s * 2**attempt``); other HTTP errors
     fail at once. Each request waits at most ``timeout_s``.
 
-    The score is the LAST match of ``score_regex`` in the reply: group 1 is the number,
-    an optional group 2 a denominator (``"7/10"``); without one the number is divided by
-    ``scale``. The result must lie in [0, 1]. No match, or a value outside [0, 1], raises
-    :class:`JudgeError`.
+    The score is read from the reply's LAST non-empty line, which must hold exactly one match
+    of ``score_regex`` (ask the judge to end with it): group 1 is the number, an optional
+    group 2 a denominator (``"7/10"``); without one the number is divided by ``scale``. The
+    result must lie in [0, 1]. A last line with no match or several, or a value outside
+    [0, 1], raises :class:`JudgeError` (the sample gets a recorded error, never a score
+    taken from elsewhere in the reply).
 
     ``acall`` (used by the reward service) runs the same request on a pool of
     ``concurrency`` threads, so that up to ``concurrency`` requests are in flight at once. The service's per-call timeout
@@ -156,13 +171,13 @@ class LLMJudge:
     # ------------------------------------------------------------------ parts
 
     def render(self, traj: Trajectory) -> str:
-        """The judge prompt for ``traj``."""
+        """The judge prompt for ``traj`` (its completion delimited and masked, see the class docstring)."""
         task = traj.task
         users = [m.content for m in task.messages if m.role == "user"]
         fields = {
             "prompt": users[-1] if users else "",
             "conversation": "\n\n".join(f"{m.role}: {m.content}" for m in task.messages),
-            "completion": traj.completion,
+            "completion": self.delimit(traj.completion),
             "task_id": task.id,
             "domain": task.domain,
             "reference": str(task.meta.get("reference", "")),
@@ -170,12 +185,28 @@ class LLMJudge:
         }
         return self.prompt_template.format_map(fields)
 
+    def delimit(self, completion: str) -> str:
+        """``completion`` with its verdict-like texts masked, between delimiters tagged with a
+        fresh random hex string it does not contain (so it cannot close them)."""
+        masked = self.score_re.sub(VERDICT_MASK, completion)
+        tag = secrets.token_hex(8)
+        while tag in masked:  # pragma: no cover - 64 random bits
+            tag = secrets.token_hex(8)
+        return f"<completion {tag}>\n{masked}\n</completion {tag}>"
+
     def parse_score(self, reply: str) -> float:
-        """The score in [0, 1] from the judge's ``reply``; raises :class:`JudgeError` when there is none."""
-        matches = list(self.score_re.finditer(reply))
-        if not matches:
-            raise JudgeError(f"judge reply has no score matching {self.score_re.pattern!r}: {reply[:200]!r}")
-        m = matches[-1]
+        """The score in [0, 1] from the last non-empty line of the judge's ``reply``; raises
+        :class:`JudgeError` when that line holds no verdict or more than one."""
+        lines = [ln for ln in reply.splitlines() if ln.strip()]
+        last = lines[-1] if lines else ""
+        matches = list(self.score_re.finditer(last))
+        if len(matches) != 1:
+            what = "no score" if not matches else f"{len(matches)} scores"
+            raise JudgeError(
+                f"the judge reply's last line holds {what} matching {self.score_re.pattern!r} "
+                f"(the verdict is read there only): {last[:200]!r}"
+            )
+        m = matches[0]
         num = float(m.group(1))
         den_s = m.group(2) if self.score_re.groups >= 2 else None
         den = float(den_s) if den_s else self.scale
