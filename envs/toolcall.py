@@ -178,7 +178,8 @@ def format_tools_system_prompt(
     one to get the format right, and it should use a function *not* in ``tools`` so that
     copying it never scores. ``parallel`` adds a line saying several calls go in several
     blocks of one reply; ``multi_turn`` adds how tool results come back and that the final
-    answer is plain text without a call (for ``"answer"``-mode tasks). With both False the
+    answer is plain text without a call, with the value in one ``<answer>`` block (for
+    ``"answer"``-mode tasks; see :func:`rewards.toolcall.answer_span`). With both False the
     text is exactly what it always was.
     """
     lines = [
@@ -199,6 +200,8 @@ def format_tools_system_prompt(
         lines += [
             "Each function's result comes back in a tool message. Call functions until you have what you need,",
             "then reply to the user with the final answer as plain text, without any <tool_call> block.",
+            "Put the value asked for, and nothing else, in one <answer></answer> block in that reply,",
+            "e.g. <answer>42</answer>; only that block is read, and a block listing several candidates scores 0.",
         ]
     if example is not None:
         request, call = example

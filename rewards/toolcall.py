@@ -16,6 +16,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from envs.toolcall import OPEN_TAG, parse_tool_calls
@@ -32,6 +33,7 @@ __all__ = [
     "normalize_answer",
     "extract_numbers",
     "final_answer",
+    "answer_span",
 ]
 
 _BRUTE_FORCE_MAX = 7  # optimal assignment by enumeration up to this many calls per side
@@ -40,7 +42,8 @@ _BRUTE_FORCE_MAX = 7  # optimal assignment by enumeration up to this many calls 
 def values_match(predicted: Any, allowed: Any) -> bool:
     """Whether a predicted argument value equals one allowed value.
 
-    Numbers compare numerically (``20 == 20.0``; booleans are not numbers), strings
+    Numbers compare numerically (``20 == 20.0``; booleans are not numbers; two integers
+    compare exactly, and an integer too large for a float is a mismatch, never an error), strings
     case-sensitively after ``strip()``, lists element-wise, objects key-wise, and other
     values (``true``, ``null``) by equality of type and value.
     """
@@ -49,7 +52,12 @@ def values_match(predicted: Any, allowed: Any) -> bool:
     if isinstance(allowed, (int, float)):
         if not isinstance(predicted, (int, float)):
             return False
-        return math.isclose(float(predicted), float(allowed), rel_tol=1e-9, abs_tol=0.0)
+        if isinstance(allowed, int) and isinstance(predicted, int):
+            return predicted == allowed
+        try:
+            return math.isclose(float(predicted), float(allowed), rel_tol=1e-9, abs_tol=0.0)
+        except OverflowError:  # a 400-digit integer against a float: not that value
+            return False
     if isinstance(allowed, str):
         return isinstance(predicted, str) and predicted.strip() == allowed.strip()
     if isinstance(allowed, list):
@@ -235,10 +243,35 @@ _THINK = re.compile(r"<think>.*?</think>", re.S)
 _NUMBER = r"[-+\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _NUMBER_IN_TEXT = re.compile(r"(?<![\w.])" + _NUMBER)
 _WHOLE_NUMBER = re.compile(_NUMBER)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 
 
 def _to_float(s: str) -> float:
     return float(s.replace(",", "").replace("\u2212", "-"))
+
+
+def _to_decimal(s: str) -> Decimal:
+    return Decimal(s.replace(",", "").replace("\u2212", "-"))
+
+
+def _numbers(text: str) -> list[Decimal]:
+    """The numbers of ``text`` as :func:`extract_numbers` reads them, exactly (no float rounding
+    or overflow)."""
+    out = []
+    for m in _NUMBER_IN_TEXT.finditer(unicodedata.normalize("NFKC", text)):
+        try:
+            out.append(_to_decimal(m.group()))
+        except InvalidOperation:  # pragma: no cover - the regex only matches numbers
+            continue
+    return out
+
+
+def _same_number(x: Decimal, target: Decimal) -> bool:
+    """An integer target is met exactly (``21.0`` is 21, ``21.000001`` is not); a decimal one
+    within a relative 1e-6 (``92.50`` is 92.5)."""
+    if target == target.to_integral_value():
+        return x == target
+    return math.isclose(float(x), float(target), rel_tol=1e-6, abs_tol=1e-9)
 
 
 def normalize_answer(text: str) -> str:
@@ -259,32 +292,72 @@ def _part_matches(text: str, part: str) -> bool:
     if not part:
         return True
     if _WHOLE_NUMBER.fullmatch(part):
-        target = _to_float(part)
-        return any(math.isclose(x, target, rel_tol=1e-6, abs_tol=1e-9) for x in extract_numbers(text))
+        target = _to_decimal(part)
+        return any(_same_number(x, target) for x in _numbers(text))
     return f" {normalize_answer(part)} " in f" {normalize_answer(text)} "
 
 
-def answer_matches(text: str, acceptable: Iterable[str]) -> bool:
+def answer_span(text: str) -> str | None:
+    """The one span of a final answer that is scored: with ``<think>...</think>`` removed, the
+    content of its ``<answer>...</answer>`` block when it has exactly one, else (no block) the
+    whole text; ``None`` (nothing scores) for several blocks or an unclosed one."""
+    text = _THINK.sub(" ", text)
+    blocks = _ANSWER_BLOCK.findall(text)
+    if len(blocks) > 1 or (not blocks and "<answer>" in text.lower()):
+        return None
+    return blocks[0] if blocks else text
+
+
+def _stray_numbers(span: str, parts: list[str], targets: list[Decimal], known: list[Decimal]) -> list[Decimal]:
+    """The numbers of ``span`` that are not the value asked for: not a numeric target of any
+    acceptable answer, not part of a matched text part (``B-2001``, ``2024-05-28``), not in
+    the request (``known``). Each such number is another candidate for the value."""
+    rest = _numbers(span)
+    for p in parts:
+        if not _WHOLE_NUMBER.fullmatch(p):
+            for x in _numbers(p):  # the part's own digits, once each
+                i = next((k for k, y in enumerate(rest) if y == x), None)
+                if i is not None:
+                    del rest[i]
+    return [x for x in rest if not any(_same_number(x, t) for t in targets) and x not in known]
+
+
+def answer_matches(text: str, acceptable: Iterable[str], context: str = "") -> bool:
     """Whether the final answer ``text`` matches one of the ``acceptable`` answers.
 
-    The rule, applied to ``text`` with any ``<think>...</think>`` sections removed:
+    The rule, applied to :func:`answer_span` of ``text`` (one ``<answer>...</answer>`` block,
+    or without one the whole text; ``<think>`` sections removed):
 
     * an acceptable answer matches when every one of its parts (split on ``&&``; a plain
-      answer is one part) matches;
+      answer is one part) matches, and the span names no other candidate (below);
     * a part that is a number (optional sign, digits with optional ``,`` thousands
-      separators, optional decimals: ``42``, ``-3.5``, ``1,234.56``) matches when any number
-      in ``text`` (:func:`extract_numbers`) equals it within a relative 1e-6 (``92.5``
-      matches ``"about 92.50 EUR"`` but not ``92.46``: list rounded variants as further
-      acceptable answers);
+      separators, optional decimals: ``42``, ``-3.5``, ``1,234.56``) matches when a number
+      in the span (:func:`extract_numbers`) equals it: exactly for an integer (``21.0`` is
+      21), within a relative 1e-6 for a decimal (``92.5`` matches ``"about 92.50 EUR"`` but
+      not ``92.46``: list rounded variants as further acceptable answers);
     * any other part matches when its normalized form (:func:`normalize_answer`) is a
-      whole-word substring of the normalized ``text`` (``"new york"`` matches
-      ``"New-York!"``; ``"shipped"`` does not match ``"unshipped"``).
+      whole-word substring of the normalized span (``"new york"`` matches ``"New-York!"``;
+      ``"shipped"`` does not match ``"unshipped"``);
+    * one value, one candidate: every number in the span must be a numeric part of some
+      acceptable answer (rounded variants included), a digit of a matched text part
+      (``B-2001``), or a number of ``context`` (the request: "user 42"). A span listing
+      several candidates (``"18, 19, 20 or 21"``, ``"B-2001 or B-2002"``) matches nothing.
 
-    It is lenient by design: the answer may sit anywhere in a sentence, and negations are not
-    understood (``"not shipped"`` contains ``"shipped"``). No acceptable answers -> False.
+    Lenient otherwise: the answer may sit in a sentence, and negations are not understood
+    (``"not shipped"`` contains ``"shipped"``); a list of candidate WORDS without digits
+    (``"shipped or delivered"``) is not detected. No acceptable answers -> False.
     """
-    text = _THINK.sub(" ", text)
-    return any(all(_part_matches(text, p) for p in a.split("&&")) for a in acceptable if a.strip())
+    span = answer_span(text)
+    answers = [a for a in acceptable if a.strip()]
+    if span is None or not answers:
+        return False
+    split = [[p.strip() for p in a.split("&&") if p.strip()] for a in answers]
+    targets = [_to_decimal(p) for parts in split for p in parts if _WHOLE_NUMBER.fullmatch(p)]
+    known = _numbers(context)
+    return any(
+        all(_part_matches(span, p) for p in parts) and not _stray_numbers(span, parts, targets, known)
+        for parts in split
+    )
 
 
 def final_answer(traj: Trajectory) -> str | None:
@@ -297,7 +370,10 @@ def final_answer(traj: Trajectory) -> str | None:
 
 class ToolAnswerReward:
     """1.0 when an ``"answer"``-mode episode ends with a plain-text answer that matches one of
-    the task's acceptable answers (``tool_call.answer``, see :func:`answer_matches`), else 0.0.
+    the task's acceptable answers (``tool_call.answer``, see :func:`answer_matches`, with the
+    task's user messages as the context whose numbers are not candidates), else 0.0. The
+    answer read is one span: the final turn's ``<answer>...</answer>`` block (the system
+    prompt asks for it), or the whole final turn when it has none.
 
     The final answer is the last assistant turn; if it still has a ``<tool_call>`` (the
     episode ran out of turns while calling) or there is no assistant turn, the reward is 0.0.
@@ -312,7 +388,8 @@ class ToolAnswerReward:
         if spec is None or spec.mode != "answer":
             return None
         text = final_answer(traj)
-        return 1.0 if text is not None and answer_matches(text, spec.answer) else 0.0
+        request = " ".join(m.content for m in traj.task.messages if m.role == "user")
+        return 1.0 if text is not None and answer_matches(text, spec.answer, request) else 0.0
 
 
 class ToolCallFormatReward:

@@ -16,6 +16,7 @@ from envs.toolcall import (
     bfcl_to_native,
     format_call,
     load_bfcl,
+    parse_tool_calls,
     normalize_bfcl_schema,
     validate_arguments,
 )
@@ -28,8 +29,10 @@ from rewards.toolcall import (
     ToolCallFormatReward,
     ToolCallReward,
     answer_matches,
+    argument_fraction,
     extract_numbers,
     final_answer,
+    values_match,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -861,3 +864,74 @@ def test_shipped_answer_task_solvable(task):
     assert ToolAnswerReward()(echo) == 0.0
     # Answering at once, without calling the tools, does not score with the prompt's numbers either.
     assert ToolAnswerReward()(traj(task, [task.messages[1].content])) == 0.0
+
+
+# ----------------------------------------------------------------------------- answers that game the match
+
+
+def _answer_attacks(task: Task, tr: Trajectory) -> dict[str, str]:
+    """Wrong final answers, each naming the right value among others (or hiding it in noise)."""
+    ref = task.meta["reference"][-1]
+    right = ref.rsplit("<answer>", 1)[1].split("</answer>")[0]
+    tool_text = " ".join(m.content for m in tr.messages if m.role == "tool")
+    nums = sorted({int(x) for x in extract_numbers(right)} | {0})
+    spread = ", ".join(str(n + d) for n in nums for d in range(-3, 4))
+    attacks = {
+        "candidates_around_the_value": f"<answer>{right}, {spread}</answer>",
+        "candidates_untagged": f"It is one of {spread} or {right}, or 1, 2, 3, 1000.",
+        "two_answer_blocks": f"<answer>{right}</answer> or maybe <answer>{spread}</answer>",
+        "unclosed_answer_block": f"{right} <answer>{spread}",
+        "every_integer": "<answer>" + " ".join(str(i) for i in range(-50, 3000)) + f" {right}</answer>",
+    }
+    # The tool results pasted as the answer are a list of candidates when they hold a number that
+    # is neither the value nor the request's (else they hold the one value: a right answer).
+    request = task.messages[-1].content
+    values = set(extract_numbers(" ".join(task.tool_call.answer)))  # the value and its rounded variants
+    if set(extract_numbers(tool_text)) - set(extract_numbers(request)) - values:
+        attacks["tool_results_dumped"] = f"<answer>{tool_text}</answer>"
+        attacks["tool_results_dumped_untagged"] = tool_text
+    return attacks
+
+
+@pytest.mark.parametrize("task", ANSWER, ids=lambda t: t.id)
+def test_answers_listing_candidates_score_zero_on_every_shipped_answer_task(task):
+    ref = task.meta["reference"]
+    tr, _ = run_episode(task, ref)
+    assert ToolAnswerReward()(tr) == 1.0  # the baseline the attacks must not reach
+    for name, final in _answer_attacks(task, tr).items():
+        wrong, _ = run_episode(task, ref[:-1] + [final])
+        assert ToolAnswerReward()(wrong) == 0.0, (name, final[:300])
+
+
+@pytest.mark.parametrize(
+    "text, acceptable, ok",
+    [
+        ("<answer>21</answer>", ["21"], True),
+        ("Lisbon is at 21 °C, user 42 says.", ["21"], True),  # 42 is the request's number
+        ("<answer>20, 21, 22</answer>", ["21"], False),
+        ("It is 21 or 22.", ["21"], False),
+        ("21.000001", ["21"], False),  # integers compare exactly
+        ("21.0", ["21"], True),
+        ("92.5 EUR, about 93", ["92.5", "93"], True),  # rounded variants of the one value
+        ("<answer>B-2001 or B-2002</answer>", ["B-2001"], False),
+        ("<answer>2024-05-28, UPS</answer>", ["2024-05-28 && UPS"], True),
+        ("<answer>2024-05-28 or 2024-05-29, UPS</answer>", ["2024-05-28 && UPS"], False),
+        ("<answer>1" + "0" * 400 + "</answer>", ["21"], False),  # overflow is a mismatch
+        ("<answer>21</answer><answer>21</answer>", ["21"], False),
+    ],
+)
+def test_one_answer_span_one_candidate(text, acceptable, ok):
+    assert answer_matches(text, acceptable, "What is the temperature where user 42 lives?") is ok
+
+
+def test_integers_compare_exactly_and_overflow_is_a_mismatch():
+    big = 10**400
+    assert values_match(big, big) and not values_match(big + 1, big) and not values_match(big, 5.0)
+    assert not values_match(5.0, big) and values_match(20, 20.0) and not values_match(2**60 + 1, 2**60)
+    expected = [ExpectedCall("get_weather", {"city": ["Lisbon"], "days": [3]})]
+    r = ToolCallReward()
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Lisbon", "days": 1' + "0" * 400 + "}}</tool_call>"
+    assert r.score(text, expected) == pytest.approx(0.5)  # format + name, the arguments do not match
+    ok = '<tool_call>{"name": "get_weather", "arguments": {"city": "Lisbon", "days": 3}}</tool_call>'
+    assert r.score(ok, expected) == pytest.approx(1.0)
+    assert argument_fraction(parse_tool_calls(text)[0][0], expected[0]) == pytest.approx(0.5)

@@ -359,6 +359,8 @@ def _multi_turn() -> list[tuple[str, dict[str, Any], _Episode, list[str]]]:
     def add(request: str, state: dict[str, Any], build) -> None:
         ep = _Episode(state)
         answers = build(ep)
+        # The reference answer ends with its one answer span, as the system prompt asks.
+        ep.turns[-1] += f"\n<answer>{answers[0].replace(' && ', ', ')}</answer>"
         out.append((request, state, ep, answers))
 
     def weather_of_user(ep: _Episode) -> list[str]:
