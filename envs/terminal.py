@@ -43,10 +43,21 @@ Episode and check semantics (:class:`TerminalEnv`)
   - ``max_turns`` turns were taken, the time budget is spent, or the shell died of a
     command that could not be interrupted: ``truncated=True``.
   Truncated episodes are checked and scored like the others.
-* Before the check, the session is closed: every process it started (background jobs,
-  daemons) is killed, so nothing keeps changing the work dir while the check runs and
-  the check sees a settled state. Tasks about processes therefore check side effects
-  (files a process writes when it gets a signal), not live processes.
+* Values the check compares against are held by the harness, never kept in the work dir:
+  the setup runs with ``$JOINTRL_HELD`` naming a directory (:data:`HELD_DIR` in the work
+  dir) and writes each such value there as a file ``NAME`` (a token's hash, a process id
+  and start time, an expected output); right after the setup, before the policy's first
+  turn, the harness reads them (:func:`read_held`) and removes the directory. The check
+  gets each as the environment variable ``HELD_NAME``, which the policy cannot write.
+* Before the check, the harness records the session's process table from the host's
+  /proc (:func:`session_processes`; nothing in the sandbox is asked) and hands it to the
+  check as ``$HELD_PROCESSES``, one ``PID START_TIME COMMAND LINE`` line per live process
+  (pid inside the sandbox, start time in clock ticks since boot). Then the session is
+  closed: every process it started (background jobs, daemons) is killed, so nothing keeps
+  changing the work dir while the check runs and the check sees a settled state. A process
+  task checks both what a process did (files it writes on a signal) and which processes
+  were still alive at the end (the pids and start times its setup held): "killed the right
+  one" differs from "killed everything and edited the log".
 * The check: ``spec.check`` runs as ``bash -c <check>`` in a SEPARATE, fresh sandbox
   process (:meth:`Sandbox.run`) over the same work dir, cwd the work dir, with the
   harness's environment (:data:`CHECK_ENV`: ``HOME`` outside the work dir, a system-only
@@ -79,8 +90,11 @@ Scoring for the recipe lives in :mod:`rewards.terminal`.
 from __future__ import annotations
 
 import math
+import os
 import posixpath
 import re
+import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -102,6 +116,12 @@ __all__ = [
     "parse_check_result",
     "truncate_output",
     "SandboxUnavailable",
+    "HELD_DIR",
+    "HELD_PREFIX",
+    "PROCESS_TABLE",
+    "read_held",
+    "session_processes",
+    "check_env",
 ]
 
 DONE_MARKER = "DONE"
@@ -125,6 +145,14 @@ _SETUP_TIMEOUT_S = 60.0
 # The vetting script runs inside the check's sandbox, which does not see the harness's files.
 _VET_SOURCE = Path(terminal_git.__file__).read_text(encoding="utf-8")
 RUNS_POLICY_FILES = "check_runs_policy_files"  # Task.meta flag: the check runs a program the policy wrote
+
+# Values the harness holds for the check, out of the policy's reach (see the module docstring).
+HELD_DIR = ".jointrl-held"  # where the setup writes them ($JOINTRL_HELD); gone before the policy's turn
+HELD_PREFIX = "HELD_"  # the check reads value NAME as $HELD_NAME
+PROCESS_TABLE = "PROCESSES"  # $HELD_PROCESSES: the session's process table, recorded before it is closed
+_HELD_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+_HELD_MAX_BYTES = 65536
+_HELD_MAX_FILES = 32
 
 # The check's environment comes from the harness, never from the work dir the policy wrote:
 # HOME outside every writable place (no dotfiles, no ~/.local/bin, no user site-packages),
@@ -186,6 +214,89 @@ def check_env(runs_policy_files: bool = False, work_dir: str | None = None) -> d
     if work_dir is not None:
         env["GIT_CEILING_DIRECTORIES"] = posixpath.dirname(posixpath.normpath(work_dir)) or "/"
     return env
+
+
+def _pidfd_pid(pidfd: int) -> int | None:
+    """The pid (in this process's namespace) behind ``pidfd``, from /proc/self/fdinfo."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    pid = int(line.split()[1])
+                    return pid if pid > 0 else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def session_processes(pidfd: int | None) -> list[tuple[int, int, str]]:
+    """The live processes of a sandbox, read from the host's /proc (nothing in the sandbox is
+    asked, so nothing the policy runs can shape the answer): ``(pid inside the sandbox, start
+    time in clock ticks since boot, command line with NULs as spaces)`` for each process in the
+    PID namespace of the process behind ``pidfd`` (the sandbox's PID 1), zombies left out,
+    sorted by pid. A pid with its start time names one process: a later process that reuses
+    the pid has another start time."""
+    pid = None if pidfd is None else _pidfd_pid(pidfd)
+    if pid is None:
+        return []
+    try:
+        ns = os.stat(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return []
+    table = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{name}/ns/pid")
+            if (st.st_ino, st.st_dev) != (ns.st_ino, ns.st_dev):
+                continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+            with open(f"/proc/{name}/status", "rb") as f:
+                nspid = next(ln for ln in f if ln.startswith(b"NSpid:")).split()[-1]
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, StopIteration):
+            continue  # gone meanwhile
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if fields[0] in (b"Z", b"X"):
+            continue
+        cmd = cmdline.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+        table.append((int(nspid), int(fields[19]), cmd))
+    return sorted(table)
+
+
+def read_held(task_id: str, held_dir: str) -> dict[str, str]:
+    """The values a setup left in ``held_dir`` (:data:`HELD_DIR`) as the check's environment
+    (``HELD_<name>``). Each is a regular file named ``[A-Za-z0-9_]{1,64}`` of at most 64 KiB
+    of text without NUL, at most 32 of them, never ``PROCESSES``; anything else is the
+    setup's bug and raises ``RuntimeError`` naming the task and the file."""
+    held: dict[str, str] = {}
+    if not os.path.lexists(held_dir):
+        return held
+    if not stat.S_ISDIR(os.lstat(held_dir).st_mode):
+        raise RuntimeError(f"terminal task {task_id!r}: setup: ${HELD_DIR} is not a directory")
+    names = sorted(os.listdir(held_dir))
+    if len(names) > _HELD_MAX_FILES:
+        raise RuntimeError(f"terminal task {task_id!r}: setup held {len(names)} values (at most {_HELD_MAX_FILES})")
+    for name in names:
+        path = os.path.join(held_dir, name)
+        st = os.lstat(path)
+        why = None
+        if not _HELD_NAME.fullmatch(name) or name == PROCESS_TABLE:
+            why = f"the name is not [A-Za-z0-9_]{{1,64}} or is the reserved {PROCESS_TABLE!r}"
+        elif not stat.S_ISREG(st.st_mode) or st.st_size > _HELD_MAX_BYTES:
+            why = f"not a regular file of at most {_HELD_MAX_BYTES} bytes"
+        else:
+            with open(path, "rb") as f:
+                data = f.read(_HELD_MAX_BYTES + 1)
+            if b"\0" in data:
+                why = "holds a NUL byte (it goes into the check's environment)"
+            held[HELD_PREFIX + name] = data.decode("utf-8", "replace")
+        if why:
+            raise RuntimeError(f"terminal task {task_id!r}: setup held value {name!r}: {why}")
+    return held
 
 
 def parse_action(text: str, done_marker: str = DONE_MARKER) -> tuple[str, str | None]:
@@ -353,6 +464,7 @@ class TerminalEnv:
         self._turns = 0
         self._used_s = 0.0
         self._events: list[str] = []
+        self._held: dict[str, str] = {}
 
     # -- episode -----------------------------------------------------------------------
 
@@ -370,26 +482,39 @@ class TerminalEnv:
         self._turns = 0
         self._used_s = 0.0
         self._events = []
+        self._held = {}
         try:
             # The Sandbox owns (and on close removes) the work dir; the session and the check
             # both run over it.
             self._box = Sandbox(None, self.limits, self.sandbox, config=self.sandbox_config)
             self._session = ShellSession(self._box.work_dir, self.limits, self.sandbox)
             if spec.setup.strip():
-                setup = f"(\nset -e\n{spec.setup}\n) </dev/null"
-                res = self._session.run(setup, timeout=max(_SETUP_TIMEOUT_S, spec.time_limit_s))
-                if res.timed_out or res.exit_code != 0 or not self._session.alive:
-                    why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
-                    raise RuntimeError(
-                        f"terminal task {task.id!r}: setup failed ({why}); its output:\n"
-                        f"{truncate_output(res.output, 4000)}"
-                    )
+                self._run_setup(task)
         except BaseException:
             self._release()
             self._task = None
             raise
         self._done = False
         return list(task.messages)
+
+    def _run_setup(self, task: Task) -> None:
+        """Run the setup in the session; take the values it held (``$JOINTRL_HELD``) out of the
+        work dir before the policy's first turn (see :func:`read_held`)."""
+        assert self._session is not None and self._box is not None and task.terminal is not None
+        spec = task.terminal
+        held_inner = posixpath.join(self._box.inner_work_dir, HELD_DIR)
+        setup = f'(\nset -e\nexport JOINTRL_HELD={held_inner}\nmkdir -p "$JOINTRL_HELD"\n{spec.setup}\n) </dev/null'
+        res = self._session.run(setup, timeout=max(_SETUP_TIMEOUT_S, spec.time_limit_s))
+        if res.timed_out or res.exit_code != 0 or not self._session.alive:
+            why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
+            raise RuntimeError(
+                f"terminal task {task.id!r}: setup failed ({why}); its output:\n{truncate_output(res.output, 4000)}"
+            )
+        held_host = os.path.join(self._box.work_dir, HELD_DIR)
+        self._held = read_held(task.id, held_host)
+        shutil.rmtree(held_host, ignore_errors=True)
+        if os.path.lexists(held_host):
+            raise RuntimeError(f"terminal task {task.id!r}: setup: {HELD_DIR} could not be removed")
 
     def step(self, action: str) -> tuple[list[Message], bool, bool, dict[str, Any]]:
         if self._task is None:
@@ -477,7 +602,9 @@ class TerminalEnv:
     def _run_check(self) -> tuple[float, bool, str, int | None]:
         """Kill the session, then run the check in a fresh sandbox process over the work dir."""
         assert self._task is not None and self._task.terminal is not None and self._box is not None
+        procs: list[tuple[int, int, str]] = []
         if self._session is not None:
+            procs = session_processes(self._session.init_pidfd)  # before the session is gone
             self._session.close()  # kills every process the policy (or setup) started
             self._session = None
         lim = Limits(
@@ -493,7 +620,10 @@ class TerminalEnv:
         refused = self._vet_git(lim)
         if refused is not None:
             return 0.0, False, truncate_output(refused, 4000), None
-        env = check_env(runs_policy_files, self._box.inner_work_dir)
+        env = {**check_env(runs_policy_files, self._box.inner_work_dir), **self._held}
+        env[HELD_PREFIX + PROCESS_TABLE] = "".join(f"{pid} {start} {cmd}\n" for pid, start, cmd in procs)[
+            :_HELD_MAX_BYTES
+        ]
         res = self._box.run(["bash", "-c", self._task.terminal.check], limits=lim, env=env)
         if "storage" in res.events:
             self._events.append("storage")

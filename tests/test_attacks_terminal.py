@@ -272,3 +272,106 @@ def test_the_work_dir_as_a_bare_repository_fools_an_unguarded_check(play, monkey
     monkeypatch.setattr(terminal, "check_env", without_bare_pin)
     score, info = play("root", ROOT_BARE_ATTACK)
     assert score == 1.0, info["check_output"]
+
+
+# ------------------------------------------------------------------ checks out of the policy's reach
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from envs.io import load_tasks
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "recipes" / "data" / "terminal_tasks.jsonl"
+    return {t.id: t for t in load_tasks(data)}
+
+
+@pytest.fixture(scope="module")
+def play_shipped(shipped):
+    env, reward = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0), TerminalCheckReward()
+
+    def run(task_id: str, *commands: str) -> tuple[float, dict]:
+        task = shipped[task_id]
+        env.reset(task)
+        for cmd in commands:
+            env.step(f"```bash\n{cmd}\n```")
+        info = env.step("DONE")[3]
+        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
+        return reward(traj), info
+
+    yield run
+    env.close()
+
+
+_KILL_ALL = (
+    "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in "
+    "'bash worker.sh '*) kill ${p#/proc/};; esac; done; sleep 1"
+)
+PROCESS_ATTACKS = {
+    # The token's hash is not in the work dir any more: a forged hash + log line scores nothing.
+    "forged_token_and_log": (
+        "terminal-process-stop-worker",
+        "printf '%s' x | sha256sum | cut -c1-64 > .token.sha256; echo 'worker x' > stopped.log",
+    ),
+    "sigkill_then_forged_log": (
+        "terminal-process-stop-worker",
+        'kill -9 "$(cat worker.pid)"; sleep 0.5; echo "worker $(cat .token.sha256 2>/dev/null)" > stopped.log',
+    ),
+    "named_forged_log": ("terminal-process-kill-named", "echo 'beta x' > stopped.log"),
+    # Every worker stopped (each wrote its line), then the log edited down to beta's.
+    "kill_all_edit_log": (
+        "terminal-process-kill-named",
+        f"{_KILL_ALL}; grep '^beta ' stopped.log > s; mv s stopped.log",
+    ),
+    # ...and fresh workers with the same command lines started in place of alpha and gamma.
+    "kill_all_restart_lookalikes": (
+        "terminal-process-kill-named",
+        f"{_KILL_ALL}; grep '^beta ' stopped.log > s; mv s stopped.log; "
+        "for n in alpha gamma; do echo t | bash worker.sh $n > /dev/null 2>&1 & done; sleep 0.5",
+    ),
+    "held_dir_planted": (
+        "terminal-process-kill-named",
+        "mkdir -p .jointrl-held && printf '%s' \"$(printf x | sha256sum | cut -c1-64)\" > .jointrl-held/token_sha256 "
+        "&& echo 'beta x' > stopped.log",
+    ),
+}
+
+
+def test_shipped_process_solutions_pass(play_shipped, shipped):
+    for tid in ("terminal-process-stop-worker", "terminal-process-kill-named"):
+        score, info = play_shipped(tid, shipped[tid].terminal.solution)
+        assert score == 1.0, info["check_output"]
+
+
+@pytest.mark.parametrize("attack", sorted(PROCESS_ATTACKS))
+def test_process_attack_scores_zero(play_shipped, attack):
+    tid, cmd = PROCESS_ATTACKS[attack]
+    score, info = play_shipped(tid, cmd)
+    assert score == 0.0, (attack, info["check_output"])
+
+
+def test_the_held_values_and_process_table_reach_the_check_only():
+    """The setup's held values are gone from the work dir before the policy's turn; the check
+    reads them and the process table from its environment."""
+    spec = TerminalSpec(
+        setup='printf s3cret > "$JOINTRL_HELD/secret"\nsleep 1000 > /dev/null 2>&1 &\n'
+        'printf \'%s %s\' "$!" "$(cut -d\' \' -f22 /proc/$!/stat)" > "$JOINTRL_HELD/sleeper"',
+        check='[ "$HELD_secret" = s3cret ] && printf \'%s\\n\' "$HELD_PROCESSES" | grep -q "^$HELD_sleeper sleep 1000$" '
+        '&& [ ! -e .jointrl-held ] && [ "$(cat seen)" = none ] || { echo FAIL; exit 1; }',
+        time_limit_s=30,
+    )
+    env = TerminalEnv(check_timeout_s=10.0)
+    task = Task(id="held", domain="terminal", terminal=spec, messages=(Message("user", "x"),))
+    env.reset(task)
+    env.step("```bash\nls -A .jointrl-held 2>/dev/null || echo none > seen; env | grep -c HELD_ >> seen; true\n```")
+    info = env.step("DONE")[3]
+    assert info["reward"] == 0.0 and "FAIL" in info["check_output"]  # `seen` has two lines: none, 0
+    env.reset(task)
+    env.step("```bash\n[ -e .jointrl-held ] || echo none > seen\n```")
+    info = env.step("DONE")[3]
+    assert info["reward"] == 1.0, info["check_output"]
+    env.reset(task)
+    env.step("```bash\necho none > seen; kill %1 2>/dev/null; pkill -x sleep; sleep 0.3\n```")
+    info = env.step("DONE")[3]
+    assert info["reward"] == 0.0, info["check_output"]  # the sleeper is gone from the table
+    env.close()

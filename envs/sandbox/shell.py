@@ -313,6 +313,13 @@ class ShellSession:
     def alive(self) -> bool:
         return not self._closed and self._dead is None
 
+    @property
+    def init_pidfd(self) -> int | None:
+        """A pidfd of the sandbox's PID 1 while the session runs, else None. Every process the
+        session started lives in that process's PID namespace, so the harness can list them
+        from the host's /proc (see :func:`envs.terminal.session_processes`)."""
+        return self._inner
+
     def _collect(self, col: _PromptCollector, deadline: float) -> str:
         """Read into ``col`` until the prompt ("prompt"), EOF ("eof") or ``deadline`` ("timeout")."""
         pexpect = self._pexpect

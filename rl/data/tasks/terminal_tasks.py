@@ -17,12 +17,15 @@ Rules every task follows (the test suite verifies the first two on every task):
 * doing nothing fails it (reward < 1.0);
 * setup and check use only tools of a Debian base system (coreutils, findutils, grep,
   sed, mawk, diffutils, tar, gzip, bash) plus ``python3`` and ``git``;
-* checks compare against expected values computed here (embedded in the check), not
-  against files the policy could have edited, where that is practical; they print
-  ``FAIL: <why>`` when they fail;
+* checks compare against expected values computed here (embedded in the check) or held
+  by the harness (a value only the setup can know, such as a random token's hash or a
+  process's pid and start time: the setup writes it with :func:`hold` and the check reads
+  ``$HELD_<name>``), never against a file in the work dir the policy could rewrite; they
+  print ``FAIL: <why>`` when they fail;
 * the check runs after every process of the episode was killed (see
   :mod:`envs.terminal`), so process tasks check what a process did on SIGTERM (a trap
-  that writes a file holding a secret token only that process knows).
+  that writes a file holding a secret token only that process knows) and which of the
+  setup's processes were alive at the end (``$HELD_PROCESSES``, the harness's record).
 """
 
 from __future__ import annotations
@@ -129,13 +132,43 @@ while :; do
 done
 """
 
-# Setup lines that make a secret token (only its hash is kept on disk) for workers.
+
+def hold(name: str, value: str) -> str:
+    """Setup line: hand the value of the bash expression ``value`` to the check as ``$HELD_<name>``,
+    held by the harness where the policy cannot write it (see :mod:`envs.terminal`)."""
+    return f'printf \'%s\' "{value}" > "$JOINTRL_HELD/{name}"'
+
+
+# Setup lines that make a secret token for workers; only its hash is kept, by the harness.
 _TOKEN = "\n".join(
     [
         "tok=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \\n')",
-        "printf '%s' \"$tok\" | sha256sum | cut -c1-64 > .token.sha256",
+        hold("token_sha256", "$(printf '%s' \"$tok\" | sha256sum | cut -c1-64)"),
     ]
 )
+
+
+def _start_worker(name: str) -> str:
+    """Setup lines: start ``bash worker.sh <name>`` with the token, wait until its trap is set,
+    and hold its pid and start time (``$HELD_worker_<name>``: one process, even if the pid is
+    reused later)."""
+    pidfile = f"/tmp/.worker-{name}.pid"
+    return "\n".join(
+        [
+            f'echo "$tok" | bash worker.sh {name} >/dev/null 2>&1 &',
+            _wait_for(pidfile, fail=True),
+            hold(f"worker_{name}", f"$(cat {pidfile}) $(cut -d' ' -f22 /proc/$(cat {pidfile})/stat)"),
+        ]
+    )
+
+
+def _alive(name: str) -> str:
+    """A bash condition: worker ``name`` (held pid and start time) was alive when the episode ended."""
+    return f'[ -n "$HELD_worker_{name}" ] && printf \'%s\\n\' "$HELD_PROCESSES" | grep -q "^$HELD_worker_{name} "'
+
+
+def _dead(name: str) -> str:
+    return f'[ -n "$HELD_worker_{name}" ] && ! printf \'%s\\n\' "$HELD_PROCESSES" | grep -q "^$HELD_worker_{name} "'
 
 
 def _wait_for(path: str, fail: bool = False) -> str:
@@ -997,7 +1030,9 @@ def _process(b: _Builder) -> None:
         "| grep -cx 'sleep 1000 ' > count.txt",
     )
 
-    token_ok = '[ "$(printf \'%s\' "$tok" | sha256sum | cut -c1-64)" = "$(cat .token.sha256)" ]'
+    token_ok = (
+        '[ -n "$HELD_token_sha256" ] && [ "$(printf \'%s\' "$tok" | sha256sum | cut -c1-64)" = "$HELD_token_sha256" ]'
+    )
     b.add(
         "stop-worker",
         "process",
@@ -1008,12 +1043,12 @@ def _process(b: _Builder) -> None:
             [
                 put("worker.sh", _WORKER),
                 _TOKEN,
-                'echo "$tok" | bash worker.sh worker >/dev/null 2>&1 &',
-                _wait_for("/tmp/.worker-worker.pid", fail=True),
+                _start_worker("worker"),
                 "cp /tmp/.worker-worker.pid worker.pid",
             ]
         ),
         check(
+            need(_dead("worker"), "the worker is still running"),
             need('[ -f stopped.log ] && [ "$(wc -l < stopped.log)" = 1 ]', "the worker did not stop cleanly"),
             "read -r name tok < stopped.log",
             need(f'[ "$name" = worker ] && {token_ok}', "stopped.log was not written by the worker"),
@@ -1032,11 +1067,12 @@ def _process(b: _Builder) -> None:
             [
                 put("worker.sh", _WORKER),
                 _TOKEN,
-                *(f'echo "$tok" | bash worker.sh {n} >/dev/null 2>&1 &' for n in ("alpha", "beta", "gamma")),
-                *(_wait_for(f"/tmp/.worker-{n}.pid", fail=True) for n in ("alpha", "beta", "gamma")),
+                *(_start_worker(n) for n in ("alpha", "beta", "gamma")),
             ]
         ),
         check(
+            need(_dead("beta"), "the beta worker is still running"),
+            need(_alive("alpha") + " && " + _alive("gamma"), "the alpha and gamma workers did not keep running"),
             need('[ -f stopped.log ] && [ "$(wc -l < stopped.log)" = 1 ]', "not exactly one worker stopped cleanly"),
             "read -r name tok < stopped.log",
             need(f'[ "$name" = beta ] && {token_ok}', "the worker that stopped is not beta"),
