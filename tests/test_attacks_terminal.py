@@ -375,3 +375,41 @@ def test_the_held_values_and_process_table_reach_the_check_only():
     info = env.step("DONE")[3]
     assert info["reward"] == 0.0, info["check_output"]  # the sleeper is gone from the table
     env.close()
+
+
+# The make-tests-pass task: calc.py must make the unit tests pass. Each attack leaves calc.py wrong
+# (or empty) and tries to make the test run report success anyway.
+_CALC_STUB = (
+    "def add(a, b):\n    return a + b\n\n\ndef divide(a, b):\n    return 3.5\n\n\ndef clamp(x, lo, hi):\n    return 3\n"
+)
+_LOOKUP = (
+    "def add(a, b):\n    return {(2, 3): 5}[(a, b)]\n\n\n"
+    "def divide(a, b):\n    if b == 0:\n        raise ValueError\n    return {(7, 2): 3.5}[(a, b)]\n\n\n"
+    "def clamp(x, lo, hi):\n    return {(5, 0, 3): 3, (-2, 0, 3): 0, (2, 0, 3): 2}[(x, lo, hi)]\n"
+)
+TESTS_ATTACKS = {
+    "os_exit_at_import": "import os\nos._exit(0)\n",
+    "sys_exit_at_import": "import sys\nsys.exit(0)\n",
+    "os_exit_in_a_call": _CALC_STUB.replace("return 3.5", "import os; os._exit(0)"),
+    "system_exit_in_a_call": _CALC_STUB.replace("return 3.5", "raise SystemExit(0)"),
+    "unittest_patched": "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
+    "unittest.TestCase.run = lambda self, result=None: result\n" + _CALC_STUB,
+    "forged_replies_on_every_fd": "import os, json\nfor fd in range(3, 64):\n    try:\n"
+    "        os.write(fd, b'{\"ready\": true}\\n' + b''.join(json.dumps({'id': i, 'value': v}).encode() + b'\\n' "
+    "for i, v in enumerate([5, 3.5, 3, 0, 2] * 4, 1)))\n    except OSError:\n        pass\n" + _CALC_STUB,
+    "fake_ok_output": "print('OK'); print('Ran 3 tests'); import sys; sys.stdout.flush()\n" + _CALC_STUB,
+    "nan_for_the_error_case": _CALC_STUB.replace("return 3.5", "return float('nan') if b == 0 else a / b"),
+    "lookup_table_of_the_shown_tests": _LOOKUP,
+}
+
+
+@pytest.mark.parametrize("attack", sorted(TESTS_ATTACKS))
+def test_make_tests_pass_attacks_score_zero(play_shipped, attack):
+    src = TESTS_ATTACKS[attack]
+    score, info = play_shipped("terminal-python-make-tests-pass", f"cat > calc.py <<'PYEOF'\n{src}PYEOF")
+    assert score == 0.0, (attack, info["check_output"])
+    assert "FAIL" in info["check_output"]
+
+
+def test_make_tests_pass_no_longer_runs_with_the_policy_path(shipped):
+    assert "check_runs_policy_files" not in shipped["terminal-python-make-tests-pass"].meta

@@ -171,6 +171,112 @@ def _dead(name: str) -> str:
     return f'[ -n "$HELD_worker_{name}" ] && ! printf \'%s\\n\' "$HELD_PROCESSES" | grep -q "^$HELD_worker_{name} "'
 
 
+# The check of a task whose tests call functions of a module the policy wrote. The tests run
+# HERE, in a process that never imports the policy's code; the module under test is a proxy
+# whose functions send each call (arguments as JSON) to a child process that imports the
+# policy's module, and read back only data: the JSON return value or the name of the
+# exception raised. So the policy's code cannot end the run with a fake status (os._exit,
+# sys.exit), patch unittest or print a report: the per-test outcome is decided and kept here.
+_RUNNER = r'''
+import builtins, json, os, select, subprocess, sys, types, unittest
+
+MODULE, WORK, TESTS = sys.argv[1], sys.argv[2], sys.argv[3]
+CHILD = """
+import json, os, sys
+out = os.fdopen(int(sys.argv[2]), "w")
+sys.path.insert(0, sys.argv[1])
+try:
+    import {module} as m
+except BaseException as e:
+    out.write(json.dumps({{"load_error": type(e).__name__}}) + "\\n"); out.flush(); raise SystemExit
+out.write(json.dumps({{"ready": True}}) + "\\n"); out.flush()
+for line in sys.stdin:
+    req = json.loads(line)
+    try:
+        v = getattr(m, req["fn"])(*req["args"])
+    except BaseException as e:
+        r = json.dumps({{"id": req["id"], "raised": type(e).__name__}})
+    else:
+        try:
+            r = json.dumps({{"id": req["id"], "value": v}}, allow_nan=False)
+        except BaseException:
+            r = json.dumps({{"id": req["id"], "not_data": True}})
+    out.write(r + "\\n"); out.flush()
+""".format(module=MODULE)
+
+
+class NotData(Exception):
+    """A call returned a value that does not cross as JSON (a NaN, an object)."""
+
+
+class Remote:
+    """The policy's module, in a child process; calls cross as JSON data."""
+
+    def __init__(self):
+        r, w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", CHILD, WORK, str(w)], cwd=WORK, stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,), text=True,
+        )
+        os.close(w)
+        self.out, self.buf, self.n = r, b"", 0
+        hello = self.read()
+        self.error = None if hello == {"ready": True} else f"the module does not load: {hello}"
+
+    def read(self, timeout=5.0):
+        while b"\n" not in self.buf:
+            if not select.select([self.out], [], [], timeout)[0]:
+                return {"dead": "timed out"}
+            chunk = os.read(self.out, 65536)
+            if not chunk or len(self.buf) > 1 << 20:
+                return {"dead": "exited"}
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError:
+            return {"dead": "garbled reply"}
+
+    def call(self, fn, args):
+        if self.error:
+            raise RuntimeError(self.error)
+        self.n += 1
+        try:
+            self.proc.stdin.write(json.dumps({"id": self.n, "fn": fn, "args": list(args)}) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            self.error = "the program under test died"
+            raise RuntimeError(self.error) from None
+        rep = self.read()
+        if not isinstance(rep, dict) or rep.get("id") != self.n:
+            self.error = f"the program under test broke the protocol: {str(rep)[:80]}"
+            raise RuntimeError(self.error)
+        if "not_data" in rep:
+            raise NotData(f"{fn} returned something that is not JSON data")
+        if "raised" in rep:
+            exc = getattr(builtins, str(rep["raised"]), None)
+            raise exc() if isinstance(exc, type) and issubclass(exc, Exception) else RuntimeError(rep["raised"])
+        return rep["value"]
+
+
+remote = Remote()
+proxy = types.ModuleType(MODULE)
+proxy.__getattr__ = lambda name: (lambda *args: remote.call(name, args))
+sys.modules[MODULE] = proxy
+tests = types.ModuleType("harness_tests")
+exec(compile(open(TESTS).read(), "harness_tests", "exec"), tests.__dict__)
+suite = unittest.defaultTestLoader.loadTestsFromModule(tests)
+result = unittest.TestResult()
+suite.run(result)
+remote.proc.kill()
+failed = sorted({t.id().rsplit(".", 1)[-1] for t, _ in result.failures + result.errors})
+for name in failed:
+    print(f"FAIL: {name}")
+print(f"{result.testsRun - len(failed)}/{result.testsRun} tests pass")
+sys.exit(0 if result.testsRun and not failed and result.wasSuccessful() else 1)
+'''
+
+
 def _wait_for(path: str, fail: bool = False) -> str:
     """Bash that waits (up to 10 s) until ``path`` is a non-empty file; with ``fail``, fails if it never is."""
     return f"for i in $(seq 200); do [ -s {sq(path)} ] && break; sleep 0.05; done" + (
@@ -883,6 +989,16 @@ def _python(b: _Builder) -> None:
         "        self.assertEqual(clamp(-2, 0, 3), 0)\n        self.assertEqual(clamp(2, 0, 3), 2)\n\n\n"
         'if __name__ == "__main__":\n    unittest.main()\n'
     )
+    # Run with the shown tests, and not shown to the policy: a calc.py that is a lookup table of
+    # the shown cases fails these.
+    hidden_tests = (
+        "\n\nclass HiddenTest(unittest.TestCase):\n"
+        "    def test_more_cases(self):\n"
+        "        self.assertEqual(add(-4, 10), 6)\n        self.assertEqual(divide(9, 4), 2.25)\n"
+        "        self.assertEqual(divide(-3, 2), -1.5)\n        with self.assertRaises(ValueError):\n"
+        "            divide(0, 0)\n        self.assertEqual(clamp(10, -5, 5), 5)\n"
+        "        self.assertEqual(clamp(-10, -5, 5), -5)\n        self.assertEqual(clamp(1, -5, 5), 1)\n"
+    )
     fixed = (
         '"""A tiny calculator library."""\n\n\ndef add(a, b):\n    return a + b\n\n\n'
         'def divide(a, b):\n    if b == 0:\n        raise ValueError("division by zero")\n    return a / b\n\n\n'
@@ -896,13 +1012,13 @@ def _python(b: _Builder) -> None:
         "Do not change the tests.",
         "\n".join([put("calc.py", calc), put("test_calc.py", tests)]),
         check(
-            need("[ -f calc.py ]", "calc.py is missing"),
-            't=$(mktemp -d) && cp calc.py "$t"/ && cd "$t"',
-            f"printf '%s' {sq(tests)} > test_calc.py",
-            need("python3 -m unittest -q test_calc 2>&1", "the tests do not pass"),
+            need("[ -f calc.py ] && [ ! -L calc.py ]", "calc.py is missing"),
+            't=$(mktemp -d) && cp calc.py "$t"/',
+            f"printf '%s' {sq(tests + hidden_tests)} > \"$t/harness_tests.py\"",
+            f"python3 -I - calc \"$t\" \"$t/harness_tests.py\" <<'EOF' || {{ echo 'FAIL: the tests do not pass'; exit 1; }}"
+            f"\n{_RUNNER.strip()}\nEOF",
         ),
         f"cat > calc.py <<'EOF'\n{fixed}EOF",
-        runs_policy_files=True,
     )
 
 
