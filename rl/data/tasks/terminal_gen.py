@@ -124,14 +124,21 @@ def partial_check(subchecks: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def is_file(path: str) -> str:
+    """Condition: ``path`` is a regular file reached without any symlink (neither it nor a
+    directory on its way is a link: a link to the input is not the copy or file asked for)."""
+    return f'[ -f {sq(path)} ] && [ "$(readlink -f -- {sq(path)})" = "$PWD/"{sq(path)} ]'
+
+
 def holds(path: str, text: str) -> str:
-    """Condition: ``path`` is a file whose content is ``text`` (trailing newlines ignored on both sides)."""
-    return f'{{ [ -f {sq(path)} ] && [ "$(cat {sq(path)})" = {sq(text.rstrip(chr(10)))} ]; }}'
+    """Condition: ``path`` is a regular file (:func:`is_file`) whose content is ``text``
+    (trailing newlines ignored on both sides)."""
+    return f'{{ {is_file(path)} && [ "$(cat {sq(path)})" = {sq(text.rstrip(chr(10)))} ]; }}'
 
 
 def value(path: str, v: str) -> str:
-    """Condition: ``path`` holds ``v`` once whitespace is removed."""
-    return f"{{ [ -f {sq(path)} ] && [ \"$(tr -d '[:space:]' < {sq(path)})\" = {sq(v)} ]; }}"
+    """Condition: ``path`` (a regular file, :func:`is_file`) holds ``v`` once whitespace is removed."""
+    return f"{{ {is_file(path)} && [ \"$(tr -d '[:space:]' < {sq(path)})\" = {sq(v)} ]; }}"
 
 
 def _task(instruction: str, setup: str, subchecks: list[tuple[str, str]], solution: str) -> Task:
@@ -165,7 +172,7 @@ def _touch_file(rng: random.Random) -> Task:
     return _task(
         f"Create an empty file named `{name}`.",
         "",
-        [(f"{{ [ -f {sq(name)} ] && [ ! -s {sq(name)} ]; }}", f"{name} is missing or not empty")],
+        [(f"{{ {is_file(name)} && [ ! -s {sq(name)} ]; }}", f"{name} is missing or not empty")],
         f"touch {sq(name)}",
     )
 
@@ -195,7 +202,7 @@ def _make_dir(rng: random.Random) -> Task:
     return _task(
         f"Create a directory named `{name}`.",
         "",
-        [(f"[ -d {sq(name)} ]", f"{name} is not a directory")],
+        [(f"{{ [ -d {sq(name)} ] && [ ! -L {sq(name)} ]; }}", f"{name} is not a directory")],
         f"mkdir {sq(name)}",
     )
 
@@ -404,7 +411,11 @@ def _organize_logs(rng: random.Random) -> Task:
         setup,
         [
             (f"{{ {in_dir}; }}", f"not every .log file is in {d}/"),
-            (f"{{ {gone} && {kept}; }}", ".log files are left in the current directory or other files moved"),
+            # Removal counts only with the move: deleting the .log files earns nothing.
+            (
+                f"{{ {in_dir} && {gone} && {kept}; }}",
+                ".log files are left in the current directory (or were not moved) or other files moved",
+            ),
             (value(f"{d}/count.txt", str(len(logs))), f"{d}/count.txt does not hold the number moved"),
         ],
         f'n=$(ls *.log | wc -l) && mkdir {sq(d)} && mv *.log {sq(d)}/ && echo "$n" > {sq(d)}/count.txt',
@@ -468,7 +479,10 @@ def _backup_txt(rng: random.Random) -> Task:
         setup,
         [
             (f"{{ {copies}; }}", "not every .txt file is copied into backup/"),
-            (f"{{ [ -d backup ] && {originals}; }}", "no backup/ directory, or an original was changed"),
+            (
+                f"{{ [ -d backup ] && [ ! -L backup ] && {originals}; }}",
+                "no backup/ directory, or an original was changed",
+            ),
             (holds("backup/list.txt", _text(txts)), "backup/list.txt does not list the copied files"),
         ],
         "mkdir backup && cp *.txt backup/ && ls *.txt | sort > backup/list.txt",
@@ -486,7 +500,8 @@ def _archive_dir(rng: random.Random) -> Task:
         setup,
         [
             (f"{{ {listed}; }}", f"{d}.tar.gz is missing or does not hold the files of {d}/"),
-            (f"[ ! -e {sq(d)} ]", f"the directory {d} still exists"),
+            # Removal counts only with the archive: deleting the directory earns nothing.
+            (f"{{ {listed}; }} && [ ! -e {sq(d)} ]", f"the directory {d} still exists (or was not archived)"),
         ],
         f"tar -czf {sq(d)}.tar.gz {sq(d)} && rm -r {sq(d)}",
     )

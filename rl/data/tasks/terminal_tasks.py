@@ -70,19 +70,27 @@ def need(cond: str, why: str) -> str:
     return f"{cond} || {{ echo {sq('FAIL: ' + why)}; exit 1; }}"
 
 
+def is_file(path: str) -> str:
+    """Condition: ``path`` is a regular file reached without any symlink (neither it nor a
+    directory on its way is a link: a link to the input is not the file asked for)."""
+    return f'[ -f {sq(path)} ] && [ "$(readlink -f -- {sq(path)})" = "$PWD/"{sq(posixpath.normpath(path))} ]'
+
+
 def text_is(path: str, expected: str) -> str:
-    """Check line: ``path`` holds ``expected`` (trailing newlines ignored on both sides)."""
+    """Check line: ``path`` holds ``expected`` (trailing newlines ignored on both sides); a
+    regular file, not a symlink (:func:`is_file`)."""
     return need(
-        f'[ -f {sq(path)} ] && [ "$(cat {sq(path)})" = {sq(expected.rstrip(chr(10)))} ]',
+        f'{is_file(path)} && [ "$(cat {sq(path)})" = {sq(expected.rstrip(chr(10)))} ]',
         f"{path} does not hold the expected text",
     )
 
 
 def value_is(path: str, *values: str) -> str:
-    """Check line: ``path``'s content without any whitespace is one of ``values``."""
+    """Check line: ``path`` (a regular file, :func:`is_file`) holds one of ``values`` once
+    whitespace is removed."""
     conds = " || ".join(f'[ "$v" = {sq(v)} ]' for v in values)
     return need(
-        f"[ -f {sq(path)} ] && v=\"$(tr -d '[:space:]' < {sq(path)})\" && {{ {conds}; }}",
+        f"{is_file(path)} && v=\"$(tr -d '[:space:]' < {sq(path)})\" && {{ {conds}; }}",
         f"{path} does not hold the expected value",
     )
 
@@ -453,7 +461,8 @@ def _files(b: _Builder) -> None:
                 '|| [ "$t" = ./releases/v2 ]; }',
                 "current does not point to releases/v2 (relative)",
             ),
-            text_is("current/app.txt", "app v2\n"),
+            # Through the link (the point of the task), so not text_is, which refuses links.
+            need('[ "$(cat current/app.txt)" = "app v2" ]', "current/app.txt does not hold app v2"),
             text_is("releases/v1/app.txt", "app v1\n"),
             need("[ ! -L releases/v1/v2 ] && [ ! -L releases/v2/v2 ]", "a stray link was made inside a release"),
         ),
@@ -1012,7 +1021,7 @@ def _python(b: _Builder) -> None:
         "Do not change the tests.",
         "\n".join([put("calc.py", calc), put("test_calc.py", tests)]),
         check(
-            need("[ -f calc.py ] && [ ! -L calc.py ]", "calc.py is missing"),
+            need(is_file("calc.py"), "calc.py is missing"),
             't=$(mktemp -d) && cp calc.py "$t"/',
             f"printf '%s' {sq(tests + hidden_tests)} > \"$t/harness_tests.py\"",
             f"python3 -I - calc \"$t\" \"$t/harness_tests.py\" <<'EOF' || {{ echo 'FAIL: the tests do not pass'; exit 1; }}"
@@ -1090,21 +1099,30 @@ def _permissions(b: _Builder) -> None:
         "www/robots.txt": "777",
     }
     want = {**{d: "755" for d in dirs}, **{f: ("755" if f.startswith("www/cgi-bin/") else "644") for f in files}}
+    before = {**dirs, **files}
+    # Partial credit for the paths that needed a change only (a no-op scores 0), less one for each
+    # path that was right and no longer is; a path must keep its type (a link is no file).
     checker = (
-        "import os\n"
+        "import os, stat\n"
         f"want = {json.dumps(want, sort_keys=True)}\n"
-        "ok = 0\n"
+        f"wrong_before = {json.dumps(sorted(p for p in want if before[p] != want[p]))}\n"
+        f"dirs = {json.dumps(sorted(dirs))}\n"
+        "fixed = broken = 0\n"
         "for path, mode in want.items():\n"
         "    try:\n"
-        "        real = format(os.lstat(path).st_mode & 0o7777, 'o')\n"
+        "        st = os.lstat(path)\n"
+        "        kind_ok = stat.S_ISDIR(st.st_mode) if path in dirs else stat.S_ISREG(st.st_mode)\n"
+        "        real = format(st.st_mode & 0o7777, 'o') if kind_ok else 'not a ' + ('directory' if path in dirs "
+        "else 'regular file')\n"
         "    except OSError:\n"
         "        real = 'missing'\n"
-        "    if real == mode:\n"
-        "        ok += 1\n"
-        "    else:\n"
+        "    if real != mode:\n"
         "        print(f'FAIL: {path} has mode {real}, want {mode}')\n"
-        "print(f'{ok / len(want):.4f}')\n"
-        "raise SystemExit(0 if ok == len(want) else 1)\n"
+        "        broken += path not in wrong_before\n"
+        "    elif path in wrong_before:\n"
+        "        fixed += 1\n"
+        "print(f'{max(0, fixed - broken) / len(wrong_before):.4f}')\n"
+        "raise SystemExit(0 if fixed == len(wrong_before) and not broken else 1)\n"
     )
     setup = [
         *(put(f, f"{f}\n") for f in files),
@@ -1118,7 +1136,8 @@ def _permissions(b: _Builder) -> None:
         "hard",
         "Fix the permissions under `www/`: every directory (including `www` itself) must have mode 755 and every "
         "file mode 644, except the files in `www/cgi-bin/`, which must have mode 755. (Partial credit: the "
-        "check scores the fraction of paths with the right mode.)",
+        "check scores the fraction of the paths that needed a change that now have the right mode, less one for "
+        "each path that had it and lost it.)",
         "\n".join(setup),
         f"python3 - <<'EOF'\n{checker}EOF",
         "find www -type d -exec chmod 755 {} + && find www -type f -exec chmod 644 {} + && chmod 755 www/cgi-bin/*",
@@ -1306,6 +1325,9 @@ def _git(b: _Builder) -> None:
     setup = [git_repo("history")]
     for day, (path, content, msg) in enumerate(steps, start=1):
         setup += [put("history/" + path, content), git_commit("history", msg, day)]
+    # The answer is compared with the hash the setup made, held by the harness: a commit the
+    # policy adds with the same message is another commit.
+    setup.append(hold("commit", "$(git -C history log --format=%H --grep='^tune network settings$')"))
     b.add(
         "find-commit",
         "git",
@@ -1314,17 +1336,16 @@ def _git(b: _Builder) -> None:
         "and write its full 40-character commit hash to `answer.txt`.",
         "\n".join(setup),
         check(
-            need("[ -f answer.txt ]", "answer.txt is missing"),
+            need(is_file("answer.txt"), "answer.txt is missing"),
             "h=$(tr -d '[:space:]' < answer.txt)",
             need(
-                '[ ${#h} = 40 ] && git -C history cat-file -e "$h^{commit}" 2>/dev/null',
-                "answer.txt does not hold a full commit hash of history",
+                "printf '%s' \"$h\" | grep -qxE '[0-9a-f]{40}'",
+                "answer.txt does not hold a full 40-hex-digit commit hash (a revision expression is not a hash)",
             ),
             need(
-                '[ "$(git -C history log -1 --format=%s "$h")" = "tune network settings" ]',
+                '[ ${#HELD_commit} = 40 ] && [ "$h" = "$HELD_commit" ]',
                 "that is not the commit that added MAGIC_TIMEOUT",
             ),
-            need('git -C history merge-base --is-ancestor "$h" HEAD', "the commit is not in the history"),
         ),
         "git -C history log --reverse --format=%H -S MAGIC_TIMEOUT | head -1 > answer.txt",
     )
