@@ -120,6 +120,7 @@ __all__ = [
     "HELD_PREFIX",
     "PROCESS_TABLE",
     "read_held",
+    "reference_problems",
     "session_processes",
     "check_env",
 ]
@@ -297,6 +298,36 @@ def read_held(task_id: str, held_dir: str) -> dict[str, str]:
         if why:
             raise RuntimeError(f"terminal task {task_id!r}: setup held value {name!r}: {why}")
     return held
+
+
+# A word of a setup or check that names a work-dir file (relative, with an extension or a leading dot).
+_FILE_WORD = re.compile(r"(?<![\w$./-])(?:\.[\w-]|[\w-]+[./])[\w./-]*")
+# Names that mark a file as a value the check compares against.
+_REFERENCE_HINT = re.compile(r"sha\d*|md5|checksum|digest|expected|reference|token|secret|answer.?key", re.I)
+
+
+def reference_problems(task: Task) -> list[str]:
+    """Why ``task``'s check reads a reference value from the work dir, where the policy can
+    rewrite it (empty: no such sign). The rule (what ``jointrl validate`` enforces): the check
+    names a relative file the setup also names, and the file's name is hidden (``.token``;
+    ``.git*`` excepted) or marks a reference (``sha256``, ``md5``, ``checksum``, ``expected``,
+    ``reference``, ``token``, ``secret``...). Such a value belongs in ``$JOINTRL_HELD/NAME``
+    (read by the check as ``$HELD_NAME``); see the module docstring."""
+    spec = task.terminal
+    if spec is None:
+        return []
+    shared = set(_FILE_WORD.findall(spec.check)) & set(_FILE_WORD.findall(spec.setup))
+    out = []
+    for word in sorted(shared):
+        name = word.rstrip("/").rsplit("/", 1)[-1]
+        hidden = name.startswith(".") and not name.startswith(".git") and name.strip(".")
+        if hidden or _REFERENCE_HINT.search(name):
+            out.append(
+                f"task {task.id!r}: field 'terminal.check' reads {word!r}, which its setup writes in the work dir, "
+                "where the policy can rewrite it: have the setup write the value to $JOINTRL_HELD/<name> and "
+                "the check read $HELD_<name>"
+            )
+    return out
 
 
 def parse_action(text: str, done_marker: str = DONE_MARKER) -> tuple[str, str | None]:

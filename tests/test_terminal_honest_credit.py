@@ -154,3 +154,48 @@ def test_permissions_partial_credit_counts_only_paths_that_needed_a_change(play)
     )
     assert broke < half  # breaking a right path counts against
     assert play(task, "rm -rf www && mkdir -p www")[0] == 0.0
+
+
+def test_validate_names_a_check_that_reads_its_reference_from_the_work_dir(tmp_path):
+    """Bad input: a check comparing with a hash its setup keeps in the work dir (the old process
+    tasks' shape) is refused by `jointrl validate`, naming the file key, the task and the field."""
+    import yaml
+
+    from envs.io import save_tasks
+    from envs.terminal import reference_problems
+    from envs.types import Message, TerminalSpec
+    from rl.config.recipe import RecipeError, load_recipe, validate_recipe
+
+    bad = Task(
+        id="forgeable",
+        domain="terminal",
+        messages=(Message("user", "stop the worker"),),
+        terminal=TerminalSpec(
+            setup="printf '%s' \"$(echo t | sha256sum)\" > .token.sha256",
+            check='[ "$(cat stopped.log | sha256sum)" = "$(cat .token.sha256)" ]',
+        ),
+    )
+    held = Task(
+        id="held",
+        domain="terminal",
+        messages=(Message("user", "stop the worker"),),
+        terminal=TerminalSpec(
+            setup='printf \'%s\' "$(echo t | sha256sum)" > "$JOINTRL_HELD/token_sha256"',
+            check='[ "$(cat stopped.log | sha256sum)" = "$HELD_token_sha256" ]',
+        ),
+    )
+    assert reference_problems(held) == [] and all(reference_problems(t) == [] for t in ALL)
+    (problem,) = reference_problems(bad)
+    assert "'forgeable'" in problem and "'terminal.check'" in problem and "'.token.sha256'" in problem
+    repo = Path(__file__).resolve().parents[1]
+    d = yaml.safe_load((repo / "recipes" / "tiny.yaml").read_text())
+    files = [str(repo / "recipes" / f) for f in d["data"]["train_files"]]
+    save_tasks([held, bad], tmp_path / "mine.jsonl")
+    d["data"] = {**d["data"], "train_files": [*files, str(tmp_path / "mine.jsonl")], "eval_files": []}
+    d["run"]["output_dir"] = str(tmp_path / "out")
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(RecipeError, match=rf"data\.train_files\.{len(files)}.*'forgeable'.*'terminal\.check'"):
+        validate_recipe(load_recipe(p))
+    save_tasks([held], tmp_path / "mine.jsonl")
+    validate_recipe(load_recipe(p))

@@ -981,6 +981,7 @@ def _check_files(recipe: Recipe, fail) -> None:
         for i, f in enumerate(files):
             if not resolve_path(recipe, f).is_file():
                 fail(f"{key}.{i}", f"task file not found: {resolve_path(recipe, f)}")
+            _check_terminal_references(f"{key}.{i}", resolve_path(recipe, f), fail)
     for key, entries in (
         ("data.train_datasets", recipe.data.train_datasets),
         ("data.eval_datasets", recipe.data.eval_datasets),
@@ -988,6 +989,22 @@ def _check_files(recipe: Recipe, fail) -> None:
         for i, e in enumerate(entries):  # a path that can only be local must exist (a Hub id is checked at start)
             if e.path.startswith(("/", "./", "../", "~")) and not resolve_path(recipe, e.path).exists():
                 fail(f"{key}.{i}.path", f"dataset folder not found: {resolve_path(recipe, e.path)}")
+
+
+def _check_terminal_references(key: str, path: Path, fail) -> None:
+    """A terminal task whose check reads a reference value from the work dir (the policy could
+    rewrite it) is refused, naming the file, the task and the field
+    (:func:`envs.terminal.reference_problems`). A file that does not load is left to the loader."""
+    from envs.io import TaskFormatError, load_tasks
+    from envs.terminal import reference_problems
+
+    try:
+        tasks = load_tasks(path)
+    except (TaskFormatError, OSError, ValueError):
+        return
+    for task in tasks:
+        for problem in reference_problems(task):
+            fail(key, f"{path}: {problem}")
 
 
 def _check_classes(recipe: Recipe, fail) -> None:
