@@ -434,7 +434,25 @@ def run_tool(call: ToolCall, state: dict[str, Any] | None = None, registry: Mapp
     errors = validate_arguments(call, [tool.schema])
     if errors:
         raise ToolError("invalid arguments: " + "; ".join(errors))
+    for name, value in call.arguments.items():
+        _check_argument_size(name, value)
     return tool.fn(dict(call.arguments), {} if state is None else state)
+
+
+def _check_argument_size(name: str, value: Any) -> None:
+    """A numeric argument beyond 1e100 (a 400-digit integer, say) is a :class:`ToolError` the
+    model sees, never an ``OverflowError`` from a tool's float arithmetic."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
+        if abs(value) > _MAX_MAGNITUDE:
+            raise ToolError(f"argument {name!r} is too large (at most 1e100 in magnitude)")
+    elif isinstance(value, list):
+        for v in value:
+            _check_argument_size(name, v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _check_argument_size(name, v)
 
 
 # ----------------------------------------------------------------------------- safe arithmetic

@@ -935,3 +935,19 @@ def test_integers_compare_exactly_and_overflow_is_a_mismatch():
     ok = '<tool_call>{"name": "get_weather", "arguments": {"city": "Lisbon", "days": 3}}</tool_call>'
     assert r.score(ok, expected) == pytest.approx(1.0)
     assert argument_fraction(parse_tool_calls(text)[0][0], expected[0]) == pytest.approx(0.5)
+
+
+def test_a_400_digit_argument_is_a_tool_error_not_an_exception():
+    task = answer_task(tools=("convert_currency", "convert_units", "set_timer"))
+    big = "1" + "0" * 400
+    turns = [
+        '<tool_call>{"name": "convert_currency", "arguments": {"amount": ' + big + ', "from_currency": "USD", '
+        '"to_currency": "EUR"}}</tool_call>\n<tool_call>{"name": "convert_units", "arguments": {"value": 1e400, '
+        '"from_unit": "m", "to_unit": "km"}}</tool_call>',
+        "<answer>21</answer>",
+    ]
+    tr, steps = run_episode(task, turns)
+    results = steps[0][3]["tool_results"]
+    assert [r["ok"] for r in results] == [False, False], results
+    assert all("too large" in json.loads(m.content)["error"] for m in steps[0][0])
+    assert ToolAnswerReward()(tr) == 1.0 and ToolCallFormatReward()(tr) == 1.0
