@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import unicodedata
@@ -322,7 +323,36 @@ def _stray_numbers(span: str, parts: list[str], targets: list[Decimal], known: l
     return [x for x in rest if not any(_same_number(x, t) for t in targets) and x not in known]
 
 
-def answer_matches(text: str, acceptable: Iterable[str], context: str = "") -> bool:
+def _string_leaves(value: Any) -> Iterable[str]:
+    """The string values (not keys) in a JSON-like value, depth-first."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def _other_values(competitors: Iterable[str], parts: list[str], context: str) -> list[str]:
+    """The normalized competitors that name another value: not the answer's parts, not inside
+    them or holding them, not in the request, not a bare number (numbers have their own rule)."""
+    norm_parts = [f" {normalize_answer(p)} " for p in parts]
+    norm_context = f" {normalize_answer(context)} "
+    out = []
+    for c in dict.fromkeys(normalize_answer(c) for c in competitors):
+        padded = f" {c} "
+        if not c or c.replace(" ", "").isdigit() or padded in norm_context:
+            continue
+        if any(padded in p or p in padded for p in norm_parts):
+            continue
+        out.append(padded)
+    return out
+
+
+def answer_matches(text: str, acceptable: Iterable[str], context: str = "", competitors: Iterable[str] = ()) -> bool:
     """Whether the final answer ``text`` matches one of the ``acceptable`` answers.
 
     The rule, applied to :func:`answer_span` of ``text`` (one ``<answer>...</answer>`` block,
@@ -341,11 +371,17 @@ def answer_matches(text: str, acceptable: Iterable[str], context: str = "") -> b
     * one value, one candidate: every number in the span must be a numeric part of some
       acceptable answer (rounded variants included), a digit of a matched text part
       (``B-2001``), or a number of ``context`` (the request: "user 42"). A span listing
-      several candidates (``"18, 19, 20 or 21"``, ``"B-2001 or B-2002"``) matches nothing.
+      several candidates (``"18, 19, 20 or 21"``, ``"B-2001 or B-2002"``) matches nothing;
+    * for an answer with a text part, nor may the span name one of the ``competitors`` (the
+      string values of the task's state and of the episode's tool results, see
+      :class:`ToolAnswerReward`) that is another value: ``"shipped or delivered"`` where an
+      order in the data is delivered matches nothing (a numeric answer's span may name a
+      city or a status: that is no candidate for a number).
 
     Lenient otherwise: the answer may sit in a sentence, and negations are not understood
-    (``"not shipped"`` contains ``"shipped"``); a list of candidate WORDS without digits
-    (``"shipped or delivered"``) is not detected. No acceptable answers -> False.
+    (``"not shipped"`` contains ``"shipped"``); a candidate word that appears nowhere in the
+    data (``"shipped or returned"`` with no returned order) is not detected. No acceptable
+    answers -> False.
     """
     span = answer_span(text)
     answers = [a for a in acceptable if a.strip()]
@@ -354,8 +390,15 @@ def answer_matches(text: str, acceptable: Iterable[str], context: str = "") -> b
     split = [[p.strip() for p in a.split("&&") if p.strip()] for a in answers]
     targets = [_to_decimal(p) for parts in split for p in parts if _WHOLE_NUMBER.fullmatch(p)]
     known = _numbers(context)
+    norm_span = f" {normalize_answer(span)} "
+    competitors = list(competitors)
     return any(
-        all(_part_matches(span, p) for p in parts) and not _stray_numbers(span, parts, targets, known)
+        all(_part_matches(span, p) for p in parts)
+        and not _stray_numbers(span, parts, targets, known)
+        and not (
+            any(not _WHOLE_NUMBER.fullmatch(p) for p in parts)  # a text value: are others named?
+            and any(c in norm_span for c in _other_values(competitors, [p for a in split for p in a], context))
+        )
         for parts in split
     )
 
@@ -368,10 +411,25 @@ def final_answer(traj: Trajectory) -> str | None:
     return turns[-1]
 
 
+def _data_values(traj: Trajectory) -> list[str]:
+    """The string values of the task's tool state and of the episode's tool results: the
+    values an answer could name besides the right one."""
+    spec = traj.task.tool_call
+    values = list(_string_leaves(spec.state if spec is not None else None))
+    for m in traj.messages[len(traj.task.messages) :]:
+        if m.role == "tool":
+            try:
+                values += _string_leaves(json.loads(m.content))
+            except ValueError:
+                continue
+    return values
+
+
 class ToolAnswerReward:
     """1.0 when an ``"answer"``-mode episode ends with a plain-text answer that matches one of
     the task's acceptable answers (``tool_call.answer``, see :func:`answer_matches`, with the
-    task's user messages as the context whose numbers are not candidates), else 0.0. The
+    task's user messages as the context whose numbers are not candidates, and the string
+    values of the task's state and tool results as competitors), else 0.0. The
     answer read is one span: the final turn's ``<answer>...</answer>`` block (the system
     prompt asks for it), or the whole final turn when it has none.
 
@@ -388,8 +446,10 @@ class ToolAnswerReward:
         if spec is None or spec.mode != "answer":
             return None
         text = final_answer(traj)
+        if text is None:
+            return 0.0
         request = " ".join(m.content for m in traj.task.messages if m.role == "user")
-        return 1.0 if text is not None and answer_matches(text, spec.answer, request) else 0.0
+        return 1.0 if answer_matches(text, spec.answer, request, _data_values(traj)) else 0.0
 
 
 class ToolCallFormatReward:

@@ -951,3 +951,20 @@ def test_a_400_digit_argument_is_a_tool_error_not_an_exception():
     assert [r["ok"] for r in results] == [False, False], results
     assert all("too large" in json.loads(m.content)["error"] for m in steps[0][0])
     assert ToolAnswerReward()(tr) == 1.0 and ToolCallFormatReward()(tr) == 1.0
+
+
+def test_a_text_answer_naming_other_values_from_the_data_scores_zero():
+    task = answer_task(answer=("shipped",), tools=("get_order_status", "list_user_orders", "lookup_user"))
+    turns = [call("list_user_orders", user_id=42), call("get_order_status", order_id="A-1")]
+    ok, _ = run_episode(task, turns + ["Order A-1 is <answer>shipped</answer>."])
+    assert ToolAnswerReward()(ok) == 1.0
+    for final in (
+        "<answer>shipped or processing</answer>",  # processing: A-2's status, in the task's state
+        "It is shipped, unless it is processing.",
+        '<answer>{"status": "shipped"} {"status": "processing"}</answer>',
+    ):
+        tr, _ = run_episode(task, turns + [final])
+        assert ToolAnswerReward()(tr) == 0.0, final
+    # Not in the data, not detected (documented): a candidate word the tools never returned.
+    tr, _ = run_episode(task, turns + ["<answer>shipped or returned</answer>"])
+    assert ToolAnswerReward()(tr) == 1.0
