@@ -31,9 +31,9 @@ DATA = Path(__file__).resolve().parents[1] / "recipes" / "data"
 FILES = sorted(DATA.glob("terminal_*.jsonl"))
 ALL = list({t.id: t for f in FILES for t in load_tasks(f)}.values())
 BY_ID = {t.id: t for t in ALL}
-FAST = [t for t in ALL if t.meta.get("source") == "jointrl"][::5] + [
+FAST = [t for t in ALL if t.meta.get("source") == "jointrl"][::10] + [
     t for t in ALL if t.meta.get("source") != "jointrl"
-][::25]
+][::60]
 
 # Strategies that do no work of any task: each must score 0 on every task.
 DESTROY = "find . -mindepth 1 -maxdepth 1 -exec rm -rf {} + ; true"
