@@ -413,3 +413,27 @@ def test_make_tests_pass_attacks_score_zero(play_shipped, attack):
 
 def test_make_tests_pass_no_longer_runs_with_the_policy_path(shipped):
     assert "check_runs_policy_files" not in shipped["terminal-python-make-tests-pass"].meta
+
+
+def test_the_runner_exit_code_check_was_fooled_by_os_exit(shipped):
+    """The attack class is real: the former check (the test runner's exit code, the policy's dir
+    on sys.path) scores `os._exit(0)` at import 1.0; the shipped check scores it 0 (above)."""
+    task = shipped["terminal-python-make-tests-pass"]
+    old_check = (
+        't=$(mktemp -d) && cp calc.py "$t"/ && cd "$t" && cp "$OLDPWD/test_calc.py" . && '
+        "python3 -m unittest -q test_calc 2>&1 || { echo FAIL; exit 1; }"
+    )
+    old = Task(
+        id="old-make-tests-pass",
+        domain="terminal",
+        messages=task.messages,
+        terminal=TerminalSpec(setup=task.terminal.setup, check=old_check, time_limit_s=60),
+        meta={"check_runs_policy_files": True},
+    )
+    env = TerminalEnv(check_timeout_s=10.0)
+    try:
+        env.reset(old)
+        env.step("```bash\nprintf 'import os\\nos._exit(0)\\n' > calc.py\n```")
+        assert env.step("DONE")[3]["reward"] == 1.0
+    finally:
+        env.close()
