@@ -42,6 +42,7 @@ from pathlib import Path
 from envs.terminal import DONE_MARKER
 from envs.types import Message, Task, TerminalSpec
 from rl.data.tasks.ladder import N_EVAL, N_TRAIN, Template, generate_split, ladder_main, write_ladder
+from rl.data.tasks.terminal_tasks import is_file
 
 __all__ = ["SOURCE", "SYSTEM_PROMPT", "TEMPLATES", "generate", "write", "main", "partial_check", "prefill_for"]
 
@@ -122,12 +123,6 @@ def partial_check(subchecks: list[tuple[str, str]]) -> str:
         "exit 1",
     ]
     return "\n".join(lines)
-
-
-def is_file(path: str) -> str:
-    """Condition: ``path`` is a regular file reached without any symlink (neither it nor a
-    directory on its way is a link: a link to the input is not the copy or file asked for)."""
-    return f'[ -f {sq(path)} ] && [ "$(readlink -f -- {sq(path)})" = "$PWD/"{sq(path)} ]'
 
 
 def holds(path: str, text: str) -> str:
