@@ -14,7 +14,7 @@ from typing import Any
 
 from envs.sandbox.base import retry_setup_race, setup_race
 from envs.sandbox.base import MODES, SANDBOX_PATH, _MiB, Limits, RunResult, _Tools
-from envs.sandbox.files import _open_parent, _split_rel
+from envs.sandbox.files import _open_parent, _split_rel, remove_tree
 from envs.sandbox.launch import (
     _base_env,
     _bwrap_command,
@@ -409,13 +409,4 @@ class Sandbox:
 
 
 def _rmtree(path: str) -> None:
-    def onerror(func, p, _exc):  # sandboxed code may leave directories without u+rwx
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
+    remove_tree(path)

@@ -35,6 +35,7 @@ import threading
 import weakref
 
 from envs.sandbox.config import SandboxConfig
+from envs.sandbox.files import remove_tree
 
 __all__ = ["Storage"]
 
@@ -231,32 +232,12 @@ def _release(root: str, capped: bool, holder: _NamespaceHolder | None = None) ->
     _rmtree(root)
 
 
-def _onerror(func, p, _exc):  # sandboxed code may leave directories without u+rwx
-    try:
-        os.chmod(os.path.dirname(p), 0o700)
-        if os.path.isdir(p) and not os.path.islink(p):
-            os.chmod(p, 0o700)
-        func(p)
-    except OSError:
-        pass
-
-
 def _rmtree(path: str) -> None:
-    shutil.rmtree(path, onerror=_onerror)
+    remove_tree(path)
 
 
 def _empty_dir(path: str) -> None:
-    """Remove everything inside ``path``, keeping ``path``; never follows symlinks."""
-    try:
-        with os.scandir(path) as it:
-            entries = list(it)
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, onerror=_onerror)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
+    """Remove everything inside ``path``, keeping ``path``; never follows symlinks; any depth (see
+    :func:`~envs.sandbox.files.remove_tree`: a chain of directories the sandboxed code built
+    thousands of levels deep must not break the next run's clean-up)."""
+    remove_tree(path, keep_root=True)
