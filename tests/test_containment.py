@@ -428,7 +428,7 @@ def test_terminal_deep_chain_never_raises_out_of_the_rollout(tiny_tokenizer) -> 
         messages=(Message("user", "make a file named out"),),
         terminal=TerminalSpec(setup="", check="test -f out"),
     )
-    cmd = "```bash\nfor i in $(seq 1200); do mkdir d && cd d || break; done; cd ~; touch out\n```"
+    cmd = "```bash\nmkdir -p $(printf 'd/%.0s' $(seq 1500)) && touch out\n```"
     (t,) = rollout(tiny_tokenizer, lambda d: TerminalEnv(max_turns=1), [task], [cmd])
     assert t.reward_error is None or t.reward_error.startswith("harness: terminal env ")
     if t.reward_error is not None:
