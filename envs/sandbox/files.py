@@ -79,7 +79,11 @@ def remove_tree(path: str, *, keep_root: bool = False, timeout_s: float = REMOVE
     if not keep_root:
         if not stat.S_ISDIR(st.st_mode):
             return _unlink(path)
-        dirs = [path]
+        try:
+            os.rmdir(path)  # the common case (an unmounted storage root): already empty, no process to start
+            return True
+        except OSError:
+            dirs = [path]
     else:
         dirs = _unlink_entries(path)
         if dirs is None:
