@@ -205,9 +205,14 @@ def extract_code(text: str, prompt_code: str = "", entry_point: str | None = Non
     2. No fence at all, ``prompt_code`` given, and ``text`` looks like a raw continuation
        (its first non-blank line is indented, or ``prompt_code + text`` parses):
        ``prompt_code + text``.
-    3. Otherwise None (prose only, only non-Python blocks, an empty block, or unfenced
-       text without ``prompt_code``).
+    3. Otherwise None (prose only, only non-Python blocks, an empty block, unfenced
+       text without ``prompt_code``, or text that is not Unicode: a lone surrogate, which no
+       tokenizer decodes to but a completions file can hold, cannot be written as a program).
     """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
     blocks = [b for b in find_code_blocks(text) if b.is_python and b.code.strip()]
     if blocks:
         chosen = blocks[-1]

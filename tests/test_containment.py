@@ -137,13 +137,14 @@ CODE_ATTACKS = {
     "deep attribute chain": "x = a" + ".b" * 100_000,
     "integer over the digit limit": "x = " + "9" * 5000,
     "NUL byte": "def add(a, b):\n    return a + b\0\n",
+    "lone surrogate": "def add(a, b):\n    return a + b  # \ud800\n",
 }
 
 
 @pytest.mark.parametrize("kind", sorted(CODE_ATTACKS))
 def test_code_extraction_and_format_reward_survive_each_attack(kind: str) -> None:
     text = f"```python\n{CODE_ATTACKS[kind]}\n```"
-    assert extract_code(text, "def add(a, b):\n", "add") is not None
+    assert (extract_code(text, "def add(a, b):\n", "add") is None) == (kind == "lone surrogate"), "not a program"
     assert CodeFormatReward.score(text) == 0.0, "does not parse: not a well-formed answer"
 
 
@@ -188,12 +189,19 @@ def fenced(code: str) -> str:
 def test_code_attacks_through_env_and_reward_score_as_policy_failures(tiny_tokenizer) -> None:
     from envs.code import CodeEnv
 
-    texts = [fenced(c + "\n") for c in CODE_ATTACKS.values()] + [fenced(GOOD_ADD)]
+    from trajs import answered
+
+    # No tokenizer encodes (or decodes to) a lone surrogate: that one reaches the reward from a completions file.
+    tokenizable = [c for k, c in CODE_ATTACKS.items() if k != "lone surrogate"]
+    texts = [fenced(c + "\n") for c in tokenizable] + [fenced(GOOD_ADD)]
     tasks = [code_task(f"a{i}") for i in range(len(texts))]
     trajs = rollout(tiny_tokenizer, lambda d: CodeEnv(), tasks, texts, workers=2)
     assert all(t.reward_error is None for t in trajs), [t.reward_error for t in trajs]
-    scored = RewardScorer([RewardFnSpec("rewards.code.CodeTestsReward")], timeout_s=60).score(trajs)
-    assert [t.reward for t in scored] == [0.0] * len(CODE_ATTACKS) + [1.0]
+    trajs.append(answered(code_task(), fenced(CODE_ATTACKS["lone surrogate"])))
+    scorer = RewardScorer([RewardFnSpec("rewards.code.CodeTestsReward")], timeout_s=60)
+    scored = scorer.score(trajs)
+    assert [t.reward for t in scored] == [0.0] * len(tokenizable) + [1.0, 0.0]
+    assert all(t.reward_error is None for t in scored)
 
 
 # ------------------------------------------------------------- policy-written trees, any depth
