@@ -161,13 +161,13 @@ def find_code_blocks(text: str) -> list[CodeBlock]:
 
 # What ``ast.parse`` raises on policy text that is not a program it can hold: SyntaxError, ValueError (NUL
 # bytes), and nesting or size past the parser's limits (RecursionError, MemoryError, OverflowError).
-_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 
 
 def _parses(code: str) -> bool:
     try:
         ast.parse(code)
-    except _UNPARSABLE:
+    except PARSE_ERRORS:
         return False
     return True
 
@@ -176,7 +176,7 @@ def _defines(code: str, name: str) -> bool:
     """Whether ``code`` defines ``name`` at top level (by ast, or by regex when it does not parse)."""
     try:
         tree = ast.parse(code)
-    except _UNPARSABLE:
+    except PARSE_ERRORS:
         # [ \t], not \s: a run of blank lines is scanned once, not once per line (quadratic time).
         return re.search(rf"^[ \t]*(async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", code, re.MULTILINE) is not None
     for node in tree.body:

@@ -8,7 +8,7 @@ import math
 import threading
 import weakref
 
-from envs.code import code_sandboxes, extract_code, find_code_blocks, run_tests
+from envs.code import PARSE_ERRORS, code_sandboxes, extract_code, find_code_blocks, run_tests
 from envs.sandbox import Sandbox
 from envs.sandbox.config import SandboxConfig
 from envs.types import Trajectory
@@ -146,7 +146,7 @@ class CodeFormatReward:
             if block.is_python and block.closed and block.code.strip():
                 try:
                     ast.parse(block.code)
-                except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-                    continue  # malformed (ValueError: NUL bytes; the others: nesting or size past the parser's limits)
+                except PARSE_ERRORS:  # malformed, deep nesting and NUL bytes included
+                    continue
                 return 1.0
         return 0.0

@@ -391,7 +391,7 @@ class Sandbox:
             if getattr(self, "_owns_storage", False) and self.storage is not None:
                 self.storage.close()
             elif self._owns_dir and getattr(self, "work_dir", None):
-                _rmtree(self.work_dir)
+                remove_tree(self.work_dir)
         finally:
             # Last: the uid goes back once nothing of this sandbox is left (a lease whose uid still
             # runs processes is never handed out again anyway, see envs.sandbox.uids).
@@ -406,7 +406,3 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(work_dir={self.work_dir!r}, mode={self.mode!r}, limits={self.limits!r})"
-
-
-def _rmtree(path: str) -> None:
-    remove_tree(path)

@@ -150,7 +150,7 @@ class Storage:
     def clear_scratch(self) -> None:
         """Empty /tmp and /dev/shm (each run starts with empty ones, as a fresh tmpfs would)."""
         for d in (self.tmp, self.shm):
-            _empty_dir(d)
+            remove_tree(d, keep_root=True)  # any depth: a deep chain must not break the next run's clean-up
 
     def close(self) -> None:
         """Unmount (lazily: nothing can hold it, every sandbox process is dead) and remove."""
@@ -229,15 +229,4 @@ def _release(root: str, capped: bool, holder: _NamespaceHolder | None = None) ->
         holder.close()
     elif capped and _c().umount2(root.encode(), _MNT_DETACH) != 0:
         logger.warning("cannot unmount sandbox storage %s: %s", root, os.strerror(ctypes.get_errno()))
-    _rmtree(root)
-
-
-def _rmtree(path: str) -> None:
-    remove_tree(path)
-
-
-def _empty_dir(path: str) -> None:
-    """Remove everything inside ``path``, keeping ``path``; never follows symlinks; any depth (see
-    :func:`~envs.sandbox.files.remove_tree`: a chain of directories the sandboxed code built
-    thousands of levels deep must not break the next run's clean-up)."""
-    remove_tree(path, keep_root=True)
+    remove_tree(root)
