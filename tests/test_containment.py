@@ -220,12 +220,23 @@ def _chain(root: Path, depth: int, name: str = "d") -> None:
         os.chdir(cwd)
 
 
-def test_remove_tree_takes_any_depth_and_never_follows_symlinks(tmp_path: Path) -> None:
+@pytest.fixture
+def deep_tree(tmp_path: Path):
+    """``tmp_path/tree``, removed with ``rm -rf`` whatever the test did: a chain left behind would make
+    pytest's own (recursive) clean-up of old temp dirs raise RecursionError in later sessions."""
+    import subprocess
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    yield tree
+    subprocess.run(["rm", "-rf", "--", str(tree)], check=False)
+
+
+def test_remove_tree_takes_any_depth_and_never_follows_symlinks(tmp_path: Path, deep_tree: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("keep")
-    tree = tmp_path / "tree"
-    tree.mkdir()
+    tree = deep_tree
     _chain(tree, 1400, name="ddd")  # 5,600 characters of path: past PATH_MAX, and past the recursion limit
     (tree / "locked").mkdir()
     (tree / "locked" / "f").write_text("x")
