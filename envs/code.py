@@ -49,8 +49,6 @@ import json
 import math
 import os
 import re
-import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +57,7 @@ from envs.io import TaskFormatError, read_json_objects, save_tasks
 from envs.code_verdict import CANDIDATE_PROGRAM, JUDGE_PROGRAM
 from envs.sandbox import Limits, RunResult, Sandbox, SandboxUnavailable
 from envs.sandbox.base import retry_setup_race, setup_race
+from envs.sandbox.files import remove_tree
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.pump import run_launches
 from envs.types import CodeSpec, Message, Task
@@ -114,7 +113,10 @@ class CodeBlock:
         return self.lang in PYTHON_TAGS
 
 
-_FENCE_RE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*?)[ \t]*$")
+# Linear time on any line: one run of spaces is never split between overlapping quantifiers (the info
+# string's surrounding blanks are stripped after the match; a three-quantifier pattern took seconds of
+# backtracking on a fence line of a few thousand spaces ending in a backtick).
+_FENCE_RE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")
 
 
 def find_code_blocks(text: str) -> list[CodeBlock]:
@@ -135,7 +137,7 @@ def find_code_blocks(text: str) -> list[CodeBlock]:
         if m is None:
             i += 1
             continue
-        fence, info, indent = m.group("fence"), m.group("info"), len(m.group("indent"))
+        fence, info, indent = m.group("fence"), m.group("info").strip(" \t"), len(m.group("indent"))
         lang = info.split()[0].lower() if info.split() else ""
         body: list[str] = []
         j = i + 1
@@ -157,10 +159,15 @@ def find_code_blocks(text: str) -> list[CodeBlock]:
     return blocks
 
 
+# What ``ast.parse`` raises on policy text that is not a program it can hold: SyntaxError, ValueError (NUL
+# bytes), and nesting or size past the parser's limits (RecursionError, MemoryError, OverflowError).
+PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+
+
 def _parses(code: str) -> bool:
     try:
         ast.parse(code)
-    except (SyntaxError, ValueError):  # ValueError: null bytes
+    except PARSE_ERRORS:
         return False
     return True
 
@@ -169,8 +176,9 @@ def _defines(code: str, name: str) -> bool:
     """Whether ``code`` defines ``name`` at top level (by ast, or by regex when it does not parse)."""
     try:
         tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+    except PARSE_ERRORS:
+        # [ \t], not \s: a run of blank lines is scanned once, not once per line (quadratic time).
+        return re.search(rf"^[ \t]*(async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", code, re.MULTILINE) is not None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return True
@@ -197,9 +205,14 @@ def extract_code(text: str, prompt_code: str = "", entry_point: str | None = Non
     2. No fence at all, ``prompt_code`` given, and ``text`` looks like a raw continuation
        (its first non-blank line is indented, or ``prompt_code + text`` parses):
        ``prompt_code + text``.
-    3. Otherwise None (prose only, only non-Python blocks, an empty block, or unfenced
-       text without ``prompt_code``).
+    3. Otherwise None (prose only, only non-Python blocks, an empty block, unfenced
+       text without ``prompt_code``, or text that is not Unicode: a lone surrogate, which no
+       tokenizer decodes to but a completions file can hold, cannot be written as a program).
     """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
     blocks = [b for b in find_code_blocks(text) if b.is_python and b.code.strip()]
     if blocks:
         chosen = blocks[-1]
@@ -282,31 +295,9 @@ def split_tests(spec: CodeSpec) -> tuple[str, list[int]]:
 
 
 def _clear_dir(path: str) -> None:
-    """Remove everything inside ``path`` (files the sandboxed code left), keeping ``path``."""
-
-    def onerror(func, p, _exc):  # directories the code left without u+rwx
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    try:
-        os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) | 0o700)
-    except OSError:
-        pass
-    with os.scandir(path) as it:
-        entries = list(it)
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, onerror=onerror)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
+    """Remove everything inside ``path`` (files the sandboxed code left), keeping ``path``; at any
+    depth, never through a symlink (:func:`~envs.sandbox.files.remove_tree`)."""
+    remove_tree(path, keep_root=True)
 
 
 def _cut(text: str, limit: int) -> str:
@@ -408,7 +399,7 @@ def _parse_reports(stdout: str, total: int):
             continue
         try:
             event = json.loads(line[len(prefix) :])
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not a report line the judge wrote
             continue
         if not isinstance(event, dict):
             continue

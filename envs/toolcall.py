@@ -46,16 +46,59 @@ OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 
 
+MAX_JSON_DEPTH = 32  # deeper JSON in a call is malformed (no tool schema nests so deep)
+
+
+def _decode_json(text: str) -> tuple[Any, int, str | None]:
+    """``(value, end, None)`` for the JSON value at the start of ``text``, or ``(None, 0, why)`` when it is not
+    JSON a call can carry. Besides syntax errors that is JSON the host cannot hold or pass on safely: nesting
+    past the decoder's recursion limit (unclosed brackets) or past :data:`MAX_JSON_DEPTH`, an integer over
+    Python's digit limit or too large for a float, and a string with a lone surrogate escape (not Unicode)."""
+    try:
+        obj, end = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError as exc:
+        return None, 0, f"{exc.msg} at column {exc.colno}"
+    except RecursionError:
+        return None, 0, "nested too deeply"
+    except (MemoryError, OverflowError, ValueError) as exc:  # ValueError: an integer over the digit limit
+        return None, 0, f"{type(exc).__name__}: {str(exc)[:80]}"
+    why = _unsafe_json(obj)
+    return (None, 0, why) if why else (obj, end, None)
+
+
+def _unsafe_json(obj: Any) -> str | None:
+    """Why a decoded JSON value cannot be passed on (too deep, a number no float holds, a lone surrogate), or
+    None. Iterative, so that no depth makes it recurse."""
+    stack = [(obj, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                return f"nested deeper than {MAX_JSON_DEPTH} levels"
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+            stack.extend((x, depth + 1) for x in items)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            try:
+                float(v)
+            except OverflowError:
+                return "a number too large for a float"
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a string with a lone surrogate escape"
+    return None
+
+
 def _parse_block(body: str, label: str) -> tuple[ToolCall | None, list[str]]:
     """Parse one block's body; return the call (if it has a usable name) and its problems."""
     problems: list[str] = []
     stripped = body.strip()
     if not stripped:
         return None, [f"{label}: empty block"]
-    try:
-        obj, end = json.JSONDecoder().raw_decode(stripped)
-    except json.JSONDecodeError as exc:
-        return None, [f"{label}: invalid JSON ({exc.msg} at column {exc.colno})"]
+    obj, end, why = _decode_json(stripped)
+    if why is not None:
+        return None, [f"{label}: invalid JSON ({why})"]
     if stripped[end:].strip():
         problems.append(f"{label}: unexpected text after the JSON object: {stripped[end:].strip()[:40]!r}")
     if not isinstance(obj, dict):
@@ -72,10 +115,8 @@ def _parse_block(body: str, label: str) -> tuple[ToolCall | None, list[str]]:
     elif isinstance(arguments, str):
         # OpenAI-style arguments encoded as a string: accept the call, flag the format.
         problems.append(f"{label}: 'arguments' is a string, not an object")
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            arguments = None
+        decoded, end, why = _decode_json(arguments.strip())
+        arguments = decoded if why is None and not arguments.strip()[end:].strip() else None
         if not isinstance(arguments, dict):
             arguments = {}
     elif not isinstance(arguments, dict):
@@ -91,7 +132,8 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
     outside blocks is ignored. Problems (each a short string naming the block) are: an
     empty block, invalid JSON, JSON that is not an object, a missing or non-string
     ``name``, missing ``arguments`` or ``arguments`` that is not an object, text after the
-    JSON inside a block, a block without its closing tag (its JSON is still parsed, up to
+    JSON inside a block (JSON nested past :data:`MAX_JSON_DEPTH`, an integer too large for a float
+    and a lone surrogate escape count as invalid JSON), a block without its closing tag (its JSON is still parsed, up to
     the next opening tag or the end of the text), and a stray closing tag. A block whose
     object has a usable ``name`` yields a call even when it has problems (with ``{}`` as
     arguments when they are unusable); text with no blocks yields ``([], [])``.

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import ast
+import logging
 import math
 import threading
 import weakref
 
-from envs.code import code_sandboxes, extract_code, find_code_blocks, run_tests
+from envs.code import PARSE_ERRORS, code_sandboxes, extract_code, find_code_blocks, run_tests
 from envs.sandbox import Sandbox
 from envs.sandbox.config import SandboxConfig
 from envs.types import Trajectory
 
 __all__ = ["CodeTestsReward", "CodeFormatReward", "last_answer"]
+
+logger = logging.getLogger("rewards")
 
 MODES = ("fraction", "all")
 
@@ -41,9 +44,14 @@ class CodeTestsReward:
     (:func:`envs.code.extract_code`) and run against the tests in this reward's own
     sandboxes, one for the candidate and one for the judge that holds the tests (see
     :mod:`envs.code_verdict`; ``sandbox`` mode ``"bwrap"``, or ``"none"`` for trusted code only; created on
-    first use, reused, removed when the reward object goes away), with ``timeout_s``
+    first use, reused while runs end cleanly, removed when the reward object goes away), with ``timeout_s``
     overriding the task's ``timeout_s``. No code found scores 0.0. Returns ``None`` for a
     task without a code spec (``task.code``).
+
+    No cross-talk: after a run that raised or reported any sandbox event (a timeout, a limit, a
+    harness error: whatever the candidate may have left behind), the pair is closed and the next
+    sample gets fresh ones, so one poisoned sample cannot fail the ones after it (in a Ray reward
+    worker, for the worker's lifetime).
     """
 
     name = "code_tests"
@@ -74,6 +82,7 @@ class CodeTestsReward:
         self.use_env_reward = bool(use_env_reward)
         self.sandbox_config = SandboxConfig.coerce(sandbox_config)
         self._boxes: tuple[Sandbox, Sandbox] | None = None
+        self._finalizers: list[weakref.finalize] = []
         self._lock = threading.Lock()
 
     def _score(self, fraction: float) -> float:
@@ -93,18 +102,30 @@ class CodeTestsReward:
         with self._lock:  # one pair of work dirs: runs of this object never overlap
             if self._boxes is None:
                 self._boxes = code_sandboxes(self.sandbox_mode, self.sandbox_config)
-                for box in self._boxes:
-                    weakref.finalize(self, box.close)
+                self._finalizers = [weakref.finalize(self, box.close) for box in self._boxes]
             cand, judge = self._boxes
-            outcome = run_tests(spec, code, cand, timeout_s=self.timeout_s, judge=judge)
+            try:
+                outcome = run_tests(spec, code, cand, timeout_s=self.timeout_s, judge=judge)
+            except BaseException:
+                self._drop_boxes()
+                raise
+            if outcome.events:
+                self._drop_boxes()
         return self._score(outcome.fraction)
+
+    def _drop_boxes(self) -> None:
+        """Close the sandbox pair now (the next call makes fresh ones); a failed close is logged, not raised."""
+        finalizers, self._finalizers, self._boxes = self._finalizers, [], None
+        for f in finalizers:
+            try:
+                f()  # runs box.close once and unregisters it
+            except Exception as exc:  # noqa: BLE001 - the sample's score stands; the next one starts fresh
+                logger.warning("closing a code reward sandbox failed: %s: %s", type(exc).__name__, exc)
 
     def close(self) -> None:
         """Remove the sandbox's work dir now (it is also removed when this object is collected)."""
         with self._lock:
-            for box in self._boxes or ():
-                box.close()
-            self._boxes = None
+            self._drop_boxes()
 
 
 class CodeFormatReward:
@@ -125,7 +146,7 @@ class CodeFormatReward:
             if block.is_python and block.closed and block.code.strip():
                 try:
                     ast.parse(block.code)
-                except (SyntaxError, ValueError):
+                except PARSE_ERRORS:  # malformed, deep nesting and NUL bytes included
                     continue
                 return 1.0
         return 0.0

@@ -10,6 +10,9 @@ The final score is the weighted sum of the applicable functions. A function that
 times out, or returns NaN, inf or a non-number gives the sample a recorded
 ``reward_error`` and no reward (never a silent 0); the trainer excludes such samples.
 A sample that no non-shaping, non-zero-weight function scored also gets an error.
+A trajectory that arrives with a ``reward_error`` already set (the rollout's record of a
+harness failure: an env call of its episode raised, see :mod:`rollout.episode`) is not
+scored: it keeps that error and gets no reward, so no reward class sees a half-run episode.
 
 Per-call timeout (``timeout_s``): each ``__call__`` / ``acall`` of one sample, and each
 ``score_batch`` call, may take at most ``timeout_s`` seconds; past it the sample (the
@@ -155,10 +158,11 @@ class RewardScorer:
         latency_s]}, "timed_out": [indices of samples with a timed-out call], "stuck": threads stuck}``."""
         trajs = list(trajs)
         results: list[dict[str, FnOutcome]] = [{} for _ in trajs]
+        failed = {i for i, t in enumerate(trajs) if t.reward_error is not None}  # the rollout's harness failures
         self._progress_t = time.monotonic()
         try:
             for fn in self._fns:
-                idx = [i for i, t in enumerate(trajs) if applies_to(fn.domains, t.task.domain)]
+                idx = [i for i, t in enumerate(trajs) if i not in failed and applies_to(fn.domains, t.task.domain)]
                 if not idx:
                     continue
                 outs = self._run_fn(fn, [trajs[i] for i in idx])
@@ -169,7 +173,7 @@ class RewardScorer:
         stats: dict[tuple[str, str], list[float]] = {}
         out, timed_out = [], []
         for i, (t, res) in enumerate(zip(trajs, results)):
-            out.append(self._combine(t, res))
+            out.append(dataclasses.replace(t, scores={}, reward=None) if i in failed else self._combine(t, res))
             for name, o in res.items():
                 s = stats.setdefault((t.task.domain, name), [0, 0, 0, 0.0])
                 s[0] += 1

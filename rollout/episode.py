@@ -23,16 +23,34 @@ episode whose last turn was cut by ``max_new_tokens``, or that the rollout ends 
 turn cut by ``max_new_tokens`` does not end a multi-turn episode by itself: the env sees
 the cut action and decides. When the rollout ends an episode early it calls the env's
 optional ``finalize()`` so that self-scoring envs (terminal checks) still score it.
+
+Env calls are contained: an exception out of an env's ``reset``, ``step``, ``finalize`` or
+``close``, or out of rendering what it returned (a ``RecursionError`` from a host-side walk of a
+tree the policy built, a ``MemoryError``, a harness bug), ends that episode only, as a harness
+failure: its trajectory carries ``reward_error`` ("harness: <domain> env <call> raised ...") and
+a ``harness_error`` sandbox event, so the reward service leaves it unscored and the trainer leaves
+it out of the loss and the group baseline while the batch's other samples train. What the policy
+did wrong (its program crashed, timed out, hit a limit) is the env's to score and never raises.
+Only ``SandboxUnavailable`` (the host cannot sandbox at all, a setup error) and interrupts
+(``KeyboardInterrupt``, ``SystemExit``) still end the rollout call, as engine errors do.
 This module does not score trajectories (``rewards``) or train (``rl``).
 """
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
+from envs.sandbox.base import SandboxUnavailable
 from envs.types import Generation, Message, Sampling, Task, Trajectory
+
+logger = logging.getLogger("rollout")
+# Errors an env call still raises out of the rollout: the host cannot sandbox at all (a setup error
+# that would fail every sample alike, so it must stop the run with its own message, not be averaged away).
+_NOT_CONTAINED = (SandboxUnavailable,)
+_REASON_CHARS = 500
 
 
 class Engine(Protocol):
@@ -92,6 +110,7 @@ class _Episode:
     action: str = ""  # the current turn's action, for its env's step
     # Text the engine's tokens of the current conversation correspond to (for env-token deltas).
     text: str = ""
+    harness_error: str | None = None  # why an env call of this episode failed (a harness failure)
 
 
 T = TypeVar("T")
@@ -165,8 +184,36 @@ def run_episodes(
     finally:
         calls.close()
         for e in eps:
-            e.env.close()
+            _contained(e, "close", e.env.close)
     return [_trajectory(e) for e in eps]
+
+
+def _contained(e: _Episode, call: str, fn: Callable[..., T], *args: Any) -> T | None:
+    """``fn(*args)``, one env call (or handling of its answer) of episode ``e``; an exception ends
+    ``e`` as a harness failure (``_fail``) and gives None. Interrupts and ``_NOT_CONTAINED`` pass."""
+    try:
+        return fn(*args)
+    except _NOT_CONTAINED:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one sample's harness failure must not cost the batch
+        _fail(e, call, exc)
+        return None
+
+
+def _fail(e: _Episode, call: str, exc: BaseException) -> None:
+    """End episode ``e`` as a harness failure of env call ``call``: the reason becomes its
+    ``reward_error`` (the first failure's), and a ``harness_error`` sandbox event is counted."""
+    try:
+        detail = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose str() fails still names its type
+        detail = "<no message>"
+    reason = f"harness: {e.task.domain} env {call} raised {type(exc).__name__}: {detail[:_REASON_CHARS]}"
+    logger.warning("task %r: %s", e.task.id, reason, exc_info=(type(exc), exc, exc.__traceback__))
+    if e.harness_error is None:
+        e.harness_error = reason
+        e.sandbox_events = (e.sandbox_events or []) + ["harness_error"]
+    if not e.done:
+        e.terminated, e.truncated, e.done, e.finish_reason = False, False, True, "harness_error"
 
 
 def _run_in_turns(engine: Engine, eps: list[_Episode], tokenizer: Any, sampling: Sampling, calls: _EnvCalls) -> None:
@@ -183,9 +230,13 @@ def _run_in_turns(engine: Engine, eps: list[_Episode], tokenizer: Any, sampling:
         )
         for e, gen in zip(active, gens):
             _act(e, gen, tokenizer)
-        results = calls.each(lambda e: e.env.step(e.action), active)
-        ended = [e for e, gen, res in zip(active, gens, results) if _observe(e, gen, res, tokenizer, sampling)]
-        calls.each(_finalize, ended)
+        results = calls.each(lambda e: _contained(e, "step", e.env.step, e.action), active)
+        ended = [
+            e
+            for e, gen, res in zip(active, gens, results)
+            if res is not None and _contained(e, "step result", _observe, e, gen, res, tokenizer, sampling)
+        ]
+        calls.each(lambda e: _contained(e, "finalize", _finalize, e), ended)
 
 
 def _run_streaming(
@@ -193,7 +244,8 @@ def _run_streaming(
 ) -> None:
     """Each episode's turns through ``submit``/``poll``: a turn goes to its env as soon as it is sampled,
     the next turn to the engine as soon as the env has answered. On an error the engine's requests are
-    dropped and every env call in flight is waited for before it is raised (the caller closes the envs)."""
+    dropped and every env call in flight is waited for before it is raised (the caller closes the envs).
+    Env calls are contained (``_contained``): a failed one ends its episode only."""
     in_engine = 0
     in_env: dict[Future[Any], tuple[int, Generation | None]] = {}  # None: a finalize call
 
@@ -212,17 +264,17 @@ def _run_streaming(
                 for i, gen in engine.poll():
                     in_engine -= 1
                     _act(eps[i], gen, tokenizer)
-                    in_env[calls.submit(eps[i].env.step, eps[i].action)] = (i, gen)
+                    in_env[calls.submit(_contained, eps[i], "step", eps[i].env.step, eps[i].action)] = (i, gen)
                 ready = [f for f in in_env if f.done()]
             else:
                 ready = list(wait(in_env, return_when=FIRST_COMPLETED).done)
             for f in sorted(ready, key=lambda f: in_env[f][0]):
                 i, gen = in_env.pop(f)
-                result = f.result()  # an env call's error ends the call (below)
-                if gen is None:
+                result = f.result()  # contained: only an interrupt or _NOT_CONTAINED raises here
+                if gen is None or result is None:
                     continue
-                if _observe(eps[i], gen, result, tokenizer, sampling):
-                    in_env[calls.submit(_finalize, eps[i])] = (i, None)
+                if _contained(eps[i], "step result", _observe, eps[i], gen, result, tokenizer, sampling):
+                    in_env[calls.submit(_contained, eps[i], "finalize", _finalize, eps[i])] = (i, None)
                 elif not eps[i].done:
                     turn(i)
     except BaseException:
@@ -247,18 +299,26 @@ def _start_episodes(
     calls: _EnvCalls,
 ) -> None:
     """Append an episode per task to ``eps`` (its env made and reset, its prompt rendered and tokenized). Each
-    env is in ``eps`` as soon as it exists, so that the caller closes it if a later one fails."""
+    env is in ``eps`` as soon as it exists, so that the caller closes it if a later one fails. Making an env
+    is not contained (an unknown domain is a configuration error); a failed ``reset`` or prompt is the
+    episode's harness failure, with the task's own messages as its conversation."""
     for task, g, s in zip(tasks, group_ids, seeds, strict=True):
         env = make_env(task.domain)
-        eps.append(_Episode(task=task, group_id=g, seed=s, env=env, prompt_ids=[], messages=[]))
-    resets = calls.each(lambda e: list(e.env.reset(e.task)), eps)
+        eps.append(_Episode(task=task, group_id=g, seed=s, env=env, prompt_ids=[], messages=list(task.messages)))
+    resets = calls.each(lambda e: _contained(e, "reset", lambda: list(e.env.reset(e.task))), eps)
     for e, msgs in zip(eps, resets):
-        text = render(tokenizer, msgs, add_generation_prompt=True) + e.task.prefill
-        e.messages, e.text, e.prompt_ids = msgs, text, encode(tokenizer, text)
+        if msgs is not None:
+            _contained(e, "reset result", _prompt, e, msgs, tokenizer)
     for e in eps:
-        if len(e.prompt_ids) >= sampling.max_model_len:
+        if not e.done and len(e.prompt_ids) >= sampling.max_model_len:
             # No room to generate: an empty, truncated episode (no policy tokens, so never trained on).
             e.truncated, e.done, e.finish_reason = True, True, "prompt_too_long"
+
+
+def _prompt(e: _Episode, msgs: list[Message], tokenizer: Any) -> None:
+    """Set episode ``e``'s conversation to the env's first ``msgs`` and render and tokenize its prompt."""
+    text = render(tokenizer, msgs, add_generation_prompt=True) + e.task.prefill
+    e.messages, e.text, e.prompt_ids = msgs, text, encode(tokenizer, text)
 
 
 def _trajectory(e: _Episode) -> Trajectory:
@@ -277,6 +337,7 @@ def _trajectory(e: _Episode) -> Trajectory:
         num_turns=e.turns,
         env_reward=e.env_reward,
         sandbox_events=e.sandbox_events,
+        reward_error=e.harness_error,
     )
 
 

@@ -496,24 +496,32 @@ def test_env_calls_of_different_episodes_run_at_once_with_the_same_trajectories(
     assert slow_env.closed_while_busy == 0
 
 
-def test_an_env_call_that_raises_ends_the_call_after_the_others_and_closes_every_env(tiny_tokenizer, slow_env):
+def test_an_env_call_that_raises_ends_its_episode_only_as_a_harness_failure(tiny_tokenizer, slow_env):
+    """Episode 1's step raises: it ends there with a recorded harness failure (no exception out of the
+    rollout); episodes 0 and 2 run their second turn and are finalized; every env is closed, none while busy."""
     tok = tiny_tokenizer
     envs: list[SlowEnv] = []
-    engine = ScriptedEngine([[gen(tok, T1, LP1), gen(tok, " boom", LP1), gen(tok, T1, LP1)]])
-    with pytest.raises(RuntimeError, match="sandbox broke"):
-        run_episodes(
-            engine,
-            tok,
-            lambda d: SlowEnv(envs, fail_on="boom"),
-            [task(f"t{i}", terminate_on=5) for i in range(3)],
-            [0, 1, 2],
-            [0, 1, 2],
-            Sampling(max_turns=2),
-            env_workers=3,
-        )
+    engine = ScriptedEngine(
+        [[gen(tok, T1, LP1), gen(tok, " boom", LP1), gen(tok, T1, LP1)], [gen(tok, T2, LP2), gen(tok, T2, LP2)]]
+    )
+    trajs = run_episodes(
+        engine,
+        tok,
+        lambda d: SlowEnv(envs, fail_on="boom"),
+        [task(f"t{i}", terminate_on=5) for i in range(3)],
+        [0, 1, 2],
+        [0, 1, 2],
+        Sampling(max_turns=2),
+        env_workers=3,
+    )
     assert [e.closed for e in envs] == [1, 1, 1]
     assert slow_env.closed_while_busy == 0, "no env was closed while another thread was inside it"
-    assert [len(e.actions) for e in envs] == [1, 0, 1], "the other episodes' steps ran to their end"
+    assert [len(e.actions) for e in envs] == [2, 0, 2], "the other episodes ran on to their end"
+    ok0, bad, ok2 = trajs
+    assert bad.reward_error == "harness: scripted env step raised RuntimeError: sandbox broke"
+    assert bad.sandbox_events == ["harness_error"] and bad.finish_reason == "harness_error"
+    assert not bad.terminated and not bad.truncated and bad.num_turns == 1
+    assert all(t.reward_error is None and t.env_reward == 0.75 and t.num_turns == 2 for t in (ok0, ok2))
 
 
 def test_rollout_worker_takes_env_workers_from_the_recipe(tiny_model_path, monkeypatch):
@@ -675,16 +683,18 @@ def test_a_streamed_episode_moves_on_while_another_is_still_generating(tiny_toke
     assert [t.num_turns for t in trajs] == [3, 1]
 
 
-def test_a_streamed_env_error_drops_the_engine_requests_and_waits_for_other_env_calls(tiny_tokenizer, slow_env):
+def test_a_streamed_env_error_ends_its_episode_only_while_the_others_go_on(tiny_tokenizer, slow_env):
+    """Episode 0 fails in its second turn's env step while episode 1 is still generating and episode 2 is in
+    its env: no request is dropped, the others go on; episode 1 (then 2) fails the same way later."""
     tok = tiny_tokenizer
     replies = [gen(tok, T1, LP1), gen(tok, " boom", LP2), gen(tok, T2, LP2)]
-    # Episode 0 fails in its second turn's env step; episode 1 is still generating then, episode 2 in its env.
-    lat = {0: 1, 1: 500, 2: 1}  # polls of 10 ms: episode 1's first turn takes 5 s, the others' env calls 0.15 s
+    lat = {0: 1, 1: 50, 2: 1}  # polls of 10 ms: episode 1's first turn takes 0.5 s, the others' env calls 0.15 s
     engine = StreamingEngine(replies, latency=lambda key, turn: lat[key], poll_s=0.01)
-    with pytest.raises(RuntimeError, match="sandbox broke"):
-        _streams(tok, engine, [5, 5, 5], workers=3, env=SlowEnv, fail_on="boom")
-    assert 1 in engine.aborted and not engine.pending
+    trajs, envs = _streams(tok, engine, [5, 5, 5], workers=3, env=SlowEnv, fail_on="boom")
+    assert not engine.aborted and not engine.pending
     assert slow_env.closed_while_busy == 0, "no env was closed while another thread was inside it"
+    assert [e.closed for e in envs] == [1, 1, 1]
+    assert all(t.num_turns == 2 and "raised RuntimeError: sandbox broke" in t.reward_error for t in trajs)
 
 
 def test_a_streamed_engine_error_closes_every_env(tiny_tokenizer, slow_env):

@@ -14,7 +14,7 @@ from typing import Any
 
 from envs.sandbox.base import retry_setup_race, setup_race
 from envs.sandbox.base import MODES, SANDBOX_PATH, _MiB, Limits, RunResult, _Tools
-from envs.sandbox.files import _open_parent, _split_rel
+from envs.sandbox.files import _open_parent, _split_rel, remove_tree
 from envs.sandbox.launch import (
     _base_env,
     _bwrap_command,
@@ -391,7 +391,7 @@ class Sandbox:
             if getattr(self, "_owns_storage", False) and self.storage is not None:
                 self.storage.close()
             elif self._owns_dir and getattr(self, "work_dir", None):
-                _rmtree(self.work_dir)
+                remove_tree(self.work_dir)
         finally:
             # Last: the uid goes back once nothing of this sandbox is left (a lease whose uid still
             # runs processes is never handed out again anyway, see envs.sandbox.uids).
@@ -406,16 +406,3 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(work_dir={self.work_dir!r}, mode={self.mode!r}, limits={self.limits!r})"
-
-
-def _rmtree(path: str) -> None:
-    def onerror(func, p, _exc):  # sandboxed code may leave directories without u+rwx
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)

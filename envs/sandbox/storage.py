@@ -35,6 +35,7 @@ import threading
 import weakref
 
 from envs.sandbox.config import SandboxConfig
+from envs.sandbox.files import remove_tree
 
 __all__ = ["Storage"]
 
@@ -149,7 +150,7 @@ class Storage:
     def clear_scratch(self) -> None:
         """Empty /tmp and /dev/shm (each run starts with empty ones, as a fresh tmpfs would)."""
         for d in (self.tmp, self.shm):
-            _empty_dir(d)
+            remove_tree(d, keep_root=True)  # any depth: a deep chain must not break the next run's clean-up
 
     def close(self) -> None:
         """Unmount (lazily: nothing can hold it, every sandbox process is dead) and remove."""
@@ -228,35 +229,4 @@ def _release(root: str, capped: bool, holder: _NamespaceHolder | None = None) ->
         holder.close()
     elif capped and _c().umount2(root.encode(), _MNT_DETACH) != 0:
         logger.warning("cannot unmount sandbox storage %s: %s", root, os.strerror(ctypes.get_errno()))
-    _rmtree(root)
-
-
-def _onerror(func, p, _exc):  # sandboxed code may leave directories without u+rwx
-    try:
-        os.chmod(os.path.dirname(p), 0o700)
-        if os.path.isdir(p) and not os.path.islink(p):
-            os.chmod(p, 0o700)
-        func(p)
-    except OSError:
-        pass
-
-
-def _rmtree(path: str) -> None:
-    shutil.rmtree(path, onerror=_onerror)
-
-
-def _empty_dir(path: str) -> None:
-    """Remove everything inside ``path``, keeping ``path``; never follows symlinks."""
-    try:
-        with os.scandir(path) as it:
-            entries = list(it)
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, onerror=_onerror)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
+    remove_tree(root)
