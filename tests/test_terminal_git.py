@@ -197,7 +197,10 @@ def test_a_chain_deeper_than_the_bound_is_refused_not_a_recursion_error(tmp_path
         os.mkdir(deep)
     with open(deep + "/.gitattributes", "w") as f:  # below the bound: never reached
         f.write("* filter=ev\n")
-    gitdirs, problems = terminal_git.find_git_dirs(str(tmp_path))
+    try:
+        gitdirs, problems = terminal_git.find_git_dirs(str(tmp_path))
+    finally:  # rm -rf: pytest's own clean-up of old temp dirs recurses, and would raise on this chain later
+        subprocess.run(["rm", "-rf", "--", str(tmp_path / "d")], check=False)
     assert gitdirs == [] and len(problems) == 1 and f"deeper than {terminal_git.MAX_DEPTH} levels" in problems[0]
     shallow = tmp_path / "ok"
     shallow.joinpath(*(["d"] * 50)).mkdir(parents=True)  # within the bound: walked, nothing found
