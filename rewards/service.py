@@ -47,7 +47,7 @@ from typing import Any
 from envs.actors import ActorGroup, GroupOwner, ray_factory
 from envs.base import resolve
 from envs.types import Trajectory
-from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, call_mode
+from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, build_reward, call_mode
 
 __all__ = ["RewardFnSpec", "RewardScorer", "RewardService", "FnOutcome"]
 
@@ -119,7 +119,7 @@ class RewardScorer:
         self._fns: list[_Fn] = []
         seen: set[str] = set()
         for spec in specs:
-            obj = resolve(spec.cls)(**spec.kwargs)
+            obj = build_reward(resolve(spec.cls), spec.kwargs)
             name = str(getattr(obj, "name", "") or spec.cls.rsplit(".", 1)[-1])
             base, k = name, 1
             while name in seen:  # the same class twice (e.g. different kwargs): keep metric names apart

@@ -246,10 +246,9 @@ def recipe_reward_specs(
 
 
 def check_reward_specs(specs: list[RewardFnSpec], where: str = "") -> None:
-    """Import each class and bind its kwargs; raise :class:`CommandError` naming ``rewards.<i>``."""
-    import inspect
-
+    """Import each class (or plain function) and bind its kwargs; raise :class:`CommandError` naming ``rewards.<i>``."""
     from envs.base import resolve
+    from rewards.protocol import check_reward_kwargs
 
     for i, s in enumerate(specs):
         try:
@@ -257,11 +256,9 @@ def check_reward_specs(specs: list[RewardFnSpec], where: str = "") -> None:
         except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
             raise CommandError(f"{where}rewards.{i}.cls: cannot import {s.cls!r}: {e}") from None
         try:
-            inspect.signature(cls).bind(**s.kwargs)
+            check_reward_kwargs(cls, s.kwargs)
         except TypeError as e:
             raise CommandError(f"{where}rewards.{i}.kwargs: do not match {s.cls}'s constructor: {e}") from None
-        except ValueError:
-            pass
 
 
 def make_scorer(specs: list[RewardFnSpec], timeout_s: float | None, where: str = "") -> RewardScorer:

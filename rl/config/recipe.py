@@ -715,6 +715,23 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
         raise RecipeError(f"{where}: YAML syntax error: {getattr(e, 'problem', e)}") from None
     if raw is None:
         raw = {}
+    return _recipe_from_raw(raw, p, text, overrides)
+
+
+def recipe_from_dict(
+    raw: dict, base_dir: str | os.PathLike = ".", overrides: list[str] | tuple[str, ...] = ()
+) -> Recipe:
+    """A ``Recipe`` from a mapping shaped like a recipe YAML (a notebook's dict), overrides applied.
+
+    Relative paths in it (task files, the model folder) are relative to ``base_dir``; errors
+    name the key as :func:`load_recipe`'s do, with ``<recipe dict>`` for the file. ``raw`` is not changed.
+    """
+    import copy
+
+    return _recipe_from_raw(copy.deepcopy(raw), Path(base_dir) / "<recipe dict>", "", overrides)
+
+
+def _recipe_from_raw(raw: Any, p: Path, text: str, overrides: list[str] | tuple[str, ...]) -> Recipe:
     if not isinstance(raw, dict):
         raise RecipeError(f"{p}: a recipe is a mapping of sections (run, model, data, ...), got {type(raw).__name__}")
     if "source" in raw:
@@ -786,8 +803,9 @@ def _parse_override(ov: str) -> tuple[str, Any]:
 
 def _set_path(tree: dict, key: str, value: Any, ov: str) -> None:
     """Set dotted ``key`` in the plain YAML ``tree``; sections and default lists left out of the YAML are
-    created on the way (``rewards.0.weight=0.5`` edits the default reward). Unknown keys are set as
-    given and refused by ``build``, which names them."""
+    created on the way (``rewards.0.weight=0.5`` edits the default reward). A list's last part may be an
+    index (``rewards.1.kwargs.x=3`` sets one key of one item) or ``+`` (``rewards.+={cls: ...}`` appends
+    an item). Unknown keys are set as given and refused by ``build``, which names them."""
     parts = key.split(".")
     if not key or not all(parts) or parts[0] == "source":
         raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'")
@@ -802,6 +820,11 @@ def _set_path(tree: dict, key: str, value: Any, ov: str) -> None:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
             default = default[0] if isinstance(default, list) and default else None
+        elif isinstance(node, list):
+            raise RecipeError(
+                f"override {ov!r}: unknown recipe key '{key}' (no item {part}: the list has {len(node)} items; "
+                "append one with LIST.+=VALUE)"
+            )
         else:
             raise RecipeError(f"override {ov!r}: unknown recipe key '{key}' (no item {part} here)")
     last = parts[-1]
@@ -809,6 +832,13 @@ def _set_path(tree: dict, key: str, value: Any, ov: str) -> None:
         node[last] = value
     elif isinstance(node, list) and last.isdigit() and int(last) < len(node):
         node[int(last)] = value
+    elif isinstance(node, list) and last == "+":  # rewards.+={cls: ...}: append one item
+        node.append(value)
+    elif isinstance(node, list):
+        raise RecipeError(
+            f"override {ov!r}: '{'.'.join(parts[:-1])}' is a list of {len(node)} items (0-{len(node) - 1}); "
+            f"set one with '{'.'.join(parts[:-1])}.N.KEY=...' or append one with '{'.'.join(parts[:-1])}.+=VALUE'"
+        )
     else:
         raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'")
 
@@ -997,7 +1027,7 @@ def _check_classes(recipe: Recipe, fail) -> None:
         _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
         _check_sandbox_config(fail, f"rollout.envs.{i}.kwargs", e.kwargs)
     for i, spec in enumerate(recipe.rewards):
-        obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve)
+        obj = _check_reward_class(fail, i, spec.cls, spec.kwargs, resolve)
         _check_sandbox_config(fail, f"rewards.{i}.kwargs", spec.kwargs)
         if isinstance(obj, type) and not any("__call__" in vars(k) for k in obj.__mro__):
             fail(f"rewards.{i}.cls", f"{spec.cls} has no __call__(trajectory) method")
@@ -1118,6 +1148,25 @@ def _check_parallelism(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> No
                 f"an engine with cluster.engine_tp={c.engine_tp} needs one GPU per "
                 f"tensor-parallel rank: set cluster.engine_gpus to {c.engine_tp}, got {c.engine_gpus}",
             )
+
+
+def _check_reward_class(fail, i: int, dotted: str, kwargs: dict, resolve) -> Any:
+    """Import ``rewards.<i>.cls`` (a class, or a plain function ``fn(traj, **kwargs)``) and check that
+    its kwargs fit; returns it."""
+    from rewards.protocol import check_reward_kwargs
+
+    try:
+        obj = resolve(dotted)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
+        fail(f"rewards.{i}.cls", f"cannot import {dotted!r}: {e}")
+    if not callable(obj):
+        fail(f"rewards.{i}.cls", f"{dotted} is a {type(obj).__name__}, not a reward class or function")
+    try:
+        check_reward_kwargs(obj, kwargs)
+    except TypeError as e:
+        what = "constructor" if isinstance(obj, type) else "signature (called as fn(traj, **kwargs))"
+        fail(f"rewards.{i}.kwargs", f"do not match {dotted}'s {what}: {e}")
+    return obj
 
 
 def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve) -> Any:
