@@ -231,10 +231,22 @@ class RewardScorer:
             scored = scored or (fn.weight != 0.0 and not fn.shaping)
         error = "; ".join(errors) if errors else None
         if error is None and not scored:
-            error = f"no reward function scored this {traj.task.domain!r} sample"
-            if scores:
-                error += f" (only shaping or zero-weight ones: {', '.join(scores)})"
+            error = f"no reward function scored this {traj.task.domain!r} sample: {self._why_unscored(scores)}"
         return dataclasses.replace(traj, scores=scores, reward=None if error else total, reward_error=error)
+
+    def _why_unscored(self, scores: dict[str, float | None]) -> str:
+        """What each function that ran did instead of scoring (returned None, a shaping term, weight 0)."""
+        why = []
+        for fn in self._fns:
+            if fn.name not in scores:
+                continue
+            if scores[fn.name] is None:
+                why.append(f"{fn.name} returned None (does not apply)")
+            elif fn.shaping:
+                why.append(f"{fn.name} is a shaping term (it adds to a score, it is not one)")
+            else:
+                why.append(f"{fn.name} has weight 0")
+        return "; ".join(why) if why else "no reward function is declared for this domain"
 
     def _run_fn(self, fn: _Fn, trajs: list[Trajectory]) -> list[FnOutcome]:
         if fn.mode == "batch":

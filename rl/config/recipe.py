@@ -147,7 +147,12 @@ class DatasetConfig(Section):
 class DataConfig(Section):
     train_files: list[str] = knob(doc="task files (.jsonl, .jsonl.gz, .parquet); relative to the recipe", factory=list)
     eval_files: list[str] = knob(doc="held-out task files, evaluated greedily", factory=list)
-    eval_limit: int = knob(0, "evaluate at most N held-out tasks (0 = all)", ge=0)
+    eval_limit: int = knob(0, "evaluate at most N held-out tasks of each eval file, domain or in all (0 = all)", ge=0)
+    eval_limit_per: Literal["file", "domain", "total"] = knob(
+        "file",
+        "what data.eval_limit counts: the first N tasks of each eval file and eval dataset entry, of each domain, "
+        "or of all held-out tasks joined in order (then a later file can get none)",
+    )
     train_weights: list[float] = knob(doc="weight of each train file within its domain ([] = 1 each)", factory=list)
     train_datasets: list[DatasetConfig] = knob(
         doc="training tasks from datasets (Hub or local folders), with a column mapping", factory=list
@@ -1020,12 +1025,38 @@ def _check_files(recipe: Recipe, fail) -> None:
                 fail(f"{key}.{i}.path", f"dataset folder not found: {resolve_path(recipe, e.path)}")
 
 
+def check_task_files(recipe: Recipe) -> int:
+    """Parse every task file of ``data.train_files`` and ``data.eval_files`` as ``jointrl train`` does, and
+    check that ``rollout.envs`` serves each task's domain; returns the number of tasks. Raises
+    ``RecipeError`` naming the recipe key and the error ``train`` would give (``file:line: field ...``).
+    Dataset entries are read when the run starts (they may need the network)."""
+    from envs.io import TaskFormatError, load_tasks
+
+    served = sorted({e.domain for e in recipe.rollout.envs})
+    n = 0
+    for key, files in (("data.train_files", recipe.data.train_files), ("data.eval_files", recipe.data.eval_files)):
+        for i, f in enumerate(files):
+            path = resolve_path(recipe, f)
+            try:
+                tasks = load_tasks(path)
+            except (TaskFormatError, OSError) as e:
+                raise RecipeError(f"{key}.{i}: {e}") from None
+            for t in tasks:
+                if t.domain not in served:
+                    raise RecipeError(
+                        f"{key}.{i}: {path}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves only {served}"
+                    )
+            n += len(tasks)
+    return n
+
+
 def _check_classes(recipe: Recipe, fail) -> None:
     from envs.base import resolve
 
     for i, e in enumerate(recipe.rollout.envs):
         _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
         _check_sandbox_config(fail, f"rollout.envs.{i}.kwargs", e.kwargs)
+    objs: list[Any] = []
     for i, spec in enumerate(recipe.rewards):
         obj = _check_reward_class(fail, i, spec.cls, spec.kwargs, resolve)
         _check_sandbox_config(fail, f"rewards.{i}.kwargs", spec.kwargs)
@@ -1033,6 +1064,34 @@ def _check_classes(recipe: Recipe, fail) -> None:
             fail(f"rewards.{i}.cls", f"{spec.cls} has no __call__(trajectory) method")
         if not spec.domains and not getattr(obj, "domains", None):
             fail(f"rewards.{i}.domains", f"{spec.cls} has no `domains` attribute: list the domains it scores")
+        objs.append(obj)
+    _check_reward_coverage(recipe, objs, fail)
+
+
+def _check_reward_coverage(recipe: Recipe, objs: list[Any], fail) -> None:
+    """Every domain ``rollout.envs`` serves has a reward that can score it (non-zero weight, not a shaping
+    term), and every domain a reward names is served: otherwise every sample of that domain would be
+    left out of the update with "no reward function scored", or the reward would never run."""
+    served = [e.domain for e in recipe.rollout.envs]
+    scorers: dict[str, list[str]] = {d: [] for d in served}
+    for i, (spec, obj) in enumerate(zip(recipe.rewards, objs)):
+        domains = list(spec.domains or getattr(obj, "domains", ()) or ())
+        unserved = [d for d in domains if d != "*" and d not in served]
+        if unserved:
+            key = f"rewards.{i}.domains" if spec.domains else f"rewards.{i}.cls"
+            fail(key, f"{spec.cls} scores {unserved}, which no env in rollout.envs serves (served: {served})")
+        if spec.weight != 0.0 and not getattr(obj, "shaping", False):
+            for d in served:
+                if d in domains or "*" in domains:
+                    scorers[d].append(spec.cls)
+    for d, fns in scorers.items():
+        if not fns:
+            i = served.index(d)
+            fail(
+                f"rollout.envs.{i}.domain",
+                f"no reward can score domain {d!r}: no reward with a non-zero weight that is not a shaping term "
+                f"lists it in its domains (every {d!r} sample would be left out of the update)",
+            )
 
 
 def _check_sandbox_config(fail, key: str, kwargs: dict) -> None:

@@ -331,7 +331,7 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
     domains = {e.domain for e in cfg.rollout.envs}
     weights = list(cfg.data.train_weights) or [1.0] * len(cfg.data.train_files)
     sources: list[Source] = []
-    held: list[Task] = []
+    held: list[list[Task]] = []  # one list per eval file / eval dataset entry, in order
     for files, is_train in ((cfg.data.train_files, True), (cfg.data.eval_files, False)):
         for i, f in enumerate(files):
             path = resolve_path(cfg, f)
@@ -340,14 +340,31 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
             if is_train:
                 sources += sources_by_domain(tasks, path.name, weights[i])
             else:
-                held += tasks
+                held.append(tasks)
     for which in ("train", "eval"):  # through `datasets`, before any actor starts (rl/data/hub_data.py)
         for key, entry, tasks in recipe_datasets(cfg, which):
             _check_domains(tasks, key, domains)
             if which == "train":
                 sources += sources_by_domain(tasks, f"{entry.path}:{entry.split}", entry.weight)
             else:
-                held += tasks
-    if cfg.data.eval_limit:
-        held = held[: cfg.data.eval_limit]
-    return sources, held
+                held.append(tasks)
+    return sources, limit_eval(held, cfg.data.eval_limit, cfg.data.eval_limit_per)
+
+
+def limit_eval(held: list[list[Task]], limit: int, per: str) -> list[Task]:
+    """The held-out tasks to evaluate: the first ``limit`` (0 = all) of each source (``per`` "file"), of
+    each domain ("domain") or of all joined in order ("total"); the order of the sources is kept."""
+    joined = [t for tasks in held for t in tasks]
+    if not limit:
+        return joined
+    if per == "total":
+        return joined[:limit]
+    if per == "file":
+        return [t for tasks in held for t in tasks[:limit]]
+    seen: dict[str, int] = {}
+    out = []
+    for t in joined:
+        if seen.get(t.domain, 0) < limit:
+            seen[t.domain] = seen.get(t.domain, 0) + 1
+            out.append(t)
+    return out

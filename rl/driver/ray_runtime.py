@@ -126,6 +126,11 @@ class RayRuntime:
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             cpus = os.cpu_count() or 2
+            if not address:
+                from rl.driver.placement import local_gpus, oversubscription
+
+                for w in oversubscription(cfg, cpus, local_gpus()):
+                    print(f"jointrl: warning: {w}", file=sys.stderr, flush=True)
             ray.init(
                 address=address,
                 num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, cfg.rollout.num_engines),
