@@ -83,6 +83,9 @@ def add_score_parser(sub: Any) -> None:
     )
     s.add_argument("--out", help="write per-sample scores here (JSON lines)")
     s.add_argument(
+        "overrides", nargs="*", help="key=value overrides of --recipe, e.g. rewards.0.kwargs.args_credit=fraction"
+    )
+    s.add_argument(
         "--recipe",
         help="take the rewards (and reward_service.timeout_s) from this recipe; "
         "default: the built-in rewards of each domain",
@@ -417,7 +420,7 @@ def summarize(
     """The JSON summary of scored ``trajs``: overall, per domain, and per function within each domain.
 
     ``count`` = samples; ``scored`` = samples with a reward; ``errors`` = samples whose reward
-    errored; ``mean`` = mean reward over scored samples; ``pass_rate`` = samples with reward
+    errored, and ``error_reasons`` why (each reason with its count, :func:`error_reasons`); ``mean`` = mean reward over scored samples; ``pass_rate`` = samples with reward
     >= ``threshold`` over ALL samples (an errored sample does not pass). Per function:
     ``count`` = samples it returned a number for, ``none`` = samples it did not apply to,
     ``errors`` = samples it errored on, ``mean`` and ``pass_rate`` over its numbers
@@ -430,6 +433,7 @@ def summarize(
             "count": len(ts),
             "scored": len(scored),
             "errors": len(ts) - len(scored),
+            "error_reasons": error_reasons(ts),
             "mean": _mean(scored),
             "pass_rate": (sum(r >= threshold for r in scored) / len(ts)) if ts else None,
         }
@@ -459,6 +463,24 @@ def summarize(
             }
         db["functions"] = fns
         out["domains"][d] = db
+    return out
+
+
+ERROR_REASONS = 10  # the most distinct reasons listed per summary block
+REASON_CHARS = 300
+
+
+def error_reasons(ts: list[Trajectory]) -> dict[str, int]:
+    """Why samples got no reward: each distinct ``reward_error`` (cut to ``REASON_CHARS``) with its count,
+    the most common first; at most ``ERROR_REASONS``, the rest counted under ``"(other reasons)"``."""
+    counts: dict[str, int] = defaultdict(int)
+    for t in ts:
+        if t.reward is None:
+            counts[(t.reward_error or "no reward and no error recorded")[:REASON_CHARS]] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = dict(ranked[:ERROR_REASONS])
+    if len(ranked) > ERROR_REASONS:
+        out["(other reasons)"] = sum(n for _, n in ranked[ERROR_REASONS:])
     return out
 
 
@@ -495,8 +517,10 @@ def _score(args: argparse.Namespace) -> int:
         raise CommandError("--timeout must be > 0")
     tasks = load_task_file(args.tasks, args.format, args.answers)
     records = read_completions(args.completions)
+    if args.overrides and not args.recipe:
+        raise CommandError(f"overrides ({' '.join(args.overrides)}) change a recipe: pass it with --recipe")
     if args.recipe:
-        specs, cfg = recipe_reward_specs(args.recipe)
+        specs, cfg = recipe_reward_specs(args.recipe, args.overrides)
         timeout = args.timeout or cfg.reward_service.timeout_s
     else:
         specs, timeout = list(DEFAULT_REWARDS), args.timeout or 60.0
