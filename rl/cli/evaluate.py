@@ -833,6 +833,26 @@ def eval_summary(
     return summary, failed
 
 
+def quiet_engine_logs(verbose: bool) -> None:
+    """The engine's logs for ``jointrl eval``: everything with ``verbose``; else errors only, since vLLM's and
+    torch's warnings about this machine (no Triton, chunked prefill, NUMA binding, tcmalloc...) are tens of
+    lines that say nothing about the evaluation. Set before vLLM is imported (its engine processes inherit
+    them); a variable the user set is kept. vLLM logs to stderr either way: stdout carries the JSON summary."""
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if verbose:
+        os.environ["JOINTRL_VERBOSE"] = "1"
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ warnings (NUMA binding)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")  # engine processes: deprecations in vLLM
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    import logging
+
+    logging.getLogger("torch._library").setLevel(logging.ERROR)  # "Triton not available"
+
+
 def _generate(
     cfg: Any,
     tasks: list[Task],
@@ -854,10 +874,7 @@ def _generate(
     from rl.driver.recovery import raise_on_term
     from rl.trainer.hub import resolve_model
 
-    if verbose:
-        os.environ["JOINTRL_VERBOSE"] = "1"
-    # vLLM logs to stdout by default; stdout carries the JSON summary.
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    quiet_engine_logs(verbose)
     base = Path(cfg.source).parent if cfg.source else None
     r = cfg.rollout
     sampling = Sampling(

@@ -120,7 +120,11 @@ def _train(args: argparse.Namespace, cfg: Any) -> int:
     from rollout.pool import EngineFailure
 
     try:
-        out = train(cfg, verbose=args.verbose, runtime=_local_runtime if args.local else None)
+        from rl.driver.logger import process_start_time
+
+        out = train(
+            cfg, verbose=args.verbose, runtime=_local_runtime if args.local else None, started=process_start_time()
+        )
     except (FileNotFoundError, FileExistsError, TaskFormatError, RecipeError, PlacementError) as e:
         return _fail(str(e), args.debug)  # RecipeError/PlacementError: cluster section vs the Ray cluster
     except KeyboardInterrupt:

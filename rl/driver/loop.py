@@ -26,7 +26,7 @@ from rl.algos.shaping import RewardNormalizer, shape_step
 from rl.config.recipe import Recipe, recipe_to_dict, resolve_path
 from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
 from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_dir, read_checkpoint, write_checkpoint
-from rl.driver.logger import ProgressBar, RunLogger
+from rl.driver.logger import STARTUP, ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard
 from rl.driver.runtime import Runtime
 from rl.driver.stream import EpisodeStream
@@ -52,13 +52,25 @@ __all__ = [
 RuntimeFactory = Callable[[Recipe, str, Path, bool], Runtime]
 
 
-def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime: RuntimeFactory | None = None) -> Path:
+def train(
+    cfg: Recipe,
+    *,
+    verbose: bool = False,
+    progress: bool = True,
+    runtime: RuntimeFactory | None = None,
+    started: float | None = None,
+) -> Path:
     """Run the recipe; return the output dir. Raises on failure after shutting everything down.
 
     ``runtime(cfg, model_path, out, verbose)`` builds the runtime (default: ``RayRuntime``).
+    ``started``: when the command started (Unix time; default now): the start-up lines (printed with
+    ``progress``) and the end summary's wall time count from it.
     """
+    STARTUP.start(started, enabled=progress)
     out, resume_from = prepare_output_dir(cfg)
+    STARTUP.phase(f"model {cfg.model.path}")
     model_path = prepare_model(cfg)
+    STARTUP.phase("task files and datasets")
     train_sources, eval_tasks = load_task_sets(cfg)
     mixer, normalizer = make_mixer(cfg, train_sources), make_normalizer(cfg)
     sampling, greedy = make_sampling(cfg)
@@ -66,7 +78,11 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
     run = RunParts(cfg, out, rt, mixer, normalizer, eval_tasks, greedy)
     try:
         first = start_run(run, train_sources, sampling, resume_from, progress)
+        STARTUP.phase(
+            f"ready: step {first} of {cfg.train.steps}" + (f" (resumed from {resume_from.name})" if resume_from else "")
+        )
         if first == 1 and cfg.train.eval_at_start:
+            STARTUP.phase(f"baseline evaluation of {len(eval_tasks)} held-out tasks")
             run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
         for step in range(first, cfg.train.steps + 1):
             trajs, metrics = train_step(run, step)  # 1-6. draw, generate, score, shape, update, sync
