@@ -5,6 +5,7 @@ same W&B run (the stored run id)."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import time
 from pathlib import Path
@@ -85,3 +86,37 @@ def test_a_bad_stored_wandb_id_is_replaced(tmp_path: Path, content: str) -> None
     (tmp_path / WANDB_ID_FILE).write_text(content)
     rid = wandb_run_id(tmp_path)
     assert re.fullmatch(r"[a-z0-9]{8}", rid) and wandb_run_id(tmp_path) == rid
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_eval_engine_logs_are_quiet_unless_verbose(monkeypatch, verbose: bool) -> None:
+    import logging
+    import warnings
+
+    from rl.cli.evaluate import quiet_engine_logs
+
+    keys = ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS", "JOINTRL_VERBOSE", "VLLM_LOGGING_STREAM")
+    # a copy of the environment: nothing this sets leaks into later tests
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in keys})
+    lib = logging.getLogger("torch._library")
+    monkeypatch.setattr(lib, "level", lib.level)
+    with warnings.catch_warnings():
+        quiet_engine_logs(verbose)
+    env = os.environ
+    assert env["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"  # stdout carries the JSON summary
+    if verbose:
+        assert env["JOINTRL_VERBOSE"] == "1" and "VLLM_LOGGING_LEVEL" not in env
+    else:
+        assert env["VLLM_LOGGING_LEVEL"] == "ERROR" and env["TORCH_CPP_LOG_LEVEL"] == "ERROR"
+        assert "JOINTRL_VERBOSE" not in env
+
+
+def test_eval_keeps_a_log_level_the_user_set(monkeypatch) -> None:
+    import warnings
+
+    from rl.cli.evaluate import quiet_engine_logs
+
+    monkeypatch.setattr(os, "environ", {**os.environ, "VLLM_LOGGING_LEVEL": "INFO"})
+    with warnings.catch_warnings():
+        quiet_engine_logs(False)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"

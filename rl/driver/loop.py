@@ -82,7 +82,8 @@ def train(
             f"ready: step {first} of {cfg.train.steps}" + (f" (resumed from {resume_from.name})" if resume_from else "")
         )
         if first == 1 and cfg.train.eval_at_start:
-            STARTUP.phase(f"baseline evaluation of {len(eval_tasks)} held-out tasks")
+            if eval_tasks:
+                STARTUP.phase(f"baseline evaluation of {len(eval_tasks)} held-out tasks")
             run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
         for step in range(first, cfg.train.steps + 1):
             trajs, metrics = train_step(run, step)  # 1-6. draw, generate, score, shape, update, sync
