@@ -13,7 +13,6 @@ Imports inside it are lazy, so ``import rl.config`` stays light.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ def train(
     shutting everything down, its outputs so far kept.
     """
     from rl.config.recipe import load_recipe, recipe_from_dict, validate_recipe
-    from rl.driver.logger import summary
+    from rl.driver.logger import read_step_records, summary
     from rl.driver.loop import train as run_loop
 
     if isinstance(recipe, dict):
@@ -73,8 +72,7 @@ def train(
     first: dict[str, Any] = {}
     last: dict[str, Any] = {}
     timings: dict[str, list[float]] = {}
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+    for rec in read_step_records(out / "metrics.jsonl"):
         for k, v in rec.items():
             if v is None:
                 continue

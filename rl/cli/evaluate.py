@@ -261,7 +261,8 @@ def check_reward_specs(specs: list[RewardFnSpec], where: str = "") -> None:
         try:
             check_reward_kwargs(cls, s.kwargs)
         except TypeError as e:
-            raise CommandError(f"{where}rewards.{i}.kwargs: do not match {s.cls}'s constructor: {e}") from None
+            what = "constructor" if isinstance(cls, type) else "signature (called as fn(traj, **kwargs))"
+            raise CommandError(f"{where}rewards.{i}.kwargs: do not match {s.cls}'s {what}: {e}") from None
 
 
 def make_scorer(specs: list[RewardFnSpec], timeout_s: float | None, where: str = "") -> RewardScorer:

@@ -1052,13 +1052,14 @@ def check_task_files(recipe: Recipe) -> int:
 
 def _check_classes(recipe: Recipe, fail) -> None:
     from envs.base import resolve
+    from rewards.protocol import check_reward_kwargs
 
     for i, e in enumerate(recipe.rollout.envs):
         _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
         _check_sandbox_config(fail, f"rollout.envs.{i}.kwargs", e.kwargs)
     objs: list[Any] = []
     for i, spec in enumerate(recipe.rewards):
-        obj = _check_reward_class(fail, i, spec.cls, spec.kwargs, resolve)
+        obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve, check_reward_kwargs)
         _check_sandbox_config(fail, f"rewards.{i}.kwargs", spec.kwargs)
         if isinstance(obj, type) and not any("__call__" in vars(k) for k in obj.__mro__):
             fail(f"rewards.{i}.cls", f"{spec.cls} has no __call__(trajectory) method")
@@ -1209,39 +1210,30 @@ def _check_parallelism(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> No
             )
 
 
-def _check_reward_class(fail, i: int, dotted: str, kwargs: dict, resolve) -> Any:
-    """Import ``rewards.<i>.cls`` (a class, or a plain function ``fn(traj, **kwargs)``) and check that
-    its kwargs fit; returns it."""
-    from rewards.protocol import check_reward_kwargs
-
-    try:
-        obj = resolve(dotted)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
-        fail(f"rewards.{i}.cls", f"cannot import {dotted!r}: {e}")
-    if not callable(obj):
-        fail(f"rewards.{i}.cls", f"{dotted} is a {type(obj).__name__}, not a reward class or function")
-    try:
-        check_reward_kwargs(obj, kwargs)
-    except TypeError as e:
-        what = "constructor" if isinstance(obj, type) else "signature (called as fn(traj, **kwargs))"
-        fail(f"rewards.{i}.kwargs", f"do not match {dotted}'s {what}: {e}")
-    return obj
-
-
-def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve) -> Any:
-    """Import ``dotted`` and check ``kwargs`` bind to its constructor; returns the class."""
+def _bind_constructor(obj: Any, kwargs: dict) -> None:
+    """Raise ``TypeError`` when ``kwargs`` do not fit ``obj``'s constructor (no signature: checked when built)."""
     import inspect
 
+    try:
+        inspect.signature(obj).bind(**kwargs)
+    except ValueError:
+        pass  # no signature available (builtins)
+
+
+def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve, bind=_bind_constructor) -> Any:
+    """Import ``dotted``, check it is callable and that ``bind(obj, kwargs)`` accepts the kwargs (default:
+    its constructor; rewards pass ``check_reward_kwargs``, which also takes plain functions); returns it."""
     try:
         obj = resolve(dotted)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
         fail(key, f"cannot import {dotted!r}: {e}")
+    if not callable(obj):
+        fail(key, f"{dotted} is a {type(obj).__name__}, not a class or function")
     try:
-        inspect.signature(obj).bind(**kwargs)
+        bind(obj, kwargs)
     except TypeError as e:
-        fail(key.rsplit(".", 1)[0] + ".kwargs", f"do not match {dotted}'s constructor: {e}")
-    except ValueError:
-        pass  # no signature available (builtins); checked when constructed
+        what = "constructor" if isinstance(obj, type) else "signature (called as fn(traj, **kwargs))"
+        fail(key.rsplit(".", 1)[0] + ".kwargs", f"do not match {dotted}'s {what}: {e}")
     return obj
 
 
