@@ -276,6 +276,7 @@ def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str],
         "run.overwrite=true",
         f"train.steps={steps}",
         f"data.eval_limit={eval_limit}",
+        "data.eval_limit_per=total",  # as measured: the first N held-out tasks overall
         "run.save_every=0",
         f"train.eval_at_start={str(at_start).lower()}",
         *(overrides(config) if config != "base" else []),

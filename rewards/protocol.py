@@ -31,6 +31,11 @@ Optional attributes:
   penalty alone never stands in for a missing reward.
 * ``concurrency: int``: the most ``acall`` coroutines in flight at once (see above).
 
+A plain function works too: ``def brevity(traj, max_chars=200) -> float | None`` named in a
+recipe's ``rewards[].cls`` is wrapped by :func:`build_reward` (its name is the metric name, the
+recipe's ``kwargs`` are passed on every call, ``rewards[].domains`` says what it scores; a
+``domains`` or ``shaping`` attribute set on the function is read like a class's).
+
 Values must be finite real numbers (``bool`` is not a number here); anything else, an
 exception or a timeout gives the sample a recorded ``reward_error`` and no reward --
 never a silent 0.
@@ -38,6 +43,8 @@ never a silent 0.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Protocol, runtime_checkable
 
 from envs.types import Trajectory
@@ -50,6 +57,9 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "applies_to",
     "call_mode",
+    "build_reward",
+    "check_reward_kwargs",
+    "FunctionReward",
 ]
 
 ALL_DOMAINS = "*"  # a `domains` entry that matches every domain
@@ -98,3 +108,50 @@ def call_mode(fn: Any) -> str:
     if callable(getattr(fn, "acall", None)):
         return "async"
     return "call"
+
+
+class FunctionReward:
+    """A plain function as a reward function: ``fn(traj, **kwargs)`` with the recipe's ``kwargs``.
+
+    ``name`` is the function's name; ``domains`` and ``shaping`` are read from attributes set on the
+    function (``fn.domains = ("arith",)``), else the recipe's ``rewards[].domains`` applies.
+    """
+
+    def __init__(self, fn: Any, kwargs: dict[str, Any]) -> None:
+        self.fn, self.kwargs = fn, dict(kwargs)
+        self.name = str(getattr(fn, "name", "") or getattr(fn, "__name__", "") or "reward")
+        self.domains = tuple(getattr(fn, "domains", ()) or ())
+        self.shaping = bool(getattr(fn, "shaping", False))
+
+    def __call__(self, traj: Trajectory) -> float | None:
+        """The function's value for ``traj``."""
+        return self.fn(traj, **self.kwargs)
+
+
+def _is_plain_function(obj: Any) -> bool:
+    return inspect.isfunction(obj) or inspect.isbuiltin(obj) or isinstance(obj, functools.partial)
+
+
+def check_reward_kwargs(obj: Any, kwargs: dict[str, Any]) -> None:
+    """Raise ``TypeError`` saying why ``kwargs`` do not fit ``obj`` (a reward class's constructor, or a
+    plain function called as ``fn(traj, **kwargs)``); an async function is refused (use a class with
+    ``acall``). Objects without a signature pass (checked when built)."""
+    if _is_plain_function(obj) and inspect.iscoroutinefunction(obj):
+        raise TypeError("an async function cannot be a reward: write a class with `async def acall(self, traj)`")
+    try:
+        sig = inspect.signature(obj)
+    except ValueError:
+        return
+    if _is_plain_function(obj):
+        sig.bind(None, **kwargs)  # the trajectory comes first
+    else:
+        sig.bind(**kwargs)
+
+
+def build_reward(obj: Any, kwargs: dict[str, Any]) -> Any:
+    """The reward function that a recipe's ``rewards[].cls`` names: a class is constructed with
+    ``kwargs``; a plain function is wrapped in :class:`FunctionReward` with them."""
+    if _is_plain_function(obj):
+        check_reward_kwargs(obj, kwargs)
+        return FunctionReward(obj, kwargs)
+    return obj(**kwargs)

@@ -50,7 +50,7 @@ from typing import Any
 from envs.actors import ActorGroup, GroupOwner, ray_factory
 from envs.base import resolve
 from envs.types import Trajectory
-from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, call_mode
+from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, build_reward, call_mode
 
 __all__ = ["RewardFnSpec", "RewardScorer", "RewardService", "FnOutcome"]
 
@@ -122,7 +122,7 @@ class RewardScorer:
         self._fns: list[_Fn] = []
         seen: set[str] = set()
         for spec in specs:
-            obj = resolve(spec.cls)(**spec.kwargs)
+            obj = build_reward(resolve(spec.cls), spec.kwargs)
             name = str(getattr(obj, "name", "") or spec.cls.rsplit(".", 1)[-1])
             base, k = name, 1
             while name in seen:  # the same class twice (e.g. different kwargs): keep metric names apart
@@ -235,10 +235,22 @@ class RewardScorer:
             scored = scored or (fn.weight != 0.0 and not fn.shaping)
         error = "; ".join(errors) if errors else None
         if error is None and not scored:
-            error = f"no reward function scored this {traj.task.domain!r} sample"
-            if scores:
-                error += f" (only shaping or zero-weight ones: {', '.join(scores)})"
+            error = f"no reward function scored this {traj.task.domain!r} sample: {self._why_unscored(scores)}"
         return dataclasses.replace(traj, scores=scores, reward=None if error else total, reward_error=error)
+
+    def _why_unscored(self, scores: dict[str, float | None]) -> str:
+        """What each function that ran did instead of scoring (returned None, a shaping term, weight 0)."""
+        why = []
+        for fn in self._fns:
+            if fn.name not in scores:
+                continue
+            if scores[fn.name] is None:
+                why.append(f"{fn.name} returned None (does not apply)")
+            elif fn.shaping:
+                why.append(f"{fn.name} is a shaping term (it adds to a score, it is not one)")
+            else:
+                why.append(f"{fn.name} has weight 0")
+        return "; ".join(why) if why else "no reward function is declared for this domain"
 
     def _run_fn(self, fn: _Fn, trajs: list[Trajectory]) -> list[FnOutcome]:
         if fn.mode == "batch":

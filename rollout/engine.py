@@ -88,6 +88,7 @@ class VLLMEngine:
             max_model_len=max_model_len,
             enforce_eager=True,
             enable_prefix_caching=True,
+            use_tqdm_on_load=bool(os.environ.get("JOINTRL_VERBOSE")),  # the weight-loading bar: --verbose only
         )
         cuda = has_cuda()
         if (tensor_parallel_size > 1 or enable_sleep_mode) and not cuda:

@@ -241,3 +241,27 @@ def test_cli_train_writes_every_output(cli_run: CliRun) -> None:
     assert (out / "DONE").is_file()
     # Engines were shut down: no vLLM shared memory left behind (~420 MB per engine otherwise).
     assert cli_run.shm_growth < 50 * 2**20
+
+
+def test_cli_train_prints_each_startup_phase(cli_run: CliRun) -> None:
+    """Before step 1 the console is not silent: one line per start-up phase of the Ray runtime, in order,
+    with the seconds since the command started (never decreasing)."""
+    assert cli_run.rc == 0, cli_run.stderr[-3000:]
+    import re
+
+    phases = re.findall(r"^jointrl: start-up \[\s*([\d.]+)s\] ([^:\n]+)", cli_run.stderr, re.M)
+    names = [p[1].split(" ")[0] for p in phases]
+    assert names == [
+        "model",
+        "task",
+        "Ray",
+        "placement",
+        "learner",
+        "engines",
+        "rewards",
+        "learner",
+        "ready",
+        "baseline",
+    ], phases
+    times = [float(t) for t, _ in phases]
+    assert times == sorted(times) and times[0] > 0.0, times  # from the process's start: imports come first

@@ -496,6 +496,10 @@ def test_wildcard_domain_and_shaping(on_path):
     # d2: FromMeta returned None; the shaping penalty alone does not make the sample scored.
     assert d2.reward is None and "no reward function scored this 'd2' sample" in d2.reward_error
     assert "penalty" in d2.reward_error
+    # each function's part named: the one that returned None is not blamed on the shaping term
+    assert d2.reward_error.endswith(
+        "penalty is a shaping term (it adds to a score, it is not one); meta returned None (does not apply)"
+    ), d2.reward_error
     assert d9.reward is None  # "*" reached it, but only the shaping term did
 
 
@@ -504,6 +508,7 @@ def test_zero_weight_functions_are_reported_but_do_not_score(on_path):
     scored, unscored = scorer.score([traj(v=0.25), traj()])
     assert scored.reward == pytest.approx(0.25) and scored.scores == {"const": 0.5, "meta": 0.25}
     assert unscored.reward is None and "no reward function scored" in unscored.reward_error
+    assert "const has weight 0" in unscored.reward_error and "meta returned None" in unscored.reward_error
 
 
 def test_spec_wildcard_domains(on_path):

@@ -221,6 +221,24 @@ def test_rewards_from_a_recipe(files, user_module, capsys):
     assert (tc["scored"], tc["errors"]) == (4, 0)
     term = s["domains"]["terminal"]
     assert term["errors"] == 2 and term["functions"]["broken"]["errors"] == 2  # NaN is an error, never a 0
+    assert term["error_reasons"] == {"broken returned nan, not a finite number": 2}, term["error_reasons"]
+    assert s["error_reasons"] == term["error_reasons"] and tc["error_reasons"] == {}
+
+
+def test_score_takes_key_value_overrides_of_its_recipe(files, user_module, capsys):
+    """``score --recipe R key=value``: the overrides change the recipe's rewards, as in every recipe command."""
+    tmp, tasks, comps = files
+    recipe = write_recipe(
+        tmp, [{"cls": f"{user_module}.Shout", "weight": 0.5, "domains": [], "kwargs": {"bonus": 2.0}}]
+    )
+    args = ("--tasks", str(tasks), "--completions", str(comps), "--recipe", str(recipe))
+    rc, s, err = run(capsys, *args, "rewards.0.weight=0.25", "rewards.+={cls: rewards.toolcall.ToolCallReward}")
+    assert rc == 0, err
+    assert [(r["name"], r["weight"]) for r in s["rewards"]] == [("shout", 0.25), ("toolcall", 1.0)]
+    rc, _, err = run(capsys, *args, "rewards.0.kwargs.nope=1")
+    assert rc == 2 and "rewards.0.kwargs: do not match" in err, err
+    rc, _, err = run(capsys, "--tasks", str(tasks), "--completions", str(comps), "train.steps=2")
+    assert rc == 2 and "pass it with --recipe" in err, err
 
 
 def test_user_reward_failure_modes_are_per_sample_errors(tmp_path, user_module, capsys):

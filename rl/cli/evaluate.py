@@ -83,6 +83,9 @@ def add_score_parser(sub: Any) -> None:
     )
     s.add_argument("--out", help="write per-sample scores here (JSON lines)")
     s.add_argument(
+        "overrides", nargs="*", help="key=value overrides of --recipe, e.g. rewards.0.kwargs.args_credit=fraction"
+    )
+    s.add_argument(
         "--recipe",
         help="take the rewards (and reward_service.timeout_s) from this recipe; "
         "default: the built-in rewards of each domain",
@@ -246,10 +249,9 @@ def recipe_reward_specs(
 
 
 def check_reward_specs(specs: list[RewardFnSpec], where: str = "") -> None:
-    """Import each class and bind its kwargs; raise :class:`CommandError` naming ``rewards.<i>``."""
-    import inspect
-
+    """Import each class (or plain function) and bind its kwargs; raise :class:`CommandError` naming ``rewards.<i>``."""
     from envs.base import resolve
+    from rewards.protocol import check_reward_kwargs
 
     for i, s in enumerate(specs):
         try:
@@ -257,11 +259,10 @@ def check_reward_specs(specs: list[RewardFnSpec], where: str = "") -> None:
         except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
             raise CommandError(f"{where}rewards.{i}.cls: cannot import {s.cls!r}: {e}") from None
         try:
-            inspect.signature(cls).bind(**s.kwargs)
+            check_reward_kwargs(cls, s.kwargs)
         except TypeError as e:
-            raise CommandError(f"{where}rewards.{i}.kwargs: do not match {s.cls}'s constructor: {e}") from None
-        except ValueError:
-            pass
+            what = "constructor" if isinstance(cls, type) else "signature (called as fn(traj, **kwargs))"
+            raise CommandError(f"{where}rewards.{i}.kwargs: do not match {s.cls}'s {what}: {e}") from None
 
 
 def make_scorer(specs: list[RewardFnSpec], timeout_s: float | None, where: str = "") -> RewardScorer:
@@ -420,7 +421,7 @@ def summarize(
     """The JSON summary of scored ``trajs``: overall, per domain, and per function within each domain.
 
     ``count`` = samples; ``scored`` = samples with a reward; ``errors`` = samples whose reward
-    errored; ``mean`` = mean reward over scored samples; ``pass_rate`` = samples with reward
+    errored, and ``error_reasons`` why (each reason with its count, :func:`error_reasons`); ``mean`` = mean reward over scored samples; ``pass_rate`` = samples with reward
     >= ``threshold`` over ALL samples (an errored sample does not pass). Per function:
     ``count`` = samples it returned a number for, ``none`` = samples it did not apply to,
     ``errors`` = samples it errored on, ``mean`` and ``pass_rate`` over its numbers
@@ -433,6 +434,7 @@ def summarize(
             "count": len(ts),
             "scored": len(scored),
             "errors": len(ts) - len(scored),
+            "error_reasons": error_reasons(ts),
             "mean": _mean(scored),
             "pass_rate": (sum(r >= threshold for r in scored) / len(ts)) if ts else None,
         }
@@ -462,6 +464,24 @@ def summarize(
             }
         db["functions"] = fns
         out["domains"][d] = db
+    return out
+
+
+ERROR_REASONS = 10  # the most distinct reasons listed per summary block
+REASON_CHARS = 300
+
+
+def error_reasons(ts: list[Trajectory]) -> dict[str, int]:
+    """Why samples got no reward: each distinct ``reward_error`` (cut to ``REASON_CHARS``) with its count,
+    the most common first; at most ``ERROR_REASONS``, the rest counted under ``"(other reasons)"``."""
+    counts: dict[str, int] = defaultdict(int)
+    for t in ts:
+        if t.reward is None:
+            counts[(t.reward_error or "no reward and no error recorded")[:REASON_CHARS]] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = dict(ranked[:ERROR_REASONS])
+    if len(ranked) > ERROR_REASONS:
+        out["(other reasons)"] = sum(n for _, n in ranked[ERROR_REASONS:])
     return out
 
 
@@ -498,8 +518,10 @@ def _score(args: argparse.Namespace) -> int:
         raise CommandError("--timeout must be > 0")
     tasks = load_task_file(args.tasks, args.format, args.answers)
     records = read_completions(args.completions)
+    if args.overrides and not args.recipe:
+        raise CommandError(f"overrides ({' '.join(args.overrides)}) change a recipe: pass it with --recipe")
     if args.recipe:
-        specs, cfg = recipe_reward_specs(args.recipe)
+        specs, cfg = recipe_reward_specs(args.recipe, args.overrides)
         timeout = args.timeout or cfg.reward_service.timeout_s
     else:
         specs, timeout = list(DEFAULT_REWARDS), args.timeout or 60.0
@@ -812,6 +834,26 @@ def eval_summary(
     return summary, failed
 
 
+def quiet_engine_logs(verbose: bool) -> None:
+    """The engine's logs for ``jointrl eval``: everything with ``verbose``; else errors only, since vLLM's and
+    torch's warnings about this machine (no Triton, chunked prefill, NUMA binding, tcmalloc...) are tens of
+    lines that say nothing about the evaluation. Set before vLLM is imported (its engine processes inherit
+    them); a variable the user set is kept. vLLM logs to stderr either way: stdout carries the JSON summary."""
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if verbose:
+        os.environ["JOINTRL_VERBOSE"] = "1"
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ warnings (NUMA binding)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")  # engine processes: deprecations in vLLM
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    import logging
+
+    logging.getLogger("torch._library").setLevel(logging.ERROR)  # "Triton not available"
+
+
 def _generate(
     cfg: Any,
     tasks: list[Task],
@@ -833,10 +875,7 @@ def _generate(
     from rl.driver.recovery import raise_on_term
     from rl.trainer.hub import resolve_model
 
-    if verbose:
-        os.environ["JOINTRL_VERBOSE"] = "1"
-    # vLLM logs to stdout by default; stdout carries the JSON summary.
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    quiet_engine_logs(verbose)
     base = Path(cfg.source).parent if cfg.source else None
     r = cfg.rollout
     sampling = Sampling(

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rl.config.recipe import RecipeError, load_recipe, validate_recipe
+from rl.config.recipe import RecipeError, check_task_files, load_recipe, validate_recipe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_recipe(args.recipe, args.overrides)
         validate_recipe(cfg)
+        if args.cmd == "validate":  # train parses them when it starts
+            check_task_files(cfg)
     except RecipeError as e:
         return _fail(str(e), args.debug)
     except Exception as e:  # noqa: BLE001 - e.g. a user module that fails at import time
@@ -99,6 +101,11 @@ def _validate(args: argparse.Namespace, cfg: Any) -> int:
             ),
             end="",
         )
+    if not (cfg.run.ray_address or os.environ.get("RAY_ADDRESS")):  # a cluster's resources are checked at start
+        from rl.driver.placement import local_gpus, oversubscription
+
+        for w in oversubscription(cfg, os.cpu_count() or 1, local_gpus()):
+            print(f"jointrl: warning: {w}", file=sys.stderr)
     print(f"{args.recipe}: ok", file=sys.stderr if args.print_recipe else sys.stdout)
     return 0
 
@@ -113,7 +120,11 @@ def _train(args: argparse.Namespace, cfg: Any) -> int:
     from rollout.pool import EngineFailure
 
     try:
-        out = train(cfg, verbose=args.verbose, runtime=_local_runtime if args.local else None)
+        from rl.driver.logger import process_start_time
+
+        out = train(
+            cfg, verbose=args.verbose, runtime=_local_runtime if args.local else None, started=process_start_time()
+        )
     except (FileNotFoundError, FileExistsError, TaskFormatError, RecipeError, PlacementError) as e:
         return _fail(str(e), args.debug)  # RecipeError/PlacementError: cluster section vs the Ray cluster
     except KeyboardInterrupt:

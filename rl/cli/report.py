@@ -138,12 +138,24 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return ticks
 
 
-def _fmt(v: float) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 1000 or abs(v) < 0.01:
-        return f"{v:.2g}" if abs(v) < 0.01 else f"{v:,.0f}"
-    return f"{v:.3g}"
+def tick_labels(ticks: list[float]) -> list[str]:
+    """Axis labels for ``ticks`` (evenly spaced): as many decimals as the spacing needs, so that each label
+    reads its own tick's value (an entropy of 10.371-10.373 gets 10.371, 10.372..., not five times 10.4).
+    Spacings under 1e-4 on values near 0 use scientific notation; 1000 and up get thousands separators."""
+    if len(ticks) < 2:
+        return [f"{t:.3g}" for t in ticks]
+    step = min(abs(b - a) for a, b in zip(ticks, ticks[1:])) or 1.0
+    top = max(abs(t) for t in ticks)
+    if step < 1e-4 and top < 1e-2:
+        for sig in range(0, 13):
+            labels = [f"{t:.{sig}e}" if t else "0" for t in ticks]
+            if len(set(labels)) == len(labels):
+                return labels
+    d = 0
+    while d < 12 and any(abs(round(t, d) - t) > step * 1e-6 for t in ticks):
+        d += 1
+    sep = "," if top >= 1000 else ""
+    return ["0" if abs(t) < step * 1e-9 else f"{t:{sep}.{d}f}" for t in ticks]
 
 
 def _frame(xs: list[float], ys: list[float], y_zero: bool) -> tuple[Any, Any, list[str]]:
@@ -165,10 +177,10 @@ def _frame(xs: list[float], ys: list[float], y_zero: bool) -> tuple[Any, Any, li
         return MT + ph - (y - y0) / (y1 - y0) * ph
 
     parts = []
-    for t in yt:
+    for t, label in zip(yt, tick_labels(yt)):
         y = sy(t)
         parts.append(f'<line class="grid" x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="tick" x="{ML - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(_fmt(t))}</text>')
+        parts.append(f'<text class="tick" x="{ML - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
     xt = [t for t in _nice_ticks(x0, x1, 6) if x0 <= t <= x1 and float(t).is_integer()]
     for t in xt:
         x = sx(t)

@@ -147,7 +147,12 @@ class DatasetConfig(Section):
 class DataConfig(Section):
     train_files: list[str] = knob(doc="task files (.jsonl, .jsonl.gz, .parquet); relative to the recipe", factory=list)
     eval_files: list[str] = knob(doc="held-out task files, evaluated greedily", factory=list)
-    eval_limit: int = knob(0, "evaluate at most N held-out tasks (0 = all)", ge=0)
+    eval_limit: int = knob(0, "evaluate at most N held-out tasks of each eval file, domain or in all (0 = all)", ge=0)
+    eval_limit_per: Literal["file", "domain", "total"] = knob(
+        "file",
+        "what data.eval_limit counts: the first N tasks of each eval file and eval dataset entry, of each domain, "
+        "or of all held-out tasks joined in order (then a later file can get none)",
+    )
     train_weights: list[float] = knob(doc="weight of each train file within its domain ([] = 1 each)", factory=list)
     train_datasets: list[DatasetConfig] = knob(
         doc="training tasks from datasets (Hub or local folders), with a column mapping", factory=list
@@ -715,6 +720,23 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
         raise RecipeError(f"{where}: YAML syntax error: {getattr(e, 'problem', e)}") from None
     if raw is None:
         raw = {}
+    return _recipe_from_raw(raw, p, text, overrides)
+
+
+def recipe_from_dict(
+    raw: dict, base_dir: str | os.PathLike = ".", overrides: list[str] | tuple[str, ...] = ()
+) -> Recipe:
+    """A ``Recipe`` from a mapping shaped like a recipe YAML (a notebook's dict), overrides applied.
+
+    Relative paths in it (task files, the model folder) are relative to ``base_dir``; errors
+    name the key as :func:`load_recipe`'s do, with ``<recipe dict>`` for the file. ``raw`` is not changed.
+    """
+    import copy
+
+    return _recipe_from_raw(copy.deepcopy(raw), Path(base_dir) / "<recipe dict>", "", overrides)
+
+
+def _recipe_from_raw(raw: Any, p: Path, text: str, overrides: list[str] | tuple[str, ...]) -> Recipe:
     if not isinstance(raw, dict):
         raise RecipeError(f"{p}: a recipe is a mapping of sections (run, model, data, ...), got {type(raw).__name__}")
     if "source" in raw:
@@ -786,8 +808,9 @@ def _parse_override(ov: str) -> tuple[str, Any]:
 
 def _set_path(tree: dict, key: str, value: Any, ov: str) -> None:
     """Set dotted ``key`` in the plain YAML ``tree``; sections and default lists left out of the YAML are
-    created on the way (``rewards.0.weight=0.5`` edits the default reward). Unknown keys are set as
-    given and refused by ``build``, which names them."""
+    created on the way (``rewards.0.weight=0.5`` edits the default reward). A list's last part may be an
+    index (``rewards.1.kwargs.x=3`` sets one key of one item) or ``+`` (``rewards.+={cls: ...}`` appends
+    an item). Unknown keys are set as given and refused by ``build``, which names them."""
     parts = key.split(".")
     if not key or not all(parts) or parts[0] == "source":
         raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'")
@@ -802,6 +825,11 @@ def _set_path(tree: dict, key: str, value: Any, ov: str) -> None:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
             default = default[0] if isinstance(default, list) and default else None
+        elif isinstance(node, list):
+            raise RecipeError(
+                f"override {ov!r}: unknown recipe key '{key}' (no item {part}: the list has {len(node)} items; "
+                "append one with LIST.+=VALUE)"
+            )
         else:
             raise RecipeError(f"override {ov!r}: unknown recipe key '{key}' (no item {part} here)")
     last = parts[-1]
@@ -809,6 +837,13 @@ def _set_path(tree: dict, key: str, value: Any, ov: str) -> None:
         node[last] = value
     elif isinstance(node, list) and last.isdigit() and int(last) < len(node):
         node[int(last)] = value
+    elif isinstance(node, list) and last == "+":  # rewards.+={cls: ...}: append one item
+        node.append(value)
+    elif isinstance(node, list):
+        raise RecipeError(
+            f"override {ov!r}: '{'.'.join(parts[:-1])}' is a list of {len(node)} items (0-{len(node) - 1}); "
+            f"set one with '{'.'.join(parts[:-1])}.N.KEY=...' or append one with '{'.'.join(parts[:-1])}.+=VALUE'"
+        )
     else:
         raise RecipeError(f"override {ov!r}: unknown recipe key '{key}'")
 
@@ -1007,19 +1042,74 @@ def _check_terminal_references(key: str, path: Path, fail) -> None:
             fail(key, f"{path}: {problem}")
 
 
+def check_task_files(recipe: Recipe) -> int:
+    """Parse every task file of ``data.train_files`` and ``data.eval_files`` as ``jointrl train`` does, and
+    check that ``rollout.envs`` serves each task's domain; returns the number of tasks. Raises
+    ``RecipeError`` naming the recipe key and the error ``train`` would give (``file:line: field ...``).
+    Dataset entries are read when the run starts (they may need the network)."""
+    from envs.io import TaskFormatError, load_tasks
+
+    served = sorted({e.domain for e in recipe.rollout.envs})
+    n = 0
+    for key, files in (("data.train_files", recipe.data.train_files), ("data.eval_files", recipe.data.eval_files)):
+        for i, f in enumerate(files):
+            path = resolve_path(recipe, f)
+            try:
+                tasks = load_tasks(path)
+            except (TaskFormatError, OSError) as e:
+                raise RecipeError(f"{key}.{i}: {e}") from None
+            for t in tasks:
+                if t.domain not in served:
+                    raise RecipeError(
+                        f"{key}.{i}: {path}: task {t.id!r} has domain {t.domain!r}, but rollout.envs serves only {served}"
+                    )
+            n += len(tasks)
+    return n
+
+
 def _check_classes(recipe: Recipe, fail) -> None:
     from envs.base import resolve
+    from rewards.protocol import check_reward_kwargs
 
     for i, e in enumerate(recipe.rollout.envs):
         _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
         _check_sandbox_config(fail, f"rollout.envs.{i}.kwargs", e.kwargs)
+    objs: list[Any] = []
     for i, spec in enumerate(recipe.rewards):
-        obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve)
+        obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve, check_reward_kwargs)
         _check_sandbox_config(fail, f"rewards.{i}.kwargs", spec.kwargs)
         if isinstance(obj, type) and not any("__call__" in vars(k) for k in obj.__mro__):
             fail(f"rewards.{i}.cls", f"{spec.cls} has no __call__(trajectory) method")
         if not spec.domains and not getattr(obj, "domains", None):
             fail(f"rewards.{i}.domains", f"{spec.cls} has no `domains` attribute: list the domains it scores")
+        objs.append(obj)
+    _check_reward_coverage(recipe, objs, fail)
+
+
+def _check_reward_coverage(recipe: Recipe, objs: list[Any], fail) -> None:
+    """Every domain ``rollout.envs`` serves has a reward that can score it (non-zero weight, not a shaping
+    term), and every domain a reward names is served: otherwise every sample of that domain would be
+    left out of the update with "no reward function scored", or the reward would never run."""
+    served = [e.domain for e in recipe.rollout.envs]
+    scorers: dict[str, list[str]] = {d: [] for d in served}
+    for i, (spec, obj) in enumerate(zip(recipe.rewards, objs)):
+        domains = list(spec.domains or getattr(obj, "domains", ()) or ())
+        unserved = [d for d in domains if d != "*" and d not in served]
+        if unserved:
+            key = f"rewards.{i}.domains" if spec.domains else f"rewards.{i}.cls"
+            fail(key, f"{spec.cls} scores {unserved}, which no env in rollout.envs serves (served: {served})")
+        if spec.weight != 0.0 and not getattr(obj, "shaping", False):
+            for d in served:
+                if d in domains or "*" in domains:
+                    scorers[d].append(spec.cls)
+    for d, fns in scorers.items():
+        if not fns:
+            i = served.index(d)
+            fail(
+                f"rollout.envs.{i}.domain",
+                f"no reward can score domain {d!r}: no reward with a non-zero weight that is not a shaping term "
+                f"lists it in its domains (every {d!r} sample would be left out of the update)",
+            )
 
 
 def _check_sandbox_config(fail, key: str, kwargs: dict) -> None:
@@ -1137,20 +1227,30 @@ def _check_parallelism(recipe: Recipe, dev: str | None, on_cpu: str, fail) -> No
             )
 
 
-def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve) -> Any:
-    """Import ``dotted`` and check ``kwargs`` bind to its constructor; returns the class."""
+def _bind_constructor(obj: Any, kwargs: dict) -> None:
+    """Raise ``TypeError`` when ``kwargs`` do not fit ``obj``'s constructor (no signature: checked when built)."""
     import inspect
 
+    try:
+        inspect.signature(obj).bind(**kwargs)
+    except ValueError:
+        pass  # no signature available (builtins)
+
+
+def _check_class(fail, key: str, dotted: str, kwargs: dict, resolve, bind=_bind_constructor) -> Any:
+    """Import ``dotted``, check it is callable and that ``bind(obj, kwargs)`` accepts the kwargs (default:
+    its constructor; rewards pass ``check_reward_kwargs``, which also takes plain functions); returns it."""
     try:
         obj = resolve(dotted)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
         fail(key, f"cannot import {dotted!r}: {e}")
+    if not callable(obj):
+        fail(key, f"{dotted} is a {type(obj).__name__}, not a class or function")
     try:
-        inspect.signature(obj).bind(**kwargs)
+        bind(obj, kwargs)
     except TypeError as e:
-        fail(key.rsplit(".", 1)[0] + ".kwargs", f"do not match {dotted}'s constructor: {e}")
-    except ValueError:
-        pass  # no signature available (builtins); checked when constructed
+        what = "constructor" if isinstance(obj, type) else "signature (called as fn(traj, **kwargs))"
+        fail(key.rsplit(".", 1)[0] + ".kwargs", f"do not match {dotted}'s {what}: {e}")
     return obj
 
 

@@ -29,6 +29,7 @@ RUN_FILES = (
     "placement.json",
     "recipe.resolved.yaml",
     "eval_failures.jsonl",
+    "wandb_run_id",  # rl.driver.logger.WANDB_ID_FILE: a new run gets a new W&B run
 )
 RUN_DIRS = ("checkpoints", "wandb")
 

@@ -21,6 +21,7 @@ from typing import Any
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
 from rl.config.recipe import Recipe
+from rl.driver.logger import STARTUP
 from rl.driver.runtime import LengthEstimate
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
@@ -70,6 +71,7 @@ class LocalRuntime:
                 engine_kwargs=dict(r.engine_kwargs),
                 lora_rank=cfg.learner.lora.engine_rank,
             )
+        STARTUP.phase(f"engine: loading the model in this process ({self.engine_kind})")
         engine = make_engine(self.engine_kind, self.model_path, **kwargs)
         self.worker = RolloutWorker(
             self.model_path,
@@ -79,11 +81,13 @@ class LocalRuntime:
             env_workers=r.env_workers,
         )
         if self.scorer is None:
+            STARTUP.phase("rewards: building the reward functions")
             specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
             self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)
         if self.with_learner:
             from rl.trainer.learner import Learner
 
+            STARTUP.phase("learner: loading the model")
             self.shm_dir = tempfile.mkdtemp(
                 prefix="jointrl-local-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
             )

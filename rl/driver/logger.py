@@ -31,6 +31,49 @@ from typing import Any, TextIO
 from envs.types import Trajectory
 
 
+class StartupClock:
+    """The command's clock and its start-up progress lines.
+
+    ``start(t0)`` sets when the command started (``jointrl train``: the process's start, so that the
+    end summary's wall time is the whole command's, imports and Ray start-up included; ``rl.train``:
+    the call). ``phase(what)`` prints ``jointrl: start-up [  12.3s] what`` on stderr while
+    ``enabled``, so the minute or two before the first step (Ray, engines, learners, model load) is
+    not silent; ``elapsed()`` is the seconds since ``t0``.
+    """
+
+    def __init__(self) -> None:
+        self.t0 = time.time()
+        self.enabled = False
+        self.stream: TextIO | None = None  # None: sys.stderr at the time of printing
+
+    def start(self, t0: float | None = None, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+        """Start the clock at ``t0`` (default now); ``enabled``: print phases."""
+        self.t0 = time.time() if t0 is None else t0
+        self.enabled, self.stream = enabled, stream
+
+    def elapsed(self) -> float:
+        """Seconds since the command started."""
+        return time.time() - self.t0
+
+    def phase(self, what: str) -> None:
+        """One progress line for a start-up phase, with the elapsed time."""
+        if self.enabled:
+            print(f"jointrl: start-up [{self.elapsed():6.1f}s] {what}", file=self.stream or sys.stderr, flush=True)
+
+
+STARTUP = StartupClock()  # the driver's one clock: set by the command, read by the runtimes and the summary
+
+
+def process_start_time() -> float | None:
+    """When this process started (Unix time, from ``/proc``), or None where that cannot be read."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        btime = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def read_step_records(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a run's ``metrics.jsonl`` or ``rollouts.jsonl`` (objects with an int
     ``step``), streamed; lines that do not parse (one being written right now, or cut by a
@@ -104,6 +147,24 @@ def rollout_table_rows(step: int, trajs: list[Trajectory], cap: int = TABLE_ROWS
     return columns, rows
 
 
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(out_dir: Path) -> str:
+    """The W&B run id of the run in ``out_dir``: read from ``WANDB_ID_FILE`` there, else made and written
+    there, so a resume (``run.resume=auto``) logs into the run it continues instead of starting another."""
+    path = out_dir / WANDB_ID_FILE
+    if path.is_file():
+        rid = path.read_text().strip()
+        if re.fullmatch(r"[a-z0-9]{4,64}", rid):
+            return rid
+    import secrets
+
+    rid = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
+    path.write_text(rid + "\n")
+    return rid
+
+
 class RunLogger:
     def __init__(
         self,
@@ -138,6 +199,8 @@ class RunLogger:
 
             os.environ.setdefault("WANDB_SILENT", "true")
             self.run = wandb.init(
+                id=wandb_run_id(out_dir),  # a resumed run (run.resume=auto) continues the same W&B run
+                resume="allow",
                 project=project,
                 entity=entity or None,
                 name=run_name or out_dir.name,
@@ -203,8 +266,8 @@ class RunLogger:
 
     def summary(self) -> str:
         """The one-screen end-of-run summary of what was logged (see :func:`summary`); the wall
-        time counts from this logger's creation (after the actors started)."""
-        return summary(self.out_dir, self.first, self.last, self.timings, wall_s=time.time() - self.started)
+        time is the command's (``STARTUP``'s clock: from the process's start for ``jointrl train``)."""
+        return summary(self.out_dir, self.first, self.last, self.timings, wall_s=STARTUP.elapsed())
 
     def close(self) -> None:
         self.metrics_f.close()

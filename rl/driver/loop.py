@@ -26,7 +26,7 @@ from rl.algos.shaping import RewardNormalizer, shape_step
 from rl.config.recipe import Recipe, recipe_to_dict, resolve_path
 from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
 from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_dir, read_checkpoint, write_checkpoint
-from rl.driver.logger import ProgressBar, RunLogger
+from rl.driver.logger import STARTUP, ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard
 from rl.driver.runtime import Runtime
 from rl.driver.stream import EpisodeStream
@@ -52,13 +52,25 @@ __all__ = [
 RuntimeFactory = Callable[[Recipe, str, Path, bool], Runtime]
 
 
-def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime: RuntimeFactory | None = None) -> Path:
+def train(
+    cfg: Recipe,
+    *,
+    verbose: bool = False,
+    progress: bool = True,
+    runtime: RuntimeFactory | None = None,
+    started: float | None = None,
+) -> Path:
     """Run the recipe; return the output dir. Raises on failure after shutting everything down.
 
     ``runtime(cfg, model_path, out, verbose)`` builds the runtime (default: ``RayRuntime``).
+    ``started``: when the command started (Unix time; default now): the start-up lines (printed with
+    ``progress``) and the end summary's wall time count from it.
     """
+    STARTUP.start(started, enabled=progress)
     out, resume_from = prepare_output_dir(cfg)
+    STARTUP.phase(f"model {cfg.model.path}")
     model_path = prepare_model(cfg)
+    STARTUP.phase("task files and datasets")
     train_sources, eval_tasks = load_task_sets(cfg)
     mixer, normalizer = make_mixer(cfg, train_sources), make_normalizer(cfg)
     sampling, greedy = make_sampling(cfg)
@@ -66,7 +78,12 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
     run = RunParts(cfg, out, rt, mixer, normalizer, eval_tasks, greedy)
     try:
         first = start_run(run, train_sources, sampling, resume_from, progress)
+        STARTUP.phase(
+            f"ready: step {first} of {cfg.train.steps}" + (f" (resumed from {resume_from.name})" if resume_from else "")
+        )
         if first == 1 and cfg.train.eval_at_start:
+            if eval_tasks:
+                STARTUP.phase(f"baseline evaluation of {len(eval_tasks)} held-out tasks")
             run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
         for step in range(first, cfg.train.steps + 1):
             trajs, metrics = train_step(run, step)  # 1-6. draw, generate, score, shape, update, sync
@@ -331,7 +348,7 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
     domains = {e.domain for e in cfg.rollout.envs}
     weights = list(cfg.data.train_weights) or [1.0] * len(cfg.data.train_files)
     sources: list[Source] = []
-    held: list[Task] = []
+    held: list[list[Task]] = []  # one list per eval file / eval dataset entry, in order
     for files, is_train in ((cfg.data.train_files, True), (cfg.data.eval_files, False)):
         for i, f in enumerate(files):
             path = resolve_path(cfg, f)
@@ -340,14 +357,31 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
             if is_train:
                 sources += sources_by_domain(tasks, path.name, weights[i])
             else:
-                held += tasks
+                held.append(tasks)
     for which in ("train", "eval"):  # through `datasets`, before any actor starts (rl/data/hub_data.py)
         for key, entry, tasks in recipe_datasets(cfg, which):
             _check_domains(tasks, key, domains)
             if which == "train":
                 sources += sources_by_domain(tasks, f"{entry.path}:{entry.split}", entry.weight)
             else:
-                held += tasks
-    if cfg.data.eval_limit:
-        held = held[: cfg.data.eval_limit]
-    return sources, held
+                held.append(tasks)
+    return sources, limit_eval(held, cfg.data.eval_limit, cfg.data.eval_limit_per)
+
+
+def limit_eval(held: list[list[Task]], limit: int, per: str) -> list[Task]:
+    """The held-out tasks to evaluate: the first ``limit`` (0 = all) of each source (``per`` "file"), of
+    each domain ("domain") or of all joined in order ("total"); the order of the sources is kept."""
+    joined = [t for tasks in held for t in tasks]
+    if not limit:
+        return joined
+    if per == "total":
+        return joined[:limit]
+    if per == "file":
+        return [t for tasks in held for t in tasks[:limit]]
+    seen: dict[str, int] = {}
+    out = []
+    for t in joined:
+        if seen.get(t.domain, 0) < limit:
+            seen[t.domain] = seen.get(t.domain, 0) + 1
+            out.append(t)
+    return out

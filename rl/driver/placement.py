@@ -183,6 +183,43 @@ def local_ray_cpus(plan: Plan, cores: int, num_engines: int) -> int:
     return max(cores, 2 + num_engines, math.ceil(plan.total().get("CPU", 0.0) - 1e-9))
 
 
+def oversubscription(recipe: Recipe, cores: int, gpus: int) -> list[str]:
+    """Warnings for a run on this machine whose actors ask for more CPUs or GPUs than it has (``cores``,
+    ``gpus``): Ray is started large enough to place them, so they would share the cores (or a GPU) and
+    run slower than the recipe suggests, with no error. Empty when everything fits."""
+    device = recipe.cluster.device if recipe.cluster.device != "auto" else ("gpu" if gpus else "cpu")
+    total = plan_placement(recipe, device).total()
+    roles = (
+        f"rollout.num_engines={recipe.rollout.num_engines} x cluster.engine_cpus={recipe.cluster.engine_cpus}, "
+        f"learner.workers={recipe.learner.workers} x cluster.learner_cpus={recipe.cluster.learner_cpus}, "
+        f"reward_service.workers={recipe.reward_service.workers} x cluster.reward_cpus={recipe.cluster.reward_cpus}"
+    )
+    out = []
+    cpu = total.get("CPU", 0.0)
+    if cpu > cores + 1e-9:
+        out.append(f"the actors ask for {cpu:g} CPUs ({roles}) on a machine with {cores}: they will share the cores")
+    gpu = total.get("GPU", 0.0)
+    if gpu > gpus + 1e-9:
+        out.append(
+            f"the actors ask for {gpu:g} GPUs on a machine with {gpus} (cluster.engine_gpus, cluster.learner_gpus)"
+        )
+    return out
+
+
+def local_gpus() -> int:
+    """NVIDIA GPUs this machine lists (``nvidia-smi -L``; 0 without the tool), without importing torch."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
 def _fmt(d: dict[str, float]) -> str:
     """``{CPU: 1, node_b: 0.5, memory: 12.0 GiB}``: Ray's internal keys (per-node ``node:<ip>``,
     placement-group ``*_group_*``) left out, byte counts in GiB."""

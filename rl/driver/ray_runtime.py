@@ -22,6 +22,7 @@ from typing import Any, Callable
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardService
 from rl.config.recipe import Recipe
+from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
 from rollout.pool import RolloutPool
 
@@ -59,7 +60,10 @@ class RayRuntime:
         from rl.driver.placement import plan_placement, reserve, resolve_device
 
         cfg = self.cfg
+        address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
+        STARTUP.phase(f"Ray: connecting to {address}" if address else "Ray: starting a local cluster")
         self._init_ray()
+        STARTUP.phase("placement: resolving the device and precision, reserving the actors' resources")
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
         device = resolve_device(cfg, float(ray.cluster_resources().get("GPU", 0.0)))
@@ -72,6 +76,7 @@ class RayRuntime:
         # away on every exit path, even when the learner is busy or dead.
         free_dead_run(self.out / LIVE_FILE)  # what a killed driver of this output dir left behind
         self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        STARTUP.phase(f"learner: starting {cfg.learner.workers} worker(s)")
         self.learners = LearnerGroup(
             cfg.learner.workers,
             self.model_path,
@@ -85,16 +90,19 @@ class RayRuntime:
             learner=cfg.learner,
         )
         self.learner = self.learners.actors[0]
+        STARTUP.phase(f"engines: starting {cfg.rollout.num_engines} vLLM engine(s) on {self.model_path}")
         self.pool = make_rollout_pool(
             cfg, self.model_path, self.placement.options("engine"), length_estimate, colocated=plan.colocated
         )
         specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+        STARTUP.phase(f"rewards: starting {cfg.reward_service.workers} reward worker(s)")
         self.rewards = RewardService(
             specs,
             workers=cfg.reward_service.workers,
             timeout_s=cfg.reward_service.timeout_s,
             actor_options=self.placement.options("reward"),
         )
+        STARTUP.phase("learner: loading the model")
         self.learners.ready()
         self._record_placement(device)
 
@@ -126,6 +134,11 @@ class RayRuntime:
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             cpus = os.cpu_count() or 2
+            if not address:
+                from rl.driver.placement import local_gpus, oversubscription
+
+                for w in oversubscription(cfg, cpus, local_gpus()):
+                    print(f"jointrl: warning: {w}", file=sys.stderr, flush=True)
             ray.init(
                 address=address,
                 num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, cfg.rollout.num_engines),
