@@ -100,7 +100,29 @@ def _validate(args: argparse.Namespace, cfg: Any) -> int:
             end="",
         )
     print(f"{args.recipe}: ok", file=sys.stderr if args.print_recipe else sys.stdout)
+    plan = _resume_plan(cfg)
+    if plan:
+        print(plan, file=sys.stderr if args.print_recipe else sys.stdout)
     return 0
+
+
+def _resume_plan(cfg: Any) -> str:
+    """What ``train`` does with ``run.resume=auto`` in this output dir (the rule ``prepare_output_dir`` applies;
+    a dir it would refuse failed ``validate_recipe`` already); "" for a fresh dir or ``resume=never``."""
+    import json
+
+    from rl.config.recipe import STOPPED_FILE, holds_run, newest_checkpoint, resolve_output_dir
+
+    out = resolve_output_dir(cfg)
+    if cfg.run.resume != "auto" or not holds_run(out):
+        return ""
+    ck = newest_checkpoint(out)
+    if ck is not None:
+        step = json.loads((ck / "step.json").read_text())["step"]
+        return f"run.resume=auto: continues {out} after step {step} ({ck})"
+    if (out / STOPPED_FILE).is_file():
+        return f"run.resume=auto: the stopped run in {out} has no checkpoint; it starts again from step 1"
+    return ""
 
 
 def _train(args: argparse.Namespace, cfg: Any) -> int:
@@ -117,7 +139,10 @@ def _train(args: argparse.Namespace, cfg: Any) -> int:
     except (FileNotFoundError, FileExistsError, TaskFormatError, RecipeError, PlacementError) as e:
         return _fail(str(e), args.debug)  # RecipeError/PlacementError: cluster section vs the Ray cluster
     except KeyboardInterrupt:
-        print("jointrl: interrupted; engines shut down, outputs so far kept", file=sys.stderr)
+        print(
+            "jointrl: interrupted; engines shut down, outputs so far kept (continue with run.resume=auto)",
+            file=sys.stderr,
+        )
         return 130
     except (RunAborted, EngineFailure) as e:
         if args.debug:

@@ -1159,12 +1159,52 @@ def _check_output_dir(recipe: Recipe, fail) -> None:
             f"run.keep_checkpoints={recipe.run.keep_checkpoints} kept, one being written) and logs "
             f"need about {need / 2**20:.0f} MiB",
         )
-    if (out / "metrics.jsonl").exists() and not recipe.run.overwrite and recipe.run.resume != "auto":
-        fail(
-            "run.output_dir",
+    problem = output_dir_problem(recipe)
+    if problem is not None:
+        fail("run.output_dir", problem)
+
+
+# Written into the output dir by a run that stopped on a signal or an error (``rl.driver.recovery``):
+# JSON with its status (interrupted | crashed), its last finished step and checkpoint, and the reason.
+STOPPED_FILE = "STOPPED"
+
+
+def newest_checkpoint(out: Path) -> Path | None:
+    """The newest complete checkpoint (``checkpoints/step_N`` with its ``step.json``, written last), if any."""
+    ck = out / "checkpoints"
+    done = sorted(p for p in ck.glob("step_*") if (p / "step.json").is_file()) if ck.is_dir() else []
+    return done[-1] if done else None
+
+
+def holds_run(out: Path) -> bool:
+    """Whether ``out`` holds a previous run's metrics or checkpoints."""
+    ck = out / "checkpoints"
+    return (out / "metrics.jsonl").exists() or (ck.is_dir() and any(ck.iterdir()))
+
+
+def output_dir_problem(recipe: Recipe) -> str | None:
+    """Why ``jointrl train`` would refuse ``run.output_dir``, or None; ``validate`` and ``train`` share this rule.
+
+    A dir holding a run is taken by ``run.resume=auto`` when it has a complete checkpoint (continue
+    from it) or when that run stopped on a signal or an error (``STOPPED``) before its first
+    checkpoint (start again, its log lines kept in ``*.discarded.jsonl``); ``run.overwrite`` replaces
+    it. Anything else (a run killed before its first checkpoint, or one still running) is refused.
+    """
+    out, r = resolve_output_dir(recipe), recipe.run
+    if r.overwrite or not holds_run(out):
+        return None
+    if r.resume != "auto":
+        return (
             f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
-            "to replace it, or choose another run.output_dir",
+            "to replace it, or choose another run.output_dir"
         )
+    if newest_checkpoint(out) is not None or (out / STOPPED_FILE).is_file():
+        return None
+    return (
+        f"{out} already holds a run with no checkpoint to resume from (run.resume=auto) and no record that it "
+        "stopped (it may still be running, or was killed before its first checkpoint); set run.overwrite=true "
+        "to replace it, or choose another run.output_dir"
+    )
 
 
 # Weights file bytes per parameter -> checkpoint bytes per parameter (fp32 master weights + AdamW's
