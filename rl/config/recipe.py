@@ -598,6 +598,45 @@ class WandbConfig(Section):
 
 
 @dataclass(frozen=True)
+class FaultsConfig(Section):
+    """Deadlines of the driver's calls across process boundaries, and learner restarts (docs/reliability.md).
+
+    Reward calls have theirs in ``reward_service.timeout_s``. A learner call past its deadline, or a dead
+    learner rank, dumps every learner's stacks into ``stacks/`` of the run folder and restarts the learner
+    group from the newest checkpoint (at most ``learner_restarts`` times per run); the driver replays the
+    steps after it.
+    """
+
+    learner_step_s: float = knob(
+        3600.0, "deadline of one learner step (every rank's forward, backward and optimizer step)", ge=30
+    )
+    learner_io_s: float = knob(
+        1800.0, "deadline of a learner weights export, checkpoint save or load, and of a learner group's start", ge=30
+    )
+    engine_call_s: float = knob(
+        3600.0, "deadline of one engine call (a generation, a weight reload); past it the worker is replaced", ge=60
+    )
+    engine_sleep_s: float = knob(600.0, "deadline of putting the engines to sleep or waking them (colocated)", ge=30)
+    collective_s: float = knob(
+        1800.0, "torch.distributed timeout of one collective between learner ranks (a rank waiting for another)", ge=60
+    )
+    learner_restarts: int = knob(
+        2,
+        "learner group restarts from the newest checkpoint per run after a dead rank or a missed deadline "
+        "(0 = off: the run ends, exit 3, resumable with run.resume=auto)",
+        ge=0,
+    )
+
+    def check(self) -> None:
+        if self.collective_s > self.learner_step_s:
+            raise FieldError(
+                "collective_s",
+                f"{self.collective_s:g} s is longer than faults.learner_step_s={self.learner_step_s:g} s: a rank "
+                "waiting for a hung peer must time out (naming it) within the step's deadline",
+            )
+
+
+@dataclass(frozen=True)
 class Recipe(Section):
     run: RunConfig = knob(doc="outputs, seed, resume", factory=RunConfig)
     model: ModelConfig = knob(doc="the policy model", factory=ModelConfig)
@@ -611,6 +650,7 @@ class Recipe(Section):
     cluster: ClusterConfig = knob(doc="resources and placement", factory=ClusterConfig)
     train: TrainConfig = knob(doc="steps and evaluation", factory=TrainConfig)
     wandb: WandbConfig = knob(doc="Weights & Biases", factory=WandbConfig)
+    faults: FaultsConfig = knob(doc="deadlines and learner restarts", factory=FaultsConfig)
     # Where the recipe came from; relative paths in it resolve against this folder.
     source: str = knob("", "set by jointrl: the recipe file's path")
 

@@ -67,7 +67,7 @@ def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
     if resume_from is not None or (cfg.run.resume == "auto" and (out / STOPPED_FILE).is_file()):
         step = json.loads((resume_from / "step.json").read_text())["step"] if resume_from is not None else -1
         for name in ("metrics", "rollouts"):
-            _split_log(out / f"{name}.jsonl", out / f"{name}.discarded.jsonl", step)
+            split_log(out / f"{name}.jsonl", out / f"{name}.discarded.jsonl", step)
         for name in ("DONE", STOPPED_FILE):
             (out / name).unlink(missing_ok=True)
     elif holds_run(out):
@@ -109,6 +109,8 @@ def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state
         (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if type(e).__name__ == "LearnerFailure":  # rl.trainer.distributed: the loop restarts the learners
+            raise
         last = latest_checkpoint(out)
         err = getattr(e, "cause", None) or e  # a Ray task error carries the learner's exception
         raise RunAborted(
@@ -130,7 +132,8 @@ def read_checkpoint(ck: Path) -> tuple[int, dict[str, Any]]:
     return step, json.loads((ck / "driver.json").read_text())
 
 
-def _split_log(path: Path, discarded: Path, step: int) -> None:
+def split_log(path: Path, discarded: Path, step: int) -> None:
+    """Keep the lines of steps <= ``step`` in the JSON-lines log ``path``; append the others to ``discarded``."""
     if not path.exists():
         return
     keep, drop = [], []

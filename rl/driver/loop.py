@@ -36,6 +36,7 @@ from rl.driver.runtime import Runtime
 from rl.driver.stream import EpisodeStream
 from rl.data.hub_data import recipe_datasets
 from rl.trainer.hub import resolve_model
+from rl.trainer.distributed import LearnerFailure
 from rl.trainer.lora import check_targets
 from rollout.pool import EngineFailure
 
@@ -85,33 +86,81 @@ def train(cfg: Recipe, *, verbose: bool = False, progress: bool = True, runtime:
 
 
 def run_steps(run: RunParts, first: int) -> None:
-    """Steps ``first`` .. ``train.steps``: each one's episodes (a signal meanwhile discards the step), then its
-    update, eval, log and checkpoint (a signal meanwhile waits for the step's end: ``StopSignals``)."""
+    """Steps ``first`` .. ``train.steps`` (``run_step``). A learner group that fails (a dead rank, a missed
+    deadline: ``LearnerFailure``) is restarted from the newest checkpoint and the steps after it are replayed
+    (``recover``)."""
     cfg = run.cfg
     run.finished = run.saved = first - 1
     run.snapshot = driver_state(run.mixer, run.normalizer, run.episodes)
     if first == 1 and cfg.train.eval_at_start:
         run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
-    for step in range(first, cfg.train.steps + 1):
-        run.step = step
-        c = collect_step(run, step)  # 1-4. draw, generate, score, shape
-        with run.signals.deferred(step):
-            run.dirty = True  # the learner's state is the last finished step's no longer
-            metrics = update_step(run, c)  # 5-6. update, sync
-            if _due(step, cfg.run.rollouts_every):
-                run.logger.rollouts(step, "train", c.trajs)
-            if step == cfg.train.steps or _due(step, cfg.train.eval_every):
-                run.episodes.quiesce()  # the newest weights in idle engines
-                metrics |= run_eval(run, step)  # 7. held-out eval
-            run.logger.log(step, metrics)  # 8. log
-            run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
-            state = driver_state(run.mixer, run.normalizer, run.episodes)
-            if step == cfg.train.steps or _due(step, cfg.run.save_every):
-                write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state)  # 9. checkpoint
-                run.saved = step
-            run.finished, run.snapshot, run.dirty = step, state, False
-            if run.bar is not None:
-                run.bar.update(step, metrics)
+    step = first
+    while step <= cfg.train.steps:
+        try:
+            run_step(run, step)
+            step += 1
+        except LearnerFailure as e:
+            step = recover(run, e) + 1
+
+
+def run_step(run: RunParts, step: int) -> None:
+    """One step: its episodes (a signal meanwhile discards the step), then its update, eval, log and
+    checkpoint (a signal meanwhile waits for the step's end: ``StopSignals``)."""
+    cfg = run.cfg
+    run.step = step
+    c = collect_step(run, step)  # 1-4. draw, generate, score, shape
+    with run.signals.deferred(step):
+        run.dirty = True  # the learner's state is the last finished step's no longer
+        metrics = update_step(run, c)  # 5-6. update, sync
+        metrics["faults/learner_restarts"] = float(run.new_restarts)
+        if _due(step, cfg.run.rollouts_every):
+            run.logger.rollouts(step, "train", c.trajs)
+        if step == cfg.train.steps or _due(step, cfg.train.eval_every):
+            run.episodes.quiesce()  # the newest weights in idle engines
+            metrics |= run_eval(run, step)  # 7. held-out eval
+        run.logger.log(step, metrics)  # 8. log
+        run.new_restarts = 0
+        run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
+        state = driver_state(run.mixer, run.normalizer, run.episodes)
+        if step == cfg.train.steps or _due(step, cfg.run.save_every):
+            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state)  # 9. checkpoint
+            run.saved = step
+        run.finished, run.snapshot, run.dirty = step, state, False
+        if run.bar is not None:
+            run.bar.update(step, metrics)
+
+
+def recover(run: RunParts, e: LearnerFailure) -> int:
+    """After a learner failure (its stacks dumped in ``stacks/``): restart the learner group from the newest
+    checkpoint, bring the driver back to it (mixer, normalizer, episode stream, logs: rows after it move to
+    ``*.discarded.jsonl``, the replay logs them anew) and return its step. Without a checkpoint, or past
+    ``faults.learner_restarts``, the run ends (``RunAborted``, exit 3; resumable where a checkpoint exists)."""
+    limit = run.cfg.faults.learner_restarts
+    ck = latest_checkpoint(run.out)
+    stacks = f"; stacks in {e.stacks}" if e.stacks else ""
+    if ck is None or run.restarts >= limit:
+        why = (
+            "no checkpoint yet to restart the learners from"
+            if ck is None
+            else f"faults.learner_restarts={limit} restart(s) used"
+        )
+        raise RunAborted(f"{e}{stacks}; {why}") from e
+    run.restarts += 1
+    print(
+        f"jointrl: {e}{stacks}; restarting the learners from {ck} ({run.restarts} of faults.learner_restarts="
+        f"{limit}) and replaying the steps after it",
+        file=sys.stderr,
+        flush=True,
+    )
+    run.episodes.discard()  # the in-flight generation (async) was drawn after the checkpoint
+    run.rt.restart_learners(str(ck))
+    step, state = read_checkpoint(ck)
+    restore_driver(state, step, run.mixer, run.normalizer, run.episodes)
+    run.logger.rewind(step)
+    run.finished = run.saved = step
+    run.snapshot, run.dirty = state, False
+    run.new_restarts += 1
+    return step
 
 
 @dataclass
@@ -135,6 +184,8 @@ class RunParts:
     saved: int = -1  # the newest step checkpointed
     snapshot: dict[str, Any] | None = None  # the driver's state at ``finished`` (what its checkpoint holds)
     dirty: bool = False  # the learner may hold part of a step that is not finished
+    restarts: int = 0  # learner group restarts in this run (faults.learner_restarts bounds them)
+    new_restarts: int = 0  # restarts not logged yet (faults/learner_restarts of the next logged step)
 
 
 def prepare_model(cfg: Recipe) -> str:
@@ -416,12 +467,19 @@ def restore(
     stream; return its step."""
     rt.restore(str(ck))
     step, state = read_checkpoint(ck)
+    restore_driver(state, step, mixer, normalizer, episodes)
+    return step
+
+
+def restore_driver(
+    state: dict[str, Any], step: int, mixer: TaskMixer, normalizer: RewardNormalizer, episodes: EpisodeStream | None
+) -> None:
+    """The driver's part of a checkpoint of ``step`` (``driver_state``) into the mixer, normalizer and stream."""
     mixer.load_state_dict(state["mixer"])
     normalizer.load_state_dict(state["normalizer"])
     if episodes is not None:
         episodes.start_at(step)
         episodes.load_state_dict(state.get("episodes", {}))
-    return step
 
 
 def _check_domains(tasks: list[Task], where: str, domains: set[str]) -> None:
