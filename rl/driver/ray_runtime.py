@@ -196,12 +196,11 @@ class RayRuntime:
             return self.learners.step(batch)
         self._engines("sleep", 1)
         try:
-            return self.learners.step(batch)
+            metrics = self.learners.step(batch)
+            self.learners.release_gpu_memory()  # a failed step's learners are killed: their memory goes with them
+            return metrics
         finally:
-            try:
-                self.learners.release_gpu_memory()
-            finally:
-                self._engines("wake_up")
+            self._engines("wake_up")
 
     def _engines(self, method: str, *args: Any) -> None:
         """``sleep`` or ``wake_up`` on every engine, within ``faults.engine_sleep_s``; past it the run ends,

@@ -482,6 +482,7 @@ class LearnerGroup:
 
         if not self.stacks_dir:
             return None
+        os.makedirs(self.stacks_dir, exist_ok=True)
         stamp = f"\n==== {datetime.datetime.now().isoformat(timespec='seconds')} {why}\n"
         for r, pid in enumerate(self.pids):
             with open(os.path.join(self.stacks_dir, f"learner_rank{r}.txt"), "a") as f:
