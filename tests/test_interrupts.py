@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rl.cli.main import main
+from rl.cli.report import render_report
 from rl.cli.runs import format_runs, list_runs, run_info
 from rl.config.recipe import RecipeError, validate_recipe
 from rl.driver.checkpoints import prepare_output_dir
@@ -107,6 +108,7 @@ def test_sigint_checkpoints_the_last_finished_step_and_resumes_exactly(
     info = run_info(out)
     assert info.status == "interrupted" and info.resume_step == finished
     assert f"interrupted (resumable: after step {finished})" in format_runs(list_runs(tmp_path))
+    assert f"status <b>interrupted (resumable: after step {finished})</b>" in render_report(out)
     assert f"continues from {out / 'checkpoints' / f'step_{finished:06d}'}" in capsys.readouterr().err
     plan = _resume_and_compare(recipe_copy, "b", full, capsys)
     assert f"continues {out} after step {finished}" in plan, "validate says what train does"

