@@ -483,6 +483,10 @@ def test_sigterm_shuts_down_and_keeps_outputs(tmp_path: Path, recipe_copy) -> No
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[:2] == [0, 1] and steps == list(range(len(steps)))
     assert not (out / ".live.json").exists() and not (out / "DONE").exists()
+    # The last finished step is checkpointed although save_every is 0, and the folder says so (#38).
+    stopped = json.loads((out / "STOPPED").read_text())
+    assert stopped["status"] == "interrupted" and stopped["step"] == steps[-1]
+    assert stopped["checkpoint"] == f"step_{steps[-1]:06d}" and (out / "checkpoints" / stopped["checkpoint"]).is_dir()
     time.sleep(2)
     assert shm_left_bytes(shm0) < 50 * 2**20, "engines and the weights folder were freed"
 

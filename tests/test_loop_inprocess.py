@@ -16,7 +16,7 @@ import pytest
 
 from rl.config.recipe import load_recipe, validate_recipe
 from rl.driver.local_runtime import LocalRuntime
-from rl.driver.loop import RunAborted, latest_checkpoint, train
+from rl.driver.loop import RunAborted, RunCrashed, latest_checkpoint, train
 from runlog import comparable_steps
 
 PARITY = '''
@@ -139,10 +139,13 @@ def test_inprocess_resume_continues_exactly(tmp_path: Path, recipe_copy, user_re
         return rt
 
     cfg_b = _cfg(recipe_copy, out="b", **common)
-    with pytest.raises(Crash):
+    with pytest.raises(RunCrashed, match="step 3: Crash: the driver dies in step 3") as info:
         train(cfg_b, progress=False, runtime=crashing)
+    assert isinstance(info.value.__cause__, Crash)
     b = Path(cfg_b.run.output_dir)
     assert latest_checkpoint(b).name == "step_000002" and not (b / "DONE").exists()
+    stopped = json.loads((b / "STOPPED").read_text())
+    assert stopped["status"] == "crashed" and stopped["checkpoint"] == "step_000002", "mid-update: not saved"
     cfg_b = _cfg(recipe_copy, out="b", run={**common["run"], "resume": "auto"}, train=common["train"])
     train(cfg_b, progress=False, runtime=local)
     want, got = comparable_steps(full / "metrics.jsonl"), comparable_steps(b / "metrics.jsonl")

@@ -3,8 +3,10 @@
 Bad input (recipe, overrides, files, models, output dir) exits with code 2 and one
 message, before any actor starts; ``--debug`` shows the traceback too. A run that cannot
 go on (updates non-finite ``train.max_bad_steps`` times in a row, an engine that keeps
-dying, a checkpoint that cannot be written) exits with code 3 and one message; Ctrl-C
-or SIGTERM with 130. Outputs written so far are kept in every case (docs/reliability.md).
+dying, a checkpoint that cannot be written, learners that keep failing, any unexpected error
+once the run is under way) exits with code 3 and one message; Ctrl-C or SIGTERM with 130,
+after checkpointing the last finished step. Outputs written so far are kept in every case, and
+the run folder says how it ended (``STOPPED``; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -107,7 +109,29 @@ def _validate(args: argparse.Namespace, cfg: Any) -> int:
         for w in oversubscription(cfg, os.cpu_count() or 1, local_gpus()):
             print(f"jointrl: warning: {w}", file=sys.stderr)
     print(f"{args.recipe}: ok", file=sys.stderr if args.print_recipe else sys.stdout)
+    plan = _resume_plan(cfg)
+    if plan:
+        print(plan, file=sys.stderr if args.print_recipe else sys.stdout)
     return 0
+
+
+def _resume_plan(cfg: Any) -> str:
+    """What ``train`` does with ``run.resume=auto`` in this output dir (the rule ``prepare_output_dir`` applies;
+    a dir it would refuse failed ``validate_recipe`` already); "" for a fresh dir or ``resume=never``."""
+    import json
+
+    from rl.config.recipe import STOPPED_FILE, holds_run, newest_checkpoint, resolve_output_dir
+
+    out = resolve_output_dir(cfg)
+    if cfg.run.resume != "auto" or not holds_run(out):
+        return ""
+    ck = newest_checkpoint(out)
+    if ck is not None:
+        step = json.loads((ck / "step.json").read_text())["step"]
+        return f"run.resume=auto: continues {out} after step {step} ({ck})"
+    if (out / STOPPED_FILE).is_file():
+        return f"run.resume=auto: the stopped run in {out} has no checkpoint; it starts again from step 1"
+    return ""
 
 
 def _train(args: argparse.Namespace, cfg: Any) -> int:
@@ -128,7 +152,10 @@ def _train(args: argparse.Namespace, cfg: Any) -> int:
     except (FileNotFoundError, FileExistsError, TaskFormatError, RecipeError, PlacementError) as e:
         return _fail(str(e), args.debug)  # RecipeError/PlacementError: cluster section vs the Ray cluster
     except KeyboardInterrupt:
-        print("jointrl: interrupted; engines shut down, outputs so far kept", file=sys.stderr)
+        print(
+            "jointrl: interrupted; engines shut down, outputs so far kept (continue with run.resume=auto)",
+            file=sys.stderr,
+        )
         return 130
     except (RunAborted, EngineFailure) as e:
         if args.debug:

@@ -513,7 +513,7 @@ font-family:"DejaVu Sans Mono",monospace;max-height:360px;overflow:auto}
 
 def render_report(run_dir: str | os.PathLike[str]) -> str:
     """The HTML of the report of ``run_dir`` (see the module docstring)."""
-    from rl.cli.runs import run_info
+    from rl.cli.runs import run_info, status_text
 
     d = Path(run_dir)
     if not d.is_dir():
@@ -534,7 +534,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
             '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">',
             f"<title>jointrl report: {_e(d.resolve().name)}</title><style>{CSS}</style></head><body>",
             f"<h1>jointrl run report: {_e(d.resolve().name)}</h1>",
-            f'<p class="meta">status <b>{_e(info.status)}</b> &middot; steps {_e(steps)} &middot; <code>{_e(d.resolve())}</code>'
+            f'<p class="meta">status <b>{_e(status_text(info))}</b> &middot; steps {_e(steps)} &middot; <code>{_e(d.resolve())}</code>'
             f" &middot; generated {_e(now)}</p>",
             _reward_table(records),
             sandbox_events_table(records),

@@ -5,7 +5,9 @@ A run is a folder holding ``metrics.jsonl``. Its status is
 * ``done``: it has a ``DONE`` file (written when the last step finished);
 * ``running``: no ``DONE`` and ``metrics.jsonl`` changed in the last ``RUNNING_WINDOW_S``
   seconds (or in the last three mean step times, when steps are slower than that);
-* ``stopped``: otherwise (crashed, interrupted, or killed).
+* ``interrupted`` / ``crashed``: no ``DONE``, and the run wrote ``STOPPED`` as it ended on a signal or
+  an error; it is resumable (``run.resume=auto``): from its newest checkpoint, else from step 1;
+* ``stopped``: otherwise (killed).
 
 ``DIR`` may be a run itself; runs are searched ``MAX_DEPTH`` folder levels down (not inside
 a run, nor in hidden folders).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import sys
@@ -25,7 +28,7 @@ from typing import Any
 
 from rl.driver.logger import read_step_records
 
-__all__ = ["RunInfo", "run_info", "list_runs", "format_runs", "add_parser", "RUNNING_WINDOW_S"]
+__all__ = ["RunInfo", "run_info", "status_text", "list_runs", "format_runs", "add_parser", "RUNNING_WINDOW_S"]
 
 RUNNING_WINDOW_S = 600.0
 MAX_DEPTH = 3
@@ -34,7 +37,7 @@ MAX_DEPTH = 3
 @dataclass(frozen=True)
 class RunInfo:
     path: Path
-    status: str  # done | running | stopped
+    status: str  # done | running | interrupted | crashed | stopped
     steps: int  # last logged step (0: only the initial evaluation; -1: nothing logged yet)
     total_steps: int | None  # train.steps of recipe.resolved.yaml, when readable
     reward: float | None  # last reward/mean
@@ -42,6 +45,7 @@ class RunInfo:
     eval_reward_first: float | None  # first eval/reward/mean (step 0)
     started: float | None  # epoch seconds: recipe.resolved.yaml written (the run's start)
     updated: float | None  # epoch seconds: metrics.jsonl last written
+    resume_step: int | None = None  # interrupted | crashed: the step run.resume=auto continues after (0: none)
 
 
 def _finite(v: Any) -> float | None:
@@ -59,6 +63,28 @@ def _total_steps(d: Path) -> int | None:
     except Exception:  # noqa: BLE001 - an unreadable recipe only loses this column
         return None
     return steps if isinstance(steps, int) else None
+
+
+def _stopped(d: Path) -> tuple[str, int] | None:
+    """(interrupted | crashed, the checkpoint step a resume continues after, 0: none) from ``STOPPED``."""
+    from rl.config.recipe import STOPPED_FILE, newest_checkpoint
+
+    try:
+        rec = json.loads((d / STOPPED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    status = rec.get("status") if isinstance(rec, dict) else None
+    if status not in ("interrupted", "crashed"):
+        return None
+    ck = newest_checkpoint(d)
+    return status, int(json.loads((ck / "step.json").read_text())["step"]) if ck is not None else 0
+
+
+def status_text(r: RunInfo) -> str:
+    """The status as shown: ``interrupted``/``crashed`` say where ``run.resume=auto`` continues."""
+    if r.resume_step is None:
+        return r.status
+    return f"{r.status} (resumable: " + (f"after step {r.resume_step})" if r.resume_step else "from step 1)")
 
 
 def run_info(run_dir: str | os.PathLike[str], now: float | None = None, window_s: float = RUNNING_WINDOW_S) -> RunInfo:
@@ -81,8 +107,11 @@ def run_info(run_dir: str | os.PathLike[str], now: float | None = None, window_s
     updated = m.stat().st_mtime if m.is_file() else None
     recipe = d / "recipe.resolved.yaml"
     started = recipe.stat().st_mtime if recipe.is_file() else None
+    stopped = _stopped(d)
     if (d / "DONE").is_file():
         status = "done"
+    elif stopped is not None:
+        return RunInfo(d, stopped[0], steps, _total_steps(d), reward, ev, ev0, started, updated, stopped[1])
     else:
         now = time.time() if now is None else now
         slow = 3 * sum(step_times) / len(step_times) if step_times else 0.0
@@ -159,7 +188,9 @@ def format_runs(runs: list[RunInfo], root: str | os.PathLike[str] | None = None,
                 else f3(r.eval_reward)
             )
         )
-        rows.append((name(r.path), r.status, steps, f3(r.reward), ev, _when(r.started, now), _when(r.updated, now)))
+        rows.append(
+            (name(r.path), status_text(r), steps, f3(r.reward), ev, _when(r.started, now), _when(r.updated, now))
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -173,7 +204,7 @@ def add_parser(sub: Any) -> None:
         "runs",
         help="list the runs under a folder (status, steps, last rewards)",
         description="List the runs (folders with metrics.jsonl) under DIR with their status "
-        "(done, running, stopped), steps and last rewards.",
+        "(done, running, interrupted, crashed, stopped), steps and last rewards.",
     )
     p.add_argument("dir", nargs="?", default="runs", help="folder to search (default: runs)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")

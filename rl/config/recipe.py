@@ -603,6 +603,45 @@ class WandbConfig(Section):
 
 
 @dataclass(frozen=True)
+class FaultsConfig(Section):
+    """Deadlines of the driver's calls across process boundaries, and learner restarts (docs/reliability.md).
+
+    Reward calls have theirs in ``reward_service.timeout_s``. A learner call past its deadline, or a dead
+    learner rank, dumps every learner's stacks into ``stacks/`` of the run folder and restarts the learner
+    group from the newest checkpoint (at most ``learner_restarts`` times per run); the driver replays the
+    steps after it.
+    """
+
+    learner_step_s: float = knob(
+        3600.0, "deadline of one learner step (every rank's forward, backward and optimizer step)", ge=30
+    )
+    learner_io_s: float = knob(
+        1800.0, "deadline of a learner weights export, checkpoint save or load, and of a learner group's start", ge=30
+    )
+    engine_call_s: float = knob(
+        3600.0, "deadline of one engine call (a generation, a weight reload); past it the worker is replaced", ge=60
+    )
+    engine_sleep_s: float = knob(600.0, "deadline of putting the engines to sleep or waking them (colocated)", ge=30)
+    collective_s: float = knob(
+        1800.0, "torch.distributed timeout of one collective between learner ranks (a rank waiting for another)", ge=60
+    )
+    learner_restarts: int = knob(
+        2,
+        "learner group restarts from the newest checkpoint per run after a dead rank or a missed deadline "
+        "(0 = off: the run ends, exit 3, resumable with run.resume=auto)",
+        ge=0,
+    )
+
+    def check(self) -> None:
+        if self.collective_s > self.learner_step_s:
+            raise FieldError(
+                "collective_s",
+                f"{self.collective_s:g} s is longer than faults.learner_step_s={self.learner_step_s:g} s: a rank "
+                "waiting for a hung peer must time out (naming it) within the step's deadline",
+            )
+
+
+@dataclass(frozen=True)
 class Recipe(Section):
     run: RunConfig = knob(doc="outputs, seed, resume", factory=RunConfig)
     model: ModelConfig = knob(doc="the policy model", factory=ModelConfig)
@@ -616,6 +655,7 @@ class Recipe(Section):
     cluster: ClusterConfig = knob(doc="resources and placement", factory=ClusterConfig)
     train: TrainConfig = knob(doc="steps and evaluation", factory=TrainConfig)
     wandb: WandbConfig = knob(doc="Weights & Biases", factory=WandbConfig)
+    faults: FaultsConfig = knob(doc="deadlines and learner restarts", factory=FaultsConfig)
     # Where the recipe came from; relative paths in it resolve against this folder.
     source: str = knob("", "set by jointrl: the recipe file's path")
 
@@ -1276,12 +1316,52 @@ def _check_output_dir(recipe: Recipe, fail) -> None:
             f"run.keep_checkpoints={recipe.run.keep_checkpoints} kept, one being written) and logs "
             f"need about {need / 2**20:.0f} MiB",
         )
-    if (out / "metrics.jsonl").exists() and not recipe.run.overwrite and recipe.run.resume != "auto":
-        fail(
-            "run.output_dir",
+    problem = output_dir_problem(recipe)
+    if problem is not None:
+        fail("run.output_dir", problem)
+
+
+# Written into the output dir by a run that stopped on a signal or an error (``rl.driver.recovery``):
+# JSON with its status (interrupted | crashed), its last finished step and checkpoint, and the reason.
+STOPPED_FILE = "STOPPED"
+
+
+def newest_checkpoint(out: Path) -> Path | None:
+    """The newest complete checkpoint (``checkpoints/step_N`` with its ``step.json``, written last), if any."""
+    ck = out / "checkpoints"
+    done = sorted(p for p in ck.glob("step_*") if (p / "step.json").is_file()) if ck.is_dir() else []
+    return done[-1] if done else None
+
+
+def holds_run(out: Path) -> bool:
+    """Whether ``out`` holds a previous run's metrics or checkpoints."""
+    ck = out / "checkpoints"
+    return (out / "metrics.jsonl").exists() or (ck.is_dir() and any(ck.iterdir()))
+
+
+def output_dir_problem(recipe: Recipe) -> str | None:
+    """Why ``jointrl train`` would refuse ``run.output_dir``, or None; ``validate`` and ``train`` share this rule.
+
+    A dir holding a run is taken by ``run.resume=auto`` when it has a complete checkpoint (continue
+    from it) or when that run stopped on a signal or an error (``STOPPED``) before its first
+    checkpoint (start again, its log lines kept in ``*.discarded.jsonl``); ``run.overwrite`` replaces
+    it. Anything else (a run killed before its first checkpoint, or one still running) is refused.
+    """
+    out, r = resolve_output_dir(recipe), recipe.run
+    if r.overwrite or not holds_run(out):
+        return None
+    if r.resume != "auto":
+        return (
             f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
-            "to replace it, or choose another run.output_dir",
+            "to replace it, or choose another run.output_dir"
         )
+    if newest_checkpoint(out) is not None or (out / STOPPED_FILE).is_file():
+        return None
+    return (
+        f"{out} already holds a run with no checkpoint to resume from (run.resume=auto) and no record that it "
+        "stopped (it may still be running, or was killed before its first checkpoint); set run.overwrite=true "
+        "to replace it, or choose another run.output_dir"
+    )
 
 
 # Weights file bytes per parameter -> checkpoint bytes per parameter (fp32 master weights + AdamW's

@@ -14,7 +14,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rl.config.recipe import Recipe, recipe_to_dict, resolve_output_dir
+from rl.config.recipe import (
+    STOPPED_FILE,
+    Recipe,
+    holds_run,
+    newest_checkpoint,
+    output_dir_problem,
+    recipe_to_dict,
+    resolve_output_dir,
+)
 
 # Everything a run writes into its output dir that a later run could mistake for its own: an
 # overwrite removes all of it (``checkpoints/`` above all: ``run.resume=auto`` would resume it, and
@@ -30,8 +38,10 @@ RUN_FILES = (
     "recipe.resolved.yaml",
     "eval_failures.jsonl",
     "wandb_run_id",  # rl.driver.logger.WANDB_ID_FILE: a new run gets a new W&B run
+    STOPPED_FILE,
+    "crash.log",
 )
-RUN_DIRS = ("checkpoints", "wandb")
+RUN_DIRS = ("checkpoints", "wandb", "stacks")
 
 
 class RunAborted(RuntimeError):
@@ -43,33 +53,29 @@ def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
 
     Resuming from step S keeps the metrics and rollouts of steps <= S and moves the lines of
     later steps (logged after the last checkpoint, and about to be redone) to
-    ``*.discarded.jsonl``, so nothing computed is lost and the logs hold each step once.
-    A dir that holds a run and no checkpoint to resume is refused unless ``run.overwrite``,
-    which removes every output of the old run (``RUN_FILES``, ``RUN_DIRS``).
+    ``*.discarded.jsonl``, so nothing computed is lost and the logs hold each step once. A run
+    that stopped (``STOPPED``: a signal or an error) before its first checkpoint starts again
+    from step 1 under ``run.resume=auto``, every line of it moved to ``*.discarded.jsonl``.
+    Other dirs holding a run are refused unless ``run.overwrite`` (``output_dir_problem``, the
+    rule ``jointrl validate`` checks too), which removes every output of the old run
+    (``RUN_FILES``, ``RUN_DIRS``).
     """
     out = resolve_output_dir(cfg)
+    problem = output_dir_problem(cfg)
+    if problem is not None:
+        raise FileExistsError(problem)
     resume_from = latest_checkpoint(out) if cfg.run.resume == "auto" else None
-    if resume_from is not None:
-        step = json.loads((resume_from / "step.json").read_text())["step"]
+    if resume_from is not None or (cfg.run.resume == "auto" and (out / STOPPED_FILE).is_file()):
+        step = json.loads((resume_from / "step.json").read_text())["step"] if resume_from is not None else -1
         for name in ("metrics", "rollouts"):
-            _split_log(out / f"{name}.jsonl", out / f"{name}.discarded.jsonl", step)
-        (out / "DONE").unlink(missing_ok=True)
+            split_log(out / f"{name}.jsonl", out / f"{name}.discarded.jsonl", step)
+        for name in ("DONE", STOPPED_FILE):
+            (out / name).unlink(missing_ok=True)
     elif holds_run(out):
-        if not cfg.run.overwrite:
-            raise FileExistsError(
-                f"{out} already holds a run and no checkpoint to resume from; set "
-                "run.overwrite=true to replace it, or choose another run.output_dir"
-            )
-        remove_run(out)
+        remove_run(out)  # run.overwrite (output_dir_problem refused the rest)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.resolved.yaml").write_text(_yaml(recipe_to_dict(cfg)))
     return out, resume_from
-
-
-def holds_run(out: Path) -> bool:
-    """Whether ``out`` holds a previous run's metrics or checkpoints."""
-    ck = out / "checkpoints"
-    return (out / "metrics.jsonl").exists() or (ck.is_dir() and any(ck.iterdir()))
 
 
 def remove_run(out: Path) -> None:
@@ -84,9 +90,7 @@ def remove_run(out: Path) -> None:
 
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest complete checkpoint (``checkpoints/step_N`` with its ``step.json``), if any."""
-    ck = out / "checkpoints"
-    done = sorted(p for p in ck.glob("step_*") if (p / "step.json").is_file()) if ck.is_dir() else []
-    return done[-1] if done else None
+    return newest_checkpoint(out)
 
 
 def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state: dict[str, Any]) -> Path:
@@ -106,6 +110,8 @@ def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state
         (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if type(e).__name__ == "LearnerFailure":  # rl.trainer.distributed: the loop restarts the learners
+            raise
         last = latest_checkpoint(out)
         err = getattr(e, "cause", None) or e  # a Ray task error carries the learner's exception
         raise RunAborted(
@@ -127,7 +133,8 @@ def read_checkpoint(ck: Path) -> tuple[int, dict[str, Any]]:
     return step, json.loads((ck / "driver.json").read_text())
 
 
-def _split_log(path: Path, discarded: Path, step: int) -> None:
+def split_log(path: Path, discarded: Path, step: int) -> None:
+    """Keep the lines of steps <= ``step`` in the JSON-lines log ``path``; append the others to ``discarded``."""
     if not path.exists():
         return
     keep, drop = [], []

@@ -85,22 +85,26 @@ class LocalRuntime:
             specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
             self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)
         if self.with_learner:
-            from rl.trainer.learner import Learner
-
-            STARTUP.phase("learner: loading the model")
             self.shm_dir = tempfile.mkdtemp(
                 prefix="jointrl-local-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
             )
-            self.learner = Learner(
-                self.model_path,
-                cfg.model,
-                cfg.algo,
-                seed=cfg.run.seed,
-                threads=cfg.run.threads,
-                shm_dir=self.shm_dir,
-                total_steps=cfg.train.steps,
-                learner=cfg.learner,
-            )
+            STARTUP.phase("learner: loading the model")
+            self.learner = self._make_learner()
+
+    def _make_learner(self) -> Any:
+        from rl.trainer.learner import Learner
+
+        cfg = self.cfg
+        return Learner(
+            self.model_path,
+            cfg.model,
+            cfg.algo,
+            seed=cfg.run.seed,
+            threads=cfg.run.threads,
+            shm_dir=self.shm_dir,
+            total_steps=cfg.train.steps,
+            learner=cfg.learner,
+        )
 
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
@@ -127,6 +131,13 @@ class LocalRuntime:
     def restore(self, path: str) -> None:
         self._learner().load_checkpoint(path)
         self.sync_weights()
+
+    def restart_learners(self, path: str) -> None:
+        """A new in-process learner holding checkpoint ``path`` (the loop's recovery; the in-process learner
+        itself never fails that way, but a caller's stand-in may), its weights synced into the engine."""
+        self._learner()
+        self.learner = self._make_learner()
+        self.restore(path)
 
     def metrics(self, *, rollout: bool = True) -> dict[str, float]:
         """Per reward function: latency and errors since the last call (no restarts: nothing to restart)."""

@@ -269,6 +269,19 @@ class RunLogger:
         time is the command's (``STARTUP``'s clock: from the process's start for ``jointrl train``)."""
         return summary(self.out_dir, self.first, self.last, self.timings, wall_s=STARTUP.elapsed())
 
+    def rewind(self, step: int) -> None:
+        """Back to the end of ``step`` (the learners restarted from its checkpoint): lines of later steps in
+        ``metrics.jsonl`` and ``rollouts.jsonl`` move to ``*.discarded.jsonl`` (kept; the replay logs those
+        steps anew, once). W&B keeps what it was sent."""
+        from rl.driver.checkpoints import split_log
+
+        self.metrics_f.close()
+        self.rollouts_f.close()
+        for name in ("metrics", "rollouts"):
+            split_log(self.out_dir / f"{name}.jsonl", self.out_dir / f"{name}.discarded.jsonl", step)
+        self.metrics_f = open(self.out_dir / "metrics.jsonl", "a")
+        self.rollouts_f = open(self.out_dir / "rollouts.jsonl", "a")
+
     def close(self) -> None:
         self.metrics_f.close()
         self.rollouts_f.close()

@@ -13,29 +13,36 @@ path (normal end, exception, Ctrl-C, SIGTERM); faults the run survives are count
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from envs.io import TaskFormatError, load_tasks
 from envs.types import Sampling, Task, Trajectory
 from rl.algos.batch import build_batch, rollout_metrics
 from rl.algos.shaping import RewardNormalizer, shape_step
-from rl.config.recipe import Recipe, recipe_to_dict, resolve_path
+from rl.config.recipe import Recipe, RecipeError, recipe_to_dict, resolve_path
 from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
 from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_dir, read_checkpoint, write_checkpoint
+from rl.driver.placement import PlacementError
 from rl.driver.logger import STARTUP, ProgressBar, RunLogger
-from rl.driver.recovery import BadStepGuard
+from rl.driver.recovery import BadStepGuard, StopSignals, write_stopped
 from rl.driver.runtime import Runtime
 from rl.driver.stream import EpisodeStream
 from rl.data.hub_data import recipe_datasets
 from rl.trainer.hub import resolve_model
+from rl.trainer.distributed import LearnerFailure
 from rl.trainer.lora import check_targets
+from rollout.pool import EngineFailure
 
 __all__ = [
     "RunAborted",
+    "RunCrashed",
     "BadStepGuard",
     "latest_checkpoint",
     "prepare_output_dir",
@@ -64,7 +71,9 @@ def train(
 
     ``runtime(cfg, model_path, out, verbose)`` builds the runtime (default: ``RayRuntime``).
     ``started``: when the command started (Unix time; default now): the start-up lines (printed with
-    ``progress``) and the end summary's wall time count from it.
+    ``progress``) and the end summary's wall time count from it. A signal or an error once the runtime
+    is up ends with the last finished step checkpointed (where the learner's state is known) and the
+    folder marked ``STOPPED`` (``stop_at``).
     """
     STARTUP.start(started, enabled=progress)
     out, resume_from = prepare_output_dir(cfg)
@@ -81,27 +90,94 @@ def train(
         STARTUP.phase(
             f"ready: step {first} of {cfg.train.steps}" + (f" (resumed from {resume_from.name})" if resume_from else "")
         )
-        if first == 1 and cfg.train.eval_at_start:
-            if eval_tasks:
-                STARTUP.phase(f"baseline evaluation of {len(eval_tasks)} held-out tasks")
-            run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
-        for step in range(first, cfg.train.steps + 1):
-            trajs, metrics = train_step(run, step)  # 1-6. draw, generate, score, shape, update, sync
-            if _due(step, cfg.run.rollouts_every):
-                run.logger.rollouts(step, "train", trajs)
-            if step == cfg.train.steps or _due(step, cfg.train.eval_every):
-                run.episodes.quiesce()  # the newest weights in idle engines
-                metrics |= run_eval(run, step)  # 7. held-out eval
-            run.logger.log(step, metrics)  # 8. log
-            run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
-            if step == cfg.train.steps or _due(step, cfg.run.save_every):
-                checkpoint(rt, out, step, cfg.run.keep_checkpoints, mixer, normalizer, run.episodes)  # 9. checkpoint
-            if run.bar is not None:
-                run.bar.update(step, metrics)
+        with StopSignals() as run.signals:
+            run_steps(run, first)
         finish_run(run)
+    except BaseException as e:
+        stop_at(run, e)  # raises: e itself, or RunCrashed naming it
     finally:
         stop_run(run)
     return out
+
+
+def run_steps(run: RunParts, first: int) -> None:
+    """Steps ``first`` .. ``train.steps`` (``run_step``). A learner group that fails (a dead rank, a missed
+    deadline: ``LearnerFailure``) is restarted from the newest checkpoint and the steps after it are replayed
+    (``recover``)."""
+    cfg = run.cfg
+    run.finished = run.saved = first - 1
+    run.snapshot = driver_state(run.mixer, run.normalizer, run.episodes)
+    if first == 1 and cfg.train.eval_at_start:
+        if run.eval_tasks:
+            STARTUP.phase(f"baseline evaluation of {len(run.eval_tasks)} held-out tasks")
+        run.logger.log(0, run_eval(run, 0))  # 0. baseline eval
+    step = first
+    while step <= cfg.train.steps:
+        try:
+            run_step(run, step)
+            step += 1
+        except LearnerFailure as e:
+            step = recover(run, e) + 1
+
+
+def run_step(run: RunParts, step: int) -> None:
+    """One step: its episodes (a signal meanwhile discards the step), then its update, eval, log and
+    checkpoint (a signal meanwhile waits for the step's end: ``StopSignals``)."""
+    cfg = run.cfg
+    run.step = step
+    c = collect_step(run, step)  # 1-4. draw, generate, score, shape
+    with run.signals.deferred(step):
+        run.dirty = True  # the learner's state is the last finished step's no longer
+        metrics = update_step(run, c)  # 5-6. update, sync
+        metrics["faults/learner_restarts"] = float(run.new_restarts)
+        if _due(step, cfg.run.rollouts_every):
+            run.logger.rollouts(step, "train", c.trajs)
+        if step == cfg.train.steps or _due(step, cfg.train.eval_every):
+            run.episodes.quiesce()  # the newest weights in idle engines
+            metrics |= run_eval(run, step)  # 7. held-out eval
+        run.logger.log(step, metrics)  # 8. log
+        run.new_restarts = 0
+        run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
+        state = driver_state(run.mixer, run.normalizer, run.episodes)
+        if step == cfg.train.steps or _due(step, cfg.run.save_every):
+            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state)  # 9. checkpoint
+            run.saved = step
+        run.finished, run.snapshot, run.dirty = step, state, False
+        if run.bar is not None:
+            run.bar.update(step, metrics)
+
+
+def recover(run: RunParts, e: LearnerFailure) -> int:
+    """After a learner failure (its stacks dumped in ``stacks/``): restart the learner group from the newest
+    checkpoint, bring the driver back to it (mixer, normalizer, episode stream, logs: rows after it move to
+    ``*.discarded.jsonl``, the replay logs them anew) and return its step. Without a checkpoint, or past
+    ``faults.learner_restarts``, the run ends (``RunAborted``, exit 3; resumable where a checkpoint exists)."""
+    limit = run.cfg.faults.learner_restarts
+    ck = latest_checkpoint(run.out)
+    stacks = f"; stacks in {e.stacks}" if e.stacks else ""
+    if ck is None or run.restarts >= limit:
+        why = (
+            "no checkpoint yet to restart the learners from"
+            if ck is None
+            else f"faults.learner_restarts={limit} restart(s) used"
+        )
+        raise RunAborted(f"{e}{stacks}; {why}") from e
+    run.restarts += 1
+    print(
+        f"jointrl: {e}{stacks}; restarting the learners from {ck} ({run.restarts} of faults.learner_restarts="
+        f"{limit}) and replaying the steps after it",
+        file=sys.stderr,
+        flush=True,
+    )
+    run.episodes.discard()  # the in-flight generation (async) was drawn after the checkpoint
+    run.rt.restart_learners(str(ck))
+    step, state = read_checkpoint(ck)
+    restore_driver(state, step, run.mixer, run.normalizer, run.episodes)
+    run.logger.rewind(step)
+    run.finished = run.saved = step
+    run.snapshot, run.dirty = state, False
+    run.new_restarts += 1
+    return step
 
 
 @dataclass
@@ -119,6 +195,14 @@ class RunParts:
     logger: RunLogger | None = None
     bar: ProgressBar | None = None
     guard: BadStepGuard | None = None
+    signals: StopSignals | None = None
+    step: int = 0  # the step in progress (0: none yet)
+    finished: int = -1  # the last step whose update, log and checkpoint are done (-1: not started)
+    saved: int = -1  # the newest step checkpointed
+    snapshot: dict[str, Any] | None = None  # the driver's state at ``finished`` (what its checkpoint holds)
+    dirty: bool = False  # the learner may hold part of a step that is not finished
+    restarts: int = 0  # learner group restarts in this run (faults.learner_restarts bounds them)
+    new_restarts: int = 0  # restarts not logged yet (faults/learner_restarts of the next logged step)
 
 
 def prepare_model(cfg: Recipe) -> str:
@@ -164,29 +248,51 @@ def start_run(
 
 def train_step(run: RunParts, step: int) -> tuple[list[Trajectory], dict[str, float]]:
     """One step's episodes, rewards, shaping, update and weight sync; returns the episodes and the step's metrics."""
-    rt, mixer, cfg = run.rt, run.mixer, run.cfg
+    c = collect_step(run, step)
+    return c.trajs, update_step(run, c)
+
+
+@dataclass
+class Collected:
+    """A step's episodes and batch before the update (``collect_step``): nothing of the learner changed yet."""
+
+    trajs: list[Trajectory]
+    batch: Any
+    metrics: dict[str, float]  # batch, shaping and mixer statistics, timing/reward_s
+    t0: float  # the step's start (perf_counter)
+    t_scored: float  # its rewards' end
+
+
+def collect_step(run: RunParts, step: int) -> Collected:
+    """Step ``step``'s episodes scored, the mixer told, rewards shaped and the batch built."""
+    rt, cfg = run.rt, run.cfg
     t0 = time.perf_counter()
     trajs = run.episodes.take(step)  # 1-2. draw tasks, run episodes (async: during step-1)
     t1 = time.perf_counter()
     trajs = rt.score(trajs)  # 3. rewards
     t2 = time.perf_counter()
-    mixer.update(trajs)
+    run.mixer.update(trajs)
     shaped, norm_metrics = shape_step(run.normalizer, trajs)  # 4. reward shaping (per-domain norm)
     batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
-    metrics = rt.train_step(batch)  # 5. update
+    m = batch_stats | norm_metrics | run.mixer.last_counts | {"timing/reward_s": t2 - t1}
+    return Collected(trajs, batch, m, t0, t2)
+
+
+def update_step(run: RunParts, c: Collected) -> dict[str, float]:
+    """The learner's update on the collected batch and the weight sync; the step's metrics."""
+    rt = run.rt
+    metrics = rt.train_step(c.batch)  # 5. update
     t3 = time.perf_counter()
     run.episodes.weights_updated()  # 6. weight sync (async: once the engines are idle)
     t4 = time.perf_counter()
-    metrics |= (
-        batch_stats
-        | norm_metrics
-        | mixer.last_counts
-        | rollout_metrics(trajs)
+    return (
+        metrics
+        | c.metrics
+        | rollout_metrics(c.trajs)
         | rt.metrics()
-        | {"timing/reward_s": t2 - t1, "timing/learner_s": t3 - t2, "timing/step_s": t4 - t0}
+        | {"timing/learner_s": t3 - c.t_scored, "timing/step_s": t4 - c.t0}
         | run.episodes.metrics()
     )
-    return trajs, metrics
 
 
 def run_eval(run: RunParts, step: int) -> dict[str, float]:
@@ -305,19 +411,70 @@ def checkpoint(
     normalizer: RewardNormalizer,
     episodes: EpisodeStream | None = None,
 ) -> Path:
-    """``checkpoints/step_NNNNNN``: the learner's state (``rt.save``) and the driver's (the mixer's draw state,
-    the reward normalizer's statistics and, in async mode, the in-flight draw of the next step)."""
-    return write_checkpoint(
-        rt,
-        out,
-        step,
-        keep,
-        {
-            "mixer": mixer.state_dict(),
-            "normalizer": normalizer.state_dict(),
-            "episodes": episodes.state_dict() if episodes is not None else {},
-        },
+    """``checkpoints/step_NNNNNN``: the learner's state (``rt.save``) and the driver's (``driver_state``)."""
+    return write_checkpoint(rt, out, step, keep, driver_state(mixer, normalizer, episodes))
+
+
+def driver_state(mixer: TaskMixer, normalizer: RewardNormalizer, episodes: EpisodeStream | None) -> dict[str, Any]:
+    """What a checkpoint holds of the driver: the mixer's draw state, the reward normalizer's statistics and,
+    in async mode, the in-flight draw of the next step; a copy (plain JSON data), so later steps leave it as is."""
+    return json.loads(
+        json.dumps(
+            {
+                "mixer": mixer.state_dict(),
+                "normalizer": normalizer.state_dict(),
+                "episodes": episodes.state_dict() if episodes is not None else {},
+            }
+        )
     )
+
+
+class RunCrashed(RunAborted):
+    """An unexpected error once the run was under way (a user estimator's bad output, a dead learner, ...);
+    the message names it, where it happened and what checkpoint a ``run.resume=auto`` continues from."""
+
+
+# Errors of the user's input, raised while the run starts (the cluster section against the Ray cluster, a
+# file): reported as they are (the CLI's exit 2), as before any actor starts.
+_BAD_INPUT = (FileNotFoundError, FileExistsError, TaskFormatError, RecipeError, PlacementError)
+
+
+def stop_at(run: RunParts, e: BaseException) -> None:
+    """The run ends on ``e``: checkpoint the last finished step where the learner's state is that step's
+    (not after a skipped-update streak or a failed write: ``RunAborted``), mark the folder ``STOPPED``
+    (interrupted or crashed) and raise ``e``, or for an unexpected error ``RunCrashed`` naming it."""
+    if isinstance(e, (SystemExit, GeneratorExit)) or (run.step == 0 and isinstance(e, _BAD_INPUT + (RunAborted,))):
+        raise e  # bad input found while starting (the CLI's exit 2), or a stop of the interpreter
+    interrupted = isinstance(e, KeyboardInterrupt)
+    note = save_at_stop(run) if not isinstance(e, RunAborted) else ""
+    last = latest_checkpoint(run.out)
+    where = f"step {run.step}" if run.step else "start-up"
+    err = getattr(e, "cause", None) or e  # a Ray task error carries the remote exception
+    reason = "interrupted by a signal" if interrupted else f"{where}: {type(err).__name__}: {err}"
+    write_stopped(run.out, "interrupted" if interrupted else "crashed", max(run.finished, 0), last, reason)
+    resume = f"run.resume=auto continues from {last}" if last else "run.resume=auto starts again from step 1"
+    if interrupted or isinstance(e, (RunAborted, EngineFailure)):
+        print(f"jointrl: {note}{resume}", file=sys.stderr, flush=True)
+        raise e
+    log = run.out / "crash.log"
+    with contextlib.suppress(OSError):
+        log.write_text("".join(traceback.format_exception(e)))
+    raise RunCrashed(f"{reason} (traceback in {log}); {note}{resume}") from e
+
+
+def save_at_stop(run: RunParts) -> str:
+    """Checkpoint the last finished step if it is not on disk yet and the learner holds exactly it; a note
+    for the message (what was written, or why not)."""
+    if run.finished < 1 or run.finished <= run.saved or run.snapshot is None:
+        return ""
+    if run.dirty:
+        return f"the learner's state after step {run.finished} is not known (stopped mid-update), not saved; "
+    try:
+        ck = write_checkpoint(run.rt, run.out, run.finished, run.cfg.run.keep_checkpoints, run.snapshot)
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - a dead learner: the older checkpoint stays
+        return f"no checkpoint of step {run.finished} ({type(e).__name__}: {e}); "
+    run.saved = run.finished
+    return f"checkpoint of step {run.finished} written ({ck}); "
 
 
 def restore(
@@ -327,12 +484,19 @@ def restore(
     stream; return its step."""
     rt.restore(str(ck))
     step, state = read_checkpoint(ck)
+    restore_driver(state, step, mixer, normalizer, episodes)
+    return step
+
+
+def restore_driver(
+    state: dict[str, Any], step: int, mixer: TaskMixer, normalizer: RewardNormalizer, episodes: EpisodeStream | None
+) -> None:
+    """The driver's part of a checkpoint of ``step`` (``driver_state``) into the mixer, normalizer and stream."""
     mixer.load_state_dict(state["mixer"])
     normalizer.load_state_dict(state["normalizer"])
     if episodes is not None:
         episodes.start_at(step)
         episodes.load_state_dict(state.get("episodes", {}))
-    return step
 
 
 def _check_domains(tasks: list[Task], where: str, domains: set[str]) -> None:

@@ -55,7 +55,6 @@ class RayRuntime:
         """
         import ray
 
-        from rl.trainer.distributed import LearnerGroup
         from rl.trainer.precision import resolve_logged
         from rl.driver.placement import plan_placement, reserve, resolve_device
 
@@ -77,19 +76,7 @@ class RayRuntime:
         free_dead_run(self.out / LIVE_FILE)  # what a killed driver of this output dir left behind
         self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         STARTUP.phase(f"learner: starting {cfg.learner.workers} worker(s)")
-        self.learners = LearnerGroup(
-            cfg.learner.workers,
-            self.model_path,
-            cfg.model,
-            cfg.algo,
-            seed=cfg.run.seed,
-            threads=cfg.run.threads,
-            shm_dir=self.shm_dir,
-            total_steps=cfg.train.steps,
-            actor_options=self.placement.options("learner"),
-            learner=cfg.learner,
-        )
-        self.learner = self.learners.actors[0]
+        self.learners = self._make_learners()
         STARTUP.phase(f"engines: starting {cfg.rollout.num_engines} vLLM engine(s) on {self.model_path}")
         self.pool = make_rollout_pool(
             cfg, self.model_path, self.placement.options("engine"), length_estimate, colocated=plan.colocated
@@ -105,6 +92,38 @@ class RayRuntime:
         STARTUP.phase("learner: loading the model")
         self.learners.ready()
         self._record_placement(device)
+
+    def _make_learners(self) -> Any:
+        """The learner group (``learner.workers`` ranks in their placement bundles), each call under the
+        recipe's ``faults`` deadlines; stacks of a failed call go to ``stacks/`` in the output dir."""
+        from rl.trainer.distributed import Deadlines, LearnerGroup
+
+        cfg, f = self.cfg, self.cfg.faults
+        group = LearnerGroup(
+            cfg.learner.workers,
+            self.model_path,
+            cfg.model,
+            cfg.algo,
+            seed=cfg.run.seed,
+            threads=cfg.run.threads,
+            shm_dir=self.shm_dir,
+            total_steps=cfg.train.steps,
+            actor_options=self.placement.options("learner"),
+            learner=cfg.learner,
+            deadlines=Deadlines(f.learner_step_s, f.learner_io_s, f.collective_s),
+            stacks_dir=str(self.out / "stacks"),
+        )
+        self.learner = group.actors[0]
+        return group
+
+    def restart_learners(self, path: str) -> None:
+        """Replace the whole learner group (a rank died or missed a deadline; its stacks are dumped already):
+        kill every rank, start new ones in the same placement bundles, load checkpoint ``path``, push its
+        weights into the engines. A failure here raises (the run ends)."""
+        self.learners.kill(graceful=False)
+        self.learners = self._make_learners()
+        self.learners.ready()
+        self.restore(path)
 
     def _prefetch_model(self) -> None:
         """A Hub model (``model_path`` is a snapshot in the Hub cache): resolved once on every alive Ray node
@@ -188,33 +207,48 @@ class RayRuntime:
         """
         if not self.colocated:
             return self.learners.step(batch)
-        self.pool.sleep(1)
+        self._engines("sleep", 1)
         try:
-            return self.learners.step(batch)
+            metrics = self.learners.step(batch)
+            self.learners.release_gpu_memory()  # a failed step's learners are killed: their memory goes with them
+            return metrics
         finally:
-            try:
-                self.learners.release_gpu_memory()
-            finally:
-                self.pool.wake_up()
+            self._engines("wake_up")
+
+    def _engines(self, method: str, *args: Any) -> None:
+        """``sleep`` or ``wake_up`` on every engine, within ``faults.engine_sleep_s``; past it the run ends,
+        naming the key (an engine that cannot free or retake its GPU memory is not replaced mid-step)."""
+        import ray
+
+        from rollout.pool import EngineFailure
+
+        timeout = self.cfg.faults.engine_sleep_s
+        refs = [getattr(w, method).remote(*args) for w in self.pool.workers]
+        ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if late:
+            raise EngineFailure(
+                f"engine {method}: rollout worker(s) {[refs.index(r) for r in late]} gave no answer within "
+                f"faults.engine_sleep_s={timeout:g} s"
+            )
+        ray.get(ready)
 
     def metrics(self, *, rollout: bool = True) -> dict[str, float]:
-        """Since the last call: ``faults/rollout_restarts`` and ``faults/learner_restarts`` (``rollout``),
-        reward-service restarts and per-function errors."""
-        train_side = (self.pool.metrics() | self.learners.metrics()) if rollout else {}
+        """Since the last call: ``faults/rollout_restarts`` (``rollout``), reward-service restarts and per-function
+        errors (``faults/learner_restarts`` is the loop's: ``rl.driver.loop``)."""
+        train_side = self.pool.metrics() if rollout else {}
         return train_side | self.rewards.metrics()
 
     def sync_weights(self) -> None:
         """The policy into every engine: merged weights (a safetensors file, or with ``learner.weight_sync: ipc``
         each learner rank's GPU buffer mapped by the engine on its GPU) or, with ``learner.lora.transfer:
         adapter``, the LoRA adapter alone (a ``peft`` folder)."""
-        import ray
 
         if self.cfg.learner.weight_sync == "ipc":  # colocated: engine i maps learner rank i's GPU buffer
             self.pool.sync_weights_ipc(self.learners.export_ipc(self.cfg.model.engine_dtype))
             return
         adapter = self.cfg.learner.lora.engine_rank > 0
         if adapter:
-            path = ray.get([a.export_adapter.remote() for a in self.learners.actors])[0]  # every rank: A, B gathered
+            path = self.learners.export_adapter()  # every rank: A, B gathered
         else:
             path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered
         # Engines on the learner's node read the file (folder) in shared memory; others get its bytes
@@ -277,6 +311,7 @@ def make_rollout_pool(
         gpu_memory_utilization=r.gpu_memory_utilization,
         tensor_parallel_size=cfg.cluster.engine_tp,
         enable_sleep_mode=colocated,
+        call_timeout_s=cfg.faults.engine_call_s,
         engine_kwargs=dict(r.engine_kwargs),
         lora_rank=cfg.learner.lora.engine_rank,
         stops=r.stops(),

@@ -135,3 +135,75 @@ def _alive(pid: int) -> bool:
 def raise_on_term(signum: int, frame: Any) -> None:
     """A SIGTERM handler: the signal becomes an exception, so that ``finally`` blocks shut engines down."""
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+class StopSignals:
+    """SIGINT and SIGTERM while a run trains: a step's update is finished, never cut in half.
+
+    Outside ``deferred()`` (drawing, generating, scoring a step: nothing of it is kept yet) a
+    signal raises ``KeyboardInterrupt`` at once, and the step in progress is discarded. Inside
+    (the learner's update, the weight sync, the step's eval, log and checkpoint) the first
+    signal is held until the step is finished, then raised; a second one raises at once (the
+    user insists), and the learner's state is then unknown (``rl.driver.loop`` does not save it).
+    Used as a context manager in the main thread; the previous handlers come back on exit.
+    """
+
+    def __init__(self) -> None:
+        self.held: int | None = None
+        self._step: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._step is None or self.held is not None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        self.held = signum
+        print(
+            f"\njointrl: stopping after step {self._step} is finished and checkpointed (signal again to stop now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def deferred(self, step: int) -> "_Deferred":
+        """A context in which a first signal waits for its end (then raises ``KeyboardInterrupt``)."""
+        return _Deferred(self, step)
+
+
+class _Deferred:
+    def __init__(self, signals: StopSignals, step: int) -> None:
+        self.signals, self.step = signals, step
+
+    def __enter__(self) -> None:
+        self.signals._step = self.step
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.signals._step = None
+        if exc_type is None and self.signals.held is not None:
+            raise KeyboardInterrupt(f"signal {self.signals.held}")
+
+
+def write_stopped(out: Path, status: str, step: int, checkpoint: Path | None, reason: str) -> None:
+    """``STOPPED`` in the run folder: ``status`` (interrupted | crashed), the last finished ``step``, the
+    newest ``checkpoint`` (a later ``run.resume=auto`` continues from it; none: from step 1) and why."""
+    from rl.config.recipe import STOPPED_FILE
+
+    rec = {"status": status, "step": step, "checkpoint": checkpoint.name if checkpoint else None, "reason": reason}
+    try:
+        (out / STOPPED_FILE).write_text(json.dumps(rec) + "\n")
+    except OSError as e:  # a full disk: the message still says what happened
+        print(f"jointrl: could not write {out / STOPPED_FILE}: {e}", file=sys.stderr)

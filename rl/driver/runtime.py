@@ -18,7 +18,8 @@ LengthEstimate = Callable[[Task], "float | None"]
 
 
 class Runtime(Protocol):
-    """Generate, score, train step, sync, save, restore, metrics; ``start`` before, ``stop`` after (always)."""
+    """Generate, score, train step, sync, save, restore, restart learners, metrics; ``start`` before, ``stop``
+    after (always)."""
 
     def start(self, length_estimate: LengthEstimate | None = None) -> None:
         """Start the workers. ``length_estimate(task)``: estimated trajectory tokens (balances engines)."""
@@ -42,6 +43,10 @@ class Runtime(Protocol):
 
     def restore(self, path: str) -> None:
         """Load the learner's state written by ``save``, then sync it into the engines."""
+
+    def restart_learners(self, path: str) -> None:
+        """Replace the learner(s) after a ``rl.trainer.distributed.LearnerFailure`` with new ones holding
+        checkpoint ``path``, and sync their weights into the engines."""
 
     def metrics(self, *, rollout: bool = True) -> dict[str, float]:
         """Fault and reward-function metrics since the last call (then reset); ``rollout=False``: the

@@ -113,6 +113,14 @@ class EpisodeStream:
             self._pending[2].exception()  # waits; an error surfaces at take()
         self._push()
 
+    def discard(self) -> None:
+        """Drop the in-flight generation (waited for, never abandoned) and any pending sync: the learner is going
+        back to a checkpoint, whose state (``load_state_dict``) says what to generate next."""
+        if self._pending is not None:
+            self._pending[2].exception()
+            self._pending = None
+        self._dirty = False
+
     def close(self) -> None:
         """Wait for (never abandon) an in-flight generation, then stop the thread; errors are ignored here."""
         if self._exec is not None:

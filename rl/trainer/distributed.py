@@ -33,7 +33,7 @@ This module does not compute losses or advantages and never touches the rollout 
 from __future__ import annotations
 
 import socket
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import torch
@@ -51,6 +51,8 @@ __all__ = [
     "broadcast_params",
     "shard_batch",
     "LearnerGroup",
+    "LearnerFailure",
+    "Deadlines",
 ]
 
 _BUCKET = 1 << 25  # elements per all-reduce bucket (128 MiB in fp32)
@@ -71,9 +73,14 @@ def _rendezvous_probe() -> tuple[str, str, int]:
     return ctx.get_node_id(), ray.util.get_node_ip_address(), free_port("")
 
 
+# The collective timeout (seconds) in each learner's environment (``faults.collective_s``, set by LearnerGroup).
+COLLECTIVE_TIMEOUT_ENV = "JOINTRL_COLLECTIVE_TIMEOUT_S"
+
+
 def init_process_group(rank: int, world_size: int, port: int, device: torch.device, addr: str | None = None) -> None:
     """Join the learners' process group: gloo on CPU, NCCL on CUDA; rendezvous at ``addr:port``
-    (``addr`` default: ``$JOINTRL_DIST_ADDR``, else 127.0.0.1)."""
+    (``addr`` default: ``$JOINTRL_DIST_ADDR``, else 127.0.0.1). A collective waits for its peers at most
+    ``$JOINTRL_COLLECTIVE_TIMEOUT_S`` seconds (``faults.collective_s``; 30 minutes without it), then raises."""
     import datetime
     import os
 
@@ -90,7 +97,7 @@ def init_process_group(rank: int, world_size: int, port: int, device: torch.devi
         init_method=f"tcp://{addr}:{port}",
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(minutes=30),
+        timeout=datetime.timedelta(seconds=float(os.environ.get(COLLECTIVE_TIMEOUT_ENV) or 1800)),
     )
 
 
@@ -227,6 +234,55 @@ def learner_env(learner: Any, model_cfg: Any = None) -> dict[str, str]:
     return memory.process_env(getattr(learner, "huge_pages", True), getattr(learner, "allocator", "auto"), fp32=fp32)
 
 
+@dataclass(frozen=True)
+class Deadlines:
+    """How long the driver waits for a learner call (the recipe's ``faults`` section; the key is named in
+    the message of a missed one), and each collective's timeout inside the learners."""
+
+    step_s: float = 3600.0  # faults.learner_step_s: one step
+    io_s: float = 1800.0  # faults.learner_io_s: export, save, load, log-probs, start
+    collective_s: float = 1800.0  # faults.collective_s
+
+
+class LearnerFailure(RuntimeError):
+    """A learner rank died, lost its peers, or a learner call missed its deadline: the group is unusable and
+    must be restarted (``rl.driver.ray_runtime.RayRuntime.restart_learners``) or the run ends. ``rank``: the
+    rank that died or did not answer; ``stacks``: where the learners' stacks were dumped (if they were)."""
+
+    def __init__(self, rank: int, what: str, why: str) -> None:
+        super().__init__(f"learner rank {rank} {why} (during {what})")
+        self.rank, self.what, self.why = rank, what, why
+        self.stacks: str | None = None
+
+
+# How long, after one rank failed, the others get to fail too (a dead rank's peers see their
+# collective break at once): the rank that died is then the one named, not a peer that noticed it.
+_PEER_GRACE_S = 10.0
+
+
+def _peer_lost(e: BaseException) -> bool:
+    """Whether a learner's error says its process group broke (a peer died or timed out), not a bug of its own."""
+    text = f"{type(getattr(e, 'cause', None) or e).__name__}: {e}"
+    marks = ("DistBackendError", "Connection closed by peer", "Connection reset", "timed out", "Timeout", "gloo")
+    return any(m in text for m in marks)
+
+
+def _register_stack_dump(_actor: Any, path: str) -> int:
+    """In a learner process: ``SIGUSR1`` writes every thread's Python stack to ``path`` (faulthandler: no
+    GIL needed, so a rank stuck in a collective or in C code still answers); returns the process id."""
+    import faulthandler
+    import os
+    import signal
+
+    f = open(path, "a")  # noqa: SIM115 - kept open for faulthandler for the process's life
+    _DUMP_FILES.append(f)
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    return os.getpid()
+
+
+_DUMP_FILES: list[Any] = []
+
+
 class LearnerGroup:
     """N ``Learner`` Ray actors in one process group (N = 1: a single actor, no torch.distributed).
 
@@ -236,9 +292,11 @@ class LearnerGroup:
 
     The actors are spawned, each with its rank's options, and killed through an
     ``envs.actors.ActorGroup``, like the rollout and reward workers; unlike them, a dead learner is
-    not replaced: its shard of the weights and optimizer state is gone and the process group
-    cannot take a new rank mid-run, so the call that finds it dead raises and the run stops
-    (resume from the last checkpoint). ``metrics()`` reports ``faults/learner_restarts``, 0 for now.
+    not replaced alone: its shard of the weights and optimizer state is gone and the process group
+    cannot take a new rank mid-run. Every call has a deadline (``deadlines``) and watches each rank:
+    a rank that dies, loses its peers or misses the deadline raises :class:`LearnerFailure`, after
+    :meth:`dump_stacks`; the driver then replaces the whole group from the newest checkpoint
+    (``rl.driver.ray_runtime.RayRuntime.restart_learners``, which counts ``faults/learner_restarts``).
     """
 
     def __init__(
@@ -256,8 +314,11 @@ class LearnerGroup:
         num_gpus: float = 0,
         actor_options: list[dict[str, Any]] | None = None,
         learner: Any = None,
+        deadlines: Deadlines | None = None,
+        stacks_dir: str | None = None,
     ) -> None:
-        """``learner``: the recipe's ``learner`` section, passed to each ``Learner``. ``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
+        """``deadlines``: of each call (default: ``Deadlines()``); ``stacks_dir``: where :meth:`dump_stacks` writes
+        (None: nowhere). ``learner``: the recipe's ``learner`` section, passed to each ``Learner``. ``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
         ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads.
         ``actor_options`` (one dict of Ray actor options per rank, e.g. ``rl.driver.placement.Placement.options``)
         replaces ``num_cpus``/``num_gpus``: each rank goes where its options say (its placement-group bundle)."""
@@ -270,9 +331,12 @@ class LearnerGroup:
         if actor_options is not None and len(actor_options) != n:
             raise ValueError(f"{len(actor_options)} actor_options for {n} learners")
         self.n = n
+        self.deadlines, self.stacks_dir = deadlines or Deadlines(), stacks_dir
+        self.pids: list[int] = []  # by rank, once ready() ran
         opts, port = self._placed(n, actor_options)
+        env = learner_env(learner, model_cfg) | {COLLECTIVE_TIMEOUT_ENV: f"{self.deadlines.collective_s:g}"}
         for o in opts:  # a rank's own runtime_env (the rendezvous address) keeps its variables
-            o.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(learner_env(learner, model_cfg))
+            o.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(env)
         per = max(1, (threads or os.cpu_count() or 1) // n)
         factory = ray_factory(
             Learner,
@@ -298,7 +362,8 @@ class LearnerGroup:
         return self.group.actors
 
     def metrics(self) -> dict[str, float]:
-        """``faults/learner_restarts`` since the last call: always 0, since a dead learner ends the run."""
+        """The group's own replacements (``faults/learner_restarts`` key): always 0, since a failed group is
+        replaced whole by its owner, which counts that (``RayRuntime.restart_learners``)."""
         return self.group.metrics()
 
     def _placed(self, n: int, actor_options: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], int]:
@@ -336,57 +401,153 @@ class LearnerGroup:
         return ("127.0.0.1" if same else ip0), port
 
     def ready(self) -> None:
+        """Wait for every rank to start (``faults.learner_io_s``); set up :meth:`dump_stacks` in each."""
+        self._wait([a.__ray_ready__.remote() for a in self.actors], self.deadlines.io_s, "faults.learner_io_s", "start")
+        if self.stacks_dir:
+            import os
+
+            os.makedirs(self.stacks_dir, exist_ok=True)
+            refs = [
+                a.__ray_call__.remote(_register_stack_dump, os.path.join(self.stacks_dir, f"learner_rank{r}.txt"))
+                for r, a in enumerate(self.actors)
+            ]
+            self.pids = self._wait(refs, self.deadlines.io_s, "faults.learner_io_s", "start")
+
+    def _call(self, method: str, args: list[tuple[Any, ...]], timeout_s: float, key: str) -> list[Any]:
+        """``method(*args[r])`` on every rank ``r`` at once; their answers by rank (see :meth:`_wait`)."""
+        refs = [getattr(a, method).remote(*x) for a, x in zip(self.actors, args)]
+        return self._wait(refs, timeout_s, key, method)
+
+    def _wait(self, refs: list[Any], timeout_s: float, key: str, what: str) -> list[Any]:
+        """The results of ``refs`` (one per rank) by rank. A rank that died, or whose error says its process group
+        broke, or no answer from some rank within ``timeout_s`` (recipe key ``key``): :meth:`dump_stacks`, then
+        :class:`LearnerFailure` naming the rank (the dead one, where one died). Any other error of a rank (a
+        bug in the learner) is raised as it is."""
+        import time
+
         import ray
 
-        ray.get([a.__ray_ready__.remote() for a in self.actors])
+        from envs.actors import actor_died
+
+        rank_of = {ref: r for r, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        failed: dict[int, BaseException] = {}
+        pending, deadline = list(refs), time.monotonic() + timeout_s
+        grace = deadline
+        while pending:
+            now = time.monotonic()
+            if now >= deadline:
+                late = sorted(rank_of[p] for p in pending)
+                self._fail(what, LearnerFailure(late[0], what, f"gave no answer within {key}={timeout_s:g} s"), failed)
+            if failed and now >= grace:
+                break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(deadline, grace) - now)
+            for ref in ready:
+                try:
+                    results[rank_of[ref]] = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - sorted below: dead, peer lost, or its own error
+                    if not (actor_died(e) or _peer_lost(e)):
+                        raise
+                    failed[rank_of[ref]] = e
+                    grace = min(grace, time.monotonic() + _PEER_GRACE_S)  # the dead rank shows up soon
+        if failed:
+            self._fail(what, None, failed)
+        return [results[r] for r in range(len(refs))]
+
+    def _fail(self, what: str, late: LearnerFailure | None, failed: dict[int, BaseException]) -> None:
+        """Raise the failure: a rank that died, else ``late`` (a missed deadline), else a rank whose process
+        group broke; every live rank's stacks dumped before."""
+        from envs.actors import actor_died
+
+        dead = [r for r, e in sorted(failed.items()) if actor_died(e)]
+        if dead:
+            err = LearnerFailure(dead[0], what, f"died ({type(failed[dead[0]]).__name__})")
+        elif late is not None:
+            err = late
+        else:
+            r, e = min(failed.items())
+            lines = str(getattr(e, "cause", None) or e).strip().splitlines()
+            err = LearnerFailure(r, what, f"lost its process group ({lines[-1][:300] if lines else type(e).__name__})")
+        err.stacks = self.dump_stacks(str(err))
+        raise err from next(iter(failed.values()), None)
+
+    def dump_stacks(self, why: str) -> str | None:
+        """Every live learner's Python stacks (``SIGUSR1``: faulthandler, set up by :meth:`ready`) and the driver's
+        into ``stacks_dir`` (``learner_rank<r>.txt``, ``driver.txt``), each headed by ``why``; the folder, or None.
+        Only ranks on this machine are signalled (the pids are this node's); a dead rank has none to dump."""
+        import datetime
+        import faulthandler
+        import os
+        import signal
+
+        if not self.stacks_dir:
+            return None
+        os.makedirs(self.stacks_dir, exist_ok=True)
+        stamp = f"\n==== {datetime.datetime.now().isoformat(timespec='seconds')} {why}\n"
+        for r, pid in enumerate(self.pids):
+            with open(os.path.join(self.stacks_dir, f"learner_rank{r}.txt"), "a") as f:
+                f.write(stamp)
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                pass
+        with open(os.path.join(self.stacks_dir, "driver.txt"), "a") as f:
+            f.write(stamp)
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        import time
+
+        time.sleep(1.0)  # the signalled learners write their stacks
+        return self.stacks_dir
 
     def step(self, batch: Batch) -> dict[str, float]:
-        import ray
+        """One step on every rank (``faults.learner_step_s``): the batch sharded by groups; rank 0's metrics."""
+        shards = [batch] if self.n == 1 else shard_batch(batch, self.n)
+        return self._call("step", [(s,) for s in shards], self.deadlines.step_s, "faults.learner_step_s")[0]
 
-        if self.n == 1:
-            return ray.get(self.actors[0].step.remote(batch))
-        shards = shard_batch(batch, self.n)
-        return ray.get([a.step.remote(s) for a, s in zip(self.actors, shards)])[0]
+    def _io(self, method: str, *args: Any) -> list[Any]:
+        return self._call(method, [args] * self.n, self.deadlines.io_s, "faults.learner_io_s")
 
     def export_weights(self, dtype: str) -> str:
-        import ray
+        return self._io("export_weights", dtype)[0]
 
-        return ray.get([a.export_weights.remote(dtype) for a in self.actors])[0]
+    def export_adapter(self) -> str:
+        """The LoRA adapter folder (every rank: A, B gathered); rank 0's path."""
+        return self._io("export_adapter")[0]
 
     def export_ipc(self, dtype: str) -> list[dict[str, Any]]:
         """Every rank's CUDA IPC export (``Learner.export_ipc``), in rank order: engine i maps rank i's."""
-        import ray
-
-        return ray.get([a.export_ipc.remote(dtype) for a in self.actors])
+        return self._io("export_ipc", dtype)
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """The policy's log-probs of ``continuation`` after ``prompt`` (every rank: a sharded forward)."""
-        import ray
-
-        return ray.get([a.logprobs.remote(prompt, continuation) for a in self.actors])[0]
+        return self._io("logprobs", prompt, continuation)[0]
 
     def save_checkpoint(self, path: str) -> None:
-        import ray
-
-        ray.get([a.save_checkpoint.remote(path) for a in self.actors])
+        self._io("save_checkpoint", path)
 
     def load_checkpoint(self, path: str) -> None:
-        import ray
-
-        ray.get([a.load_checkpoint.remote(path) for a in self.actors])
+        self._io("load_checkpoint", path)
 
     def release_gpu_memory(self) -> None:
         """Return the learners' cached CUDA blocks to the device (colocated placement: before the
         engines sharing their GPUs wake up). No-op on CPU."""
-        import ray
+        self._wait(
+            [a.__ray_call__.remote(_empty_cuda_cache) for a in self.actors],
+            self.deadlines.io_s,
+            "faults.learner_io_s",
+            "release_gpu_memory",
+        )
 
-        ray.get([a.__ray_call__.remote(_empty_cuda_cache) for a in self.actors])
-
-    def kill(self) -> None:
+    def kill(self, graceful: bool = True) -> None:
         """Stop the learners: ``shutdown`` first (it removes the weights folder on each learner's node,
-        which the driver cannot reach when that node is another machine), then kill."""
+        which the driver cannot reach when that node is another machine), then kill. ``graceful=False``
+        (a failed group about to be replaced): kill at once, the weights folder stays for the next group."""
         import ray
 
+        if not graceful:
+            self.group.kill_all()
+            return
         try:
             ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
         except Exception:  # noqa: BLE001 - a dead or stuck learner is killed all the same
