@@ -53,7 +53,9 @@ def _decode_json(text: str) -> tuple[Any, int, str | None]:
     """``(value, end, None)`` for the JSON value at the start of ``text``, or ``(None, 0, why)`` when it is not
     JSON a call can carry. Besides syntax errors that is JSON the host cannot hold or pass on safely: nesting
     past the decoder's recursion limit (unclosed brackets) or past :data:`MAX_JSON_DEPTH`, an integer over
-    Python's digit limit or too large for a float, and a string with a lone surrogate escape (not Unicode)."""
+    Python's digit limit, and a string with a lone surrogate escape (not Unicode). An integer too large for a
+    float is valid JSON and stays a call argument: rewards compare integers exactly (a mismatch, never an
+    overflow) and the simulated tools refuse it as a tool error."""
     try:
         obj, end = json.JSONDecoder().raw_decode(text)
     except json.JSONDecodeError as exc:
@@ -67,7 +69,7 @@ def _decode_json(text: str) -> tuple[Any, int, str | None]:
 
 
 def _unsafe_json(obj: Any) -> str | None:
-    """Why a decoded JSON value cannot be passed on (too deep, a number no float holds, a lone surrogate), or
+    """Why a decoded JSON value cannot be passed on (too deep, a lone surrogate), or
     None. Iterative, so that no depth makes it recurse."""
     stack = [(obj, 1)]
     while stack:
@@ -77,11 +79,6 @@ def _unsafe_json(obj: Any) -> str | None:
                 return f"nested deeper than {MAX_JSON_DEPTH} levels"
             items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
             stack.extend((x, depth + 1) for x in items)
-        elif isinstance(v, int) and not isinstance(v, bool):
-            try:
-                float(v)
-            except OverflowError:
-                return "a number too large for a float"
         elif isinstance(v, str):
             try:
                 v.encode("utf-8")
@@ -132,7 +129,7 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
     outside blocks is ignored. Problems (each a short string naming the block) are: an
     empty block, invalid JSON, JSON that is not an object, a missing or non-string
     ``name``, missing ``arguments`` or ``arguments`` that is not an object, text after the
-    JSON inside a block (JSON nested past :data:`MAX_JSON_DEPTH`, an integer too large for a float
+    JSON inside a block (JSON nested past :data:`MAX_JSON_DEPTH`, an integer over Python's digit limit
     and a lone surrogate escape count as invalid JSON), a block without its closing tag (its JSON is still parsed, up to
     the next opening tag or the end of the text), and a stray closing tag. A block whose
     object has a usable ``name`` yields a call even when it has problems (with ``{}`` as

@@ -49,6 +49,7 @@ TOOLCALL_ATTACKS = {
     "unclosed brackets": "<tool_call>" + "[" * 100_000,
     "unclosed object": '<tool_call>{"name": "get_weather", "arguments": ' + '{"a": ' * 50_000,
     "integer over the digit limit": '<tool_call>{"name": "get_weather", "arguments": {"city": ' + "9" * 5000 + "}}",
+    # Valid JSON: the call stands and its argument is a mismatch (never an OverflowError).
     "integer too large for a float": '<tool_call>{"name": "get_weather", "arguments": {"city": '
     + "9" * 400
     + "}}</tool_call>",
@@ -109,6 +110,8 @@ def test_toolcall_parser_treats_each_attack_as_malformed(kind: str) -> None:
     calls, problems = parse_tool_calls(TOOLCALL_ATTACKS[kind])
     if kind == "string arguments nested deeply":  # the call stands, its unusable arguments do not
         assert [c.arguments for c in calls] == [{}] and any("'arguments' is a string" in p for p in problems)
+    elif kind == "integer too large for a float":  # valid JSON: a call whose argument does not match
+        assert [c.arguments for c in calls] == [{"city": int("9" * 400)}] and problems == []
     else:
         assert calls == [] and any("invalid JSON" in p for p in problems), problems
 
@@ -122,8 +125,10 @@ def test_toolcall_attacks_through_env_and_reward_score_as_policy_failures(tiny_t
     assert all(t.reward_error is None and t.sandbox_events is None for t in trajs), [t.reward_error for t in trajs]
     scorer = RewardScorer([RewardFnSpec("rewards.toolcall.ToolCallReward")], timeout_s=30)
     scored = scorer.score(trajs)
-    # Only the name of the call with unusable string arguments counts (ToolCallReward's name weight, 0.3).
-    want = [0.3 if k == "string arguments nested deeply" else 0.0 for k in TOOLCALL_ATTACKS] + [1.0]
+    # Only the name counts for the call with unusable string arguments (ToolCallReward's name weight, 0.3); the
+    # well-formed call whose integer argument does not match earns format and name (0.5), never an error.
+    partial = {"string arguments nested deeply": 0.3, "integer too large for a float": 0.5}
+    want = [partial.get(k, 0.0) for k in TOOLCALL_ATTACKS] + [1.0]
     assert [t.reward for t in scored] == pytest.approx(want)
     assert all(t.reward_error is None for t in scored)
 

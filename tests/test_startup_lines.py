@@ -73,6 +73,7 @@ def test_a_resumed_run_keeps_its_wandb_run_id(tmp_path: Path) -> None:
     first.log(1, {"x": 1.0})
     first.close()
     assert (tmp_path / WANDB_ID_FILE).read_text().strip() == rid
+    time.sleep(1.1)  # W&B names an offline run's folder by the second it starts: two in one second share one
     second = RunLogger(tmp_path, {"a": 1}, mode="offline")
     assert second.run.id == rid
     second.log(2, {"x": 2.0})
