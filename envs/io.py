@@ -92,6 +92,8 @@ def task_to_dict(task: Task) -> dict[str, Any]:
         spec = getattr(task, key)
         if spec is not None:
             d[key] = dataclasses.asdict(spec)
+    if task.code is not None and not task.code.public_tests:
+        del d["code"]["public_tests"]  # only when set: files written before the split round-trip unchanged
     if task.meta:
         d["meta"] = dict(task.meta)
     return d
