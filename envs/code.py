@@ -78,6 +78,7 @@ __all__ = [
     "split_tests",
     "SandboxUnavailable",
     "TestPlan",
+    "hidden_tests_problem",
     "partial_credit",
     "test_plan",
 ]
@@ -350,6 +351,22 @@ def split_tests(spec: CodeSpec) -> tuple[str, list[int]]:
     """
     plan = test_plan(spec)
     return plan.source, list(plan.test_idx)
+
+
+def hidden_tests_problem(spec: CodeSpec) -> str | None:
+    """Why ``spec`` cannot be trained on (``None`` when it can): its tests are malformed
+    (:func:`test_plan`), or it has no hidden test (``tests`` empty, only ``public_tests``),
+    so it would be scored on tests its prompt and feedback show."""
+    try:
+        plan = test_plan(spec)
+    except ValueError as exc:
+        return str(exc)
+    if not plan.has_hidden:
+        return (
+            "no hidden tests: the task would be scored on its public tests, which its prompt and feedback "
+            "show (move the scored tests to code.tests; code.public_tests holds only the prompt's example)"
+        )
+    return None
 
 
 def partial_credit(passed: int, total: int, baseline: int) -> float:

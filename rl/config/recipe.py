@@ -844,6 +844,7 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail(key, msg)
     check_cluster(recipe)
     _check_files(recipe, fail)
+    _check_code_tasks(recipe, fail)
     if check_imports:
         _check_classes(recipe, fail)
     check_engine_kwargs(recipe.rollout.engine_kwargs, fail)
@@ -988,6 +989,25 @@ def _check_files(recipe: Recipe, fail) -> None:
         for i, e in enumerate(entries):  # a path that can only be local must exist (a Hub id is checked at start)
             if e.path.startswith(("/", "./", "../", "~")) and not resolve_path(recipe, e.path).exists():
                 fail(f"{key}.{i}.path", f"dataset folder not found: {resolve_path(recipe, e.path)}")
+
+
+def _check_code_tasks(recipe: Recipe, fail) -> None:
+    """Every code task of the recipe's task files has hidden tests (``code.tests``): the code reward is
+    computed on them, and a task scored on the tests its prompt and feedback show pays for copying them."""
+    from envs.code import hidden_tests_problem
+    from envs.io import TaskFormatError, load_tasks
+
+    for key, files in (("data.train_files", recipe.data.train_files), ("data.eval_files", recipe.data.eval_files)):
+        for i, f in enumerate(files):
+            path = resolve_path(recipe, f)
+            try:
+                tasks = load_tasks(path)
+            except TaskFormatError as e:
+                fail(f"{key}.{i}", str(e))
+            for t in tasks:
+                problem = None if t.code is None else hidden_tests_problem(t.code)
+                if problem:
+                    fail(f"{key}.{i}", f"{path}: task {t.id!r}: field 'code.tests': {problem}")
 
 
 def _check_classes(recipe: Recipe, fail) -> None:

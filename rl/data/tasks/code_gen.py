@@ -15,7 +15,8 @@ template differ in what the function must do, not only in its name.
 
 Each task has 5 assert tests (style ``"assert"``): the first is the prompt's example, a
 PUBLIC test (``CodeSpec.public_tests``: quoted with its values in feedback, never scored);
-the other 4 are HIDDEN (``CodeSpec.tests``: scored, feedback names them by index only), so a
+the other 4 are HIDDEN (``CodeSpec.tests``: scored, feedback names them by index only; a
+repeat of the example's input is left out), so a
 second turn built from the feedback, or an echo of the example, earns nothing. The code
 reward's partial credit (``CodeTestsReward(mode="fraction")``) counts only the hidden
 passes above what a trivial answer (a constant, an echo of the input) passes; an instance
@@ -89,9 +90,11 @@ def _task(name: str, signature: str, description: str, solution: str, inputs: li
         tests.append(f"assert {call} == {expected!r}")
         example = example or f"{call} == {expected!r}"
     user = USER_TEMPLATE.format(signature=signature, description=description, example=example)
+    # A hidden test repeating the example (a repeated input) would score what the prompt shows.
+    hidden = list(dict.fromkeys(t for t in tests[1:] if t != tests[0]))
     spec = CodeSpec(
         public_tests=tests[0] + "\n",  # the prompt's example: shown, quoted in feedback, never scored
-        tests="\n".join(tests[1:]) + "\n",
+        tests="\n".join(hidden) + "\n",
         entry_point=name,
         style="assert",
         solution=solution,
