@@ -382,3 +382,21 @@ def test_validate_names_a_code_task_without_hidden_tests(recipe_copy, tmp_path, 
     assert "data.train_files.0" in err and "'only-public'" in err and "code.tests" in err and "no hidden tests" in err
     save_tasks([good], path)
     assert main(["validate", str(recipe), f"data.train_files=[{path}]"]) == 0
+
+
+def test_dataset_rows_map_public_and_hidden_tests_and_refuse_rows_without_hidden_tests():
+    from envs.io import TaskFormatError
+    from rl.config.recipe import DatasetConfig
+    from rl.data.hub_data import rows_to_tasks
+
+    entry = DatasetConfig(
+        path="local/code",
+        domain="code",
+        columns={"prompt": "q", "code.tests": "hidden", "code.public_tests": "shown", "code.entry_point": "fn"},
+    )
+    cols = ["q", "hidden", "shown", "fn"]
+    row = {"q": "Write f.", "hidden": "assert f(2) == 4\n", "shown": "assert f(1) == 2\n", "fn": "f"}
+    (task,) = rows_to_tasks([row], cols, entry, "data.train_datasets.0")
+    assert (task.code.tests, task.code.public_tests) == ("assert f(2) == 4\n", "assert f(1) == 2\n")
+    with pytest.raises(TaskFormatError, match=r"row 0\): field 'code.tests': no hidden tests"):
+        rows_to_tasks([{**row, "hidden": ""}], cols, entry, "data.train_datasets.0")
