@@ -27,9 +27,18 @@ judge does, in order (what follows describes its reporting; the candidate only s
 With ``style == "assert"`` the tests are split into top-level statements (``ast``): every
 statement is a *test* except imports, ``def``/``class``, assignments, ``pass`` and bare
 constants (docstrings), which are *setup* (run in order; an error is reported but does not
-count). ``assert a == b`` failures report both sides (``got`` / ``expected``). With
-``style == "humaneval"`` the tests (which define ``check``) are setup and the one test is
-``check(<entry_point>)``.
+count). With ``style == "humaneval"`` the tests (which define ``check``) are setup and the
+one test is ``check(<entry_point>)``.
+
+Public and hidden tests (:func:`test_plan`): a spec's ``public_tests`` (the example its
+prompt shows) run first, then its ``tests``, the hidden ones. Only the hidden tests are
+scored (every test, for a spec without hidden tests). A failing public ``assert a == b``
+reports both sides (``got`` / ``expected``); failing hidden tests are reported as counts per
+exception type (with one of the candidate's own tracebacks when the candidate raised it),
+never which test failed, its source or a value it compares, so feedback never carries a
+value that is scored (:func:`_hidden_failures` says why not even the index). Before
+the tests the judge counts the hidden tests a trivial answer passes (a constant, an echo of
+the input: :mod:`envs.code_baseline`); :func:`partial_credit` pays only above that.
 
 A test counts only when the judge reported it, and the candidate has no way to write to
 the judge's report channel: printing result lines, flooding the output or exiting early
@@ -557,11 +566,8 @@ def _outcome(res_j: RunResult, res_c: RunResult, plan: TestPlan, timeout: float,
     total = n_tests - first_scored
     passed = 0 if storage else sum(ok for ok, _ in scored.values())
     public_passed = 0 if storage else sum(ok for k, (ok, _) in results.items() if k < plan.public)
-    failures = [
-        ("Failed public test:\n" + msg) if k < plan.public else f"Hidden test #{k - plan.public + 1} failed: {msg}"
-        for k, (ok, msg) in sorted(results.items())
-        if not ok
-    ]
+    failures = ["Failed public test:\n" + msg for k, (ok, msg) in sorted(results.items()) if k < plan.public and not ok]
+    failures += _hidden_failures([msg for k, (ok, msg) in results.items() if k >= plan.public and not ok])
     harness_failed = not done and not res_j.timed_out
     if harness_failed:
         events.append("harness_error")
@@ -588,6 +594,28 @@ def _outcome(res_j: RunResult, res_c: RunResult, plan: TestPlan, timeout: float,
         public_passed=public_passed,
         public_total=plan.public,
     )
+
+
+def _hidden_failures(msgs: list[str]) -> list[str]:
+    """The feedback on failed hidden tests: per exception type, how many tests failed with it, and
+    one of the candidate's own tracebacks for it (the least in text order, so nothing depends on
+    which test failed).
+
+    Never which test failed: on a boolean task, a turn-1 constant ``True`` and the list of the
+    hidden tests it failed would give every expected value, and a turn-2 lookup keyed by call
+    order (or by the inputs the candidate printed) would score 1.0. Left is the count (about
+    log2(n + 1) bits per turn) and the types.
+    """
+    groups: dict[str, list[str]] = {}
+    for msg in msgs:
+        groups.setdefault(re.split(r"[:\s(]", msg.strip(), maxsplit=1)[0] or "Error", []).append(msg)
+    out = []
+    for kind in sorted(groups):
+        shown = min(groups[kind])
+        n = len(groups[kind])
+        head = f"{n} hidden test{'s' if n > 1 else ''} failed with {kind}"
+        out.append(head + (":\n" + shown if shown.strip() != kind else "."))
+    return out
 
 
 def _stop_and_error(
@@ -646,8 +674,8 @@ class CodeEnv:
       (as for :class:`envs.toolcall.ToolCallEnv`), and ``truncated`` keeps meaning "cut
       by a limit";
     * failing, and fewer than ``max_turns`` turns taken -> the observation is one user
-      message with the failing public tests (got / expected), the failing hidden tests (by
-      index and exception type only: no test source, no value), errors and output
+      message with the failing public tests (got / expected), the failing hidden tests
+      (counts per exception type only: not which one, no source, no value), errors and output
       (truncated to ``feedback_chars``) asking for the complete fixed code; the episode
       goes on. The reward is computed on the hidden tests alone, so nothing the feedback
       shows is a value that is scored: a lookup table built from it earns nothing;

@@ -12,7 +12,9 @@ nothing (two work dirs on two capped tmpfs, two PID, mount, IPC and network name
   task's ``prompt_code`` (HumanEval helpers such as ``poly``), binds the entry point's
   name to a proxy that sends each call to the candidate, runs the tests statement by
   statement (``assert f(x) == y`` lines, or HumanEval's ``check(candidate)``) and
-  reports each test to the host as soon as it finishes.
+  reports each test to the host as soon as it finishes: a public test with its values, a
+  hidden test with its exception type only. Before the tests it reports the trivial-answer
+  baseline (:mod:`envs.code_baseline`, run on its own copies of the tests).
 
 What crosses is plain data (:mod:`envs.code_wire`): the judge compares values that
 ``json.loads`` built in the judge's own interpreter, so a candidate cannot hand it an
@@ -363,7 +365,7 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd, hi
             detail = run_test(node)
             ok = not detail
             if hidden and not ok:
-                detail = "AssertionError (the result differs from the expected one)"
+                detail = "AssertionError"
         except BaseException as e:
             ok, detail = False, hidden_msg(e) if hidden else fmt(e)
         passed += ok

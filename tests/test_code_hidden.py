@@ -349,9 +349,9 @@ def test_humaneval_style_feedback_is_value_free(boxes):
         prompt_code='def g(x):\n    """The answer for x."""\n',
     )
     out = run_tests(spec, "def g(x):\n    return 0\n", cand, judge=judge)
-    assert out.output == "Hidden test #1 failed: AssertionError" and out.score == 0.0
+    assert out.output == "1 hidden test failed with AssertionError." and out.score == 0.0
     out = run_tests(spec, "def g(x):\n    return [1, 2][x]\n", cand, judge=judge)
-    assert "Hidden test #1 failed: IndexError" in out.output and "123456" not in out.output
+    assert "1 hidden test failed with IndexError:" in out.output and "123456" not in out.output
     out = run_tests(spec, "def g(x) return\n", cand, judge=judge)
     assert "Error while loading the code" in out.output and "SyntaxError" in out.output
 
@@ -400,3 +400,36 @@ def test_dataset_rows_map_public_and_hidden_tests_and_refuse_rows_without_hidden
     assert (task.code.tests, task.code.public_tests) == ("assert f(2) == 4\n", "assert f(1) == 2\n")
     with pytest.raises(TaskFormatError, match=r"row 0\): field 'code.tests': no hidden tests"):
         rows_to_tasks([{**row, "hidden": ""}], cols, entry, "data.train_datasets.0")
+
+
+@needs_sandbox
+def test_feedback_does_not_say_which_hidden_test_failed(boxes):
+    """On a boolean task, the list of hidden tests a constant failed IS the expected values (a
+    turn-2 lookup keyed by call order would score 1.0). Two answers that fail different hidden
+    tests, as many and with the same exception, get the same feedback, word for word."""
+    cand, judge = boxes
+    spec = CodeSpec(
+        public_tests="assert is_even(10) == True\n",
+        tests="assert is_even(1) == False\nassert is_even(2) == True\nassert is_even(3) == False\n"
+        "assert is_even(4) == True\nassert is_even(7) == False\nassert is_even(8) == True\n",
+        entry_point="is_even",
+    )
+    head = "def is_even(n):\n    print('called with', n)\n    if n == 10:\n        return True\n"
+    first, last = head + "    return (n % 2 == 0) == (n < 4)\n", head + "    return (n % 2 == 0) == (n >= 4)\n"
+    a, b = (run_tests(spec, code, cand, judge=judge) for code in (first, last))
+    assert (a.passed, b.passed, a.total, a.baseline) == (3, 3, 6, 3) and a.score == b.score == 0.0
+    assert a.output == b.output and "3 hidden tests failed with AssertionError." in a.output
+    # Through the env with max_turns 2: turn 1 a constant that prints its inputs, turn 2 a lookup
+    # keyed by call order from whatever verdicts the feedback gave: nothing above the baseline.
+    task = Task(id="even", domain="code", messages=(Message("user", "Write is_even(n)."),), code=spec)
+    env = CodeEnv(max_turns=2)
+    try:
+        env.reset(task)
+        obs, _, _, info = env.step(fenced("def is_even(n):\n    print('called with', n)\n    return True\n"))
+        assert info["reward"] == 0.0 and "called with 1" in obs[0].content
+        failed = {int(k) for k in re.findall(r"[Hh]idden test #?(\d+)", obs[0].content)}
+        table = [k not in failed for k in range(1, 7)]  # what per-test verdicts would have given
+        answer = f"CALLS = [0]\nTABLE = {table!r}\ndef is_even(n):\n    CALLS[0] += 1\n    return TABLE[(CALLS[0] - 2) % 6]\n"
+        assert env.step(fenced(answer))[3]["reward"] == 0.0
+    finally:
+        env.close()
