@@ -243,8 +243,8 @@ class TestOutcome:
     without hidden tests). ``error`` is ``""`` when all passed, else a one-line reason
     (load error, timeout, early exit, or "k of n tests failed"). ``output`` is a readable
     report for feedback: the failing public tests with their got / expected values, the
-    failing hidden tests by index with their exception type only, errors, then what the
-    program printed (truncated). ``baseline`` is how many scored tests a trivial answer
+    failing hidden tests as counts per exception type (never which one), errors, then what
+    the program printed (truncated). ``baseline`` is how many scored tests a trivial answer
     passes (:mod:`envs.code_baseline`); ``public_passed`` of ``public_total`` public tests
     passed (never scored).
     """
@@ -386,7 +386,8 @@ def partial_credit(passed: int, total: int, baseline: int) -> float:
     ``max(0, (passed - baseline) / (total - baseline))``, so every trivial answer scores 0
     and a boolean task's tests pay for work above chance. A task that a trivial answer
     passes entirely (``baseline >= total``) cannot tell work from no work: 0.0 for every
-    answer (the reference included, which ``jointrl audit`` and the shipped-task tests flag).
+    answer (the reference included; the generators redraw such instances and the shipped-task
+    tests flag them).
     """
     if total <= 0 or baseline >= total:
         return 0.0

@@ -433,3 +433,17 @@ def test_feedback_does_not_say_which_hidden_test_failed(boxes):
         assert env.step(fenced(answer))[3]["reward"] == 0.0
     finally:
         env.close()
+
+
+@needs_sandbox
+def test_a_baseline_out_of_time_pays_only_a_full_pass(boxes):
+    """A hidden test that loops forever on every trivial answer: the baseline's budget runs out in
+    the judge, the host takes the safe side (no partial credit), the right answer still scores 1.0."""
+    cand, judge = boxes
+    spec = CodeSpec(
+        tests="while inc(1) != 2:\n    pass\nassert inc(2) == 3\nassert inc(5) == 6\n", entry_point="inc", timeout_s=3.0
+    )
+    right = run_tests(spec, "def inc(x):\n    return x + 1\n", cand, judge=judge)
+    assert (right.passed, right.total, right.baseline, right.score) == (3, 3, 2, 1.0)
+    two = run_tests(spec, "def inc(x):\n    return x + 1 if x < 5 else 0\n", cand, judge=judge)
+    assert (two.passed, two.baseline, two.score) == (2, 2, 0.0)
