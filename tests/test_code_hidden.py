@@ -68,22 +68,24 @@ def fenced(code: str) -> str:
 
 
 def _calls_with_values(text: str, name: str) -> dict[str, str]:
-    """``{args source: value source}`` of every ``name(ARGS) == VALUE`` the text quotes (the
-    prompt's example), and of every got / expected pair the feedback quotes after a test source."""
+    """``{args source: value source}`` of every ``name(ARGS) == VALUE`` the text quotes: the
+    prompt's example (between backticks), each test line the feedback quotes, and the
+    got / expected pairs under them (the expected value wins)."""
     table = {}
-    for line in text.splitlines():
-        m = re.search(rf"{re.escape(name)}\((.*)\) == (.*?)`?\.?$", line.strip().removeprefix("assert "))
-        if m:
-            table[m.group(1)] = m.group(2)
-    for m in re.finditer(rf"{re.escape(name)}\((.*)\) == .*\ngot: .*\nexpected: (.*)", text):
+    call = rf"{re.escape(name)}\(([^`\n]*)\) == "
+    for m in re.finditer(rf"`{call}([^`\n]*)`", text):
+        table[m.group(1)] = m.group(2)
+    for m in re.finditer(rf"^assert {call}(.*)$", text, re.MULTILINE):
+        table[m.group(1)] = m.group(2)
+    for m in re.finditer(rf"^assert {call}.*\ngot: .*\nexpected: (.*)$", text, re.MULTILINE):
         table[m.group(1)] = m.group(2)
     return table
 
 
 def _lookup_answer(name: str, table: dict[str, str], fallback: str = "None") -> str:
     """A wrong answer: a lookup table of the (args -> value) pairs it was shown, else ``fallback``."""
-    rows = "".join(f"    ({args},): {value},\n" for args, value in table.items())
-    return f"TABLE = {{\n{rows}}}\n\ndef {name}(*args):\n    return TABLE.get(args, {fallback})\n"
+    rows = "".join(f"    repr(({args},)): {value},\n" for args, value in table.items())
+    return f"TABLE = {{\n{rows}}}\n\ndef {name}(*args):\n    return TABLE.get(repr(args), {fallback})\n"
 
 
 # ---------------------------------------------------------------------------- the split itself
@@ -251,7 +253,7 @@ def reward():
 
 @needs_sandbox
 @pytest.mark.parametrize("task", LADDER + BOOLEAN, ids=lambda t: t.id)
-def test_turn_two_lookup_table_from_feedback_earns_nothing(task, reward):
+def test_turn_two_lookup_table_from_feedback_earns_nothing(task, reward, boxes):
     """The multi-turn attack of both joint recipes (max_turns 2): answer wrong, read the feedback,
     answer with a lookup table of every (args, value) pair the prompt and feedback quoted. It
     scores no more than the wrong answer (0), through the env and through the reward; the
@@ -276,6 +278,9 @@ def test_turn_two_lookup_table_from_feedback_earns_nothing(task, reward):
         _, term, trunc, info = env.step(answer)
         assert info["reward"] == 0.0 and (term, trunc) == (False, True), info
         assert reward(answered(task, answer, num_turns=2, env_reward=None)) == 0.0
+        # The attack is sound: it loads and passes every test whose values it was shown.
+        out = run_tests(task.code, _lookup_answer(name, table), boxes[0], judge=boxes[1])
+        assert out.public_total >= 1 and out.public_passed == out.public_total and out.score == 0.0, out
         env.reset(task)
         assert env.step(fenced(task.code.solution))[3]["reward"] == 1.0
     finally:
