@@ -298,7 +298,7 @@ def _wrong_answers(task: Task) -> dict[str, str]:
     attacks["echo of the first argument"] = f"def {name}(*a, **k):\n    return a[0]\n"
     if example:
         attacks["echo of the example's output"] = f"def {name}(*a, **k):\n    return {next(iter(example.values()))}\n"
-        attacks["lookup of the example"] = _lookup_answer(name, example, fallback="a[0] if False else None")
+        attacks["lookup of the example"] = _lookup_answer(name, example)
     attacks["always-equal object"] = (
         f"class Eq:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
         f"def {name}(*a, **k):\n    return Eq()\n"
