@@ -41,7 +41,11 @@ def _mentions(node, names):
 
 
 def _add(out, value):
-    if len(out) < MAX_TARGETS and not any(type(v) is type(value) and v == value for v in out):
+    try:  # a value whose == raises or is not a bool (an array) is still a target
+        seen = any(type(v) is type(value) and bool(v == value) for v in out)
+    except Exception:
+        seen = False
+    if len(out) < MAX_TARGETS and not seen:
         out.append(value)
 
 

@@ -306,7 +306,10 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd, hi
             bound.append(name)
 
     # What a trivial answer (a constant, an echo of the input) passes: the host pays only above it.
-    base = None if state["dead"] else trivial_passes(tests, scored, bound, prompt_code, budget_s)
+    try:  # None (no partial credit) if the tests break it; the candidate's tests still run
+        base = None if state["dead"] else trivial_passes(tests, scored, bound, prompt_code, budget_s)
+    except Exception:
+        base = None
     report({"baseline": 0 if state["dead"] else base})
 
     def hidden_msg(e):
