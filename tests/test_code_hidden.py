@@ -381,7 +381,7 @@ def test_validate_names_a_code_task_without_hidden_tests(recipe_copy, tmp_path, 
     )
     path = tmp_path / "code.jsonl"
     save_tasks([good, bad], path)
-    recipe = recipe_copy("tiny.yaml", filename="r.yaml")
+    recipe = recipe_copy("joint_rl.yaml", filename="r.yaml")  # a recipe that serves the code domain
     assert main(["validate", str(recipe), f"data.train_files=[{path}]"]) != 0
     err = capsys.readouterr().err
     assert "data.train_files.0" in err and "'only-public'" in err and "code.tests" in err and "no hidden tests" in err
