@@ -31,6 +31,7 @@ def add_parser(sub: Any) -> None:
         description="Play a catalogue of strategies that do none of a task's work through the recipe's envs "
         "and rewards, and flag every strategy that scores above the task's baseline (the higher of the no-op's "
         "and a well-formed wrong answer's reward) and every reference solution that scores below 1. "
+        "A no-op that scores above 0 and an episode or reward that raises are flagged too. "
         "Exit 1 when anything is flagged, 0 when clean, 2 on bad input.",
     )
     p.add_argument("tasks", nargs="*", help="task files (default: the recipe's data.train_files and data.eval_files)")
@@ -182,7 +183,8 @@ def render_table(reports: list[TaskReport]) -> str:
     kinds = [f.kind for r in reports for f in r.findings]
     lines.append(
         f"\n{len(reports)} tasks audited, {n} flagged: {kinds.count('above_baseline')} strategies above the "
-        f"baseline, {kinds.count('reference_below_1')} references below 1, {kinds.count('error')} errors"
+        f"baseline, {kinds.count('noop_paid')} no-ops paid, {kinds.count('reference_below_1')} references "
+        f"below 1, {kinds.count('error')} errors"
     )
     for r in reports:
         for f in r.findings:

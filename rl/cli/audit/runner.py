@@ -11,6 +11,7 @@ Per task, the **baseline** is the higher reward of the ``noop`` and ``wrong`` st
 doing nothing, or answering in the right shape with wrong content, earns by design). Findings:
 
 * ``above_baseline``: an attack strategy scored more than the baseline;
+* ``noop_paid``: the no-op itself scored above 0 (a check that doing nothing passes, in part or whole);
 * ``reference_below_1``: the task's reference answer scored below 1;
 * ``error``: an episode or a reward raised on an answer (one answer must never cost a batch),
   or no reward function scored it.
@@ -63,7 +64,7 @@ class StrategyResult:
 
 @dataclass(frozen=True)
 class Finding:
-    """Something the audit flags: ``kind`` is ``above_baseline``, ``reference_below_1`` or ``error``."""
+    """Something the audit flags: ``kind`` is ``above_baseline``, ``noop_paid``, ``reference_below_1`` or ``error``."""
 
     task_id: str
     domain: str
@@ -207,6 +208,8 @@ def _findings(rep: TaskReport, ref: StrategyResult | None) -> None:
     for r in rep.results:
         if r.error is not None:
             f.append(Finding(rep.task_id, rep.domain, "error", r.strategy, None, rep.baseline, r.error))
+        elif r.role == "noop" and r.reward is not None and r.reward > EPS:
+            f.append(Finding(rep.task_id, rep.domain, "noop_paid", r.strategy, r.reward, rep.baseline))
         elif r.role == "attack" and r.reward is not None and r.reward > (rep.baseline or 0.0) + EPS:
             f.append(Finding(rep.task_id, rep.domain, "above_baseline", r.strategy, r.reward, rep.baseline))
 
