@@ -11,6 +11,8 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,7 @@ def _audit(args: argparse.Namespace) -> int:
         timeout_s=cfg.reward_service.timeout_s,
         workers=args.workers,
         only=only,
+        progress=_progress(len(tasks)) if sys.stderr.isatty() else None,
     )
     print(render_table(reports))
     if args.json_out:
@@ -97,6 +100,19 @@ def _audit(args: argparse.Namespace) -> int:
         except OSError as e:
             raise CommandError(f"--json {out}: cannot write: {e.strerror or e}") from None
     return 1 if any(r.findings for r in reports) else 0
+
+
+def _progress(total: int) -> Any:
+    """A progress callback: one line on standard error per finished task (on a terminal only)."""
+    done = [0]
+    lock = threading.Lock()
+
+    def note(rep: TaskReport) -> None:
+        with lock:
+            done[0] += 1
+            print(f"[{done[0]}/{total}] {rep.task_id}: {len(rep.findings)} flagged", file=sys.stderr, flush=True)
+
+    return note
 
 
 def _listing() -> str:
