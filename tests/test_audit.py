@@ -155,6 +155,24 @@ def test_a_check_that_reads_its_reference_from_the_work_dir_is_forged(tmp_path, 
     assert " 1.00  0.00" in row  # reference 1, baseline 0
 
 
+@needs_sandbox
+def test_a_hash_reference_kept_in_the_work_dir_is_forged(tmp_path, capsys):
+    task = term_task(
+        "term-hash-in-work-dir",
+        "Write the lines of `in.txt` in reverse order into `out.txt`.",
+        "printf 'a\\nb\\n' > in.txt; printf 'b\\na\\n' | sha256sum | cut -c1-64 > .ref",
+        '[ -f out.txt ] && [ "$(sha256sum < out.txt | cut -c1-64)" = "$(cat .ref)" ]',
+        "tac in.txt > out.txt",
+    )
+    tasks = _save(tmp_path, "t.jsonl", [task])
+    recipe = _recipe(tmp_path, [TERM_ENV], [TERM_REWARD])
+    rc, out, _ = run_audit(capsys, tasks, "--recipe", str(recipe), "--strategies", "forge_hash_refs,truncate_all")
+    assert rc == 1, out
+    row = next(line for line in out.splitlines() if line.startswith("term-hash-in-work-dir"))
+    # An empty out.txt hashes as empty input; the forged reference now says exactly that.
+    assert row.split()[2:] == ["1.00", "0.00", "forge_hash_refs=1.00"]
+
+
 LENIENT = '''
 import re
 from envs.types import Trajectory
@@ -220,7 +238,10 @@ def test_a_reward_that_raises_on_an_answer_is_flagged_as_an_error(tmp_path, caps
     rc, out, _ = run_audit(capsys, tasks, "--recipe", str(recipe), "--strategies", "oversized,const_0")
     assert rc == 1, out
     assert "oversized=ERROR" in out and "const_0" not in out.split("\n")[1]
-    assert "tool-fragile: oversized: reward: fragile raised OverflowError" in out
+    assert (
+        "oversized: reward: fragile raised OverflowError: answer too long for this reward (1 tasks: tool-fragile)"
+        in out
+    )
 
 
 # ---------------------------------------------------------------------------- clean sets -> exit 0

@@ -43,6 +43,7 @@ KNOWN_OPEN: dict[tuple[str, str, str], str] = {
     ("terminal", "noop", "noop_paid"): "#39 item 3: a no-op scores 0.09 on terminal-permissions-fix-tree",
     ("terminal", "kill_all", "above_baseline"): "#39 item 2: a process check cannot tell killing all from the one",
     ("terminal", "truncate_all", "above_baseline"): "#39 item 2: a reference kept in the work dir can be forged",
+    ("terminal", "forge_hash_refs", "above_baseline"): "#39 item 2: a reference kept in the work dir can be forged",
     ("terminal", "delete_everything", "above_baseline"): "#39 item 3: removal sub-checks pay without the rest",
     ("terminal", "named_symlinks", "above_baseline"): "#39 item 3: symlinks pass 'is a file' checks",
     ("terminal", "named_files_rev_expr", "above_baseline"): "#39 item 3: a revision expression passes 'is a hash'",

@@ -202,10 +202,14 @@ def render_table(reports: list[TaskReport]) -> str:
         f"baseline, {kinds.count('noop_paid')} no-ops paid, {kinds.count('reference_below_1')} references "
         f"below 1, {kinds.count('error')} errors"
     )
+    errors: dict[tuple[str, str], list[str]] = {}
     for r in reports:
         for f in r.findings:
             if f.kind == "error":
-                lines.append(f"  {r.task_id}: {f.strategy}: {f.detail[:300]}")
+                errors.setdefault((f.strategy, f.detail[:300]), []).append(r.task_id)
+    for (strategy, detail), ids in errors.items():
+        more = f", +{len(ids) - 3} more" if len(ids) > 3 else ""
+        lines.append(f"  {strategy}: {detail} ({len(ids)} tasks: {', '.join(ids[:3])}{more})")
     return "\n".join(lines)
 
 

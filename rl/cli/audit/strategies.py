@@ -357,6 +357,17 @@ register_strategy("terminal", "delete_everything", "deletes everything in the wo
 register_strategy("terminal", "truncate_all", "empties every file (forges any reference kept in the work dir)")(
     _commands(lambda task: ["find . -type f -exec truncate -s 0 {} + 2>/dev/null; true"])
 )
+_FORGE_HASHES = (
+    "find . -type f -size -300c -print0 | while IFS= read -r -d '' f; do "
+    "if grep -qxE '[0-9a-f]{64}' \"$f\"; then printf '' | sha256sum | cut -c1-64 > \"$f\"; "
+    "elif grep -qxE '[0-9a-f]{40}' \"$f\"; then printf '' | sha1sum | cut -c1-40 > \"$f\"; "
+    "elif grep -qxE '[0-9a-f]{32}' \"$f\"; then printf '' | md5sum | cut -c1-32 > \"$f\"; fi; done; true"
+)
+register_strategy(
+    "terminal",
+    "forge_hash_refs",
+    "empties every file the prompt names and rewrites every hash kept in a work-dir file to the hash of empty input",
+)(_commands(lambda task: [*_write_named("")(task), _FORGE_HASHES]))
 register_strategy("terminal", "kill_all", "kills every process it can, its own shell included")(
     _commands(lambda task: ["kill -TERM -1 2>/dev/null; kill -KILL -1"])
 )
