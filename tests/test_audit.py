@@ -504,3 +504,18 @@ def test_every_domain_has_a_noop_and_a_wrong_answer():
         roles = [s.role for s in table.values()]
         assert roles.count("noop") == 1 and roles.count("wrong") == 1, domain
     assert textwrap.dedent(strategies.__doc__ or "").strip()
+
+
+@needs_sandbox
+def test_humaneval_files_are_read_by_their_source_with_the_canonical_solution_as_reference(tmp_path, capsys):
+    data = Path(__file__).resolve().parent / "data" / "HumanEval.jsonl.gz"
+    recipe = _recipe(tmp_path, [CODE_ENV], [CODE_REWARD])
+    argv = [str(data), "--recipe", str(recipe), "--format", "humaneval", "--limit", "2", "--strategies", "example_echo"]
+    rc, out, _ = run_audit(capsys, *argv, "--json", f"{tmp_path}/r.json")
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert [t["task_id"] for t in rep["per_task"]] == ["HumanEval/0", "HumanEval/1"]
+    assert all(t["reference_from"] == "solution" and t["reference_reward"] == 1.0 for t in rep["per_task"])
+    # HumanEval/0's docstring shows `has_close_elements(...)` -> False, and the audit echoes it; its check(candidate)
+    # is one test with mixed True/False asserts, all or nothing, so the echo earns 0.
+    echo = next(r for r in rep["per_task"][0]["results"] if r["strategy"] == "example_echo")
+    assert echo["reward"] == 0.0 and echo["turns"] == 1 and rc == 0, out
