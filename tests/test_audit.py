@@ -454,6 +454,21 @@ def test_terminal_strategies_name_the_prompts_paths_and_end_with_the_done_marker
     assert act(Turn(task, (), 2, "FIN")) == "FIN" and act(Turn(task, (), 3, "FIN")) is None
 
 
+def test_terminal_turns_continue_a_shell_prefill():
+    from envs.terminal import parse_action
+
+    def task(prefill: str) -> Task:
+        return Task("t", "terminal", (Message("user", "x"),), prefill=prefill, terminal=TerminalSpec("true", "true"))
+
+    at_line = strategies.terminal_turns(task("```bash\n"), ["ls", "pwd"], "DONE")
+    assert at_line == ["```bash\nls\n```", "```bash\npwd\n```", "DONE"]
+    assert strategies.terminal_turns(task("```bash\n"), [], "DONE") == ["```bash\nDONE\n```"]
+    assert parse_action("```bash\nDONE\n```")[0] == "done"
+    mid = strategies.terminal_turns(task("```bash\necho 7 >"), ["ls"], "DONE")
+    assert mid == ["```bash\necho 7 >\n```", "```bash\nls\n```", "DONE"]
+    assert strategies.terminal_turns(task(""), ["ls"], "FIN") == ["```bash\nls\n```", "FIN"]
+
+
 # ---------------------------------------------------------------------------- bad input -> exit 2
 
 

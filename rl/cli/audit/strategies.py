@@ -45,6 +45,7 @@ __all__ = [
     "code_answer",
     "prompt_examples",
     "named_paths",
+    "terminal_turns",
 ]
 
 ROLES = ("noop", "wrong", "attack")
@@ -295,14 +296,29 @@ def named_paths(task: Task) -> list[str]:
     return out
 
 
+def terminal_turns(task: Task, cmds: list[str], done_marker: str) -> list[str]:
+    """The turns that run ``cmds`` one per turn, then say done, continuing the task's prefill.
+
+    A prefill that opened a shell block at the start of a line is continued with the first
+    command (or the done marker); one that started a command (``touch``, ``echo 7 >``) is closed
+    as it is, which runs that fragment harmlessly (a usage or syntax error), and the commands
+    follow from turn 2.
+    """
+    turns = [f"```bash\n{c}\n```" for c in cmds] + [done_marker]
+    pre = task.prefill
+    if not pre or pre.count("```") % 2 == 0:
+        return turns
+    if pre.endswith("\n"):
+        return [f"{pre}{cmds[0] if cmds else done_marker}\n```", *turns[1:]]
+    return [f"{pre}\n```", *turns]
+
+
 def _commands(cmds: Callable[[Task], list[str]]) -> Act:
-    """An act that runs ``cmds(task)`` one per turn, then says it is done."""
+    """An act that runs ``cmds(task)`` one per turn, then says it is done (:func:`terminal_turns`)."""
 
     def act(t: Turn) -> str | None:
-        todo = cmds(t.task)
-        if t.turn <= len(todo):
-            return f"```bash\n{todo[t.turn - 1]}\n```"
-        return t.done_marker if t.turn == len(todo) + 1 else None
+        turns = terminal_turns(t.task, cmds(t.task), t.done_marker)
+        return turns[t.turn - 1] if t.turn <= len(turns) else None
 
     return act
 
