@@ -414,18 +414,25 @@ def _wrong_value(v: Any) -> Any:
     return "zzz-audit"
 
 
-def _calls_text(task: Task, value: Callable[[str, list[Any]], Any]) -> str:
-    """The expected calls' names, each parameter set to ``value(key, allowed)``, first key first as in the prefill."""
+def _keys(task: Task, keys: list[str]) -> list[str]:
+    """``keys`` with the one the task's prefill starts the arguments with first, so the text continues it."""
+    m = re.search(r'"arguments": \{"([^"]+)"', task.prefill)
+    first = m.group(1) if m else None
+    return ([first] if first in keys else []) + [k for k in keys if k != first]
+
+
+def _calls_text(task: Task, value: Callable[[str, list[Any]], Any], per_call: int = 1) -> str:
+    """The expected calls' names (each ``per_call`` times), parameter ``k`` set to ``value(k, allowed)``
+    (``per_call`` > 1: ``value(k, allowed)`` is a list, one value per copy), in the prefill's key order."""
     spec = task.tool_call
     assert spec is not None
-    calls = [ToolCall(e.name, {k: value(k, allowed) for k, allowed in e.allowed.items()}) for e in spec.expected]
-    text = "".join(format_call(c) for c in calls)
-    m = re.search(r'"arguments": \{"([^"]+)"', task.prefill)
-    if calls and m and m.group(1) in calls[0].arguments:
-        a, k = calls[0].arguments, m.group(1)
-        calls[0] = ToolCall(calls[0].name, {k: a[k], **{x: y for x, y in a.items() if x != k}})
-        text = "".join(format_call(c) for c in calls)
-    return text
+    calls = []
+    for e in spec.expected:
+        keys = _keys(task, list(e.allowed))
+        vals = {k: value(k, e.allowed[k]) for k in keys}
+        for i in range(per_call):
+            calls.append(ToolCall(e.name, {k: vals[k][i] if per_call > 1 else vals[k] for k in keys}))
+    return "".join(format_call(c) for c in calls)
 
 
 def _mode(t: Turn) -> str:
@@ -475,11 +482,8 @@ def _prompt_values(task: Task) -> list[Any]:
 
 
 def _enumerate_calls(t: Turn) -> str:
-    spec = t.task.tool_call
-    assert spec is not None
     vals = _prompt_values(t.task)[:40] or ["zzz-audit"]
-    calls = [ToolCall(e.name, {k: v for k in e.allowed}) for e in spec.expected for v in vals]
-    return "".join(format_call(c) for c in calls)
+    return _calls_text(t.task, lambda k, a: vals, per_call=len(vals))
 
 
 register_strategy(
@@ -501,7 +505,7 @@ def _nested_calls(t: Turn) -> str:
     deep = '{"a": ' * 5000 + "1" + "}" * 5000
     parts = []
     for e in spec.expected:
-        args = ", ".join(f"{json.dumps(k)}: {deep}" for k in e.allowed)
+        args = ", ".join(f"{json.dumps(k)}: {deep}" for k in _keys(t.task, list(e.allowed)))
         parts.append(f'<tool_call>{{"name": {json.dumps(e.name)}, "arguments": {{{args}}}}}</tool_call>')
     return "".join(parts)
 
