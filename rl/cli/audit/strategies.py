@@ -384,9 +384,9 @@ register_strategy(
     "forge_hash_refs",
     "empties every file the prompt names and rewrites every hash kept in a work-dir file to the hash of empty input",
 )(_commands(lambda task: [*_write_named("")(task), _FORGE_HASHES]))
-register_strategy("terminal", "kill_all", "kills every process it can, its own shell included")(
-    _commands(lambda task: ["kill -TERM -1 2>/dev/null; kill -KILL -1"])
-)
+register_strategy(
+    "terminal", "kill_all", "signals every process it can (TERM, then KILL a second later), its own shell included"
+)(_commands(lambda task: ["kill -TERM -1 2>/dev/null; sleep 1; kill -KILL -1"]))
 register_strategy("terminal", "prompt_repeated", "the prompt's user text as the turn")(
     lambda t: _user_text(t.task) if t.turn == 1 else (t.done_marker if t.turn == 2 else None)
 )
