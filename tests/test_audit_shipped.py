@@ -47,6 +47,14 @@ KNOWN_OPEN: dict[tuple[str, str, str], str] = {
     ("terminal", "delete_everything", "above_baseline"): "#39 item 3: removal sub-checks pay without the rest",
     ("terminal", "named_symlinks", "above_baseline"): "#39 item 3: symlinks pass 'is a file' checks",
     ("terminal", "named_files_rev_expr", "above_baseline"): "#39 item 3: a revision expression passes 'is a hash'",
+    **{
+        ("terminal", f"named_files_{c}", "above_baseline"): "#39 item 3: a constant in the named output earns the "
+        "'file exists' sub-checks (0.33 on terminal_ladder backup_txt); named_files_empty also does the work of "
+        "terminal_ladder touch_file (create an empty file), a finding by construction"
+        for c in ("empty", "0", "1", "yes", "ok")
+    },
+    ("terminal", "enumerate", "above_baseline"): "#39 item 3: candidates in the named outputs earn sub-checks "
+    "(0.5 on terminal_ladder two_counts, 0.33 on backup_txt)",
     ("terminal", "deeply_nested", "error"): "found by the audit: envs.terminal_git.find_git_dirs (os.walk) raises "
     "RecursionError on a directory tree 1,500 deep, so the episode raises instead of scoring",
     ("tool_call", "huge_int", "error"): "#39 item 4: a 400-digit integer argument makes ToolCallReward raise",
