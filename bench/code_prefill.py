@@ -90,7 +90,7 @@ def score(tasks: list[Task], actions: list[str]) -> dict[str, float]:
         for t, action in zip(tasks, actions):
             env.reset(t)
             info = env.step(action)[3]
-            fractions.append(info["reward"])
+            fractions.append(info["passed"] / info["total"] if info["total"] else 0.0)  # not the reward
             full += info["total"] > 0 and info["passed"] == info["total"]
     finally:
         env.close()

@@ -27,9 +27,18 @@ judge does, in order (what follows describes its reporting; the candidate only s
 With ``style == "assert"`` the tests are split into top-level statements (``ast``): every
 statement is a *test* except imports, ``def``/``class``, assignments, ``pass`` and bare
 constants (docstrings), which are *setup* (run in order; an error is reported but does not
-count). ``assert a == b`` failures report both sides (``got`` / ``expected``). With
-``style == "humaneval"`` the tests (which define ``check``) are setup and the one test is
-``check(<entry_point>)``.
+count). With ``style == "humaneval"`` the tests (which define ``check``) are setup and the
+one test is ``check(<entry_point>)``.
+
+Public and hidden tests (:func:`test_plan`): a spec's ``public_tests`` (the example its
+prompt shows) run first, then its ``tests``, the hidden ones. Only the hidden tests are
+scored (every test, for a spec without hidden tests). A failing public ``assert a == b``
+reports both sides (``got`` / ``expected``); failing hidden tests are reported as counts per
+exception type (with one of the candidate's own tracebacks when the candidate raised it),
+never which test failed, its source or a value it compares, so feedback never carries a
+value that is scored (:func:`_hidden_failures` says why not even the index). Before
+the tests the judge counts the hidden tests a trivial answer passes (a constant, an echo of
+the input: :mod:`envs.code_baseline`); :func:`partial_credit` pays only above that.
 
 A test counts only when the judge reported it, and the candidate has no way to write to
 the judge's report channel: printing result lines, flooding the output or exiting early
@@ -76,6 +85,10 @@ __all__ = [
     "run_tests",
     "split_tests",
     "SandboxUnavailable",
+    "TestPlan",
+    "hidden_tests_problem",
+    "partial_credit",
+    "test_plan",
 ]
 
 MARKER = "__JOINTRL_RESULT__"
@@ -239,10 +252,14 @@ def extract_code(text: str, prompt_code: str = "", entry_point: str | None = Non
 class TestOutcome:
     """The result of :func:`run_tests`.
 
-    ``passed`` of ``total`` tests passed. ``error`` is ``""`` when all passed, else a
-    one-line reason (load error, timeout, early exit, or "k of n tests failed").
-    ``output`` is a readable report for feedback: the failing tests with their got /
-    expected values, errors, then what the program printed (truncated).
+    ``passed`` of ``total`` SCORED tests passed (the hidden tests, or every test of a spec
+    without hidden tests). ``error`` is ``""`` when all passed, else a one-line reason
+    (load error, timeout, early exit, or "k of n tests failed"). ``output`` is a readable
+    report for feedback: the failing public tests with their got / expected values, the
+    failing hidden tests as counts per exception type (never which one), errors, then what
+    the program printed (truncated). ``baseline`` is how many scored tests a trivial answer
+    passes (:mod:`envs.code_baseline`); ``public_passed`` of ``public_total`` public tests
+    passed (never scored).
     """
 
     __test__ = False  # not a pytest class
@@ -253,45 +270,143 @@ class TestOutcome:
     timed_out: bool
     output: str
     events: tuple[str, ...] = ()  # sandbox events of the candidate's run (envs.sandbox.events), harness_error
+    baseline: int = 0
+    public_passed: int = 0
+    public_total: int = 0
 
     @property
     def fraction(self) -> float:
+        """The raw pass fraction of the scored tests (not the reward: see :attr:`score`)."""
         return self.passed / self.total if self.total else 0.0
+
+    @property
+    def score(self) -> float:
+        """The reward: :func:`partial_credit` of the scored tests over the trivial-answer baseline."""
+        return partial_credit(self.passed, self.total, self.baseline)
 
     @property
     def all_passed(self) -> bool:
         return self.total > 0 and self.passed == self.total
 
 
-def split_tests(spec: CodeSpec) -> tuple[str, list[int]]:
-    """``(tests source, indices of its top-level statements that are tests)`` for ``spec``.
+@dataclass(frozen=True)
+class TestPlan:
+    """How :func:`run_tests` runs a spec's tests (see :func:`test_plan`).
 
-    Raises ``ValueError`` for an unknown style, an entry point that is not an identifier,
-    tests that do not parse, or tests with no test statement.
+    ``source`` is the public tests, then the hidden tests, as one module; ``test_idx`` the
+    indices of its top-level statements that are tests, in order; statements from
+    ``hidden_from`` on are the hidden tests' (their feedback carries no value); the first
+    ``public`` tests are public; ``scored`` lists the statement indices of the scored tests:
+    the hidden ones, or every test when the spec has no hidden test.
+    """
+
+    __test__ = False  # not a pytest class
+
+    source: str
+    test_idx: tuple[int, ...]
+    hidden_from: int
+    public: int
+    scored: tuple[int, ...]
+
+    @property
+    def has_hidden(self) -> bool:
+        return any(i >= self.hidden_from for i in self.test_idx)
+
+
+def _is_test(node: ast.stmt) -> bool:
+    return not isinstance(node, _SETUP_NODES) and not (
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    )
+
+
+def _parse_part(source: str, what: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"{what} do not parse: {exc.msg} (line {exc.lineno})") from None
+
+
+def test_plan(spec: CodeSpec) -> TestPlan:
+    """The :class:`TestPlan` of ``spec``: its public tests (``public_tests``), then its hidden ones.
+
+    With ``style == "assert"`` every top-level statement of either part is a test except
+    imports, ``def``/``class``, assignments, ``pass`` and bare constants (setup). With
+    ``style == "humaneval"`` the hidden part (which defines ``check``) has one test,
+    ``check(<entry_point>)``; public tests are plain asserts in both styles. Raises
+    ``ValueError`` for an unknown style, an entry point that is not an identifier, a part
+    that does not parse, or no test statement at all.
     """
     if spec.style not in STYLES:
         raise ValueError(f"CodeSpec.style must be one of {STYLES}, got {spec.style!r}")
     if not spec.entry_point.isidentifier():
         raise ValueError(f"CodeSpec.entry_point must be a Python identifier, got {spec.entry_point!r}")
-    if spec.style == "humaneval":
-        source = spec.tests.rstrip() + f"\n\n\ncheck({spec.entry_point})\n"
+    hidden = spec.tests
+    if spec.style == "humaneval" and spec.tests.strip():
+        hidden = spec.tests.rstrip() + f"\n\n\ncheck({spec.entry_point})\n"
+    public = spec.public_tests
+    if public and not public.endswith("\n"):
+        public += "\n"
+    pub_tree = _parse_part(public, "the public tests")
+    hid_tree = _parse_part(hidden, "the tests")
+    n_pub = len(pub_tree.body)
+    idx = [i for i, node in enumerate(pub_tree.body) if _is_test(node)]
+    n_public_tests = len(idx)
+    if spec.style == "humaneval" and hid_tree.body:
+        idx.append(n_pub + len(hid_tree.body) - 1)
     else:
-        source = spec.tests
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise ValueError(f"the tests do not parse: {exc.msg} (line {exc.lineno})") from None
-    if spec.style == "humaneval":
-        return source, [len(tree.body) - 1]
-    idx = [
-        i
-        for i, node in enumerate(tree.body)
-        if not isinstance(node, _SETUP_NODES)
-        and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
-    ]
+        idx += [n_pub + i for i, node in enumerate(hid_tree.body) if _is_test(node)]
     if not idx:
         raise ValueError("the tests have no test statement (asserts or calls at top level)")
-    return source, idx
+    scored = [i for i in idx if i >= n_pub] or idx
+    return TestPlan(public + hidden, tuple(idx), n_pub, n_public_tests, tuple(scored))
+
+
+test_plan.__test__ = False  # type: ignore[attr-defined]  # not a pytest test where it is imported
+
+
+def split_tests(spec: CodeSpec) -> tuple[str, list[int]]:
+    """``(tests source, indices of its top-level statements that are tests)`` for ``spec``:
+    the public tests', then the hidden tests' (:func:`test_plan`).
+
+    Raises ``ValueError`` for an unknown style, an entry point that is not an identifier,
+    tests that do not parse, or tests with no test statement.
+    """
+    plan = test_plan(spec)
+    return plan.source, list(plan.test_idx)
+
+
+def hidden_tests_problem(spec: CodeSpec) -> str | None:
+    """Why ``spec`` cannot be trained on (``None`` when it can): its tests are malformed
+    (:func:`test_plan`), or it has no hidden test (``tests`` empty, only ``public_tests``),
+    so it would be scored on tests its prompt and feedback show."""
+    try:
+        plan = test_plan(spec)
+    except ValueError as exc:
+        return str(exc)
+    if not plan.has_hidden:
+        return (
+            "no hidden tests: the task would be scored on its public tests, which its prompt and feedback "
+            "show (move the scored tests to code.tests; code.public_tests holds only the prompt's example)"
+        )
+    return None
+
+
+def partial_credit(passed: int, total: int, baseline: int) -> float:
+    """The reward of passing ``passed`` of ``total`` scored tests when a trivial answer (a
+    constant, an echo of the input) passes ``baseline`` of them (:mod:`envs.code_baseline`).
+
+    1.0 when every test passes; otherwise only the passes above the baseline count:
+    ``max(0, (passed - baseline) / (total - baseline))``, so every trivial answer scores 0
+    and a boolean task's tests pay for work above chance. A task that a trivial answer
+    passes entirely (``baseline >= total``) cannot tell work from no work: 0.0 for every
+    answer (the reference included; the generators redraw such instances and the shipped-task
+    tests flag them).
+    """
+    if total <= 0 or baseline >= total:
+        return 0.0
+    if passed >= total:
+        return 1.0
+    return max(0.0, (passed - baseline) / (total - baseline))
 
 
 def _clear_dir(path: str) -> None:
@@ -333,8 +448,7 @@ def run_tests(
     its storage fails every test (recorded as a ``storage`` event). Raises ``ValueError``
     for a malformed spec (:func:`split_tests`).
     """
-    tests, test_idx = split_tests(spec)
-    total = len(test_idx)
+    plan = test_plan(spec)
     timeout = float(spec.timeout_s if timeout_s is None else timeout_s)
     if not (timeout > 0 and math.isfinite(timeout)):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -344,17 +458,17 @@ def run_tests(
     try:
         # The pair starts over (work dirs rewritten) when either side lost a mount race.
         res_j, res_c = retry_setup_race(
-            lambda: _run_pair(spec, code, tests, test_idx, sandbox, judge, timeout),
+            lambda: _run_pair(spec, code, plan, sandbox, judge, timeout),
             lambda pair: setup_race(pair[0]) or setup_race(pair[1]),
         )
     finally:
         if own_judge:
             judge.close()
-    return _outcome(res_j, res_c, total, timeout, sandbox)
+    return _outcome(res_j, res_c, plan, timeout, sandbox)
 
 
 def _run_pair(
-    spec: CodeSpec, code: str, tests: str, test_idx: list[int], sandbox: Sandbox, judge: Sandbox, timeout: float
+    spec: CodeSpec, code: str, plan: TestPlan, sandbox: Sandbox, judge: Sandbox, timeout: float
 ) -> tuple[RunResult, RunResult]:
     """Start the judge and the candidate wired to each other; both results once the judge ends."""
     limits = dataclasses.replace(sandbox.limits, wall_seconds=timeout, cpu_seconds=max(1, math.ceil(timeout)))
@@ -369,7 +483,7 @@ def _run_pair(
             {
                 _JUDGE: JUDGE_PROGRAM
                 + "\n_jointrl_judge("
-                + ", ".join(repr(v) for v in (tests, test_idx, spec.entry_point, spec.prompt_code, MARKER, req_w))
+                + ", ".join(repr(v) for v in _judge_args(spec, plan, req_w, timeout))
                 + ")\n"
             }
         )
@@ -388,12 +502,29 @@ def _run_pair(
     return judge.finish(res_j), sandbox.finish(res_c)
 
 
+def _judge_args(spec: CodeSpec, plan: TestPlan, req_fd: int, timeout: float) -> tuple:
+    """The arguments of the judge program's ``_jointrl_judge`` call (plain literals)."""
+    budget = min(1.0, 0.2 * timeout)  # the trivial-answer baseline's share of the judge's time
+    return (
+        plan.source,
+        list(plan.test_idx),
+        spec.entry_point,
+        spec.prompt_code,
+        MARKER,
+        req_fd,
+        plan.hidden_from,
+        list(plan.scored),
+        budget,
+    )
+
+
 def _parse_reports(stdout: str, total: int):
     prefix = f"{MARKER} "
     results: dict[int, tuple[bool, str]] = {}
     load_errors: list[str] = []
     setup_errors: list[str] = []
     done = False
+    baseline: int | None = None
     for line in stdout.splitlines():
         if not line.startswith(prefix):
             continue
@@ -411,20 +542,28 @@ def _parse_reports(stdout: str, total: int):
             setup_errors.append(str(event["setup_error"]))
         elif event.get("done") is True:
             done = True
-    return results, load_errors, setup_errors, done
+        elif "baseline" in event and type(event["baseline"]) is int:
+            baseline = event["baseline"]
+    return results, load_errors, setup_errors, done, baseline
 
 
-def _outcome(res_j: RunResult, res_c: RunResult, total: int, timeout: float, sandbox: Sandbox) -> TestOutcome:
+def _outcome(res_j: RunResult, res_c: RunResult, plan: TestPlan, timeout: float, sandbox: Sandbox) -> TestOutcome:
     """The :class:`TestOutcome` of one verdict, from the judge's reports and both runs."""
-    results, load_errors, setup_errors, done = _parse_reports(res_j.stdout, total)
+    n_tests = len(plan.test_idx)
+    results, load_errors, setup_errors, done, baseline = _parse_reports(res_j.stdout, n_tests)
     events = list(res_c.events)
     storage = "storage" in events
-    passed = 0 if storage else sum(ok for ok, _ in results.values())
-    failures = [msg for _, (ok, msg) in sorted(results.items()) if not ok]
+    first_scored = plan.public if plan.has_hidden else 0
+    scored = {k: r for k, r in results.items() if k >= first_scored}
+    total = n_tests - first_scored
+    passed = 0 if storage else sum(ok for ok, _ in scored.values())
+    public_passed = 0 if storage else sum(ok for k, (ok, _) in results.items() if k < plan.public)
+    failures = ["Failed public test:\n" + msg for k, (ok, msg) in sorted(results.items()) if k < plan.public and not ok]
+    failures += _hidden_failures([msg for k, (ok, msg) in results.items() if k >= plan.public and not ok])
     harness_failed = not done and not res_j.timed_out
     if harness_failed:
         events.append("harness_error")
-    stop, error = _stop_and_error(res_j, len(results), total, passed, done, timeout, load_errors)
+    stop, error = _stop_and_error(res_j, len(scored), total, passed, done, timeout, load_errors)
     if storage:
         cfg = sandbox.config
         error = f"the code filled its storage (cap {cfg.storage_mb} MiB, {cfg.storage_inodes} inodes)"
@@ -442,7 +581,33 @@ def _outcome(res_j: RunResult, res_c: RunResult, total: int, timeout: float, san
         timed_out=res_j.timed_out,
         output="\n\n".join(parts),
         events=tuple(events),
+        # Not reported (the baseline ran out of time, or the judge died first): no partial credit.
+        baseline=max(total - 1, 0) if baseline is None else baseline,
+        public_passed=public_passed,
+        public_total=plan.public,
     )
+
+
+def _hidden_failures(msgs: list[str]) -> list[str]:
+    """The feedback on failed hidden tests: per exception type, how many tests failed with it, and
+    one of the candidate's own tracebacks for it (the least in text order, so nothing depends on
+    which test failed).
+
+    Never which test failed: on a boolean task, a turn-1 constant ``True`` and the list of the
+    hidden tests it failed would give every expected value, and a turn-2 lookup keyed by call
+    order (or by the inputs the candidate printed) would score 1.0. Left is the count (about
+    log2(n + 1) bits per turn) and the types.
+    """
+    groups: dict[str, list[str]] = {}
+    for msg in msgs:
+        groups.setdefault(re.split(r"[:\s(]", msg.strip(), maxsplit=1)[0] or "Error", []).append(msg)
+    out = []
+    for kind in sorted(groups):
+        shown = min(groups[kind])
+        n = len(groups[kind])
+        head = f"{n} hidden test{'s' if n > 1 else ''} failed with {kind}"
+        out.append(head + (":\n" + shown if shown.strip() != kind else "."))
+    return out
 
 
 def _stop_and_error(
@@ -475,7 +640,7 @@ def _feedback(load_errors: list[str], setup_errors: list[str], failures: list[st
     # After a load error most failures are its echo: show fewer.
     parts += ["Error in a test setup statement:\n" + e for e in setup_errors[: 0 if load_errors else 3]]
     shown = failures[: 1 if load_errors else 5]
-    parts += ["Failed test:\n" + msg for msg in shown]
+    parts += shown
     if len(failures) > len(shown):
         parts.append(f"... and {len(failures) - len(shown)} more failed tests.")
     if stop:
@@ -491,7 +656,7 @@ class CodeEnv:
 
     ``step(action)`` extracts the code (:func:`extract_code`, with the task's
     ``prompt_code`` and ``entry_point``), runs the tests in the env's sandbox
-    (:func:`run_tests`) and returns ``info = {"reward": pass fraction, "passed", "total",
+    (:func:`run_tests`) and returns ``info = {"reward": TestOutcome.score, "passed", "total",
     "error", "extracted", "timed_out", "turn"}`` on every turn, so the episode's
     ``env_reward`` is always the score of its LAST answer. Episode ends:
 
@@ -501,8 +666,11 @@ class CodeEnv:
       (as for :class:`envs.toolcall.ToolCallEnv`), and ``truncated`` keeps meaning "cut
       by a limit";
     * failing, and fewer than ``max_turns`` turns taken -> the observation is one user
-      message with the failing tests (got / expected), errors and output (truncated to
-      ``feedback_chars``) asking for the complete fixed code; the episode goes on;
+      message with the failing public tests (got / expected), the failing hidden tests
+      (counts per exception type only: not which one, no source, no value), errors and output
+      (truncated to ``feedback_chars``) asking for the complete fixed code; the episode
+      goes on. The reward is computed on the hidden tests alone, so nothing the feedback
+      shows is a value that is scored: a lookup table built from it earns nothing;
     * failing on turn ``max_turns`` (> 1) -> ``truncated=True``: the env would have given
       feedback for another try, the turn limit cut the episode.
 
@@ -573,9 +741,11 @@ class CodeEnv:
         self._turns += 1
         code = extract_code(action, spec.prompt_code, spec.entry_point)
         if code is None:
+            plan = test_plan(spec)
             outcome = TestOutcome(
                 passed=0,
-                total=len(split_tests(spec)[1]),
+                total=len(plan.scored),
+                public_total=plan.public,
                 error="no code found in the answer",
                 timed_out=False,
                 output="",
@@ -584,7 +754,7 @@ class CodeEnv:
             cand, judge = self._get_sandboxes()
             outcome = run_tests(spec, code, cand, judge=judge)
         info: dict[str, Any] = {
-            "reward": float(outcome.fraction),
+            "reward": float(outcome.score),
             "passed": outcome.passed,
             "total": outcome.total,
             "error": outcome.error,
@@ -608,8 +778,10 @@ class CodeEnv:
                 "```python code block."
             )
         details = _cut(outcome.output.strip() or outcome.error, self.feedback_chars)
+        public = f"{outcome.public_passed} of {outcome.public_total} public tests and " if outcome.public_total else ""
+        kind = "hidden " if outcome.public_total else ""
         return (
-            f"Your code passed {outcome.passed} of {outcome.total} tests.\n\n{details}\n\n"
+            f"Your code passed {public}{outcome.passed} of {outcome.total} {kind}tests.\n\n{details}\n\n"
             "Fix the code and reply with the complete corrected solution in one ```python code block."
         )
 

@@ -12,7 +12,9 @@ nothing (two work dirs on two capped tmpfs, two PID, mount, IPC and network name
   task's ``prompt_code`` (HumanEval helpers such as ``poly``), binds the entry point's
   name to a proxy that sends each call to the candidate, runs the tests statement by
   statement (``assert f(x) == y`` lines, or HumanEval's ``check(candidate)``) and
-  reports each test to the host as soon as it finishes.
+  reports each test to the host as soon as it finishes: a public test with its values, a
+  hidden test with its exception type only. Before the tests it reports the trivial-answer
+  baseline (:mod:`envs.code_baseline`, run on its own copies of the tests).
 
 What crosses is plain data (:mod:`envs.code_wire`): the judge compares values that
 ``json.loads`` built in the judge's own interpreter, so a candidate cannot hand it an
@@ -40,10 +42,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["CANDIDATE_PROGRAM", "JUDGE_PROGRAM", "WIRE_SOURCE"]
+__all__ = ["BASELINE_SOURCE", "CANDIDATE_PROGRAM", "JUDGE_PROGRAM", "WIRE_SOURCE"]
 
 # The codec both programs use, copied from envs/code_wire.py (self-contained by design).
 WIRE_SOURCE = (Path(__file__).with_name("code_wire.py")).read_text(encoding="utf-8")
+# The trivial-answer baseline the judge computes, copied from envs/code_baseline.py.
+BASELINE_SOURCE = (Path(__file__).with_name("code_baseline.py")).read_text(encoding="utf-8")
 
 # Both programs are kept free of format braces: each is this text plus one call with literal
 # arguments (repr), so nothing the task or the model wrote is ever spliced into code.
@@ -132,6 +136,7 @@ def _jointrl_serve(entry_point):
 
 JUDGE_PROGRAM = (
     WIRE_SOURCE
+    + BASELINE_SOURCE
     + r'''
 
 import sys as _sys, os as _os
@@ -141,7 +146,7 @@ class CandidateError(Exception):
     """The candidate raised a non-builtin exception, exited, or broke the protocol."""
 
 
-def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
+def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd, hidden_from, scored, budget_s):
     import ast, builtins, linecache, traceback, types
     replies = _os.fdopen(_os.dup(0), "rb")
     out_fd = _os.dup(1)          # reports to the host
@@ -226,7 +231,9 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
         try:
             line = dumps({"id": n, "fn": fn, "args": encode(list(args)), "kwargs": encode(dict(kwargs))})
         except Unsendable as e:
-            raise TypeError("the test passes %s to the candidate, which cannot cross the sandbox boundary" % e)
+            exc = TypeError("the test passes %s to the candidate, which cannot cross the sandbox boundary" % e)
+            exc._jointrl_harness = True
+            raise exc
         try:
             view = memoryview(line)
             while view:
@@ -252,9 +259,11 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
         if "raise" in msg and type(msg["raise"]) is list and len(msg["raise"]) == 3:
             raise raised(*msg["raise"])
         if "unsendable" in msg:
-            raise TypeError("the candidate returned %s, which cannot cross the sandbox boundary (only None, bool, "
+            exc = TypeError("the candidate returned %s, which cannot cross the sandbox boundary (only None, bool, "
                             "int, float, complex, str, bytes, list, tuple, dict, set and frozenset can)"
                             % str(msg["unsendable"])[:200])
+            exc._jointrl_harness = True  # a note on the candidate's value's type: safe to show for hidden tests
+            raise exc
         state["dead"] = "the candidate broke the protocol (unknown reply)"
         raise CandidateError(state["dead"])
 
@@ -275,6 +284,7 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
         except BaseException as e:
             report({"setup_error": "the task's prompt code failed:\n" + fmt(e)})
     ns[entry_point] = proxy(entry_point)
+    bound = [entry_point]
     # Other functions of the candidate that the tests call (helpers it was asked to write);
     # never a name the task's prompt code defines: the judge keeps the task's own version.
     # Never a builtin (a candidate's own `abs` or `len` must not answer the tests' calls) and
@@ -293,6 +303,26 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
         if (type(name) is str and name.isidentifier() and name in used and name not in ns and name not in own
                 and not hasattr(builtins, name)):
             ns[name] = proxy(name)
+            bound.append(name)
+
+    # What a trivial answer (a constant, an echo of the input) passes: the host pays only above it.
+    try:  # None (no partial credit) if the tests break it; the candidate's tests still run
+        base = None if state["dead"] else trivial_passes(tests, scored, bound, prompt_code, budget_s)
+    except Exception:
+        base = None
+    report({"baseline": 0 if state["dead"] else base})
+
+    def hidden_msg(e):
+        """A failed hidden test's note: the exception's type, and the candidate's own traceback
+        when the candidate raised it; never the test's source or a value it compares."""
+        where = getattr(e, "_jointrl_where", "")
+        if isinstance(e, CandidateError) or where or getattr(e, "_jointrl_harness", False):
+            try:
+                text = str(e)[:300]
+            except BaseException:
+                text = ""
+            return "%s: %s%s" % (type(e).__name__, text, ("\n" + where) if where else "")
+        return type(e).__name__
 
     def mentions(node):
         return any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(node))
@@ -326,19 +356,23 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd):
         src = ast.get_source_segment(tests, node) or ""
         if len(src) > 400:
             src = src[:400] + "..."
+        hidden = i >= hidden_from
         if i not in wanted:
             try:
                 exec(compile(ast.Module(body=[node], type_ignores=[]), "tests.py", "exec"), ns)
             except BaseException as e:
-                report({"setup_error": src + "\n" + fmt(e)})
+                report({"setup_error": ("a hidden setup statement: " + type(e).__name__) if hidden
+                        else src + "\n" + fmt(e)})
             continue
         try:
             detail = run_test(node)
             ok = not detail
+            if hidden and not ok:
+                detail = "AssertionError"
         except BaseException as e:
-            ok, detail = False, fmt(e)
+            ok, detail = False, hidden_msg(e) if hidden else fmt(e)
         passed += ok
-        report({"i": k, "ok": ok, "msg": "" if ok else src + "\n" + detail})
+        report({"i": k, "ok": ok, "msg": "" if ok else (detail if hidden else src + "\n" + detail)})
         k += 1
     report({"done": True, "passed": passed, "total": k})
     _os._exit(0)

@@ -17,6 +17,10 @@ One task per line::
                                                # optional; the four keys above are written only
                                                # when non-default ("expected" may be omitted in
                                                # answer mode)
+     "code": {"tests": "assert f(2) == 4\n",  # code tasks: the HIDDEN tests, scored
+              "public_tests": "assert f(1) == 2\n",  # optional: the prompt's example, never
+                                               # scored (written only when set; see CodeSpec)
+              "entry_point": "f", ...},
      "meta": {...}}                            # optional, free-form JSON object
 
 Files: ``.jsonl`` and ``.jsonl.gz`` are read line by line (blank lines skipped) so that
@@ -92,6 +96,8 @@ def task_to_dict(task: Task) -> dict[str, Any]:
         spec = getattr(task, key)
         if spec is not None:
             d[key] = dataclasses.asdict(spec)
+    if task.code is not None and not task.code.public_tests:
+        del d["code"]["public_tests"]  # only when set: files written before the split round-trip unchanged
     if task.meta:
         d["meta"] = dict(task.meta)
     return d

@@ -72,6 +72,15 @@ class CodeSpec:
     ``style == "assert"`` it is plain code (asserts) that uses ``entry_point`` directly.
     ``prompt_code`` is the code a raw continuation completes (HumanEval's ``prompt``);
     ``solution`` is a reference solution (complete code), used to verify the task.
+
+    ``tests`` are the HIDDEN tests: the reward is computed on them alone, and feedback on
+    them carries no value (which test failed, by index, and the exception type).
+    ``public_tests`` (same style rules, assert style only) are the tests the prompt shows
+    (its example): run for feedback, which may quote their got / expected values, and never
+    scored. A task with no public tests (HumanEval-style, or files written before the split)
+    is scored on all its tests with value-free feedback. A task whose ``tests`` is empty has
+    no hidden tests: it is scored on its public tests, and recipes refuse it
+    (``jointrl validate`` names the task and ``code.tests``).
     """
 
     tests: str
@@ -80,6 +89,7 @@ class CodeSpec:
     style: str = "assert"
     solution: str = ""
     timeout_s: float = 10.0
+    public_tests: str = ""
 
 
 @dataclass(frozen=True)

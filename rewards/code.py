@@ -1,4 +1,4 @@
-"""Rewards for the ``code`` domain: unit-test pass rate, and answer format."""
+"""Rewards for the ``code`` domain: hidden-test score with honest partial credit, and answer format."""
 
 from __future__ import annotations
 
@@ -29,13 +29,17 @@ def last_answer(traj: Trajectory) -> str:
 
 
 class CodeTestsReward:
-    """The share of the task's tests that the final answer's code passes, in [0, 1].
+    """The final answer's code scored on the task's hidden tests, in [0, 1].
 
-    ``mode="fraction"``: passed / total; ``mode="all"``: 1.0 iff every test passes, else 0.0.
+    ``mode="fraction"``: honest partial credit, :attr:`envs.code.TestOutcome.score` (1.0
+    when every hidden test passes, else only the passes above what a trivial answer, a
+    constant or an echo of the input, passes; see :func:`envs.code.partial_credit`);
+    ``mode="all"``: 1.0 iff every hidden test passes, else 0.0. Public tests (the prompt's
+    example) are never scored.
 
     Reuse of the env's score: when ``traj.env_reward`` is set (and ``use_env_reward``), it
-    is taken as the pass fraction of the LAST answer and no code runs again. That holds for
-    :class:`envs.code.CodeEnv`, which reports ``info["reward"]`` = pass fraction on every
+    is taken as the score of the LAST answer and no code runs again. That holds for
+    :class:`envs.code.CodeEnv`, which reports ``info["reward"]`` = that score on every
     step (the rollout records the last reported value, and an episode's last step is its
     last answer). Pass ``use_env_reward=False`` when code tasks run under an env whose
     ``info["reward"]`` means something else.
@@ -111,7 +115,7 @@ class CodeTestsReward:
                 raise
             if outcome.events:
                 self._drop_boxes()
-        return self._score(outcome.fraction)
+        return self._score(outcome.score)
 
     def _drop_boxes(self) -> None:
         """Close the sandbox pair now (the next call makes fresh ones); a failed close is logged, not raised."""

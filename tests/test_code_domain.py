@@ -24,6 +24,7 @@ from envs.code import (
     load_humaneval,
     run_tests,
     split_tests,
+    test_plan,
 )
 from rl.data.tasks.code_tasks import OUT_FILE, build_tasks
 from envs.io import TaskFormatError, load_tasks, save_tasks
@@ -53,7 +54,16 @@ def sandbox():
 
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(2, 2) == 4\nassert add(0, 0) == 0\n"
 ADD_SPEC = CodeSpec(tests=ADD_TESTS, entry_point="add", solution="def add(a, b):\n    return a + b\n", timeout_s=5.0)
-# Right for 1+2 and 0+0, wrong for 2+2: passes exactly 2 of 3.
+# Right for 1+2 and 0+0, wrong for 2+2: passes exactly 2 of 3. A trivial answer passes 1 (add(0, 0) == 0:
+# the constant 0, or an echo of a), so its honest partial credit is (2 - 1) / (3 - 1).
+ADD_PARTIAL = 0.5
+# The same tests, add(1, 2) == 3 shown as the prompt's public example (feedback quotes its values).
+ADD_SPLIT_SPEC = CodeSpec(
+    public_tests="assert add(1, 2) == 3\n",
+    tests="assert add(2, 2) == 4\nassert add(0, 0) == 0\nassert add(5, -2) == 3\n",
+    entry_point="add",
+    timeout_s=5.0,
+)
 ADD_TWO_OF_THREE = "def add(a, b):\n    return a + b + (a == 2)\n"
 
 
@@ -171,12 +181,18 @@ def test_run_tests_assert_style_counts(sandbox):
 
     out = run_tests(ADD_SPEC, ADD_TWO_OF_THREE, sandbox)
     assert (out.passed, out.total) == (2, 3) and out.error == "1 of 3 tests failed"
-    assert out.fraction == pytest.approx(2 / 3)
-    assert "assert add(2, 2) == 4\ngot:      5\nexpected: 4" in out.output
+    assert out.fraction == pytest.approx(2 / 3) and out.baseline == 1 and out.score == ADD_PARTIAL
+    # No public test: the failing test is named by index, with no source and no value.
+    assert out.output == "1 hidden test failed with AssertionError."
     out = run_tests(ADD_SPEC, "def add(a, b):\n    return a - b\n", sandbox)
-    # 1-2, 2-2 wrong; 0-0 right.
-    assert (out.passed, out.total) == (1, 3)
-    assert "got:      -1\nexpected: 3" in out.output
+    # 1-2, 2-2 wrong; 0-0 right: no more than a constant 0 passes, so no credit.
+    assert (out.passed, out.total, out.score) == (1, 3, 0.0)
+    # With a public test: its got / expected are quoted; it is not scored.
+    out = run_tests(ADD_SPLIT_SPEC, "def add(a, b):\n    return a - b\n", sandbox)
+    assert (out.passed, out.total, out.public_passed, out.public_total) == (1, 3, 0, 1)
+    assert "Failed public test:\nassert add(1, 2) == 3\ngot:      -1\nexpected: 3" in out.output
+    assert "2 hidden tests failed with AssertionError." in out.output
+    assert "expected: 4" not in out.output and "(2, 2)" not in out.output
 
 
 @needs_sandbox
@@ -204,7 +220,8 @@ def test_run_tests_humaneval_style(sandbox):
     )
     assert run_tests(spec, "def inc(x):\n    return x + 1\n", sandbox).passed == 1
     out = run_tests(spec, "def inc(x):\n    return abs(x) + 1\n", sandbox)
-    assert (out.passed, out.total) == (0, 1) and "candidate(-1) == 0" in out.output
+    # HumanEval-style (no public test): which test failed and the exception type, no source, no value.
+    assert (out.passed, out.total) == (0, 1) and out.output == "1 hidden test failed with AssertionError."
     # Exiting with status 0 before check() runs is not a pass.
     out = run_tests(spec, "import sys\nsys.exit(0)\n", sandbox)
     assert out.passed == 0
@@ -346,7 +363,7 @@ def test_code_env_single_turn():
     obs, term, trunc, info = env.step(fenced(ADD_TWO_OF_THREE))
     # Single-turn: the one answer is the natural end, passing or not.
     assert (obs, term, trunc) == ([], True, False)
-    assert info["reward"] == pytest.approx(2 / 3) and (info["passed"], info["total"]) == (2, 3)
+    assert info["reward"] == ADD_PARTIAL and (info["passed"], info["total"]) == (2, 3)
     assert info["extracted"] is True and info["error"] == "1 of 3 tests failed"
     json.dumps(info)
     env.reset(code_task())
@@ -363,9 +380,10 @@ def test_code_env_multi_turn_feedback_then_pass():
     env = CodeEnv(max_turns=3, feedback_chars=500)
     env.reset(code_task())
     obs, term, trunc, info = env.step(fenced("def add(a, b):\n    return a - b\n"))
-    assert (term, trunc) == (False, False) and info["reward"] == pytest.approx(1 / 3)
+    assert (term, trunc) == (False, False) and info["reward"] == 0.0 and info["passed"] == 1
     assert len(obs) == 1 and obs[0].role == "user"
-    assert "passed 1 of 3 tests" in obs[0].content and "expected: 3" in obs[0].content
+    assert "passed 1 of 3 tests" in obs[0].content and "2 hidden tests failed with AssertionError" in obs[0].content
+    assert "expected:" not in obs[0].content and "add(" not in obs[0].content
     assert "```python" in obs[0].content
     obs, term, trunc, info = env.step("Hmm.")
     assert (term, trunc, info["extracted"]) == (False, False, False) and "could not find" in obs[0].content
@@ -383,10 +401,10 @@ def test_code_env_multi_turn_feedback_then_pass():
 def test_code_env_max_turns_reached_is_truncated():
     env = CodeEnv(max_turns=2, feedback_chars=50)
     env.reset(code_task())
-    obs, term, trunc, _ = env.step(fenced("def add(a, b):\n    return 'x' * 500\n"))
+    obs, term, trunc, _ = env.step(fenced("def add(a, b):\n    print('x' * 500)\n    return 'x'\n"))
     assert not term and not trunc and "more characters" in obs[0].content  # feedback truncated
     obs, term, trunc, info = env.step(fenced(ADD_TWO_OF_THREE))
-    assert (obs, term, trunc) == ([], False, True) and info["reward"] == pytest.approx(2 / 3)
+    assert (obs, term, trunc) == ([], False, True) and info["reward"] == ADD_PARTIAL
     env.close()
 
 
@@ -408,7 +426,8 @@ def test_shipped_tasks_shape():
     for t in tasks:
         assert t.domain == "code" and t.meta["source"] == "jointrl"
         assert t.code.style == "assert" and t.code.solution and t.code.prompt_code == ""
-        assert 3 <= len(split_tests(t.code)[1]) <= 6, t.id
+        assert 3 <= len(split_tests(t.code)[1]) <= 7, t.id
+        assert len(test_plan(t.code).scored) >= 2, t.id  # hidden tests, the scored ones
         assert [m.role for m in t.messages] == ["system", "user"]
         assert f"`{t.code.entry_point}(" in t.messages[1].content and "```python" in t.messages[1].content
 
@@ -550,7 +569,7 @@ def test_code_tests_reward_fraction_vs_all():
     frac, all_ = CodeTestsReward(), CodeTestsReward(mode="all", timeout_s=5)
     task = code_task()
     partial = traj_for(task, fenced(ADD_TWO_OF_THREE))
-    assert frac(partial) == pytest.approx(2 / 3) and all_(partial) == 0.0
+    assert frac(partial) == ADD_PARTIAL and all_(partial) == 0.0
     right = traj_for(task, fenced(ADD_TWO_OF_THREE), fenced(ADD_SPEC.solution))  # last answer counts
     assert frac(right) == 1.0 and all_(right) == 1.0
     assert frac(traj_for(task, "no code")) == 0.0
@@ -597,8 +616,8 @@ def test_rewards_through_reward_scorer():
         ]
     )
     out = scorer.score([traj_for(code_task(), fenced(ADD_TWO_OF_THREE)), traj_for(code_task(), "nothing")])
-    assert out[0].scores == {"code_tests": pytest.approx(2 / 3), "code_format": 1.0}
-    assert out[0].reward == pytest.approx(2 / 3 + 0.1) and out[0].reward_error is None
+    assert out[0].scores == {"code_tests": ADD_PARTIAL, "code_format": 1.0}
+    assert out[0].reward == pytest.approx(ADD_PARTIAL + 0.1) and out[0].reward_error is None
     assert out[1].reward == 0.0
 
 

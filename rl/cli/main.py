@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     from rl.cli.export import add_parser as add_export_parser
 
     add_export_parser(sub)  # export RUN_DIR [--out DIR] [--step N]
+    from rl.cli.audit.command import add_parser as add_audit_parser
+
+    add_audit_parser(sub)  # audit [TASKS ...] --recipe R
     return p
 
 

@@ -919,6 +919,7 @@ def validate_recipe(recipe: Recipe, check_imports: bool = True) -> None:
         fail(key, msg)
     check_cluster(recipe)
     _check_files(recipe, fail)
+    _check_code_tasks(recipe, fail)
     if check_imports:
         _check_classes(recipe, fail)
     check_engine_kwargs(recipe.rollout.engine_kwargs, fail)
@@ -1105,6 +1106,25 @@ def check_task_files(recipe: Recipe) -> int:
                     )
             n += len(tasks)
     return n
+
+
+def _check_code_tasks(recipe: Recipe, fail) -> None:
+    """Every code task of the recipe's task files has hidden tests (``code.tests``): the code reward is
+    computed on them, and a task scored on the tests its prompt and feedback show pays for copying them."""
+    from envs.code import hidden_tests_problem
+    from envs.io import TaskFormatError, load_tasks
+
+    for key, files in (("data.train_files", recipe.data.train_files), ("data.eval_files", recipe.data.eval_files)):
+        for i, f in enumerate(files):
+            path = resolve_path(recipe, f)
+            try:
+                tasks = load_tasks(path)
+            except TaskFormatError as e:
+                fail(f"{key}.{i}", str(e))
+            for t in tasks:
+                problem = None if t.code is None else hidden_tests_problem(t.code)
+                if problem:
+                    fail(f"{key}.{i}", f"{path}: task {t.id!r}: field 'code.tests': {problem}")
 
 
 def _check_classes(recipe: Recipe, fail) -> None:

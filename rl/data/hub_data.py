@@ -14,7 +14,10 @@ jsonl, csv or arrow files), and a column mapping onto the task schema (``envs/io
 
 Each row becomes a native task record: mapped columns fill their task fields (``prompt`` is one
 user message, ``system`` a system message before it, ``meta.K`` / ``code.K`` / ``terminal.K`` one
-key of that part); ``domain`` comes from the entry when no column is mapped to it; ``id`` is
+key of that part: a code dataset's scored tests go to ``code.tests``, the hidden tests, and the tests
+its prompt shows, if any, to ``code.public_tests``, never scored; a code row without hidden tests is
+refused naming ``code.tests``); ``domain`` comes from the entry when no
+column is mapped to it; ``id`` is
 ``PATH:SPLIT:ROW`` when no column is. With no mapping every row must already be a native record.
 ``envs.io.task_from_dict`` then validates it, so errors name the entry and row.
 
@@ -42,6 +45,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from envs.code import hidden_tests_problem
 from envs.io import TaskFormatError, task_from_dict
 from envs.types import Task
 from rl.config.recipe import DatasetConfig
@@ -153,6 +157,9 @@ def rows_to_tasks(rows: Iterable[dict[str, Any]], columns: list[str], entry: Dat
             break
         where = f"{key} ({entry.path}:{entry.split} row {i})"
         task = task_from_dict(_record(row, entry, i), where)
+        problem = None if task.code is None else hidden_tests_problem(task.code)
+        if problem:  # a recipe trains and evaluates code only on hidden tests (docs/envs.md)
+            raise TaskFormatError(f"{where}: field 'code.tests': {problem}")
         if task.id in seen:
             raise TaskFormatError(f"{where}: field 'id': duplicate id {task.id!r} (first at row {seen[task.id]})")
         seen[task.id] = i

@@ -13,8 +13,14 @@ k); 2 = a filter and a map, or slicing with a step (squares of the even elements
 (constants, characters, thresholds) are drawn per instance, so two instances of one
 template differ in what the function must do, not only in its name.
 
-Each task has 5 assert tests (style ``"assert"``), so the code reward's pass fraction
-(``CodeTestsReward(mode="fraction")``) gives honest partial credit. Expected values are
+Each task has 5 assert tests (style ``"assert"``): the first is the prompt's example, a
+PUBLIC test (``CodeSpec.public_tests``: quoted with its values in feedback, never scored);
+the other 4 are HIDDEN (``CodeSpec.tests``: scored, feedback names them by index only; a
+repeat of the example's input is left out), so a
+second turn built from the feedback, or an echo of the example, earns nothing. The code
+reward's partial credit (``CodeTestsReward(mode="fraction")``) counts only the hidden
+passes above what a trivial answer (a constant, an echo of the input) passes; an instance
+whose hidden tests a trivial answer passes entirely is drawn again. Expected values are
 computed here by running the reference solution (our own code, in this process) on the
 test inputs; the test suite then runs every reference solution through the sandboxed
 harness and checks that it passes and that a function returning ``None`` passes nothing.
@@ -36,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from envs.code import test_plan
+from envs.code_baseline import trivial_passes
 from envs.types import CodeSpec, Message, Task
 from rl.data.tasks.code_tasks import SYSTEM_PROMPT
 from rl.data.tasks.ladder import N_EVAL, N_TRAIN, Template, generate_split, ladder_main, write_ladder
@@ -82,12 +90,24 @@ def _task(name: str, signature: str, description: str, solution: str, inputs: li
         tests.append(f"assert {call} == {expected!r}")
         example = example or f"{call} == {expected!r}"
     user = USER_TEMPLATE.format(signature=signature, description=description, example=example)
-    return Task(
-        id="",
-        domain="code",
-        messages=(Message("system", SYSTEM_PROMPT), Message("user", user)),
-        code=CodeSpec(tests="\n".join(tests) + "\n", entry_point=name, style="assert", solution=solution),
+    # A hidden test repeating the example (a repeated input) would score what the prompt shows.
+    hidden = list(dict.fromkeys(t for t in tests[1:] if t != tests[0]))
+    spec = CodeSpec(
+        public_tests=tests[0] + "\n",  # the prompt's example: shown, quoted in feedback, never scored
+        tests="\n".join(hidden) + "\n",
+        entry_point=name,
+        style="assert",
+        solution=solution,
     )
+    return Task(id="", domain="code", messages=(Message("system", SYSTEM_PROMPT), Message("user", user)), code=spec)
+
+
+def _degenerate(spec: CodeSpec) -> bool:
+    """Whether a trivial answer (a constant, an echo) passes every hidden test of ``spec``: such a
+    task cannot tell the reference from no work (:func:`envs.code.partial_credit`)."""
+    plan = test_plan(spec)
+    n = trivial_passes(plan.source, plan.scored, [spec.entry_point], budget_s=5.0)
+    return n is None or n >= len(plan.scored)
 
 
 def _ints(rng: random.Random, n: int, lo: int = -9, hi: int = 20) -> list[int]:
@@ -495,6 +515,12 @@ def _prefilled(make: _T, rung: int) -> _T:
 
     def wrapped(rng: random.Random) -> Task:
         task = make(rng)
+        for _ in range(100):  # redrawn while a trivial answer passes every hidden test
+            if not _degenerate(task.code):
+                break
+            task = make(rng)
+        else:
+            raise ValueError(f"{task.code.entry_point}: 100 draws in a row that a trivial answer passes")
         head = "```python\n"
         if rung <= 2:
             head += task.code.solution.split("\n", 1)[0]

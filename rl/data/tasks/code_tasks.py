@@ -1,10 +1,12 @@
 """Source of ``recipes/data/code_tasks.jsonl``: small Python function tasks written for jointrl.
 
-    python -m rl.data.tasks.code_tasks            # rewrites recipes/data/code_tasks.jsonl
+    python -m rl.data.tasks.code_tasks            # rewrites recipes/data/code_tasks{,.train,.eval}.jsonl
 
 Each entry of :data:`TASKS` is one function to write: its signature, what it does, a
 reference solution, and 3-6 assert tests (style ``"assert"``), graded easy -> medium ->
-hard. The output is deterministic (same source, same bytes); the test suite checks that
+hard. A test of the example the description shows is public (never scored); the rest are
+the hidden tests the reward is computed on. Every fourth task is held out
+(``code_tasks.eval.jsonl``; the others are ``code_tasks.train.jsonl``). The output is deterministic (same source, same bytes); the test suite checks that
 the shipped file is up to date, that every reference solution passes all its tests, and
 that a trivial wrong solution does not.
 """
@@ -12,12 +14,13 @@ that a trivial wrong solution does not.
 from __future__ import annotations
 
 import argparse
+import ast
 from pathlib import Path
 
 from envs.io import save_tasks
 from envs.types import CodeSpec, Message, Task
 
-__all__ = ["TASKS", "SYSTEM_PROMPT", "OUT_FILE", "build_tasks", "main"]
+__all__ = ["TASKS", "SYSTEM_PROMPT", "OUT_FILE", "build_tasks", "split_files", "main"]
 
 OUT_FILE = Path(__file__).resolve().parents[3] / "recipes" / "data" / "code_tasks.jsonl"
 SOURCE = "jointrl"
@@ -212,6 +215,8 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
             "assert is_anagram('listen', 'silent') == True",
             "assert is_anagram('abc', 'abd') == False",
             "assert is_anagram('aab', 'abb') == False",
+            "assert is_anagram('The eyes', 'They see') == True",
+            "assert is_anagram('abc', 'abcc') == False",
         ],
     ),
     # ------------------------------------------------------------------ medium
@@ -229,6 +234,7 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
             "assert run_length_encode('') == ''",
             "assert run_length_encode('abc') == 'a1b1c1'",
             "assert run_length_encode('zzzzzzzzzzzz') == 'z12'",
+            "assert run_length_encode('abba') == 'a1b2a1'",
         ],
     ),
     (
@@ -245,6 +251,7 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
             "assert run_length_decode('x12') == 'x' * 12",
             "assert run_length_decode('') == ''",
             "assert run_length_decode('a1b10a1') == 'a' + 'b' * 10 + 'a'",
+            "assert run_length_decode('z2y3') == 'zzyyy'",
         ],
     ),
     (
@@ -355,6 +362,8 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
             "assert balanced_brackets('') == True",
             "assert balanced_brackets('((') == False",
             "assert balanced_brackets('}{') == False",
+            "assert balanced_brackets('[{()}]') == True",
+            "assert balanced_brackets('a(b)c') == True",
         ],
     ),
     (
@@ -406,6 +415,7 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
             "assert transpose([]) == []",
             "assert transpose([[7]]) == [[7]]",
             "assert transpose([[1], [2], [3]]) == [[1, 2, 3]]",
+            "assert transpose([[1, 2], [3, 4]]) == [[1, 3], [2, 4]]",
         ],
     ),
     (
@@ -472,7 +482,7 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
             "assert first_index([1, 2, 2, 2, 3], 2) == 1",
             "assert first_index([1, 3, 5], 4) == -1",
             "assert first_index([], 1) == -1",
-            "assert first_index(list(range(0, 2000000, 2)), 1999998) == 999999",
+            "assert first_index(list(range(0, 20000, 2)), 19998) == 9999",
             "assert first_index([5, 5, 5], 5) == 0",
         ],
     ),
@@ -490,6 +500,7 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
             "assert flatten([]) == []",
             "assert flatten([[[[]]]]) == []",
             "assert flatten(['ab', ('c', 'd'), ['e']]) == ['ab', ('c', 'd'), 'e']",
+            "assert flatten([1, [2, 3], [[4]], 5]) == [1, 2, 3, 4, 5]",
         ],
     ),
     (
@@ -883,21 +894,54 @@ TASKS: list[tuple[str, str, str, str, str, list[str]]] = [
 ]
 
 
+def _shown(test: str, prompt: str) -> bool:
+    """Whether ``test`` checks a call the prompt shows (its example): ``assert CALL == ...``,
+    ``assert CALL is ...`` or ``assert CALL`` where the text of ``CALL`` is in the prompt."""
+    node = ast.parse(test).body[0]
+    if not isinstance(node, ast.Assert):
+        return False
+    call = node.test.left if isinstance(node.test, ast.Compare) else node.test
+    return isinstance(call, ast.Call) and ast.get_source_segment(test, call) in prompt
+
+
 def build_tasks() -> list[Task]:
-    """The tasks of :data:`TASKS` as :class:`Task` objects (ids ``code-000-<name>``...)."""
+    """The tasks of :data:`TASKS` as :class:`Task` objects (ids ``code-000-<name>``...).
+
+    A test of a call the description shows (its example) is PUBLIC (``CodeSpec.public_tests``:
+    quoted in feedback, never scored); the others are the hidden, scored tests.
+    """
     tasks = []
     for k, (name, difficulty, signature, description, solution, tests) in enumerate(TASKS):
         user = USER_TEMPLATE.format(signature=signature, description=description)
+        public = [t for t in tests if _shown(t, user)]
+        hidden = [t for t in tests if t not in public]
+        spec = CodeSpec(
+            tests="\n".join(hidden) + "\n",
+            entry_point=name,
+            style="assert",
+            solution=solution,
+            public_tests="\n".join(public) + "\n" if public else "",
+        )
         tasks.append(
             Task(
                 id=f"code-{k:03d}-{name}",
                 domain="code",
                 messages=(Message("system", SYSTEM_PROMPT), Message("user", user)),
-                code=CodeSpec(tests="\n".join(tests) + "\n", entry_point=name, style="assert", solution=solution),
+                code=spec,
                 meta={"difficulty": difficulty, "source": SOURCE},
             )
         )
     return tasks
+
+
+def split_files(tasks: list[Task], out: Path) -> tuple[Path, Path]:
+    """Write ``<out stem>.train.jsonl`` and ``<out stem>.eval.jsonl`` beside ``out``: every
+    fourth task (positions 3, 7, 11...) is held out."""
+    stem = out.name.removesuffix(".jsonl")
+    train, held = out.with_name(f"{stem}.train.jsonl"), out.with_name(f"{stem}.eval.jsonl")
+    save_tasks([t for k, t in enumerate(tasks) if k % 4 != 3], train)
+    save_tasks([t for k, t in enumerate(tasks) if k % 4 == 3], held)
+    return train, held
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -906,7 +950,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     tasks = build_tasks()
     save_tasks(tasks, args.out)
-    print(f"wrote {len(tasks)} tasks to {args.out}")
+    train, held = split_files(tasks, Path(args.out))
+    print(f"wrote {len(tasks)} tasks to {args.out} (split: {train}, {held})")
 
 
 if __name__ == "__main__":

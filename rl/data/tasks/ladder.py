@@ -99,11 +99,22 @@ def strip_measured(task: Task) -> Task:
     return dataclasses.replace(task, meta={k: v for k, v in task.meta.items() if k not in MEASURED_KEYS})
 
 
+def _same_tests(task: Task) -> Task:
+    """``task`` with its code tests as one list (public, then hidden): a file written before the
+    public/hidden split and its regeneration with the split hold the same tests, so a measured
+    pass rate (every test passed) still applies to it."""
+    if task.code is None or not task.code.public_tests:
+        return task
+    merged = task.code.public_tests + task.code.tests
+    return dataclasses.replace(task, code=dataclasses.replace(task.code, tests=merged, public_tests=""))
+
+
 def write_ladder(tasks_by_split: dict[str, list[Task]], out_dir: str | Path, source: str) -> list[Path]:
     """Write ``<source>.<split>.jsonl`` per split into ``out_dir``; return the paths.
 
     Measured difficulty (``meta["base_pass_rate"]``, ``meta["base_pass"]``) that an existing
-    file holds for a task with the same id and the same content is carried over, so
+    file holds for a task with the same id and the same content (code tests compared as one
+    list, whether or not split into public and hidden) is carried over, so
     regenerating a ladder does not throw away a measurement that still applies.
     """
     paths = []
@@ -113,8 +124,8 @@ def write_ladder(tasks_by_split: dict[str, list[Task]], out_dir: str | Path, sou
         merged = []
         for t in tasks:
             prev = old.get(t.id)
-            if prev is not None and strip_measured(prev) == t:
-                t = prev
+            if prev is not None and _same_tests(strip_measured(prev)) == _same_tests(t):
+                t = dataclasses.replace(t, meta=prev.meta)
             merged.append(t)
         save_tasks(merged, path)
         paths.append(path)
