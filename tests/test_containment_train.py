@@ -122,7 +122,10 @@ def test_train_completes_every_step_with_crashing_samples_and_logs_the_harness_e
         ]
         assert all(e.startswith("harness: ") for e in errors)
         parser_attacks = [r for r in train if '"name": "get_weather", "arguments": {"city": ' in r["response"]]
-        assert len(parser_attacks) == 3 and all(r["reward"] == 0.0 and not r["reward_error"] for r in parser_attacks)
+        assert len(parser_attacks) == 3 and not any(r["reward_error"] for r in parser_attacks)
+        # Malformed JSON scores 0; the 400-digit integer is valid JSON: a call whose argument is wrong (< 1).
+        assert all(r["reward"] == 0.0 for r in parser_attacks if "9" * 400 not in r["response"])
+        assert all(r["reward"] < 1.0 for r in parser_attacks)
 
 
 SELF_CRASHING = '''
