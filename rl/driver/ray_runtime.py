@@ -83,6 +83,7 @@ class RayRuntime:
             total_steps=cfg.train.steps,
             actor_options=self.placement.options("learner"),
             learner=cfg.learner,
+            temperature=cfg.rollout.temperature,
         )
         self.learner = self.learners.actors[0]
         self.pool = make_rollout_pool(

@@ -256,6 +256,7 @@ class LearnerGroup:
         num_gpus: float = 0,
         actor_options: list[dict[str, Any]] | None = None,
         learner: Any = None,
+        temperature: float = 1.0,
     ) -> None:
         """``learner``: the recipe's ``learner`` section, passed to each ``Learner``. ``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
         ``threads`` (0 = all cores) is split too: each learner runs ``threads // n`` torch threads.
@@ -287,6 +288,7 @@ class LearnerGroup:
                 "world_size": n,
                 "dist_port": port,
                 "learner": learner,
+                "temperature": temperature,
             },
         )
         # Never replaced (see the class docstring): the group spawns, reports restarts (0) and kills.

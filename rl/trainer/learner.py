@@ -202,8 +202,12 @@ class Learner:
         world_size: int = 1,
         dist_port: int = 0,
         learner: LearnerConfig | None = None,
+        temperature: float = 1.0,
     ) -> None:
-        """``total_steps``: learner steps of the run (the cosine schedule decays over
+        """``temperature``: the rollouts' sampling temperature (``rollout.temperature``); the policy's,
+        the old and the reference log-probs are of ``softmax(logits / temperature)``, the distribution the
+        engines sampled from (0, greedy, counts as 1: a greedy engine reports raw log-probs).
+        ``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
         ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``).
         ``learner``: micro-batching, prompt sharing, LoRA, activation checkpointing and precision
@@ -214,6 +218,9 @@ class Learner:
         torch.manual_seed(seed)
         random.seed(seed)
         self.algo, self.model_cfg = algo, model_cfg
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (rollout.temperature), got {temperature}")
+        self.temperature = float(temperature) if temperature > 0 else 1.0
         self.lcfg = learner if learner is not None else LearnerConfig()
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
         self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
@@ -388,14 +395,16 @@ class Learner:
             enabled = False  # FSDP's MixedPrecisionPolicy computes in bf16 (rl.trainer.fsdp.shard)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def _response_logprobs(self, model: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _response_logprobs(
+        self, model: Any, samples: list[Sample], temperature: float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs at response positions only: (logp [N] float32, targets [N]); see ``_response_hidden``.
         For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
-        (_, logp, _, targets, _), _ = self._forward(model, samples)
+        (_, logp, _, targets, _), _ = self._forward(model, samples, temperature=temperature)
         return logp, targets
 
     def _forward(
-        self, model: Any, samples: list[Sample], entropy: Entropy = "none"
+        self, model: Any, samples: list[Sample], entropy: Entropy = "none", temperature: float | None = None
     ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
         """((hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N]), pad) of ``model`` on ``samples``.
 
@@ -404,15 +413,17 @@ class Learner:
         recomputed in the backward). Runs inside the root of a sharded model
         (``rl.trainer.fsdp.Lockstep.root``); ``pad`` (None unless sharded) is the zero scalar of the
         dummy calls that keep the ranks in step, to add to a loss before its backward. ``samples``
-        may be empty (a rank with fewer micro-batches).
+        may be empty (a rank with fewer micro-batches). Log-probs and entropy are of the logits divided by
+        ``temperature`` (default: the sampling temperature, ``self.temperature``).
         """
+        temp = self.temperature if temperature is None else temperature
 
         def run() -> tuple[Any, ...]:
             if not samples:
                 return ()
             hidden, targets, index = self._response_hidden(_trunk(model), samples)
             head = model.get_output_embeddings()
-            logp, ent = head_logprobs(head, hidden, targets, self.lcfg.logits_chunk_tokens, entropy)
+            logp, ent = head_logprobs(head, hidden, targets, self.lcfg.logits_chunk_tokens, entropy, temp)
             return hidden, logp, ent, targets, index
 
         return self.lock.root(model, run, self._trunk_calls(samples))
@@ -1156,14 +1167,15 @@ class Learner:
         return tensors
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
-        """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training)."""
+        """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training), at
+        temperature 1: the raw log-probs an engine's ``score`` gives (the weight-sync check compares them)."""
         if not continuation:
             return []
         s = Sample(
             list(prompt) + list(continuation), len(prompt), [1] * len(continuation), [0.0] * len(continuation), 0.0, ""
         )
         with torch.no_grad(), self._autocast():
-            logp, _ = self._response_logprobs(self.model, [s])
+            logp, _ = self._response_logprobs(self.model, [s], temperature=1.0)
             return logp.tolist()
 
     def _critic_module(self) -> torch.nn.Module | None:
