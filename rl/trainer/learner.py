@@ -77,7 +77,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,7 @@ import torch
 
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
+from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import fsdp, lora, memory, packed_attention, packing, precision
 from rl.trainer.logits import Entropy, head_logprobs
@@ -92,8 +93,6 @@ from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_p
 from rl.algos.losses import (
     aggregate,
     kl,
-    policy_loss,
-    truncated_is_weights,
     value_loss,
 )
 from rl.algos.schedules import LRSchedule, kl_controller
@@ -115,8 +114,6 @@ class Sums:
     entropy_loss: float = 0.0
     kl: float = 0.0
     entropy: float = 0.0
-    clipped: float = 0.0
-    dual_clipped: float = 0.0
     tokens: float = 0.0
     tokens_first_epoch: float = 0.0
     logprob_diff: float = 0.0
@@ -125,15 +122,17 @@ class Sums:
     value_error: float = 0.0
     value_clipped: float = 0.0
     returns: float = 0.0
-    is_weight: float = 0.0
-    is_truncated: float = 0.0
+    # the policy loss's stats (its ``stat_names``), each summed as value x tokens
+    loss_stats: dict[str, float] = field(default_factory=dict)
 
-    def values(self) -> list[float]:
-        return [getattr(self, f.name) for f in fields(self)]
+    def values(self, stat_names: tuple[str, ...]) -> list[float]:
+        scalars = [getattr(self, f.name) for f in fields(self) if f.name != "loss_stats"]
+        return scalars + [self.loss_stats.get(k, 0.0) for k in stat_names]
 
     @classmethod
-    def of(cls, values: list[float]) -> "Sums":
-        return cls(*values)
+    def of(cls, values: list[float], stat_names: tuple[str, ...]) -> "Sums":
+        n = len(values) - len(stat_names)
+        return cls(*values[:n], loss_stats=dict(zip(stat_names, values[n:])))
 
 
 @dataclass
@@ -143,10 +142,11 @@ class _Grid:
     index: torch.Tensor  # [N] positions of the flat (sample, masked position) order in the grid
     B: int
     T: int
-    mask: torch.Tensor  # [B, T] 1 at policy tokens
+    mask: torch.Tensor  # [B, T] True at policy tokens (of samples not excluded)
     ntok: float
     denom: tuple[float, float]  # the loss denominators (tokens, sequences) of the minibatch
     norm_tokens: int | None = None  # the constant of seq-mean-token-sum-norm
+    sample_mask: torch.Tensor | None = None  # [B] False for a sample excluded from the loss
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
@@ -224,6 +224,7 @@ class Learner:
         self.lcfg = learner if learner is not None else LearnerConfig()
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
         self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
+        self.loss_fn = get_policy_loss(algo.loss)  # what the objective needs: engine log-probs, entropy
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one, on a port of
@@ -658,7 +659,8 @@ class Learner:
         updates = self._run_updates(batch, members, sums, coef, st) if n_computed else 0
         if updates:
             self.steps_done += 1
-        tot = Sums.of(self._global(sums.values()))
+        names = self.loss_fn.stat_names
+        tot = Sums.of(self._global(sums.values(names)), names)
         m = self._metrics(tot, st, updates, n_computed, coef)
         if self.has_ref and n_computed:
             self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
@@ -726,7 +728,6 @@ class Learner:
         m = {
             "loss/policy": tot.policy_loss / n_up,
             "entropy/mean": tot.entropy / n,
-            "clip/fraction": tot.clipped / n,
             "grad/norm": sum(st["norms"]) / len(st["norms"]) if st["norms"] else 0.0,
             "lr": st["lr"],
             "learner/tokens": tot.tokens_first_epoch,
@@ -734,11 +735,7 @@ class Learner:
             "learner/skipped_update": st["skipped"] / n_up if n_computed else 0.0,
             "rollout/logprob_diff": tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
         }
-        if a.loss.dual_clip:
-            m["clip/dual_fraction"] = tot.dual_clipped / n
-        if a.loss.tis_cap:
-            m["is/weight_mean"] = tot.is_weight / n
-            m["is/truncated_fraction"] = tot.is_truncated / n
+        m.update({k: v / n for k, v in tot.loss_stats.items()})  # clip/fraction, is/* ... (the loss's stat_names)
         if a.loss.entropy_coef:
             m["loss/entropy"] = tot.entropy_loss / n_up
         if self.has_ref:
@@ -873,15 +870,17 @@ class Learner:
         """Forward + backward of one micro-batch; gradients accumulate (the loss is its part of the minibatch's)."""
         a = self.algo
         with self._autocast():
-            ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 else "value"
+            ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 or "entropy" in self.loss_fn.needs else "value"
             (hidden, logp_flat, ent_flat, _, index), pad = self._forward(self.model, mb, ent_mode)
         values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
         del hidden
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
         g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
-        g.mask = g(torch.ones_like(logp_flat))
+        # a sample excluded from the loss (Sample.excluded: a harness failure) has no policy token in it
+        g.sample_mask = torch.tensor([not s.excluded for s in mb], dtype=torch.bool, device=logp_flat.device)
+        g.mask = g(torch.ones_like(logp_flat)).bool() & g.sample_mask[:, None]
         logp = g(logp_flat)
-        loss = self._policy_term(mb, prep, g, logp, sums)
+        loss = self._policy_term(mb, prep, g, logp, ent_flat, sums)
         total = loss
         for term in (
             self._kl_term(mb, prep, g, logp, sums, coef),
@@ -905,37 +904,35 @@ class Learner:
         prep: dict[str, dict[int, torch.Tensor]] | None,
         g: _Grid,
         logp: torch.Tensor,
+        ent_flat: torch.Tensor | None,
         sums: Sums,
     ) -> torch.Tensor:
-        """The clipped policy loss (``rl.algos.losses.policy_loss``), truncated IS weights with ``algo.tis_cap``."""
-        a = self.algo
+        """The recipe's policy loss (``algo.loss.policy``, ``rl.algos.policy_losses``) on its typed inputs; its
+        stats, token-weighted, into ``sums.loss_stats``."""
+        a, need = self.algo, self.loss_fn.needs
         old = g(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
         if prep is not None and self.est.learner_advantages(a):
             adv = g(self._cat(prep["adv"], mb))
         else:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
-        is_w = None
-        if a.loss.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
-            is_w, ist = truncated_is_weights(old, g(self._engine_logprobs(mb)), g.mask, a.loss.tis_cap)
-            sums.is_weight += ist["is/weight_mean"] * g.ntok
-            sums.is_truncated += ist["is/truncated_fraction"] * g.ntok
+            adv = adv[:, None].expand_as(logp)
         nt, ns = g.denom
-        loss, pst = policy_loss(
-            logp,
-            old,
-            adv,
-            g.mask,
-            clip_low=a.loss.clip_low,
-            clip_high=a.loss.clip_high,
-            dual_clip=a.loss.dual_clip or None,
+        x = LossInputs(
+            logp=logp,
+            old_logp=old,
+            advantages=adv,
+            mask=g.mask,
+            sample_mask=g.sample_mask,
             agg=self.agg,
             num_tokens=nt,
             num_seqs=ns,
             norm_tokens=self.norm_tokens,
-            is_weights=is_w,
+            engine_logp=g(self._engine_logprobs(mb)) if "engine_logprobs" in need else None,
+            entropy=g(ent_flat) if "entropy" in need and ent_flat is not None else None,
         )
-        sums.clipped += pst["clip/fraction"] * g.ntok
-        sums.dual_clipped += pst["clip/dual_fraction"] * g.ntok
+        loss, stats = self.loss_fn(x)
+        for k in self.loss_fn.stat_names:
+            sums.loss_stats[k] = sums.loss_stats.get(k, 0.0) + stats[k] * g.ntok
         return loss
 
     def _kl_term(
