@@ -87,7 +87,9 @@ from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import fsdp, lora, memory, packed_attention, packing, precision
+from rl.trainer import checkpoint, fsdp, lora, memory, packed_attention, packing, precision
+from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
+from rl.trainer.weights import WeightExport
 from rl.trainer.logits import Entropy, head_logprobs
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.losses import (
@@ -251,7 +253,7 @@ class Learner:
             if self.critic is not None:
                 broadcast_params(self.critic.parameters())
         self.shm_dir = self._weights_dir(shm_dir)
-        self._adapter_exports = lora.AdapterExports(self.shm_dir)  # export_adapter's folders (no I/O until then)
+        self.weights = WeightExport(self.model, self.peft, rank, self.device, self.shm_dir)  # rl.trainer.weights
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
         # learner.hold_memory: the next step reuses the pages this one freed (rl.trainer.memory.hold) instead of
@@ -1052,116 +1054,30 @@ class Learner:
         return stepped
 
     # ---- weights & checkpoints ----------------------------------------------------------
+    # ---- weights out (rl.trainer.weights) and checkpoints (rl.trainer.checkpoint): the actor's API ----------
     def export_weights(self, dtype: str = "bfloat16") -> str:
-        """Write the policy's weights to one safetensors file in shared memory; return its path.
-
-        The file is ``policy.safetensors`` in ``shm_dir``: every state-dict tensor in ``dtype``,
-        plus ``lm_head.weight`` (always: with tied embeddings an engine otherwise keeps a stale
-        head). It is written in place into one of two preallocated, memory-mapped files (see
-        ``_ShmWeights``): one ``copy_`` per tensor, dtype conversion included, straight into the
-        pages the engines read, then published by an atomic rename. A reader never sees a
-        partial file, and the file it opened stays unchanged until the export after next.
-
-        Sharded (several learners): every rank must call it. Tensors are gathered one at a time
-        (``rl.trainer.fsdp.full_tensors``) and only rank 0 writes them, so no rank ever holds a
-        full copy of the model; the other ranks return ``""``.
-        """
-        tensors = self._export_tensors()
-        dt = DTYPES[dtype]
-        out = None
-        if self.rank == 0:
-            layout = [(k, dt, tuple(v.shape)) for k, v in tensors.items()]
-            out = getattr(self, "_shm_weights", None)
-            if out is None or not out.fits(self.shm_dir, layout):
-                if out is not None:
-                    out.close()
-                out = self._shm_weights = _ShmWeights(self.shm_dir, "policy.safetensors", layout)
-            views = out.begin()
-        for key, full, alias in self._export_stream(tensors):
-            if out is not None:
-                views[key].copy_(views[alias] if full is None else full)
-        return out.publish() if out is not None else ""
+        """``WeightExport.file``: the policy as one safetensors file in shared memory (every rank calls it)."""
+        return self.weights.file(dtype)
 
     def export_ipc(self, dtype: str = "bfloat16") -> dict[str, Any]:
-        """CUDA: the policy's weights packed into one ``dtype`` buffer on this GPU, shared through a CUDA IPC
-        handle; returns what ``rollout.engine.VLLMEngine.load_weights_ipc`` takes (small and picklable).
-
-        For an engine on this learner's GPU (``learner.weight_sync: ipc``, the colocated placement): no
-        file and no copy through host memory, the engine's worker maps the buffer and loads from it. The
-        buffer is kept (and reused) until the next export, so an engine may read it until then. The same
-        tensors as ``export_weights`` (``lm_head.weight`` included). Sharded: every rank must call it
-        (tensors are gathered one at a time) and every rank packs its own copy on its own GPU, for the
-        engine it shares that GPU with (a bf16 copy of the model per GPU).
-        """
-        if self.device.type != "cuda":
-            raise RuntimeError("export_ipc needs a learner on a CUDA device; CPU engines load export_weights' file")
-        tensors = self._export_tensors()
-        dt, place, total = DTYPES[dtype], {}, 0
-        for key, t in tensors.items():
-            shape = tuple(t.shape)
-            place[key] = (shape, total)
-            total += -(-math.prod(shape) // 64) * 64  # each tensor 128-byte aligned in the buffer
-        buf = getattr(self, "_ipc_buffer", None)
-        if buf is None or buf.numel() != total or buf.dtype != dt:
-            buf = self._ipc_buffer = None  # the old one freed before the new one is made
-            buf = self._ipc_buffer = torch.empty(total, dtype=dt, device=self.device)
-
-        def view(key: str) -> torch.Tensor:
-            shape, off = place[key]
-            return buf[off : off + math.prod(shape)].view(shape)
-
-        for key, full, alias in self._export_stream(tensors):
-            view(key).copy_(view(alias) if full is None else full)
-        torch.cuda.synchronize(self.device)  # the engines read it from other processes, outside this stream
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        rebuild, args = reduce_tensor(buf)
-        return {"rebuild": rebuild, "args": args, "tensors": [(k, shape, off) for k, (shape, off) in place.items()]}
-
-    def _export_stream(self, tensors: dict[str, Any]):
-        """``(key, tensor, None)`` for each export tensor in turn, full (gathered when sharded, a collective
-        every rank must join; a LoRA-merged weight computed only now, one at a time), or ``(key, None, first)``
-        for a tensor already given under the key ``first`` (a tied head)."""
-        first: dict[int, str] = {}  # id(tensor) -> the key it was first given under
-        with torch.no_grad():
-            for key, t in tensors.items():
-                if id(t) in first:
-                    yield key, None, first[id(t)]
-                    continue
-                first[id(t)] = key
-                full = t.full_tensor() if _is_dtensor(t) else t
-                if callable(full):
-                    full = full()
-                yield key, full.detach(), None
-                del full
+        """``WeightExport.ipc``: the policy in one CUDA IPC buffer on this GPU."""
+        return self.weights.ipc(dtype)
 
     def export_adapter(self) -> str:
-        """With LoRA, write only the adapters as a new ``peft`` folder in shared memory; return its path.
+        """``WeightExport.adapter``: with LoRA, the adapters as a ``peft`` folder."""
+        return self.weights.adapter()
 
-        What ``learner.lora.transfer: adapter`` sends the engines instead of ``export_weights``' file
-        (``rl.trainer.lora.AdapterExports``: a new folder per call, the last two kept). Sharded: every
-        rank must call it (A and B are gathered); rank 0 writes, the others return ``""``.
-        """
-        if self.peft is None:
-            raise RuntimeError("export_adapter needs LoRA (learner.lora.rank > 0)")
-        state = lora.adapter_state(self.peft)  # a collective when sharded
-        if self.rank > 0:
-            return ""
-        return self._adapter_exports.write(self.peft, state)
+    def read_weights(self, path: str) -> bytes | dict[str, bytes]:
+        """``WeightExport.read``: what an export wrote, for engines on other nodes."""
+        return WeightExport.read(path)
 
-    def _export_tensors(self) -> dict[str, Any]:
-        """What the engines load, by HF name: the parameters themselves (so that ties stay visible) plus
-        ``lm_head.weight``; with LoRA, adapted weights as a zero-argument function computing base + B A
-        (``rl.trainer.lora.merged_tensors``), adapters left out."""
-        if self.peft is None:
-            tensors: dict[str, Any] = dict(self.model.state_dict(keep_vars=True))
-        else:
-            tensors = dict(lora.merged_tensors(self.model, lazy=True))
-        head = self.model.get_output_embeddings()
-        if head is not None:
-            base = getattr(head, "base_layer", head)  # an adapted lm_head keeps its base weight there
-            tensors.setdefault("lm_head.weight", base.weight)
-        return tensors
+    def save_checkpoint(self, path: str) -> None:
+        """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``."""
+        checkpoint.save(self, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """``rl.trainer.checkpoint.load``: restore what ``save_checkpoint`` wrote."""
+        checkpoint.load(self, path)
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training), at
@@ -1175,174 +1091,9 @@ class Learner:
             logp, _ = self._response_logprobs(self.model, [s], temperature=1.0)
             return logp.tolist()
 
-    def _critic_module(self) -> torch.nn.Module | None:
+    def critic_module(self) -> torch.nn.Module | None:
+        """The value head or the separate critic (what a checkpoint saves as critic.safetensors), or None."""
         return self.critic if self.critic is not None else self.value_head
-
-    def read_weights(self, path: str) -> bytes | dict[str, bytes]:
-        """What an export wrote, for engines on other nodes (through Ray's object store): a weights file's
-        bytes, or an adapter folder's files as ``{file name: bytes}``."""
-        p = Path(path)
-        if p.is_dir():
-            return {f.name: f.read_bytes() for f in sorted(p.iterdir()) if f.is_file()}
-        return p.read_bytes()
-
-    def _state_modules(self) -> torch.nn.Module:
-        """The modules of the main optimizer under stable names (``policy``, ``value_head``), for
-        ``torch.distributed.checkpoint``'s parameter <-> name mapping."""
-        mods = torch.nn.ModuleDict({"policy": self.model})
-        if self.value_head is not None:
-            mods["value_head"] = self.value_head
-        return mods
-
-    def save_checkpoint(self, path: str) -> None:
-        """Into folder ``path`` (every rank calls it, into the same folder):
-
-        - ``dcp/``: the policy's trainable weights (all of them; with LoRA the adapters only),
-          the value head and their AdamW state through ``torch.distributed.checkpoint``, each
-          rank writing its own shard;
-        - ``model/``: the policy as an HF folder + tokenizer (gathered on rank 0; with LoRA the
-          merged weights; what ``jointrl eval``/``score``, transformers and vLLM load);
-        - ``adapter/``: with LoRA, the adapters as a ``peft`` folder;
-        - ``critic.safetensors``: value head or separate critic, if any (rank 0);
-        - ``learner_state.pt`` (rank 0): the critic's optimizer, LR schedulers, KL controller,
-          rank 0's torch/Python/shuffle/CUDA RNG states, ``steps_done``, ``updates_done``;
-          ``rng_rank<r>.pt``: rank r's RNG states (r > 0).
-        """
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        mods = self._state_modules()
-        dcp.save(
-            {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
-            checkpoint_id=str(p / "dcp"),
-            no_dist=not fsdp.active(),
-        )
-        full, adapter = self._full_weights()
-        rng = self._rng_states()
-        if self.rank > 0:
-            torch.save(rng, p / f"rng_rank{self.rank}.pt")
-            return
-        self._save_rank0(p, full, adapter, rng)
-
-    def _full_weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-        """The policy's full weights (with LoRA: merged) and the LoRA adapters (or None), gathered when
-        sharded; every rank takes part, rank 0 keeps the tensors."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        if self.peft is None:
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_model_state_dict(self.model, options=opts), None
-        adapter = {  # merged one tensor at a time (gathered when sharded)
-            k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
-            for k, v in self.peft.state_dict().items()
-            if ".lora_" in k
-        }
-        full = {}
-        for k, v in lora.merged_tensors(self.model):
-            v = v.full_tensor() if _is_dtensor(v) else v
-            if self.rank == 0:
-                full[k] = v.detach().cpu()
-            del v
-        return full, adapter
-
-    def _rng_states(self) -> dict[str, Any]:
-        """This rank's torch, Python, shuffle and CUDA RNG states."""
-        return {
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-            "shuffle_rng": self.gen.get_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        }
-
-    def _save_rank0(
-        self,
-        p: Path,
-        full: dict[str, torch.Tensor],
-        adapter: dict[str, torch.Tensor] | None,
-        rng: dict[str, Any],
-    ) -> None:
-        """Rank 0's part of ``save_checkpoint``: ``model/``, ``adapter/``, ``critic.safetensors``,
-        ``learner_state.pt``."""
-        from safetensors.torch import save_file
-
-        self.model.save_pretrained(p / "model", state_dict=full)
-        self.tokenizer.save_pretrained(p / "model")
-        del full
-        if self.peft is not None:
-            self.peft.save_pretrained(p / "adapter", state_dict=adapter)
-        crit = self._critic_module()
-        if crit is not None:
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors")
-            )
-        state = {
-            "scheduler": self.sched.state_dict(),
-            "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
-            "critic_scheduler": self.critic_sched.state_dict() if self.critic_sched is not None else None,
-            "kl_controller": self.kl_ctl.state_dict(),
-            "steps_done": self.steps_done,
-            "updates_done": self.updates_done,
-            "algo": self.algo.name,
-            "critic": self.algo.critic.model if crit is not None else None,
-            "world_size": self.world_size,
-            **rng,
-        }
-        torch.save(state, p / "learner_state.pt")
-
-    def load_checkpoint(self, path: str) -> None:
-        """Restore everything ``save_checkpoint`` wrote (every rank calls it); the learner must be built with
-        the same algorithm and critic.
-
-        Onto the same number of learners the restore is exact. Onto a different number,
-        ``torch.distributed.checkpoint`` reshards the weights and optimizer state (exact too);
-        ranks without an RNG file of their own take rank 0's, and the batch is sharded
-        differently, so later steps match a same-size resume only in distribution.
-        """
-        import torch.distributed.checkpoint as dcp
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        p = Path(path)
-        if not (p / "dcp" / ".metadata").is_file():
-            raise ValueError(
-                f"{p}: not a learner checkpoint of this version (no dcp/.metadata: sharded weights and optimizer state)"
-            )
-        st = torch.load(p / "learner_state.pt", weights_only=False)
-        crit = self._critic_module()
-        if st.get("critic") != (self.algo.critic.model if crit is not None else None):
-            raise ValueError(
-                f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
-                f"({self.algo.critic.model if crit is not None else None!r})"
-            )
-        mods = self._state_modules()
-        state = {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)}
-        dcp.load(state, checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
-        set_model_state_dict(mods, state["model"], options=StateDictOptions(strict=False))
-        set_optimizer_state_dict(mods, self.opt, state["optim"])
-        del state
-        if crit is not None:
-            crit.load_state_dict(load_file(str(p / "critic.safetensors")))
-        self.sched.load_state_dict(st["scheduler"])
-        if self.critic_opt is not None:
-            self.critic_opt.load_state_dict(st["critic_optimizer"])
-            self.critic_sched.load_state_dict(st["critic_scheduler"])  # type: ignore[union-attr]
-        self.kl_ctl.load_state_dict(st["kl_controller"])
-        self.steps_done = st["steps_done"]
-        self.updates_done = st.get("updates_done", 0)
-        own = p / f"rng_rank{self.rank}.pt"
-        rng = torch.load(own, weights_only=False) if self.rank > 0 and own.is_file() else st
-        torch.set_rng_state(rng["torch_rng"])
-        random.setstate(rng["python_rng"])
-        self.gen.set_state(rng["shuffle_rng"])
-        if rng.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda_rng"])
 
     def shutdown(self) -> None:
         shutil.rmtree(self.shm_dir, ignore_errors=True)
@@ -1351,134 +1102,6 @@ class Learner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-
-
-class _ShmWeights:
-    """A safetensors file in shared memory that is rewritten in place, double-buffered.
-
-    Two slot files (``.<name>.slot0/1``) have a fixed layout (names, dtypes, shapes); each is
-    memory-mapped once and its tensors are views into the mapping, so ``write`` is one
-    ``copy_`` per tensor: no allocation, no page faults after the first use of a slot, no
-    second copy through a serializer. The slot just written is published as ``<name>`` by a
-    hard link and an atomic rename; the other slot is written next time, so a file a reader
-    opened stays intact until the write after next. Tensors that share storage with one
-    already written (a tied ``lm_head``) are copied from its converted bytes.
-    """
-
-    def __init__(self, folder: Path, name: str, layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> None:
-        import json
-
-        self.folder, self.name, self.layout = Path(folder), name, list(layout)
-        # safetensors' own order (widest dtype first) keeps every tensor aligned in the file.
-        entries = sorted(self.layout, key=lambda e: (-torch.empty((), dtype=e[1]).element_size(), e[0]))
-        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-        self._spans: dict[str, tuple[int, int, torch.dtype, tuple[int, ...]]] = {}
-        end = 0
-        for key, dt, shape in entries:
-            n = math.prod(shape)
-            nbytes = n * torch.empty((), dtype=dt).element_size()
-            header[key] = {"dtype": _ST_DTYPES[dt], "shape": list(shape), "data_offsets": [end, end + nbytes]}
-            self._spans[key] = (end, n, dt, shape)
-            end += nbytes
-        head = json.dumps(header, separators=(",", ":")).encode()
-        head += b" " * (-len(head) % 8)
-        self._prefix = len(head).to_bytes(8, "little") + head
-        self.size = len(self._prefix) + end
-        self._slots: list[tuple[Path, int, Any, dict[str, torch.Tensor]] | None] = [None, None]
-        self._next = 0
-
-    def fits(self, folder: Path, layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> bool:
-        return Path(folder) == self.folder and list(layout) == self.layout
-
-    def _open(self, i: int) -> tuple[Path, int, Any, dict[str, torch.Tensor]]:
-        """Slot ``i``'s mapping and tensor views, (re)created when its file is gone or replaced."""
-        import mmap
-
-        path = self.folder / f".{self.name}.slot{i}"
-        slot = self._slots[i]
-        if slot is not None:
-            try:
-                if os.stat(path).st_ino == slot[1]:
-                    return slot
-            except FileNotFoundError:
-                pass
-            self._close_slot(i)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        try:  # a new inode: a reader of the old file (maybe still published) keeps its bytes
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.ftruncate(fd, self.size)
-            os.pwrite(fd, self._prefix, 0)
-            mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            ino = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
-        base = len(self._prefix)
-        views = {}
-        for key, (start, n, dt, shape) in self._spans.items():
-            t = torch.frombuffer(mm, dtype=dt, count=n, offset=base + start) if n else torch.empty(0, dtype=dt)
-            views[key] = t.view(shape)
-        slot = self._slots[i] = (path, ino, mm, views)
-        return slot
-
-    def write(self, tensors: dict[str, torch.Tensor]) -> str:
-        """Copy ``tensors`` (the layout's names; any device/dtype) into the next slot and publish it; return the path."""
-        views = self.begin()
-        done: dict[tuple[Any, ...], torch.Tensor] = {}
-        with torch.no_grad():
-            for key, dst in views.items():
-                src = tensors[key].detach()
-                alias = (
-                    src.device,
-                    src.untyped_storage().data_ptr(),
-                    src.storage_offset(),
-                    tuple(src.stride()),
-                    tuple(src.shape),
-                    src.dtype,
-                )
-                dst.copy_(done.get(alias, src))
-                done.setdefault(alias, dst)
-        return self.publish()
-
-    def begin(self) -> dict[str, torch.Tensor]:
-        """The next slot's tensor views, to ``copy_`` into one at a time; then ``publish``."""
-        return self._open(self._next)[3]
-
-    def publish(self) -> str:
-        """Publish the slot ``begin`` handed out (atomic rename); return the published path."""
-        i = self._next
-        path = self._open(i)[0]
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        tmp = self.folder / f".{self.name}.{os.getpid()}.tmp"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        os.link(path, tmp)
-        os.replace(tmp, self.folder / self.name)
-        self._next = 1 - i
-        return str(self.folder / self.name)
-
-    def _close_slot(self, i: int) -> None:
-        slot = self._slots[i]
-        self._slots[i] = None
-        if slot is not None:
-            slot[3].clear()  # drop the views before the mapping (they export its buffer)
-            try:
-                slot[2].close()
-            except BufferError:  # a view is still referenced elsewhere; the mapping goes with it
-                pass
-
-    def close(self) -> None:
-        for i in (0, 1):
-            self._close_slot(i)
 
 
 def _trunk(model: Any) -> Any:
@@ -1499,43 +1122,6 @@ def _clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor)
         for p in params:
             if p.grad is not None:
                 p.grad.detach().mul_(coef)
-
-
-def policy_from_checkpoint(path: str | Path, model_path: str, lora_cfg: Any = None) -> Any:
-    """The policy of learner checkpoint ``path`` as a plain HF causal LM (float32, on CPU), for an export.
-
-    Read from the checkpoint's ``dcp/`` (``save_checkpoint``; written by 1 or N ranks,
-    ``torch.distributed.checkpoint`` reshards on load, here into one unsharded model): the base
-    ``model_path`` (the run's ``model.path``, resolved) is loaded, the trainable weights (all of
-    them; with LoRA, built with the run's ``learner.lora``, the adapters) are set from the
-    checkpoint, and LoRA adapters are merged into the base (``peft``'s ``merge_and_unload``).
-    Raises ``FileNotFoundError`` naming ``dcp/.metadata`` when the checkpoint has none.
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from transformers import AutoModelForCausalLM
-
-    meta = Path(path) / "dcp" / ".metadata"
-    if not meta.is_file():
-        raise FileNotFoundError(f"{meta}: not found; {path} is not a learner checkpoint of this version")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    peft = lora.attach(model, lora_cfg) if lora.enabled(lora_cfg) else None
-    mods = torch.nn.ModuleDict({"policy": model})  # the names save_checkpoint used (_state_modules)
-    state = {"model": _trainable_state(mods)}
-    dcp.load(state, checkpoint_id=str(meta.parent), no_dist=True)
-    set_model_state_dict(mods, state["model"], options=StateDictOptions(strict=False))
-    return peft.merge_and_unload() if peft is not None else model
-
-
-def _trainable_state(mods: torch.nn.Module) -> dict[str, Any]:
-    """``get_model_state_dict(mods)`` without frozen parameters (LoRA's base: it never changes and is not
-    checkpointed). Filtered by name because ``ignore_frozen_params`` lets a tied alias (lm_head) through."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    live = {k for k, v in mods.named_parameters(remove_duplicate=False) if v.requires_grad}
-    frozen = {k for k, v in mods.named_parameters(remove_duplicate=False) if not v.requires_grad}
-    sd = get_model_state_dict(mods, options=StateDictOptions(ignore_frozen_params=True))
-    return {k: v for k, v in sd.items() if k in live or k not in frozen}
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
