@@ -70,6 +70,7 @@ not generate text or score rewards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -85,6 +86,7 @@ import torch
 
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
+from rl.algos.objective import ObjectiveInputs, ObjectiveStats, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import checkpoint, fsdp, lora, memory, packed_attention, packing, precision
@@ -93,9 +95,7 @@ from rl.trainer.weights import WeightExport
 from rl.trainer.logits import Entropy, head_logprobs
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.losses import (
-    aggregate,
     kl,
-    value_loss,
 )
 from rl.algos.schedules import LRSchedule, kl_controller
 
@@ -127,6 +127,24 @@ class Sums:
     # the policy loss's stats (its ``stat_names``), each summed as value x tokens
     loss_stats: dict[str, float] = field(default_factory=dict)
 
+    def add(self, st: ObjectiveStats, ntok: float, entropy_sum: float, first_epoch: bool) -> None:
+        """One micro-batch's objective stats (``ntok`` policy tokens; token means weighted by it)."""
+        self.policy_loss += st.policy_loss
+        self.kl_loss += st.kl_loss
+        self.kl += st.kl_sum
+        self.entropy_loss += st.entropy_loss
+        self.value_loss += st.value_loss
+        self.value += st.value_mean * ntok
+        self.value_error += st.value_error * ntok
+        self.value_clipped += st.value_clip_fraction * ntok
+        self.returns += st.returns_sum
+        for k, v in st.policy.items():
+            self.loss_stats[k] = self.loss_stats.get(k, 0.0) + v * ntok
+        self.entropy += entropy_sum
+        self.tokens += ntok
+        if first_epoch:
+            self.tokens_first_epoch += ntok
+
     def values(self, stat_names: tuple[str, ...]) -> list[float]:
         scalars = [getattr(self, f.name) for f in fields(self) if f.name != "loss_stats"]
         return scalars + [self.loss_stats.get(k, 0.0) for k in stat_names]
@@ -153,10 +171,6 @@ class _Grid:
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
         return grid.index_put((self.index,), flat).view(self.B, self.T)
-
-    def agg(self, per_token: torch.Tensor, how: str) -> torch.Tensor:
-        nt, ns = self.denom
-        return aggregate(per_token, self.mask, how, num_tokens=nt, num_seqs=ns, norm_tokens=self.norm_tokens)
 
 
 class Critic(torch.nn.Module):
@@ -187,6 +201,14 @@ def _loss_aggregation(algo: AlgoConfig, est: Any) -> tuple[str, int | None]:
             "rollout.max_new_tokens x rollout.max_turns)"
         )
     return agg, norm_tokens
+
+
+def _objective_parts(algo: AlgoConfig) -> tuple[Any, Terms]:
+    """The policy loss object (``algo.loss.policy``: what it needs, engine log-probs or entropy) and the weights of
+    the objective's other terms (``rl.algos.objective``; the KL coefficient is set per step by the controller)."""
+    c = algo.critic
+    terms = Terms(0.0, algo.kl.kind, algo.kl.in_reward, algo.loss.entropy_coef, c.vf_coef, c.value_clip or None)
+    return get_policy_loss(algo.loss), terms
 
 
 class Learner:
@@ -226,7 +248,7 @@ class Learner:
         self.lcfg = learner if learner is not None else LearnerConfig()
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
         self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
-        self.loss_fn = get_policy_loss(algo.loss)  # what the objective needs: engine log-probs, entropy
+        self.loss_fn, self.terms = _objective_parts(algo)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one, on a port of
@@ -881,36 +903,25 @@ class Learner:
         # a sample excluded from the loss (Sample.excluded: a harness failure) has no policy token in it
         g.sample_mask = torch.tensor([not s.excluded for s in mb], dtype=torch.bool, device=logp_flat.device)
         g.mask = g(torch.ones_like(logp_flat)).bool() & g.sample_mask[:, None]
-        logp = g(logp_flat)
-        loss = self._policy_term(mb, prep, g, logp, ent_flat, sums)
-        total = loss
-        for term in (
-            self._kl_term(mb, prep, g, logp, sums, coef),
-            self._entropy_term(g, ent_flat, sums),
-            self._value_term(mb, prep, g, values_flat, sums),
-        ):
-            if term is not None:
-                total = total + term
+        x = self._objective_inputs(mb, prep, g, g(logp_flat), ent_flat, values_flat, coef)
+        total, st = objective(x, self.loss_fn)
         (total if pad is None else total + pad).backward()
         if prep is None and first_epoch:
             self._logprob_diff(logp_flat, mb, sums)
-        sums.policy_loss += float(loss.detach())
-        sums.entropy += float(ent_flat.detach().sum())
-        sums.tokens += g.ntok
-        if first_epoch:
-            sums.tokens_first_epoch += g.ntok
+        sums.add(st, g.ntok, float(ent_flat.detach().sum()), first_epoch)
 
-    def _policy_term(
+    def _objective_inputs(
         self,
         mb: list[Sample],
         prep: dict[str, dict[int, torch.Tensor]] | None,
         g: _Grid,
         logp: torch.Tensor,
-        ent_flat: torch.Tensor | None,
-        sums: Sums,
-    ) -> torch.Tensor:
-        """The recipe's policy loss (``algo.loss.policy``, ``rl.algos.policy_losses``) on its typed inputs; its
-        stats, token-weighted, into ``sums.loss_stats``."""
+        ent_flat: torch.Tensor,
+        values_flat: torch.Tensor | None,
+        coef: float,
+    ) -> ObjectiveInputs:
+        """The objective's typed inputs (``rl.algos.objective``) on the micro-batch's grid: only what its terms
+        and the policy loss need (the engine's log-probs, the reference's, the critic's values)."""
         a, need = self.algo, self.loss_fn.needs
         old = g(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
         if prep is not None and self.est.learner_advantages(a):
@@ -919,7 +930,7 @@ class Learner:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
             adv = adv[:, None].expand_as(logp)
         nt, ns = g.denom
-        x = LossInputs(
+        policy = LossInputs(
             logp=logp,
             old_logp=old,
             advantages=adv,
@@ -930,83 +941,35 @@ class Learner:
             num_seqs=ns,
             norm_tokens=self.norm_tokens,
             engine_logp=g(self._engine_logprobs(mb)) if "engine_logprobs" in need else None,
-            entropy=g(ent_flat) if "entropy" in need and ent_flat is not None else None,
+            entropy=g(ent_flat) if "entropy" in need else None,
         )
-        loss, stats = self.loss_fn(x)
-        for k in self.loss_fn.stat_names:
-            sums.loss_stats[k] = sums.loss_stats.get(k, 0.0) + stats[k] * g.ntok
-        return loss
+        ref = g(self._reference_logprobs(mb, prep)) if self.has_ref else None  # the reference, then the critic
+        values = self._critic_values(mb, values_flat)
+        return ObjectiveInputs(
+            policy=policy,
+            terms=dataclasses.replace(self.terms, kl_coef=coef),
+            ref_logp=ref,
+            entropy=g(ent_flat) if a.loss.entropy_coef > 0 else None,
+            values=g(values) if values is not None else None,
+            old_values=g(self._cat(prep["values"], mb)) if values is not None and prep is not None else None,
+            returns=g(self._cat(prep["returns"], mb)) if values is not None and prep is not None else None,
+        )
 
-    def _kl_term(
-        self,
-        mb: list[Sample],
-        prep: dict[str, dict[int, torch.Tensor]] | None,
-        g: _Grid,
-        logp: torch.Tensor,
-        sums: Sums,
-        coef: float,
-    ) -> torch.Tensor | None:
-        """``kl_coef x`` the aggregated KL to the reference (None without a reference, or 0-weighted when the
-        KL is in the reward: then it is only measured)."""
-        a = self.algo
-        if not self.has_ref:
-            return None
+    def _reference_logprobs(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None) -> torch.Tensor:
+        """The reference's log-probs of the micro-batch's policy tokens (flat): cached by the prepare pass, or now."""
         if prep is not None:
-            ref_flat = self._cat(prep["ref"], mb)
-        else:
-            with torch.no_grad(), self._autocast(), self._reference() as ref:
-                ref_flat, _ = self._response_logprobs(ref, mb)
-        kl_tok = kl(logp.detach() if a.kl.in_reward else logp, g(ref_flat), a.kl.kind)
-        kl_loss = g.agg(kl_tok, self.agg)
-        sums.kl_loss += float(kl_loss.detach())
-        sums.kl += float((kl_tok.detach() * g.mask).sum())
-        return None if a.kl.in_reward else coef * kl_loss
+            return self._cat(prep["ref"], mb)
+        with torch.no_grad(), self._autocast(), self._reference() as ref:
+            return self._response_logprobs(ref, mb)[0]
 
-    def _entropy_term(self, g: _Grid, ent_flat: torch.Tensor, sums: Sums) -> torch.Tensor | None:
-        """``- entropy_coef x`` the aggregated entropy (None when the coefficient is 0)."""
-        a = self.algo
-        if a.loss.entropy_coef <= 0:
-            return None
-        ent_loss = g.agg(g(ent_flat), self.agg)
-        sums.entropy_loss += float(ent_loss.detach())
-        return -a.loss.entropy_coef * ent_loss
-
-    def _value_term(
-        self,
-        mb: list[Sample],
-        prep: dict[str, dict[int, torch.Tensor]] | None,
-        g: _Grid,
-        values_flat: torch.Tensor | None,
-        sums: Sums,
-    ) -> torch.Tensor | None:
-        """``vf_coef x`` the clipped value loss of the value head or separate critic (None without one)."""
-        a = self.algo
-        if self.critic is not None:
-            with self._autocast():
-                ch, _, _ = self._response_hidden(self.critic.trunk, mb)
-            values_flat = self._values(self.critic.head, ch)
-        if values_flat is None:
-            return None
-        assert prep is not None  # a critic always runs the prepare pass
-        nt, ns = g.denom
-        ret = g(self._cat(prep["returns"], mb))
-        vloss, vst = value_loss(
-            g(values_flat),
-            g(self._cat(prep["values"], mb)),
-            ret,
-            g.mask,
-            clip=a.critic.value_clip or None,
-            agg=self.agg,
-            num_tokens=nt,
-            num_seqs=ns,
-            norm_tokens=self.norm_tokens,
-        )
-        sums.value_loss += float(vloss.detach())
-        sums.value += vst["value/mean"] * g.ntok
-        sums.value_error += vst["value/error"] * g.ntok
-        sums.value_clipped += vst["value/clip_fraction"] * g.ntok
-        sums.returns += float((ret * g.mask).sum())
-        return a.critic.vf_coef * vloss
+    def _critic_values(self, mb: list[Sample], values_flat: torch.Tensor | None) -> torch.Tensor | None:
+        """The critic's values (flat, with grad): the value head's (from the policy's hidden states), the separate
+        critic's (its own forward now), or None without a critic."""
+        if self.critic is None:
+            return values_flat
+        with self._autocast():
+            ch, _, _ = self._response_hidden(self.critic.trunk, mb)
+        return self._values(self.critic.head, ch)
 
     def _pad_micro(self, prep: dict[str, dict[int, torch.Tensor]] | None) -> None:
         """A micro-batch with no samples on a sharded rank that has fewer than the others: the same

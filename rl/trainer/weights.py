@@ -78,7 +78,7 @@ class WeightExport:
         engine it shares that GPU with (a bf16 copy of the model per GPU).
         """
         if self.device.type != "cuda":
-            raise RuntimeError("WeightExport.ipc needs a learner on a CUDA device; CPU engines load file()'s file")
+            raise RuntimeError("export_ipc needs a learner on a CUDA device; CPU engines load export_weights' file")
         tensors = self._tensors()
         dt, place, total = DTYPES[dtype], {}, 0
         for key, t in tensors.items():
