@@ -75,8 +75,8 @@ def test_packed_equals_padded_logprobs_loss_and_grads(pair):
     packed, padded = pair
     batch = _batch(len(packed.tokenizer))
     with torch.no_grad():
-        lp_k, t_k = packed._response_logprobs(packed.model, batch.samples)
-        lp_d, t_d = padded._response_logprobs(padded.model, batch.samples)
+        lp_k, t_k = packed.fwd.logprobs(packed.model, batch.samples)
+        lp_d, t_d = padded.fwd.logprobs(padded.model, batch.samples)
     assert torch.equal(t_k, t_d)
     torch.testing.assert_close(lp_k, lp_d, rtol=0, atol=1e-5)
     for lrn in pair:
@@ -99,7 +99,7 @@ def test_packed_groups_look_up_their_embeddings_in_one_call(pair):
     hook = packed.model.get_input_embeddings().register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
     try:
         with torch.no_grad():
-            packed._response_logprobs(packed.model, batch.samples)
+            packed.fwd.logprobs(packed.model, batch.samples)
     finally:
         hook.remove()
     groups = {}
@@ -125,8 +125,8 @@ def test_packed_micro_batches_count_packed_tokens(pair):
         for s in mb:
             by.setdefault(s.group_id, []).append(s)
         assert sum(packing.packed_length(g) for g in by.values()) <= budget
-        assert packed._trunk_calls(mb) == len(by)  # one packed call per group
-        assert padded._trunk_calls(mb) == 2 * len(by)  # padded: the prompt, then the responses
+        assert packed.fwd.trunk_calls(mb) == len(by)  # one packed call per group
+        assert padded.fwd.trunk_calls(mb) == 2 * len(by)  # padded: the prompt, then the responses
     # padded, each group costs its members padded to the longest: more tokens, no fewer micro-batches
     assert len(micros) <= len(padded._micro_batches(batch.samples))
 

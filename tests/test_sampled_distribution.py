@@ -108,7 +108,7 @@ def test_top_p_engine_logprobs_are_the_truncated_distribution(engine, tiny_model
     try:
         for s in batch.samples:
             with torch.no_grad():
-                lp, _ = lrn._response_logprobs(lrn.model, [s])
+                lp, _ = lrn.fwd.logprobs(lrn.model, [s])
             assert all(e >= float(x) - 1e-4 for e, x in zip(s.rollout_logprobs, lp))
     finally:
         lrn.shutdown()

@@ -91,8 +91,9 @@ from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import checkpoint, fsdp, lora, memory, packed_attention, packing, precision
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
+from rl.trainer.forward import Forward, trunk
 from rl.trainer.weights import WeightExport
-from rl.trainer.logits import Entropy, head_logprobs
+from rl.trainer.logits import Entropy
 from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.losses import (
     kl,
@@ -264,6 +265,7 @@ class Learner:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
+        self.fwd = Forward(self.lcfg, self.lock, self.device, self.pad_id, self.temperature)  # rl.trainer.forward
         self._build_models(model_path)
         # Loading (and sharding: each rank loads the whole model, then keeps its shard) frees what glibc keeps
         # resident otherwise; hand it back before the first step (rl.trainer.memory).
@@ -288,9 +290,6 @@ class Learner:
         self.hold_budget = memory.HoldBudget() if hold and memory.hold() else None
         if self.rank == 0 and self.device.type == "cpu":
             print(f"jointrl learner: allocator {memory.allocator()}", flush=True)
-        # With share_prompt: a micro-batch's groups run packed in one trunk call (rl.trainer.packing); False runs
-        # each group as a prompt call + its responses padded to its longest (kept to measure and test against).
-        self.pack_responses = True
 
     def reference_dtype(self) -> str:
         """``model.reference_dtype`` at this learner's device and precision (``precision.reference_dtype``)."""
@@ -358,7 +357,7 @@ class Learner:
             trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             trunk_src.config.use_cache = False
             packed_attention.install(trunk_src)
-            self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
+            self.critic = Critic(trunk(trunk_src), hidden_size).to(self.device, dtype)
             del trunk_src
             self.critic.train()
 
@@ -408,208 +407,32 @@ class Learner:
                 yield self.model
 
     @property
+    def pack_responses(self) -> bool:
+        """With ``learner.share_prompt``: the packed layout (True) or the padded one (``rl.trainer.forward``)."""
+        return self.fwd.pack_responses
+
+    @pack_responses.setter
+    def pack_responses(self, packed: bool) -> None:
+        self.fwd.pack_responses = packed
+
+    @property
     def needs_prepare(self) -> bool:
         """Whether a no-grad pass runs before the first update (see the module docstring)."""
         a = self.algo
         return a.update.epochs * a.update.minibatches > 1 or self.est.learner_advantages(a)
 
-    # ---- forward --------------------------------------------------------------------------
+    # ---- forward (rl.trainer.forward) ------------------------------------------------------
+    def _forward(
+        self, model: Any, samples: list[Sample], entropy: Entropy = "none"
+    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+        """``Forward.__call__`` at the sampling temperature (a method of its own: bench/learner_memory.py wraps it)."""
+        return self.fwd(model, samples, entropy)
+
     def _autocast(self):
         enabled = self.use_autocast and self.device.type in ("cpu", "cuda")
         if self.device.type == "cuda" and fsdp.is_sharded(self.model):
             enabled = False  # FSDP's MixedPrecisionPolicy computes in bf16 (rl.trainer.fsdp.shard)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
-
-    def _response_logprobs(
-        self, model: Any, samples: list[Sample], temperature: float | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs at response positions only: (logp [N] float32, targets [N]); see ``_response_hidden``.
-        For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
-        (_, logp, _, targets, _), _ = self._forward(model, samples, temperature=temperature)
-        return logp, targets
-
-    def _forward(
-        self, model: Any, samples: list[Sample], entropy: Entropy = "none", temperature: float | None = None
-    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
-        """((hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N]), pad) of ``model`` on ``samples``.
-
-        The vocabulary-sized logits are computed through ``lm_head`` and dropped inside
-        (``rl.trainer.logits.head_logprobs``: in chunks of ``learner.logits_chunk_tokens``, each
-        recomputed in the backward). Runs inside the root of a sharded model
-        (``rl.trainer.fsdp.Lockstep.root``); ``pad`` (None unless sharded) is the zero scalar of the
-        dummy calls that keep the ranks in step, to add to a loss before its backward. ``samples``
-        may be empty (a rank with fewer micro-batches). Log-probs and entropy are of the logits divided by
-        ``temperature`` (default: the sampling temperature, ``self.temperature``).
-        """
-        temp = self.temperature if temperature is None else temperature
-
-        def run() -> tuple[Any, ...]:
-            if not samples:
-                return ()
-            hidden, targets, index = self._response_hidden(_trunk(model), samples)
-            head = model.get_output_embeddings()
-            logp, ent = head_logprobs(head, hidden, targets, self.lcfg.logits_chunk_tokens, entropy, temp)
-            return hidden, logp, ent, targets, index
-
-        return self.lock.root(model, run, self._trunk_calls(samples))
-
-    def _trunk_calls(self, samples: list[Sample]) -> int:
-        """How many trunk forwards ``_response_hidden`` makes on ``samples`` (a sharded model checks it)."""
-        if not samples:
-            return 0
-        if not self.lcfg.share_prompt:
-            return 1
-        longest: dict[tuple[int, ...], int] = {}
-        for s in samples:
-            key = tuple(s.input_ids[: s.prompt_len])
-            longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
-        if self.pack_responses:
-            return len(longest)  # one packed call per group
-        return sum(1 + (r > 1) for r in longest.values())  # the prompt, then the responses when longer than 1
-
-    def _response_hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Final hidden states of the transformer ``base`` at the positions predicting response tokens.
-
-        Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
-        counts masked response tokens, in row-major (sample, position) order, and T is the
-        longest response in ``samples``. With ``learner.share_prompt``, samples with the same
-        prompt (a GRPO group) run the prompt once: packed, in one call with their responses
-        after it (``rl.trainer.packing``); padded, attending to its key/value cache, repeated
-        per member. Gradients still flow through the prompt. Otherwise every sample runs its
-        full sequence.
-        """
-        T = max(len(s.loss_mask) for s in samples)
-        if not self.lcfg.share_prompt:
-            return self._full_hidden(base, samples, list(range(len(samples))), T)
-        by_prompt: dict[tuple[int, ...], list[int]] = {}
-        for b, s in enumerate(samples):
-            by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
-        hs, tg, ix = [], [], []
-        if self.lcfg.activation_checkpointing and not self.pack_responses:
-            # The padded layout's prompt call fills a key/value cache that recomputed layers would write twice.
-            raise RuntimeError("activation checkpointing with a shared prompt needs the packed layout")
-        if self.pack_responses:
-            outs = self._packed_hiddens(base, [([samples[b] for b in m], m) for m in by_prompt.values()], T)
-        else:
-            outs = [self._shared_prompt_hidden(base, [samples[b] for b in m], m, T) for m in by_prompt.values()]
-        for h, t, i in outs:
-            hs.append(h)
-            tg.append(t)
-            ix.append(i)
-        hidden, targets, index = torch.cat(hs), torch.cat(tg), torch.cat(ix)
-        order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
-        return hidden[order], targets[order], index[order]
-
-    def _packed_hiddens(self, base: Any, groups: list[tuple[list[Sample], list[int]]], T: int) -> list[tuple[Any, ...]]:
-        """Each group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``).
-
-        The token embeddings of all the groups are looked up in one call: the embedding's backward then
-        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU a fresh
-        [V, H] zero tensor per group cost ~0.1 s each in page faults, bench/learner_floor.py --profile).
-        """
-        # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
-        dtype = next(base.parameters()).dtype
-        packs = [packing.pack(members, rows_b, T, self.device, mask_dtype=dtype) for members, rows_b in groups]
-        embeds = base.get_input_embeddings()(torch.cat([pk.input_ids for pk in packs], dim=1))
-        out = []
-        for pk, emb in zip(packs, embeds.split([pk.input_ids.shape[1] for pk in packs], dim=1)):
-            # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
-            hidden = self.lock.trunk(
-                base,
-                inputs_embeds=emb,
-                attention_mask=pk.mask,
-                position_ids=pk.position_ids,
-                packed_segments=pk.segments,
-            ).last_hidden_state
-            out.append((hidden[0, pk.cols], pk.targets, pk.index))
-        return out
-
-    @staticmethod
-    def _values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-        """Scalar values [N] (float32) from hidden states [N, H], in the head's dtype, outside autocast."""
-        with torch.autocast(hidden.device.type, enabled=False):
-            return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
-
-    def _select(
-        self, members: list[Sample], rows_b: list[int], T: int
-    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
-        """(row in chunk, response position) of every masked token, their targets and grid index."""
-        g_idx, j_idx, tgt, ix = [], [], [], []
-        for g, (s, b) in enumerate(zip(members, rows_b)):
-            for j, m in enumerate(s.loss_mask):
-                if m:
-                    g_idx.append(g)
-                    j_idx.append(j)
-                    tgt.append(s.input_ids[s.prompt_len + j])
-                    ix.append(b * T + j)
-        dev = self.device
-        return (
-            g_idx,
-            j_idx,
-            torch.tensor(tgt, dtype=torch.long, device=dev),
-            torch.tensor(ix, dtype=torch.long, device=dev),
-        )
-
-    def _full_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
-        L = max(len(s.input_ids) for s in members)
-        ids = torch.full((len(members), L), self.pad_id, dtype=torch.long)
-        att = torch.zeros((len(members), L), dtype=torch.long)
-        for g, s in enumerate(members):
-            ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
-            att[g, : len(s.input_ids)] = 1
-        hidden = self.lock.trunk(
-            base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)
-        ).last_hidden_state
-        g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
-        # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
-        pos = [members[g].prompt_len + j - 1 for g, j in zip(g_idx, j_idx)]
-        return (
-            hidden[
-                torch.tensor(g_idx, dtype=torch.long, device=self.device),
-                torch.tensor(pos, dtype=torch.long, device=self.device),
-            ],
-            tgt,
-            ix,
-        )
-
-    def _shared_prompt_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
-        p = members[0].prompt_len
-        G = len(members)
-        R = max(len(s.input_ids) - p for s in members)
-        prompt = torch.tensor([members[0].input_ids[:p]], device=self.device)
-        out = self.lock.trunk(base, input_ids=prompt, use_cache=True)
-        last = out.last_hidden_state[:, -1:].expand(G, 1, -1)  # predicts response token 0
-        if R > 1:
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(G)
-            ids = torch.full((G, R - 1), self.pad_id, dtype=torch.long)
-            att = torch.zeros((G, p + R - 1), dtype=torch.long)
-            att[:, :p] = 1
-            for g, s in enumerate(members):
-                resp = s.input_ids[p:][: R - 1]
-                ids[g, : len(resp)] = torch.tensor(resp)
-                att[g, p : p + len(resp)] = 1
-            pos = torch.arange(p, p + R - 1).expand(G, -1)
-            h2 = self.lock.trunk(
-                base,
-                input_ids=ids.to(self.device),
-                attention_mask=att.to(self.device),
-                past_key_values=cache,
-                position_ids=pos.to(self.device),
-                use_cache=True,
-            ).last_hidden_state
-            hidden = torch.cat([last, h2], dim=1)  # [G, R, H]: position j predicts response token j
-        else:
-            hidden = last
-        g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
-        return (
-            hidden[
-                torch.tensor(g_idx, dtype=torch.long, device=self.device),
-                torch.tensor(j_idx, dtype=torch.long, device=self.device),
-            ],
-            tgt,
-            ix,
-        )
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed tokens.
@@ -827,16 +650,16 @@ class Learner:
                 (hidden, old, _, _, _), _ = self._forward(self.model, micro)
             self._split(old, micro, prep["old"])
             if self.value_head is not None:
-                self._split(self._values(self.value_head, hidden), micro, prep["values"])
+                self._split(self.fwd.values(self.value_head, hidden), micro, prep["values"])
             del hidden
             if self.has_ref:
                 with self._autocast(), self._reference() as ref:
-                    ref_lp, _ = self._response_logprobs(ref, micro)
+                    ref_lp, _ = self.fwd.logprobs(ref, micro)
                 self._split(ref_lp, micro, prep["ref"])
             if self.critic is not None:
                 with self._autocast():
-                    ch, _, _ = self._response_hidden(self.critic.trunk, micro)
-                self._split(self._values(self.critic.head, ch), micro, prep["values"])
+                    ch, _, _ = self.fwd.hidden(self.critic.trunk, micro)
+                self._split(self.fwd.values(self.critic.head, ch), micro, prep["values"])
             self._logprob_diff(old, micro, sums)
         if self.est.learner_advantages(self.algo):
             self._advantages(batch.samples, prep, coef)
@@ -896,7 +719,7 @@ class Learner:
         with self._autocast():
             ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 or "entropy" in self.loss_fn.needs else "value"
             (hidden, logp_flat, ent_flat, _, index), pad = self._forward(self.model, mb, ent_mode)
-        values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
+        values_flat = self.fwd.values(self.value_head, hidden) if self.value_head is not None else None
         del hidden
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
         g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
@@ -960,7 +783,7 @@ class Learner:
         if prep is not None:
             return self._cat(prep["ref"], mb)
         with torch.no_grad(), self._autocast(), self._reference() as ref:
-            return self._response_logprobs(ref, mb)[0]
+            return self.fwd.logprobs(ref, mb)[0]
 
     def _critic_values(self, mb: list[Sample], values_flat: torch.Tensor | None) -> torch.Tensor | None:
         """The critic's values (flat, with grad): the value head's (from the policy's hidden states), the separate
@@ -968,8 +791,8 @@ class Learner:
         if self.critic is None:
             return values_flat
         with self._autocast():
-            ch, _, _ = self._response_hidden(self.critic.trunk, mb)
-        return self._values(self.critic.head, ch)
+            ch, _, _ = self.fwd.hidden(self.critic.trunk, mb)
+        return self.fwd.values(self.critic.head, ch)
 
     def _pad_micro(self, prep: dict[str, dict[int, torch.Tensor]] | None) -> None:
         """A micro-batch with no samples on a sharded rank that has fewer than the others: the same
@@ -1051,7 +874,7 @@ class Learner:
             list(prompt) + list(continuation), len(prompt), [1] * len(continuation), [0.0] * len(continuation), 0.0, ""
         )
         with torch.no_grad(), self._autocast():
-            logp, _ = self._response_logprobs(self.model, [s], temperature=1.0)
+            logp, _ = self.fwd.logprobs(self.model, [s], temperature=1.0)
             return logp.tolist()
 
     def critic_module(self) -> torch.nn.Module | None:
@@ -1065,11 +888,6 @@ class Learner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-def _trunk(model: Any) -> Any:
-    """The transformer of a causal LM (``model.model`` for Llama/Qwen2), or ``model`` itself if it is one."""
-    return getattr(model, model.base_model_prefix, model)
 
 
 def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
