@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import random
 import shutil
@@ -89,16 +88,16 @@ from rl.algos.estimators import get_estimator
 from rl.algos.objective import ObjectiveInputs, ObjectiveStats, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import checkpoint, fsdp, lora, memory, packed_attention, packing, precision
+from rl.trainer import checkpoint, fsdp, optim, lora, memory, packed_attention, packing, precision
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
 from rl.trainer.forward import Forward, trunk
 from rl.trainer.weights import WeightExport
 from rl.trainer.logits import Entropy
-from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, free_port, init_process_group
+from rl.trainer.distributed import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.losses import (
     kl,
 )
-from rl.algos.schedules import LRSchedule, kl_controller
+from rl.algos.schedules import kl_controller
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -362,32 +361,19 @@ class Learner:
             self.critic.train()
 
     def _build_optimizers(self, total_steps: int) -> None:
-        """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the
-        separate critic's own AdamW; their LR schedules."""
+        """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the separate
+        critic's own AdamW; their LR schedules (``rl.trainer.optim``: one construction for both)."""
         algo = self.algo
         critic_lr = algo.critic.lr or algo.optim.lr
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": algo.optim.lr}]
         if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
-        self.opt = torch.optim.AdamW(
-            groups, lr=algo.optim.lr, weight_decay=algo.optim.weight_decay, betas=(0.9, 0.999), eps=1e-8
-        )
         updates = total_steps * algo.update.epochs * algo.update.minibatches
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio)
-        )
+        self.opt, self.sched = optim.adamw(groups, algo.optim.lr, algo.optim, updates)
         self.critic_opt = self.critic_sched = None
         if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(
-                self.critic.parameters(),
-                lr=critic_lr,
-                weight_decay=algo.optim.weight_decay,
-                betas=(0.9, 0.999),
-                eps=1e-8,
-            )
-            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_opt,
-                LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio),
+            self.critic_opt, self.critic_sched = optim.adamw(
+                list(self.critic.parameters()), critic_lr, algo.optim, updates
             )
 
     def _trainable(self) -> list[torch.nn.Parameter]:
@@ -806,38 +792,20 @@ class Learner:
             pad.backward()
 
     def _update(self, st: dict[str, Any]) -> int:
-        """Reduce, clip and apply the accumulated gradients; 1 if the policy stepped.
-
-        Sharded parameters already hold their shard of the summed gradient (FSDP's
-        reduce-scatter); replicated ones (value head) are SUM-all-reduced here.
-        """
-        a = self.algo
-        params = self._trainable()
-        all_reduce_grads([p for p in params if not _is_dtensor(p)])
-        norm = _grad_norm(params)
-        st["norms"].append(float(norm))
+        """Apply the accumulated gradients (``rl.trainer.optim.apply``): the policy's (and value head's), then a
+        separate critic's, each clipped on its own norm; 1 if the policy stepped."""
+        max_norm = self.algo.optim.max_grad_norm
         st["lr"] = self.opt.param_groups[0]["lr"]
-        stepped = 0
-        if math.isfinite(float(norm)):
-            if a.optim.max_grad_norm > 0:
-                _clip(params, a.optim.max_grad_norm, norm)
-            self.opt.step()
-            self.sched.step()
+        norm, stepped = optim.apply(self._trainable(), self.opt, self.sched, max_norm)
+        st["norms"].append(norm)
+        if stepped:
             self.updates_done += 1
-            stepped = 1
         else:
             st["skipped"] += 1
         if self.critic is not None:
-            cps = list(self.critic.parameters())
-            all_reduce_grads(cps)
-            cnorm = _grad_norm(cps)
-            st["critic_norms"].append(float(cnorm))
-            if math.isfinite(float(cnorm)):
-                if a.optim.max_grad_norm > 0:
-                    _clip(cps, a.optim.max_grad_norm, cnorm)
-                self.critic_opt.step()  # type: ignore[union-attr]
-                self.critic_sched.step()  # type: ignore[union-attr]
-        return stepped
+            cnorm, _ = optim.apply(list(self.critic.parameters()), self.critic_opt, self.critic_sched, max_norm)
+            st["critic_norms"].append(cnorm)
+        return int(stepped)
 
     # ---- weights & checkpoints ----------------------------------------------------------
     # ---- weights out (rl.trainer.weights) and checkpoints (rl.trainer.checkpoint): the actor's API ----------
@@ -888,21 +856,6 @@ class Learner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Global L2 norm of the gradients (float32; 0 without any gradient), over every rank's shard."""
-    return fsdp.grad_sq_sum(params).sqrt()
-
-
-def _clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:
-    """Scale the gradients by ``max_norm / (norm + 1e-6)`` when below 1 (``clip_grads_with_norm_``'s rule),
-    with a Python float, so that sharded (DTensor) and plain gradients take the same path."""
-    coef = max_norm / (float(norm) + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.detach().mul_(coef)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
