@@ -88,9 +88,9 @@ from rl.algos.estimators import get_estimator
 from rl.algos.objective import ObjectiveInputs, ObjectiveStats, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import checkpoint, fsdp, optim, lora, memory, packed_attention, packing, precision
+from rl.trainer import checkpoint, fsdp, models, optim, memory, packing, precision
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
-from rl.trainer.forward import Forward, trunk
+from rl.trainer.forward import Forward
 from rl.trainer.weights import WeightExport
 from rl.trainer.logits import Entropy
 from rl.trainer.distributed import all_reduce_sum, broadcast_params, free_port, init_process_group
@@ -171,22 +171,6 @@ class _Grid:
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
         return grid.index_put((self.index,), flat).view(self.B, self.T)
-
-
-class Critic(torch.nn.Module):
-    """A separate value model: a copy of the policy's transformer trunk and a scalar head ([N, H] -> [N])."""
-
-    def __init__(self, trunk: torch.nn.Module, hidden_size: int) -> None:
-        super().__init__()
-        self.trunk = trunk
-        self.head = _value_head(hidden_size)
-
-
-def _value_head(hidden_size: int) -> torch.nn.Linear:
-    head = torch.nn.Linear(hidden_size, 1)
-    torch.nn.init.zeros_(head.weight)  # V = 0 at start: deterministic, and no initial pull on the trunk
-    torch.nn.init.zeros_(head.bias)
-    return head
 
 
 def _loss_aggregation(algo: AlgoConfig, est: Any) -> tuple[str, int | None]:
@@ -319,46 +303,19 @@ class Learner:
         return d
 
     def _build_models(self, model_path: str) -> None:
-        """The policy (LoRA adapters attached when ``learner.lora.rank > 0``, sharded over 2+ learners), the
-        reference (only with a KL term; with LoRA the policy with adapters disabled) and the critic."""
-        from transformers import AutoModelForCausalLM
-
-        algo, model_cfg = self.algo, self.model_cfg
-        dtype = DTYPES[model_cfg.learner_dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
-        self.model.config.use_cache = False
-        packed_attention.install(self.model)
-        if self.lcfg.activation_checkpointing:  # per decoder layer, recomputed in the backward
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.peft = None
-        if lora.enabled(self.lcfg.lora):  # before sharding: the adapters shard with their layers
-            self.peft = lora.attach(self.model, self.lcfg.lora)
-        self.model.train()
-        bf16_compute = self.use_autocast and self.device.type == "cuda"  # GPU: FSDP's policy, not autocast
-        if self.sharded:  # sharded before the optimizer is built: its state is sharded too
-            fsdp.shard(self.model, bf16_compute=bf16_compute)
-        self.ref = None
-        self.has_ref = self.est.needs_reference(algo)  # no KL term: no reference model, and no reference forward
-        if self.has_ref and self.peft is None:
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[self.reference_dtype()]).to(
-                self.device
-            )
-            self.ref.eval().requires_grad_(False)
-            packed_attention.install(self.ref)
-            if self.sharded:
-                fsdp.shard(self.ref, bf16_compute=bf16_compute)
-        self.value_head: torch.nn.Linear | None = None
-        self.critic: Critic | None = None
-        hidden_size = self.model.config.hidden_size
-        if self.est.needs_critic and algo.critic.model == "value_head":
-            self.value_head = _value_head(hidden_size).to(self.device, dtype)
-        elif self.est.needs_critic:
-            trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-            trunk_src.config.use_cache = False
-            packed_attention.install(trunk_src)
-            self.critic = Critic(trunk(trunk_src), hidden_size).to(self.device, dtype)
-            del trunk_src
-            self.critic.train()
+        """The policy, reference and critic (``rl.trainer.models.build``), as this learner's attributes."""
+        m = models.build(
+            model_path,
+            self.model_cfg,
+            self.lcfg,
+            self.device,
+            sharded=self.sharded,
+            bf16_compute=self.use_autocast and self.device.type == "cuda",  # GPU: FSDP's policy, not autocast
+            reference_dtype=self.reference_dtype() if self.est.needs_reference(self.algo) else None,
+            critic=self.algo.critic.model if self.est.needs_critic else None,
+        )
+        self.model, self.peft, self.ref, self.value_head, self.critic = m.model, m.peft, m.ref, m.value_head, m.critic
+        self.has_ref = m.has_ref  # no KL term: no reference model, and no reference forward
 
     def _build_optimizers(self, total_steps: int) -> None:
         """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the separate
