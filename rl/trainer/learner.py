@@ -77,7 +77,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +85,13 @@ import torch
 
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
-from rl.algos.objective import ObjectiveInputs, ObjectiveStats, Terms, objective
+from rl.algos.objective import ObjectiveInputs, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import checkpoint, fsdp, models, optim, memory, packing, precision
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
 from rl.trainer.forward import Forward
+from rl.trainer.metrics import StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
 from rl.trainer.logits import Entropy
 from rl.trainer.distributed import all_reduce_sum, broadcast_params, free_port, init_process_group
@@ -100,59 +101,6 @@ from rl.algos.losses import (
 from rl.algos.schedules import kl_controller
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class Sums:
-    """Additive per-step statistics (floats), summed over micro-batches and then over the ranks.
-
-    The loss terms are each minibatch's aggregated term (summed over optimizer steps); the
-    others are sums over tokens, turned into means by ``Learner._metrics``.
-    """
-
-    policy_loss: float = 0.0
-    kl_loss: float = 0.0
-    value_loss: float = 0.0
-    entropy_loss: float = 0.0
-    kl: float = 0.0
-    entropy: float = 0.0
-    tokens: float = 0.0
-    tokens_first_epoch: float = 0.0
-    logprob_diff: float = 0.0
-    logprob_diff_tokens: float = 0.0
-    value: float = 0.0
-    value_error: float = 0.0
-    value_clipped: float = 0.0
-    returns: float = 0.0
-    # the policy loss's stats (its ``stat_names``), each summed as value x tokens
-    loss_stats: dict[str, float] = field(default_factory=dict)
-
-    def add(self, st: ObjectiveStats, ntok: float, entropy_sum: float, first_epoch: bool) -> None:
-        """One micro-batch's objective stats (``ntok`` policy tokens; token means weighted by it)."""
-        self.policy_loss += st.policy_loss
-        self.kl_loss += st.kl_loss
-        self.kl += st.kl_sum
-        self.entropy_loss += st.entropy_loss
-        self.value_loss += st.value_loss
-        self.value += st.value_mean * ntok
-        self.value_error += st.value_error * ntok
-        self.value_clipped += st.value_clip_fraction * ntok
-        self.returns += st.returns_sum
-        for k, v in st.policy.items():
-            self.loss_stats[k] = self.loss_stats.get(k, 0.0) + v * ntok
-        self.entropy += entropy_sum
-        self.tokens += ntok
-        if first_epoch:
-            self.tokens_first_epoch += ntok
-
-    def values(self, stat_names: tuple[str, ...]) -> list[float]:
-        scalars = [getattr(self, f.name) for f in fields(self) if f.name != "loss_stats"]
-        return scalars + [self.loss_stats.get(k, 0.0) for k in stat_names]
-
-    @classmethod
-    def of(cls, values: list[float], stat_names: tuple[str, ...]) -> "Sums":
-        n = len(values) - len(stat_names)
-        return cls(*values[:n], loss_stats=dict(zip(stat_names, values[n:])))
 
 
 @dataclass
@@ -445,26 +393,35 @@ class Learner:
         members = sorted(batch.samples + batch.skipped, key=lambda s: s.uid)
         n_computed = self._plan(batch, members)
         coef = self.kl_ctl.value
-        st: dict[str, Any] = {"norms": [], "critic_norms": [], "skipped": 0, "lr": self.opt.param_groups[0]["lr"]}
-        updates = self._run_updates(batch, members, sums, coef, st) if n_computed else 0
+        log = UpdateLog(lr=self.opt.param_groups[0]["lr"])
+        updates = self._run_updates(batch, members, sums, coef, log) if n_computed else 0
         if updates:
             self.steps_done += 1
         names = self.loss_fn.stat_names
         tot = Sums.of(self._global(sums.values(names)), names)
-        m = self._metrics(tot, st, updates, n_computed, coef)
-        if self.has_ref and n_computed:
-            self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
+        a = self.algo
+        n_up = a.update.epochs * a.update.minibatches if n_computed else 1
+        terms = (a.loss.entropy_coef > 0, self.has_ref, self.critic_module() is not None, self.critic is not None)
+        m = StepMetrics.of(tot, log, n_up, updates, bool(n_computed), terms)
+        if self.has_ref:
+            m.kl_coef = coef
+            if n_computed:
+                self.kl_ctl.update(m.kl_mean, batch.num_seqs)
+        self._after_step(m)
+        m.compute_s = time.perf_counter() - t0
+        return m.to_dict()
+
+    def _after_step(self, m: StepMetrics) -> None:
+        """The memory hold policy after a step (``learner.hold_memory``, ``rl.trainer.memory``), into ``m``."""
         if self.trim_after_step:
             memory.trim()
         rss = memory.rss_bytes()
         if self.hold_budget is not None:
             trimmed = self.hold_budget.after_step(rss)
-            m["memory/trimmed"] = float(trimmed)
+            m.memory_trimmed = float(trimmed)
             if trimmed:
                 rss = memory.rss_bytes()
-        m["memory/learner_rss_gb"] = rss / 1e9
-        m["timing/learner_compute_s"] = time.perf_counter() - t0
-        return m
+        m.memory_rss_gb = rss / 1e9
 
     def _plan(self, batch: Batch, members: list[Sample]) -> int:
         """The number of computed samples over every rank; checks the counts minibatches rely on."""
@@ -480,7 +437,7 @@ class Learner:
             )
         return int(n_computed)
 
-    def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, st: dict[str, Any]) -> int:
+    def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, log: UpdateLog) -> int:
         """The prepare pass (when needed), then ``epochs x minibatches`` optimizer steps; returns the steps taken."""
         a = self.algo
         prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
@@ -507,40 +464,8 @@ class Learner:
                     # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
                     for p in self._trainable():
                         p.grad = torch.zeros_like(p)
-                updates += self._update(st)
+                updates += self._update(log)
         return updates
-
-    def _metrics(self, tot: Sums, st: dict[str, Any], updates: int, n_computed: int, coef: float) -> dict[str, float]:
-        """The step's metrics (see ``step``) from the whole batch's sums."""
-        a = self.algo
-        n_up = a.update.epochs * a.update.minibatches if n_computed else 1
-        n = max(tot.tokens, 1.0)
-        m = {
-            "loss/policy": tot.policy_loss / n_up,
-            "entropy/mean": tot.entropy / n,
-            "grad/norm": sum(st["norms"]) / len(st["norms"]) if st["norms"] else 0.0,
-            "lr": st["lr"],
-            "learner/tokens": tot.tokens_first_epoch,
-            "learner/updates": float(updates),
-            "learner/skipped_update": st["skipped"] / n_up if n_computed else 0.0,
-            "rollout/logprob_diff": tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
-        }
-        m.update({k: v / n for k, v in tot.loss_stats.items()})  # clip/fraction, is/* ... (the loss's stat_names)
-        if a.loss.entropy_coef:
-            m["loss/entropy"] = tot.entropy_loss / n_up
-        if self.has_ref:
-            m["loss/kl"] = tot.kl_loss / n_up
-            m["kl/mean"] = tot.kl / n
-            m["kl/coef"] = coef
-        if self.value_head is not None or self.critic is not None:
-            m["loss/value"] = tot.value_loss / n_up
-            m["value/mean"] = tot.value / n
-            m["value/error"] = tot.value_error / n
-            m["value/clip_fraction"] = tot.value_clipped / n
-            m["returns/mean"] = tot.returns / n
-        if self.critic is not None:
-            m["critic/grad_norm"] = sum(st["critic_norms"]) / len(st["critic_norms"]) if st["critic_norms"] else 0.0
-        return m
 
     def prepare(self, batch: Batch) -> dict[str, list[list[float]]]:
         """``step``'s prepare pass on ``batch``, without any update (for inspection and tests).
@@ -748,20 +673,20 @@ class Learner:
         if pad is not None:
             pad.backward()
 
-    def _update(self, st: dict[str, Any]) -> int:
+    def _update(self, log: UpdateLog) -> int:
         """Apply the accumulated gradients (``rl.trainer.optim.apply``): the policy's (and value head's), then a
         separate critic's, each clipped on its own norm; 1 if the policy stepped."""
         max_norm = self.algo.optim.max_grad_norm
-        st["lr"] = self.opt.param_groups[0]["lr"]
+        log.lr = self.opt.param_groups[0]["lr"]
         norm, stepped = optim.apply(self._trainable(), self.opt, self.sched, max_norm)
-        st["norms"].append(norm)
+        log.norms.append(norm)
         if stepped:
             self.updates_done += 1
         else:
-            st["skipped"] += 1
+            log.skipped += 1
         if self.critic is not None:
             cnorm, _ = optim.apply(list(self.critic.parameters()), self.critic_opt, self.critic_sched, max_norm)
-            st["critic_norms"].append(cnorm)
+            log.critic_norms.append(cnorm)
         return int(stepped)
 
     # ---- weights & checkpoints ----------------------------------------------------------
