@@ -439,33 +439,48 @@ class Learner:
 
     def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, log: UpdateLog) -> int:
         """The prepare pass (when needed), then ``epochs x minibatches`` optimizer steps; returns the steps taken."""
-        a = self.algo
         prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
         computed = {id(s) for s in batch.samples}
         updates = 0
-        for epoch in range(a.update.epochs):
+        for epoch in range(self.algo.update.epochs):
             for mb in self._minibatches(members):
-                if a.update.minibatches == 1:
-                    denom = (batch.num_tokens, batch.num_seqs)
-                else:  # the global minibatch's counts: the sum of the ranks' local ones
-                    nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
-                    denom = (nt, ns)
                 self.opt.zero_grad(set_to_none=True)
                 if self.critic_opt is not None:
                     self.critic_opt.zero_grad(set_to_none=True)
                 work = [s for s in mb if id(s) in computed]
-                micros = self._micro_batches(work) if work else []
-                n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
-                for micro in micros:
-                    self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
-                for _ in range(n_micro - len(micros)):
-                    self._pad_micro(prep)
-                if not n_micro and self.lock.count(int(bool(mb))):
-                    # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
-                    for p in self._trainable():
-                        p.grad = torch.zeros_like(p)
+                self._backward(mb, work, prep, self._denominators(batch, mb), sums, coef, epoch == 0)
                 updates += self._update(log)
         return updates
+
+    def _denominators(self, batch: Batch, mb: list[Sample]) -> tuple[float, float]:
+        """The loss denominators (tokens, sequences): the batch's with one minibatch, else the global minibatch's
+        (the sum of the ranks' local counts)."""
+        if self.algo.update.minibatches == 1:
+            return batch.num_tokens, batch.num_seqs
+        nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
+        return nt, ns
+
+    def _backward(
+        self,
+        mb: list[Sample],
+        work: list[Sample],
+        prep: dict[str, dict[int, torch.Tensor]] | None,
+        denom: tuple[float, float],
+        sums: Sums,
+        coef: float,
+        first_epoch: bool,
+    ) -> None:
+        """The minibatch's gradients: its computed samples ``work`` in micro-batches (accumulated exactly)."""
+        micros = self._micro_batches(work) if work else []
+        n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
+        for micro in micros:
+            self._accumulate(micro, prep, denom, sums, coef, first_epoch=first_epoch)
+        for _ in range(n_micro - len(micros)):
+            self._pad_micro(prep)
+        if not n_micro and self.lock.count(int(bool(mb))):
+            # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
+            for p in self._trainable():
+                p.grad = torch.zeros_like(p)
 
     def prepare(self, batch: Batch) -> dict[str, list[list[float]]]:
         """``step``'s prepare pass on ``batch``, without any update (for inspection and tests).
