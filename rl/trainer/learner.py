@@ -1,70 +1,29 @@
-"""The learner: policy-gradient updates of an HF causal LM (GRPO family, REINFORCE++, PPO with a critic).
+"""The learner: one ``step(batch)`` of policy-gradient training of an HF causal LM (GRPO family, REINFORCE++,
+PPO with a critic). ``Learner`` is a plain class (the Ray actor wraps it; tests run it in-process).
 
-``Learner`` is a plain class (the Ray actor wraps it; tests run it in-process). One
-``step(batch)`` is one learner step over a batch from ``rl.algos.batch.build_batch``:
+A step, as ``step`` and ``_run_updates`` read::
 
-1. *Prepare* (no grad; only when needed: several updates per batch, a critic, or
-   ``algo.kl.in_reward``): one pass of the policy before any update gives the "old"
-   log-probs of the ratio, the reference's log-probs (cached for every epoch) and the
-   critic's values. Then the learner-side advantages (the estimator's ``token_advantages``, rl/algos/estimators.py):
-   ``ppo``: per-token rewards (the outcome on the last policy token, minus ``kl_coef x KL``
-   per token with ``kl_in_reward``), GAE (``gamma``, ``lam``), advantages whitened over the
-   whole batch, returns as value targets; ``reinforce_pp`` with ``kl_in_reward``: KL-penalised
-   return-to-go, whitened; GRPO family with ``kl_in_reward``: ``reward - kl_coef x sum_t KL``
-   normalised per group. Otherwise the advantages come from ``build_batch``.
-2. *Update*: ``algo.update.epochs`` passes, each over ``algo.update.minibatches`` shuffled minibatches
-   (one optimizer step each). A minibatch runs in micro-batches bounded by
-   ``learner.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
-   minibatch's, or the batch's with one minibatch, counting ``Batch.skipped``). Loss per
-   token: clipped policy loss (clip-higher, dual clip; ``rl.algos.losses.policy_loss``)
-   ``+ kl_coef x KL`` (unless in the reward) ``- entropy_coef x entropy``
-   ``+ vf_coef x`` clipped value loss (with a critic). Global-norm gradient clipping; LR
-   warmup + constant/cosine schedule stepped once per optimizer step.
+    plan      the batch's counts over every rank (``_plan``)
+    prepare   when needed (several updates per batch, a critic, ``algo.kl.in_reward``): no-grad old log-probs,
+              reference log-probs, critic values, then the estimator's learner-side advantages (``_prepare``)
+    update    for each of ``algo.update.epochs`` epochs, for each of ``algo.update.minibatches`` shuffled
+              minibatches: zero the gradients, forward + objective + backward per micro-batch (bounded by
+              ``learner.micro_batch_tokens``, exact accumulation with the minibatch's denominators), one
+              optimizer step (``rl.trainer.optim.apply``: reduce, clip, step)
 
-With one optimizer step per batch (the default) and no critic, no prepare pass runs: the
-sampling policy equals the current one, so the ratio's old log-probs are the learner's own
-detached log-probs (the engine's log-probs differ by bf16/kernel noise and are reported as
-``rollout/logprob_diff``, not used). Only response positions go through ``lm_head`` (the
-prompt's logits are never materialised); with ``learner.logits_chunk_tokens`` they go through it
-that many tokens at a time, each chunk recomputed in the backward (``rl.trainer.logits``), so a
-micro-batch's vocabulary-sized tensors stay bounded; with ``share_prompt`` a group's prompt runs
-once, its responses packed after it in the same trunk call under a 4D mask, without padding
-(``rl.trainer.packing``; ``Learner.pack_responses = False`` runs the padded layout instead: the
-prompt, then the responses padded to the group's longest against its key/value cache). Log-probs
-are computed in float32 under bf16 autocast.
+Without a prepare pass the ratio's old log-probs are the policy's own, detached; the engine's log-probs
+(of the same tempered distribution, ``rollout.temperature``) are compared with them as
+``rollout/logprob_diff`` and weight the loss only with ``algo.loss.tis_cap``.
 
-Critic (an estimator with ``needs_critic``: ppo): ``algo.critic.model: value_head`` is a linear head on the
-policy's final hidden states (trained with the policy, its own learning rate ``algo.critic.lr``);
-``separate`` is its own copy of the model's transformer with a scalar head and its own
-optimizer. Neither is sent to the engines.
-
-Several learners (``world_size > 1``, or one with ``learner.fsdp: always``; see ``rl.trainer.distributed``
-and ``rl.trainer.fsdp``): the policy and the reference are sharded with FSDP2 (``fully_shard`` per decoder
-layer + root), so each rank holds 1/N of the parameters, gradients and AdamW state; gradients are SUM-reduced
-(each rank's loss uses the whole batch's denominators), so the update equals the single
-learner's on the same batch. Every forward of a sharded model is a collective, so the ranks
-pad their micro-batches and trunk calls to the same counts (``fsdp.Lockstep``). The value head
-and a separate critic stay replicated (SUM all-reduce). Whitening statistics and metrics are
-SUM-all-reduced. The KL coefficient (fixed or ``rl.algos.schedules.AdaptiveKLController``) is
-updated once per step from the batch's ``kl/mean``.
-
-LoRA (``learner.lora.rank > 0``, ``rl.trainer.lora``): only the adapters train; the
-reference is the policy with its adapters disabled. ``learner.activation_checkpointing``
-recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
-autocast by timing both at start (``rl.trainer.precision``). The memory a step frees is kept for the
-next step (``learner.hold_memory``, ``rl.trainer.memory.hold``): resident memory between steps stays
-at a step's peak, and a step that ends above 1.25x the level it settled at trims (glibc's held blocks
-can fragment into growth: ``memory.HoldBudget``); with ``hold_memory: false`` it is handed back to the
-OS after each step (glibc ``malloc_trim``), so that only live tensors stay resident between steps.
-
-``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
-memory for the engines, gathering sharded tensors one at a time (``lm_head.weight`` always
-included: with tied embeddings an engine otherwise keeps a stale head).
-``save_checkpoint``/``load_checkpoint`` round-trip the model (sharded, through
-``torch.distributed.checkpoint``), critic, optimizers, LR schedulers, KL controller, RNG
-states and step counters; ``policy_from_checkpoint`` rebuilds the policy of a checkpoint as one
-plain HF model (adapters merged), for ``jointrl export``. This module does
-not generate text or score rewards.
+The jobs live in their own modules: model building (``rl.trainer.models``: policy, LoRA, FSDP, reference,
+critic), the forward pass (``rl.trainer.forward``: full and packed layouts, response positions only through
+``lm_head``, at the sampling temperature), the objective (``rl.algos.objective`` with the policy losses of
+``rl.algos.policy_losses``: a pure function of typed inputs), the optimizer and update (``rl.trainer.optim``,
+one path for policy and critic), the metrics (``rl.trainer.metrics``: typed records), weight export
+(``rl.trainer.weights``: file, CUDA IPC, LoRA adapter) and checkpoints (``rl.trainer.checkpoint``).
+Several learners shard with FSDP2 and keep their collectives in step (``rl.trainer.fsdp``,
+``rl.trainer.distributed``); the memory a step frees is held for the next (``learner.hold_memory``,
+``rl.trainer.memory``). This module does not generate text or score rewards.
 """
 
 from __future__ import annotations
