@@ -71,13 +71,13 @@ def _full_weights(lrn: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Te
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(lrn.model, options=opts), None
     adapter = {  # merged one tensor at a time (gathered when sharded)
-        k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
+        k: (v.full_tensor() if fsdp.is_dtensor(v) else v).detach().cpu()
         for k, v in lrn.peft.state_dict().items()
         if ".lora_" in k
     }
     full = {}
     for k, v in lora.merged_tensors(lrn.model):
-        v = v.full_tensor() if _is_dtensor(v) else v
+        v = v.full_tensor() if fsdp.is_dtensor(v) else v
         if lrn.rank == 0:
             full[k] = v.detach().cpu()
         del v
@@ -219,7 +219,3 @@ def _trainable_state(mods: torch.nn.Module) -> dict[str, Any]:
     frozen = {k for k, v in mods.named_parameters(remove_duplicate=False) if not v.requires_grad}
     sd = get_model_state_dict(mods, options=StateDictOptions(ignore_frozen_params=True))
     return {k: v for k, v in sd.items() if k in live or k not in frozen}
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "to_local")

@@ -59,8 +59,6 @@ from rl.algos.losses import (
 )
 from rl.algos.schedules import kl_controller
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass
 class _Grid:
@@ -163,7 +161,7 @@ class Learner:
         self._build_optimizers(total_steps)
         self.kl_ctl = kl_controller(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         if world_size > 1:  # replicated modules (value head, separate critic) start identical; shards are disjoint
-            broadcast_params([p for p in self._trainable() if not _is_dtensor(p)])
+            broadcast_params([p for p in self._trainable() if not fsdp.is_dtensor(p)])
             if self.critic is not None:
                 broadcast_params(self.critic.parameters())
         self.shm_dir = self._weights_dir(shm_dir)
@@ -712,7 +710,3 @@ class Learner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "to_local")

@@ -35,7 +35,7 @@ def apply(params: list[torch.nn.Parameter], opt: Any, sched: Any, max_grad_norm:
     Sharded parameters already hold their shard of the summed gradient (FSDP's reduce-scatter); replicated
     ones (a value head, a separate critic) are SUM-all-reduced here. ``max_grad_norm`` 0: no clipping.
     """
-    all_reduce_grads([p for p in params if not _is_dtensor(p)])
+    all_reduce_grads([p for p in params if not fsdp.is_dtensor(p)])
     norm = grad_norm(params)
     if not math.isfinite(float(norm)):
         return float(norm), False
@@ -59,7 +59,3 @@ def clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor) 
         for p in params:
             if p.grad is not None:
                 p.grad.detach().mul_(coef)
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "to_local")

@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from rl.trainer import lora
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rl.trainer import fsdp, lora
+from rl.trainer.models import DTYPES
 
 
 class WeightExport:
@@ -113,7 +112,7 @@ class WeightExport:
                     yield key, None, first[id(t)]
                     continue
                 first[id(t)] = key
-                full = t.full_tensor() if _is_dtensor(t) else t
+                full = t.full_tensor() if fsdp.is_dtensor(t) else t
                 if callable(full):
                     full = full()
                 yield key, full.detach(), None
@@ -283,7 +282,3 @@ class _ShmWeights:
     def close(self) -> None:
         for i in (0, 1):
             self._close_slot(i)
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "to_local")
