@@ -213,3 +213,36 @@ def test_an_excluded_sample_leaves_the_loss(tmp_path, tiny_model_path):
     assert out["excluded"] == pytest.approx(out["zero_adv"], abs=1e-7)
     assert out["excluded"] == pytest.approx(-3 * 1.0 / 5, abs=1e-6)
     assert out["kept"] != pytest.approx(out["excluded"], abs=1e-3)
+
+
+def test_a_loss_that_needs_the_reference_gets_one(tmp_path, tiny_model_path, monkeypatch):
+    """needs = {"ref_logprobs"} without a KL term: the learner keeps a reference and passes its log-probs."""
+    (tmp_path / "ref_losses.py").write_text(
+        "from rl.algos.policy_losses import PolicyLoss\n"
+        "class RefPull(PolicyLoss):\n"
+        "    needs = frozenset({'ref_logprobs'})\n"
+        "    seen = []\n"
+        "    @property\n"
+        "    def stat_names(self):\n"
+        "        return ('ref/gap',)\n"
+        "    def __call__(self, x):\n"
+        "        RefPull.seen.append(x.ref_logp is not None and x.engine_logp is None and x.entropy is None)\n"
+        "        gap = x.aggregate(x.logp - x.ref_logp)\n"
+        "        return -x.aggregate(x.advantages * x.logp) + 0.1 * gap, {'ref/gap': float(gap)}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from rl.trainer.learner import Learner
+
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2), loss=LossConfig(policy="ref_losses.RefPull"))
+    mcfg = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
+    lrn = Learner(tiny_model_path, mcfg, algo, threads=1, shm_dir=str(tmp_path / "shm"))
+    try:
+        assert lrn.has_ref and lrn.ref is not None
+        m = lrn.step(_batch())
+        import ref_losses
+
+        assert ref_losses.RefPull.seen and all(ref_losses.RefPull.seen)
+        assert m["ref/gap"] == pytest.approx(0.0, abs=1e-6)  # the policy is the reference before its first update
+        assert m["kl/coef"] == 0.0
+    finally:
+        lrn.shutdown()

@@ -5,8 +5,9 @@ Each loss is a small class that declares what it needs and is called on a typed 
 
 * ``needs``: what the learner computes for it beyond the always-present ones (the policy's and the old
   log-probs, the advantages, the mask): ``"engine_logprobs"`` (the sampling engine's log-probs of the
-  tokens, for importance weights against the behaviour policy) and ``"entropy"`` (the per-token entropy,
-  differentiable, for a loss that adds an entropy term of its own). The learner computes nothing else;
+  tokens, for importance weights against the behaviour policy), ``"entropy"`` (the per-token entropy,
+  differentiable, for a loss that adds an entropy term of its own) and ``"ref_logprobs"`` (the frozen
+  reference's log-probs: the learner then keeps a reference model). The learner computes nothing else;
 * ``stat_names``: the token-mean statistics it reports (metric keys), in order; the learner sums
   ``value x tokens`` over micro-batches and ranks and logs their means;
 * ``__call__(inputs) -> (loss, stats)``: a scalar to minimise (the micro-batch's part of the minibatch's
@@ -42,7 +43,7 @@ __all__ = [
     "CISPO",
 ]
 
-NEEDS = frozenset({"engine_logprobs", "entropy"})
+NEEDS = frozenset({"engine_logprobs", "entropy", "ref_logprobs"})
 
 
 class PolicyLossError(ValueError):
@@ -60,8 +61,8 @@ class LossInputs:
     ``logp`` (current policy, requires grad), ``old_logp`` (before this batch's updates, no grad),
     ``advantages``: float ``[B, T]``; ``mask``: bool ``[B, T]``, True on the policy tokens that enter the
     loss (rows of excluded samples are all False); ``sample_mask``: bool ``[B]``, False for a sample
-    excluded from the loss (a harness failure), its gradient is 0; ``engine_logp`` ``[B, T]`` and
-    ``entropy`` ``[B, T]``: present when the loss ``needs`` them, else None. ``agg``, ``num_tokens``,
+    excluded from the loss (a harness failure), its gradient is 0; ``engine_logp``, ``entropy`` and
+    ``ref_logp`` ``[B, T]``: present when the loss ``needs`` them, else None. ``agg``, ``num_tokens``,
     ``num_seqs``, ``norm_tokens``: the aggregation and the minibatch's denominators
     (``rl.algos.losses.aggregate``), so micro-batch losses sum to the minibatch's exactly.
     """
@@ -77,6 +78,7 @@ class LossInputs:
     norm_tokens: int | None = None
     engine_logp: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
 
     def aggregate(self, per_token: torch.Tensor) -> torch.Tensor:
         """``per_token`` [B, T] reduced with the recipe's aggregation and the minibatch's denominators."""

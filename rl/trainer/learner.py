@@ -216,11 +216,15 @@ class Learner:
             self.device,
             sharded=self.sharded,
             bf16_compute=self.use_autocast and self.device.type == "cuda",  # GPU: FSDP's policy, not autocast
-            reference_dtype=self.reference_dtype() if self.est.needs_reference(self.algo) else None,
+            # a reference for a KL term, or for a policy loss that reads the reference's log-probs
+            reference_dtype=self.reference_dtype() if self._needs_reference() else None,
             critic=self.algo.critic.model if self.est.needs_critic else None,
         )
         self.model, self.peft, self.ref, self.value_head, self.critic = m.model, m.peft, m.ref, m.value_head, m.critic
         self.has_ref = m.has_ref  # no KL term: no reference model, and no reference forward
+
+    def _needs_reference(self) -> bool:
+        return self.est.needs_reference(self.algo) or "ref_logprobs" in self.loss_fn.needs
 
     def _build_optimizers(self, total_steps: int) -> None:
         """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the separate
@@ -593,6 +597,7 @@ class Learner:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
             adv = adv[:, None].expand_as(logp)
         nt, ns = g.denom
+        ref = g(self._reference_logprobs(mb, prep)) if self.has_ref else None  # the reference, then the critic
         policy = LossInputs(
             logp=logp,
             old_logp=old,
@@ -605,8 +610,8 @@ class Learner:
             norm_tokens=self.norm_tokens,
             engine_logp=g(self._engine_logprobs(mb)) if "engine_logprobs" in need else None,
             entropy=g(ent_flat) if "entropy" in need else None,
+            ref_logp=ref if "ref_logprobs" in need else None,
         )
-        ref = g(self._reference_logprobs(mb, prep)) if self.has_ref else None  # the reference, then the critic
         values = self._critic_values(mb, values_flat)
         return ObjectiveInputs(
             policy=policy,
