@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench import padded_layout
 from rl.algos.batch import Batch, Sample
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig, OptimConfig
 from rl.trainer import packing
@@ -65,7 +66,7 @@ def pair(tiny_model_path, tmp_path):
         Learner(tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path / f"s{i}"), learner=LearnerConfig())
         for i in range(2)
     ]
-    made[1].pack_responses = False
+    padded_layout.use(made[1])  # the padded layout, moved to the bench that compares it
     yield made
     for lrn in made:
         lrn.shutdown()

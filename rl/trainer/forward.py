@@ -9,8 +9,9 @@ chunked with ``learner.logits_chunk_tokens``, at the sampling temperature). Layo
 * full (``learner.share_prompt: false``): every sample's whole sequence, padded to the longest, in one call;
 * packed (``share_prompt``, the default layout): a group's prompt once with its responses packed after it,
   one call per group (``rl.trainer.packing``, ``rl.trainer.packed_attention``);
-* padded (``share_prompt`` with ``pack_responses = False``): the prompt once into a key/value cache, then the
-  responses padded to the group's longest; kept only for the benches and tests that compare it with packed.
+* another shared-prompt layout in ``Forward.layout`` (None: packed): the benches' padded one
+  (``bench/padded_layout.py``: the prompt into a key/value cache, then the responses padded), which they and the
+  tests compare with packed.
 
 Sharded models run inside their root (``rl.trainer.fsdp.Lockstep``) with dummy calls that keep the ranks in
 step. No loss, no optimizer: the learner computes what the objective needs from these outputs.
@@ -33,9 +34,10 @@ class Forward:
 
     def __init__(self, cfg: Any, lock: Any, device: torch.device, pad_id: int, temperature: float) -> None:
         self.cfg, self.lock, self.device, self.pad_id, self.temperature = cfg, lock, device, pad_id, temperature
-        # With share_prompt: a micro-batch's groups run packed in one trunk call each (rl.trainer.packing); False
-        # runs each group as a prompt call + its responses padded to its longest (kept to measure and test against).
-        self.pack_responses = True
+        # With share_prompt: None runs a micro-batch's groups packed, one trunk call each (rl.trainer.packing);
+        # else an object with hidden(fwd, base, groups, T), trunk_calls(longest) and unit_cost(group): another
+        # layout, for the benches that compare it (bench/padded_layout.py).
+        self.layout: Any = None
 
     def logprobs(
         self, model: Any, samples: list[Sample], temperature: float | None = None
@@ -80,9 +82,9 @@ class Forward:
         for s in samples:
             key = tuple(s.input_ids[: s.prompt_len])
             longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
-        if self.pack_responses:
-            return len(longest)  # one packed call per group
-        return sum(1 + (r > 1) for r in longest.values())  # the prompt, then the responses when longer than 1
+        if self.layout is not None:
+            return self.layout.trunk_calls(list(longest.values()))
+        return len(longest)  # one packed call per group
 
     def hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states of the transformer ``base`` at the positions predicting response tokens.
@@ -91,8 +93,7 @@ class Forward:
         counts masked response tokens, in row-major (sample, position) order, and T is the
         longest response in ``samples``. With ``learner.share_prompt``, samples with the same
         prompt (a GRPO group) run the prompt once: packed, in one call with their responses
-        after it (``rl.trainer.packing``); padded, attending to its key/value cache, repeated
-        per member. Gradients still flow through the prompt. Otherwise every sample runs its
+        after it (``rl.trainer.packing``), or as ``layout`` runs them. Gradients still flow through the prompt. Otherwise every sample runs its
         full sequence.
         """
         T = max(len(s.loss_mask) for s in samples)
@@ -102,13 +103,8 @@ class Forward:
         for b, s in enumerate(samples):
             by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
         hs, tg, ix = [], [], []
-        if self.cfg.activation_checkpointing and not self.pack_responses:
-            # The padded layout's prompt call fills a key/value cache that recomputed layers would write twice.
-            raise RuntimeError("activation checkpointing with a shared prompt needs the packed layout")
-        if self.pack_responses:
-            outs = self._packed(base, [([samples[b] for b in m], m) for m in by_prompt.values()], T)
-        else:
-            outs = [self._padded(base, [samples[b] for b in m], m, T) for m in by_prompt.values()]
+        groups = [([samples[b] for b in m], m) for m in by_prompt.values()]
+        outs = self._packed(base, groups, T) if self.layout is None else self.layout.hidden(self, base, groups, T)
         for h, t, i in outs:
             hs.append(h)
             tg.append(t)
@@ -147,7 +143,7 @@ class Forward:
         with torch.autocast(hidden.device.type, enabled=False):
             return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
 
-    def _select(
+    def select(
         self, members: list[Sample], rows_b: list[int], T: int
     ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
         """(row in chunk, response position) of every masked token, their targets and grid index."""
@@ -177,52 +173,13 @@ class Forward:
         hidden = self.lock.trunk(
             base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)
         ).last_hidden_state
-        g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
+        g_idx, j_idx, tgt, ix = self.select(members, rows_b, T)
         # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
         pos = [members[g].prompt_len + j - 1 for g, j in zip(g_idx, j_idx)]
         return (
             hidden[
                 torch.tensor(g_idx, dtype=torch.long, device=self.device),
                 torch.tensor(pos, dtype=torch.long, device=self.device),
-            ],
-            tgt,
-            ix,
-        )
-
-    def _padded(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
-        p = members[0].prompt_len
-        G = len(members)
-        R = max(len(s.input_ids) - p for s in members)
-        prompt = torch.tensor([members[0].input_ids[:p]], device=self.device)
-        out = self.lock.trunk(base, input_ids=prompt, use_cache=True)
-        last = out.last_hidden_state[:, -1:].expand(G, 1, -1)  # predicts response token 0
-        if R > 1:
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(G)
-            ids = torch.full((G, R - 1), self.pad_id, dtype=torch.long)
-            att = torch.zeros((G, p + R - 1), dtype=torch.long)
-            att[:, :p] = 1
-            for g, s in enumerate(members):
-                resp = s.input_ids[p:][: R - 1]
-                ids[g, : len(resp)] = torch.tensor(resp)
-                att[g, p : p + len(resp)] = 1
-            pos = torch.arange(p, p + R - 1).expand(G, -1)
-            h2 = self.lock.trunk(
-                base,
-                input_ids=ids.to(self.device),
-                attention_mask=att.to(self.device),
-                past_key_values=cache,
-                position_ids=pos.to(self.device),
-                use_cache=True,
-            ).last_hidden_state
-            hidden = torch.cat([last, h2], dim=1)  # [G, R, H]: position j predicts response token j
-        else:
-            hidden = last
-        g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
-        return (
-            hidden[
-                torch.tensor(g_idx, dtype=torch.long, device=self.device),
-                torch.tensor(j_idx, dtype=torch.long, device=self.device),
             ],
             tgt,
             ix,

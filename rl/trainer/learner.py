@@ -259,15 +259,6 @@ class Learner:
                 yield self.model
 
     @property
-    def pack_responses(self) -> bool:
-        """With ``learner.share_prompt``: the packed layout (True) or the padded one (``rl.trainer.forward``)."""
-        return self.fwd.pack_responses
-
-    @pack_responses.setter
-    def pack_responses(self, packed: bool) -> None:
-        self.fwd.pack_responses = packed
-
-    @property
     def needs_prepare(self) -> bool:
         """Whether a no-grad pass runs before the first update (see the module docstring)."""
         a = self.algo
@@ -290,8 +281,8 @@ class Learner:
         """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed tokens.
 
         Samples sharing a prompt stay together (their prompt is computed once and costs
-        its length once; packed, ``pack_responses``, their responses cost their own lengths,
-        padded each costs the group's longest); a group too large for the budget is split.
+        its length once; packed, their responses cost their own lengths; a bench's padded layout costs each
+        the group's longest); a group too large for the budget is split.
         """
         budget = self.lcfg.micro_batch_tokens
         groups: dict[tuple[int, ...], list[Sample]] = {}
@@ -321,13 +312,13 @@ class Learner:
         return out
 
     def _unit_cost(self, group: list[Sample]) -> int:
-        """Tokens one group (or part of one) computes: packed, or padded to its longest response."""
+        """Tokens one group (or part of one) computes: its full sequences padded, or packed (or a bench's layout's)."""
         longest = max(len(s.input_ids) for s in group)
         if not self.lcfg.share_prompt:
             return len(group) * longest
-        if self.pack_responses:
-            return packing.packed_length(group)
-        return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
+        if self.fwd.layout is not None:  # a bench's layout (bench/padded_layout.py)
+            return self.fwd.layout.unit_cost(group)
+        return packing.packed_length(group)
 
     # ---- training -------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, float]:
