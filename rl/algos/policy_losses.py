@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from rl.algos.losses import LOG_RATIO_CLAMP, aggregate, policy_loss, truncated_is_weights
+from rl.algos.registry import resolve_class
 
 __all__ = [
     "LossInputs",
@@ -124,6 +125,14 @@ def register(cls: type[PolicyLoss]) -> type[PolicyLoss]:
     return cls
 
 
+_TIS_NEEDS = frozenset({"engine_logprobs"})
+
+
+def _tis_needs(loss: Any) -> frozenset[str]:
+    """The engine's log-probs only with truncated IS (``algo.loss.tis_cap > 0``)."""
+    return _TIS_NEEDS if loss.tis_cap else frozenset()
+
+
 def _tis(x: LossInputs, cap: float) -> tuple[torch.Tensor | None, dict[str, float]]:
     """Truncated IS weights ``min(exp(old - engine), cap)`` and their stats (None, {} when ``cap`` is 0)."""
     if not cap:
@@ -141,11 +150,11 @@ class PPOClip(PolicyLoss):
     ``algo.loss.agg``. Shapes as :class:`LossInputs`."""
 
     name = "ppo_clip"
-    needs = frozenset({"engine_logprobs"})
+    needs = _TIS_NEEDS
 
     def __init__(self, loss: Any) -> None:
         super().__init__(loss)
-        self.needs = frozenset({"engine_logprobs"}) if loss.tis_cap else frozenset()  # only for TIS
+        self.needs = _tis_needs(loss)
 
     @property
     def stat_names(self) -> tuple[str, ...]:
@@ -239,11 +248,11 @@ class CISPO(PolicyLoss):
     """
 
     name = "cispo"
-    needs = frozenset({"engine_logprobs"})
+    needs = _TIS_NEEDS
 
     def __init__(self, loss: Any) -> None:
         super().__init__(loss)
-        self.needs = frozenset({"engine_logprobs"}) if loss.tis_cap else frozenset()  # only for TIS
+        self.needs = _tis_needs(loss)
 
     @property
     def stat_names(self) -> tuple[str, ...]:
@@ -267,24 +276,14 @@ class CISPO(PolicyLoss):
 
 def loss_class(name: str) -> type[PolicyLoss]:
     """The class ``name`` stands for: a registered name, or a dotted path ``pkg.module.Class``."""
-    if name in LOSSES:
-        return LOSSES[name]
-    if "." not in name:
-        raise PolicyLossError(
-            f"unknown policy loss {name!r}; choose one of {', '.join(LOSSES)}, "
-            "or a dotted path pkg.module.Class of a PolicyLoss subclass"
-        )
-    from envs.base import resolve
-
-    try:
-        cls = resolve(name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
-        raise PolicyLossError(f"cannot import {name!r}: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, PolicyLoss)):
-        raise PolicyLossError(f"{name} is not a subclass of rl.algos.policy_losses.PolicyLoss")
-    unknown = set(cls.needs) - NEEDS
-    if unknown:
-        raise PolicyLossError(f"{name}.needs: unknown {sorted(unknown)}; known: {sorted(NEEDS)}")
+    unknown = (
+        f"unknown policy loss {name!r}; choose one of {', '.join(LOSSES)}, "
+        "or a dotted path pkg.module.Class of a PolicyLoss subclass"
+    )
+    cls = resolve_class(name, LOSSES, PolicyLoss, PolicyLossError, unknown)
+    unknown_needs = set(cls.needs) - NEEDS
+    if unknown_needs:
+        raise PolicyLossError(f"{name}.needs: unknown {sorted(unknown_needs)}; known: {sorted(NEEDS)}")
     return cls
 
 
