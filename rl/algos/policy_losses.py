@@ -125,12 +125,14 @@ def register(cls: type[PolicyLoss]) -> type[PolicyLoss]:
     return cls
 
 
-_TIS_NEEDS = frozenset({"engine_logprobs"})
+class _TISLoss(PolicyLoss):
+    """A loss with optional truncated IS (``algo.loss.tis_cap``): it needs the engine's log-probs only then."""
 
+    needs = frozenset({"engine_logprobs"})
 
-def _tis_needs(loss: Any) -> frozenset[str]:
-    """The engine's log-probs only with truncated IS (``algo.loss.tis_cap > 0``)."""
-    return _TIS_NEEDS if loss.tis_cap else frozenset()
+    def __init__(self, loss: Any) -> None:
+        super().__init__(loss)
+        self.needs = frozenset({"engine_logprobs"}) if loss.tis_cap else frozenset()
 
 
 def _tis(x: LossInputs, cap: float) -> tuple[torch.Tensor | None, dict[str, float]]:
@@ -143,18 +145,13 @@ def _tis(x: LossInputs, cap: float) -> tuple[torch.Tensor | None, dict[str, floa
 
 
 @register
-class PPOClip(PolicyLoss):
+class PPOClip(_TISLoss):
     """PPO's clipped surrogate, ``rl.algos.losses.policy_loss``: per token ``max(-A r, -A clip(r, 1 - clip_low,
     1 + clip_high))`` with ``r = exp(logp - old_logp)``, dual clip ``min(., -A c)`` for ``A < 0`` (``dual_clip``),
     times the truncated IS weight ``min(exp(old - engine), tis_cap)`` when ``tis_cap > 0``; aggregated with
     ``algo.loss.agg``. Shapes as :class:`LossInputs`."""
 
     name = "ppo_clip"
-    needs = _TIS_NEEDS
-
-    def __init__(self, loss: Any) -> None:
-        super().__init__(loss)
-        self.needs = _tis_needs(loss)
 
     @property
     def stat_names(self) -> tuple[str, ...]:
@@ -233,7 +230,7 @@ class GSPO(PolicyLoss):
 
 
 @register
-class CISPO(PolicyLoss):
+class CISPO(_TISLoss):
     """CISPO (MiniMax-M1, 2025): REINFORCE with a clipped, stop-gradient importance weight on the log-prob.
 
     Per masked token, with ``r = exp(logp - old_logp)`` ``[B, T]``::
@@ -248,11 +245,6 @@ class CISPO(PolicyLoss):
     """
 
     name = "cispo"
-    needs = _TIS_NEEDS
-
-    def __init__(self, loss: Any) -> None:
-        super().__init__(loss)
-        self.needs = _tis_needs(loss)
 
     @property
     def stat_names(self) -> tuple[str, ...]:
