@@ -327,14 +327,15 @@ class Learner:
         Metrics: ``loss/policy`` (and ``loss/kl``, ``loss/value``, ``loss/entropy``): each
         minibatch's aggregated loss term, averaged over the step's optimizer steps
         (``loss/kl`` is the aggregated KL before the coefficient, also when the KL is in the
-        reward); ``kl/mean``, ``entropy/mean``, ``clip/fraction``, ``value/*``: token means
+        reward); ``kl/mean``, ``entropy/mean``, ``value/*``: token means
         over every update pass; ``grad/norm``: mean pre-clip global norm; ``lr``: learning
         rate of the step's last optimizer step; ``kl/coef``: the coefficient used in this step;
         ``learner/tokens``: policy tokens computed per epoch; ``learner/updates``;
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
         gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update;
-        with ``algo.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
-        importance weights (``rl.algos.losses.truncated_is_weights``); ``memory/learner_rss_gb``: this
+        the policy loss's own stats (its ``stat_names``; ``ppo_clip``: ``clip/fraction``, with
+        ``algo.loss.dual_clip`` ``clip/dual_fraction``, with ``algo.loss.tis_cap`` ``is/weight_mean`` and
+        ``is/truncated_fraction``); ``memory/learner_rss_gb``: this
         process's resident memory after the step (``learner.hold_memory``: flat over a run once it holds a
         step's peak); ``memory/trimmed``: 1 where that step went over the hold budget and was trimmed.
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
