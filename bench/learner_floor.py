@@ -58,6 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import padded_layout  # noqa: E402  (the padded layout compared with packed)
 from bench.learner_memory import _batch  # noqa: E402  (the same synthetic quickstart batch)
 
 
@@ -89,7 +90,7 @@ def step_flops(cfg: dict, samples: list, *, share_prompt: bool, backward: bool =
 def _gemm_shapes(cfg: dict, samples: list, micro_resp_tokens: int, packed: bool) -> list[tuple[int, int, int, float]]:
     """(M, K, N, weight) of the step's matmuls, forward-shaped and both backward-shaped: each linear
     layer at the token counts of a shared-prompt trunk call, weighted by how many such calls the step
-    makes, and ``lm_head`` at a micro-batch's response tokens. Packed (``Learner.pack_responses``): one
+    makes, and ``lm_head`` at a micro-batch's response tokens. Packed (the learner's layout; padded: ``bench/padded_layout.py``): one
     call per group of its packed length (``rl.trainer.packing``); padded: the prompt, then the group's
     responses padded to its longest (M: the groups' mean)."""
     from rl.trainer.packing import packed_length
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--layouts",
         default="packed,padded",
-        help="shared-prompt layouts timed side by side: packed (Learner.pack_responses), padded",
+        help="shared-prompt layouts timed side by side: packed (the learner's), padded (bench/padded_layout.py)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="timed steps per layout (alternating)")
     ap.add_argument(
@@ -251,16 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     rows, micros = [], {}
     for lay in layouts:  # each layout's own GEMM shapes and a warm-up step (AdamW state exists after the first)
-        lrn.pack_responses = lay == "packed"
+        padded_layout.use(lrn, lay != "packed")
         micros[lay] = lrn._micro_batches(batch.samples)
         micro_resp = max(sum(s.num_tokens for s in mb) for mb in micros[lay])
-        shapes = _gemm_shapes(conf, batch.samples, micro_resp, lrn.pack_responses)
+        shapes = _gemm_shapes(conf, batch.samples, micro_resp, not padded_layout.is_padded(lrn))
         rows.append([lay, shapes, [], []])  # layout, its GEMM shapes, its shape rates, its timed steps
         lrn.step(batch)
         measure_rate()
     for rnd in range(args.rounds):  # the layouts' timed steps alternate, on the same batches
         for row in rows:
-            lrn.pack_responses = row[0] == "packed"
+            padded_layout.use(lrn, row[0] != "packed")
             t0 = time.perf_counter()
             lrn.step(_batch(len(lrn.tokenizer), args, seed=1 + rnd))
             row[3].append(time.perf_counter() - t0)
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = flops / rate
     prof = []
     if args.profile:
-        lrn.pack_responses = layouts[0] == "packed"
+        padded_layout.use(lrn, layouts[0] != "packed")
         prof = [f"profiled layout: {layouts[0]}", ""] + profile_step(lrn, _batch(len(lrn.tokenizer), args, seed=99))
     table = []
     for lay, _, srates, walls in rows:

@@ -34,7 +34,7 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
 worker with ``--logits-chunk-tokens``; ``full-trim`` is one worker that hands its freed memory back
 after each step (``learner.hold_memory: false``: ``malloc_trim``, or jemalloc's purge under
 ``--allocator jemalloc``) where the default keeps it for the next step; ``full-padded`` is one worker with
-the padded shared-prompt layout, ``Learner.pack_responses`` off), so that they run side by side.
+the padded shared-prompt layout, ``bench/padded_layout.py``), so that they run side by side.
 
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
 and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-job lock.
@@ -201,7 +201,9 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         dist_port=port,
         learner=learner,
     )
-    lrn.pack_responses = kind != "full-padded"
+    from bench import padded_layout
+
+    padded_layout.use(lrn, kind == "full-padded")
     loaded = _rss()
     phases = _Phases(lrn)
     rss_steps, heap_steps, kept_steps = [], [], []

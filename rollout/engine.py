@@ -89,6 +89,10 @@ class VLLMEngine:
             enforce_eager=True,
             enable_prefix_caching=True,
             use_tqdm_on_load=bool(os.environ.get("JOINTRL_VERBOSE")),  # the weight-loading bar: --verbose only
+            # The sampled tokens' log-probs under the distribution they were drawn from (after temperature and
+            # top-p), not the raw logits' (vLLM's default): the learner's log-probs are at the same temperature,
+            # so the engine/learner check and the importance weights compare like with like (docs/algorithms.md).
+            logprobs_mode="processed_logprobs",
         )
         cuda = has_cuda()
         if (tensor_parallel_size > 1 or enable_sleep_mode) and not cuda:
@@ -304,7 +308,7 @@ def _generation(out: Any) -> Generation:
     """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped."""
     c = out.outputs[0]
     ids = list(c.token_ids)
-    # logprobs=0 returns the sampled token's own logprob at each position.
+    # logprobs=0 returns the sampled token's own logprob at each position (processed: tempered, top-p truncated).
     lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
     if len(lps) != len(ids):
         raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")

@@ -4,8 +4,10 @@ It samples one request at a time with its own ``torch.Generator`` seeded by the 
 seed, so a request's sample depends on its seed and the weights only, never on the rest of
 the batch. Meant for the tiny test models and the in-process runtime
 (``rl.driver.local_runtime``): it is not fast, has no batching and no prefix cache; real
-runs use vLLM. Log-probs are the sampled tokens' under the raw (untempered) logits, like
-vLLM's default ``raw_logprobs``. This module does not know about tasks, envs or rewards.
+runs use vLLM. Log-probs are the sampled tokens' under the distribution they were drawn from
+(the logits divided by the temperature, truncated to the top-p nucleus and renormalised; the raw
+logits' when greedy), like ``VLLMEngine`` with vLLM's ``processed_logprobs``. ``score`` gives raw
+log-probs (temperature 1). This module does not know about tasks, envs or rewards.
 """
 
 from __future__ import annotations
@@ -68,9 +70,9 @@ class HFEngine:
         lps: list[float] = []
         for _ in range(max_tokens):
             logits = res.logits[0, -1].float().cpu()
-            tok = _pick(logits, sampling, gen)
+            tok, logp = _pick(logits, sampling, gen)
             ids.append(tok)
-            lps.append(float(torch.log_softmax(logits, -1)[tok]))
+            lps.append(logp)
             if tok in self.eos or (stop and any(s in self.tokenizer.decode(ids) for s in stop)):
                 return Generation(token_ids=ids, logprobs=lps, finish_reason="stop")
             res = self.model(
@@ -120,16 +122,21 @@ class HFEngine:
         self.model = None  # type: ignore[assignment]
 
 
-def _pick(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
-    """Greedy at temperature 0; else a sample from the tempered, top-p-truncated distribution."""
+def _pick(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> tuple[int, float]:
+    """(token, its log-prob under the distribution it was drawn from): greedy at temperature 0 (the raw
+    log-prob); else a sample from the tempered, top-p-truncated distribution, renormalised over the nucleus."""
     if sampling.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / sampling.temperature, -1)
+        tok = int(torch.argmax(logits))
+        return tok, float(torch.log_softmax(logits, -1)[tok])
+    logp = torch.log_softmax(logits / sampling.temperature, -1)
+    probs = logp.exp()
     if sampling.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_p, 0) - sorted_p < sampling.top_p  # the smallest prefix reaching top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs, 1, generator=gen))
+        logp = logp - torch.log(probs.sum())  # renormalised over the nucleus (the sampled token is in it)
+    tok = int(torch.multinomial(probs, 1, generator=gen))
+    return tok, float(logp[tok])
 
 
 ENGINES = ("hf", "vllm")

@@ -99,7 +99,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _state(lrn: Learner) -> dict[str, torch.Tensor]:
     out = {k: _full(v) for k, v in lrn.model.named_parameters()}
     out |= {f"grad.{k}": _full(v.grad) for k, v in lrn.model.named_parameters() if v.grad is not None}
-    crit = lrn._critic_module()
+    crit = lrn.critic_module()
     if crit is not None:
         out |= {f"critic.{k}": v.detach().clone() for k, v in crit.named_parameters()}
     return out

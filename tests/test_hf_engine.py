@@ -38,9 +38,25 @@ def test_logprobs_are_the_models_and_room_is_checked(engine) -> None:
 def test_top_p_keeps_the_smallest_prefix() -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     gen = torch.Generator().manual_seed(0)
-    picks = {_pick(logits, Sampling(1, 1.0, 0.7, 1, 8), gen) for _ in range(300)}
+    picks = {_pick(logits, Sampling(1, 1.0, 0.7, 1, 8), gen)[0] for _ in range(300)}
     assert picks == {0, 1}, "0.5 + 0.3 reaches top_p=0.7; the tail is never drawn"
-    assert _pick(logits, Sampling(1, 0.0, 1.0, 1, 8), gen) == 0, "temperature 0 is greedy"
+    assert _pick(logits, Sampling(1, 0.0, 1.0, 1, 8), gen)[0] == 0, "temperature 0 is greedy"
+
+
+def test_pick_returns_the_logprob_of_the_distribution_it_sampled() -> None:
+    """Tempered and nucleus-renormalised, computed independently here: p_T = p^(1/T) / Z, then / (p_T(0) + p_T(1))."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    logits = torch.log(p).float()
+    gen = torch.Generator().manual_seed(0)
+    pt = p ** (1 / 0.7) / (p ** (1 / 0.7)).sum()
+    for _ in range(20):
+        tok, lp = _pick(logits, Sampling(1, 0.7, 1.0, 1, 8), gen)
+        assert lp == pytest.approx(float(torch.log(pt[tok])), abs=1e-5)
+        tok, lp = _pick(logits, Sampling(1, 0.7, 0.7, 1, 8), gen)  # nucleus {0, 1}: 0.59 + 0.29 >= 0.7
+        assert tok in (0, 1)
+        assert lp == pytest.approx(float(torch.log(pt[tok] / pt[:2].sum())), abs=1e-5)
+    tok, lp = _pick(logits, Sampling(1, 0.0, 1.0, 1, 8), gen)
+    assert (tok, lp) == (0, pytest.approx(float(torch.log(p[0])), abs=1e-6)), "greedy: the raw log-prob"
 
 
 def test_load_weights_checks_the_names(engine, tmp_path) -> None:

@@ -22,6 +22,8 @@ ALLOWED = {
     # The recipe checks algo.name and each estimator's own config section against the estimator
     # registry (an estimator owns its section: #16 item 2), at validate time, inside functions.
     ("rl.config.recipe", "rl.algos.estimators"),
+    # Likewise algo.loss.policy and algo.loss.kwargs against the policy-loss registry (#40 item 2).
+    ("rl.config.recipe", "rl.algos.policy_losses"),
     # validate_recipe checks learner.allocator: jemalloc against the installed library (jemalloc_path: stdlib
     # only, no torch), so a missing library fails at validate time naming the key, before anything starts.
     ("rl.config.recipe", "rl.trainer.memory"),

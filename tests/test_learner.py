@@ -436,16 +436,16 @@ def test_entropy_bonus_alone_raises_entropy(make_learner, tiny_tokenizer):
 
 
 def test_clip_settings_reach_the_policy_loss(make_learner, tiny_tokenizer, monkeypatch):
-    import rl.trainer.learner
+    import rl.algos.policy_losses  # the PPO loss object (algo.loss.policy: ppo_clip) calls policy_loss
 
     seen = []
-    real = rl.trainer.learner.policy_loss
+    real = rl.algos.policy_losses.policy_loss
 
     def spy(*args, **kw):
         seen.append(kw)
         return real(*args, **kw)
 
-    monkeypatch.setattr(rl.trainer.learner, "policy_loss", spy)
+    monkeypatch.setattr(rl.algos.policy_losses, "policy_loss", spy)
     lrn = make_learner(
         dataclasses.replace(
             ALGO,

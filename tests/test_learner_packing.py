@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench import padded_layout
 from rl.algos.batch import Batch, Sample
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig, OptimConfig
 from rl.trainer import packing
@@ -65,7 +66,7 @@ def pair(tiny_model_path, tmp_path):
         Learner(tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path / f"s{i}"), learner=LearnerConfig())
         for i in range(2)
     ]
-    made[1].pack_responses = False
+    padded_layout.use(made[1])  # the padded layout, moved to the bench that compares it
     yield made
     for lrn in made:
         lrn.shutdown()
@@ -75,8 +76,8 @@ def test_packed_equals_padded_logprobs_loss_and_grads(pair):
     packed, padded = pair
     batch = _batch(len(packed.tokenizer))
     with torch.no_grad():
-        lp_k, t_k = packed._response_logprobs(packed.model, batch.samples)
-        lp_d, t_d = padded._response_logprobs(padded.model, batch.samples)
+        lp_k, t_k = packed.fwd.logprobs(packed.model, batch.samples)
+        lp_d, t_d = padded.fwd.logprobs(padded.model, batch.samples)
     assert torch.equal(t_k, t_d)
     torch.testing.assert_close(lp_k, lp_d, rtol=0, atol=1e-5)
     for lrn in pair:
@@ -99,7 +100,7 @@ def test_packed_groups_look_up_their_embeddings_in_one_call(pair):
     hook = packed.model.get_input_embeddings().register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
     try:
         with torch.no_grad():
-            packed._response_logprobs(packed.model, batch.samples)
+            packed.fwd.logprobs(packed.model, batch.samples)
     finally:
         hook.remove()
     groups = {}
@@ -125,8 +126,8 @@ def test_packed_micro_batches_count_packed_tokens(pair):
         for s in mb:
             by.setdefault(s.group_id, []).append(s)
         assert sum(packing.packed_length(g) for g in by.values()) <= budget
-        assert packed._trunk_calls(mb) == len(by)  # one packed call per group
-        assert padded._trunk_calls(mb) == 2 * len(by)  # padded: the prompt, then the responses
+        assert packed.fwd.trunk_calls(mb) == len(by)  # one packed call per group
+        assert padded.fwd.trunk_calls(mb) == 2 * len(by)  # padded: the prompt, then the responses
     # padded, each group costs its members padded to the longest: more tokens, no fewer micro-batches
     assert len(micros) <= len(padded._micro_batches(batch.samples))
 

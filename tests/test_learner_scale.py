@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench import padded_layout
 from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, OptimConfig, RecipeError, load_recipe, validate_recipe
 from rl.trainer import precision
 from rl.trainer.learner import Learner
@@ -62,7 +63,7 @@ def test_activation_checkpointing_gives_the_same_update_with_a_packed_shared_pro
         for k in pa:
             torch.testing.assert_close(pb[k], pa[k], rtol=0, atol=1e-6)
         # The padded layout's prompt cache cannot be recomputed: refused, not wrong.
-        ckpt.pack_responses = False
+        padded_layout.use(ckpt)
         with pytest.raises(RuntimeError, match="needs the packed layout"):
             ckpt.step(make_batch(tiny_tokenizer))
     finally:

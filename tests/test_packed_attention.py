@@ -96,8 +96,8 @@ def test_the_learner_packed_call_runs_the_split(pair, monkeypatch):
     monkeypatch.setattr(packed_attention, "split_attention", spy)
     batch = _batch(len(packed.tokenizer))
     with torch.no_grad():
-        lp_k, _ = packed._response_logprobs(packed.model, batch.samples)
+        lp_k, _ = packed.fwd.logprobs(packed.model, batch.samples)
         assert len(calls) == 3 * packed.model.config.num_hidden_layers  # 3 groups, each layer once
-        lp_d, _ = padded._response_logprobs(padded.model, batch.samples)
+        lp_d, _ = padded.fwd.logprobs(padded.model, batch.samples)
     assert len(calls) == 3 * packed.model.config.num_hidden_layers  # the padded layout does not use it
     torch.testing.assert_close(lp_k, lp_d, rtol=0, atol=1e-5)

@@ -228,8 +228,8 @@ def test_checkpoint_resume_continues_identically(make_learner, tiny_tokenizer, t
         for k in ("loss/policy", "loss/value", "kl/mean", "kl/coef", "lr", "grad/norm"):
             assert x[k] == y[k], k
     assert ma[0]["kl/coef"] != 0.05 and ma[0]["lr"] != 3e-3  # the controller and the schedule had moved
-    sa = dict(a.model.named_parameters()) | {f"critic.{k}": v for k, v in a._critic_module().named_parameters()}
-    sb = dict(b_.model.named_parameters()) | {f"critic.{k}": v for k, v in b_._critic_module().named_parameters()}
+    sa = dict(a.model.named_parameters()) | {f"critic.{k}": v for k, v in a.critic_module().named_parameters()}
+    sb = dict(b_.model.named_parameters()) | {f"critic.{k}": v for k, v in b_.critic_module().named_parameters()}
     assert sa.keys() == sb.keys()
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")

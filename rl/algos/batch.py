@@ -43,6 +43,7 @@ class Sample:
     reward: float = 0.0  # the scalar (outcome) reward, shaped when a shaping stage ran
     group_id: int = 0  # samples of one prompt share it (GRPO groups; kept whole on one data-parallel shard)
     uid: int = 0  # position in the step's batch: a stable order for minibatch shuffles (skipping changes nothing)
+    excluded: bool = False  # out of the loss (a harness failure known after batching): its tokens weigh 0
 
     @property
     def num_tokens(self) -> int:

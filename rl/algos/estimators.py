@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from rl.algos.advantages import gae, group_normalized, reinforce_pp, whiten
+from rl.algos.registry import resolve_class
 
 __all__ = [
     "Estimator",
@@ -191,22 +192,11 @@ class PPO(Estimator):
 
 def estimator_class(name: str) -> type[Estimator]:
     """The class ``name`` stands for: a registered name, or a dotted path ``pkg.module.Class``."""
-    if name in ESTIMATORS:
-        return ESTIMATORS[name]
-    if "." not in name:
-        raise EstimatorError(
-            f"unknown algorithm {name!r}; choose one of {', '.join(ESTIMATORS)}, "
-            "or a dotted path pkg.module.Class of an Estimator subclass"
-        )
-    from envs.base import resolve
-
-    try:
-        cls = resolve(name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see
-        raise EstimatorError(f"cannot import {name!r}: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Estimator)):
-        raise EstimatorError(f"{name} is not a subclass of rl.algos.estimators.Estimator")
-    return cls
+    unknown = (
+        f"unknown algorithm {name!r}; choose one of {', '.join(ESTIMATORS)}, "
+        "or a dotted path pkg.module.Class of an Estimator subclass"
+    )
+    return resolve_class(name, ESTIMATORS, Estimator, EstimatorError, unknown)
 
 
 def get_estimator(algo: Any) -> Estimator:

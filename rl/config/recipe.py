@@ -326,6 +326,15 @@ class LossConfig(Section):
         ge=0,
     )
     entropy_coef: float = knob(0.0, "entropy bonus weight (0 = off)", ge=0)
+    policy: str = knob(
+        "ppo_clip",
+        "the policy loss (rl/algos/policy_losses.py): ppo_clip (clipped surrogate: clip-higher, dual clip, TIS) | "
+        "gspo (sequence-level ratio) | cispo (clipped stop-gradient IS weight) | a dotted path "
+        "pkg.module.Class of a PolicyLoss subclass (docs/algorithms.md)",
+    )
+    kwargs: dict[str, Any] = knob(
+        doc="constructor keyword arguments of a policy loss named by dotted path", factory=dict
+    )
 
 
 @dataclass(frozen=True)
@@ -938,6 +947,19 @@ def _check_allocator(recipe: Recipe, fail: Callable[[str, str], None]) -> None:
         )
 
 
+def _policy_loss_rules(loss: LossConfig) -> Iterator[tuple[str, str]]:
+    """``algo.loss.policy`` names a policy loss that ``algo.loss.kwargs`` fit."""
+    from rl.algos.policy_losses import LOSSES, PolicyLossError, get_policy_loss
+
+    if loss.kwargs and loss.policy in LOSSES:
+        yield "algo.loss.kwargs", f"algo.loss.kwargs are for a loss named by dotted path; {loss.policy!r} takes none"
+        return
+    try:
+        get_policy_loss(loss)
+    except PolicyLossError as e:
+        yield e.key, str(e)
+
+
 def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     """``(key, message)`` for each broken rule that spans sections, in order; the one place for them."""
     from rl.algos.estimators import ESTIMATORS, EstimatorError, get_estimator
@@ -948,6 +970,7 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     except EstimatorError as e:
         yield e.key, str(e)
         return
+    yield from _policy_loss_rules(a.loss)
     if r.group_size < est.min_group_size:
         yield "rollout.group_size", f"{a.name} needs a group of at least {est.min_group_size} samples"
     n = r.prompts_per_step * r.group_size

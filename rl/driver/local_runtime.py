@@ -104,6 +104,7 @@ class LocalRuntime:
             shm_dir=self.shm_dir,
             total_steps=cfg.train.steps,
             learner=cfg.learner,
+            temperature=cfg.rollout.temperature,
         )
 
     def generate(

@@ -112,6 +112,7 @@ class RayRuntime:
             learner=cfg.learner,
             deadlines=Deadlines(f.learner_step_s, f.learner_io_s, f.collective_s),
             stacks_dir=str(self.out / "stacks"),
+            temperature=cfg.rollout.temperature,
         )
         self.learner = group.actors[0]
         return group

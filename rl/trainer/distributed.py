@@ -316,6 +316,7 @@ class LearnerGroup:
         learner: Any = None,
         deadlines: Deadlines | None = None,
         stacks_dir: str | None = None,
+        temperature: float = 1.0,
     ) -> None:
         """``deadlines``: of each call (default: ``Deadlines()``); ``stacks_dir``: where :meth:`dump_stacks` writes
         (None: nowhere). ``learner``: the recipe's ``learner`` section, passed to each ``Learner``. ``num_cpus`` is shared by the N actors (``num_cpus / n`` each); ``num_gpus`` is per actor;
@@ -351,6 +352,7 @@ class LearnerGroup:
                 "world_size": n,
                 "dist_port": port,
                 "learner": learner,
+                "temperature": temperature,
             },
         )
         # Never replaced (see the class docstring): the group spawns, reports restarts (0) and kills.

@@ -163,6 +163,11 @@ def _comm_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+def is_dtensor(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a DTensor (a sharded parameter or gradient)."""
+    return hasattr(t, "to_local")
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor, or ``t`` itself."""
     return t.to_local() if hasattr(t, "to_local") else t

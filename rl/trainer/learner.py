@@ -1,83 +1,42 @@
-"""The learner: policy-gradient updates of an HF causal LM (GRPO family, REINFORCE++, PPO with a critic).
+"""The learner: one ``step(batch)`` of policy-gradient training of an HF causal LM (GRPO family, REINFORCE++,
+PPO with a critic). ``Learner`` is a plain class (the Ray actor wraps it; tests run it in-process).
 
-``Learner`` is a plain class (the Ray actor wraps it; tests run it in-process). One
-``step(batch)`` is one learner step over a batch from ``rl.algos.batch.build_batch``:
+A step, as ``step`` and ``_run_updates`` read::
 
-1. *Prepare* (no grad; only when needed: several updates per batch, a critic, or
-   ``algo.kl.in_reward``): one pass of the policy before any update gives the "old"
-   log-probs of the ratio, the reference's log-probs (cached for every epoch) and the
-   critic's values. Then the learner-side advantages (the estimator's ``token_advantages``, rl/algos/estimators.py):
-   ``ppo``: per-token rewards (the outcome on the last policy token, minus ``kl_coef x KL``
-   per token with ``kl_in_reward``), GAE (``gamma``, ``lam``), advantages whitened over the
-   whole batch, returns as value targets; ``reinforce_pp`` with ``kl_in_reward``: KL-penalised
-   return-to-go, whitened; GRPO family with ``kl_in_reward``: ``reward - kl_coef x sum_t KL``
-   normalised per group. Otherwise the advantages come from ``build_batch``.
-2. *Update*: ``algo.update.epochs`` passes, each over ``algo.update.minibatches`` shuffled minibatches
-   (one optimizer step each). A minibatch runs in micro-batches bounded by
-   ``learner.micro_batch_tokens`` with exact gradient accumulation (loss denominators are the
-   minibatch's, or the batch's with one minibatch, counting ``Batch.skipped``). Loss per
-   token: clipped policy loss (clip-higher, dual clip; ``rl.algos.losses.policy_loss``)
-   ``+ kl_coef x KL`` (unless in the reward) ``- entropy_coef x entropy``
-   ``+ vf_coef x`` clipped value loss (with a critic). Global-norm gradient clipping; LR
-   warmup + constant/cosine schedule stepped once per optimizer step.
+    plan      the batch's counts over every rank (``_plan``)
+    prepare   when needed (several updates per batch, a critic, ``algo.kl.in_reward``): no-grad old log-probs,
+              reference log-probs, critic values, then the estimator's learner-side advantages (``_prepare``)
+    update    for each of ``algo.update.epochs`` epochs, for each of ``algo.update.minibatches`` shuffled
+              minibatches: zero the gradients, forward + objective + backward per micro-batch (bounded by
+              ``learner.micro_batch_tokens``, exact accumulation with the minibatch's denominators), one
+              optimizer step (``rl.trainer.optim.apply``: reduce, clip, step)
 
-With one optimizer step per batch (the default) and no critic, no prepare pass runs: the
-sampling policy equals the current one, so the ratio's old log-probs are the learner's own
-detached log-probs (the engine's log-probs differ by bf16/kernel noise and are reported as
-``rollout/logprob_diff``, not used). Only response positions go through ``lm_head`` (the
-prompt's logits are never materialised); with ``learner.logits_chunk_tokens`` they go through it
-that many tokens at a time, each chunk recomputed in the backward (``rl.trainer.logits``), so a
-micro-batch's vocabulary-sized tensors stay bounded; with ``share_prompt`` a group's prompt runs
-once, its responses packed after it in the same trunk call under a 4D mask, without padding
-(``rl.trainer.packing``; ``Learner.pack_responses = False`` runs the padded layout instead: the
-prompt, then the responses padded to the group's longest against its key/value cache). Log-probs
-are computed in float32 under bf16 autocast.
+Without a prepare pass the ratio's old log-probs are the policy's own, detached; the engine's log-probs
+(of the same tempered distribution, ``rollout.temperature``) are compared with them as
+``rollout/logprob_diff`` and weight the loss only with ``algo.loss.tis_cap``.
 
-Critic (an estimator with ``needs_critic``: ppo): ``algo.critic.model: value_head`` is a linear head on the
-policy's final hidden states (trained with the policy, its own learning rate ``algo.critic.lr``);
-``separate`` is its own copy of the model's transformer with a scalar head and its own
-optimizer. Neither is sent to the engines.
-
-Several learners (``world_size > 1``, or one with ``learner.fsdp: always``; see ``rl.trainer.distributed``
-and ``rl.trainer.fsdp``): the policy and the reference are sharded with FSDP2 (``fully_shard`` per decoder
-layer + root), so each rank holds 1/N of the parameters, gradients and AdamW state; gradients are SUM-reduced
-(each rank's loss uses the whole batch's denominators), so the update equals the single
-learner's on the same batch. Every forward of a sharded model is a collective, so the ranks
-pad their micro-batches and trunk calls to the same counts (``fsdp.Lockstep``). The value head
-and a separate critic stay replicated (SUM all-reduce). Whitening statistics and metrics are
-SUM-all-reduced. The KL coefficient (fixed or ``rl.algos.schedules.AdaptiveKLController``) is
-updated once per step from the batch's ``kl/mean``.
-
-LoRA (``learner.lora.rank > 0``, ``rl.trainer.lora``): only the adapters train; the
-reference is the policy with its adapters disabled. ``learner.activation_checkpointing``
-recomputes each decoder layer in the backward; ``learner.precision: auto`` picks fp32 or bf16
-autocast by timing both at start (``rl.trainer.precision``). The memory a step frees is kept for the
-next step (``learner.hold_memory``, ``rl.trainer.memory.hold``): resident memory between steps stays
-at a step's peak, and a step that ends above 1.25x the level it settled at trims (glibc's held blocks
-can fragment into growth: ``memory.HoldBudget``); with ``hold_memory: false`` it is handed back to the
-OS after each step (glibc ``malloc_trim``), so that only live tensors stay resident between steps.
-
-``export_weights`` writes the policy (merged with LoRA) as one safetensors file into shared
-memory for the engines, gathering sharded tensors one at a time (``lm_head.weight`` always
-included: with tied embeddings an engine otherwise keeps a stale head).
-``save_checkpoint``/``load_checkpoint`` round-trip the model (sharded, through
-``torch.distributed.checkpoint``), critic, optimizers, LR schedulers, KL controller, RNG
-states and step counters; ``policy_from_checkpoint`` rebuilds the policy of a checkpoint as one
-plain HF model (adapters merged), for ``jointrl export``. This module does
-not generate text or score rewards.
+The jobs live in their own modules: model building (``rl.trainer.models``: policy, LoRA, FSDP, reference,
+critic), the forward pass (``rl.trainer.forward``: full and packed layouts, response positions only through
+``lm_head``, at the sampling temperature), the objective (``rl.algos.objective`` with the policy losses of
+``rl.algos.policy_losses``: a pure function of typed inputs), the optimizer and update (``rl.trainer.optim``,
+one path for policy and critic), the metrics (``rl.trainer.metrics``: typed records), weight export
+(``rl.trainer.weights``: file, CUDA IPC, LoRA adapter) and checkpoints (``rl.trainer.checkpoint``).
+Several learners shard with FSDP2 and keep their collectives in step (``rl.trainer.fsdp``,
+``rl.trainer.distributed``); the memory a step frees is held for the next (``learner.hold_memory``,
+``rl.trainer.memory``). This module does not generate text or score rewards.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
+import dataclasses
 import os
 import random
 import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,55 +44,20 @@ import torch
 
 from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
+from rl.algos.objective import ObjectiveInputs, Terms, objective
+from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import fsdp, lora, memory, packed_attention, packing, precision
-from rl.trainer.logits import Entropy, head_logprobs
-from rl.trainer.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, free_port, init_process_group
+from rl.trainer import checkpoint, fsdp, models, optim, memory, packing, precision
+from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
+from rl.trainer.forward import Forward
+from rl.trainer.metrics import StepMetrics, Sums, UpdateLog
+from rl.trainer.weights import WeightExport
+from rl.trainer.logits import Entropy
+from rl.trainer.distributed import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.losses import (
-    aggregate,
     kl,
-    policy_loss,
-    truncated_is_weights,
-    value_loss,
 )
-from rl.algos.schedules import LRSchedule, kl_controller
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class Sums:
-    """Additive per-step statistics (floats), summed over micro-batches and then over the ranks.
-
-    The loss terms are each minibatch's aggregated term (summed over optimizer steps); the
-    others are sums over tokens, turned into means by ``Learner._metrics``.
-    """
-
-    policy_loss: float = 0.0
-    kl_loss: float = 0.0
-    value_loss: float = 0.0
-    entropy_loss: float = 0.0
-    kl: float = 0.0
-    entropy: float = 0.0
-    clipped: float = 0.0
-    dual_clipped: float = 0.0
-    tokens: float = 0.0
-    tokens_first_epoch: float = 0.0
-    logprob_diff: float = 0.0
-    logprob_diff_tokens: float = 0.0
-    value: float = 0.0
-    value_error: float = 0.0
-    value_clipped: float = 0.0
-    returns: float = 0.0
-    is_weight: float = 0.0
-    is_truncated: float = 0.0
-
-    def values(self) -> list[float]:
-        return [getattr(self, f.name) for f in fields(self)]
-
-    @classmethod
-    def of(cls, values: list[float]) -> "Sums":
-        return cls(*values)
+from rl.algos.schedules import kl_controller
 
 
 @dataclass
@@ -143,34 +67,15 @@ class _Grid:
     index: torch.Tensor  # [N] positions of the flat (sample, masked position) order in the grid
     B: int
     T: int
-    mask: torch.Tensor  # [B, T] 1 at policy tokens
+    mask: torch.Tensor  # [B, T] True at policy tokens (of samples not excluded)
     ntok: float
     denom: tuple[float, float]  # the loss denominators (tokens, sequences) of the minibatch
     norm_tokens: int | None = None  # the constant of seq-mean-token-sum-norm
+    sample_mask: torch.Tensor | None = None  # [B] False for a sample excluded from the loss
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
         return grid.index_put((self.index,), flat).view(self.B, self.T)
-
-    def agg(self, per_token: torch.Tensor, how: str) -> torch.Tensor:
-        nt, ns = self.denom
-        return aggregate(per_token, self.mask, how, num_tokens=nt, num_seqs=ns, norm_tokens=self.norm_tokens)
-
-
-class Critic(torch.nn.Module):
-    """A separate value model: a copy of the policy's transformer trunk and a scalar head ([N, H] -> [N])."""
-
-    def __init__(self, trunk: torch.nn.Module, hidden_size: int) -> None:
-        super().__init__()
-        self.trunk = trunk
-        self.head = _value_head(hidden_size)
-
-
-def _value_head(hidden_size: int) -> torch.nn.Linear:
-    head = torch.nn.Linear(hidden_size, 1)
-    torch.nn.init.zeros_(head.weight)  # V = 0 at start: deterministic, and no initial pull on the trunk
-    torch.nn.init.zeros_(head.bias)
-    return head
 
 
 def _loss_aggregation(algo: AlgoConfig, est: Any) -> tuple[str, int | None]:
@@ -185,6 +90,14 @@ def _loss_aggregation(algo: AlgoConfig, est: Any) -> tuple[str, int | None]:
             "rollout.max_new_tokens x rollout.max_turns)"
         )
     return agg, norm_tokens
+
+
+def _objective_parts(algo: AlgoConfig) -> tuple[Any, Terms]:
+    """The policy loss object (``algo.loss.policy``: what it needs, engine log-probs or entropy) and the weights of
+    the objective's other terms (``rl.algos.objective``; the KL coefficient is set per step by the controller)."""
+    c = algo.critic
+    terms = Terms(0.0, algo.kl.kind, algo.kl.in_reward, algo.loss.entropy_coef, c.vf_coef, c.value_clip or None)
+    return get_policy_loss(algo.loss), terms
 
 
 class Learner:
@@ -202,8 +115,12 @@ class Learner:
         world_size: int = 1,
         dist_port: int = 0,
         learner: LearnerConfig | None = None,
+        temperature: float = 1.0,
     ) -> None:
-        """``total_steps``: learner steps of the run (the cosine schedule decays over
+        """``temperature``: the rollouts' sampling temperature (``rollout.temperature``); the policy's,
+        the old and the reference log-probs are of ``softmax(logits / temperature)``, the distribution the
+        engines sampled from (0, greedy, counts as 1: a greedy engine reports raw log-probs).
+        ``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
         ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``).
         ``learner``: micro-batching, prompt sharing, LoRA, activation checkpointing and precision
@@ -214,9 +131,13 @@ class Learner:
         torch.manual_seed(seed)
         random.seed(seed)
         self.algo, self.model_cfg = algo, model_cfg
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (rollout.temperature), got {temperature}")
+        self.temperature = float(temperature) if temperature > 0 else 1.0
         self.lcfg = learner if learner is not None else LearnerConfig()
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
         self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
+        self.loss_fn, self.terms = _objective_parts(algo)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one, on a port of
@@ -232,6 +153,7 @@ class Learner:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
+        self.fwd = Forward(self.lcfg, self.lock, self.device, self.pad_id, self.temperature)  # rl.trainer.forward
         self._build_models(model_path)
         # Loading (and sharding: each rank loads the whole model, then keeps its shard) frees what glibc keeps
         # resident otherwise; hand it back before the first step (rl.trainer.memory).
@@ -239,11 +161,11 @@ class Learner:
         self._build_optimizers(total_steps)
         self.kl_ctl = kl_controller(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         if world_size > 1:  # replicated modules (value head, separate critic) start identical; shards are disjoint
-            broadcast_params([p for p in self._trainable() if not _is_dtensor(p)])
+            broadcast_params([p for p in self._trainable() if not fsdp.is_dtensor(p)])
             if self.critic is not None:
                 broadcast_params(self.critic.parameters())
         self.shm_dir = self._weights_dir(shm_dir)
-        self._adapter_exports = lora.AdapterExports(self.shm_dir)  # export_adapter's folders (no I/O until then)
+        self.weights = WeightExport(self.model, self.peft, rank, self.device, self.shm_dir)  # rl.trainer.weights
         self.steps_done = 0  # learner steps (batches) that updated the weights
         self.updates_done = 0  # optimizer steps
         # learner.hold_memory: the next step reuses the pages this one freed (rl.trainer.memory.hold) instead of
@@ -256,9 +178,6 @@ class Learner:
         self.hold_budget = memory.HoldBudget() if hold and memory.hold() else None
         if self.rank == 0 and self.device.type == "cpu":
             print(f"jointrl learner: allocator {memory.allocator()}", flush=True)
-        # With share_prompt: a micro-batch's groups run packed in one trunk call (rl.trainer.packing); False runs
-        # each group as a prompt call + its responses padded to its longest (kept to measure and test against).
-        self.pack_responses = True
 
     def reference_dtype(self) -> str:
         """``model.reference_dtype`` at this learner's device and precision (``precision.reference_dtype``)."""
@@ -289,74 +208,38 @@ class Learner:
         return d
 
     def _build_models(self, model_path: str) -> None:
-        """The policy (LoRA adapters attached when ``learner.lora.rank > 0``, sharded over 2+ learners), the
-        reference (only with a KL term; with LoRA the policy with adapters disabled) and the critic."""
-        from transformers import AutoModelForCausalLM
+        """The policy, reference and critic (``rl.trainer.models.build``), as this learner's attributes."""
+        m = models.build(
+            model_path,
+            self.model_cfg,
+            self.lcfg,
+            self.device,
+            sharded=self.sharded,
+            bf16_compute=self.use_autocast and self.device.type == "cuda",  # GPU: FSDP's policy, not autocast
+            # a reference for a KL term, or for a policy loss that reads the reference's log-probs
+            reference_dtype=self.reference_dtype() if self._needs_reference() else None,
+            critic=self.algo.critic.model if self.est.needs_critic else None,
+        )
+        self.model, self.peft, self.ref, self.value_head, self.critic = m.model, m.peft, m.ref, m.value_head, m.critic
+        self.has_ref = m.has_ref  # no KL term: no reference model, and no reference forward
 
-        algo, model_cfg = self.algo, self.model_cfg
-        dtype = DTYPES[model_cfg.learner_dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
-        self.model.config.use_cache = False
-        packed_attention.install(self.model)
-        if self.lcfg.activation_checkpointing:  # per decoder layer, recomputed in the backward
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.peft = None
-        if lora.enabled(self.lcfg.lora):  # before sharding: the adapters shard with their layers
-            self.peft = lora.attach(self.model, self.lcfg.lora)
-        self.model.train()
-        bf16_compute = self.use_autocast and self.device.type == "cuda"  # GPU: FSDP's policy, not autocast
-        if self.sharded:  # sharded before the optimizer is built: its state is sharded too
-            fsdp.shard(self.model, bf16_compute=bf16_compute)
-        self.ref = None
-        self.has_ref = self.est.needs_reference(algo)  # no KL term: no reference model, and no reference forward
-        if self.has_ref and self.peft is None:
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[self.reference_dtype()]).to(
-                self.device
-            )
-            self.ref.eval().requires_grad_(False)
-            packed_attention.install(self.ref)
-            if self.sharded:
-                fsdp.shard(self.ref, bf16_compute=bf16_compute)
-        self.value_head: torch.nn.Linear | None = None
-        self.critic: Critic | None = None
-        hidden_size = self.model.config.hidden_size
-        if self.est.needs_critic and algo.critic.model == "value_head":
-            self.value_head = _value_head(hidden_size).to(self.device, dtype)
-        elif self.est.needs_critic:
-            trunk_src = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-            trunk_src.config.use_cache = False
-            packed_attention.install(trunk_src)
-            self.critic = Critic(_trunk(trunk_src), hidden_size).to(self.device, dtype)
-            del trunk_src
-            self.critic.train()
+    def _needs_reference(self) -> bool:
+        return self.est.needs_reference(self.algo) or "ref_logprobs" in self.loss_fn.needs
 
     def _build_optimizers(self, total_steps: int) -> None:
-        """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the
-        separate critic's own AdamW; their LR schedules."""
+        """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the separate
+        critic's own AdamW; their LR schedules (``rl.trainer.optim``: one construction for both)."""
         algo = self.algo
         critic_lr = algo.critic.lr or algo.optim.lr
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": algo.optim.lr}]
         if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})
-        self.opt = torch.optim.AdamW(
-            groups, lr=algo.optim.lr, weight_decay=algo.optim.weight_decay, betas=(0.9, 0.999), eps=1e-8
-        )
         updates = total_steps * algo.update.epochs * algo.update.minibatches
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio)
-        )
+        self.opt, self.sched = optim.adamw(groups, algo.optim.lr, algo.optim, updates)
         self.critic_opt = self.critic_sched = None
         if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(
-                self.critic.parameters(),
-                lr=critic_lr,
-                weight_decay=algo.optim.weight_decay,
-                betas=(0.9, 0.999),
-                eps=1e-8,
-            )
-            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_opt,
-                LRSchedule(algo.optim.warmup_steps, algo.optim.schedule, updates, algo.optim.min_lr_ratio),
+            self.critic_opt, self.critic_sched = optim.adamw(
+                list(self.critic.parameters()), critic_lr, algo.optim, updates
             )
 
     def _trainable(self) -> list[torch.nn.Parameter]:
@@ -381,206 +264,25 @@ class Learner:
         a = self.algo
         return a.update.epochs * a.update.minibatches > 1 or self.est.learner_advantages(a)
 
-    # ---- forward --------------------------------------------------------------------------
+    # ---- forward (rl.trainer.forward) ------------------------------------------------------
+    def _forward(
+        self, model: Any, samples: list[Sample], entropy: Entropy = "none"
+    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+        """``Forward.__call__`` at the sampling temperature (a method of its own: bench/learner_memory.py wraps it)."""
+        return self.fwd(model, samples, entropy)
+
     def _autocast(self):
         enabled = self.use_autocast and self.device.type in ("cpu", "cuda")
         if self.device.type == "cuda" and fsdp.is_sharded(self.model):
             enabled = False  # FSDP's MixedPrecisionPolicy computes in bf16 (rl.trainer.fsdp.shard)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def _response_logprobs(self, model: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs at response positions only: (logp [N] float32, targets [N]); see ``_response_hidden``.
-        For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
-        (_, logp, _, targets, _), _ = self._forward(model, samples)
-        return logp, targets
-
-    def _forward(
-        self, model: Any, samples: list[Sample], entropy: Entropy = "none"
-    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
-        """((hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N]), pad) of ``model`` on ``samples``.
-
-        The vocabulary-sized logits are computed through ``lm_head`` and dropped inside
-        (``rl.trainer.logits.head_logprobs``: in chunks of ``learner.logits_chunk_tokens``, each
-        recomputed in the backward). Runs inside the root of a sharded model
-        (``rl.trainer.fsdp.Lockstep.root``); ``pad`` (None unless sharded) is the zero scalar of the
-        dummy calls that keep the ranks in step, to add to a loss before its backward. ``samples``
-        may be empty (a rank with fewer micro-batches).
-        """
-
-        def run() -> tuple[Any, ...]:
-            if not samples:
-                return ()
-            hidden, targets, index = self._response_hidden(_trunk(model), samples)
-            head = model.get_output_embeddings()
-            logp, ent = head_logprobs(head, hidden, targets, self.lcfg.logits_chunk_tokens, entropy)
-            return hidden, logp, ent, targets, index
-
-        return self.lock.root(model, run, self._trunk_calls(samples))
-
-    def _trunk_calls(self, samples: list[Sample]) -> int:
-        """How many trunk forwards ``_response_hidden`` makes on ``samples`` (a sharded model checks it)."""
-        if not samples:
-            return 0
-        if not self.lcfg.share_prompt:
-            return 1
-        longest: dict[tuple[int, ...], int] = {}
-        for s in samples:
-            key = tuple(s.input_ids[: s.prompt_len])
-            longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
-        if self.pack_responses:
-            return len(longest)  # one packed call per group
-        return sum(1 + (r > 1) for r in longest.values())  # the prompt, then the responses when longer than 1
-
-    def _response_hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Final hidden states of the transformer ``base`` at the positions predicting response tokens.
-
-        Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
-        counts masked response tokens, in row-major (sample, position) order, and T is the
-        longest response in ``samples``. With ``learner.share_prompt``, samples with the same
-        prompt (a GRPO group) run the prompt once: packed, in one call with their responses
-        after it (``rl.trainer.packing``); padded, attending to its key/value cache, repeated
-        per member. Gradients still flow through the prompt. Otherwise every sample runs its
-        full sequence.
-        """
-        T = max(len(s.loss_mask) for s in samples)
-        if not self.lcfg.share_prompt:
-            return self._full_hidden(base, samples, list(range(len(samples))), T)
-        by_prompt: dict[tuple[int, ...], list[int]] = {}
-        for b, s in enumerate(samples):
-            by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
-        hs, tg, ix = [], [], []
-        if self.lcfg.activation_checkpointing and not self.pack_responses:
-            # The padded layout's prompt call fills a key/value cache that recomputed layers would write twice.
-            raise RuntimeError("activation checkpointing with a shared prompt needs the packed layout")
-        if self.pack_responses:
-            outs = self._packed_hiddens(base, [([samples[b] for b in m], m) for m in by_prompt.values()], T)
-        else:
-            outs = [self._shared_prompt_hidden(base, [samples[b] for b in m], m, T) for m in by_prompt.values()]
-        for h, t, i in outs:
-            hs.append(h)
-            tg.append(t)
-            ix.append(i)
-        hidden, targets, index = torch.cat(hs), torch.cat(tg), torch.cat(ix)
-        order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
-        return hidden[order], targets[order], index[order]
-
-    def _packed_hiddens(self, base: Any, groups: list[tuple[list[Sample], list[int]]], T: int) -> list[tuple[Any, ...]]:
-        """Each group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``).
-
-        The token embeddings of all the groups are looked up in one call: the embedding's backward then
-        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU a fresh
-        [V, H] zero tensor per group cost ~0.1 s each in page faults, bench/learner_floor.py --profile).
-        """
-        # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
-        dtype = next(base.parameters()).dtype
-        packs = [packing.pack(members, rows_b, T, self.device, mask_dtype=dtype) for members, rows_b in groups]
-        embeds = base.get_input_embeddings()(torch.cat([pk.input_ids for pk in packs], dim=1))
-        out = []
-        for pk, emb in zip(packs, embeds.split([pk.input_ids.shape[1] for pk in packs], dim=1)):
-            # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
-            hidden = self.lock.trunk(
-                base,
-                inputs_embeds=emb,
-                attention_mask=pk.mask,
-                position_ids=pk.position_ids,
-                packed_segments=pk.segments,
-            ).last_hidden_state
-            out.append((hidden[0, pk.cols], pk.targets, pk.index))
-        return out
-
-    @staticmethod
-    def _values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-        """Scalar values [N] (float32) from hidden states [N, H], in the head's dtype, outside autocast."""
-        with torch.autocast(hidden.device.type, enabled=False):
-            return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
-
-    def _select(
-        self, members: list[Sample], rows_b: list[int], T: int
-    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
-        """(row in chunk, response position) of every masked token, their targets and grid index."""
-        g_idx, j_idx, tgt, ix = [], [], [], []
-        for g, (s, b) in enumerate(zip(members, rows_b)):
-            for j, m in enumerate(s.loss_mask):
-                if m:
-                    g_idx.append(g)
-                    j_idx.append(j)
-                    tgt.append(s.input_ids[s.prompt_len + j])
-                    ix.append(b * T + j)
-        dev = self.device
-        return (
-            g_idx,
-            j_idx,
-            torch.tensor(tgt, dtype=torch.long, device=dev),
-            torch.tensor(ix, dtype=torch.long, device=dev),
-        )
-
-    def _full_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
-        L = max(len(s.input_ids) for s in members)
-        ids = torch.full((len(members), L), self.pad_id, dtype=torch.long)
-        att = torch.zeros((len(members), L), dtype=torch.long)
-        for g, s in enumerate(members):
-            ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
-            att[g, : len(s.input_ids)] = 1
-        hidden = self.lock.trunk(
-            base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)
-        ).last_hidden_state
-        g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
-        # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
-        pos = [members[g].prompt_len + j - 1 for g, j in zip(g_idx, j_idx)]
-        return (
-            hidden[
-                torch.tensor(g_idx, dtype=torch.long, device=self.device),
-                torch.tensor(pos, dtype=torch.long, device=self.device),
-            ],
-            tgt,
-            ix,
-        )
-
-    def _shared_prompt_hidden(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
-        p = members[0].prompt_len
-        G = len(members)
-        R = max(len(s.input_ids) - p for s in members)
-        prompt = torch.tensor([members[0].input_ids[:p]], device=self.device)
-        out = self.lock.trunk(base, input_ids=prompt, use_cache=True)
-        last = out.last_hidden_state[:, -1:].expand(G, 1, -1)  # predicts response token 0
-        if R > 1:
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(G)
-            ids = torch.full((G, R - 1), self.pad_id, dtype=torch.long)
-            att = torch.zeros((G, p + R - 1), dtype=torch.long)
-            att[:, :p] = 1
-            for g, s in enumerate(members):
-                resp = s.input_ids[p:][: R - 1]
-                ids[g, : len(resp)] = torch.tensor(resp)
-                att[g, p : p + len(resp)] = 1
-            pos = torch.arange(p, p + R - 1).expand(G, -1)
-            h2 = self.lock.trunk(
-                base,
-                input_ids=ids.to(self.device),
-                attention_mask=att.to(self.device),
-                past_key_values=cache,
-                position_ids=pos.to(self.device),
-                use_cache=True,
-            ).last_hidden_state
-            hidden = torch.cat([last, h2], dim=1)  # [G, R, H]: position j predicts response token j
-        else:
-            hidden = last
-        g_idx, j_idx, tgt, ix = self._select(members, rows_b, T)
-        return (
-            hidden[
-                torch.tensor(g_idx, dtype=torch.long, device=self.device),
-                torch.tensor(j_idx, dtype=torch.long, device=self.device),
-            ],
-            tgt,
-            ix,
-        )
-
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed tokens.
 
         Samples sharing a prompt stay together (their prompt is computed once and costs
-        its length once; packed, ``pack_responses``, their responses cost their own lengths,
-        padded each costs the group's longest); a group too large for the budget is split.
+        its length once; packed, their responses cost their own lengths; a bench's padded layout costs each
+        the group's longest); a group too large for the budget is split.
         """
         budget = self.lcfg.micro_batch_tokens
         groups: dict[tuple[int, ...], list[Sample]] = {}
@@ -610,13 +312,13 @@ class Learner:
         return out
 
     def _unit_cost(self, group: list[Sample]) -> int:
-        """Tokens one group (or part of one) computes: packed, or padded to its longest response."""
+        """Tokens one group (or part of one) computes: its full sequences padded, or packed (or a bench's layout's)."""
         longest = max(len(s.input_ids) for s in group)
         if not self.lcfg.share_prompt:
             return len(group) * longest
-        if self.pack_responses:
-            return packing.packed_length(group)
-        return group[0].prompt_len + len(group) * (longest - group[0].prompt_len)
+        if self.fwd.layout is not None:  # a bench's layout (bench/padded_layout.py)
+            return self.fwd.layout.unit_cost(group)
+        return packing.packed_length(group)
 
     # ---- training -------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, float]:
@@ -625,14 +327,15 @@ class Learner:
         Metrics: ``loss/policy`` (and ``loss/kl``, ``loss/value``, ``loss/entropy``): each
         minibatch's aggregated loss term, averaged over the step's optimizer steps
         (``loss/kl`` is the aggregated KL before the coefficient, also when the KL is in the
-        reward); ``kl/mean``, ``entropy/mean``, ``clip/fraction``, ``value/*``: token means
+        reward); ``kl/mean``, ``entropy/mean``, ``value/*``: token means
         over every update pass; ``grad/norm``: mean pre-clip global norm; ``lr``: learning
         rate of the step's last optimizer step; ``kl/coef``: the coefficient used in this step;
         ``learner/tokens``: policy tokens computed per epoch; ``learner/updates``;
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
         gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update;
-        with ``algo.tis_cap``: ``is/weight_mean`` and ``is/truncated_fraction`` of the truncated
-        importance weights (``rl.algos.losses.truncated_is_weights``); ``memory/learner_rss_gb``: this
+        the policy loss's own stats (its ``stat_names``; ``ppo_clip``: ``clip/fraction``, with
+        ``algo.loss.dual_clip`` ``clip/dual_fraction``, with ``algo.loss.tis_cap`` ``is/weight_mean`` and
+        ``is/truncated_fraction``); ``memory/learner_rss_gb``: this
         process's resident memory after the step (``learner.hold_memory``: flat over a run once it holds a
         step's peak); ``memory/trimmed``: 1 where that step went over the hold budget and was trimmed.
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
@@ -643,25 +346,35 @@ class Learner:
         members = sorted(batch.samples + batch.skipped, key=lambda s: s.uid)
         n_computed = self._plan(batch, members)
         coef = self.kl_ctl.value
-        st: dict[str, Any] = {"norms": [], "critic_norms": [], "skipped": 0, "lr": self.opt.param_groups[0]["lr"]}
-        updates = self._run_updates(batch, members, sums, coef, st) if n_computed else 0
+        log = UpdateLog(lr=self.opt.param_groups[0]["lr"])
+        updates = self._run_updates(batch, members, sums, coef, log) if n_computed else 0
         if updates:
             self.steps_done += 1
-        tot = Sums.of(self._global(sums.values()))
-        m = self._metrics(tot, st, updates, n_computed, coef)
-        if self.has_ref and n_computed:
-            self.kl_ctl.update(m["kl/mean"], batch.num_seqs)
+        names = self.loss_fn.stat_names
+        tot = Sums.of(self._global(sums.values(names)), names)
+        a = self.algo
+        n_up = a.update.epochs * a.update.minibatches if n_computed else 1
+        terms = (a.loss.entropy_coef > 0, self.has_ref, self.critic_module() is not None, self.critic is not None)
+        m = StepMetrics.of(tot, log, n_up, updates, bool(n_computed), terms)
+        if self.has_ref:
+            m.kl_coef = coef
+            if n_computed:
+                self.kl_ctl.update(m.kl_mean, batch.num_seqs)
+        self._after_step(m)
+        m.compute_s = time.perf_counter() - t0
+        return m.to_dict()
+
+    def _after_step(self, m: StepMetrics) -> None:
+        """The memory hold policy after a step (``learner.hold_memory``, ``rl.trainer.memory``), into ``m``."""
         if self.trim_after_step:
             memory.trim()
         rss = memory.rss_bytes()
         if self.hold_budget is not None:
             trimmed = self.hold_budget.after_step(rss)
-            m["memory/trimmed"] = float(trimmed)
+            m.memory_trimmed = float(trimmed)
             if trimmed:
                 rss = memory.rss_bytes()
-        m["memory/learner_rss_gb"] = rss / 1e9
-        m["timing/learner_compute_s"] = time.perf_counter() - t0
-        return m
+        m.memory_rss_gb = rss / 1e9
 
     def _plan(self, batch: Batch, members: list[Sample]) -> int:
         """The number of computed samples over every rank; checks the counts minibatches rely on."""
@@ -677,72 +390,50 @@ class Learner:
             )
         return int(n_computed)
 
-    def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, st: dict[str, Any]) -> int:
+    def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, log: UpdateLog) -> int:
         """The prepare pass (when needed), then ``epochs x minibatches`` optimizer steps; returns the steps taken."""
-        a = self.algo
         prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
         computed = {id(s) for s in batch.samples}
         updates = 0
-        for epoch in range(a.update.epochs):
+        for epoch in range(self.algo.update.epochs):
             for mb in self._minibatches(members):
-                if a.update.minibatches == 1:
-                    denom = (batch.num_tokens, batch.num_seqs)
-                else:  # the global minibatch's counts: the sum of the ranks' local ones
-                    nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
-                    denom = (nt, ns)
                 self.opt.zero_grad(set_to_none=True)
                 if self.critic_opt is not None:
                     self.critic_opt.zero_grad(set_to_none=True)
                 work = [s for s in mb if id(s) in computed]
-                micros = self._micro_batches(work) if work else []
-                n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
-                for micro in micros:
-                    self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
-                for _ in range(n_micro - len(micros)):
-                    self._pad_micro(prep)
-                if not n_micro and self.lock.count(int(bool(mb))):
-                    # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
-                    for p in self._trainable():
-                        p.grad = torch.zeros_like(p)
-                updates += self._update(st)
+                self._backward(mb, work, prep, self._denominators(batch, mb), sums, coef, epoch == 0)
+                updates += self._update(log)
         return updates
 
-    def _metrics(self, tot: Sums, st: dict[str, Any], updates: int, n_computed: int, coef: float) -> dict[str, float]:
-        """The step's metrics (see ``step``) from the whole batch's sums."""
-        a = self.algo
-        n_up = a.update.epochs * a.update.minibatches if n_computed else 1
-        n = max(tot.tokens, 1.0)
-        m = {
-            "loss/policy": tot.policy_loss / n_up,
-            "entropy/mean": tot.entropy / n,
-            "clip/fraction": tot.clipped / n,
-            "grad/norm": sum(st["norms"]) / len(st["norms"]) if st["norms"] else 0.0,
-            "lr": st["lr"],
-            "learner/tokens": tot.tokens_first_epoch,
-            "learner/updates": float(updates),
-            "learner/skipped_update": st["skipped"] / n_up if n_computed else 0.0,
-            "rollout/logprob_diff": tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
-        }
-        if a.loss.dual_clip:
-            m["clip/dual_fraction"] = tot.dual_clipped / n
-        if a.loss.tis_cap:
-            m["is/weight_mean"] = tot.is_weight / n
-            m["is/truncated_fraction"] = tot.is_truncated / n
-        if a.loss.entropy_coef:
-            m["loss/entropy"] = tot.entropy_loss / n_up
-        if self.has_ref:
-            m["loss/kl"] = tot.kl_loss / n_up
-            m["kl/mean"] = tot.kl / n
-            m["kl/coef"] = coef
-        if self.value_head is not None or self.critic is not None:
-            m["loss/value"] = tot.value_loss / n_up
-            m["value/mean"] = tot.value / n
-            m["value/error"] = tot.value_error / n
-            m["value/clip_fraction"] = tot.value_clipped / n
-            m["returns/mean"] = tot.returns / n
-        if self.critic is not None:
-            m["critic/grad_norm"] = sum(st["critic_norms"]) / len(st["critic_norms"]) if st["critic_norms"] else 0.0
-        return m
+    def _denominators(self, batch: Batch, mb: list[Sample]) -> tuple[float, float]:
+        """The loss denominators (tokens, sequences): the batch's with one minibatch, else the global minibatch's
+        (the sum of the ranks' local counts)."""
+        if self.algo.update.minibatches == 1:
+            return batch.num_tokens, batch.num_seqs
+        nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
+        return nt, ns
+
+    def _backward(
+        self,
+        mb: list[Sample],
+        work: list[Sample],
+        prep: dict[str, dict[int, torch.Tensor]] | None,
+        denom: tuple[float, float],
+        sums: Sums,
+        coef: float,
+        first_epoch: bool,
+    ) -> None:
+        """The minibatch's gradients: its computed samples ``work`` in micro-batches (accumulated exactly)."""
+        micros = self._micro_batches(work) if work else []
+        n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
+        for micro in micros:
+            self._accumulate(micro, prep, denom, sums, coef, first_epoch=first_epoch)
+        for _ in range(n_micro - len(micros)):
+            self._pad_micro(prep)
+        if not n_micro and self.lock.count(int(bool(mb))):
+            # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
+            for p in self._trainable():
+                p.grad = torch.zeros_like(p)
 
     def prepare(self, batch: Batch) -> dict[str, list[list[float]]]:
         """``step``'s prepare pass on ``batch``, without any update (for inspection and tests).
@@ -795,16 +486,16 @@ class Learner:
                 (hidden, old, _, _, _), _ = self._forward(self.model, micro)
             self._split(old, micro, prep["old"])
             if self.value_head is not None:
-                self._split(self._values(self.value_head, hidden), micro, prep["values"])
+                self._split(self.fwd.values(self.value_head, hidden), micro, prep["values"])
             del hidden
             if self.has_ref:
                 with self._autocast(), self._reference() as ref:
-                    ref_lp, _ = self._response_logprobs(ref, micro)
+                    ref_lp, _ = self.fwd.logprobs(ref, micro)
                 self._split(ref_lp, micro, prep["ref"])
             if self.critic is not None:
                 with self._autocast():
-                    ch, _, _ = self._response_hidden(self.critic.trunk, micro)
-                self._split(self._values(self.critic.head, ch), micro, prep["values"])
+                    ch, _, _ = self.fwd.hidden(self.critic.trunk, micro)
+                self._split(self.fwd.values(self.critic.head, ch), micro, prep["values"])
             self._logprob_diff(old, micro, sums)
         if self.est.learner_advantages(self.algo):
             self._advantages(batch.samples, prep, coef)
@@ -862,141 +553,83 @@ class Learner:
         """Forward + backward of one micro-batch; gradients accumulate (the loss is its part of the minibatch's)."""
         a = self.algo
         with self._autocast():
-            ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 else "value"
+            ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 or "entropy" in self.loss_fn.needs else "value"
             (hidden, logp_flat, ent_flat, _, index), pad = self._forward(self.model, mb, ent_mode)
-        values_flat = self._values(self.value_head, hidden) if self.value_head is not None else None
+        values_flat = self.fwd.values(self.value_head, hidden) if self.value_head is not None else None
         del hidden
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
         g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
-        g.mask = g(torch.ones_like(logp_flat))
-        logp = g(logp_flat)
-        loss = self._policy_term(mb, prep, g, logp, sums)
-        total = loss
-        for term in (
-            self._kl_term(mb, prep, g, logp, sums, coef),
-            self._entropy_term(g, ent_flat, sums),
-            self._value_term(mb, prep, g, values_flat, sums),
-        ):
-            if term is not None:
-                total = total + term
+        # a sample excluded from the loss (Sample.excluded: a harness failure) has no policy token in it
+        g.sample_mask = torch.tensor([not s.excluded for s in mb], dtype=torch.bool, device=logp_flat.device)
+        g.mask = g(torch.ones_like(logp_flat)).bool() & g.sample_mask[:, None]
+        x = self._objective_inputs(mb, prep, g, g(logp_flat), ent_flat, values_flat, coef)
+        total, st = objective(x, self.loss_fn)
         (total if pad is None else total + pad).backward()
         if prep is None and first_epoch:
             self._logprob_diff(logp_flat, mb, sums)
-        sums.policy_loss += float(loss.detach())
-        sums.entropy += float(ent_flat.detach().sum())
-        sums.tokens += g.ntok
-        if first_epoch:
-            sums.tokens_first_epoch += g.ntok
+        sums.add(st, g.ntok, float(ent_flat.detach().sum()), first_epoch)
 
-    def _policy_term(
+    def _objective_inputs(
         self,
         mb: list[Sample],
         prep: dict[str, dict[int, torch.Tensor]] | None,
         g: _Grid,
         logp: torch.Tensor,
-        sums: Sums,
-    ) -> torch.Tensor:
-        """The clipped policy loss (``rl.algos.losses.policy_loss``), truncated IS weights with ``algo.tis_cap``."""
-        a = self.algo
+        ent_flat: torch.Tensor,
+        values_flat: torch.Tensor | None,
+        coef: float,
+    ) -> ObjectiveInputs:
+        """The objective's typed inputs (``rl.algos.objective``) on the micro-batch's grid: only what its terms
+        and the policy loss need (the engine's log-probs, the reference's, the critic's values)."""
+        a, need = self.algo, self.loss_fn.needs
         old = g(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
         if prep is not None and self.est.learner_advantages(a):
             adv = g(self._cat(prep["adv"], mb))
         else:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
-        is_w = None
-        if a.loss.tis_cap > 0:  # the engine's sampling policy differs from `old` (async lag, kernels): reweight
-            is_w, ist = truncated_is_weights(old, g(self._engine_logprobs(mb)), g.mask, a.loss.tis_cap)
-            sums.is_weight += ist["is/weight_mean"] * g.ntok
-            sums.is_truncated += ist["is/truncated_fraction"] * g.ntok
+            adv = adv[:, None].expand_as(logp)
         nt, ns = g.denom
-        loss, pst = policy_loss(
-            logp,
-            old,
-            adv,
-            g.mask,
-            clip_low=a.loss.clip_low,
-            clip_high=a.loss.clip_high,
-            dual_clip=a.loss.dual_clip or None,
+        ref = g(self._reference_logprobs(mb, prep)) if self.has_ref else None  # the reference, then the critic
+        policy = LossInputs(
+            logp=logp,
+            old_logp=old,
+            advantages=adv,
+            mask=g.mask,
+            sample_mask=g.sample_mask,
             agg=self.agg,
             num_tokens=nt,
             num_seqs=ns,
             norm_tokens=self.norm_tokens,
-            is_weights=is_w,
+            engine_logp=g(self._engine_logprobs(mb)) if "engine_logprobs" in need else None,
+            entropy=g(ent_flat) if "entropy" in need else None,
+            ref_logp=ref if "ref_logprobs" in need else None,
         )
-        sums.clipped += pst["clip/fraction"] * g.ntok
-        sums.dual_clipped += pst["clip/dual_fraction"] * g.ntok
-        return loss
+        values = self._critic_values(mb, values_flat)
+        return ObjectiveInputs(
+            policy=policy,
+            terms=dataclasses.replace(self.terms, kl_coef=coef),
+            ref_logp=ref,
+            entropy=g(ent_flat) if a.loss.entropy_coef > 0 else None,
+            values=g(values) if values is not None else None,
+            old_values=g(self._cat(prep["values"], mb)) if values is not None and prep is not None else None,
+            returns=g(self._cat(prep["returns"], mb)) if values is not None and prep is not None else None,
+        )
 
-    def _kl_term(
-        self,
-        mb: list[Sample],
-        prep: dict[str, dict[int, torch.Tensor]] | None,
-        g: _Grid,
-        logp: torch.Tensor,
-        sums: Sums,
-        coef: float,
-    ) -> torch.Tensor | None:
-        """``kl_coef x`` the aggregated KL to the reference (None without a reference, or 0-weighted when the
-        KL is in the reward: then it is only measured)."""
-        a = self.algo
-        if not self.has_ref:
-            return None
+    def _reference_logprobs(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None) -> torch.Tensor:
+        """The reference's log-probs of the micro-batch's policy tokens (flat): cached by the prepare pass, or now."""
         if prep is not None:
-            ref_flat = self._cat(prep["ref"], mb)
-        else:
-            with torch.no_grad(), self._autocast(), self._reference() as ref:
-                ref_flat, _ = self._response_logprobs(ref, mb)
-        kl_tok = kl(logp.detach() if a.kl.in_reward else logp, g(ref_flat), a.kl.kind)
-        kl_loss = g.agg(kl_tok, self.agg)
-        sums.kl_loss += float(kl_loss.detach())
-        sums.kl += float((kl_tok.detach() * g.mask).sum())
-        return None if a.kl.in_reward else coef * kl_loss
+            return self._cat(prep["ref"], mb)
+        with torch.no_grad(), self._autocast(), self._reference() as ref:
+            return self.fwd.logprobs(ref, mb)[0]
 
-    def _entropy_term(self, g: _Grid, ent_flat: torch.Tensor, sums: Sums) -> torch.Tensor | None:
-        """``- entropy_coef x`` the aggregated entropy (None when the coefficient is 0)."""
-        a = self.algo
-        if a.loss.entropy_coef <= 0:
-            return None
-        ent_loss = g.agg(g(ent_flat), self.agg)
-        sums.entropy_loss += float(ent_loss.detach())
-        return -a.loss.entropy_coef * ent_loss
-
-    def _value_term(
-        self,
-        mb: list[Sample],
-        prep: dict[str, dict[int, torch.Tensor]] | None,
-        g: _Grid,
-        values_flat: torch.Tensor | None,
-        sums: Sums,
-    ) -> torch.Tensor | None:
-        """``vf_coef x`` the clipped value loss of the value head or separate critic (None without one)."""
-        a = self.algo
-        if self.critic is not None:
-            with self._autocast():
-                ch, _, _ = self._response_hidden(self.critic.trunk, mb)
-            values_flat = self._values(self.critic.head, ch)
-        if values_flat is None:
-            return None
-        assert prep is not None  # a critic always runs the prepare pass
-        nt, ns = g.denom
-        ret = g(self._cat(prep["returns"], mb))
-        vloss, vst = value_loss(
-            g(values_flat),
-            g(self._cat(prep["values"], mb)),
-            ret,
-            g.mask,
-            clip=a.critic.value_clip or None,
-            agg=self.agg,
-            num_tokens=nt,
-            num_seqs=ns,
-            norm_tokens=self.norm_tokens,
-        )
-        sums.value_loss += float(vloss.detach())
-        sums.value += vst["value/mean"] * g.ntok
-        sums.value_error += vst["value/error"] * g.ntok
-        sums.value_clipped += vst["value/clip_fraction"] * g.ntok
-        sums.returns += float((ret * g.mask).sum())
-        return a.critic.vf_coef * vloss
+    def _critic_values(self, mb: list[Sample], values_flat: torch.Tensor | None) -> torch.Tensor | None:
+        """The critic's values (flat, with grad): the value head's (from the policy's hidden states), the separate
+        critic's (its own forward now), or None without a critic."""
+        if self.critic is None:
+            return values_flat
+        with self._autocast():
+            ch, _, _ = self.fwd.hidden(self.critic.trunk, mb)
+        return self.fwd.values(self.critic.head, ch)
 
     def _pad_micro(self, prep: dict[str, dict[int, torch.Tensor]] | None) -> None:
         """A micro-batch with no samples on a sharded rank that has fewer than the others: the same
@@ -1009,331 +642,63 @@ class Learner:
         if pad is not None:
             pad.backward()
 
-    def _update(self, st: dict[str, Any]) -> int:
-        """Reduce, clip and apply the accumulated gradients; 1 if the policy stepped.
-
-        Sharded parameters already hold their shard of the summed gradient (FSDP's
-        reduce-scatter); replicated ones (value head) are SUM-all-reduced here.
-        """
-        a = self.algo
-        params = self._trainable()
-        all_reduce_grads([p for p in params if not _is_dtensor(p)])
-        norm = _grad_norm(params)
-        st["norms"].append(float(norm))
-        st["lr"] = self.opt.param_groups[0]["lr"]
-        stepped = 0
-        if math.isfinite(float(norm)):
-            if a.optim.max_grad_norm > 0:
-                _clip(params, a.optim.max_grad_norm, norm)
-            self.opt.step()
-            self.sched.step()
+    def _update(self, log: UpdateLog) -> int:
+        """Apply the accumulated gradients (``rl.trainer.optim.apply``): the policy's (and value head's), then a
+        separate critic's, each clipped on its own norm; 1 if the policy stepped."""
+        max_norm = self.algo.optim.max_grad_norm
+        log.lr = self.opt.param_groups[0]["lr"]
+        norm, stepped = optim.apply(self._trainable(), self.opt, self.sched, max_norm)
+        log.norms.append(norm)
+        if stepped:
             self.updates_done += 1
-            stepped = 1
         else:
-            st["skipped"] += 1
+            log.skipped += 1
         if self.critic is not None:
-            cps = list(self.critic.parameters())
-            all_reduce_grads(cps)
-            cnorm = _grad_norm(cps)
-            st["critic_norms"].append(float(cnorm))
-            if math.isfinite(float(cnorm)):
-                if a.optim.max_grad_norm > 0:
-                    _clip(cps, a.optim.max_grad_norm, cnorm)
-                self.critic_opt.step()  # type: ignore[union-attr]
-                self.critic_sched.step()  # type: ignore[union-attr]
-        return stepped
+            cnorm, _ = optim.apply(list(self.critic.parameters()), self.critic_opt, self.critic_sched, max_norm)
+            log.critic_norms.append(cnorm)
+        return int(stepped)
 
     # ---- weights & checkpoints ----------------------------------------------------------
+    # ---- weights out (rl.trainer.weights) and checkpoints (rl.trainer.checkpoint): the actor's API ----------
     def export_weights(self, dtype: str = "bfloat16") -> str:
-        """Write the policy's weights to one safetensors file in shared memory; return its path.
-
-        The file is ``policy.safetensors`` in ``shm_dir``: every state-dict tensor in ``dtype``,
-        plus ``lm_head.weight`` (always: with tied embeddings an engine otherwise keeps a stale
-        head). It is written in place into one of two preallocated, memory-mapped files (see
-        ``_ShmWeights``): one ``copy_`` per tensor, dtype conversion included, straight into the
-        pages the engines read, then published by an atomic rename. A reader never sees a
-        partial file, and the file it opened stays unchanged until the export after next.
-
-        Sharded (several learners): every rank must call it. Tensors are gathered one at a time
-        (``rl.trainer.fsdp.full_tensors``) and only rank 0 writes them, so no rank ever holds a
-        full copy of the model; the other ranks return ``""``.
-        """
-        tensors = self._export_tensors()
-        dt = DTYPES[dtype]
-        out = None
-        if self.rank == 0:
-            layout = [(k, dt, tuple(v.shape)) for k, v in tensors.items()]
-            out = getattr(self, "_shm_weights", None)
-            if out is None or not out.fits(self.shm_dir, layout):
-                if out is not None:
-                    out.close()
-                out = self._shm_weights = _ShmWeights(self.shm_dir, "policy.safetensors", layout)
-            views = out.begin()
-        for key, full, alias in self._export_stream(tensors):
-            if out is not None:
-                views[key].copy_(views[alias] if full is None else full)
-        return out.publish() if out is not None else ""
+        """``WeightExport.file``: the policy as one safetensors file in shared memory (every rank calls it)."""
+        return self.weights.file(dtype)
 
     def export_ipc(self, dtype: str = "bfloat16") -> dict[str, Any]:
-        """CUDA: the policy's weights packed into one ``dtype`` buffer on this GPU, shared through a CUDA IPC
-        handle; returns what ``rollout.engine.VLLMEngine.load_weights_ipc`` takes (small and picklable).
-
-        For an engine on this learner's GPU (``learner.weight_sync: ipc``, the colocated placement): no
-        file and no copy through host memory, the engine's worker maps the buffer and loads from it. The
-        buffer is kept (and reused) until the next export, so an engine may read it until then. The same
-        tensors as ``export_weights`` (``lm_head.weight`` included). Sharded: every rank must call it
-        (tensors are gathered one at a time) and every rank packs its own copy on its own GPU, for the
-        engine it shares that GPU with (a bf16 copy of the model per GPU).
-        """
-        if self.device.type != "cuda":
-            raise RuntimeError("export_ipc needs a learner on a CUDA device; CPU engines load export_weights' file")
-        tensors = self._export_tensors()
-        dt, place, total = DTYPES[dtype], {}, 0
-        for key, t in tensors.items():
-            shape = tuple(t.shape)
-            place[key] = (shape, total)
-            total += -(-math.prod(shape) // 64) * 64  # each tensor 128-byte aligned in the buffer
-        buf = getattr(self, "_ipc_buffer", None)
-        if buf is None or buf.numel() != total or buf.dtype != dt:
-            buf = self._ipc_buffer = None  # the old one freed before the new one is made
-            buf = self._ipc_buffer = torch.empty(total, dtype=dt, device=self.device)
-
-        def view(key: str) -> torch.Tensor:
-            shape, off = place[key]
-            return buf[off : off + math.prod(shape)].view(shape)
-
-        for key, full, alias in self._export_stream(tensors):
-            view(key).copy_(view(alias) if full is None else full)
-        torch.cuda.synchronize(self.device)  # the engines read it from other processes, outside this stream
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        rebuild, args = reduce_tensor(buf)
-        return {"rebuild": rebuild, "args": args, "tensors": [(k, shape, off) for k, (shape, off) in place.items()]}
-
-    def _export_stream(self, tensors: dict[str, Any]):
-        """``(key, tensor, None)`` for each export tensor in turn, full (gathered when sharded, a collective
-        every rank must join; a LoRA-merged weight computed only now, one at a time), or ``(key, None, first)``
-        for a tensor already given under the key ``first`` (a tied head)."""
-        first: dict[int, str] = {}  # id(tensor) -> the key it was first given under
-        with torch.no_grad():
-            for key, t in tensors.items():
-                if id(t) in first:
-                    yield key, None, first[id(t)]
-                    continue
-                first[id(t)] = key
-                full = t.full_tensor() if _is_dtensor(t) else t
-                if callable(full):
-                    full = full()
-                yield key, full.detach(), None
-                del full
+        """``WeightExport.ipc``: the policy in one CUDA IPC buffer on this GPU."""
+        return self.weights.ipc(dtype)
 
     def export_adapter(self) -> str:
-        """With LoRA, write only the adapters as a new ``peft`` folder in shared memory; return its path.
+        """``WeightExport.adapter``: with LoRA, the adapters as a ``peft`` folder."""
+        return self.weights.adapter()
 
-        What ``learner.lora.transfer: adapter`` sends the engines instead of ``export_weights``' file
-        (``rl.trainer.lora.AdapterExports``: a new folder per call, the last two kept). Sharded: every
-        rank must call it (A and B are gathered); rank 0 writes, the others return ``""``.
-        """
-        if self.peft is None:
-            raise RuntimeError("export_adapter needs LoRA (learner.lora.rank > 0)")
-        state = lora.adapter_state(self.peft)  # a collective when sharded
-        if self.rank > 0:
-            return ""
-        return self._adapter_exports.write(self.peft, state)
+    def read_weights(self, path: str) -> bytes | dict[str, bytes]:
+        """``WeightExport.read``: what an export wrote, for engines on other nodes."""
+        return WeightExport.read(path)
 
-    def _export_tensors(self) -> dict[str, Any]:
-        """What the engines load, by HF name: the parameters themselves (so that ties stay visible) plus
-        ``lm_head.weight``; with LoRA, adapted weights as a zero-argument function computing base + B A
-        (``rl.trainer.lora.merged_tensors``), adapters left out."""
-        if self.peft is None:
-            tensors: dict[str, Any] = dict(self.model.state_dict(keep_vars=True))
-        else:
-            tensors = dict(lora.merged_tensors(self.model, lazy=True))
-        head = self.model.get_output_embeddings()
-        if head is not None:
-            base = getattr(head, "base_layer", head)  # an adapted lm_head keeps its base weight there
-            tensors.setdefault("lm_head.weight", base.weight)
-        return tensors
+    def save_checkpoint(self, path: str) -> None:
+        """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``."""
+        checkpoint.save(self, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """``rl.trainer.checkpoint.load``: restore what ``save_checkpoint`` wrote."""
+        checkpoint.load(self, path)
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
-        """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training)."""
+        """The policy's logprobs of ``continuation`` after ``prompt`` (no grad, same precision as training), at
+        temperature 1: the raw log-probs an engine's ``score`` gives (the weight-sync check compares them)."""
         if not continuation:
             return []
         s = Sample(
             list(prompt) + list(continuation), len(prompt), [1] * len(continuation), [0.0] * len(continuation), 0.0, ""
         )
         with torch.no_grad(), self._autocast():
-            logp, _ = self._response_logprobs(self.model, [s])
+            logp, _ = self.fwd.logprobs(self.model, [s], temperature=1.0)
             return logp.tolist()
 
-    def _critic_module(self) -> torch.nn.Module | None:
+    def critic_module(self) -> torch.nn.Module | None:
+        """The value head or the separate critic (what a checkpoint saves as critic.safetensors), or None."""
         return self.critic if self.critic is not None else self.value_head
-
-    def read_weights(self, path: str) -> bytes | dict[str, bytes]:
-        """What an export wrote, for engines on other nodes (through Ray's object store): a weights file's
-        bytes, or an adapter folder's files as ``{file name: bytes}``."""
-        p = Path(path)
-        if p.is_dir():
-            return {f.name: f.read_bytes() for f in sorted(p.iterdir()) if f.is_file()}
-        return p.read_bytes()
-
-    def _state_modules(self) -> torch.nn.Module:
-        """The modules of the main optimizer under stable names (``policy``, ``value_head``), for
-        ``torch.distributed.checkpoint``'s parameter <-> name mapping."""
-        mods = torch.nn.ModuleDict({"policy": self.model})
-        if self.value_head is not None:
-            mods["value_head"] = self.value_head
-        return mods
-
-    def save_checkpoint(self, path: str) -> None:
-        """Into folder ``path`` (every rank calls it, into the same folder):
-
-        - ``dcp/``: the policy's trainable weights (all of them; with LoRA the adapters only),
-          the value head and their AdamW state through ``torch.distributed.checkpoint``, each
-          rank writing its own shard;
-        - ``model/``: the policy as an HF folder + tokenizer (gathered on rank 0; with LoRA the
-          merged weights; what ``jointrl eval``/``score``, transformers and vLLM load);
-        - ``adapter/``: with LoRA, the adapters as a ``peft`` folder;
-        - ``critic.safetensors``: value head or separate critic, if any (rank 0);
-        - ``learner_state.pt`` (rank 0): the critic's optimizer, LR schedulers, KL controller,
-          rank 0's torch/Python/shuffle/CUDA RNG states, ``steps_done``, ``updates_done``;
-          ``rng_rank<r>.pt``: rank r's RNG states (r > 0).
-        """
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        mods = self._state_modules()
-        dcp.save(
-            {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)},
-            checkpoint_id=str(p / "dcp"),
-            no_dist=not fsdp.active(),
-        )
-        full, adapter = self._full_weights()
-        rng = self._rng_states()
-        if self.rank > 0:
-            torch.save(rng, p / f"rng_rank{self.rank}.pt")
-            return
-        self._save_rank0(p, full, adapter, rng)
-
-    def _full_weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-        """The policy's full weights (with LoRA: merged) and the LoRA adapters (or None), gathered when
-        sharded; every rank takes part, rank 0 keeps the tensors."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        if self.peft is None:
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_model_state_dict(self.model, options=opts), None
-        adapter = {  # merged one tensor at a time (gathered when sharded)
-            k: (v.full_tensor() if _is_dtensor(v) else v).detach().cpu()
-            for k, v in self.peft.state_dict().items()
-            if ".lora_" in k
-        }
-        full = {}
-        for k, v in lora.merged_tensors(self.model):
-            v = v.full_tensor() if _is_dtensor(v) else v
-            if self.rank == 0:
-                full[k] = v.detach().cpu()
-            del v
-        return full, adapter
-
-    def _rng_states(self) -> dict[str, Any]:
-        """This rank's torch, Python, shuffle and CUDA RNG states."""
-        return {
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-            "shuffle_rng": self.gen.get_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        }
-
-    def _save_rank0(
-        self,
-        p: Path,
-        full: dict[str, torch.Tensor],
-        adapter: dict[str, torch.Tensor] | None,
-        rng: dict[str, Any],
-    ) -> None:
-        """Rank 0's part of ``save_checkpoint``: ``model/``, ``adapter/``, ``critic.safetensors``,
-        ``learner_state.pt``."""
-        from safetensors.torch import save_file
-
-        self.model.save_pretrained(p / "model", state_dict=full)
-        self.tokenizer.save_pretrained(p / "model")
-        del full
-        if self.peft is not None:
-            self.peft.save_pretrained(p / "adapter", state_dict=adapter)
-        crit = self._critic_module()
-        if crit is not None:
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in crit.state_dict().items()}, str(p / "critic.safetensors")
-            )
-        state = {
-            "scheduler": self.sched.state_dict(),
-            "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
-            "critic_scheduler": self.critic_sched.state_dict() if self.critic_sched is not None else None,
-            "kl_controller": self.kl_ctl.state_dict(),
-            "steps_done": self.steps_done,
-            "updates_done": self.updates_done,
-            "algo": self.algo.name,
-            "critic": self.algo.critic.model if crit is not None else None,
-            "world_size": self.world_size,
-            **rng,
-        }
-        torch.save(state, p / "learner_state.pt")
-
-    def load_checkpoint(self, path: str) -> None:
-        """Restore everything ``save_checkpoint`` wrote (every rank calls it); the learner must be built with
-        the same algorithm and critic.
-
-        Onto the same number of learners the restore is exact. Onto a different number,
-        ``torch.distributed.checkpoint`` reshards the weights and optimizer state (exact too);
-        ranks without an RNG file of their own take rank 0's, and the batch is sharded
-        differently, so later steps match a same-size resume only in distribution.
-        """
-        import torch.distributed.checkpoint as dcp
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        p = Path(path)
-        if not (p / "dcp" / ".metadata").is_file():
-            raise ValueError(
-                f"{p}: not a learner checkpoint of this version (no dcp/.metadata: sharded weights and optimizer state)"
-            )
-        st = torch.load(p / "learner_state.pt", weights_only=False)
-        crit = self._critic_module()
-        if st.get("critic") != (self.algo.critic.model if crit is not None else None):
-            raise ValueError(
-                f"{p}: checkpoint critic {st.get('critic')!r} does not match this learner's "
-                f"({self.algo.critic.model if crit is not None else None!r})"
-            )
-        mods = self._state_modules()
-        state = {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, self.opt)}
-        dcp.load(state, checkpoint_id=str(p / "dcp"), no_dist=not fsdp.active())
-        set_model_state_dict(mods, state["model"], options=StateDictOptions(strict=False))
-        set_optimizer_state_dict(mods, self.opt, state["optim"])
-        del state
-        if crit is not None:
-            crit.load_state_dict(load_file(str(p / "critic.safetensors")))
-        self.sched.load_state_dict(st["scheduler"])
-        if self.critic_opt is not None:
-            self.critic_opt.load_state_dict(st["critic_optimizer"])
-            self.critic_sched.load_state_dict(st["critic_scheduler"])  # type: ignore[union-attr]
-        self.kl_ctl.load_state_dict(st["kl_controller"])
-        self.steps_done = st["steps_done"]
-        self.updates_done = st.get("updates_done", 0)
-        own = p / f"rng_rank{self.rank}.pt"
-        rng = torch.load(own, weights_only=False) if self.rank > 0 and own.is_file() else st
-        torch.set_rng_state(rng["torch_rng"])
-        random.setstate(rng["python_rng"])
-        self.gen.set_state(rng["shuffle_rng"])
-        if rng.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda_rng"])
 
     def shutdown(self) -> None:
         shutil.rmtree(self.shm_dir, ignore_errors=True)
@@ -1342,192 +707,3 @@ class Learner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-
-
-class _ShmWeights:
-    """A safetensors file in shared memory that is rewritten in place, double-buffered.
-
-    Two slot files (``.<name>.slot0/1``) have a fixed layout (names, dtypes, shapes); each is
-    memory-mapped once and its tensors are views into the mapping, so ``write`` is one
-    ``copy_`` per tensor: no allocation, no page faults after the first use of a slot, no
-    second copy through a serializer. The slot just written is published as ``<name>`` by a
-    hard link and an atomic rename; the other slot is written next time, so a file a reader
-    opened stays intact until the write after next. Tensors that share storage with one
-    already written (a tied ``lm_head``) are copied from its converted bytes.
-    """
-
-    def __init__(self, folder: Path, name: str, layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> None:
-        import json
-
-        self.folder, self.name, self.layout = Path(folder), name, list(layout)
-        # safetensors' own order (widest dtype first) keeps every tensor aligned in the file.
-        entries = sorted(self.layout, key=lambda e: (-torch.empty((), dtype=e[1]).element_size(), e[0]))
-        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-        self._spans: dict[str, tuple[int, int, torch.dtype, tuple[int, ...]]] = {}
-        end = 0
-        for key, dt, shape in entries:
-            n = math.prod(shape)
-            nbytes = n * torch.empty((), dtype=dt).element_size()
-            header[key] = {"dtype": _ST_DTYPES[dt], "shape": list(shape), "data_offsets": [end, end + nbytes]}
-            self._spans[key] = (end, n, dt, shape)
-            end += nbytes
-        head = json.dumps(header, separators=(",", ":")).encode()
-        head += b" " * (-len(head) % 8)
-        self._prefix = len(head).to_bytes(8, "little") + head
-        self.size = len(self._prefix) + end
-        self._slots: list[tuple[Path, int, Any, dict[str, torch.Tensor]] | None] = [None, None]
-        self._next = 0
-
-    def fits(self, folder: Path, layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> bool:
-        return Path(folder) == self.folder and list(layout) == self.layout
-
-    def _open(self, i: int) -> tuple[Path, int, Any, dict[str, torch.Tensor]]:
-        """Slot ``i``'s mapping and tensor views, (re)created when its file is gone or replaced."""
-        import mmap
-
-        path = self.folder / f".{self.name}.slot{i}"
-        slot = self._slots[i]
-        if slot is not None:
-            try:
-                if os.stat(path).st_ino == slot[1]:
-                    return slot
-            except FileNotFoundError:
-                pass
-            self._close_slot(i)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        try:  # a new inode: a reader of the old file (maybe still published) keeps its bytes
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.ftruncate(fd, self.size)
-            os.pwrite(fd, self._prefix, 0)
-            mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            ino = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
-        base = len(self._prefix)
-        views = {}
-        for key, (start, n, dt, shape) in self._spans.items():
-            t = torch.frombuffer(mm, dtype=dt, count=n, offset=base + start) if n else torch.empty(0, dtype=dt)
-            views[key] = t.view(shape)
-        slot = self._slots[i] = (path, ino, mm, views)
-        return slot
-
-    def write(self, tensors: dict[str, torch.Tensor]) -> str:
-        """Copy ``tensors`` (the layout's names; any device/dtype) into the next slot and publish it; return the path."""
-        views = self.begin()
-        done: dict[tuple[Any, ...], torch.Tensor] = {}
-        with torch.no_grad():
-            for key, dst in views.items():
-                src = tensors[key].detach()
-                alias = (
-                    src.device,
-                    src.untyped_storage().data_ptr(),
-                    src.storage_offset(),
-                    tuple(src.stride()),
-                    tuple(src.shape),
-                    src.dtype,
-                )
-                dst.copy_(done.get(alias, src))
-                done.setdefault(alias, dst)
-        return self.publish()
-
-    def begin(self) -> dict[str, torch.Tensor]:
-        """The next slot's tensor views, to ``copy_`` into one at a time; then ``publish``."""
-        return self._open(self._next)[3]
-
-    def publish(self) -> str:
-        """Publish the slot ``begin`` handed out (atomic rename); return the published path."""
-        i = self._next
-        path = self._open(i)[0]
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        tmp = self.folder / f".{self.name}.{os.getpid()}.tmp"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        os.link(path, tmp)
-        os.replace(tmp, self.folder / self.name)
-        self._next = 1 - i
-        return str(self.folder / self.name)
-
-    def _close_slot(self, i: int) -> None:
-        slot = self._slots[i]
-        self._slots[i] = None
-        if slot is not None:
-            slot[3].clear()  # drop the views before the mapping (they export its buffer)
-            try:
-                slot[2].close()
-            except BufferError:  # a view is still referenced elsewhere; the mapping goes with it
-                pass
-
-    def close(self) -> None:
-        for i in (0, 1):
-            self._close_slot(i)
-
-
-def _trunk(model: Any) -> Any:
-    """The transformer of a causal LM (``model.model`` for Llama/Qwen2), or ``model`` itself if it is one."""
-    return getattr(model, model.base_model_prefix, model)
-
-
-def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Global L2 norm of the gradients (float32; 0 without any gradient), over every rank's shard."""
-    return fsdp.grad_sq_sum(params).sqrt()
-
-
-def _clip(params: list[torch.nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:
-    """Scale the gradients by ``max_norm / (norm + 1e-6)`` when below 1 (``clip_grads_with_norm_``'s rule),
-    with a Python float, so that sharded (DTensor) and plain gradients take the same path."""
-    coef = max_norm / (float(norm) + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.detach().mul_(coef)
-
-
-def policy_from_checkpoint(path: str | Path, model_path: str, lora_cfg: Any = None) -> Any:
-    """The policy of learner checkpoint ``path`` as a plain HF causal LM (float32, on CPU), for an export.
-
-    Read from the checkpoint's ``dcp/`` (``save_checkpoint``; written by 1 or N ranks,
-    ``torch.distributed.checkpoint`` reshards on load, here into one unsharded model): the base
-    ``model_path`` (the run's ``model.path``, resolved) is loaded, the trainable weights (all of
-    them; with LoRA, built with the run's ``learner.lora``, the adapters) are set from the
-    checkpoint, and LoRA adapters are merged into the base (``peft``'s ``merge_and_unload``).
-    Raises ``FileNotFoundError`` naming ``dcp/.metadata`` when the checkpoint has none.
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from transformers import AutoModelForCausalLM
-
-    meta = Path(path) / "dcp" / ".metadata"
-    if not meta.is_file():
-        raise FileNotFoundError(f"{meta}: not found; {path} is not a learner checkpoint of this version")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    peft = lora.attach(model, lora_cfg) if lora.enabled(lora_cfg) else None
-    mods = torch.nn.ModuleDict({"policy": model})  # the names save_checkpoint used (_state_modules)
-    state = {"model": _trainable_state(mods)}
-    dcp.load(state, checkpoint_id=str(meta.parent), no_dist=True)
-    set_model_state_dict(mods, state["model"], options=StateDictOptions(strict=False))
-    return peft.merge_and_unload() if peft is not None else model
-
-
-def _trainable_state(mods: torch.nn.Module) -> dict[str, Any]:
-    """``get_model_state_dict(mods)`` without frozen parameters (LoRA's base: it never changes and is not
-    checkpointed). Filtered by name because ``ignore_frozen_params`` lets a tied alias (lm_head) through."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    live = {k for k, v in mods.named_parameters(remove_duplicate=False) if v.requires_grad}
-    frozen = {k for k, v in mods.named_parameters(remove_duplicate=False) if not v.requires_grad}
-    sd = get_model_state_dict(mods, options=StateDictOptions(ignore_frozen_params=True))
-    return {k: v for k, v in sd.items() if k in live or k not in frozen}
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "to_local")

@@ -159,13 +159,20 @@ def _fused(
 
 
 def _chunk(
-    head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, t: torch.Tensor, entropy: Entropy
+    head: Callable[[torch.Tensor], torch.Tensor],
+    h: torch.Tensor,
+    t: torch.Tensor,
+    entropy: Entropy,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if t.shape != h.shape[:-1]:
         raise ValueError(f"targets has shape {tuple(t.shape)}, expected {tuple(h.shape[:-1])}")
     if entropy != "grad" and _fusable(head):
-        return _fused(head, h, t, entropy == "value")  # type: ignore[arg-type]
+        # A bias-free linear head: (h / T) @ w.T is the tempered logits, no extra [N, V] pass.
+        return _fused(head, h if temperature == 1.0 else h / temperature, t, entropy == "value")  # type: ignore[arg-type]
     logits = head(h)
+    if temperature != 1.0:
+        logits = logits / temperature
     if entropy == "none":
         return token_logprobs(logits, t), None
     if entropy == "grad":
@@ -200,8 +207,12 @@ def head_logprobs(
     targets: torch.Tensor,
     chunk_tokens: int = 0,
     entropy: Entropy = "none",
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs [N] float32, entropy [N] float32 or None) of ``targets`` [N] given ``hidden`` [N, H].
+
+    ``temperature`` T > 0: of the distribution ``softmax(head(hidden) / T)``, the one an engine sampling
+    at temperature T drew from (log-probs, entropy and their gradients all on it).
 
     ``chunk_tokens``: 0 = all N tokens at once; C > 0 = C tokens at a time, recomputed in the
     backward (see the module docstring). Without grad (a reference or an inspection pass) chunks
@@ -209,16 +220,18 @@ def head_logprobs(
     """
     if chunk_tokens < 0:
         raise ValueError(f"chunk_tokens must be >= 0, got {chunk_tokens}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     n = hidden.shape[0]
     if chunk_tokens == 0 or n <= chunk_tokens:
-        return _chunk(head, hidden, targets, entropy)
+        return _chunk(head, hidden, targets, entropy, temperature)
     recompute = torch.is_grad_enabled()
     lps, ents = [], []
     for h, t in zip(hidden.split(chunk_tokens), targets.split(chunk_tokens)):
         if recompute:
-            lp, ent = checkpoint(_chunk, head, h, t, entropy, use_reentrant=False)
+            lp, ent = checkpoint(_chunk, head, h, t, entropy, temperature, use_reentrant=False)
         else:
-            lp, ent = _chunk(head, h, t, entropy)
+            lp, ent = _chunk(head, h, t, entropy, temperature)
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps), (torch.cat(ents) if entropy != "none" else None)

@@ -1,0 +1,191 @@
+"""The forward pass: the policy's (or the reference's, or a critic trunk's) hidden states and log-probs at the
+positions that predict response tokens, and nowhere else.
+
+``Forward(model)`` returns ``(hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N])`` for the N
+masked response tokens of a list of samples, in row-major (sample, position) order, ``index`` their place in
+the ``[B, T]`` response grid. Only these positions go through ``lm_head`` (``rl.trainer.logits.head_logprobs``:
+chunked with ``learner.logits_chunk_tokens``, at the sampling temperature). Layouts of the trunk's calls:
+
+* full (``learner.share_prompt: false``): every sample's whole sequence, padded to the longest, in one call;
+* packed (``share_prompt``, the default layout): a group's prompt once with its responses packed after it,
+  one call per group (``rl.trainer.packing``, ``rl.trainer.packed_attention``);
+* another shared-prompt layout in ``Forward.layout`` (None: packed): the benches' padded one
+  (``bench/padded_layout.py``: the prompt into a key/value cache, then the responses padded), which they and the
+  tests compare with packed.
+
+Sharded models run inside their root (``rl.trainer.fsdp.Lockstep``) with dummy calls that keep the ranks in
+step. No loss, no optimizer: the learner computes what the objective needs from these outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl.algos.batch import Sample
+from rl.trainer import packing
+from rl.trainer.logits import Entropy, head_logprobs
+
+
+class Forward:
+    """The forward pass under the recipe's ``learner`` section ``cfg``, on ``device``; ``lock``: the sharded
+    ranks' lockstep; ``pad_id``: the padding token; ``temperature``: the sampling temperature (> 0)."""
+
+    def __init__(self, cfg: Any, lock: Any, device: torch.device, pad_id: int, temperature: float) -> None:
+        self.cfg, self.lock, self.device, self.pad_id, self.temperature = cfg, lock, device, pad_id, temperature
+        # With share_prompt: None runs a micro-batch's groups packed, one trunk call each (rl.trainer.packing);
+        # else an object with hidden(fwd, base, groups, T), trunk_calls(longest) and unit_cost(group): another
+        # layout, for the benches that compare it (bench/padded_layout.py).
+        self.layout: Any = None
+
+    def logprobs(
+        self, model: Any, samples: list[Sample], temperature: float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs at response positions only: (logp [N] float32, targets [N]); see ``hidden``.
+        For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
+        (_, logp, _, targets, _), _ = self(model, samples, temperature=temperature)
+        return logp, targets
+
+    def __call__(
+        self, model: Any, samples: list[Sample], entropy: Entropy = "none", temperature: float | None = None
+    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+        """((hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N]), pad) of ``model`` on ``samples``.
+
+        The vocabulary-sized logits are computed through ``lm_head`` and dropped inside
+        (``rl.trainer.logits.head_logprobs``: in chunks of ``learner.logits_chunk_tokens``, each
+        recomputed in the backward). Runs inside the root of a sharded model
+        (``rl.trainer.fsdp.Lockstep.root``); ``pad`` (None unless sharded) is the zero scalar of the
+        dummy calls that keep the ranks in step, to add to a loss before its backward. ``samples``
+        may be empty (a rank with fewer micro-batches). Log-probs and entropy are of the logits divided by
+        ``temperature`` (default: the sampling temperature, ``temperature`` given at construction).
+        """
+        temp = self.temperature if temperature is None else temperature
+
+        def run() -> tuple[Any, ...]:
+            if not samples:
+                return ()
+            hidden, targets, index = self.hidden(trunk(model), samples)
+            head = model.get_output_embeddings()
+            logp, ent = head_logprobs(head, hidden, targets, self.cfg.logits_chunk_tokens, entropy, temp)
+            return hidden, logp, ent, targets, index
+
+        return self.lock.root(model, run, self.trunk_calls(samples))
+
+    def trunk_calls(self, samples: list[Sample]) -> int:
+        """How many trunk forwards ``hidden`` makes on ``samples`` (a sharded model checks it)."""
+        if not samples:
+            return 0
+        if not self.cfg.share_prompt:
+            return 1
+        longest: dict[tuple[int, ...], int] = {}
+        for s in samples:
+            key = tuple(s.input_ids[: s.prompt_len])
+            longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
+        if self.layout is not None:
+            return self.layout.trunk_calls(list(longest.values()))
+        return len(longest)  # one packed call per group
+
+    def hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Final hidden states of the transformer ``base`` at the positions predicting response tokens.
+
+        Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
+        counts masked response tokens, in row-major (sample, position) order, and T is the
+        longest response in ``samples``. With ``learner.share_prompt``, samples with the same
+        prompt (a GRPO group) run the prompt once: packed, in one call with their responses
+        after it (``rl.trainer.packing``), or as ``layout`` runs them. Gradients still flow through the prompt. Otherwise every sample runs its
+        full sequence.
+        """
+        T = max(len(s.loss_mask) for s in samples)
+        if not self.cfg.share_prompt:
+            return self._full(base, samples, list(range(len(samples))), T)
+        by_prompt: dict[tuple[int, ...], list[int]] = {}
+        for b, s in enumerate(samples):
+            by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
+        hs, tg, ix = [], [], []
+        groups = [([samples[b] for b in m], m) for m in by_prompt.values()]
+        outs = self._packed(base, groups, T) if self.layout is None else self.layout.hidden(self, base, groups, T)
+        for h, t, i in outs:
+            hs.append(h)
+            tg.append(t)
+            ix.append(i)
+        hidden, targets, index = torch.cat(hs), torch.cat(tg), torch.cat(ix)
+        order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
+        return hidden[order], targets[order], index[order]
+
+    def _packed(self, base: Any, groups: list[tuple[list[Sample], list[int]]], T: int) -> list[tuple[Any, ...]]:
+        """Each group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``).
+
+        The token embeddings of all the groups are looked up in one call: the embedding's backward then
+        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU a fresh
+        [V, H] zero tensor per group cost ~0.1 s each in page faults, bench/learner_floor.py --profile).
+        """
+        # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
+        dtype = next(base.parameters()).dtype
+        packs = [packing.pack(members, rows_b, T, self.device, mask_dtype=dtype) for members, rows_b in groups]
+        embeds = base.get_input_embeddings()(torch.cat([pk.input_ids for pk in packs], dim=1))
+        out = []
+        for pk, emb in zip(packs, embeds.split([pk.input_ids.shape[1] for pk in packs], dim=1)):
+            # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
+            hidden = self.lock.trunk(
+                base,
+                inputs_embeds=emb,
+                attention_mask=pk.mask,
+                position_ids=pk.position_ids,
+                packed_segments=pk.segments,
+            ).last_hidden_state
+            out.append((hidden[0, pk.cols], pk.targets, pk.index))
+        return out
+
+    @staticmethod
+    def values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+        """Scalar values [N] (float32) from hidden states [N, H], in the head's dtype, outside autocast."""
+        with torch.autocast(hidden.device.type, enabled=False):
+            return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
+
+    def select(
+        self, members: list[Sample], rows_b: list[int], T: int
+    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
+        """(row in chunk, response position) of every masked token, their targets and grid index."""
+        g_idx, j_idx, tgt, ix = [], [], [], []
+        for g, (s, b) in enumerate(zip(members, rows_b)):
+            for j, m in enumerate(s.loss_mask):
+                if m:
+                    g_idx.append(g)
+                    j_idx.append(j)
+                    tgt.append(s.input_ids[s.prompt_len + j])
+                    ix.append(b * T + j)
+        dev = self.device
+        return (
+            g_idx,
+            j_idx,
+            torch.tensor(tgt, dtype=torch.long, device=dev),
+            torch.tensor(ix, dtype=torch.long, device=dev),
+        )
+
+    def _full(self, base: Any, members: list[Sample], rows_b: list[int], T: int):
+        L = max(len(s.input_ids) for s in members)
+        ids = torch.full((len(members), L), self.pad_id, dtype=torch.long)
+        att = torch.zeros((len(members), L), dtype=torch.long)
+        for g, s in enumerate(members):
+            ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
+            att[g, : len(s.input_ids)] = 1
+        hidden = self.lock.trunk(
+            base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)
+        ).last_hidden_state
+        g_idx, j_idx, tgt, ix = self.select(members, rows_b, T)
+        # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
+        pos = [members[g].prompt_len + j - 1 for g, j in zip(g_idx, j_idx)]
+        return (
+            hidden[
+                torch.tensor(g_idx, dtype=torch.long, device=self.device),
+                torch.tensor(pos, dtype=torch.long, device=self.device),
+            ],
+            tgt,
+            ix,
+        )
+
+
+def trunk(model: Any) -> Any:
+    """The transformer of a causal LM (``model.model`` for Llama/Qwen2), or ``model`` itself if it is one."""
+    return getattr(model, model.base_model_prefix, model)

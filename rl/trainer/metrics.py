@@ -1,0 +1,174 @@
+"""The learner's statistics as typed records: ``Sums`` (additive over micro-batches and ranks), ``UpdateLog``
+(the optimizer steps of one learner step) and ``StepMetrics`` (what a step reports, by metric name).
+
+``StepMetrics.of`` turns the whole batch's sums into means (tokens) and per-update averages (loss terms);
+``to_dict`` names them as the driver logs them (``loss/policy``, ``clip/fraction``, ...), leaving out the
+terms the run does not have (no KL without a reference, no value metrics without a critic). No tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from rl.algos.objective import ObjectiveStats
+
+
+@dataclass
+class Sums:
+    """Additive per-step statistics (floats), summed over micro-batches and then over the ranks.
+
+    The loss terms are each minibatch's aggregated term (summed over optimizer steps); the
+    others are sums over tokens, turned into means by ``Learner._metrics``.
+    """
+
+    policy_loss: float = 0.0
+    kl_loss: float = 0.0
+    value_loss: float = 0.0
+    entropy_loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    tokens: float = 0.0
+    tokens_first_epoch: float = 0.0
+    logprob_diff: float = 0.0
+    logprob_diff_tokens: float = 0.0
+    value: float = 0.0
+    value_error: float = 0.0
+    value_clipped: float = 0.0
+    returns: float = 0.0
+    # the policy loss's stats (its ``stat_names``), each summed as value x tokens
+    loss_stats: dict[str, float] = field(default_factory=dict)
+
+    def add(self, st: ObjectiveStats, ntok: float, entropy_sum: float, first_epoch: bool) -> None:
+        """One micro-batch's objective stats (``ntok`` policy tokens; token means weighted by it)."""
+        self.policy_loss += st.policy_loss
+        self.kl_loss += st.kl_loss
+        self.kl += st.kl_sum
+        self.entropy_loss += st.entropy_loss
+        self.value_loss += st.value_loss
+        self.value += st.value_mean * ntok
+        self.value_error += st.value_error * ntok
+        self.value_clipped += st.value_clip_fraction * ntok
+        self.returns += st.returns_sum
+        for k, v in st.policy.items():
+            self.loss_stats[k] = self.loss_stats.get(k, 0.0) + v * ntok
+        self.entropy += entropy_sum
+        self.tokens += ntok
+        if first_epoch:
+            self.tokens_first_epoch += ntok
+
+    def values(self, stat_names: tuple[str, ...]) -> list[float]:
+        scalars = [getattr(self, f.name) for f in fields(self) if f.name != "loss_stats"]
+        return scalars + [self.loss_stats.get(k, 0.0) for k in stat_names]
+
+    @classmethod
+    def of(cls, values: list[float], stat_names: tuple[str, ...]) -> "Sums":
+        n = len(values) - len(stat_names)
+        return cls(*values[:n], loss_stats=dict(zip(stat_names, values[n:])))
+
+
+@dataclass
+class UpdateLog:
+    """The optimizer steps of one learner step: pre-clip gradient norms (policy, separate critic), steps skipped
+    for a non-finite gradient, the learning rate of the last one."""
+
+    lr: float
+    norms: list[float] = field(default_factory=list)
+    critic_norms: list[float] = field(default_factory=list)
+    skipped: int = 0
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+@dataclass
+class StepMetrics:
+    """One learner step's metrics (see ``Learner.step``); None: not reported by this run."""
+
+    loss_policy: float
+    entropy_mean: float
+    grad_norm: float
+    lr: float
+    tokens: float
+    updates: float
+    skipped_update: float
+    logprob_diff: float
+    loss_stats: dict[str, float] = field(default_factory=dict)  # the policy loss's own (clip/fraction, is/*)
+    loss_entropy: float | None = None
+    loss_kl: float | None = None
+    kl_mean: float | None = None
+    kl_coef: float | None = None
+    loss_value: float | None = None
+    value_mean: float | None = None
+    value_error: float | None = None
+    value_clip_fraction: float | None = None
+    returns_mean: float | None = None
+    critic_grad_norm: float | None = None
+    memory_trimmed: float | None = None
+    memory_rss_gb: float | None = None
+    compute_s: float | None = None
+
+    NAMES = {
+        "loss_policy": "loss/policy",
+        "entropy_mean": "entropy/mean",
+        "grad_norm": "grad/norm",
+        "lr": "lr",
+        "tokens": "learner/tokens",
+        "updates": "learner/updates",
+        "skipped_update": "learner/skipped_update",
+        "logprob_diff": "rollout/logprob_diff",
+        "loss_entropy": "loss/entropy",
+        "loss_kl": "loss/kl",
+        "kl_mean": "kl/mean",
+        "kl_coef": "kl/coef",
+        "loss_value": "loss/value",
+        "value_mean": "value/mean",
+        "value_error": "value/error",
+        "value_clip_fraction": "value/clip_fraction",
+        "returns_mean": "returns/mean",
+        "critic_grad_norm": "critic/grad_norm",
+        "memory_trimmed": "memory/trimmed",
+        "memory_rss_gb": "memory/learner_rss_gb",
+        "compute_s": "timing/learner_compute_s",
+    }
+
+    @classmethod
+    def of(
+        cls, tot: Sums, log: UpdateLog, n_up: int, updates: int, computed: bool, terms: tuple[bool, bool, bool, bool]
+    ) -> "StepMetrics":
+        """From the whole batch's sums; ``n_up`` optimizer steps planned; ``terms``: (entropy bonus, reference,
+        critic, separate critic) present."""
+        entropy, ref, critic, separate = terms
+        n = max(tot.tokens, 1.0)
+        m = cls(
+            loss_policy=tot.policy_loss / n_up,
+            entropy_mean=tot.entropy / n,
+            grad_norm=_mean(log.norms),
+            lr=log.lr,
+            tokens=tot.tokens_first_epoch,
+            updates=float(updates),
+            skipped_update=log.skipped / n_up if computed else 0.0,
+            logprob_diff=tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
+            loss_stats={k: v / n for k, v in tot.loss_stats.items()},
+        )
+        if entropy:
+            m.loss_entropy = tot.entropy_loss / n_up
+        if ref:
+            m.loss_kl, m.kl_mean = tot.kl_loss / n_up, tot.kl / n
+        if critic:
+            m.loss_value, m.value_mean, m.value_error = tot.value_loss / n_up, tot.value / n, tot.value_error / n
+            m.value_clip_fraction, m.returns_mean = tot.value_clipped / n, tot.returns / n
+        if separate:
+            m.critic_grad_norm = _mean(log.critic_norms)
+        return m
+
+    def to_dict(self) -> dict[str, float]:
+        """By metric name, the reported ones only (the policy loss's stats after ``learner/*``)."""
+        out: dict[str, float] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "loss_stats":
+                out.update(v)
+            elif v is not None:
+                out[self.NAMES[f.name]] = float(v)
+        return out
