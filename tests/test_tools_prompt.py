@@ -219,3 +219,17 @@ def test_recipe_key(recipe_copy) -> None:
     assert load_recipe(path, ["rollout.tools_in_prompt=system"]).rollout.tools_in_prompt == "system"
     with pytest.raises(RecipeError, match="rollout.tools_in_prompt: choose one of auto, template, system"):
         load_recipe(path, ["rollout.tools_in_prompt=both"])
+
+
+def test_the_fallback_is_logged_once(tiny_tokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.name_or_path = "tiny-for-the-log-test"  # the log is once per process and model: a name no other test uses
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    with caplog.at_level("INFO", logger="jointrl.rollout"):
+        for _ in range(2):
+            run_one(tok, tc_task([Message("user", "weather in Paris")]), [call])
+    notes = [r for r in caplog.records if "tool schemas reach the prompt" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelname == "WARNING"
+    assert (
+        "written into the system message" in notes[0].getMessage() and "tiny-for-the-log-test" in notes[0].getMessage()
+    )
