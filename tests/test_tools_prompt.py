@@ -233,3 +233,18 @@ def test_the_fallback_is_logged_once(tiny_tokenizer, caplog: pytest.LogCaptureFi
     assert (
         "written into the system message" in notes[0].getMessage() and "tiny-for-the-log-test" in notes[0].getMessage()
     )
+
+
+def test_the_rollout_worker_takes_the_recipe_mode(tiny_model_path, tiny_tokenizer) -> None:
+    # rollout.tools_in_prompt reaches the worker's episodes; template on a template without tools stops at start.
+    from rollout.pool import RolloutWorker
+
+    specs = [("tool_call", "envs.toolcall.ToolCallEnv", {})]
+    with pytest.raises(ValueError, match="rollout.tools_in_prompt: template"):
+        RolloutWorker(tiny_model_path, specs, engine=Scripted([]), tools_in_prompt="template")
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    worker = RolloutWorker(
+        tiny_model_path, specs, engine=Scripted([gen(tiny_tokenizer, call)]), tools_in_prompt="system", env_workers=1
+    )
+    (t,) = worker.generate([tc_task([Message("user", "weather in Paris")])], [0], [0], Sampling(max_new_tokens=64))
+    assert format_tools_system_prompt([WEATHER]) in t.prompt and t.reward_error is None
