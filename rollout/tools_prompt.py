@@ -19,8 +19,10 @@ placements, chosen per episode by :func:`place_tools` from the recipe's ``rollou
 
 ``rollout.tools_in_prompt``: ``auto`` (default) takes ``template`` where the template renders tools,
 else ``system``; ``template`` requires a tool-aware template (an error otherwise, at start);
-``system`` always writes the system message. ``task`` applies in every mode. The choice is logged once per process and placement
-(the ``system`` fallback as a warning). The tools are never given twice.
+``system`` always writes the system message. ``task`` applies in every mode. The choice is logged
+once per process, model and placement (the ``system`` fallback as a warning, shown without any
+logging set up: the model then reads a tool format its vendor did not train it on). The tools are
+never given twice.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def place_tools(task: Task, msgs: list[Message], tokenizer: Any, mode: str = "au
 
 _WHY = {
     "template": "through the chat template's tools=",
-    "system": "written into the system message (the chat template does not render tools=, or the recipe says so)",
+    "system": "written into the system message",
     "task": "as the task's own system message lists them (not given again)",
 }
 
@@ -154,4 +156,11 @@ def _log_once(how: str, tokenizer: Any, mode: str) -> None:
     # The fallback is a warning (shown without logging set up): the model then reads a format its
     # vendor did not train it on. The other placements are as the template or the task intends.
     log = logger.warning if how == "system" else logger.info
-    log("tool schemas reach the prompt %s (rollout.tools_in_prompt=%s, model %s)", _WHY[how], mode, json.dumps(name))
+    why = " (its chat template does not render tools=)" if how == "system" and mode == "auto" else ""
+    log(
+        "tool schemas reach the prompt %s (rollout.tools_in_prompt=%s, model %s%s)",
+        _WHY[how],
+        mode,
+        json.dumps(name),
+        why,
+    )
