@@ -8,7 +8,8 @@ A policy calls functions by writing one or more blocks::
 checks a call against its function's JSON Schema, :class:`ToolCallEnv` is the env (single
 turn in ``"calls"`` mode; multi-turn with simulated tools, :mod:`envs.toolcall_tools`, in
 ``"answer"`` mode), :func:`format_tools_system_prompt` writes the system prompt that lists
-the tools, and :func:`load_bfcl` / :func:`bfcl_to_native` read Berkeley Function-Calling
+the tools (the shipped task files' tool prompt, and the rollout's fallback for a chat template
+that does not render ``tools=``: :mod:`rollout.tools_prompt`), and :func:`load_bfcl` / :func:`bfcl_to_native` read Berkeley Function-Calling
 Leaderboard files. Scoring lives in :mod:`rewards.toolcall`.
 """
 

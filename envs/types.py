@@ -157,6 +157,10 @@ class Trajectory:
     # Sandbox events the env reported (envs.sandbox.events: "timeout", "storage", "seccomp"...),
     # one entry per occurrence; None when the env reports none (not sandboxed).
     sandbox_events: list[str] | None = None
+    # The prompt as the policy read it: the chat template's text of the task's messages, system
+    # message and tool schemas included (without the prefill, which ``completion`` shows). "" when
+    # not rendered (recorded completions scored by ``jointrl score``).
+    prompt: str = ""
 
     @property
     def completion(self) -> str:

@@ -15,7 +15,10 @@ turn, so what an episode samples does not depend on what it was batched with. En
 exact token ids the engine sampled; text is only decoded to hand the env its action.
 Environment observations are rendered through the model's chat template and appended as
 tokens with ``loss_mask`` 0, using the template's own rendering of the conversation (the
-template must be prefix-stable: rendering a longer conversation extends a shorter one).
+template must be prefix-stable: rendering a longer conversation extends a shorter one). A tool-call
+task's function schemas are placed once per episode (the chat template's ``tools=``, or the system
+message: :mod:`rollout.tools_prompt`) and rendered the same way at every turn; the trajectory keeps
+the rendered prompt (``Trajectory.prompt``) for the rollouts log.
 
 Episode ends are honest: the env's ``terminated`` / ``truncated`` flags are kept; an
 episode whose last turn was cut by ``max_new_tokens``, or that the rollout ends itself
@@ -45,6 +48,7 @@ from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
 from envs.sandbox.base import SandboxUnavailable
 from envs.types import Generation, Message, Sampling, Task, Trajectory
+from rollout.tools_prompt import ToolsPlacement, check_mode, place_tools
 
 logger = logging.getLogger("rollout")
 # Errors an env call still raises out of the rollout: the host cannot sandbox at all (a setup error
@@ -78,10 +82,14 @@ class StreamingEngine(Engine, Protocol):
     def abort(self) -> None: ...
 
 
-def render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool) -> str:
-    """The chat template's text for ``messages``."""
+def render(
+    tokenizer: Any, messages: list[Message], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+) -> str:
+    """The chat template's text for ``messages``; ``tools`` (function schemas in the chat-template form
+    ``{"type": "function", "function": {...}}``) are handed to the template as ``tools=`` when given."""
     msgs = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})} for m in messages]
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=False)
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=False, **extra)
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -111,6 +119,8 @@ class _Episode:
     # Text the engine's tokens of the current conversation correspond to (for env-token deltas).
     text: str = ""
     harness_error: str | None = None  # why an env call of this episode failed (a harness failure)
+    tools: ToolsPlacement = field(default_factory=ToolsPlacement)  # where the task's tool schemas go
+    prompt: str = ""  # the rendered prompt (chat template, system and tools included; without the prefill)
 
 
 T = TypeVar("T")
@@ -162,6 +172,7 @@ def run_episodes(
     sampling: Sampling,
     stops: dict[str, list[str]] | None = None,
     env_workers: int = 1,
+    tools_in_prompt: str = "auto",
 ) -> list[Trajectory]:
     """Run one episode per task (in order) and return their trajectories.
 
@@ -169,12 +180,15 @@ def run_episodes(
     end of its episode, also on errors. ``stops[domain]``: strings that end a policy turn of
     that domain (e.g. ``</tool_call>``); a turn ended by one is not cut, and its env sees the
     action with the stop string in it. ``env_workers``: env calls of different episodes run
-    on up to this many threads at once (1: one at a time, on this thread).
+    on up to this many threads at once (1: one at a time, on this thread). ``tools_in_prompt``: how a
+    tool-call task's schemas reach the prompt (``auto``, ``template``, ``system``:
+    :mod:`rollout.tools_prompt`).
     """
+    check_mode(tokenizer, tools_in_prompt)
     eps: list[_Episode] = []
     calls = _EnvCalls(env_workers, len(tasks))
     try:
-        _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling, calls)
+        _start_episodes(eps, tokenizer, make_env, tasks, group_ids, seeds, sampling, calls, tools_in_prompt)
         for e in eps:
             e.stop = (stops or {}).get(e.task.domain, [])
         if isinstance(engine, StreamingEngine):
@@ -297,6 +311,7 @@ def _start_episodes(
     seeds: list[int],
     sampling: Sampling,
     calls: _EnvCalls,
+    tools_in_prompt: str = "auto",
 ) -> None:
     """Append an episode per task to ``eps`` (its env made and reset, its prompt rendered and tokenized). Each
     env is in ``eps`` as soon as it exists, so that the caller closes it if a later one fails. Making an env
@@ -308,17 +323,26 @@ def _start_episodes(
     resets = calls.each(lambda e: _contained(e, "reset", lambda: list(e.env.reset(e.task))), eps)
     for e, msgs in zip(eps, resets):
         if msgs is not None:
-            _contained(e, "reset result", _prompt, e, msgs, tokenizer)
+            _contained(e, "reset result", _prompt, e, msgs, tokenizer, tools_in_prompt)
     for e in eps:
         if not e.done and len(e.prompt_ids) >= sampling.max_model_len:
             # No room to generate: an empty, truncated episode (no policy tokens, so never trained on).
             e.truncated, e.done, e.finish_reason = True, True, "prompt_too_long"
 
 
-def _prompt(e: _Episode, msgs: list[Message], tokenizer: Any) -> None:
-    """Set episode ``e``'s conversation to the env's first ``msgs`` and render and tokenize its prompt."""
-    text = render(tokenizer, msgs, add_generation_prompt=True) + e.task.prefill
+def _prompt(e: _Episode, msgs: list[Message], tokenizer: Any, tools_in_prompt: str) -> None:
+    """Set episode ``e``'s conversation to the env's first ``msgs``, place its task's tool schemas
+    (:func:`rollout.tools_prompt.place_tools`) and render and tokenize its prompt."""
+    e.tools = place_tools(e.task, msgs, tokenizer, tools_in_prompt)
+    e.prompt = _render(e, msgs, tokenizer)
+    text = e.prompt + e.task.prefill
     e.messages, e.text, e.prompt_ids = msgs, text, encode(tokenizer, text)
+
+
+def _render(e: _Episode, msgs: list[Message], tokenizer: Any) -> str:
+    """The chat template's text for episode ``e``'s conversation ``msgs`` (with its generation prompt),
+    its tool schemas placed as at its start, so that every turn's rendering extends the last one."""
+    return render(tokenizer, e.tools.messages(msgs), add_generation_prompt=True, tools=e.tools.template_tools())
 
 
 def _trajectory(e: _Episode) -> Trajectory:
@@ -338,6 +362,7 @@ def _trajectory(e: _Episode) -> Trajectory:
         env_reward=e.env_reward,
         sandbox_events=e.sandbox_events,
         reward_error=e.harness_error,
+        prompt=e.prompt,
     )
 
 
@@ -374,7 +399,7 @@ def _observe(e: _Episode, gen: Generation, result: tuple, tokenizer: Any, sampli
     # The conversation's text now is the old text + exactly what the engine produced. A turn cut
     # by max_new_tokens has no EOS: the template's closing tokens then come as env tokens.
     e.text += tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-    full = render(tokenizer, e.messages, add_generation_prompt=True)
+    full = _render(e, e.messages, tokenizer)
     if not full.startswith(e.text):
         # The template re-renders this turn differently from what the engine produced (e.g. the
         # policy emitted special tokens mid-turn): continuing would desynchronise tokens and text.

@@ -24,6 +24,7 @@ from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
 from rollout.episode import run_episodes
+from rollout.tools_prompt import check_mode
 
 log = logging.getLogger("jointrl.rollout")
 
@@ -54,19 +55,24 @@ class RolloutWorker:
         engine: Any = None,
         stops: dict[str, list[str]] | None = None,
         env_workers: int = 0,
+        tools_in_prompt: str = "auto",
     ) -> None:
         """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
         passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused.
         ``lora_rank`` > 0: the engine serves the learner's LoRA adapter (``load_adapter``).
         ``stops[domain]``: strings that end a policy turn of that domain (``rollout.envs[].stop``).
         ``env_workers``: env calls run on up to this many threads at once (``rollout.env_workers``;
-        0 = one per CPU this process may run on)."""
+        0 = one per CPU this process may run on). ``tools_in_prompt``: how tool schemas reach the prompt
+        (``rollout.tools_in_prompt``, :mod:`rollout.tools_prompt`); ``template`` with a chat template that
+        does not render tools raises ``ValueError`` here, before any rollout."""
         from transformers import AutoTokenizer
 
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.stops = dict(stops or {})
         self.env_workers = env_workers or usable_cpus()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        check_mode(self.tokenizer, tools_in_prompt)
+        self.tools_in_prompt = tools_in_prompt
         self.engine = (
             engine
             if engine is not None
@@ -115,6 +121,7 @@ class RolloutWorker:
             sampling,
             self.stops,
             env_workers=self.env_workers,
+            tools_in_prompt=self.tools_in_prompt,
         )
 
     def load_weights(self, path: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.toolcall import ToolCallEnv
+from envs.toolcall import ToolCallEnv, format_tools_system_prompt
 from envs.types import ExpectedCall, Generation, Message, Sampling, Task, ToolCallSpec
 from rewards.toolcall import ToolCallReward
 from rollout.episode import render, run_episodes
@@ -363,10 +363,12 @@ def test_toolcall_env_single_turn_with_prefill(tiny_tokenizer):
     (t,) = run_episodes(engine, tok, make_env, [tc_task], [0], [0], Sampling(max_turns=1))
     assert actions == ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>']
     assert actions[0].startswith(tc_task.prefill)
-    # The prefill is part of the prompt, not of the policy's tokens.
+    # The prefill is part of the prompt, not of the policy's tokens. The tiny model's ChatML template
+    # ignores tools=, and the system message does not list get_weather: the schemas are written after it.
+    system = "tools\n\n" + format_tools_system_prompt([weather])
     assert t.prompt_ids == enc(
         tok,
-        "<|im_start|>system\ntools<|im_end|>\n<|im_start|>user\nweather in Paris<|im_end|>\n"
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nweather in Paris<|im_end|>\n"
         "<|im_start|>assistant\n<tool_call>",
     )
     assert t.response_ids == enc(tok, body) + [eos(tok)]

@@ -248,6 +248,12 @@ class RolloutConfig(Section):
         "threads; 0 = one per CPU the worker may use; 1 = one at a time (an env class not safe across threads)",
         ge=0,
     )
+    tools_in_prompt: Literal["auto", "template", "system"] = knob(
+        "auto",
+        "how a tool-call task's tool schemas reach the prompt: template = the chat template's tools=; system = "
+        "written into the system message; auto = template where the model's chat template renders tools, else "
+        "system. A task whose system message already lists its tools is rendered as written in every mode",
+    )
     engine_kwargs: dict[str, Any] = knob(
         doc="extra vLLM engine arguments (e.g. max_num_seqs, enable_prefix_caching, "
         "quantization, speculative_config), checked against the installed vLLM",

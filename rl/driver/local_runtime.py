@@ -79,6 +79,7 @@ class LocalRuntime:
             engine=engine,
             stops=r.stops(),
             env_workers=r.env_workers,
+            tools_in_prompt=r.tools_in_prompt,
         )
         if self.scorer is None:
             STARTUP.phase("rewards: building the reward functions")

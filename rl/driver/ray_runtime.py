@@ -317,6 +317,7 @@ def make_rollout_pool(
         lora_rank=cfg.learner.lora.engine_rank,
         stops=r.stops(),
         env_workers=r.env_workers,
+        tools_in_prompt=r.tools_in_prompt,
     )
 
 

@@ -13,6 +13,8 @@ Design (from a GRPO run in which SmolLM2-135M-Instruct learned a task like this)
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, and shows ONE worked example
   for a function that is not among the task's tools, varied across tasks (without any
   example the 135M model scored 0; a function outside the tools means copying never pays).
+  The rollout sees that the system message lists the task's tools and does not give them
+  again (:mod:`rollout.tools_prompt`), so the prompt is this text with any chat template.
 * The user asks for one of the listed functions, in one of several phrasings per function,
   with varied values (cities, currencies, amounts, names...).
 * The assistant turn is pre-started with ``<tool_call>`` (``Task.prefill``); without the

@@ -15,7 +15,9 @@ Same code, same bytes. Three kinds (``meta["kind"]``; ``meta["source"] == "joint
 Calls-mode tasks' expected values are exact (numbers as numbers); an optional parameter
 the request does not mention allows ``""`` (omitted) and its schema default if it has one.
 Every task offers its needed tools plus one or two distractors, in a shuffled order
-(seeded by the task id), and no prefill: the policy writes ``<tool_call>`` itself.
+(seeded by the task id), and no prefill: the policy writes ``<tool_call>`` itself. The system
+message lists the tools (:func:`envs.toolcall.format_tools_system_prompt`), so the rollout does
+not give them again through the chat template (:mod:`rollout.tools_prompt`).
 """
 
 from __future__ import annotations
