@@ -14,6 +14,7 @@ run); without it :func:`register` does nothing (in-process use: ``jointrl score`
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import os
@@ -21,11 +22,13 @@ import re
 import signal
 import socket
 import time
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
-__all__ = ["STACKS_ENV", "register", "dump_registered", "dump_self", "stamp"]
+__all__ = ["STACKS_ENV", "register", "child_stacks", "dump_registered", "dump_self", "stamp"]
 
 STACKS_ENV = "JOINTRL_STACKS_DIR"
+CHILD_ENV = "JOINTRL_STACKS_CHILD"  # read by envs/stackhook/sitecustomize.py in a spawned child
+_HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stackhook")
 _HEAD = re.compile(r"# jointrl stacks: host (\S+) pid (\d+) start (\d+)")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+_pid\d+\.txt")
 _OPEN: list[IO[str]] = []  # the registered file, kept open for faulthandler for the process's life
@@ -65,6 +68,30 @@ def register(name: str, stacks_dir: str | None = None) -> str | None:
     return path
 
 
+@contextlib.contextmanager
+def child_stacks(name: str) -> Iterator[None]:
+    """While inside: every Python process this one starts (fork+exec or ``multiprocessing`` spawn, e.g. vLLM's
+    engine core) registers its own stack dump as ``<name>.<this pid's file stem>_pid<its pid>.txt`` as it starts
+    (``envs/stackhook/sitecustomize.py``, put first on ``PYTHONPATH``). Only where this process registered
+    (a run's actor); the environment is restored after, so later children (env sandboxes) get nothing."""
+    if not _OPEN:
+        yield
+        return
+    stem = os.path.basename(_OPEN[0].name).removesuffix(".txt.tmp").removesuffix(".txt")
+    old = {k: os.environ.get(k) for k in (CHILD_ENV, STACKS_ENV, "PYTHONPATH")}
+    os.environ[CHILD_ENV] = f"{name}.{stem}"
+    os.environ[STACKS_ENV] = os.path.dirname(_OPEN[0].name)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_HOOK_DIR, old["PYTHONPATH"]) if p)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def stamp(why: str) -> str:
     """The line that heads one dump in each file: when, and why (the failure that caused it)."""
     return f"\n==== {datetime.datetime.now().isoformat(timespec='seconds')} {why}\n"
@@ -81,14 +108,15 @@ def dump_self(path: str, why: str) -> None:
 
 def _registered(stacks_dir: str) -> list[tuple[str, int]]:
     """(file name, pid) of every process registered in ``stacks_dir`` that is alive on this host (same
-    start time as registered: a reused pid is not it); never this process."""
+    start time as registered: a reused pid is not it); never this process. The file of a process of this
+    host that is gone and never dumped (only its registration line) is removed."""
     host, found = socket.gethostname(), []
     for name in sorted(os.listdir(stacks_dir)):
         if not _NAME.fullmatch(name):
             continue
         try:
             with open(os.path.join(stacks_dir, name)) as f:
-                m = _HEAD.match(f.readline())
+                m, rest = _HEAD.match(f.readline()), f.read(1)
         except OSError:
             continue
         if m is None or m[1] != host:
@@ -96,6 +124,9 @@ def _registered(stacks_dir: str) -> list[tuple[str, int]]:
         pid, start = int(m[2]), int(m[3])
         if pid != os.getpid() and start and _start_time(pid) == start:
             found.append((name, pid))
+        elif not rest and _start_time(pid) != start:  # gone without ever dumping (a short-lived child): tidy
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(stacks_dir, name))
     return found
 
 

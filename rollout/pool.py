@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from envs.actors import ActorGroup, GroupOwner, actor_died, ray_factory
 from envs.base import resolve
+from envs.stacks import child_stacks
 from envs.stacks import register as register_stacks
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
@@ -69,22 +70,23 @@ class RolloutWorker:
         self.stops = dict(stops or {})
         self.env_workers = env_workers or usable_cpus()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.engine = (
-            engine
-            if engine is not None
-            else VLLMEngine(
-                model_path,
-                dtype=dtype,
-                seed=seed,
-                max_model_len=max_model_len,
-                kv_cache_gib=kv_cache_gib,
-                gpu_memory_utilization=gpu_memory_utilization,
-                tensor_parallel_size=tensor_parallel_size,
-                enable_sleep_mode=enable_sleep_mode,
-                engine_kwargs=engine_kwargs,
-                lora_rank=lora_rank,
+        with child_stacks("engine_core"):  # vLLM's engine core, spawned here, registers its stack dump too
+            self.engine = (
+                engine
+                if engine is not None
+                else VLLMEngine(
+                    model_path,
+                    dtype=dtype,
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    kv_cache_gib=kv_cache_gib,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    tensor_parallel_size=tensor_parallel_size,
+                    enable_sleep_mode=enable_sleep_mode,
+                    engine_kwargs=engine_kwargs,
+                    lora_rank=lora_rank,
+                )
             )
-        )
         # Where weights that arrive through the object store (learner on another node) are put.
         self._blob = (
             f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors"

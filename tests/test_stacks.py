@@ -87,6 +87,47 @@ def test_the_driver_dump_writes_its_own_stacks_and_signals_the_registered(actor,
     assert path.read_text().count("stuck_in_the_main_thread") == 2 and "second miss" in path.read_text()
 
 
+_SPAWNS = """
+import multiprocessing, sys, time
+from envs.stacks import child_stacks, register
+if __name__ == "__main__":
+    register("rollout_worker", sys.argv[1])
+    with child_stacks("engine_core"):  # as vLLM starts its engine core: a fresh interpreter (spawn)
+        core = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,))
+        core.start()
+    later = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,))
+    later.start()  # started after: not registered
+    print(core.pid, later.pid, flush=True)
+    time.sleep(3600)
+"""
+
+
+def test_a_child_spawned_under_child_stacks_registers_itself_and_dumps(tmp_path: Path) -> None:
+    d = tmp_path / "stacks"
+    script = tmp_path / "worker.py"
+    script.write_text(_SPAWNS)
+    proc = _spawn([str(script), str(d)])
+    try:
+        core, later = map(int, proc.stdout.readline().split())
+        name = f"engine_core.rollout_worker_pid{proc.pid}_pid{core}.txt"
+        deadline = time.monotonic() + 30
+        while not (d / name).is_file() and time.monotonic() < deadline:  # registered as the child starts
+            time.sleep(0.1)
+        got = stacks.dump_registered(str(d), "engine call past faults.engine_call_s")
+        assert {name, f"rollout_worker_pid{proc.pid}.txt"} <= set(got["files"]), sorted(os.listdir(d))
+        # Also multiprocessing's resource tracker, started with the first spawn: a Python child too.
+        assert all(n.startswith("engine_core.") for n in got["files"] if not n.startswith("rollout_worker"))
+        assert not any(f"_pid{later}." in n for n in os.listdir(d)), "a child started after the block: no hook"
+        assert "engine call past" in got["files"][name]
+        text = got["files"][name]  # its start-up (the hook in site) or its target (in multiprocessing)
+        assert 'File "' in text and ("multiprocessing" in text or "site" in text), text
+        assert proc.poll() is None and os.path.exists(f"/proc/{core}"), "both alive after the dump"
+    finally:
+        subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)  # its two children, by parent id
+        proc.kill()
+        proc.wait()
+
+
 def test_register_without_a_stacks_dir_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(stacks.STACKS_ENV, raising=False)
     assert stacks.register("reward_worker") is None
