@@ -138,3 +138,40 @@ def test_a_dump_into_a_missing_or_unwritable_place_never_raises(tmp_path: Path) 
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert dump_run_stacks(str(blocked / "stacks"), "why") == str(blocked / "stacks")  # noted, not raised
+
+
+def test_the_pool_dumps_every_process_before_it_replaces_an_unresponsive_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``RolloutPool._call`` without Ray: worker 1 is past its deadline at the first probe; ``dump_stacks`` runs
+    (naming the worker and why) before ``_replace`` kills it, and the re-issued call's answer comes back."""
+    import ray
+
+    from rollout.pool import EngineUnresponsive, RolloutPool
+
+    events: list[str] = []
+    pool = RolloutPool.__new__(RolloutPool)
+    pool.probe_every_s, pool.max_restarts, pool._closing = 0.01, 2, False
+    pool.dump_stacks = lambda why: events.append(f"dump: {why}")
+    issued = {0: 0, 1: 0}
+
+    def issue(i, job):
+        issued[i] += 1
+        return (f"ref{i}.{issued[i]}", 0.0)
+
+    probes = iter([{1: EngineUnresponsive("call ran past rollout call_timeout_s=4")}])
+    pool._issue = issue
+    pool._probe = lambda pending: next(probes, {})
+    pool._replace = lambda i, e: events.append(f"replace {i}")
+    answers = {"ref0.1": "a", "ref1.2": "b"}  # ref1.1 never answers: only its re-issue does
+    seen = []
+
+    def wait(refs, num_returns, timeout):
+        ready = [r for r in refs if r in answers and r not in seen][:1]
+        seen.extend(ready)
+        return ready, [r for r in refs if r not in ready]
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", lambda ref: answers[ref])
+    assert pool._call({0: ("generate", ()), 1: ("generate", ())}) == {0: "a", 1: "b"}
+    assert events == ["dump: rollout worker 1: call ran past rollout call_timeout_s=4", "replace 1"]
