@@ -70,7 +70,8 @@ class RolloutWorker:
         self.stops = dict(stops or {})
         self.env_workers = env_workers or usable_cpus()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        with child_stacks("engine_core"):  # vLLM's engine core, spawned here, registers its stack dump too
+        # vLLM's engine core and the other Python processes started with the engine register their stack dumps too
+        with child_stacks("engine_proc"):
             self.engine = (
                 engine
                 if engine is not None

@@ -92,7 +92,7 @@ import multiprocessing, sys, time
 from envs.stacks import child_stacks, register
 if __name__ == "__main__":
     register("rollout_worker", sys.argv[1])
-    with child_stacks("engine_core"):  # as vLLM starts its engine core: a fresh interpreter (spawn)
+    with child_stacks("engine_proc"):  # as vLLM starts its engine core: a fresh interpreter (spawn)
         core = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,))
         core.start()
     later = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,))
@@ -109,14 +109,14 @@ def test_a_child_spawned_under_child_stacks_registers_itself_and_dumps(tmp_path:
     proc = _spawn([str(script), str(d)])
     try:
         core, later = map(int, proc.stdout.readline().split())
-        name = f"engine_core.rollout_worker_pid{proc.pid}_pid{core}.txt"
+        name = f"engine_proc.rollout_worker_pid{proc.pid}_pid{core}.txt"
         deadline = time.monotonic() + 30
         while not (d / name).is_file() and time.monotonic() < deadline:  # registered as the child starts
             time.sleep(0.1)
         got = stacks.dump_registered(str(d), "engine call past faults.engine_call_s")
         assert {name, f"rollout_worker_pid{proc.pid}.txt"} <= set(got["files"]), sorted(os.listdir(d))
         # Also multiprocessing's resource tracker, started with the first spawn: a Python child too.
-        assert all(n.startswith("engine_core.") for n in got["files"] if not n.startswith("rollout_worker"))
+        assert all(n.startswith("engine_proc.") for n in got["files"] if not n.startswith("rollout_worker"))
         assert not any(f"_pid{later}." in n for n in os.listdir(d)), "a child started after the block: no hook"
         assert "engine call past" in got["files"][name]
         text = got["files"][name]  # its start-up (the hook in site) or its target (in multiprocessing)

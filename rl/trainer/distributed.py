@@ -342,10 +342,25 @@ def _dump_remote_nodes(stacks_dir: str, why: str, timeout_s: float) -> list[str]
             notes.append(f"node {refs[r]}: {type(e).__name__}: {e}")
             continue
         for name, text in got["files"].items():
-            with open(os.path.join(stacks_dir, os.path.basename(name)), "w") as f:
-                f.write(text)
+            _write_remote(stacks_dir, refs[r], os.path.basename(name), text)
         notes += [f"node {refs[r]}: {n}: wrote no stack within 3 s" for n in got["silent"]]
     return notes
+
+
+def _write_remote(stacks_dir: str, node: str, name: str, text: str) -> None:
+    """A remote node's stacks file ``name`` into ``stacks_dir`` here: under its own name, unless a different file
+    of this node has it (same pid on two hosts), then prefixed by the node id; nothing when the folder is shared
+    and already holds it."""
+    import os
+
+    path = os.path.join(stacks_dir, name)
+    if os.path.exists(path):
+        with open(path, errors="replace") as f:
+            if f.read() == text:
+                return
+        path = os.path.join(stacks_dir, f"node{node[:12]}.{name}")
+    with open(path, "w") as f:
+        f.write(text)
 
 
 class LearnerGroup:
