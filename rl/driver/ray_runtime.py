@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from envs.stacks import STACKS_ENV
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardService
 from rl.config.recipe import Recipe
@@ -79,7 +80,12 @@ class RayRuntime:
         self.learners = self._make_learners()
         STARTUP.phase(f"engines: starting {cfg.rollout.num_engines} vLLM engine(s) on {self.model_path}")
         self.pool = make_rollout_pool(
-            cfg, self.model_path, self.placement.options("engine"), length_estimate, colocated=plan.colocated
+            cfg,
+            self.model_path,
+            self.placement.options("engine"),
+            length_estimate,
+            colocated=plan.colocated,
+            dump_stacks=self.dump_stacks,
         )
         specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
         STARTUP.phase(f"rewards: starting {cfg.reward_service.workers} reward worker(s)")
@@ -111,11 +117,18 @@ class RayRuntime:
             actor_options=self.placement.options("learner"),
             learner=cfg.learner,
             deadlines=Deadlines(f.learner_step_s, f.learner_io_s, f.collective_s),
-            stacks_dir=str(self.out / "stacks"),
+            stacks_dir=str((self.out / "stacks").resolve()),
             temperature=cfg.rollout.temperature,
         )
         self.learner = group.actors[0]
         return group
+
+    def dump_stacks(self, why: str) -> str:
+        """Every live process of the run (driver, learners, rollout and reward workers, on every node) dumps its
+        Python stacks into ``stacks/`` of the output dir, headed by ``why`` (``rl.trainer.distributed.dump_run_stacks``)."""
+        from rl.trainer.distributed import dump_run_stacks
+
+        return dump_run_stacks(str((self.out / "stacks").resolve()), why)
 
     def restart_learners(self, path: str) -> None:
         """Replace the whole learner group (a rank died or missed a deadline; its stacks are dumped already):
@@ -165,7 +178,7 @@ class RayRuntime:
                 include_dashboard=False,
                 log_to_driver=self.verbose,
                 logging_level="INFO" if self.verbose else "WARNING",
-                runtime_env={"env_vars": _actor_env(self.verbose)},
+                runtime_env={"env_vars": _actor_env(self.verbose, (self.out / "stacks").resolve())},
             )
             self._own_ray = True
         # SIGTERM becomes an exception so that `finally` shuts the engines down. Installed after
@@ -227,10 +240,11 @@ class RayRuntime:
         refs = [getattr(w, method).remote(*args) for w in self.pool.workers]
         ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if late:
-            raise EngineFailure(
+            why = (
                 f"engine {method}: rollout worker(s) {[refs.index(r) for r in late]} gave no answer within "
                 f"faults.engine_sleep_s={timeout:g} s"
             )
+            raise EngineFailure(f"{why}; stacks in {self.dump_stacks(why)}")
         ray.get(ready)
 
     def metrics(self, *, rollout: bool = True) -> dict[str, float]:
@@ -292,10 +306,12 @@ def make_rollout_pool(
     length_estimate: Callable[[Task], float | None] | None,
     *,
     colocated: bool,
+    dump_stacks: Callable[[str], Any] | None = None,
 ) -> RolloutPool:
     """The run's ``rollout.num_engines`` rollout workers, each with its placement ``actor_options``.
 
-    ``rollout.max_restarts``: how often one call replaces a dead worker before it gives up.
+    ``rollout.max_restarts``: how often one call replaces a dead worker before it gives up; ``dump_stacks(why)``:
+    run before a worker past ``faults.engine_call_s`` (or whose engine died) is replaced.
     """
     r = cfg.rollout
     return RolloutPool(
@@ -318,12 +334,15 @@ def make_rollout_pool(
         stops=r.stops(),
         env_workers=r.env_workers,
         tools_in_prompt=r.tools_in_prompt,
+        dump_stacks=dump_stacks,
     )
 
 
-def _actor_env(verbose: bool) -> dict[str, str]:
-    """Env vars every actor process needs (Ray sets OMP_NUM_THREADS=1 for fractional-CPU actors)."""
+def _actor_env(verbose: bool, stacks_dir: Path) -> dict[str, str]:
+    """Env vars every actor process needs (Ray sets OMP_NUM_THREADS=1 for fractional-CPU actors);
+    ``JOINTRL_STACKS_DIR``: where each registers its stack dump (``envs.stacks.register``)."""
     env = {
+        STACKS_ENV: str(stacks_dir),
         "OMP_NUM_THREADS": str(os.cpu_count() or 1),
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # needed to run our reload function in vLLM workers

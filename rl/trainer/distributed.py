@@ -267,20 +267,100 @@ def _peer_lost(e: BaseException) -> bool:
     return any(m in text for m in marks)
 
 
-def _register_stack_dump(_actor: Any, path: str) -> int:
-    """In a learner process: ``SIGUSR1`` writes every thread's Python stack to ``path`` (faulthandler: no
-    GIL needed, so a rank stuck in a collective or in C code still answers); returns the process id."""
-    import faulthandler
+def _register_stack_dump(_actor: Any, name: str, stacks_dir: str) -> int:
+    """In a learner process: ``SIGUSR1`` writes every thread's Python stack to ``<stacks_dir>/<name>_pid<pid>.txt``
+    (``envs.stacks.register``: faulthandler, no GIL needed, so a rank stuck in a collective or in C code still
+    answers); returns the process id."""
     import os
-    import signal
 
-    f = open(path, "a")  # noqa: SIM115 - kept open for faulthandler for the process's life
-    _DUMP_FILES.append(f)
-    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    from envs.stacks import register
+
+    register(name, stacks_dir)
     return os.getpid()
 
 
-_DUMP_FILES: list[Any] = []
+def dump_run_stacks(stacks_dir: str, why: str, timeout_s: float = 15.0) -> str:
+    """Every live process of the run dumps its Python stacks into ``stacks_dir``, each dump headed by ``why``;
+    returns ``stacks_dir``. The driver's own go to ``driver_pid<pid>.txt``; every process registered there
+    (``envs.stacks.register``: rollout and reward workers, learners) on this node is sent ``SIGUSR1``; on every
+    other alive Ray node a zero-CPU task pinned there (``NodeAffinitySchedulingStrategy``) does the same
+    and ships the files back. Each remote step waits at most ``timeout_s`` in all, and every failure is noted
+    in the driver's file, never raised: a dump never hangs or ends a recovery."""
+    import os
+
+    from envs.stacks import dump_registered, dump_self
+
+    own = os.path.join(stacks_dir, f"driver_pid{os.getpid()}.txt")
+    notes: list[str] = []
+    try:
+        dump_self(own, why)
+        local = dump_registered(stacks_dir, why)
+        notes += [f"{n}: wrote no stack within 3 s" for n in local["silent"]]
+        notes += _dump_remote_nodes(stacks_dir, why, timeout_s)
+    except Exception as e:  # noqa: BLE001 - a post-mortem aid: its failure must not mask the failure it documents
+        notes.append(f"stack dump failed: {type(e).__name__}: {e}")
+    if notes:
+        try:
+            with open(own, "a") as f:
+                f.write("".join(f"# {n}\n" for n in notes))
+        except OSError:
+            pass
+    return stacks_dir
+
+
+def _dump_remote_nodes(stacks_dir: str, why: str, timeout_s: float) -> list[str]:
+    """``envs.stacks.dump_registered`` on every alive Ray node but this one (a task pinned there); the files it
+    returns are written into ``stacks_dir`` here. Notes on the nodes that did not answer within ``timeout_s``."""
+    import os
+
+    import ray
+
+    if not ray.is_initialized():
+        return []
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from envs.stacks import dump_registered
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
+    task = ray.remote(num_cpus=0, max_retries=0)(dump_registered)
+    refs = {
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(stacks_dir, why): n
+        for n in nodes
+    }
+    ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    notes = [f"node {refs[r]}: no answer to the stack dump within {timeout_s:g} s" for r in late]
+    for r in late:
+        try:
+            ray.cancel(r, force=True)
+        except Exception:  # noqa: BLE001, S110 - the task ends with its node or its process anyway
+            pass
+    for r in ready:
+        try:
+            got = ray.get(r, timeout=1.0)
+        except Exception as e:  # noqa: BLE001 - noted, never raised
+            notes.append(f"node {refs[r]}: {type(e).__name__}: {e}")
+            continue
+        for name, text in got["files"].items():
+            _write_remote(stacks_dir, refs[r], os.path.basename(name), text)
+        notes += [f"node {refs[r]}: {n}: wrote no stack within 3 s" for n in got["silent"]]
+    return notes
+
+
+def _write_remote(stacks_dir: str, node: str, name: str, text: str) -> None:
+    """A remote node's stacks file ``name`` into ``stacks_dir`` here: under its own name, unless a different file
+    of this node has it (same pid on two hosts), then prefixed by the node id; nothing when the folder is shared
+    and already holds it."""
+    import os
+
+    path = os.path.join(stacks_dir, name)
+    if os.path.exists(path):
+        with open(path, errors="replace") as f:
+            if f.read() == text:
+                return
+        path = os.path.join(stacks_dir, f"node{node[:12]}.{name}")
+    with open(path, "w") as f:
+        f.write(text)
 
 
 class LearnerGroup:
@@ -410,7 +490,7 @@ class LearnerGroup:
 
             os.makedirs(self.stacks_dir, exist_ok=True)
             refs = [
-                a.__ray_call__.remote(_register_stack_dump, os.path.join(self.stacks_dir, f"learner_rank{r}.txt"))
+                a.__ray_call__.remote(_register_stack_dump, f"learner_rank{r}", self.stacks_dir)
                 for r, a in enumerate(self.actors)
             ]
             self.pids = self._wait(refs, self.deadlines.io_s, "faults.learner_io_s", "start")
@@ -474,33 +554,12 @@ class LearnerGroup:
         raise err from next(iter(failed.values()), None)
 
     def dump_stacks(self, why: str) -> str | None:
-        """Every live learner's Python stacks (``SIGUSR1``: faulthandler, set up by :meth:`ready`) and the driver's
-        into ``stacks_dir`` (``learner_rank<r>.txt``, ``driver.txt``), each headed by ``why``; the folder, or None.
-        Only ranks on this machine are signalled (the pids are this node's); a dead rank has none to dump."""
-        import datetime
-        import faulthandler
-        import os
-        import signal
-
+        """Every live process of the run dumps its Python stacks into ``stacks_dir`` (:func:`dump_run_stacks`:
+        the driver, the learners registered by :meth:`ready`, the rollout and reward workers, on every node),
+        each dump headed by ``why``; the folder, or None without one. A dead rank has none to dump."""
         if not self.stacks_dir:
             return None
-        os.makedirs(self.stacks_dir, exist_ok=True)
-        stamp = f"\n==== {datetime.datetime.now().isoformat(timespec='seconds')} {why}\n"
-        for r, pid in enumerate(self.pids):
-            with open(os.path.join(self.stacks_dir, f"learner_rank{r}.txt"), "a") as f:
-                f.write(stamp)
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except (ProcessLookupError, PermissionError):
-                pass
-        with open(os.path.join(self.stacks_dir, "driver.txt"), "a") as f:
-            f.write(stamp)
-            f.flush()
-            faulthandler.dump_traceback(file=f, all_threads=True)
-        import time
-
-        time.sleep(1.0)  # the signalled learners write their stacks
-        return self.stacks_dir
+        return dump_run_stacks(self.stacks_dir, why)
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One step on every rank (``faults.learner_step_s``): the batch sharded by groups; rank 0's metrics."""

@@ -1,0 +1,1 @@
+"""The directory ``envs.stacks.child_stacks`` puts first on ``PYTHONPATH``: its ``sitecustomize`` (see there)."""
