@@ -90,6 +90,13 @@ def test_oversubscription_counts_gpus_too() -> None:
     assert oversubscription(cfg, 64, 8) == []
 
 
+def test_oversubscription_names_the_ray_cluster_on_a_multi_node_run() -> None:
+    cfg = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "joint_rl_gpu.yaml")
+    warnings = oversubscription(cfg, 1, 1, where="the Ray cluster")
+    assert len(warnings) == 2 and all("on the Ray cluster with 1" in w for w in warnings), warnings
+    assert "cannot all be placed" in warnings[0]
+
+
 def _tasks(domain: str, n: int) -> list[Task]:
     return [Task(id=f"{domain}-{i}", domain=domain, messages=(Message("user", "q"),)) for i in range(n)]
 

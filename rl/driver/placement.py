@@ -183,10 +183,12 @@ def local_ray_cpus(plan: Plan, cores: int, num_engines: int) -> int:
     return max(cores, 2 + num_engines, math.ceil(plan.total().get("CPU", 0.0) - 1e-9))
 
 
-def oversubscription(recipe: Recipe, cores: int, gpus: int) -> list[str]:
-    """Warnings for a run on this machine whose actors ask for more CPUs or GPUs than it has (``cores``,
-    ``gpus``): Ray is started large enough to place them, so they would share the cores (or a GPU) and
-    run slower than the recipe suggests, with no error. Empty when everything fits."""
+def oversubscription(recipe: Recipe, cores: int, gpus: int, where: str = "a machine") -> list[str]:
+    """Warnings for a run whose actors ask for more CPUs or GPUs than ``where`` has (``cores``, ``gpus``):
+    on this machine Ray is started large enough to place them, so they would share the cores (or a GPU)
+    and run slower than the recipe suggests, with no error; on an existing Ray cluster (``where`` "the Ray
+    cluster", its resources) the placement would wait for resources that never come. Empty when everything
+    fits."""
     device = recipe.cluster.device if recipe.cluster.device != "auto" else ("gpu" if gpus else "cpu")
     total = plan_placement(recipe, device).total()
     roles = (
@@ -197,11 +199,12 @@ def oversubscription(recipe: Recipe, cores: int, gpus: int) -> list[str]:
     out = []
     cpu = total.get("CPU", 0.0)
     if cpu > cores + 1e-9:
-        out.append(f"the actors ask for {cpu:g} CPUs ({roles}) on a machine with {cores}: they will share the cores")
+        share = "they will share the cores" if where == "a machine" else "they cannot all be placed"
+        out.append(f"the actors ask for {cpu:g} CPUs ({roles}) on {where} with {cores}: {share}")
     gpu = total.get("GPU", 0.0)
     if gpu > gpus + 1e-9:
         out.append(
-            f"the actors ask for {gpu:g} GPUs on a machine with {gpus} (cluster.engine_gpus, cluster.learner_gpus)"
+            f"the actors ask for {gpu:g} GPUs on {where} with {gpus} (cluster.engine_gpus, cluster.learner_gpus)"
         )
     return out
 

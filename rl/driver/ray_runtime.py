@@ -181,6 +181,13 @@ class RayRuntime:
                 runtime_env={"env_vars": _actor_env(self.verbose, (self.out / "stacks").resolve())},
             )
             self._own_ray = True
+            if address:  # an existing cluster: its resources, not this machine's, bound the placement
+                from rl.driver.placement import oversubscription
+
+                res = ray.cluster_resources()
+                cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
+                for w in oversubscription(cfg, cpus, gpus, where="the Ray cluster"):
+                    print(f"jointrl: warning: {w}", file=sys.stderr, flush=True)
         # SIGTERM becomes an exception so that `finally` shuts the engines down. Installed after
         # ray.init, whose own handler (print a stack trace, abort) would otherwise replace it.
         self._old_term = signal.signal(signal.SIGTERM, raise_on_term)
