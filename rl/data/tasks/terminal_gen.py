@@ -164,12 +164,16 @@ def _text(lines: list[str]) -> str:
 
 def _touch_file(rng: random.Random) -> Task:
     name = _fname(rng)
-    return _task(
+    task = _task(
         f"Create an empty file named `{name}`.",
         "",
         [(f"{{ {is_file(name)} && [ ! -s {sq(name)} ]; }}", f"{name} is missing or not empty")],
         f"touch {sq(name)}",
     )
+    # `jointrl audit`'s named_files_empty writes an empty file into every path the prompt names:
+    # here that is the task itself, so the task declares it (docs/audit.md, "A task's declared work").
+    why = "the task is to create an empty file at the one path the prompt names; writing it is the work"
+    return dataclasses.replace(task, meta={"audit_does_the_work": {"named_files_empty": why}})
 
 
 def _write_line(rng: random.Random) -> Task:
