@@ -478,9 +478,11 @@ def _backup_txt(rng: random.Random) -> Task:
         setup,
         [
             (f"{{ {copies}; }}", "not every .txt file is copied into backup/"),
+            # Kept originals count only with the copies: making `backup/` (or writing any file into
+            # it) and leaving the rest alone earns nothing.
             (
-                f"{{ [ -d backup ] && [ ! -L backup ] && {originals}; }}",
-                "no backup/ directory, or an original was changed",
+                f"{{ {copies} && [ -d backup ] && [ ! -L backup ] && {originals}; }}",
+                "no backup/ directory with the copies, or an original was changed",
             ),
             (holds("backup/list.txt", _text(txts)), "backup/list.txt does not list the copied files"),
         ],
@@ -515,9 +517,15 @@ def _two_counts(rng: random.Random) -> Task:
         f"Write a file named `stats.txt` with two lines: on the first, the number of lines of `{src}` "
         f"that contain the word `{w1}`; on the second, the number that contain the word `{w2}`.",
         put(src, _text(lines)),
+        # One sub-check, all or nothing, and exactly two lines: the counts are small numbers, so with
+        # a sub-check per line a guessed constant or a list of 0, 1, 2, ... earned half (#39 item 3).
         [
-            (f"[ \"$(sed -n 1p stats.txt 2>/dev/null | tr -d '[:space:]')\" = {n1} ]", f"line 1 is not the {w1} count"),
-            (f"[ \"$(sed -n 2p stats.txt 2>/dev/null | tr -d '[:space:]')\" = {n2} ]", f"line 2 is not the {w2} count"),
+            (
+                f"{{ {is_file('stats.txt')} && [ \"$(grep -c '[^[:space:]]' stats.txt)\" = 2 ] && "
+                f"[ \"$(sed -n 1p stats.txt | tr -d '[:space:]')\" = {n1} ] && "
+                f"[ \"$(sed -n 2p stats.txt | tr -d '[:space:]')\" = {n2} ]; }}",
+                f"stats.txt does not hold exactly the two lines: the {w1} count, then the {w2} count",
+            ),
         ],
         f"{{ grep -cw {sq(w1)} {sq(src)}; grep -cw {sq(w2)} {sq(src)}; }} > stats.txt",
     )
