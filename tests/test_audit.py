@@ -34,12 +34,6 @@ needs_sandbox = pytest.mark.skipif(bool(_NO_SANDBOX), reason=f"bubblewrap sandbo
 
 USER_SYS = Message("system", "Answer the task.")
 
-# Strategies that hit bugs of the shipped envs/rewards at the time of writing, so a clean set cannot pass
-# them yet (issue #39): a 400-digit integer argument makes ToolCallReward raise (item 4); an argument nested
-# 5,000 deep makes ToolCallEnv's JSON parsing raise RecursionError; a directory tree 1,500 deep makes the
-# terminal check's git vetting (envs/terminal_git.find_git_dirs, os.walk) raise RecursionError.
-OPEN_BUGS = {"tool_call": {"huge_int", "deeply_nested"}, "terminal": {"deeply_nested"}}
-
 
 def _recipe(tmp_path: Path, envs: list[dict], rewards: list[dict], max_turns: int = 3, name: str = "audit") -> Path:
     p = tmp_path / f"{name}.yaml"
@@ -321,7 +315,9 @@ def test_clean_terminal_and_tool_tasks_pass_the_catalogue(tmp_path, capsys):
         [TERM_ENV, {**TOOL_ENV, "kwargs": {"max_turns": 1}}],
         [TERM_REWARD, {"cls": "rewards.toolcall.ToolCallReward", "domains": ["tool_call"]}],
     )
-    names = {n for d in ("terminal", "tool_call") for n in strategies.STRATEGIES[d] if n not in OPEN_BUGS[d]}
+    # The whole catalogue: the 400-digit and 5,000-deep arguments and the 1,500-deep directory tree
+    # that made ToolCallReward, ToolCallEnv and the git vetting raise (#38, #39 item 4) now score.
+    names = {n for d in ("terminal", "tool_call") for n in strategies.STRATEGIES[d]}
     rc, out, _ = run_audit(capsys, tasks, "--recipe", str(recipe), "--strategies", ",".join(sorted(names)))
     assert rc == 0, out
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:3]}
