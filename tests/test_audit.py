@@ -98,7 +98,9 @@ def test_a_reference_that_fails_is_flagged_by_name(tmp_path, capsys):
     )
     assert rc == 1, out
     row = next(line for line in out.splitlines() if line.startswith("code-bad-reference"))
-    assert "reference=0.60" in row  # 3 of 5 tests pass with a + b
+    # a + b passes 3 of 5 tests; the constant [5] (a value the tests compare against) passes 1, and
+    # the code reward pays only passes above that (envs/code_baseline.py): (3 - 1) / (5 - 1).
+    assert "reference=0.50" in row
     assert "1 references below 1" in out
     rep = json.loads((tmp_path / "r.json").read_text())
     assert [(f["task_id"], f["kind"]) for f in rep["findings"]] == [("code-bad-reference", "reference_below_1")]
