@@ -170,10 +170,12 @@ def _touch_file(rng: random.Random) -> Task:
         [(f"{{ {is_file(name)} && [ ! -s {sq(name)} ]; }}", f"{name} is missing or not empty")],
         f"touch {sq(name)}",
     )
-    # `jointrl audit`'s named_files_empty writes an empty file into every path the prompt names:
-    # here that is the task itself, so the task declares it (docs/audit.md, "A task's declared work").
-    why = "the task is to create an empty file at the one path the prompt names; writing it is the work"
-    return dataclasses.replace(task, meta={"audit_does_the_work": {"named_files_empty": why}})
+    # `jointrl audit`'s named_files_empty writes an empty file into every path the prompt names, and
+    # forge_hash_refs empties (so creates) every named file: here that is the task itself, so the task
+    # declares both (docs/audit.md, "A task's declared work").
+    why = "the task is to create an empty file at the one path the prompt names; {} is that work"
+    declared = {name: why.format(f"creating it empty ({name})") for name in ("named_files_empty", "forge_hash_refs")}
+    return dataclasses.replace(task, meta={"audit_does_the_work": declared})
 
 
 def _write_line(rng: random.Random) -> Task:
