@@ -97,21 +97,32 @@ def arguments_match(call: ToolCall, expected: ExpectedCall) -> bool:
     return True
 
 
+def _spelled_omission(param: str, value: Any, expected: ExpectedCall) -> bool:
+    """Whether ``value`` for ``param`` is an empty string where ``expected`` lets ``param`` be omitted."""
+    return isinstance(value, str) and not value.strip() and "" in expected.allowed.get(param, ())
+
+
 def argument_fraction(call: ToolCall, expected: ExpectedCall) -> float:
     """The share of ``call``'s arguments that are right, in [0, 1]; 1.0 exactly when
     :func:`arguments_match` holds, 0.0 for another function.
 
     Counted: every required parameter of ``expected`` (one whose allowed values lack ``""``)
-    and every parameter the call gives. Right: a counted parameter that is given with an
-    allowed value. So a missing required parameter and a parameter ``expected`` does not
-    list (hallucinated, or not wanted) each count as wrong, and an optional parameter left
-    out counts for nothing either way: leaving everything out earns no credit, and padding
-    a call with extra keys lowers its share. A function without parameters called without
-    arguments scores 1.0.
+    and every parameter the call gives, except an optional one given as an empty string.
+    Right: a counted parameter that is given with an allowed value. So a missing required
+    parameter and a parameter ``expected`` does not list (hallucinated, or not wanted) each
+    count as wrong, and an optional parameter left out counts for nothing either way: leaving
+    everything out earns no credit, and padding a call with extra keys lowers its share.
+
+    ``""`` in an allowed list is the "may be omitted" marker (BFCL's), so an optional
+    parameter given as ``""`` (or blanks) is the omission spelled out and counts for nothing
+    too. Were it counted as right, an answer of ``""`` for every argument would earn the
+    share of every omit-only parameter (0.67 on a ladder task with one of three parameters
+    omit-only, against 0.5 for a well-formed wrong call) without knowing any value. A
+    function without parameters called without arguments scores 1.0.
     """
     if call.name != expected.name:
         return 0.0
-    args = call.arguments
+    args = {p: v for p, v in call.arguments.items() if not _spelled_omission(p, v, expected)}
     counted = {p for p, allowed in expected.allowed.items() if "" not in allowed} | set(args)
     if not counted:
         return 1.0

@@ -8,6 +8,7 @@ must exit 0 under the strategies named in each test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -32,12 +33,6 @@ except SandboxUnavailable as exc:  # pragma: no cover - CI installs bubblewrap
 needs_sandbox = pytest.mark.skipif(bool(_NO_SANDBOX), reason=f"bubblewrap sandbox unavailable: {_NO_SANDBOX}")
 
 USER_SYS = Message("system", "Answer the task.")
-
-# Strategies that hit bugs of the shipped envs/rewards at the time of writing, so a clean set cannot pass
-# them yet (issue #39): a 400-digit integer argument makes ToolCallReward raise (item 4); an argument nested
-# 5,000 deep makes ToolCallEnv's JSON parsing raise RecursionError; a directory tree 1,500 deep makes the
-# terminal check's git vetting (envs/terminal_git.find_git_dirs, os.walk) raise RecursionError.
-OPEN_BUGS = {"tool_call": {"huge_int", "deeply_nested"}, "terminal": {"deeply_nested"}}
 
 
 def _recipe(tmp_path: Path, envs: list[dict], rewards: list[dict], max_turns: int = 3, name: str = "audit") -> Path:
@@ -103,7 +98,9 @@ def test_a_reference_that_fails_is_flagged_by_name(tmp_path, capsys):
     )
     assert rc == 1, out
     row = next(line for line in out.splitlines() if line.startswith("code-bad-reference"))
-    assert "reference=0.60" in row  # 3 of 5 tests pass with a + b
+    # a + b passes 3 of 5 tests; the constant [5] (a value the tests compare against) passes 1, and
+    # the code reward pays only passes above that (envs/code_baseline.py): (3 - 1) / (5 - 1).
+    assert "reference=0.50" in row
     assert "1 references below 1" in out
     rep = json.loads((tmp_path / "r.json").read_text())
     assert [(f["task_id"], f["kind"]) for f in rep["findings"]] == [("code-bad-reference", "reference_below_1")]
@@ -135,6 +132,42 @@ def test_a_check_that_a_noop_passes_is_flagged(tmp_path, capsys):
     assert "noop=1.00" in lines["term-noop-passes"]
     # The no-op earns nothing here, but deleting everything earns the "old file gone" half.
     assert "noop=" not in lines["term-noop-half"] and "delete_everything=0.50" in lines["term-noop-half"]
+
+
+@needs_sandbox
+def test_a_strategy_a_task_declares_to_do_its_work_is_excused_and_nothing_else(tmp_path, capsys):
+    """ "Create an empty file" is done by writing an empty file into every named path; the task that
+    declares so has that result excused (listed with its reason), while the same task without the
+    declaration is flagged, and the declaration excuses neither another strategy nor a paid no-op."""
+    why = "creating the empty file is the task"
+    touch = "Create an empty file named `notes.cfg`."
+    check = "[ -f notes.cfg ] && [ ! -L notes.cfg ] && [ ! -s notes.cfg ]"
+    declared = term_task("term-touch-declared", touch, "true", check, "touch notes.cfg")
+    declared = dataclasses.replace(declared, meta={"audit_does_the_work": {"named_files_empty": why}})
+    undeclared = term_task("term-touch-undeclared", touch, "true", check, "touch notes.cfg")
+    # Declares named_files_empty, but the no-op passes its lax check: still flagged.
+    lax = term_task("term-lax-declared", touch, "true", "[ ! -s notes.cfg ]", "touch notes.cfg")
+    lax = dataclasses.replace(lax, meta={"audit_does_the_work": {"named_files_empty": why}})
+    tasks = _save(tmp_path, "t.jsonl", [declared, undeclared, lax])
+    recipe = _recipe(tmp_path, [TERM_ENV], [TERM_REWARD])
+    argv = (tasks, "--recipe", str(recipe), "--strategies", "named_files_empty,named_files_ok")
+    rc, out, _ = run_audit(capsys, *argv, "--json", f"{tmp_path}/r.json")
+    assert rc == 1, out
+    rep = json.loads((tmp_path / "r.json").read_text())
+    found = {(f["task_id"], f["strategy"], f["kind"]) for f in rep["findings"]}
+    assert ("term-touch-declared", "named_files_empty", "above_baseline") not in found
+    assert ("term-touch-undeclared", "named_files_empty", "above_baseline") in found
+    assert ("term-lax-declared", "noop", "noop_paid") in found
+    assert [(f["task_id"], f["strategy"], f["detail"]) for f in rep["excused"]] == [
+        ("term-touch-declared", "named_files_empty", f"declared: {why}")
+    ]
+    row = next(line for line in out.splitlines() if line.startswith("term-touch-declared"))
+    assert "(named_files_empty=1.00 excused: does the work)" in row
+    assert "1 excused" in out
+    # The declared task alone audits clean.
+    alone = _save(tmp_path, "alone.jsonl", [declared])
+    rc, out, _ = run_audit(capsys, alone, "--recipe", str(recipe), "--strategies", "named_files_empty,named_files_ok")
+    assert rc == 0, out
 
 
 @needs_sandbox
@@ -284,7 +317,9 @@ def test_clean_terminal_and_tool_tasks_pass_the_catalogue(tmp_path, capsys):
         [TERM_ENV, {**TOOL_ENV, "kwargs": {"max_turns": 1}}],
         [TERM_REWARD, {"cls": "rewards.toolcall.ToolCallReward", "domains": ["tool_call"]}],
     )
-    names = {n for d in ("terminal", "tool_call") for n in strategies.STRATEGIES[d] if n not in OPEN_BUGS[d]}
+    # The whole catalogue: the 400-digit and 5,000-deep arguments and the 1,500-deep directory tree
+    # that made ToolCallReward, ToolCallEnv and the git vetting raise (#38, #39 item 4) now score.
+    names = {n for d in ("terminal", "tool_call") for n in strategies.STRATEGIES[d]}
     rc, out, _ = run_audit(capsys, tasks, "--recipe", str(recipe), "--strategies", ",".join(sorted(names)))
     assert rc == 0, out
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:3]}
@@ -499,6 +534,15 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, capsys):
     )
     rc, _, err = run_audit(capsys, tasks, "--recipe", str(broken))
     assert rc == 2 and "rollout.envs.0: cannot construct envs.toolcall.ToolCallEnv" in err
+    for declared, field in [
+        ({"teleport": "x"}, "meta.audit_does_the_work.teleport: not an attack strategy of domain 'tool_call'"),
+        ({"noop": "x"}, "meta.audit_does_the_work.noop: not an attack strategy"),
+        ({"const_0": " "}, "meta.audit_does_the_work.const_0: the reason must be a non-empty string"),
+        (["const_0"], "meta.audit_does_the_work must map strategy names"),
+    ]:
+        t = dataclasses.replace(_answer_task("decl", "1"), meta={"audit_does_the_work": declared})
+        rc, _, err = run_audit(capsys, _save(tmp_path, "d.jsonl", [t]), "--recipe", str(recipe))
+        assert rc == 2 and "task 'decl'" in err and field in err and "d.jsonl" in err, err
     bad_line = tmp_path / "bad.jsonl"
     bad_line.write_text('{"id": "x", "domain": "tool_call"}\n')
     rc, _, err = run_audit(capsys, str(bad_line), "--recipe", str(recipe))

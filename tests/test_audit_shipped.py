@@ -1,11 +1,11 @@
 """``jointrl audit`` on every shipped task file, through the recipe that trains on it.
 
-Every reference solution must score 1, and every finding must be one of :data:`KNOWN_OPEN`: the
-holes issue #39 names (items 1-4, fixed on other branches) and the env bugs the audit found,
-each with its reason. A finding of any other (domain, strategy, kind) fails the test, so a
-new hole or a regressed reference shows up here; when a fix lands, its entries are deleted (the
-slow tests print the findings of each file). The fast tier audits the first task of each domain's
-files; the whole files are slow.
+Every reference solution must score 1, and no finding may be left outside :data:`KNOWN_OPEN`
+(empty: the holes issue #39 named and the env bugs the audit found are fixed), so a new hole or
+a regressed reference shows up here. A strategy excused by its task's declaration
+(``meta.audit_does_the_work``) is not a finding; the slow tests print the findings and the
+excused results of each file. The fast tier audits the first task of each domain's files; the
+whole files are slow.
 """
 
 from __future__ import annotations
@@ -29,41 +29,11 @@ needs_sandbox = pytest.mark.skipif(bool(_NO_SANDBOX), reason=f"bubblewrap sandbo
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "recipes" / "data"
 
-_CONSTS = ("int_0", "int_1", "int_-1", "float_0", "bool_true", "bool_false", "none", "str_empty")
-_CONSTS += ("list_empty", "dict_empty", "tuple_empty")
-KNOWN_OPEN: dict[tuple[str, str, str], str] = {
-    ("code", "feedback_lookup", "above_baseline"): "#39 item 1: multi-turn feedback shows the scored tests' values",
-    ("code", "example_echo", "above_baseline"): "#39 item 3: the prompt's example output earns its test",
-    ("code", "example_lookup", "above_baseline"): "#39 item 3: the prompt's example output earns its test",
-    ("code", "identity", "above_baseline"): "#39 item 3: echoing the input passes tests whose answer is the input",
-    **{
-        ("code", f"const_{c}", "above_baseline"): "#39 item 3: a constant passes boolean/small-range/edge tests"
-        for c in _CONSTS
-    },
-    ("terminal", "noop", "noop_paid"): "#39 item 3: a no-op scores 0.09 on terminal-permissions-fix-tree",
-    ("terminal", "kill_all", "above_baseline"): "#39 item 2: a process check cannot tell killing all from the one",
-    ("terminal", "truncate_all", "above_baseline"): "#39 item 2: a reference kept in the work dir can be forged",
-    ("terminal", "forge_hash_refs", "above_baseline"): "#39 item 2: a reference kept in the work dir can be forged",
-    ("terminal", "delete_everything", "above_baseline"): "#39 item 3: removal sub-checks pay without the rest",
-    ("terminal", "named_symlinks", "above_baseline"): "#39 item 3: symlinks pass 'is a file' checks",
-    ("terminal", "named_files_rev_expr", "above_baseline"): "#39 item 3: a revision expression passes 'is a hash'",
-    **{
-        ("terminal", f"named_files_{c}", "above_baseline"): "#39 item 3: a constant in the named output earns the "
-        "'file exists' sub-checks (0.33 on terminal_ladder backup_txt); named_files_empty also does the work of "
-        "terminal_ladder touch_file (create an empty file), a finding by construction"
-        for c in ("empty", "0", "1", "yes", "ok")
-    },
-    ("terminal", "enumerate", "above_baseline"): "#39 item 3: candidates in the named outputs earn sub-checks "
-    "(0.5 on terminal_ladder two_counts, 0.33 on backup_txt)",
-    ("terminal", "deeply_nested", "error"): "found by the audit: envs.terminal_git.find_git_dirs (os.walk) raises "
-    "RecursionError on a directory tree 1,500 deep, so the episode raises instead of scoring",
-    ("tool_call", "huge_int", "error"): "#39 item 4: a 400-digit integer argument makes ToolCallReward raise",
-    ("tool_call", "enumerate", "above_baseline"): "#39 item 4: an answer listing many candidates scores",
-    ("tool_call", "deeply_nested", "error"): "found by the audit: ToolCallEnv's call parsing (json) raises "
-    "RecursionError on arguments nested 5,000 deep",
-    ("tool_call", "const_empty", "above_baseline"): "found by the audit: an empty string where an optional "
-    'parameter may be omitted ("" allowed) earns that argument\'s credit',
-}
+# Findings the shipped sets may still show, each with the reason it is not a hole. Empty: every
+# shipped file audits clean (docs/audit.md, "The shipped task sets"). The one strategy that does a
+# shipped task's work (named_files_empty on the terminal ladder's touch_file, "create an empty
+# file") is declared by those tasks (meta.audit_does_the_work) and reported as excused, not here.
+KNOWN_OPEN: dict[tuple[str, str, str], str] = {}
 
 ANSWER_RECIPE = {
     "rollout": {
@@ -141,6 +111,8 @@ def test_every_shipped_task_file_has_no_unknown_finding(tmp_path, capsys, recipe
         print(f"\n{task_file}: {rep['flagged_tasks']} of {rep['tasks']} tasks flagged")
         for f in rep["findings"]:
             print(f"  {f['task_id']} {f['strategy']} {f['kind']} {f['reward']}")
+        for f in rep["excused"]:
+            print(f"  excused: {f['task_id']} {f['strategy']} {f['reward']} ({f['detail']})")
     assert _check(rep) == []
 
 

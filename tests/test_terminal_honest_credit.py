@@ -101,6 +101,29 @@ def test_destroying_the_input_earns_no_removal_credit(play):
         assert ok == 1.0, (template, out)
 
 
+def test_guessed_outputs_earn_no_sub_check(play):
+    """Found by `jointrl audit`: a constant or a list of candidates in the named outputs earned the
+    "kept the originals" third of backup_txt (0.33: writing backup/list.txt makes backup/) and one
+    line of two_counts (0.5: the counts are small numbers)."""
+    task = _ladder("backup_txt")
+    for guess in ("mkdir backup", "mkdir -p backup && echo 0 > backup/list.txt"):
+        assert play(task, guess)[0] == 0.0, guess
+    assert play(task, task.terminal.solution)[0] == 1.0
+    enumerate_ = "seq 0 200 > stats.txt"
+    for task in [t for t in ALL if t.meta.get("template") == "two_counts"][:3]:
+        for guess in (
+            "echo 1 > stats.txt",
+            "printf '1\\n1\\n' > stats.txt",
+            "printf '2\\n1\\n' > stats.txt",
+            enumerate_,
+        ):
+            score, out = play(task, guess)
+            # A guess that is both counts is the answer; any other scores 0, never half.
+            assert score in (0.0, 1.0), (task.id, guess, out)
+            assert score == 0.0 or guess != enumerate_, (task.id, guess, out)
+    assert play(task, task.terminal.solution)[0] == 1.0
+
+
 def test_symlinks_are_not_the_files_asked_for(play):
     # The reference copies; the attack links the destination to the source instead.
     task = _ladder("copy_file")

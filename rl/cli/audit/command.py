@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rl.cli.audit.runner import EnvSpec, TaskReport, audit_tasks
+from rl.cli.audit.runner import EnvSpec, TaskReport, audit_tasks, declared_work
 from rl.cli.audit.sources import SOURCES, AuditTask, SourceError, load_audit_tasks
 from rl.cli.audit.strategies import STRATEGIES
 from rl.cli.evaluate import CommandError, _guarded, recipe_reward_specs
@@ -170,6 +170,10 @@ def _tasks(args: argparse.Namespace, cfg: Any, envs: dict[str, EnvSpec], marker:
                 f"{at.where}: task {at.task.id!r} has domain {at.task.domain!r}, but the recipe's rollout.envs "
                 f"serves only {sorted(envs)}"
             )
+        try:
+            declared_work(at.task)
+        except ValueError as e:
+            raise CommandError(f"{at.where}: {e}") from None
     return tasks
 
 
@@ -184,6 +188,7 @@ def _flag_text(rep: TaskReport) -> str:
             parts.append(f"{f.strategy}=ERROR")
         else:
             parts.append(f"{f.strategy}={f.reward:.2f}")
+    parts += [f"({f.strategy}={f.reward:.2f} excused: does the work)" for f in rep.excused]
     return ", ".join(parts) or "-"
 
 
@@ -197,10 +202,12 @@ def render_table(reports: list[TaskReport]) -> str:
         )
     n = sum(1 for r in reports if r.findings)
     kinds = [f.kind for r in reports for f in r.findings]
+    excused = [f for r in reports for f in r.excused]
     lines.append(
         f"\n{len(reports)} tasks audited, {n} flagged: {kinds.count('above_baseline')} strategies above the "
         f"baseline, {kinds.count('noop_paid')} no-ops paid, {kinds.count('reference_below_1')} references "
         f"below 1, {kinds.count('error')} errors"
+        + (f"; {len(excused)} excused (a strategy its task declares to do its work)" if excused else "")
     )
     errors: dict[tuple[str, str], list[str]] = {}
     for r in reports:
@@ -220,5 +227,6 @@ def report_json(reports: list[TaskReport], recipe: str) -> dict[str, Any]:
         "tasks": len(reports),
         "flagged_tasks": sum(1 for r in reports if r.findings),
         "findings": [dataclasses.asdict(f) for r in reports for f in r.findings],
+        "excused": [dataclasses.asdict(f) for r in reports for f in r.excused],
         "per_task": [dataclasses.asdict(r) for r in reports],
     }

@@ -16,12 +16,20 @@ doing nothing, or answering in the right shape with wrong content, earns by desi
 * ``error``: an episode or a reward raised on an answer (one answer must never cost a batch),
   or no reward function scored it.
 
+A task may declare that a strategy does its work (``meta["audit_does_the_work"]``, strategy name
+to reason: writing an empty file into every named path IS the task "create an empty file"). That
+strategy scoring above the baseline is then *excused*: listed with the reason, not a finding. Only
+``above_baseline`` is excused, only for the strategies the task names (checked to exist in its
+domain's catalogue by :func:`declared_work`), so a paid no-op, a reference below 1 and an error
+are always findings.
+
 Tasks run in parallel on a bounded pool of threads; each thread keeps one env per domain and
 one scorer, so sandboxes are reused across a thread's episodes as in a rollout worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +43,20 @@ from rewards.service import RewardFnSpec, RewardScorer
 from rl.cli.audit.sources import AuditTask
 from rl.cli.audit.strategies import Act, Strategy, Turn, strategies_for
 
-__all__ = ["EnvSpec", "StrategyResult", "Finding", "TaskReport", "run_episode", "audit_tasks", "EPS"]
+__all__ = [
+    "EnvSpec",
+    "StrategyResult",
+    "Finding",
+    "TaskReport",
+    "run_episode",
+    "audit_tasks",
+    "declared_work",
+    "DOES_THE_WORK",
+    "EPS",
+]
+
+# The task meta key that names the strategies doing a task's work, each with its reason.
+DOES_THE_WORK = "audit_does_the_work"
 
 EPS = 1e-9
 
@@ -87,6 +108,28 @@ class TaskReport:
     baseline: float | None
     results: list[StrategyResult] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    excused: list[Finding] = field(default_factory=list)
+
+
+def declared_work(task: Task) -> dict[str, str]:
+    """The strategies ``task`` declares to do its work (``meta["audit_does_the_work"]``), name to reason.
+
+    Raises ValueError naming the task and the field when the value is not a mapping of a strategy
+    of the task's domain to a non-empty reason.
+    """
+    raw = task.meta.get(DOES_THE_WORK)
+    if raw is None:
+        return {}
+    where = f"task {task.id!r}: meta.{DOES_THE_WORK}"
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{where} must map strategy names to the reason each does the task's work")
+    known = {s.name: s.role for s in strategies_for(task.domain)}
+    for name, reason in raw.items():
+        if known.get(name) != "attack":
+            raise ValueError(f"{where}.{name}: not an attack strategy of domain {task.domain!r} (jointrl audit --list)")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"{where}.{name}: the reason must be a non-empty string")
+    return dict(raw)
 
 
 def _reference_act(turns: tuple[str, ...]) -> Act:
@@ -193,8 +236,9 @@ class _Worker:
         )
 
 
-def _findings(rep: TaskReport, ref: StrategyResult | None) -> None:
-    """Set the baseline and the findings of ``rep`` from its results and its reference's result."""
+def _findings(rep: TaskReport, ref: StrategyResult | None, declared: dict[str, str]) -> None:
+    """Set the baseline, the findings and the excused results of ``rep`` from its results, its
+    reference's result and the strategies its task declares to do its work."""
     base = [r.reward for r in rep.results if r.role in ("noop", "wrong") and r.reward is not None]
     rep.baseline = max(base) if base else None
     f = rep.findings
@@ -211,7 +255,11 @@ def _findings(rep: TaskReport, ref: StrategyResult | None) -> None:
         elif r.role == "noop" and r.reward is not None and r.reward > EPS:
             f.append(Finding(rep.task_id, rep.domain, "noop_paid", r.strategy, r.reward, rep.baseline))
         elif r.role == "attack" and r.reward is not None and r.reward > (rep.baseline or 0.0) + EPS:
-            f.append(Finding(rep.task_id, rep.domain, "above_baseline", r.strategy, r.reward, rep.baseline))
+            finding = Finding(rep.task_id, rep.domain, "above_baseline", r.strategy, r.reward, rep.baseline)
+            if r.strategy in declared:
+                rep.excused.append(dataclasses.replace(finding, detail=f"declared: {declared[r.strategy]}"))
+            else:
+                f.append(finding)
 
 
 def audit_task(w: _Worker, at: AuditTask, strategies: list[Strategy], max_turns: int) -> TaskReport:
@@ -225,7 +273,7 @@ def audit_task(w: _Worker, at: AuditTask, strategies: list[Strategy], max_turns:
         r = w.play(t, s.name, s.role, s.act, max_turns)
         if r is not None:
             rep.results.append(r)
-    _findings(rep, ref)
+    _findings(rep, ref, declared_work(t))
     return rep
 
 

@@ -164,12 +164,18 @@ def _text(lines: list[str]) -> str:
 
 def _touch_file(rng: random.Random) -> Task:
     name = _fname(rng)
-    return _task(
+    task = _task(
         f"Create an empty file named `{name}`.",
         "",
         [(f"{{ {is_file(name)} && [ ! -s {sq(name)} ]; }}", f"{name} is missing or not empty")],
         f"touch {sq(name)}",
     )
+    # `jointrl audit`'s named_files_empty writes an empty file into every path the prompt names, and
+    # forge_hash_refs empties (so creates) every named file: here that is the task itself, so the task
+    # declares both (docs/audit.md, "A task's declared work").
+    why = "the task is to create an empty file at the one path the prompt names; {} is that work"
+    declared = {name: why.format(f"creating it empty ({name})") for name in ("named_files_empty", "forge_hash_refs")}
+    return dataclasses.replace(task, meta={"audit_does_the_work": declared})
 
 
 def _write_line(rng: random.Random) -> Task:
@@ -474,9 +480,11 @@ def _backup_txt(rng: random.Random) -> Task:
         setup,
         [
             (f"{{ {copies}; }}", "not every .txt file is copied into backup/"),
+            # Kept originals count only with the copies: making `backup/` (or writing any file into
+            # it) and leaving the rest alone earns nothing.
             (
-                f"{{ [ -d backup ] && [ ! -L backup ] && {originals}; }}",
-                "no backup/ directory, or an original was changed",
+                f"{{ {copies} && [ -d backup ] && [ ! -L backup ] && {originals}; }}",
+                "no backup/ directory with the copies, or an original was changed",
             ),
             (holds("backup/list.txt", _text(txts)), "backup/list.txt does not list the copied files"),
         ],
@@ -511,9 +519,15 @@ def _two_counts(rng: random.Random) -> Task:
         f"Write a file named `stats.txt` with two lines: on the first, the number of lines of `{src}` "
         f"that contain the word `{w1}`; on the second, the number that contain the word `{w2}`.",
         put(src, _text(lines)),
+        # One sub-check, all or nothing, and exactly two lines: the counts are small numbers, so with
+        # a sub-check per line a guessed constant or a list of 0, 1, 2, ... earned half (#39 item 3).
         [
-            (f"[ \"$(sed -n 1p stats.txt 2>/dev/null | tr -d '[:space:]')\" = {n1} ]", f"line 1 is not the {w1} count"),
-            (f"[ \"$(sed -n 2p stats.txt 2>/dev/null | tr -d '[:space:]')\" = {n2} ]", f"line 2 is not the {w2} count"),
+            (
+                f"{{ {is_file('stats.txt')} && [ \"$(grep -c '[^[:space:]]' stats.txt)\" = 2 ] && "
+                f"[ \"$(sed -n 1p stats.txt | tr -d '[:space:]')\" = {n1} ] && "
+                f"[ \"$(sed -n 2p stats.txt | tr -d '[:space:]')\" = {n2} ]; }}",
+                f"stats.txt does not hold exactly the two lines: the {w1} count, then the {w2} count",
+            ),
         ],
         f"{{ grep -cw {sq(w1)} {sq(src)}; grep -cw {sq(w2)} {sq(src)}; }} > stats.txt",
     )

@@ -1173,17 +1173,22 @@ def _process(b: _Builder) -> None:
         "process",
         "medium",
         "A background worker process is running; its PID is in `worker.pid`. Stop it with SIGTERM (the default "
-        "signal of `kill`) so that it can shut down cleanly.",
+        "signal of `kill`) so that it can shut down cleanly. A `monitor` process (another copy of `worker.sh`) "
+        "runs beside it and must keep running.",
+        # The monitor tells stopping the worker from signalling every process (`kill -TERM -1`), which
+        # stopped the worker cleanly too and scored 1.0 (jointrl audit's kill_all, #39 item 2).
         "\n".join(
             [
                 put("worker.sh", _WORKER),
                 _TOKEN,
                 _start_worker("worker"),
+                _start_worker("monitor"),
                 "cp /tmp/.worker-worker.pid worker.pid",
             ]
         ),
         check(
             need(_dead("worker"), "the worker is still running"),
+            need(_alive("monitor"), "the monitor did not keep running"),
             need('[ -f stopped.log ] && [ "$(wc -l < stopped.log)" = 1 ]', "the worker did not stop cleanly"),
             "read -r name tok < stopped.log",
             need(f'[ "$name" = worker ] && {token_ok}', "stopped.log was not written by the worker"),
