@@ -22,7 +22,7 @@ from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
-from rl.driver.runtime import LengthEstimate
+from rl.driver.runtime import LengthEstimate, learner_settings
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
 
@@ -96,17 +96,7 @@ class LocalRuntime:
         from rl.trainer.learner import Learner
 
         cfg = self.cfg
-        return Learner(
-            self.model_path,
-            cfg.model,
-            cfg.algo,
-            seed=cfg.run.seed,
-            threads=cfg.run.threads,
-            shm_dir=self.shm_dir,
-            total_steps=cfg.train.steps,
-            learner=cfg.learner,
-            temperature=cfg.rollout.temperature,
-        )
+        return Learner(self.model_path, cfg.model, cfg.algo, shm_dir=self.shm_dir, **learner_settings(cfg))
 
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling

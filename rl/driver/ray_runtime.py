@@ -25,6 +25,7 @@ from rewards.service import RewardFnSpec, RewardService
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
+from rl.driver.runtime import learner_settings
 from rollout.pool import RolloutPool
 
 
@@ -110,15 +111,11 @@ class RayRuntime:
             self.model_path,
             cfg.model,
             cfg.algo,
-            seed=cfg.run.seed,
-            threads=cfg.run.threads,
             shm_dir=self.shm_dir,
-            total_steps=cfg.train.steps,
             actor_options=self.placement.options("learner"),
-            learner=cfg.learner,
             deadlines=Deadlines(f.learner_step_s, f.learner_io_s, f.collective_s),
             stacks_dir=str((self.out / "stacks").resolve()),
-            temperature=cfg.rollout.temperature,
+            **learner_settings(cfg),
         )
         self.learner = group.actors[0]
         return group

@@ -17,6 +17,18 @@ from envs.types import Sampling, Task, Trajectory
 LengthEstimate = Callable[[Task], "float | None"]
 
 
+def learner_settings(cfg: Any) -> dict[str, Any]:
+    """The recipe's settings every learner rank is built with, as keyword arguments of ``Learner`` and
+    ``LearnerGroup``: one place for both runtimes, so a new learner setting reaches both."""
+    return {
+        "seed": cfg.run.seed,
+        "threads": cfg.run.threads,
+        "total_steps": cfg.train.steps,
+        "learner": cfg.learner,
+        "temperature": cfg.rollout.temperature,
+    }
+
+
 class Runtime(Protocol):
     """Generate, score, train step, sync, save, restore, restart learners, metrics; ``start`` before, ``stop``
     after (always)."""
