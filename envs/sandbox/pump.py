@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from envs.sandbox import reap
 from envs.sandbox.base import _EXIT_DRAIN_S, _KILL_WAIT_S, _READ_CHUNK, Limits, RunResult
 from envs.sandbox.reap import (
     _finish_inner,
@@ -20,10 +19,10 @@ from envs.sandbox.reap import (
     _kill_pidfd,
     _killpg,
     _live_launchers,
+    _note_bwrap_run,
     _open_inner,
     _pidfd_open,
     _registry_lock,
-    _sweep_orphans,
 )
 
 logger = logging.getLogger("envs.sandbox")
@@ -286,10 +285,7 @@ def _finish(run: _Running) -> None:
             _live_launchers.discard(proc.pid)
     if run.spec.bwrap:
         _finish_inner(run.inner)
-        reap._runs_since_sweep += 1
-        if run.inner is None or reap._runs_since_sweep >= 100:
-            reap._runs_since_sweep = 0
-            _sweep_orphans()
+        _note_bwrap_run(sweep_now=run.inner is None)
 
 
 def _result(run: _Running, timed_out: bool, duration: float) -> RunResult:
