@@ -172,31 +172,35 @@ def _register(sel: selectors.BaseSelector, run: _Running) -> None:
             run.proc.stdin.close()
 
 
+def _read_ready(sel: selectors.BaseSelector, fd: int) -> bytes | None:
+    """One read of ready ``fd``: None when it has nothing after all; ``b""`` at its end or on an error,
+    when ``fd`` is unregistered from ``sel``."""
+    try:
+        data = os.read(fd, _READ_CHUNK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        data = b""
+    if not data:
+        sel.unregister(fd)
+    return data
+
+
 def _on_ready(sel: selectors.BaseSelector, key: selectors.SelectorKey, stopping: bool) -> None:
     """Handle one ready fd: read output, read bwrap's info report, write stdin."""
     tag, run, cap = key.data
     if tag == "out":
         for _ in range(16):
-            try:
-                data = os.read(key.fd, _READ_CHUNK)
-            except BlockingIOError:
+            data = _read_ready(sel, key.fd)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
-                sel.unregister(key.fd)
                 cap.open = False
                 return
             cap.feed(data)
     elif tag == "info":
-        try:
-            data = os.read(key.fd, _READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
+        data = _read_ready(sel, key.fd)
         if not data:
-            sel.unregister(key.fd)
             return
         run.info_buf += data
         if run.inner is None:
