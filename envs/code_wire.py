@@ -131,8 +131,8 @@ def loads(line):
 
 def error_text(e, files, where=""):
     """The text of exception ``e`` that a program sends to the host: its last three frames in ``files``
-    (file names), the exception line, then ``where``; at most 1500 characters. Where even the exception
-    line cannot be formatted, the type's name stands in: it never raises."""
+    (file names), the exception line, then ``where``; at most 1500 characters. Where the exception line
+    cannot be formatted (a hostile ``__str__`` is handled by ``traceback`` itself), the type's name stands in."""
     import traceback
 
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in files]
