@@ -15,26 +15,19 @@ from rl.algos.estimators import ESTIMATORS
 from rl.config.algo import (
     AlgoConfig,
     DiscountConfig,
-    GRPOConfig,
+    GroupAlgoConfig,
     LossConfig,
     PPOConfig,
     ReinforcePPConfig,
     ReturnsConfig,
     UserAlgoConfig,
     algo_arm,
-    tag_of,
+    tags_of,
 )
 from rl.config.docgen import field_docs, recipe_reference
 from rl.config.fields import FieldError
-from rl.config.recipe import (
-    OLD_NORMALIZATIONS,
-    RENAMED,
-    Recipe,
-    RecipeError,
-    load_recipe,
-    recipe_to_dict,
-    validate_recipe,
-)
+from rl.config.migrations import OLD_NORMALIZATIONS, RENAMED
+from rl.config.recipe import Recipe, RecipeError, load_recipe, recipe_to_dict, validate_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,12 +47,13 @@ def _error(tmp_path: Path, text: str, overrides: list[str] | None = None) -> str
 def test_each_registered_estimator_has_its_arm() -> None:
     for name, est in ESTIMATORS.items():
         arm = algo_arm(name)
-        assert tag_of(arm) == name and type(AlgoConfig(name=name)) is arm
+        assert name in tags_of(arm) and type(AlgoConfig(name=name)) is arm
         shared = {f.name for f in dataclasses.fields(AlgoConfig)}
         own = {f.name for f in dataclasses.fields(arm)} - shared
         assert own == set(est.sections), f"{name}: the arm's own sections {own} are not {est.sections}"
     assert algo_arm("my_pkg.mod.Estimator") is UserAlgoConfig
-    assert isinstance(AlgoConfig(), GRPOConfig) and AlgoConfig().name == "grpo"
+    assert isinstance(AlgoConfig(), GroupAlgoConfig) and AlgoConfig().name == "grpo"
+    assert type(AlgoConfig(name="rloo")) is GroupAlgoConfig and AlgoConfig(name="rloo").name == "rloo"
     ppo = AlgoConfig(name="ppo", returns=ReturnsConfig(lam=0.9))
     assert isinstance(ppo, PPOConfig) and ppo.returns.lam == 0.9 and ppo.critic.vf_coef == 0.5
     assert dataclasses.replace(ppo, kl=ppo.kl) == ppo  # replace keeps the arm

@@ -7,15 +7,16 @@ with an estimator named by dotted path (``UserAlgoConfig``, which also carries `
 ``returns`` for a user class that declares them in its ``sections``). A key of another arm is an
 unknown recipe key, named with its line like any other, and the error says which algorithms have it.
 
-``AlgoConfig(name=..., ...)`` builds the arm ``name`` chooses (``GRPOConfig`` for ``grpo``, ...),
+``AlgoConfig(name=..., ...)`` builds the arm ``name`` chooses (``PPOConfig`` for ``ppo``, ...),
 so code builds an algorithm's settings as a recipe does; ``build`` picks the arm the same way
 (``Section.arm_for``). Each arm resolves ``algo.loss.agg: auto`` to its estimator's own aggregation
 (``Estimator.default_agg``) when it is built, the one place that default is resolved: every reader
 (the learner, the policy losses, ``validate --print``) sees the resolved value.
 
-The tags are the names of the estimator registry (``rl.algos.estimators.ESTIMATORS``); a test
-checks that each registered estimator has its arm and that the arm's own sections are the ones
-the estimator declares (``Estimator.sections``).
+The tags are the names of the estimator registry (``rl.algos.estimators.ESTIMATORS``); the group
+baselines (grpo, dr_grpo, rloo), which have no settings of their own, share one arm. A test checks
+that each registered estimator has its arm and that the arm's own sections are the ones the
+estimator declares (``Estimator.sections``).
 """
 
 from __future__ import annotations
@@ -38,15 +39,13 @@ __all__ = [
     "UpdateConfig",
     "RewardNormConfig",
     "AlgoConfig",
-    "GRPOConfig",
-    "DrGRPOConfig",
-    "RLOOConfig",
+    "GroupAlgoConfig",
     "ReinforcePPConfig",
     "PPOConfig",
     "UserAlgoConfig",
     "algo_arm",
     "algo_arms",
-    "tag_of",
+    "tags_of",
 ]
 
 
@@ -147,7 +146,7 @@ class DiscountConfig(Section):
     gamma: float = knob(1.0, "discount per policy token", ge=0, le=1)
 
     @classmethod
-    def key_hint(cls, key: str) -> str:
+    def key_hint(cls, key: str, data: dict) -> str:
         return " (GAE's lambda: a setting of ppo)" if key == "lam" and cls is DiscountConfig else ""
 
 
@@ -231,19 +230,22 @@ class AlgoConfig(Section):
         return algo_arm(data.get("name", DEFAULT_ALGO)) if cls is AlgoConfig else cls
 
     @classmethod
-    def key_hint(cls, key: str) -> str:
-        have = [tag_of(arm) or "an estimator named by dotted path" for arm in algo_arms() if key in _own_fields(arm)]
+    def key_hint(cls, key: str, data: dict) -> str:
+        have = [
+            " and ".join(tags_of(arm)) or "an estimator named by dotted path"
+            for arm in algo_arms()
+            if key in _own_fields(arm)
+        ]
         if not have:
             return ""
-        this = f"algo.name {tag_of(cls)}" if tag_of(cls) else "an estimator named by dotted path"
+        this = f"algo.name {data.get('name', DEFAULT_ALGO)}" if tags_of(cls) else "an estimator named by dotted path"
         listed = ", ".join(have[:-1]) + (" and " if len(have) > 1 else "") + have[-1]
         return f" ({this} has no {key}: it is a setting of {listed})"
 
 
-def tag_of(arm: type) -> str:
-    """The estimator name an arm is for: its ``name: Literal[...]`` ("" for the dotted-path arm)."""
-    args = typing.get_args(hints(arm)["name"])
-    return args[0] if args else ""
+def tags_of(arm: type) -> tuple[str, ...]:
+    """The estimator names an arm is for: its ``name: Literal[...]`` (none for the dotted-path arm)."""
+    return typing.get_args(hints(arm)["name"])
 
 
 def _own_fields(arm: type) -> list[str]:
@@ -252,36 +254,19 @@ def _own_fields(arm: type) -> list[str]:
     return [f.name for f in dataclasses.fields(arm) if f.name not in shared]
 
 
-def _tag(name: str) -> str:
-    return f"algo.name {name}: the registered estimator of that name"
-
-
 @dataclass(frozen=True)
-class GRPOConfig(AlgoConfig):
-    """GRPO: the group z-score."""
+class GroupAlgoConfig(AlgoConfig):
+    """The group baselines, with no settings of their own: grpo (the group z-score), dr_grpo (the group mean;
+    its loss sums tokens over a constant, algo.loss.norm_tokens), rloo (leave-one-out; groups of 2 or more)."""
 
-    name: Literal["grpo"] = knob("grpo", _tag("grpo"))
-
-
-@dataclass(frozen=True)
-class DrGRPOConfig(AlgoConfig):
-    """Dr.GRPO: the group mean as baseline; its loss sums tokens over a constant (algo.loss.norm_tokens)."""
-
-    name: Literal["dr_grpo"] = knob("dr_grpo", _tag("dr_grpo"))
-
-
-@dataclass(frozen=True)
-class RLOOConfig(AlgoConfig):
-    """RLOO: the leave-one-out group baseline (groups of 2 or more)."""
-
-    name: Literal["rloo"] = knob("rloo", _tag("rloo"))
+    name: Literal["grpo", "dr_grpo", "rloo"] = knob(DEFAULT_ALGO, "algo.name: one of the group-baseline estimators")
 
 
 @dataclass(frozen=True)
 class ReinforcePPConfig(AlgoConfig):
     """REINFORCE++: the batch baseline; with a per-token KL penalty, the discounted return-to-go."""
 
-    name: Literal["reinforce_pp"] = knob("reinforce_pp", _tag("reinforce_pp"))
+    name: Literal["reinforce_pp"] = knob("reinforce_pp", "algo.name: the REINFORCE++ estimator")
     returns: DiscountConfig = knob(doc="discount of the return-to-go", factory=DiscountConfig)
 
 
@@ -289,7 +274,7 @@ class ReinforcePPConfig(AlgoConfig):
 class PPOConfig(AlgoConfig):
     """PPO: a critic, and GAE on its values."""
 
-    name: Literal["ppo"] = knob("ppo", _tag("ppo"))
+    name: Literal["ppo"] = knob("ppo", "algo.name: the PPO estimator")
     critic: CriticConfig = knob(doc="the value model", factory=CriticConfig)
     returns: ReturnsConfig = knob(doc="discount and GAE lambda", factory=ReturnsConfig)
 
@@ -312,7 +297,7 @@ class UserAlgoConfig(AlgoConfig):
 
 
 _ARMS: dict[str, type[AlgoConfig]] = {
-    tag_of(arm): arm for arm in (GRPOConfig, DrGRPOConfig, RLOOConfig, ReinforcePPConfig, PPOConfig)
+    tag: arm for arm in (GroupAlgoConfig, ReinforcePPConfig, PPOConfig) for tag in tags_of(arm)
 }
 
 
@@ -323,4 +308,4 @@ def algo_arm(name: Any) -> type[AlgoConfig]:
 
 def algo_arms() -> list[type[AlgoConfig]]:
     """Every arm of the union, the registered estimators' first (the docs list them in this order)."""
-    return [*_ARMS.values(), UserAlgoConfig]
+    return [*dict.fromkeys(_ARMS.values()), UserAlgoConfig]

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from rl.config import schema as config_module
-from rl.config.algo import tag_of
+from rl.config.algo import tags_of
 from rl.config.fields import bounds_text, doc_of, hints
 
 __all__ = ["recipe_reference", "field_docs", "reference_path", "main"]
@@ -162,8 +162,8 @@ def _section(title: str, cls: type, prefix: str, doc: str, level: str = "##") ->
 
 def _arm(title: str, arm: type, prefix: str, shared: list[str]) -> list[str]:
     """One arm of a tagged union: its tag, its doc, and the keys it has beyond the ``shared`` ones."""
-    tag = tag_of(arm)
-    out = ["", f"### `{title}` with `name: {tag or 'pkg.module.Class'}` ({arm.__name__})", ""]
+    tags = " | ".join(tags_of(arm)) or "pkg.module.Class"
+    out = ["", f"### `{title}` with `name: {tags}` ({arm.__name__})", ""]
     if _doc_of(arm):
         out += [_doc_of(arm), ""]
     own = [f.name for f in dataclasses.fields(arm) if f.name not in shared]

@@ -131,8 +131,9 @@ class Section:
         return cls
 
     @classmethod
-    def key_hint(cls, key: str) -> str:
-        """Words added to the "unknown recipe key" error for ``key`` (a key another arm of a union has)."""
+    def key_hint(cls, key: str, data: dict) -> str:
+        """Words added to the "unknown recipe key" error for ``key`` in ``data`` (a key another arm of a union
+        has)."""
         return ""
 
 
@@ -195,7 +196,7 @@ def build(tp: Any, data: Any, path: str = "", *, renamed: dict[str, str] | None 
                 became_section = isinstance(data[k], dict) and renamed.get(gkey, "").startswith(gkey + ".")
                 if gkey in renamed and not became_section:
                     raise FieldError(key, f"recipe key '{key}' moved to '{renamed[gkey]}'")
-                hint = tp.key_hint(k) if issubclass(tp, Section) else ""
+                hint = tp.key_hint(k, data) if issubclass(tp, Section) else ""
                 raise FieldError(key, f"unknown recipe key '{key}'{hint}; valid keys here: {', '.join(names)}")
         kwargs = {k: build(hints(tp)[k], v, _join(path, k), renamed=renamed) for k, v in data.items()}
         try:
