@@ -34,14 +34,15 @@ TOP = {"envs": set(), "rollout": {"envs"}, "rewards": {"envs"}, "rl": {"envs", "
 LAYERS = [("rl.cli",), ("rl.driver",), ("rl.trainer",), ("rl.data", "rl.algos"), ("rl.config",)]
 # (importing module, imported module) pairs that go up, on purpose.
 ALLOWED = {
-    # The recipe checks algo.name and each estimator's own config section against the estimator
-    # registry (an estimator owns its section: #16 item 2), at validate time, inside functions.
-    ("rl.config.recipe", "rl.algos.estimators"),
+    # An algo arm resolves algo.loss.agg: auto to its estimator's default_agg (the registry), when built; the
+    # cross-section rules ask the estimator object what it needs, at validate time; inside functions.
+    ("rl.config.algo", "rl.algos.estimators"),
+    ("rl.config.rules", "rl.algos.estimators"),
     # Likewise algo.loss.policy and algo.loss.kwargs against the policy-loss registry (#40 item 2).
-    ("rl.config.recipe", "rl.algos.policy_losses"),
+    ("rl.config.rules", "rl.algos.policy_losses"),
     # validate_recipe checks learner.allocator: jemalloc against the installed library (jemalloc_path: stdlib
     # only, no torch), so a missing library fails at validate time naming the key, before anything starts.
-    ("rl.config.recipe", "rl.trainer.memory"),
+    ("rl.config.validate", "rl.trainer.memory"),
 }
 # Import cycles inside a package that stay, each as the (importing module, imported module) import that
 # closes it: the cycle check leaves that import out of the graph, so any other cycle still fails.
