@@ -267,3 +267,86 @@ def test_seed_report_draws_one_held_out_line_per_seed_and_domain(tmp_path):
     assert re.findall(r'<path class="series" data-name="([^"]+)"', html) == ["seed 0", "seed 1"] * 2
     assert "no metrics.jsonl: seed 9 &lt;failed&gt;" in html and "| a | &lt;b&gt; |" in html
     assert "<title>seed 1 step 2: 0.1</title>" in html
+
+
+def test_precision_auto_is_timed_once_and_pinned_for_every_seed(recipe_copy, monkeypatch):
+    """``learner.precision: auto`` picks by timing (a loaded host could pick differently per seed): the sweep
+    resolves it once and passes the result to every run; a recipe without ``auto`` or on a Ray cluster
+    elsewhere gets nothing."""
+    from rl.config.recipe import load_recipe
+    from rl.trainer import precision
+
+    from bench.seeds import pinned_precision
+
+    monkeypatch.setattr(precision, "pick", lambda device, seconds=0.4: precision.Choice(False, 100.0, 20.0))
+    auto = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
+    keys, note = pinned_precision(auto, local=True)
+    assert keys == [
+        "learner.precision=manual",
+        "model.autocast=false",
+        "model.engine_dtype=float32",
+        "model.reference_dtype=float32",
+    ]
+    assert "fp32" in note and "engine_dtype auto: float32" in note
+    load_recipe(recipe_copy("tiny.yaml"), keys)  # every pinned key is a valid override
+    assert pinned_precision(load_recipe(recipe_copy("tiny.yaml")), local=True) == ([], "")
+    cluster = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "run.ray_address=ray://h:10001"])
+    assert pinned_precision(cluster, local=False) == ([], "")
+
+
+def test_every_seed_runs_with_the_users_and_the_pinned_overrides(recipe_copy, tmp_path, monkeypatch, capsys):
+    import bench.seeds as seeds
+
+    seen = []
+
+    def fake_run_seed(recipe, seed, out, overrides, local, in_process):
+        seen.append((seed, list(overrides), local, in_process))
+        return SeedRun(seed, str(out / f"seed_{seed}"), "failed", 0.1, 2, "stand-in (exit 2)")
+
+    monkeypatch.setattr(seeds, "pinned_precision", lambda cfg, local: (["learner.precision=manual"], "pinned"))
+    monkeypatch.setattr(seeds, "run_seed", fake_run_seed)
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    out = tmp_path / "sweep"
+    argv = [str(recipe_copy("tiny.yaml")), "train.steps=2", "--seeds", "3,1", "--local", "--out", str(out)]
+    assert main(argv) == 3, "every seed failed"
+    assert seen == [(s, ["train.steps=2", "learner.precision=manual"], True, False) for s in (3, 1)]
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [(r["seed"], r["status"], r["cause"]) for r in doc["runs"]] == [
+        (3, "failed", "stand-in (exit 2)"),
+        (1, "failed", "stand-in (exit 2)"),
+    ]
+    assert "no finished seed holds a held-out evaluation" in capsys.readouterr().out
+    assert (out / "report.html").is_file() and (out / "RESULTS-section.md").is_file()
+
+
+def test_seesaw_seeds_mode_trains_each_configuration_once_per_seed(tmp_path, monkeypatch, capsys):
+    """``--seeds``: one shared base run, then every configuration once per seed into ``<config>/seed_<S>`` with
+    ``run.seed`` and the pinned precision; the report reads them back."""
+    import bench.seesaw as seesaw
+
+    calls = []
+
+    def fake_train(config, out, steps, eval_limit, extra, at_start=False, seed=None):
+        calls.append((config, out.relative_to(tmp_path).as_posix(), seed, list(extra)))
+        rewards = {f"c{i}": float(config != "base" and i < 2 + (seed or 0)) for i in range(4)}
+        _write_run(out, 0 if config == "base" else steps, {"code": rewards})
+        return 1.0
+
+    monkeypatch.setattr(seesaw, "train", fake_train)
+    monkeypatch.setattr("bench.seeds.pinned_precision", lambda cfg, local: (["learner.precision=manual"], "fp32"))
+    argv = ["--out", str(tmp_path), "--configs", "joint_fixed,single_code", "--seeds", "0,1", "--steps", "2"]
+    assert seesaw.main([*argv, "--no-write"]) == 0
+    pinned = ["learner.precision=manual"]
+    assert calls == [
+        ("base", "base", None, pinned),
+        ("joint_fixed", "joint_fixed/seed_0", 0, pinned),
+        ("joint_fixed", "joint_fixed/seed_1", 1, pinned),
+        ("single_code", "single_code/seed_0", 0, pinned),
+        ("single_code", "single_code/seed_1", 1, pinned),
+    ]
+    out = capsys.readouterr().out
+    # gains 0.5 (diffs 1,1,0,0) and 0.75 (1,1,1,0): mean 0.625, SD 0.177; joint - single 0 in both seeds
+    assert "| joint_fixed | +0.625 ± 0.177 (1 of 2 > 2 SE) | - | - |" in out
+    assert "on code, joint vs single_code: no change" in out
+    seeded = [c for c in calls if c[2] is not None]
+    assert all(seesaw.run_name(c, s) == d for c, d, s, _ in seeded)

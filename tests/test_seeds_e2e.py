@@ -45,14 +45,19 @@ def sweep(tmp_path_factory):
         mp.setattr(LocalRuntime, "train_step", train_step)
         mp.setattr("bench._results.machine", lambda: "test host")  # torch and vllm versions: slow imports
         with redirect_stderr(err), redirect_stdout(out):
-            code = main([str(recipe), "--seeds", "0,1,2", "--local", "--in-process", "--out", str(tmp / "sweep")])
+            argv = [str(recipe), "--seeds", "0,1,2", "--local", "--in-process", "--out", str(tmp / "sweep")]
+            code = main(argv)
             again = run_seed(recipe, 0, tmp / "again", [], local=True, in_process=True)
+            first_json = (tmp / "sweep" / "sweep.json").read_text()
+            kept_code = main([*argv, "--keep-done"])  # seeds 0 and 1 kept, seed 2 trained (and failing) again
     return {
         "code": code,
         "err": err.getvalue(),
         "out": out.getvalue(),
         "dir": tmp / "sweep",
         "again": again,
+        "first_json": first_json,
+        "kept_code": kept_code,
         "recipe": recipe,
     }
 
@@ -65,13 +70,20 @@ def _rollouts(run: Path, split: str, step: int) -> list[dict]:
 def test_a_failed_seed_is_named_and_the_finished_ones_are_reported(sweep):
     assert sweep["code"] == 3, sweep["err"]
     lines = [x for x in sweep["err"].splitlines() if "failed:" in x]
-    assert len(lines) == 1, sweep["err"]
     assert re.search(
         r"tiny_seeds\.yaml, seed 2: failed: .*RuntimeError: injected: the learner of seed 2 died.*\(exit 3\)", lines[0]
     )
     d = sweep["dir"]
     doc = json.loads((d / "sweep.json").read_text())
-    assert [(r["seed"], r["status"]) for r in doc["runs"]] == [(0, "done"), (1, "done"), (2, "failed")]
+    assert [(r["seed"], r["status"]) for r in json.loads(sweep["first_json"])["runs"]] == [
+        (0, "done"),
+        (1, "done"),
+        (2, "failed"),
+    ]
+    # --keep-done kept the two finished seeds (same numbers) and trained seed 2 again
+    assert sweep["kept_code"] == 3 and len([x for x in sweep["err"].splitlines() if "failed:" in x]) == 2
+    assert [(r["seed"], r["status"]) for r in doc["runs"]] == [(0, "kept"), (1, "kept"), (2, "failed")]
+    assert doc["per_seed"] == json.loads(sweep["first_json"])["per_seed"]
     assert sorted(doc["per_seed"]["tool_call"]) == ["0", "1"], "the failed seed is in no statistic"
     assert doc["across"]["tool_call"]["k"] == 2
     section = (d / "RESULTS-section.md").read_text()
@@ -168,3 +180,46 @@ def test_the_learners_random_initialization_follows_the_seed(tiny_model_path, tm
     assert all(not a0[k].equal(a1[k]) for k in a0), "another seed, other adapters"
     assert all(a0[k].equal(a0b[k]) for k in a0), "the same seed, the same adapters"
     assert not h0.any() and not h1.any() and not h0b.any()
+
+
+@pytest.mark.slow
+def test_the_command_runs_seeds_in_child_processes_and_a_seed_repeats_across_processes(tmp_path, recipe_copy):
+    """``bench/seeds.py`` as a command, its default mode (each seed its own ``jointrl train`` process), two seeds at
+    once (``--parallel 2``); then seed 0 again in a process with another ``PYTHONHASHSEED``: the same samples and
+    the same metrics (hash order of sets and dicts does not leak into a run)."""
+    import os
+    import subprocess
+
+    (tmp_path / "parity_reward.py").write_text(PARITY)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        recipe = Path(_cfg(recipe_copy, out="tiny_seeds", train={"steps": 2}).source)
+    finally:
+        sys.path.remove(str(tmp_path))
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(tmp_path)])}
+
+    def sweep(seeds: str, out: str, hashseed: str, *extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, str(root / "bench" / "seeds.py"), str(recipe), "--seeds", seeds, "--local"]
+        return subprocess.run(
+            [*cmd, "--out", str(tmp_path / out), *extra],
+            env={**env, "PYTHONHASHSEED": hashseed},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    p = sweep("0,1", "a", "1", "--parallel", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| tool_call |" in p.stdout and (tmp_path / "a" / "report.html").is_file()
+    q = sweep("0", "b", "2")
+    assert q.returncode == 0, q.stderr[-3000:]
+    first, second = tmp_path / "a" / "seed_0", tmp_path / "b" / "seed_0"
+    keys = ("step", "split", "task_id", "group", "response", "reward", "response_tokens")
+    rows = [[[r[k] for k in keys] for r in _rollouts(d, "train", 1)] for d in (first, second)]
+    assert rows[0] == rows[1] and rows[0]
+    want, got = comparable_steps(first / "metrics.jsonl"), comparable_steps(second / "metrics.jsonl")
+    for s in (1, 2):
+        assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-7), f"step {s} differs"
+    other = [[r[k] for k in keys] for r in _rollouts(tmp_path / "a" / "seed_1", "train", 1)]
+    assert other != rows[0]
