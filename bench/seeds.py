@@ -33,7 +33,8 @@ draw a token from ``/dev/urandom`` in their setup differ on every run by design.
 Bad input (exit 2, nothing trained): a seed list that is not distinct integers, a recipe that does not
 load or validate, one without ``data.eval_files``, ``train.eval_at_start=false`` or ``run.seed`` among
 the overrides. A seed whose run fails is reported as ``recipe, seed, cause`` and the sweep goes on;
-the finished seeds are analysed and reported; the exit code is then 3.
+the finished seeds are analysed and reported; the exit code is then 3. Ctrl-C starts no further seed:
+the run under way checkpoints its last step and stops, the finished seeds are reported, exit 130.
 
     .venv/bin/python bench/seeds.py recipes/joint_rl.yaml --seeds 0,1,2             # one after another
     .venv/bin/python bench/seeds.py recipes/joint_rl.yaml --seeds 0,1,2 --parallel 3 # three at once
@@ -45,6 +46,10 @@ of one (``run.threads`` and ``cluster`` among the overrides share them out); on 
 ``--in-process`` (with ``--local``, one at a time) runs each seed in this process: no interpreter and
 torch start-up per seed, for small models and tests. ``--keep-done`` keeps seeds whose run finished
 (``DONE``) and trains the rest; ``--from-runs`` only analyses ``--out``.
+
+A bench script rather than a ``jointrl`` subcommand: its statistics are ``bench/seesaw.py``'s (the
+product's packages import nothing of ``bench/``, tests/test_layering.py), its output is a section of
+``bench/RESULTS.md`` (``bench/_results.py``), and each seed is a plain ``jointrl train``.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ sys.path.insert(0, str(ROOT))
 from bench.seesaw import eval_rewards, paired, records, verdict  # noqa: E402
 
 Evaluation = dict[str, dict[str, float]]  # {domain: {task_id: reward}}
+INTERRUPTED = 130  # jointrl train's exit code after Ctrl-C / SIGTERM
 
 
 class SweepError(Exception):
@@ -197,9 +203,16 @@ def _run_subprocess(argv: list[str], log: Path) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     with log.open("w") as f:
-        return subprocess.run(
-            [sys.executable, "-m", "rl.cli.main", *argv], stdout=f, stderr=subprocess.STDOUT, env=env
-        ).returncode
+        p = subprocess.Popen([sys.executable, "-m", "rl.cli.main", *argv], stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            return p.wait()
+        except KeyboardInterrupt:  # Ctrl-C reached the run too: it checkpoints its last step and exits 130
+            try:
+                return p.wait()
+            except KeyboardInterrupt:  # a second Ctrl-C: now
+                p.kill()
+                p.wait()
+                raise
 
 
 def _run_in_process(argv: list[str], log: Path) -> int:
@@ -264,19 +277,32 @@ def sweep(
     parallel: int = 1,
     keep_done: bool = False,
 ) -> list[SeedRun]:
-    """Every seed's run, in seed order: trained (``parallel`` at a time) or kept (``keep_done``)."""
+    """Every seed's run, in seed order: trained (``parallel`` at a time) or kept (``keep_done``). Ctrl-C (a run
+    that exits 130, or the signal here) starts no further seed; the runs under way stop on their own signal
+    and come back failed, the seeds never started as ``not run``."""
     kept = {s: r for s in seeds if keep_done and (r := finished(out, s)) is not None}
     todo = [s for s in seeds if s not in kept]
 
     def one(s: int) -> SeedRun:
         return run_seed(recipe, s, out, overrides, local, in_process)
 
+    done: dict[int, SeedRun] = {}
     if parallel <= 1:  # in this thread: a run's signal handlers (Ctrl-C, SIGTERM) need the main thread
-        done = {s: one(s) for s in todo}
+        for s in todo:
+            done[s] = one(s)
+            if done[s].exit_code == INTERRUPTED:
+                break
     else:
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            done = dict(zip(todo, pool.map(one, todo)))
-    return [kept.get(s) or done[s] for s in seeds]
+            futures = {s: pool.submit(one, s) for s in todo}
+            try:
+                done = {s: f.result() for s, f in futures.items()}
+            except KeyboardInterrupt:
+                for f in futures.values():
+                    f.cancel()
+                done = {s: f.result() for s, f in futures.items() if not f.cancelled()}
+    never = "not run: the sweep was interrupted"
+    return [kept.get(s) or done.get(s) or SeedRun(s, str(seed_dir(out, s)), "failed", cause=never) for s in seeds]
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -467,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(recipe: Path, out: Path, runs: list[SeedRun], meta: dict[str, Any], write: bool) -> int:
     """Read each finished seed's evaluations (a run whose records do not read counts as failed), then write
-    ``sweep.json``, ``RESULTS-section.md`` and ``report.html``; 0 when every seed finished, else 3."""
+    ``sweep.json``, ``RESULTS-section.md`` and ``report.html``; 0 when every seed finished, 130 when the sweep
+    was interrupted, else 3."""
     from bench._results import cpu_model, section, write_section
     from rl.cli.report import write_seed_report
 
@@ -500,6 +527,8 @@ def report(recipe: Path, out: Path, runs: list[SeedRun], meta: dict[str, Any], w
     )
     print(body)
     print(f"seeds: wrote {out / 'RESULTS-section.md'}, {out / 'sweep.json'}, {html}", file=sys.stderr)
+    if any(r.exit_code == INTERRUPTED or r.cause.startswith("not run") for r in runs):
+        return INTERRUPTED
     return 3 if any(r.status == "failed" for r in runs) else 0
 
 

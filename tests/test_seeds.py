@@ -350,3 +350,23 @@ def test_seesaw_seeds_mode_trains_each_configuration_once_per_seed(tmp_path, mon
     assert "on code, joint vs single_code: no change" in out
     seeded = [c for c in calls if c[2] is not None]
     assert all(seesaw.run_name(c, s) == d for c, d, s, _ in seeded)
+
+
+def test_an_interrupted_run_starts_no_further_seed_and_the_sweep_exits_130(recipe_copy, tmp_path, monkeypatch):
+    import bench.seeds as seeds
+
+    started = []
+
+    def fake_run_seed(recipe, seed, out, overrides, local, in_process):
+        started.append(seed)
+        return SeedRun(seed, str(out / f"seed_{seed}"), "failed", 1.0, 130, "jointrl: interrupted (exit 130)")
+
+    monkeypatch.setattr(seeds, "run_seed", fake_run_seed)
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    out = tmp_path / "sweep"
+    assert main([str(recipe_copy("tiny.yaml")), "--seeds", "0,1,2", "--local", "--out", str(out)]) == 130
+    assert started == [0], "no seed starts after Ctrl-C"
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [r["cause"] for r in doc["runs"]] == ["jointrl: interrupted (exit 130)"] + [
+        "not run: the sweep was interrupted"
+    ] * 2
