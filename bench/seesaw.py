@@ -37,7 +37,9 @@ gain's mean ± sample SD across seeds and how many seeds cleared two paired SE; 
 single-domain run, per seed on the final rewards, as mean ± SD across seeds with a verdict on the
 across-seed standard error (SD / sqrt(seeds)): joint loses a domain beyond run-to-run noise only where
 that mean is below minus two of them. ``--section-out FILE`` writes the RESULTS.md section to FILE
-instead of RESULTS.md (either mode).
+instead of RESULTS.md (either mode). A run that fails is named with its cause and left out, the others
+go on and are reported (exit 3); a failed base run ends the bench. Runs that train pin
+``learner.precision: auto`` once for all (``bench/seeds.py``'s ``pinned_precision``).
 
     .venv/bin/python bench/seesaw.py --steps 8            # base + 5 runs; ~3 h on 2 AMD EPYC cores (base + 4: 2 h 24 min)
     .venv/bin/python bench/seesaw.py --steps 8 --seeds 0,1,2 --configs joint_fixed,single_code,single_terminal,single_tool_call
@@ -350,6 +352,15 @@ def render_seeds(result: dict[str, Any], meta: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------- running
 
 
+class RunFailed(RuntimeError):
+    """A ``jointrl train`` run that exited non-zero: its exit code and output (the message shows the last 30 lines)."""
+
+    def __init__(self, config: str, code: int, output: str) -> None:
+        tail = "\n".join(output.splitlines()[-30:])
+        super().__init__(f"{config}: jointrl train exited {code}:\n{tail}")
+        self.code, self.output = code, output
+
+
 def train(
     config: str,
     out: Path,
@@ -383,8 +394,7 @@ def train(
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        tail = "\n".join((p.stdout + p.stderr).splitlines()[-30:])
-        raise RuntimeError(f"{config}: jointrl train exited {p.returncode}:\n{tail}")
+        raise RunFailed(config, p.returncode, p.stdout + p.stderr)
     (out / "seesaw_wall_s.txt").write_text(f"{wall:.1f}\n")
     return wall
 
@@ -415,9 +425,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _train_all(args: argparse.Namespace, out: Path, jobs: list[tuple[str, int | None]]) -> dict[str, float]:
-    """Train each (config, seed) of ``jobs`` that ``--from-runs``/``--keep-done`` leave; every wall time known."""
-    wall = {}
+def _train_all(
+    args: argparse.Namespace, out: Path, jobs: list[tuple[str, int | None]]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Train each (config, seed) of ``jobs`` that ``--from-runs``/``--keep-done`` leave; (every wall time known,
+    ``{run: cause}`` of the runs that failed). A failed run is named and the others go on; a failed base
+    (nothing to compare against) ends the bench."""
+    from bench.seeds import failure_cause
+
+    wall, failed = {}, {}
     for c, seed in jobs:
         name = run_name(c, seed)
         run_dir = out / name
@@ -425,10 +441,16 @@ def _train_all(args: argparse.Namespace, out: Path, jobs: list[tuple[str, int | 
         if not args.from_runs and not (args.keep_done and done):
             steps = 0 if c == "base" else args.steps
             print(f"seesaw: training {name} ({steps} steps)...", file=sys.stderr, flush=True)
-            wall[name] = train(c, run_dir, steps, args.eval_limit, args.extra, at_start=c == "base", seed=seed)
+            try:
+                wall[name] = train(c, run_dir, steps, args.eval_limit, args.extra, at_start=c == "base", seed=seed)
+            except RunFailed as e:
+                if c == "base":
+                    raise
+                failed[name] = failure_cause(e.output, e.code)
+                print(f"seesaw: {RECIPE.name}, {name}: failed: {failed[name]}", file=sys.stderr, flush=True)
         elif done:
             wall[name] = float((run_dir / "seesaw_wall_s.txt").read_text())
-    return wall
+    return wall, failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         args.extra = [*args.extra, *pinned]
     jobs = [("base", None), *((c, s) for c in configs for s in seeds)]
     names = [run_name(c, s) for c, s in jobs]
-    wall = _train_all(args, out, jobs)
+    wall, failed = _train_all(args, out, jobs)
+    jobs = [(c, s) for c, s in jobs if run_name(c, s) not in failed]
     # Runs from before the shared base (each with its own step-0 evaluation) still read.
     if args.archive:
         print(f"seesaw: archived {', '.join(archive(out, Path(args.archive), names))}", file=sys.stderr)
@@ -472,12 +495,14 @@ def main(argv: list[str] | None = None) -> int:
         "host": hosts(out, names),
     }
     if seeds == [None]:
-        body = render(analyse({c: evals[c] for c in configs}), meta)
+        body = render(analyse({c: evals[c] for c in configs if c in evals}), meta)
         key, title = "seesaw", "Joint vs. single-domain RL, fixed vs. adaptive mixing (`bench/seesaw.py`)"
     else:
-        by_seed = {c: {s: evals[run_name(c, s)] for s in seeds if s is not None} for c in configs}
-        body = render_seeds(analyse_seeds(by_seed), {**meta, "seeds": seeds})
+        by_seed = {c: {s: evals[n] for s in seeds if (n := run_name(c, s)) in evals} for c in configs}
+        body = render_seeds(analyse_seeds({c: v for c, v in by_seed.items() if v}), {**meta, "seeds": seeds})
         key, title = "seesaw_seeds", "Joint vs. single-domain RL over seeds (`bench/seesaw.py --seeds`)"
+    if failed:
+        body += "\n\nFailed (not in the tables): " + "; ".join(f"{n}: {c}" for n, c in failed.items()) + "."
     print(body)
     from bench._results import section, write_section
 
@@ -485,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.section_out).write_text(section(key, title, body))
     elif not args.no_write:
         write_section(key, title, body)
-    return 0
+    return 3 if failed else 0
 
 
 if __name__ == "__main__":

@@ -370,3 +370,25 @@ def test_an_interrupted_run_starts_no_further_seed_and_the_sweep_exits_130(recip
     assert [r["cause"] for r in doc["runs"]] == ["jointrl: interrupted (exit 130)"] + [
         "not run: the sweep was interrupted"
     ] * 2
+
+
+def test_seesaw_names_a_failed_run_and_reports_the_others(tmp_path, monkeypatch, capsys):
+    import bench.seesaw as seesaw
+
+    def fake_train(config, out, steps, eval_limit, extra, at_start=False, seed=None):
+        if (config, seed) == ("single_code", 1):
+            raise seesaw.RunFailed(config, 3, "step 2 ...\njointrl: run stopped: step 2: engine died\n(outputs kept)\n")
+        _write_run(
+            out, 0 if config == "base" else steps, {"code": {f"c{i}": float(config != "base") for i in range(4)}}
+        )
+        return 1.0
+
+    monkeypatch.setattr(seesaw, "train", fake_train)
+    monkeypatch.setattr("bench.seeds.pinned_precision", lambda cfg, local: ([], ""))
+    argv = ["--out", str(tmp_path), "--configs", "joint_fixed,single_code", "--seeds", "0,1", "--no-write"]
+    assert seesaw.main(argv) == 3
+    captured = capsys.readouterr()
+    assert "joint_rl.yaml, single_code/seed_1: failed: step 2: engine died (exit 3)" in captured.err
+    assert "| single_code | +1.000 (one seed) (1 of 1 > 2 SE) |" in captured.out
+    assert "| joint_fixed | +1.000 ± 0.000 (2 of 2 > 2 SE) |" in captured.out
+    assert "Failed (not in the tables): single_code/seed_1: step 2: engine died (exit 3)." in captured.out
