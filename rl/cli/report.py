@@ -564,8 +564,11 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
 
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``); return its path."""
-    text = render_report(run_dir)
-    dest = Path(out) if out is not None else Path(run_dir) / "report.html"
+    return _write_html(Path(out) if out is not None else Path(run_dir) / "report.html", render_report(run_dir))
+
+
+def _write_html(dest: Path, text: str) -> Path:
+    """``text`` into ``dest`` through a temporary file (a reader never sees half a page); ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -624,10 +627,7 @@ def render_seed_report(runs: dict[str, Path], title: str, summary: str = "") -> 
 
 def write_seed_report(runs: dict[str, Path], out: str | os.PathLike[str], title: str, summary: str = "") -> Path:
     """Write ``render_seed_report`` to ``out``; return its path."""
-    dest = Path(out)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(render_seed_report(runs, title, summary), encoding="utf-8")
-    return dest
+    return _write_html(Path(out), render_seed_report(runs, title, summary))
 
 
 # ---------------------------------------------------------------------------- CLI
