@@ -1,5 +1,5 @@
 """Verifier of cron-backup-entry: exit 0 only when /etc/cron.d/backup (a regular file, mode 0644)
-holds exactly one job, daily at 02:30 as root running /usr/local/bin/backup.sh, and the script is a
+holds exactly one job, daily at 02:30 as root running /opt/backup/bin/backup.sh, and the script is a
 regular file of mode 0755 with its original content (the verifier's copy, /tests/backup.sh)."""
 
 import os
@@ -8,7 +8,7 @@ import stat
 import sys
 
 CRON = "/etc/cron.d/backup"
-SCRIPT = "/usr/local/bin/backup.sh"
+SCRIPT = "/opt/backup/bin/backup.sh"
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\s*=.*")
 
 
