@@ -49,6 +49,24 @@ def test_the_harbor_catalogue_has_the_baseline_and_the_verifier_attacks():
     assert table["forge_reward"].act(strategies.Turn(task, task.messages, 2, "DONE")) == "DONE"
 
 
+def test_every_harbor_strategy_command_is_valid_bash():
+    """Checked with ``bash -n`` (parsed, never run: they write to /logs and /tests and replace python3)."""
+    task = Task("t", "harbor", (Message("user", "Fix `/app/a b.txt`, `/srv/x` and `/app/it's.json`."),))
+    played = 0
+    for s in strategies.STRATEGIES["harbor"].values():
+        if s.name == "prompt_repeated":  # prose, not a command: the env answers it with a format reminder
+            continue
+        for n in range(1, 8):
+            text = s.act(strategies.Turn(task, task.messages, n, "DONE"))
+            if text is None or text == "DONE":
+                continue
+            cmd = _command(text) if text.startswith("```") else text
+            r = subprocess.run(["bash", "-n", "-c", cmd], capture_output=True, text=True, timeout=10)
+            assert r.returncode == 0, f"{s.name}: {r.stderr}"
+            played += 1
+    assert played >= 13
+
+
 def test_the_reference_unpacks_the_solution_and_runs_solve_sh_in_the_work_dir(tmp_path, monkeypatch):
     sol = tmp_path / "task" / "solution"
     sol.mkdir(parents=True)
