@@ -233,11 +233,13 @@ def test_approximate_bases_can_be_refused() -> None:
 # --------------------------------------------------------------------------------------
 
 
-def make_task(root: Path, dockerfile: str, files: dict[str, str] | None = None, name: str = "img-task") -> Path:
+def make_task(
+    root: Path, dockerfile: str, files: dict[str, str] | None = None, name: str = "img-task", timeout: int = 120
+) -> Path:
     d = root / name
     (d / "environment").mkdir(parents=True)
     (d / "tests").mkdir()
-    (d / "task.toml").write_text('version = "1.0"\n[environment]\nbuild_timeout_sec = 120\n')
+    (d / "task.toml").write_text(f'version = "1.0"\n[environment]\nbuild_timeout_sec = {timeout}\n')
     (d / "instruction.md").write_text("Do the thing.\n")
     (d / "tests" / "test.sh").write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
     (d / "environment" / "Dockerfile").write_text(textwrap.dedent(dockerfile))
@@ -403,6 +405,32 @@ def test_copy_of_a_missing_source_or_run_without_a_shell_names_the_line(tmp_path
     assert not list((tmp_path / "cache" / "images").glob("*"))  # failed builds publish nothing
 
 
+def test_unchanged_files_are_hard_linked_to_the_prefix_they_were_copied_from(tmp_path: Path) -> None:
+    import time
+
+    from envs.harbor.rootfs import share_unchanged
+
+    base, tree = tmp_path / "base", tmp_path / "tree"
+    (base / "d").mkdir(parents=True)
+    for name in ("same", "rewritten", "appended", "chmodded", "d/deep"):
+        (base / name).write_text(name)
+    subprocess.run(["cp", "-a", str(base), str(tree)], check=True)
+    mark = time.time_ns()
+    time.sleep(0.05)
+    (tree / "rewritten").write_text("rewritten")  # same size and content, written after the copy
+    os.utime(tree / "rewritten", ns=(0, os.lstat(base / "rewritten").st_mtime_ns))  # even with the old mtime back
+    with open(tree / "appended", "a") as f:
+        f.write("+")
+    os.chmod(tree / "chmodded", 0o600)
+    (tree / "new").write_text("new")
+    assert share_unchanged(str(tree), str(base), mark) == 2
+    ino = {n: (os.lstat(base / n).st_ino, os.lstat(tree / n).st_ino) for n in ("same", "d/deep", "rewritten")}
+    assert ino["same"][0] == ino["same"][1] and ino["d/deep"][0] == ino["d/deep"][1]
+    assert ino["rewritten"][0] != ino["rewritten"][1]
+    assert (tree / "appended").read_text() == "appended+" and (base / "appended").read_text() == "appended"
+    assert share_unchanged(str(tree), str(base), mark) == 0  # already shared
+
+
 RACE = """\
 import json, sys, time
 from envs.harbor import image
@@ -455,7 +483,7 @@ RUN jq -r .name data.json > /app/name.txt && id -u > /app/uid.txt && echo "$HOME
 
 @pytest.mark.slow
 def test_debian_image_with_apt_user_and_a_shared_prefix(tmp_path: Path) -> None:
-    t = load_task(make_task(tmp_path, DEBIAN, {"data.json": '{"name": "jointrl"}'}))
+    t = load_task(make_task(tmp_path, DEBIAN, {"data.json": '{"name": "jointrl"}'}, timeout=1800))
     img = build_image(t, cache_dir=CACHE)
     r = img.root
     assert (r / "app" / "name.txt").read_text() == "jointrl\n"
@@ -467,10 +495,13 @@ def test_debian_image_with_apt_user_and_a_shared_prefix(tmp_path: Path) -> None:
     assert img.user == "agent" and img.workdir == "/app" and img.env["PATH"].startswith("/usr/local/sbin")
     # Another task with the same FROM and leading RUNs starts from the cached prefix.
     lines: list[str] = []
-    t2 = load_task(make_task(tmp_path, DEBIAN.replace("jointrl", "x") + "RUN true\n", {"data.json": "{}"}, "other"))
+    t2 = load_task(make_task(tmp_path, DEBIAN + "RUN true\n", {"data.json": "{}"}, "other", timeout=1800))
     img2 = build_image(t2, cache_dir=CACHE, progress=lines.append)
     assert not img2.cached and any("from cached prefix" in line and "(2 steps)" in line for line in lines)
     assert not any("mmdebstrap" in line for line in lines)
+    # Its files the steps after the prefix left alone share inodes with the prefix (one copy on disk).
+    assert (img2.root / "usr" / "bin" / "jq").stat().st_nlink > 1
+    assert (img2.root / "app" / "data.json").stat().st_nlink == 1
     remove_image(img2.digest, CACHE)
 
 

@@ -18,7 +18,9 @@ The cache (``cache_dir``, else ``$JOINTRL_IMAGE_CACHE``, else ``~/.cache/jointrl
   published with one ``rename`` (atomic), so a reader sees a whole image or none.
 * ``prefixes/<key>/root``: the tree after ``FROM`` and after each ``RUN`` that comes before the first
   ``COPY``/``ADD``, keyed by the hash of the instructions so far. Tasks whose Dockerfiles start alike (same
-  ``FROM``, same leading ``RUN``s) start from the longest cached prefix: the shipped tasks build one base.
+  ``FROM``, same leading ``RUN``s) start from the longest cached prefix: the shipped tasks build one base. A
+  finished image's files that its own steps left unchanged are hard links to the prefix's (trees are never written
+  once published), so an image costs the disk space of what its steps changed.
 
 ``jointrl images ls|rm`` (``rl/cli/images.py``) lists and removes cached images. An image's tree is never written
 after it is published: episodes mount it read-only under a private copy-on-write layer (``envs.harbor.episode``).
@@ -169,7 +171,8 @@ def _tree_size(root: Path) -> int:
     for dirpath, _, filenames in os.walk(root, onerror=lambda e: None):
         for n in filenames:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, n)).st_blocks * 512
+                st = os.lstat(os.path.join(dirpath, n))
+                total += st.st_blocks * 512 if st.st_nlink == 1 else 0  # linked files are shared with a prefix
     return total
 
 
@@ -281,6 +284,8 @@ class _Builder:
         self.deadline = time.monotonic() + task.build_timeout_s
         steps = p.steps
         self.leading = next((i for i, s in enumerate(steps) if s.kind == "copy"), len(steps))
+        self.tmp.mkdir(exist_ok=True)
+        self.shared: tuple[Path, int] | None = None  # (a prefix tree equal to the build tree, since when)
         key = hashlib.sha256(f"{BUILDER_VERSION}\0{p.base.key()}\0{_mirrors_key()}".encode()).hexdigest()
         self.keys = [key]
         for s in steps[: self.leading]:
@@ -304,12 +309,21 @@ class _Builder:
             else:
                 self.say(f"{self.task.name}: from cached prefix {self.keys[start][:12]} ({start} steps)")
                 _tree(["cp", "-a", "--reflink=auto", str(self._prefix(start) / "root"), str(root)], "copying a prefix")
+                self._copied(start)
             for i in range(start, self.leading):
                 self._step(root, i)
                 if steps[i].kind == "run":
                     self._snapshot(root, i + 1)
         for i in range(max(start, self.leading), len(steps)):
             self._step(root, i)
+        if self.shared is not None:
+            base, mark_ns = self.shared
+            self._job({"op": "share", "tree": str(root), "base": str(base), "mark_ns": mark_ns})
+
+    def _copied(self, j: int) -> None:
+        """The build tree and prefix ``j`` were just made equal: files not written from now on can share inodes."""
+        self.shared = (self._prefix(j) / "root", time.time_ns())
+        time.sleep(0.05)  # later writes get a change time after the mark, whatever the kernel's clock tick
 
     def _prefix(self, j: int) -> Path:
         return self.cache / "prefixes" / self.keys[j]
@@ -328,6 +342,18 @@ class _Builder:
         except BaseException:
             _remove_tree(tmp)
             raise
+        self._copied(j)
+
+    def _job(self, job: dict, line: int = 0, text: str = "") -> None:
+        """Run ``envs.harbor.rootfs`` on a job as root of the build namespace; ImageBuildError naming the line."""
+        path = self.tmp / f"job-{time.monotonic_ns()}.json"
+        path.write_text(json.dumps(job))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), *sys.path]))
+        res = run_mapped([sys.executable, "-m", "envs.harbor.rootfs", str(path)], timeout=self.left(), env=env)
+        if res.returncode != 0:
+            said = res.output.decode("utf-8", "replace").strip()[-2000:]
+            where = f"{self.where} line {line}: {text[:80]}" if line else self.where
+            raise ImageBuildError(f"{where}: {said}")
 
     def _base(self, root: Path) -> None:
         base = self.plan.base
@@ -337,7 +363,7 @@ class _Builder:
         self.say(f"{self.task.name}: base {base.ref}: Debian {base.suite} (mmdebstrap)")
         tar = self.tmp / "base.tar"
         argv = _mmdebstrap_argv(base, str(tar))
-        status, said = _run_host(argv, self.left())
+        status, said = _run_host(argv, self.left(), self.tmp)
         if status != 0:
             raise ImageBuildError(f"{self.where}: FROM {base.ref}: mmdebstrap failed ({status}): {said}")
         root.mkdir(mode=0o755)
@@ -353,13 +379,7 @@ class _Builder:
         if s.kind == "run":
             self._run(root, s)
             return
-        job = self.tmp / f"step-{i}.json"
-        job.write_text(json.dumps({"root": str(root), "step": asdict(s), "context": str(self.task.context)}))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), *sys.path]))
-        res = run_mapped([sys.executable, "-m", "envs.harbor.rootfs", str(job)], timeout=self.left(), env=env)
-        if res.returncode != 0:
-            said = res.output.decode("utf-8", "replace").strip()[-2000:]
-            raise ImageBuildError(f"{self.where} line {s.line}: {s.text[:80]}: {said}")
+        self._job({"root": str(root), "step": asdict(s), "context": str(self.task.context)}, s.line, s.text)
 
     def _run(self, root: Path, s: Step) -> None:
         try:
@@ -377,13 +397,25 @@ class _Builder:
             raise ImageBuildError(f"{self.where} line {s.line}: {s.text[:80]}: {why}; its last output:\n{tail}")
 
 
-def _run_host(argv: list[str], timeout: float) -> tuple[int, str]:
-    """mmdebstrap on the host (it makes its own namespaces); (exit status, the end of its output)."""
+def _run_host(argv: list[str], timeout: float, tmpdir: Path) -> tuple[int, str]:
+    """mmdebstrap on the host (it makes its own namespaces), its temporary files under ``tmpdir``; (exit status, the
+    end of its output). Past ``timeout`` its whole process group is killed."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(tmpdir)),
+        start_new_session=True,
+    )
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return -9, "timed out"
-    return res.returncode, (res.stderr or res.stdout).strip()[-3000:]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.communicate()
+        return -9, "timed out (build_timeout_sec)"
+    return proc.returncode, out.decode("utf-8", "replace").strip()[-3000:]
 
 
 def _mmdebstrap_argv(base: Base, out: str) -> list[str]:

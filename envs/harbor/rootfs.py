@@ -19,7 +19,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-__all__ = ["in_root", "context_files", "context_digest", "apply_step", "lookup_user", "ContextError"]
+__all__ = ["in_root", "context_files", "context_digest", "apply_step", "lookup_user", "share_unchanged", "ContextError"]
 
 
 class ContextError(ValueError):
@@ -280,12 +280,48 @@ def apply_step(root: str, step: dict, context: str) -> None:
         tmp.unlink()
 
 
+def share_unchanged(tree: str, base: str, mark_ns: int) -> int:
+    """Hard-link the regular files of ``tree`` that are unchanged copies of ``base`` to ``base``'s; the number linked.
+
+    ``tree`` was copied from ``base`` (``cp -a``) before ``mark_ns`` (a wall-clock time in ns taken after the copy
+    and followed by a pause longer than the kernel's timestamp tick): a file whose status change time is before
+    the mark, with the same size, mode, owner and mtime as ``base``'s, has not been written since. Both trees are
+    never written after publishing (episodes write to their own copy-on-write layer), so sharing inodes only saves
+    the disk space of one copy per image.
+    """
+    linked = 0
+    for dirpath, _, filenames in os.walk(tree):
+        rel_dir = os.path.relpath(dirpath, tree)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            other = os.path.normpath(os.path.join(base, rel_dir, name))
+            try:
+                a, b = os.lstat(path), os.lstat(other)
+            except OSError:
+                continue
+            if not (stat.S_ISREG(a.st_mode) and stat.S_ISREG(b.st_mode)) or a.st_ino == b.st_ino:
+                continue
+            same = (a.st_size, a.st_mode, a.st_uid, a.st_gid, a.st_mtime_ns) == (
+                b.st_size, b.st_mode, b.st_uid, b.st_gid, b.st_mtime_ns
+            )  # fmt: skip
+            if same and a.st_ctime_ns < mark_ns:
+                tmp = os.path.join(dirpath, f".jointrl-link-{os.getpid()}")
+                os.link(other, tmp)
+                os.rename(tmp, path)
+                linked += 1
+    return linked
+
+
 def main(argv: list[str]) -> int:
-    """``python -m envs.harbor.rootfs STEP.json``: apply the step the file describes (root, step, context)."""
+    """``python -m envs.harbor.rootfs JOB.json``: apply the step the file describes (root, step, context), or with
+    ``"op": "share"`` hard-link a tree's unchanged files to its base (:func:`share_unchanged`)."""
     with open(argv[0]) as f:
         job = json.load(f)
     try:
-        apply_step(job["root"], job["step"], job["context"])
+        if job.get("op") == "share":
+            print(f"linked {share_unchanged(job['tree'], job['base'], job['mark_ns'])}")
+        else:
+            apply_step(job["root"], job["step"], job["context"])
     except (ContextError, OSError, tarfile.TarError) as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
