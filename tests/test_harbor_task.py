@@ -152,7 +152,8 @@ def test_size_strings(value: str, mb: int) -> None:
 def test_unknown_fields_are_kept_by_dotted_name_and_never_read(tmp_path: Path) -> None:
     toml = (
         'version = "1.0"\nfuture_top = 3\n[agent]\ntimeout_sec = 10\nturn_budget = 7\n'
-        '[environment]\ncpus = 1\ngpu_vendor = "x"\n[verifier]\nreward_kind = "json"\n[brand_new]\nx = 1\n'
+        '[environment]\ncpus = 1\ngpu_vendor = "x"\nskills_dir = "/s"\n[verifier]\nreward_kind = "json"\n'
+        "[brand_new]\nx = 1\n"
     )
     t = load_task(make_task(tmp_path, toml=toml))
     assert t.extra == {
@@ -160,6 +161,7 @@ def test_unknown_fields_are_kept_by_dotted_name_and_never_read(tmp_path: Path) -
         "brand_new": {"x": 1},
         "agent.turn_budget": 7,
         "environment.gpu_vendor": "x",
+        "environment.skills_dir": "/s",
         "verifier.reward_kind": "json",
     }
     assert t.agent_timeout_s == 10.0 and t.cpus == 1.0
@@ -182,6 +184,7 @@ REFUSALS = [
     ('[environment]\nhealthcheck = { command = "true" }', ["environment.healthcheck"]),
     ('[[steps]]\nname = "one"\n[[steps]]\nname = "two"', ["steps", "line 2", "multi-step"]),
     ('[task]\nname = "no-slash"', ["task.name", "org/name"]),
+    ('[verifier]\nenvironment_mode = "separate"', ["verifier.environment_mode", "line 3", "separate"]),
     ("metadata = 3", ["metadata", "table"]),
 ]
 

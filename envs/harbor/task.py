@@ -15,8 +15,9 @@ Schemas read (``HarborTask.schema`` is the version the file declares; ``"1.0"`` 
 * ``schema_version = "1.1"`` and later 1.x (``version`` is the deprecated spelling of ``schema_version``): also a
   ``[task]`` section (``name`` as ``org/name``, ``description``, ``authors``, ``keywords``), ``[verifier] env`` and
   ``user``, ``[agent] user``, ``[solution] env``, ``[environment]`` ``workdir``, ``env``, ``gpus``, ``mcp_servers``,
-  ``healthcheck``, ``skills_dir``, and ``network_mode`` (``"public"`` / ``"no-network"``), of which ``allow_internet``
-  is the deprecated spelling; ``steps`` (multi-step tasks) is refused.
+  ``healthcheck``, and ``network_mode`` (``"public"`` / ``"no-network"``), of which ``allow_internet``
+  is the deprecated spelling; ``steps`` (multi-step tasks) and a verifier in a separate environment
+  (``[verifier] environment_mode``/``environment``) are refused.
 
 A schema with another major version, or a Terminal-Bench 1 directory (``task.yaml``), is refused.
 """
@@ -202,6 +203,9 @@ def _refuse_unsupported(r: _Reader, env: dict[str, Any]) -> None:
         raise r.fail("environment.healthcheck", "health checks (services started with the image) are not supported")
     if env.get("allowed_hosts"):
         raise r.fail("environment.allowed_hosts", "a host allow-list cannot be enforced here (network is all or none)")
+    verifier = r.section("verifier")
+    if verifier.get("environment") is not None or verifier.get("environment_mode") not in (None, "shared"):
+        raise r.fail("verifier.environment_mode", "a verifier in a separate environment is not supported")
 
 
 def _internet(r: _Reader, env: dict[str, Any]) -> bool:
@@ -270,14 +274,13 @@ def _files(task_dir: Path, env: dict[str, Any]) -> tuple[Path, Path, Path, Path 
 
 
 _KNOWN = {
-    "": {"version", "schema_version", "task", "metadata", "verifier", "agent", "environment", "solution", "source"},
+    "": {"version", "schema_version", "task", "metadata", "verifier", "agent", "environment", "solution"},
     "verifier.": {"timeout_sec", "env", "user"},
     "agent.": {"timeout_sec", "user"},
     "solution.": {"env"},
     "environment.": {
         "build_timeout_sec", "docker_image", "cpus", "memory_mb", "storage_mb", "memory", "storage",
-        "allow_internet", "network_mode", "allowed_hosts", "workdir", "env", "gpus", "gpu_types",
-        "mcp_servers", "healthcheck", "skills_dir",
+        "allow_internet", "network_mode", "allowed_hosts", "workdir", "env", "gpus", "mcp_servers", "healthcheck",
     },
 }  # fmt: skip
 
