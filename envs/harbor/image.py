@@ -177,7 +177,8 @@ def _tree_size(root: Path) -> int:
 
 
 def list_images(cache_dir: Path | None = None) -> list[dict]:
-    """The cached images' records (image.json: digest, tasks, base, size_bytes, build_s, created, ...), newest first."""
+    """The cached images' records (image.json: digest, tasks, base, size_bytes (not shared with a prefix), build_s,
+    created, ...), newest first."""
     images = Path(cache_dir or default_cache_dir()) / "images"
     out = []
     for d in sorted(images.iterdir()) if images.is_dir() else []:

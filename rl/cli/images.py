@@ -1,8 +1,8 @@
 """``jointrl images ls|rm``: the Harbor task images cached on this node (``envs.harbor.image``).
 
-``ls`` prints one line per image (digest, size, build time, base, the task that built it, approximate bases
-marked); ``rm DIGEST...`` removes images by digest prefix, ``rm --all`` every image, ``--prefixes`` also the
-cached build prefixes (base trees). ``--cache DIR`` (default ``$JOINTRL_IMAGE_CACHE`` or
+``ls`` prints one line per image (digest, its own size: the bytes it does not share with a cached prefix, build
+time, base, the task that built it, approximate bases marked); ``rm DIGEST...`` removes images by digest prefix, ``rm --all`` every image, ``--prefixes`` also the
+cached build prefixes (base trees); remove nothing a running training run still uses. ``--cache DIR`` (default ``$JOINTRL_IMAGE_CACHE`` or
 ``~/.cache/jointrl/images``) chooses the cache.
 """
 
@@ -47,7 +47,7 @@ def format_images(images: list[dict], cache: Path) -> str:
     """The ``ls`` table: one row per image, newest first, and the cache's path."""
     if not images:
         return f"no images in {cache}"
-    rows = [("DIGEST", "SIZE", "BUILD", "CREATED", "BASE", "TASK")]
+    rows = [("DIGEST", "OWN SIZE", "BUILD", "CREATED", "BASE", "TASK")]
     for m in images:
         created = datetime.datetime.fromtimestamp(m.get("created", 0)).strftime("%Y-%m-%d %H:%M")
         base = m.get("base", "") + (" (approximate)" if m.get("approximate") else "")
