@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -406,8 +407,6 @@ def test_copy_of_a_missing_source_or_run_without_a_shell_names_the_line(tmp_path
 
 
 def test_unchanged_files_are_hard_linked_to_the_prefix_they_were_copied_from(tmp_path: Path) -> None:
-    import time
-
     from envs.harbor.rootfs import share_unchanged
 
     base, tree = tmp_path / "base", tmp_path / "tree"
@@ -429,6 +428,53 @@ def test_unchanged_files_are_hard_linked_to_the_prefix_they_were_copied_from(tmp
     assert ino["rewritten"][0] != ino["rewritten"][1]
     assert (tree / "appended").read_text() == "appended+" and (base / "appended").read_text() == "appended"
     assert share_unchanged(str(tree), str(base), mark) == 0  # already shared
+
+
+def test_run_steps_get_their_user_network_and_environment(tmp_path: Path) -> None:
+    from envs.harbor.dockerfile import Step
+    from envs.harbor.image import _bwrap_argv
+
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / "setpriv").write_text("")
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\nagent:x:1000:1001::/home/agent:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\nstaff:x:50:\n")
+    step = Step(3, "run", "RUN make", ("/bin/sh", "-c", "make"), env=(("A", "1"),), workdir="/src", user="agent")
+    argv = _bwrap_argv(str(root), step)
+    assert argv[argv.index("--bind") + 1 : argv.index("--bind") + 3] == [str(root), "/"]
+    assert argv[argv.index("--chdir") + 1] == "/src" and "--clearenv" in argv
+    tail = argv[argv.index("--") + 1 :]
+    assert tail == ["/usr/bin/setpriv", "--reuid=1000", "--regid=1001", "--init-groups", "--", "/bin/sh", "-c", "make"]
+    env = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--setenv"}
+    assert env == {
+        "A": "1",
+        "HOME": "/home/agent",
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+    assert "--unshare-net" not in argv and ("/etc/resolv.conf" in argv) == os.path.exists("/etc/resolv.conf")
+    offline = _bwrap_argv(str(root), Step(4, "run", "RUN x", ("x",), user="1000:staff", network=False))
+    assert "--unshare-net" in offline and "/etc/resolv.conf" not in offline
+    assert offline[offline.index("--") + 1 : offline.index("--") + 5] == [
+        "/usr/bin/setpriv", "--reuid=1000", "--regid=50", "--clear-groups"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="'nobody' is not in the image's /etc/passwd"):
+        _bwrap_argv(str(root), Step(5, "run", "RUN x", ("x",), user="nobody"))
+    (root / "usr" / "bin" / "setpriv").unlink()
+    with pytest.raises(ValueError, match="setpriv"):
+        _bwrap_argv(str(root), step)
+
+
+def test_a_build_past_its_timeout_leaves_no_process_behind(tmp_path: Path) -> None:
+    from envs.harbor.image import _run_host
+
+    pidfile = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pidfile}; sleep 300"
+    status, said = _run_host(["/bin/sh", "-c", script], 1.0, tmp_path)
+    assert status == -9 and "timed out" in said
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
 
 RACE = """\
