@@ -354,8 +354,12 @@ def _scratch_task(tmp_path: Path) -> Path:
 
 def test_scratch_image_builds_each_instruction_then_is_cached(tmp_path: Path) -> None:
     t = load_task(_scratch_task(tmp_path))
+    stale = tmp_path / "cache" / "tmp" / f"build-{image_digest(t, image_plan(t))[:12]}-killed"
+    (stale / "root" / "etc").mkdir(parents=True)  # as a build killed outright leaves it
+    (tmp_path / "cache" / "tmp" / "prefix-killed").mkdir()
     lines: list[str] = []
     img = build_image(t, cache_dir=tmp_path / "cache", progress=lines.append)
+    assert not stale.exists() and not (tmp_path / "cache" / "tmp" / "prefix-killed").exists()
     assert isinstance(img, BuiltImage) and not img.cached
     root = img.root
     assert (root / "app" / "main.py").read_text() == "print('hi')\n"

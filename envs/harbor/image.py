@@ -253,6 +253,8 @@ def build_image(
             return hit
         t0 = time.monotonic()
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
+        for stale in (cache / "tmp").glob(f"build-{digest[:12]}-*"):
+            _remove_tree(stale)  # left by a build of this image that was killed (we hold its lock)
         tmp = Path(tempfile.mkdtemp(prefix=f"build-{digest[:12]}-", dir=cache / "tmp"))
         try:
             _Builder(task, p, cache, tmp, say).build(tmp / "root")
@@ -302,6 +304,8 @@ class _Builder:
     def build(self, root: Path) -> None:
         steps = self.plan.steps
         with _flock(self.cache / "locks" / "prefixes.lock", self.say, f"{self.task.name}: waiting for a base build"):
+            for stale in self.tmp.parent.glob("prefix-*"):
+                _remove_tree(stale)  # left by a killed build: prefixes are only made under this lock
             start = next((j for j in range(self.leading, -1, -1) if self._prefix(j).is_dir()), None)
             if start is None:
                 self._base(root)
