@@ -47,6 +47,7 @@ from envs.harbor.dockerfile import DEFAULT_PATH, Base, DockerfileError, Plan, St
 from envs.harbor.rootfs import lookup_user, ContextError, context_digest, in_root
 from envs.harbor.task import HarborTask, HarborTaskError
 from envs.harbor.userns import HostNotReady, check_host, run_mapped
+from envs.sandbox.files import remove_tree
 
 __all__ = [
     "BUILDER_VERSION",
@@ -161,7 +162,7 @@ def _remove_tree(path: Path) -> None:
     if not os.path.lexists(path):
         return
     if os.geteuid() == 0:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(str(path), timeout_s=600.0)  # rm -rf, any depth; what cannot go is logged
     else:  # files owned by subordinate ids: removed inside the namespace that owns them
         _tree(["rm", "-rf", "--", str(path)], f"removing {path}")
 
