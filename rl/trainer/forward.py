@@ -1,10 +1,12 @@
 """The forward pass: the policy's (or the reference's, or a critic trunk's) hidden states and log-probs at the
 positions that predict response tokens, and nowhere else.
 
-``Forward(model)`` returns ``(hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N])`` for the N
-masked response tokens of a list of samples, in row-major (sample, position) order, ``index`` their place in
-the ``[B, T]`` response grid. Only these positions go through ``lm_head`` (``rl.trainer.logits.head_logprobs``:
-chunked with ``learner.logits_chunk_tokens``, at the sampling temperature). Layouts of the trunk's calls:
+``Forward(model, samples)`` returns an ``Outputs`` record: hidden states, log-probs, entropy (when asked) for the
+N masked response tokens of a list of samples, in row-major (sample, position) order, with their place in the
+``[B, T]`` response grid, and, when asked, the model's auxiliary loss from its outputs (an MoE's router
+load-balancing loss, ``rl.algos.router``: the trunk then returns its router logits). Only these positions go
+through ``lm_head`` (``rl.trainer.logits.head_logprobs``: chunked with ``learner.logits_chunk_tokens``, at the
+sampling temperature). Layouts of the trunk's calls:
 
 * full (``learner.share_prompt: false``): every sample's whole sequence, padded to the longest, in one call;
 * packed (``share_prompt``, the default layout): a group's prompt once with its responses packed after it,
@@ -19,13 +21,32 @@ step. No loss, no optimizer: the learner computes what the objective needs from 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rl.algos.batch import Sample
+from rl.algos.router import RouterCall, load_balancing_loss, router_spec
 from rl.trainer import packing
 from rl.trainer.logits import Entropy, head_logprobs
+
+
+@dataclass
+class Outputs:
+    """What one forward computed for the N masked response tokens of its samples, in row-major (sample, position)
+    order: ``hidden`` [N, H], ``logp`` [N] float32, ``entropy`` [N] (None unless asked), ``targets`` [N],
+    ``index`` [N] (their place in the ``[B, T]`` response grid), ``aux_loss`` (a scalar: the routers'
+    load-balancing loss, None unless asked), ``pad`` (a sharded model's zero scalar to add to a loss, else None).
+    All None for no samples."""
+
+    hidden: torch.Tensor | None = None
+    logp: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    targets: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
+    pad: torch.Tensor | None = None
 
 
 class Forward:
@@ -38,19 +59,25 @@ class Forward:
         # else an object with hidden(fwd, base, groups, T), trunk_calls(longest) and unit_cost(group): another
         # layout, for the benches that compare it (bench/padded_layout.py).
         self.layout: Any = None
+        self._router: list[RouterCall] | None = None  # while a call records router logits (``aux``)
 
     def logprobs(
         self, model: Any, samples: list[Sample], temperature: float | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs at response positions only: (logp [N] float32, targets [N]); see ``hidden``.
         For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
-        (_, logp, _, targets, _), _ = self(model, samples, temperature=temperature)
-        return logp, targets
+        out = self(model, samples, temperature=temperature)
+        return out.logp, out.targets
 
     def __call__(
-        self, model: Any, samples: list[Sample], entropy: Entropy = "none", temperature: float | None = None
-    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
-        """((hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N]), pad) of ``model`` on ``samples``.
+        self,
+        model: Any,
+        samples: list[Sample],
+        entropy: Entropy = "none",
+        temperature: float | None = None,
+        aux: bool = False,
+    ) -> Outputs:
+        """What ``model`` computes on ``samples`` (an ``Outputs``; its tensors None when ``samples`` is empty).
 
         The vocabulary-sized logits are computed through ``lm_head`` and dropped inside
         (``rl.trainer.logits.head_logprobs``: in chunks of ``learner.logits_chunk_tokens``, each
@@ -59,18 +86,51 @@ class Forward:
         dummy calls that keep the ranks in step, to add to a loss before its backward. ``samples``
         may be empty (a rank with fewer micro-batches). Log-probs and entropy are of the logits divided by
         ``temperature`` (default: the sampling temperature, ``temperature`` given at construction).
+        ``aux``: also the routers' load-balancing loss over every token the trunk ran (``rl.algos.router``;
+        the model must be an MoE, ``router_spec``).
         """
         temp = self.temperature if temperature is None else temperature
 
-        def run() -> tuple[Any, ...]:
+        def run() -> Outputs:
             if not samples:
-                return ()
-            hidden, targets, index = self.hidden(trunk(model), samples)
+                return Outputs()
+            self._router = [] if aux else None
+            try:
+                hidden, targets, index = self.hidden(trunk(model), samples)
+                calls = self._router
+            finally:
+                self._router = None
             head = model.get_output_embeddings()
             logp, ent = head_logprobs(head, hidden, targets, self.cfg.logits_chunk_tokens, entropy, temp)
-            return hidden, logp, ent, targets, index
+            return Outputs(hidden, logp, ent, targets, index, self._aux_loss(model, calls))
 
-        return self.lock.root(model, run, self.trunk_calls(samples))
+        out, pad = self.lock.root(model, run, self.trunk_calls(samples))
+        out.pad = pad
+        return out
+
+    @staticmethod
+    def _aux_loss(model: Any, calls: list[RouterCall] | None) -> torch.Tensor | None:
+        """The load-balancing loss of the recorded router logits (None when not asked for)."""
+        if calls is None:
+            return None
+        spec = router_spec(model.config)
+        if spec is None or not calls:
+            raise ValueError(
+                f"the auxiliary loss needs an MoE model's router logits; {type(model).__name__} has no routers "
+                "(or its layout's trunk calls record none)"
+            )
+        return load_balancing_loss(calls, *spec)
+
+    def _trunk(self, base: Any, rows: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """One trunk call (``Lockstep.trunk``); while ``__call__`` records router logits, asked for and kept with
+        ``rows`` (which of the call's flattened rows are real tokens; None: all)."""
+        if self._router is None:
+            return self.lock.trunk(base, **kwargs)
+        out = self.lock.trunk(base, output_router_logits=True, **kwargs)
+        if getattr(out, "router_logits", None) is None:
+            raise ValueError(f"{type(base).__name__} returned no router logits: not an MoE model")
+        self._router.append((out.router_logits, rows))
+        return out
 
     def trunk_calls(self, samples: list[Sample]) -> int:
         """How many trunk forwards ``hidden`` makes on ``samples`` (a sharded model checks it)."""
@@ -127,7 +187,7 @@ class Forward:
         out = []
         for pk, emb in zip(packs, embeds.split([pk.input_ids.shape[1] for pk in packs], dim=1)):
             # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
-            hidden = self.lock.trunk(
+            hidden = self._trunk(
                 base,
                 inputs_embeds=emb,
                 attention_mask=pk.mask,
@@ -170,8 +230,9 @@ class Forward:
         for g, s in enumerate(members):
             ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
             att[g, : len(s.input_ids)] = 1
-        hidden = self.lock.trunk(
-            base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)
+        att = att.to(self.device)
+        hidden = self._trunk(
+            base, att.reshape(-1).bool(), input_ids=ids.to(self.device), attention_mask=att
         ).last_hidden_state
         g_idx, j_idx, tgt, ix = self.select(members, rows_b, T)
         # The hidden state at absolute position prompt_len + j - 1 predicts response token j.

@@ -46,10 +46,11 @@ from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.algos.objective import ObjectiveInputs, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
+from rl.algos.router import router_spec
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import checkpoint, fsdp, models, optim, memory, packing, precision
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
-from rl.trainer.forward import Forward
+from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
 from rl.trainer.logits import Entropy
@@ -67,11 +68,10 @@ class _Grid:
     index: torch.Tensor  # [N] positions of the flat (sample, masked position) order in the grid
     B: int
     T: int
-    mask: torch.Tensor  # [B, T] True at policy tokens (of samples not excluded)
+    mask: torch.Tensor  # [B, T] True at policy tokens
     ntok: float
     denom: tuple[float, float]  # the loss denominators (tokens, sequences) of the minibatch
     norm_tokens: int | None = None  # the constant of seq-mean-token-sum-norm
-    sample_mask: torch.Tensor | None = None  # [B] False for a sample excluded from the loss
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
@@ -96,7 +96,14 @@ def _objective_parts(algo: AlgoConfig) -> tuple[Any, Terms]:
     """The policy loss object (``algo.loss.policy``: what it needs, engine log-probs or entropy) and the weights of
     the objective's other terms (``rl.algos.objective``; the KL coefficient is set per step by the controller)."""
     c = algo.critic
-    terms = Terms(0.0, algo.kl.kind, algo.kl.in_reward, algo.loss.entropy_coef, c.vf_coef, c.value_clip or None)
+    terms = Terms(
+        kl_kind=algo.kl.kind,
+        kl_in_reward=algo.kl.in_reward,
+        entropy_coef=algo.loss.entropy_coef,
+        vf_coef=c.vf_coef,
+        value_clip=c.value_clip or None,
+        aux_coef=algo.loss.aux_coef,
+    )
     return get_policy_loss(algo.loss), terms
 
 
@@ -138,6 +145,8 @@ class Learner:
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
         self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
         self.loss_fn, self.terms = _objective_parts(algo)
+        # the model's auxiliary loss (an MoE's router load balancing): asked of the trunk only when used
+        self.aux = algo.loss.aux_coef > 0 or "aux_loss" in self.loss_fn.needs
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one, on a port of
@@ -154,6 +163,7 @@ class Learner:
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
         self.fwd = Forward(self.lcfg, self.lock, self.device, self.pad_id, self.temperature)  # rl.trainer.forward
+        self._check_aux(model_path)
         self._build_models(model_path)
         # Loading (and sharding: each rank loads the whole model, then keeps its shard) frees what glibc keeps
         # resident otherwise; hand it back before the first step (rl.trainer.memory).
@@ -223,6 +233,19 @@ class Learner:
         self.model, self.peft, self.ref, self.value_head, self.critic = m.model, m.peft, m.ref, m.value_head, m.critic
         self.has_ref = m.has_ref  # no KL term: no reference model, and no reference forward
 
+    def _check_aux(self, model_path: str) -> None:
+        """An auxiliary loss needs a model with routers (``rl.algos.router.router_spec``): a dense one is refused
+        from its config, before it is loaded, naming the key."""
+        from transformers import AutoConfig
+
+        if self.aux and router_spec(AutoConfig.from_pretrained(model_path)) is None:
+            why = "algo.loss.aux_coef > 0" if self.algo.loss.aux_coef > 0 else f"{self.algo.loss.policy} needs aux_loss"
+            raise ValueError(
+                f"{why}: the auxiliary loss is an MoE router's load-balancing loss, but {model_path} "
+                "has no routers (no num_experts / num_experts_per_tok in its config); set algo.loss.aux_coef: 0 "
+                "for a dense model"
+            )
+
     def _needs_reference(self) -> bool:
         return self.est.needs_reference(self.algo) or "ref_logprobs" in self.loss_fn.needs
 
@@ -265,11 +288,9 @@ class Learner:
         return a.update.epochs * a.update.minibatches > 1 or self.est.learner_advantages(a)
 
     # ---- forward (rl.trainer.forward) ------------------------------------------------------
-    def _forward(
-        self, model: Any, samples: list[Sample], entropy: Entropy = "none"
-    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+    def _forward(self, model: Any, samples: list[Sample], entropy: Entropy = "none", aux: bool = False) -> Outputs:
         """``Forward.__call__`` at the sampling temperature (a method of its own: bench/learner_memory.py wraps it)."""
-        return self.fwd(model, samples, entropy)
+        return self.fwd(model, samples, entropy, aux=aux)
 
     def _autocast(self):
         enabled = self.use_autocast and self.device.type in ("cpu", "cuda")
@@ -324,7 +345,7 @@ class Learner:
     def step(self, batch: Batch) -> dict[str, float]:
         """One learner step over ``batch``: ``epochs x minibatches`` optimizer steps; returns metrics.
 
-        Metrics: ``loss/policy`` (and ``loss/kl``, ``loss/value``, ``loss/entropy``): each
+        Metrics: ``loss/policy`` (and ``loss/kl``, ``loss/value``, ``loss/entropy``, ``loss/aux``): each
         minibatch's aggregated loss term, averaged over the step's optimizer steps
         (``loss/kl`` is the aggregated KL before the coefficient, also when the KL is in the
         reward); ``kl/mean``, ``entropy/mean``, ``value/*``: token means
@@ -354,7 +375,13 @@ class Learner:
         tot = Sums.of(self._global(sums.values(names)), names)
         a = self.algo
         n_up = a.update.epochs * a.update.minibatches if n_computed else 1
-        terms = (a.loss.entropy_coef > 0, self.has_ref, self.critic_module() is not None, self.critic is not None)
+        terms = (
+            a.loss.entropy_coef > 0,
+            self.has_ref,
+            self.critic_module() is not None,
+            self.critic is not None,
+            a.loss.aux_coef > 0,
+        )
         m = StepMetrics.of(tot, log, n_up, updates, bool(n_computed), terms)
         if self.has_ref:
             m.kl_coef = coef
@@ -483,7 +510,9 @@ class Learner:
                         self._forward(ref, [])
         for micro in micros:
             with self._autocast():
-                (hidden, old, _, _, _), _ = self._forward(self.model, micro)
+                out = self._forward(self.model, micro)
+            hidden, old = out.hidden, out.logp
+            del out
             self._split(old, micro, prep["old"])
             if self.value_head is not None:
                 self._split(self.fwd.values(self.value_head, hidden), micro, prep["values"])
@@ -554,15 +583,14 @@ class Learner:
         a = self.algo
         with self._autocast():
             ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 or "entropy" in self.loss_fn.needs else "value"
-            (hidden, logp_flat, ent_flat, _, index), pad = self._forward(self.model, mb, ent_mode)
-        values_flat = self.fwd.values(self.value_head, hidden) if self.value_head is not None else None
-        del hidden
+            out = self._forward(self.model, mb, ent_mode, aux=self.aux)
+        logp_flat, ent_flat, index, pad = out.logp, out.entropy, out.index, out.pad
+        values_flat = self.fwd.values(self.value_head, out.hidden) if self.value_head is not None else None
+        out.hidden = None
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
         g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
-        # a sample excluded from the loss (Sample.excluded: a harness failure) has no policy token in it
-        g.sample_mask = torch.tensor([not s.excluded for s in mb], dtype=torch.bool, device=logp_flat.device)
-        g.mask = g(torch.ones_like(logp_flat)).bool() & g.sample_mask[:, None]
-        x = self._objective_inputs(mb, prep, g, g(logp_flat), ent_flat, values_flat, coef)
+        g.mask = g(torch.ones_like(logp_flat)).bool()
+        x = self._objective_inputs(mb, prep, g, g(logp_flat), ent_flat, values_flat, coef, out.aux_loss)
         total, st = objective(x, self.loss_fn)
         (total if pad is None else total + pad).backward()
         if prep is None and first_epoch:
@@ -578,6 +606,7 @@ class Learner:
         ent_flat: torch.Tensor,
         values_flat: torch.Tensor | None,
         coef: float,
+        aux_loss: torch.Tensor | None,
     ) -> ObjectiveInputs:
         """The objective's typed inputs (``rl.algos.objective``) on the micro-batch's grid: only what its terms
         and the policy loss need (the engine's log-probs, the reference's, the critic's values)."""
@@ -595,7 +624,6 @@ class Learner:
             old_logp=old,
             advantages=adv,
             mask=g.mask,
-            sample_mask=g.sample_mask,
             agg=self.agg,
             num_tokens=nt,
             num_seqs=ns,
@@ -603,6 +631,7 @@ class Learner:
             engine_logp=g(self._engine_logprobs(mb)) if "engine_logprobs" in need else None,
             entropy=g(ent_flat) if "entropy" in need else None,
             ref_logp=ref if "ref_logprobs" in need else None,
+            aux_loss=aux_loss if "aux_loss" in need else None,
         )
         values = self._critic_values(mb, values_flat)
         return ObjectiveInputs(
@@ -613,6 +642,7 @@ class Learner:
             values=g(values) if values is not None else None,
             old_values=g(self._cat(prep["values"], mb)) if values is not None and prep is not None else None,
             returns=g(self._cat(prep["returns"], mb)) if values is not None and prep is not None else None,
+            aux_loss=aux_loss if a.loss.aux_coef > 0 else None,
         )
 
     def _reference_logprobs(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None) -> torch.Tensor:
@@ -635,7 +665,7 @@ class Learner:
         """A micro-batch with no samples on a sharded rank that has fewer than the others: the same
         module calls as ``_accumulate`` (policy, then the reference when it runs there), all dummies."""
         with self._autocast():
-            _, pad = self._forward(self.model, [])
+            pad = self._forward(self.model, []).pad
             if self.has_ref and prep is None:
                 with torch.no_grad(), self._reference() as ref:
                     self._forward(ref, [])

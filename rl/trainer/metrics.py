@@ -35,6 +35,7 @@ class Sums:
     value_error: float = 0.0
     value_clipped: float = 0.0
     returns: float = 0.0
+    aux_loss: float = 0.0
     # the policy loss's stats (its ``stat_names``), each summed as value x tokens
     loss_stats: dict[str, float] = field(default_factory=dict)
 
@@ -49,6 +50,7 @@ class Sums:
         self.value_error += st.value_error * ntok
         self.value_clipped += st.value_clip_fraction * ntok
         self.returns += st.returns_sum
+        self.aux_loss += st.aux_loss
         for k, v in st.policy.items():
             self.loss_stats[k] = self.loss_stats.get(k, 0.0) + v * ntok
         self.entropy += entropy_sum
@@ -104,6 +106,7 @@ class StepMetrics:
     value_clip_fraction: float | None = None
     returns_mean: float | None = None
     critic_grad_norm: float | None = None
+    loss_aux: float | None = None
     memory_trimmed: float | None = None
     memory_rss_gb: float | None = None
     compute_s: float | None = None
@@ -127,6 +130,7 @@ class StepMetrics:
         "value_clip_fraction": "value/clip_fraction",
         "returns_mean": "returns/mean",
         "critic_grad_norm": "critic/grad_norm",
+        "loss_aux": "loss/aux",
         "memory_trimmed": "memory/trimmed",
         "memory_rss_gb": "memory/learner_rss_gb",
         "compute_s": "timing/learner_compute_s",
@@ -134,11 +138,17 @@ class StepMetrics:
 
     @classmethod
     def of(
-        cls, tot: Sums, log: UpdateLog, n_up: int, updates: int, computed: bool, terms: tuple[bool, bool, bool, bool]
+        cls,
+        tot: Sums,
+        log: UpdateLog,
+        n_up: int,
+        updates: int,
+        computed: bool,
+        terms: tuple[bool, bool, bool, bool, bool],
     ) -> "StepMetrics":
         """From the whole batch's sums; ``n_up`` optimizer steps planned; ``terms``: (entropy bonus, reference,
-        critic, separate critic) present."""
-        entropy, ref, critic, separate = terms
+        critic, separate critic, auxiliary loss) present."""
+        entropy, ref, critic, separate, aux = terms
         n = max(tot.tokens, 1.0)
         m = cls(
             loss_policy=tot.policy_loss / n_up,
@@ -160,6 +170,8 @@ class StepMetrics:
             m.value_clip_fraction, m.returns_mean = tot.value_clipped / n, tot.returns / n
         if separate:
             m.critic_grad_norm = _mean(log.critic_norms)
+        if aux:
+            m.loss_aux = tot.aux_loss / n_up
         return m
 
     def to_dict(self) -> dict[str, float]:
