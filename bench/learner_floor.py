@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, micros = [], {}
     for lay in layouts:  # each layout's own GEMM shapes and a warm-up step (AdamW state exists after the first)
         padded_layout.use(lrn, lay != "packed")
-        micros[lay] = lrn._micro_batches(batch.samples)
+        micros[lay] = lrn.micro_batches(batch.samples)
         micro_resp = max(sum(s.num_tokens for s in mb) for mb in micros[lay])
         shapes = _gemm_shapes(conf, batch.samples, micro_resp, not padded_layout.is_padded(lrn))
         rows.append([lay, shapes, [], []])  # layout, its GEMM shapes, its shape rates, its timed steps

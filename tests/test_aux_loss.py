@@ -50,24 +50,13 @@ def tiny_moe_path(tiny_model_path, tmp_path_factory) -> str:
 
     out = tmp_path_factory.mktemp("tiny-moe")
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
-    cfg = Qwen3MoeConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
+    sizes = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, head_dim=32)
+    layers = dict(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    experts = dict(num_experts=8, num_experts_per_tok=2)
+    tokens = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
-    Qwen3MoeForCausalLM(cfg).save_pretrained(out)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**sizes, **layers, **experts, **tokens, tie_word_embeddings=True))
+    model.save_pretrained(out)
     tok.save_pretrained(out)
     yield str(out)
     shutil.rmtree(out, ignore_errors=True)
@@ -88,20 +77,14 @@ def _grads(tmp_path, path: str, coef: float, share_prompt: bool, monkeypatch) ->
     apply = optim.apply
 
     def spy(params, *a, **k):
-        seen.append([p.grad.detach().clone() for p in params])
+        seen.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params])
         return apply(params, *a, **k)
 
     monkeypatch.setattr(optim, "apply", spy)
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3, max_grad_norm=0.0), loss=LossConfig(aux_coef=coef))
     mcfg = ModelConfig(path=path, learner_dtype="float32", autocast=False)
-    lrn = Learner(
-        path,
-        mcfg,
-        algo,
-        threads=1,
-        shm_dir=str(tmp_path / f"shm{coef}{share_prompt}"),
-        learner=LearnerConfig(share_prompt=share_prompt),
-    )
+    where = str(tmp_path / f"shm{coef}{share_prompt}")
+    lrn = Learner(path, mcfg, algo, threads=1, shm_dir=where, learner=LearnerConfig(share_prompt=share_prompt))
     try:
         m = lrn.step(_batch())
     finally:

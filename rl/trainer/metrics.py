@@ -1,7 +1,8 @@
 """The learner's statistics as typed records: ``Sums`` (additive over micro-batches and ranks), ``UpdateLog``
 (the optimizer steps of one learner step) and ``StepMetrics`` (what a step reports, by metric name).
 
-``StepMetrics.of`` turns the whole batch's sums into means (tokens) and per-update averages (loss terms);
+``StepMetrics.of`` turns the whole batch's sums into means (tokens) and per-update averages (loss terms) of the
+terms the run has (``Present``);
 ``to_dict`` names them as the driver logs them (``loss/policy``, ``clip/fraction``, ...), leaving out the
 terms the run does not have (no KL without a reference, no value metrics without a critic). No tensors.
 """
@@ -18,7 +19,7 @@ class Sums:
     """Additive per-step statistics (floats), summed over micro-batches and then over the ranks.
 
     The loss terms are each minibatch's aggregated term (summed over optimizer steps); the
-    others are sums over tokens, turned into means by ``Learner._metrics``.
+    others are sums over tokens, turned into means by ``StepMetrics.of``.
     """
 
     policy_loss: float = 0.0
@@ -77,6 +78,18 @@ class UpdateLog:
     norms: list[float] = field(default_factory=list)
     critic_norms: list[float] = field(default_factory=list)
     skipped: int = 0
+
+
+@dataclass(frozen=True)
+class Present:
+    """The terms a run has, so that its metrics report them and only them: an entropy bonus, a KL to a reference,
+    a value loss (a value head or a separate critic), a separate critic's optimizer, an auxiliary loss."""
+
+    entropy: bool = False
+    kl: bool = False
+    value: bool = False
+    critic: bool = False
+    aux: bool = False
 
 
 def _mean(xs: list[float]) -> float:
@@ -144,11 +157,9 @@ class StepMetrics:
         n_up: int,
         updates: int,
         computed: bool,
-        terms: tuple[bool, bool, bool, bool, bool],
+        terms: Present,
     ) -> "StepMetrics":
-        """From the whole batch's sums; ``n_up`` optimizer steps planned; ``terms``: (entropy bonus, reference,
-        critic, separate critic, auxiliary loss) present."""
-        entropy, ref, critic, separate, aux = terms
+        """From the whole batch's sums; ``n_up`` optimizer steps planned; ``terms``: which terms the run has."""
         n = max(tot.tokens, 1.0)
         m = cls(
             loss_policy=tot.policy_loss / n_up,
@@ -161,16 +172,16 @@ class StepMetrics:
             logprob_diff=tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
             loss_stats={k: v / n for k, v in tot.loss_stats.items()},
         )
-        if entropy:
+        if terms.entropy:
             m.loss_entropy = tot.entropy_loss / n_up
-        if ref:
+        if terms.kl:
             m.loss_kl, m.kl_mean = tot.kl_loss / n_up, tot.kl / n
-        if critic:
+        if terms.value:
             m.loss_value, m.value_mean, m.value_error = tot.value_loss / n_up, tot.value / n, tot.value_error / n
             m.value_clip_fraction, m.returns_mean = tot.value_clipped / n, tot.returns / n
-        if separate:
+        if terms.critic:
             m.critic_grad_norm = _mean(log.critic_norms)
-        if aux:
+        if terms.aux:
             m.loss_aux = tot.aux_loss / n_up
         return m
 
