@@ -37,6 +37,7 @@ class Plan:
     epochs: int
     minibatches: int
     reduce: Reduce
+    computed_ids: frozenset[int] = frozenset()  # ``id`` of each sample this rank computes
 
     @classmethod
     def of(cls, batch: Batch, epochs: int, minibatches: int, reduce: Reduce) -> "Plan":
@@ -52,7 +53,7 @@ class Plan:
                 f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
                 "to (build_batch's batches do)"
             )
-        return cls(batch, members, int(computed), epochs, minibatches, reduce)
+        return cls(batch, members, int(computed), epochs, minibatches, reduce, frozenset(map(id, batch.samples)))
 
     @property
     def updates(self) -> int:
@@ -77,8 +78,7 @@ class Plan:
 
     def computed_of(self, mb: list[Sample]) -> list[Sample]:
         """The samples of ``mb`` this rank computes (not the skipped ones)."""
-        ids = {id(s) for s in self.batch.samples}
-        return [s for s in mb if id(s) in ids]
+        return [s for s in mb if id(s) in self.computed_ids]
 
 
 def micro_batches(
