@@ -232,7 +232,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "config": lrn.model.config.to_dict(),
         "micros": [
             (_tokens_run(mb, lrn.lcfg.share_prompt), sum(s.num_tokens for s in mb))
-            for mb in lrn._micro_batches(batch.samples)
+            for mb in lrn.micro_batches(batch.samples)
         ],
         "world": world,
         "rss_loaded": loaded,
