@@ -3,7 +3,8 @@
 Top level: ``envs`` imports none of ``rollout``, ``rewards``, ``rl``; ``rollout`` and ``rewards``
 import ``envs`` only (never each other, never ``rl``). Inside ``rl``, each sub-package imports only
 sub-packages of a lower layer (``LAYERS``), with the exceptions in ``ALLOWED`` (each with its reason).
-Imports inside functions count too: a lazy import is still a dependency.
+Imports inside functions count too: a lazy import is still a dependency. Ray is imported only by the edge
+package ``rl.driver.actors`` (``EDGE``): every other module runs without it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,34 @@ ALLOWED = {
     # only, no torch), so a missing library fails at validate time naming the key, before anything starts.
     ("rl.config.recipe", "rl.trainer.memory"),
 }
+
+
+# The one package that imports Ray: every actor wrapper, over plain classes that import nothing of Ray.
+EDGE = "rl.driver.actors"
+
+
+def ray_importers(root: Path = REPO) -> list[tuple[str, str]]:
+    """(file, module) of every module of our packages that imports ``ray`` (or a ``ray.`` submodule), at any depth."""
+    found = []
+    for top in PACKAGES:
+        for f in sorted((root / top).rglob("*.py")):
+            mod = ".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.walk(ast.parse(f.read_text(), str(f))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                    else []
+                )
+                if any(n.split(".")[0] == "ray" for n in names):
+                    found.append((str(f.relative_to(root)), mod))
+                    break
+    return found
+
+
+def outside_edge(found: list[tuple[str, str]]) -> list[str]:
+    return [f"{f}: {mod} imports ray" for f, mod in found if mod != EDGE and not mod.startswith(EDGE + ".")]
 
 
 def _unit(module: str) -> str:
@@ -110,3 +139,21 @@ def test_architecture_doc_states_these_layers() -> None:
     doc = (REPO / "docs" / "architecture.md").read_text()
     order = " > ".join(" = ".join(u.removeprefix("rl.") for u in layer) for layer in LAYERS)
     assert f"`{order}`" in doc, f"docs/architecture.md should state the rl layers as `{order}`"
+
+
+def test_only_the_edge_package_imports_ray() -> None:
+    bad = outside_edge(ray_importers())
+    assert not bad, f"Ray is imported outside {EDGE} (move the Ray part into it):\n" + "\n".join(bad)
+    assert ray_importers(), f"{EDGE} is expected to import Ray: is the check still parsing the right files?"
+
+
+def test_the_ray_check_sees_a_lazy_import_outside_the_edge(tmp_path: Path) -> None:
+    for top in PACKAGES:
+        (tmp_path / top).mkdir()
+    (tmp_path / "rl" / "driver" / "actors").mkdir(parents=True)
+    (tmp_path / "rollout" / "bad.py").write_text("def f():\n    from ray.util import placement_group\n")
+    (tmp_path / "rl" / "driver" / "actors" / "ok.py").write_text("import ray\n")
+    (tmp_path / "envs" / "fine.py").write_text("import rayon\n")  # another package whose name starts with ray
+    found = ray_importers(tmp_path)
+    assert found == [("rollout/bad.py", "rollout.bad"), ("rl/driver/actors/ok.py", "rl.driver.actors.ok")]
+    assert outside_edge(found) == ["rollout/bad.py: rollout.bad imports ray"]

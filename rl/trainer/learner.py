@@ -53,7 +53,7 @@ from rl.trainer.forward import Forward
 from rl.trainer.metrics import StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
 from rl.trainer.logits import Entropy
-from rl.trainer.distributed import all_reduce_sum, broadcast_params, free_port, init_process_group
+from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.losses import (
     kl,
 )
