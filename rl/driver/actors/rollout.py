@@ -237,18 +237,6 @@ class RolloutPool(GroupOwner):
                 out[i] = traj
         return out  # type: ignore[return-value]
 
-    def sleep(self, level: int = 1) -> None:
-        """Put every engine to sleep (colocated placement, GPU: frees the GPU for the learner step)."""
-        import ray
-
-        ray.get([w.sleep.remote(level) for w in self.workers])
-
-    def wake_up(self) -> None:
-        """Wake every engine after ``sleep``."""
-        import ray
-
-        ray.get([w.wake_up.remote() for w in self.workers])
-
     def sync_weights(
         self,
         path: str,
