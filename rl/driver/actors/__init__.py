@@ -13,6 +13,6 @@ Each wrapper runs N plain classes, which import nothing of Ray and are tested in
   Hub prefetch), stopping Ray.
 
 Everything that crosses an actor call is a typed record (``envs.types``, ``rl.algos.batch.Batch``,
-``rewards.service.ScoreResult``, ``rl.trainer.weights`` transports). The driver reaches these modules only
+``rewards.service.ScoreResult``, the weight records of ``rollout.weights``). The driver reaches these modules only
 through ``rl.driver.ray_runtime.RayRuntime`` (and the CLI only through the runtimes).
 """
