@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os as _os
 
-# What a learner actor gets (learner.huge_pages, the default: rl.trainer.distributed.learner_env); torch
+# What a learner actor gets (learner.huge_pages, the default: rl.trainer.memory.learner_env); torch
 # reads it at its first allocation, so it is set before torch is imported. THP_MEM_ALLOC_ENABLE=0 in the
 # environment measures 4 KB pages instead.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")

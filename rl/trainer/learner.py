@@ -25,7 +25,7 @@ the optimizer and update (``rl.trainer.optim``, one path for policy and critic),
 (``rl.trainer.metrics``: the sums, the update log and one ``StepMetrics`` record per step), weight export
 (``rl.trainer.weights``: file, CUDA IPC, LoRA adapter) and checkpoints (``rl.trainer.checkpoint``).
 Several learners shard with FSDP2 and keep their collectives in step (``rl.trainer.fsdp``,
-``rl.trainer.distributed``); the memory a step frees is held for the next (``learner.hold_memory``,
+``rl.trainer.collectives``); the memory a step frees is held for the next (``learner.hold_memory``,
 ``rl.trainer.memory``). This module does not generate text or score rewards.
 """
 
@@ -56,8 +56,9 @@ from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.
 from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
+from rollout.weights import IpcWeights
 from rl.trainer.logits import Entropy
-from rl.trainer.distributed import all_reduce_sum, broadcast_params, free_port, init_process_group
+from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.schedules import kl_controller
 
 
@@ -127,7 +128,7 @@ class Learner:
         engines sampled from (0, greedy, counts as 1: a greedy engine reports raw log-probs).
         ``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
-        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``).
+        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.collectives``).
         ``learner``: micro-batching, prompt sharing, LoRA, activation checkpointing and precision
         (the recipe's ``learner`` section)."""
         from transformers import AutoTokenizer
@@ -530,7 +531,7 @@ class Learner:
         """``WeightExport.file``: the policy as one safetensors file in shared memory (every rank calls it)."""
         return self.weights.file(dtype)
 
-    def export_ipc(self, dtype: str = "bfloat16") -> dict[str, Any]:
+    def export_ipc(self, dtype: str = "bfloat16") -> IpcWeights:
         """``WeightExport.ipc``: the policy in one CUDA IPC buffer on this GPU."""
         return self.weights.ipc(dtype)
 
