@@ -41,6 +41,8 @@ ALLOWED = {
     ("rl.config.rules", "rl.algos.estimators"),
     # Likewise algo.loss.policy and algo.loss.kwargs against the policy-loss registry (#40 item 2).
     ("rl.config.rules", "rl.algos.policy_losses"),
+    # algo.loss's arm for a user's loss is the settings its class declares (loss_arm imports the class).
+    ("rl.config.algo", "rl.algos.policy_losses"),
     # validate_recipe checks learner.allocator: jemalloc against the installed library (jemalloc_path: stdlib
     # only, no torch), so a missing library fails at validate time naming the key, before anything starts.
     ("rl.config.validate", "rl.trainer.memory"),

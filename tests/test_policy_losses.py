@@ -4,7 +4,9 @@ and a harness failure left out of the batch and the loss."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,16 @@ from rl.algos.policy_losses import (
     get_policy_loss,
     loss_class,
 )
-from rl.config.recipe import AlgoConfig, LossConfig, ModelConfig, OptimConfig, cross_section_rules, load_recipe
+from rl.config.fields import FieldError
+from rl.config.recipe import (
+    AlgoConfig,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    RecipeError,
+    cross_section_rules,
+    load_recipe,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,9 +134,18 @@ def test_registry_names_and_errors(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(PolicyLossError, match="not a subclass"):
         loss_class("not_a_loss.L")
+    # a shipped loss takes no kwargs: they are a key of its arm no more (tests/test_recipe_schema.py)
+    with pytest.raises(FieldError, match="gspo has no kwargs: it is a setting of a loss named by dotted path") as f:
+        LossConfig(policy="gspo", kwargs={"beta": 1})
+    assert f.value.key == "kwargs"
+    (tmp_path / "kw_loss.py").write_text(
+        "from rl.algos.policy_losses import PolicyLoss\n\n"
+        "class K(PolicyLoss):\n    def __init__(self, loss, beta: float = 1.0):\n        super().__init__(loss)\n"
+    )
     with pytest.raises(PolicyLossError, match="kwargs do not match") as e:
-        get_policy_loss(LossConfig(policy="gspo", kwargs={"beta": 1}))
+        get_policy_loss(LossConfig(policy="kw_loss.K", kwargs={"gamma": 1}))
     assert e.value.key == "algo.loss.kwargs"
+    assert get_policy_loss(LossConfig(policy="kw_loss.K", kwargs={"beta": 2})).cfg.kwargs == {"beta": 2}
 
 
 def _doc_example() -> tuple[str, dict]:
@@ -143,21 +163,31 @@ def test_user_loss_from_the_docs(tmp_path, monkeypatch, tiny_model_path, recipe_
     (tmp_path / "my_losses.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     loss_cfg = snippet["algo"]["loss"]
-    # the recipe loads it (validation builds the object)
-    cfg = load_recipe(
-        recipe_copy("tiny.yaml"),
-        [
-            f"algo.loss.policy={loss_cfg['policy']}",
-            "algo.loss.kwargs={" + ", ".join(f"{k}: {v}" for k, v in loss_cfg["kwargs"].items()) + "}",
-        ],
-    )
+    common = {f.name for f in dataclasses.fields(LossConfig)}
+
+    def with_loss(d):  # the shipped recipe's keys every loss has, and the docs' algo.loss
+        d["algo"]["loss"] = {**{k: v for k, v in d["algo"]["loss"].items() if k in common}, **loss_cfg}
+
+    recipe = recipe_copy("tiny.yaml", edit=with_loss)
+    cfg = load_recipe(recipe)  # the recipe loads it: its own key (cap) is typed and in its settings
+    assert type(cfg.algo.loss).__name__ == "ClippedReinforceSettings" and cfg.algo.loss.cap == loss_cfg["cap"]
     obj = get_policy_loss(cfg.algo.loss)
     assert isinstance(obj, PolicyLoss) and type(obj).__name__ == loss_cfg["policy"].rsplit(".", 1)[1]
     assert not [k for k, _ in cross_section_rules(cfg) if k.startswith("algo.loss")]
-    bad = load_recipe(recipe_copy("tiny.yaml"), ["algo.loss.policy=my_losses.Nothing"])
+    for override, words in (
+        ("algo.loss.cap=0", "algo.loss.cap: must be > 0, got 0"),
+        ("algo.loss.cap=big", "algo.loss.cap: expected a number"),
+        ("algo.loss.dual_clip=3", "unknown recipe key 'algo.loss.dual_clip' (a loss named by dotted path has no "),
+    ):
+        with pytest.raises(RecipeError, match=re.escape(words)):
+            load_recipe(recipe, [override])
+    bare = recipe_copy("tiny.yaml", filename="bare.yaml", edit=lambda d: with_loss(d) or d["algo"]["loss"].pop("cap"))
+    bad = load_recipe(bare, ["algo.loss.policy=my_losses.Nothing"])
     assert [k for k, _ in cross_section_rules(bad)] == ["algo.loss.policy"]
-    bad = load_recipe(recipe_copy("tiny.yaml"), ["algo.loss.kwargs={cap: 2}"])
-    assert [k for k, _ in cross_section_rules(bad)] == ["algo.loss.kwargs"], "ppo_clip takes no kwargs"
+    with pytest.raises(RecipeError, match=r"'algo.loss.cap' \(algo.loss.policy: .*Nothing.* its settings are unknown"):
+        load_recipe(recipe, ["algo.loss.policy=my_losses.Nothing"])  # a key of a loss that cannot be found
+    with pytest.raises(RecipeError, match="unknown recipe key 'algo.loss.kwargs' .algo.loss.policy ppo_clip has no"):
+        load_recipe(recipe_copy("tiny.yaml"), ["algo.loss.kwargs={cap: 2}"])  # ppo_clip takes no kwargs
 
     # and the learner trains with it: its stat is logged, the weights move
     from rl.trainer.learner import Learner

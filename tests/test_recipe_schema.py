@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pickle
 import re
 from pathlib import Path
 
@@ -14,14 +15,20 @@ import pytest
 from rl.algos.estimators import ESTIMATORS
 from rl.config.algo import (
     AlgoConfig,
+    CISPOLossConfig,
     DiscountConfig,
     GroupAlgoConfig,
+    GSPOLossConfig,
     LossConfig,
+    PPOClipLossConfig,
     PPOConfig,
     ReinforcePPConfig,
     ReturnsConfig,
     UserAlgoConfig,
+    UserLossConfig,
     algo_arm,
+    loss_arm,
+    loss_arms,
     tags_of,
 )
 from rl.config.docgen import field_docs, recipe_reference
@@ -204,3 +211,125 @@ def test_knob_docs_say_what_a_knob_does_not_what_a_host_measured() -> None:
     )
     bad = {k: d for k, d in field_docs().items() if measured.search(d)}
     assert not bad, bad
+
+
+class _Reads:
+    """An ``algo.loss`` section that records which of its keys are read."""
+
+    def __init__(self, cfg: LossConfig) -> None:
+        self._cfg, self.read = cfg, set()
+
+    def __getattr__(self, key: str):
+        self.read.add(key)
+        return getattr(self._cfg, key)
+
+
+def test_each_registered_loss_has_its_arm_with_the_keys_it_reads() -> None:
+    import torch
+
+    from rl.algos.policy_losses import LOSSES, LossInputs
+
+    shared = {f.name for f in dataclasses.fields(LossConfig)}
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(3, 5, generator=g, dtype=torch.float64).requires_grad_()
+    x = LossInputs(
+        logp=logp,
+        old_logp=logp.detach() + 0.3 * torch.randn(3, 5, generator=g, dtype=torch.float64),
+        advantages=torch.randn(3, 5, generator=g, dtype=torch.float64),
+        mask=torch.rand(3, 5, generator=g) > 0.2,
+        agg="token-mean",
+        num_tokens=15.0,
+        num_seqs=3.0,
+        engine_logp=logp.detach() - 0.1,
+    )
+    for name, cls in LOSSES.items():
+        arm = loss_arm(name)
+        assert arm is cls.settings and name in tags_of(arm) and type(LossConfig(policy=name)) is arm
+        own = {f.name for f in dataclasses.fields(arm)} - shared
+        # every own setting switched on (a knob > 1 suits dual_clip, tis_cap and the clips alike)
+        cfg = _Reads(dataclasses.replace(arm(), **{k: 1.5 if k != "clip_low" else 0.5 for k in own}))
+        loss = cls(cfg)
+        loss(x)
+        _ = loss.stat_names, loss.needs
+        assert cfg.read - shared == own, f"{name} reads {cfg.read - shared}; its arm has {own}"
+    assert loss_arm("my_pkg.mod.Loss") is UserLossConfig and loss_arm(3) is UserLossConfig
+    assert type(LossConfig()) is PPOClipLossConfig and LossConfig().policy == "ppo_clip"
+    assert pickle.loads(pickle.dumps(LossConfig(policy="cispo", tis_cap=2.0))) == CISPOLossConfig(tis_cap=2.0)
+    with pytest.raises(FieldError, match="cispo has settings of its own"):
+        UserLossConfig(policy="cispo")
+    with pytest.raises(FieldError, match=r"clip_low: unknown key \(algo.loss.policy cispo has no clip_low"):
+        LossConfig(policy="cispo", clip_low=0.1)
+
+
+_COMMON = "policy, agg, norm_tokens, entropy_coef, aux_coef"
+
+
+@pytest.mark.parametrize(
+    "text, overrides, expected",
+    [
+        (
+            "algo:\n  loss:\n    policy: gspo\n    dual_clip: 3\n",
+            [],
+            [
+                "r.yaml:4",
+                "unknown recipe key 'algo.loss.dual_clip' (algo.loss.policy gspo has no dual_clip: it is a setting "
+                f"of ppo_clip); valid keys here: {_COMMON}, clip_low, clip_high",
+            ],
+        ),
+        (
+            "algo:\n  name: dr_grpo\n  loss: {clip_low: 0.1, policy: cispo}\n",
+            [],
+            ["r.yaml:3", "(algo.loss.policy cispo has no clip_low: it is a setting of ppo_clip and gspo)"],
+        ),
+        (
+            "algo:\n  loss: {policy: gspo}\n",
+            ["algo.loss.tis_cap=2"],
+            ["override 'algo.loss.tis_cap=2'", "it is a setting of ppo_clip and cispo"],
+        ),
+        (
+            "algo:\n  loss:\n    clip_high: 0.28\n    kwargs: {beta: 1}\n",
+            [],
+            ["r.yaml:4", "(algo.loss.policy ppo_clip has no kwargs: it is a setting of a loss named by dotted path)"],
+        ),
+        (
+            "algo:\n  loss:\n    policy: pkg_xyz.Loss\n    clip_high: 0.28\n",
+            [],
+            ["r.yaml:4", "unknown recipe key 'algo.loss.clip_high' (algo.loss.policy: cannot import"],
+        ),
+        (
+            "algo:\n  loss:\n    policy: cispo\n    clip_high: -1\n",
+            [],
+            ["r.yaml:4", "algo.loss.clip_high: must be >= 0, got -1"],
+        ),
+    ],
+)
+def test_another_losss_setting_is_an_unknown_key(tmp_path: Path, text, overrides, expected) -> None:
+    msg = _error(tmp_path, text, overrides)
+    for frag in expected:
+        assert frag in msg, msg
+
+
+def test_a_losss_own_settings_load_with_it_and_print_complete(tmp_path: Path) -> None:
+    import yaml
+
+    for text, arm, own in (
+        ("algo:\n  loss: {clip_high: 0.28, dual_clip: 3}\n", PPOClipLossConfig, {"dual_clip": 3.0}),
+        ("algo:\n  loss: {policy: gspo, clip_low: 3.0e-4, clip_high: 4.0e-4}\n", GSPOLossConfig, {"clip_low": 3e-4}),
+        ("algo:\n  name: ppo\n  loss: {policy: cispo, tis_cap: 2}\n", CISPOLossConfig, {"tis_cap": 2.0}),
+    ):
+        cfg = _load(tmp_path, text)
+        assert type(cfg.algo.loss) is arm and all(getattr(cfg.algo.loss, k) == v for k, v in own.items())
+        printed = recipe_to_dict(cfg)  # what validate --print shows: every key of the arm, none of another
+        assert list(printed["algo"]["loss"]) == [f.name for f in dataclasses.fields(arm)]
+        again = _load(tmp_path, yaml.safe_dump({k: v for k, v in printed.items() if k != "source"}))
+        assert again.algo == cfg.algo  # the printed recipe loads as the same recipe
+
+
+def test_the_reference_lists_each_losss_keys() -> None:
+    text = recipe_reference()
+    for arm in loss_arms():
+        tags = " | ".join(tags_of(arm)) or "pkg.module.Class"
+        part = text.split(f"#### `algo.loss` with `policy: {tags}` ({arm.__name__})", 1)[1].split("\n#", 1)[0]
+        rows = {line.split("|")[1].strip().strip("`") for line in part.splitlines() if line.startswith("| `")}
+        shared = {f.name for f in dataclasses.fields(LossConfig)}
+        assert rows == {f"algo.loss.{f.name}" for f in dataclasses.fields(arm) if f.name not in shared}, arm

@@ -13,6 +13,9 @@ Each loss is a small class that declares what it needs and is called on a typed 
 * ``no_gradient_at_zero_advantage``: every term of the loss is proportional to the advantage, so a sample
   whose advantage is exactly 0 has exactly no gradient and ``build_batch`` may skip its forward and backward
   (False by default: a loss that adds a term of its own, an entropy or a reference pull, trains every sample);
+* ``settings``: its own ``algo.loss`` keys, a ``LossConfig`` subclass (the arm of the ``algo.loss`` union
+  that ``algo.loss.policy`` chooses, ``rl/config/algo.py``); the loss reads them from ``self.cfg``. The
+  default, ``UserLossConfig``, has ``algo.loss.kwargs``, given to the constructor;
 * ``stat_names``: the token-mean statistics it reports (metric keys), in order; the learner sums
   ``value x tokens`` over micro-batches and ranks and logs their means;
 * ``__call__(inputs) -> (loss, stats)``: a scalar to minimise (the micro-batch's part of the minibatch's
@@ -21,8 +24,7 @@ Each loss is a small class that declares what it needs and is called on a typed 
 The learner adds the other terms of the objective (``algo.kl``, ``algo.loss.entropy_coef``, the value
 loss, ``algo.loss.aux_coef``) itself (``rl.algos.objective``); a loss may return additional terms in its scalar (anything differentiable it computes
 from its inputs). Chosen by ``algo.loss.policy``: a registered name or a dotted path
-``pkg.module.Class`` of a :class:`PolicyLoss` subclass, built with ``algo.loss.kwargs`` (see
-docs/algorithms.md). Pure tensor code: no models, no I/O, no distributed calls.
+``pkg.module.Class`` of a :class:`PolicyLoss` subclass, built with its ``settings`` (see docs/algorithms.md). Pure tensor code: no models, no I/O, no distributed calls.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 
 from rl.algos.losses import LOG_RATIO_CLAMP, aggregate, policy_loss, truncated_is_weights
 from rl.algos.registry import resolve_class
+from rl.config.algo import CISPOLossConfig, GSPOLossConfig, LossConfig, PPOClipLossConfig, UserLossConfig
 
 __all__ = [
     "LossInputs",
@@ -53,7 +56,8 @@ NEEDS = frozenset({"engine_logprobs", "entropy", "ref_logprobs", "aux_loss"})
 
 
 class PolicyLossError(ValueError):
-    """``algo.loss.policy`` names no loss (or a class that is not one), or ``algo.loss.kwargs`` do not fit it."""
+    """``algo.loss.policy`` names no loss (or a class that is not one, or one whose ``settings`` are no
+    ``LossConfig``), or ``algo.loss`` does not fit it."""
 
     def __init__(self, msg: str, key: str = "algo.loss.policy") -> None:
         super().__init__(msg)
@@ -100,9 +104,11 @@ class LossInputs:
 
 class PolicyLoss:
     """Base class: the declarations; subclasses implement ``__call__``. ``loss`` is the recipe's
-    ``algo.loss`` section (clip ranges, ``tis_cap``); ``kwargs`` are ``algo.loss.kwargs``."""
+    ``algo.loss`` section, an instance of ``settings`` (its clip ranges, ``tis_cap``, ...); with the default
+    ``settings`` (``UserLossConfig``) the constructor also gets ``algo.loss.kwargs`` as keyword arguments."""
 
     name: ClassVar[str] = ""
+    settings: ClassVar[type[LossConfig]] = UserLossConfig
     needs: ClassVar[frozenset[str]] = frozenset()
     no_gradient_at_zero_advantage: ClassVar[bool] = False
 
@@ -127,8 +133,16 @@ def register(cls: type[PolicyLoss]) -> type[PolicyLoss]:
     unknown = set(cls.needs) - NEEDS
     if unknown:
         raise ValueError(f"{cls.__name__}.needs: unknown {sorted(unknown)}; known: {sorted(NEEDS)}")
+    _check_settings(cls, cls.__name__, ValueError)
     LOSSES[cls.name] = cls
     return cls
+
+
+def _check_settings(cls: type[PolicyLoss], name: str, error: type[Exception]) -> None:
+    """``cls.settings`` is an ``algo.loss`` section: a ``LossConfig`` subclass (the union itself is none)."""
+    s = cls.settings
+    if not (isinstance(s, type) and issubclass(s, LossConfig)) or s is LossConfig:
+        raise error(f"{name}.settings must be a subclass of rl.config.algo.LossConfig, got {s!r}")
 
 
 class _TISLoss(PolicyLoss):
@@ -158,6 +172,7 @@ class PPOClip(_TISLoss):
     ``algo.loss.agg``. Shapes as :class:`LossInputs`."""
 
     name = "ppo_clip"
+    settings = PPOClipLossConfig
     no_gradient_at_zero_advantage = True
 
     @property
@@ -215,6 +230,7 @@ class GSPO(PolicyLoss):
     """
 
     name = "gspo"
+    settings = GSPOLossConfig
     no_gradient_at_zero_advantage = True
 
     @property
@@ -253,6 +269,7 @@ class CISPO(_TISLoss):
     """
 
     name = "cispo"
+    settings = CISPOLossConfig
     no_gradient_at_zero_advantage = True
 
     @property
@@ -285,14 +302,22 @@ def loss_class(name: str) -> type[PolicyLoss]:
     unknown_needs = set(cls.needs) - NEEDS
     if unknown_needs:
         raise PolicyLossError(f"{name}.needs: unknown {sorted(unknown_needs)}; known: {sorted(NEEDS)}")
+    _check_settings(cls, name, PolicyLossError)
     return cls
 
 
-def get_policy_loss(loss: Any) -> PolicyLoss:
-    """The loss object of ``loss`` (an ``algo.loss`` section); ``loss.kwargs`` go to its constructor."""
+def get_policy_loss(loss: LossConfig) -> PolicyLoss:
+    """The loss object of ``loss`` (an ``algo.loss`` section, the arm of its policy); a loss without settings
+    of its own gets ``loss.kwargs`` as constructor keyword arguments."""
     cls = loss_class(loss.policy)
+    if not isinstance(loss, cls.settings):
+        raise PolicyLossError(
+            f"algo.loss is a {type(loss).__name__}; {loss.policy} reads a {cls.settings.__name__} "
+            "(build it with LossConfig(policy=...))"
+        )
+    kwargs = loss.kwargs if isinstance(loss, UserLossConfig) else {}
     try:
-        return cls(loss, **loss.kwargs)
+        return cls(loss, **kwargs)
     except TypeError as e:
         raise PolicyLossError(
             f"algo.loss.kwargs do not match {loss.policy}'s constructor: {e}", key="algo.loss.kwargs"

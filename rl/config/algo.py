@@ -1,4 +1,5 @@
-"""The ``algo`` section: a tagged union on ``algo.name``, one arm per advantage estimator.
+"""The ``algo`` section: a tagged union on ``algo.name``, one arm per advantage estimator, and within it
+``algo.loss``, a tagged union on ``algo.loss.policy``, one arm per policy loss.
 
 Every arm has the shared sub-sections (``optim``, ``loss``, ``kl``, ``update``, ``reward_norm``);
 an estimator's own settings exist only in its arm: ``algo.critic`` and GAE's ``algo.returns.lam``
@@ -7,11 +8,20 @@ with an estimator named by dotted path (``UserAlgoConfig``, which also carries `
 ``returns`` for a user class that declares them in its ``sections``). A key of another arm is an
 unknown recipe key, named with its line like any other, and the error says which algorithms have it.
 
+Likewise a policy loss's own settings exist only in its arm of ``algo.loss``: ``clip_low`` with ppo_clip
+and gspo, ``clip_high`` with all three shipped losses, ``dual_clip`` with ppo_clip, ``tis_cap`` with
+ppo_clip and cispo, ``kwargs`` with a loss named by dotted path that declares no settings of its own
+(``UserLossConfig``). A user's loss declares its settings in its own file: its class's ``settings``, a
+``LossConfig`` subclass, is then its arm (``loss_arm`` imports the class to find it). The keys every loss
+has (``agg``, ``norm_tokens``, ``entropy_coef``, ``aux_coef``) are the union's own. Each policy loss class
+(``rl.algos.policy_losses``) names its arm in ``settings``; a test checks that each registered loss and
+its arm agree.
+
 ``AlgoConfig(name=..., ...)`` builds the arm ``name`` chooses (``PPOConfig`` for ``ppo``, ...),
 so code builds an algorithm's settings as a recipe does; ``build`` picks the arm the same way
-(``Section.arm_for``). Each arm resolves ``algo.loss.agg: auto`` to its estimator's own aggregation
-(``Estimator.default_agg``) when it is built, the one place that default is resolved: every reader
-(the learner, the policy losses, ``validate --print``) sees the resolved value.
+(``Section.arm_for``); ``LossConfig(policy=...)`` likewise. Each algo arm resolves ``algo.loss.agg: auto``
+to its estimator's own aggregation (``Estimator.default_agg``) when it is built, the one place that default
+is resolved: every reader (the learner, the policy losses, ``validate --print``) sees the resolved value.
 
 The tags are the names of the estimator registry (``rl.algos.estimators.ESTIMATORS``); the group
 baselines (grpo, dr_grpo, rloo), which have no settings of their own, share one arm. A test checks
@@ -24,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 import typing
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from rl.config.fields import FieldError, Section, hints, knob
 
@@ -32,6 +42,12 @@ __all__ = [
     "OptimConfig",
     "LossAgg",
     "LossConfig",
+    "PPOClipLossConfig",
+    "GSPOLossConfig",
+    "CISPOLossConfig",
+    "UserLossConfig",
+    "loss_arm",
+    "loss_arms",
     "KLConfig",
     "CriticConfig",
     "DiscountConfig",
@@ -46,7 +62,91 @@ __all__ = [
     "algo_arm",
     "algo_arms",
     "tags_of",
+    "TaggedUnion",
+    "UnknownKeyError",
 ]
+
+
+def _arm_hint(union: type, arms: list[type], cls: type, key: str, data: dict, default: str, user: str) -> str:
+    """`` (<tag> X has no KEY: it is a setting of A and B)`` when other arms of ``union`` have ``key``, else ""."""
+    have = [" and ".join(tags_of(arm)) or user for arm in arms if key in _own_fields(arm, union)]
+    if not have:
+        return ""
+    this = f"{union.where}.{union.tag} {data.get(union.tag, default)}" if tags_of(cls) else user
+    listed = ", ".join(have[:-1]) + (" and " if len(have) > 1 else "") + have[-1]
+    return f" ({this} has no {key}: it is a setting of {listed})"
+
+
+def tags_of(arm: type) -> tuple[str, ...]:
+    """The names an arm of a union is for: its tag field's ``Literal[...]`` (``algo.name``, ``algo.loss.policy``;
+    none for a dotted-path arm)."""
+    return typing.get_args(hints(arm)[arm.tag])
+
+
+def _own_fields(arm: type, union: type) -> list[str]:
+    """The fields ``arm`` has beyond the ones every arm of ``union`` has."""
+    shared = {f.name for f in dataclasses.fields(union)}
+    return [f.name for f in dataclasses.fields(arm) if f.name not in shared]
+
+
+class UnknownKeyError(FieldError, TypeError):
+    """A key the arm does not have, given in code (``AlgoConfig(name="grpo", critic=...)``): the recipe's message,
+    and a ``TypeError`` as a dataclass's own refusal of an unexpected keyword argument is."""
+
+
+class TaggedUnion(Section):
+    """Base of a section that is a tagged union: the class itself chooses an arm (a subclass) by the value of its
+    ``tag`` key, when built from a recipe (``arm_for``) and when constructed in code (``__new__``); a key only
+    other arms have is unknown, with the words of ``key_hint``. The union declares, as class keywords, its ``tag``
+    key, ``where`` it sits, the ``default`` tag and how errors name its dotted-path arm (``user``), and
+    implements ``arm_of`` and ``all_arms``."""
+
+    tag: ClassVar[str] = "name"
+    where: ClassVar[str] = ""
+    default_tag: ClassVar[str] = ""
+    user: ClassVar[str] = ""
+    _is_union: ClassVar[bool] = False
+
+    def __init_subclass__(cls, tag: str = "", where: str = "", default: str = "", user: str = "", **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if tag:  # the union itself; its arms (subclasses) name no tag
+            cls.tag, cls.where, cls.default_tag, cls.user, cls._is_union = tag, where, default, user, True
+
+    @classmethod
+    def union(cls) -> type[TaggedUnion]:
+        """The union itself (the class that declared its ``tag``), from any of its arms."""
+        return next(c for c in cls.__mro__ if c.__dict__.get("_is_union"))
+
+    @classmethod
+    def arm_of(cls, tag: Any) -> type:
+        raise NotImplementedError
+
+    @classmethod
+    def all_arms(cls) -> list[type]:
+        raise NotImplementedError
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        union = cls.union()
+        if cls is union:  # the union itself: build the arm that the tag chooses
+            cls = union.arm_of(kwargs.get(union.tag, args[0] if args else union.default_tag))
+            names = [f.name for f in dataclasses.fields(cls)]
+            for k in kwargs:
+                if k not in names:
+                    raise UnknownKeyError(k, f"unknown key{cls.key_hint(k, kwargs)}; valid keys: {', '.join(names)}")
+        return super().__new__(cls)
+
+    @classmethod
+    def arms(cls) -> list[type]:
+        """The arms of the union (on the union itself; an arm has none)."""
+        return cls.all_arms() if cls is cls.union() else []
+
+    @classmethod
+    def arm_for(cls, data: dict) -> type:
+        return cls.arm_of(data.get(cls.tag, cls.default_tag)) if cls is cls.union() else cls
+
+    @classmethod
+    def key_hint(cls, key: str, data: dict) -> str:
+        return _arm_hint(cls.union(), cls.all_arms(), cls, key, data, cls.default_tag, cls.user)
 
 
 @dataclass(frozen=True)
@@ -65,11 +165,25 @@ class OptimConfig(Section):
 
 LossAgg = Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
+DEFAULT_LOSS = "ppo_clip"  # algo.loss.policy when a recipe leaves it out
+
 
 @dataclass(frozen=True)
-class LossConfig(Section):
-    """The clipped policy objective and how token losses are aggregated."""
+class LossConfig(
+    TaggedUnion, tag="policy", where="algo.loss", default=DEFAULT_LOSS, user="a loss named by dotted path"
+):
+    """The policy loss and the settings every loss has (aggregation, the entropy and auxiliary terms); a
+    loss's own settings are in its arm (below), chosen by ``policy``. ``LossConfig(policy=...)`` builds
+    the arm of that loss."""
 
+    policy: str = knob(
+        DEFAULT_LOSS,
+        "the policy loss (rl/algos/policy_losses.py): ppo_clip (clipped surrogate: clip-higher, dual clip, TIS) | "
+        "gspo (sequence-level ratio) | cispo (clipped stop-gradient IS weight) | a dotted path "
+        "pkg.module.Class of a PolicyLoss subclass (docs/algorithms.md); it decides which further keys "
+        "algo.loss has (below)",
+        check=lambda v: None if v else "a policy loss name is needed",
+    )
     agg: LossAgg = knob(
         "auto",
         "auto (the estimator's own: token-mean; dr_grpo: seq-mean-token-sum-norm) | token-mean | "
@@ -81,19 +195,6 @@ class LossConfig(Section):
         "rollout.max_turns, the generation budget, as in the Dr.GRPO paper)",
         ge=0,
     )
-    clip_low: float = knob(0.2, "ratio clip below 1", ge=0, lt=1)
-    clip_high: float = knob(0.2, "ratio clip above 1 (clip-higher when > clip_low)", ge=0)
-    dual_clip: float = knob(
-        0.0,
-        "dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)",
-        check=lambda v: None if v == 0 or v > 1 else f"must be 0 (off) or > 1, got {v:g}",
-    )
-    tis_cap: float = knob(
-        0.0,
-        "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), "
-        "correcting for stale (async) or numerically different engine samples (0 = off)",
-        ge=0,
-    )
     entropy_coef: float = knob(0.0, "entropy bonus weight (0 = off)", ge=0)
     aux_coef: float = knob(
         0.0,
@@ -102,15 +203,123 @@ class LossConfig(Section):
         "(0 = off)",
         ge=0,
     )
-    policy: str = knob(
-        "ppo_clip",
-        "the policy loss (rl/algos/policy_losses.py): ppo_clip (clipped surrogate: clip-higher, dual clip, TIS) | "
-        "gspo (sequence-level ratio) | cispo (clipped stop-gradient IS weight) | a dotted path "
-        "pkg.module.Class of a PolicyLoss subclass (docs/algorithms.md)",
+
+    @classmethod
+    def arm_of(cls, tag: Any) -> type:
+        return loss_arm(tag)
+
+    @classmethod
+    def all_arms(cls) -> list[type]:
+        return loss_arms()
+
+    @classmethod
+    def key_hint(cls, key: str, data: dict) -> str:
+        hint = super().key_hint(key, data)
+        if hint or cls in loss_arms():
+            return hint
+        return f" ({data.get('policy')} declares its keys in {cls.__module__}.{cls.__qualname__})"
+
+
+def _clip_low() -> Any:
+    return knob(0.2, "ratio clip below 1", ge=0, lt=1)
+
+
+def _clip_high(doc: str = "ratio clip above 1 (clip-higher when > clip_low)") -> Any:
+    return knob(0.2, doc, ge=0)
+
+
+def _tis_cap() -> Any:
+    return knob(
+        0.0,
+        "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), "
+        "correcting for stale (async) or numerically different engine samples (0 = off)",
+        ge=0,
     )
+
+
+@dataclass(frozen=True)
+class PPOClipLossConfig(LossConfig):
+    """PPO's clipped surrogate: the clip range (clip-higher when asymmetric), dual clip, truncated IS."""
+
+    policy: Literal["ppo_clip"] = knob(DEFAULT_LOSS, "algo.loss.policy: PPO's clipped surrogate")
+    clip_low: float = _clip_low()
+    clip_high: float = _clip_high()
+    dual_clip: float = knob(
+        0.0,
+        "dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)",
+        check=lambda v: None if v == 0 or v > 1 else f"must be 0 (off) or > 1, got {v:g}",
+    )
+    tis_cap: float = _tis_cap()
+
+
+@dataclass(frozen=True)
+class GSPOLossConfig(LossConfig):
+    """GSPO: the clip range of the sequence-level ratio (the paper's is small: 3e-4 below, 4e-4 above)."""
+
+    policy: Literal["gspo"] = knob("gspo", "algo.loss.policy: GSPO's sequence-level ratio")
+    clip_low: float = _clip_low()
+    clip_high: float = _clip_high()
+
+
+@dataclass(frozen=True)
+class CISPOLossConfig(LossConfig):
+    """CISPO: the upper bound of the stop-gradient IS weight, truncated IS against the engine."""
+
+    policy: Literal["cispo"] = knob("cispo", "algo.loss.policy: CISPO's clipped stop-gradient IS weight")
+    clip_high: float = _clip_high("the IS weight's bound above 1: min(r, 1 + clip_high)")
+    tis_cap: float = _tis_cap()
+
+
+@dataclass(frozen=True)
+class UserLossConfig(LossConfig):
+    """A policy loss named by dotted path ``pkg.module.Class`` whose class declares no ``settings`` of its
+    own: keyword arguments of its constructor. A class that declares ``settings`` (a ``LossConfig`` subclass
+    in its own file, docs/algorithms.md) has those keys here instead."""
+
     kwargs: dict[str, Any] = knob(
         doc="constructor keyword arguments of a policy loss named by dotted path", factory=dict
     )
+
+    def check(self) -> None:
+        if self.policy in _LOSS_ARMS:
+            raise FieldError("policy", f"{self.policy} has settings of its own: build it with LossConfig(policy=...)")
+
+    @classmethod
+    def key_hint(cls, key: str, data: dict) -> str:
+        """Another loss's key, or a key of a user's loss whose class (and so its settings) cannot be found."""
+        from rl.algos.policy_losses import PolicyLossError, loss_class
+
+        try:
+            loss_class(str(data.get("policy", DEFAULT_LOSS)))
+        except PolicyLossError as e:
+            return f" (algo.loss.policy: {e}, so its settings are unknown)"
+        return super().key_hint(key, data)
+
+
+_LOSS_ARMS: dict[str, type[LossConfig]] = {
+    tag: arm for arm in (PPOClipLossConfig, GSPOLossConfig, CISPOLossConfig) for tag in tags_of(arm)
+}
+
+
+def loss_arm(policy: Any) -> type[LossConfig]:
+    """The arm that ``algo.loss.policy`` chooses: a shipped loss's; else the ``settings`` its class declares
+    (imported here, a user's loss); ``UserLossConfig`` when it declares none or cannot be resolved (the
+    cross-section rules then name ``algo.loss.policy``)."""
+    if not isinstance(policy, str):
+        return UserLossConfig
+    if policy in _LOSS_ARMS:
+        return _LOSS_ARMS[policy]
+    from rl.algos.policy_losses import PolicyLossError, loss_class
+
+    try:
+        return loss_class(policy).settings
+    except PolicyLossError:
+        return UserLossConfig
+
+
+def loss_arms() -> list[type[LossConfig]]:
+    """Every arm of the ``algo.loss`` union shipped here, then the dotted-path one (the docs' order)."""
+    return [*dict.fromkeys(_LOSS_ARMS.values()), UserLossConfig]
 
 
 @dataclass(frozen=True)
@@ -190,7 +399,7 @@ DEFAULT_ALGO = "grpo"  # algo.name when a recipe leaves it out
 
 
 @dataclass(frozen=True)
-class AlgoConfig(Section):
+class AlgoConfig(TaggedUnion, tag="name", where="algo", default=DEFAULT_ALGO, user="an estimator named by dotted path"):
     """The advantage estimator and the learner's objective (rl/algos/estimators.py): the keys every
     algorithm has. ``AlgoConfig(name=...)`` builds the arm of that name (below)."""
 
@@ -209,11 +418,6 @@ class AlgoConfig(Section):
         doc="per-domain reward normalization before the estimator", factory=RewardNormConfig
     )
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> AlgoConfig:
-        if cls is AlgoConfig:  # the union itself: build the arm that ``name`` chooses
-            cls = algo_arm(kwargs.get("name", args[0] if args else DEFAULT_ALGO))
-        return super().__new__(cls)
-
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.loss.agg == "auto":  # the one place `auto` is resolved: the estimator's own aggregation
@@ -228,37 +432,12 @@ class AlgoConfig(Section):
             raise FieldError("name", str(e)) from None
 
     @classmethod
-    def arms(cls) -> list[type[AlgoConfig]]:
-        """The arms of the union (on ``AlgoConfig`` itself; an arm has none)."""
-        return algo_arms() if cls is AlgoConfig else []
+    def arm_of(cls, tag: Any) -> type:
+        return algo_arm(tag)
 
     @classmethod
-    def arm_for(cls, data: dict) -> type:
-        return algo_arm(data.get("name", DEFAULT_ALGO)) if cls is AlgoConfig else cls
-
-    @classmethod
-    def key_hint(cls, key: str, data: dict) -> str:
-        have = [
-            " and ".join(tags_of(arm)) or "an estimator named by dotted path"
-            for arm in algo_arms()
-            if key in _own_fields(arm)
-        ]
-        if not have:
-            return ""
-        this = f"algo.name {data.get('name', DEFAULT_ALGO)}" if tags_of(cls) else "an estimator named by dotted path"
-        listed = ", ".join(have[:-1]) + (" and " if len(have) > 1 else "") + have[-1]
-        return f" ({this} has no {key}: it is a setting of {listed})"
-
-
-def tags_of(arm: type) -> tuple[str, ...]:
-    """The estimator names an arm is for: its ``name: Literal[...]`` (none for the dotted-path arm)."""
-    return typing.get_args(hints(arm)["name"])
-
-
-def _own_fields(arm: type) -> list[str]:
-    """The fields ``arm`` has beyond the ones every algorithm has."""
-    shared = {f.name for f in dataclasses.fields(AlgoConfig)}
-    return [f.name for f in dataclasses.fields(arm) if f.name not in shared]
+    def all_arms(cls) -> list[type]:
+        return algo_arms()
 
 
 @dataclass(frozen=True)

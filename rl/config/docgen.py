@@ -2,8 +2,8 @@
 
 Every key gets its type (the field's annotation; ``Literal`` choices listed), its default,
 its allowed range (the bounds declared with ``rl.config.fields.knob``) and its doc line (the
-``doc`` declared with the field). A tagged union (``algo``) lists the keys every arm has, then
-each arm's own keys under its tag. ``tests/test_docgen.py`` fails when the file is stale;
+``doc`` declared with the field). A tagged union (``algo``, ``algo.loss``) lists the keys every arm has,
+then each arm's own keys under its tag. ``tests/test_docgen.py`` fails when the file is stale;
 regenerate it with::
 
     .venv/bin/python -m rl.config.docgen            # write docs/recipe-reference.md
@@ -43,7 +43,9 @@ overridden on the command line as `key=value`, parsed like YAML: `train.steps=5`
 validate` also checks the rules between sections (e.g. per-domain reward normalization needs
 outcome advantages) and the world (files, classes, vLLM engine arguments). The keys of `algo`
 depend on `algo.name`: an estimator's own settings (`algo.critic`, `algo.returns`, `algo.kwargs`)
-exist only with the estimators that read them, and are unknown keys with any other.
+exist only with the estimators that read them, and are unknown keys with any other. Likewise the keys
+of `algo.loss` depend on `algo.loss.policy`: a loss's own settings (`clip_low`, `clip_high`,
+`dual_clip`, `tis_cap`, `kwargs`) exist only with the losses that read them.
 """
 
 
@@ -156,21 +158,21 @@ def _section(title: str, cls: type, prefix: str, doc: str, level: str = "##") ->
     out += _table(cls, prefix)
     out += _subsections(cls, prefix, [f.name for f in dataclasses.fields(cls)])
     for arm in cls.arms() if hasattr(cls, "arms") else []:
-        out += _arm(title, arm, prefix, [f.name for f in dataclasses.fields(cls)])
+        out += _arm(title, arm, prefix, [f.name for f in dataclasses.fields(cls)], level + "#")
     return out
 
 
-def _arm(title: str, arm: type, prefix: str, shared: list[str]) -> list[str]:
+def _arm(title: str, arm: type, prefix: str, shared: list[str], level: str) -> list[str]:
     """One arm of a tagged union: its tag, its doc, and the keys it has beyond the ``shared`` ones."""
     tags = " | ".join(tags_of(arm)) or "pkg.module.Class"
-    out = ["", f"### `{title}` with `name: {tags}` ({arm.__name__})", ""]
+    out = ["", f"{level} `{title}` with `{arm.tag}: {tags}` ({arm.__name__})", ""]
     if _doc_of(arm):
         out += [_doc_of(arm), ""]
     own = [f.name for f in dataclasses.fields(arm) if f.name not in shared]
     if not own:
         return out + [f"No keys beyond the ones every `{title}` has."]
     scalars = [n for n in own if _section_class(arm, _field(arm, n)) is None]
-    return out + (_table(arm, prefix, scalars) if scalars else []) + _subsections(arm, prefix, own, "####")
+    return out + (_table(arm, prefix, scalars) if scalars else []) + _subsections(arm, prefix, own, level + "#")
 
 
 def _field(cls: type, name: str) -> dataclasses.Field:

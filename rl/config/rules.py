@@ -4,7 +4,8 @@ Each rule yields ``(key, message)`` naming the key to blame; ``validate_recipe``
 They need nothing outside the recipe but the estimator and policy-loss registries (``algo.name``
 and ``algo.loss.policy`` name entries of them): what an estimator needs (a group size, outcome or
 learner-side advantages, a critic) is asked of its object, never compared by name. An estimator's
-own settings need no rule here: they exist only in its arm of the ``algo`` union (``rl/config/algo.py``).
+own settings, and a policy loss's, need no rule here: they exist only in its arm of the ``algo`` union or
+of the ``algo.loss`` union (``rl/config/algo.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ __all__ = ["cross_section_rules"]
 
 
 def _policy_loss_rules(loss: LossConfig) -> Iterator[tuple[str, str]]:
-    """``algo.loss.policy`` names a policy loss that ``algo.loss.kwargs`` fit."""
-    from rl.algos.policy_losses import LOSSES, PolicyLossError, get_policy_loss
+    """``algo.loss.policy`` names a policy loss that its settings build (a loss's own keys, ``kwargs`` among
+    them, are checked by its arm of the ``algo.loss`` union when the recipe loads)."""
+    from rl.algos.policy_losses import PolicyLossError, get_policy_loss
 
-    if loss.kwargs and loss.policy in LOSSES:
-        yield "algo.loss.kwargs", f"algo.loss.kwargs are for a loss named by dotted path; {loss.policy!r} takes none"
-        return
     try:
         get_policy_loss(loss)
     except PolicyLossError as e:
