@@ -80,22 +80,20 @@ def test_a_source_without_task_dirs_or_with_repeated_names_is_refused(tmp_path: 
         load_tasks(str(tmp_path / "[xy]" / "hello-file"))
 
 
-def _recipe(recipe_copy, train_files: list[str]) -> Path:
-    def edit(d: dict) -> None:
-        d["data"]["train_files"] += train_files
-        d["rollout"]["envs"] = [
-            {"domain": "tool_call", "cls": "envs.toolcall.ToolCallEnv", "kwargs": {"max_turns": 1}},
-            {
-                "domain": "harbor",
-                "cls": "envs.harbor.env.HarborEnv",
-                "kwargs": {"max_turns": 2, "command_timeout_s": 5.0},
-            },
-        ]
-        d["rewards"].append(
-            {"cls": "rewards.harbor.HarborVerifierReward", "weight": 1.0, "domains": ["harbor"], "kwargs": {}}
-        )
+def _with_harbor(d: dict, train_files: list[str]) -> None:
+    """A tiny recipe dict edited to train on ``train_files`` too, with the harbor env and reward beside tool calls."""
+    d["data"]["train_files"] += train_files
+    harbor = {"max_turns": 2, "command_timeout_s": 5.0}
+    d["rollout"]["envs"] = [
+        {"domain": "tool_call", "cls": "envs.toolcall.ToolCallEnv", "kwargs": {"max_turns": 1}},
+        {"domain": "harbor", "cls": "envs.harbor.env.HarborEnv", "kwargs": harbor},
+    ]
+    reward = {"cls": "rewards.harbor.HarborVerifierReward", "weight": 1.0, "domains": ["harbor"], "kwargs": {}}
+    d["rewards"].append(reward)
 
-    return recipe_copy("tiny.yaml", edit=edit)
+
+def _recipe(recipe_copy, train_files: list[str]) -> Path:
+    return recipe_copy("tiny.yaml", edit=lambda d: _with_harbor(d, train_files))
 
 
 def test_validate_loads_every_harbor_task_dir_and_names_the_key(tmp_path: Path, recipe_copy) -> None:
@@ -218,20 +216,9 @@ def test_tiny_training_run_mixes_harbor_tasks_with_another_domain(tmp_path: Path
     from rl.driver.loop import train
 
     def edit(d: dict) -> None:
-        d["data"]["train_files"].append(str(DATA))
+        _with_harbor(d, [str(DATA)])
         d["data"]["eval_limit"] = 2
         d["rollout"].update(prompts_per_step=4, group_size=2, max_new_tokens=16, max_turns=2)
-        d["rollout"]["envs"] = [
-            {"domain": "tool_call", "cls": "envs.toolcall.ToolCallEnv", "kwargs": {"max_turns": 1}},
-            {
-                "domain": "harbor",
-                "cls": "envs.harbor.env.HarborEnv",
-                "kwargs": {"max_turns": 2, "command_timeout_s": 5.0},
-            },
-        ]
-        d["rewards"].append(
-            {"cls": "rewards.harbor.HarborVerifierReward", "weight": 1.0, "domains": ["harbor"], "kwargs": {}}
-        )
         d["mixer"] = {**d.get("mixer", {}), "domain_weights": {"tool_call": 0.5, "harbor": 0.5}}
         d["train"]["steps"] = 2
         d.setdefault("wandb", {})["mode"] = "disabled"

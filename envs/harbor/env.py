@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from envs.harbor.episode import EpisodeCeilings, HarborEpisode
-from envs.sandbox import ShellSessionError, check_sandbox
+from envs.sandbox import ShellResult
 from envs.sandbox.config import SandboxConfig
-from envs.sandbox.events import shell_status_events
-from envs.terminal import DONE_MARKER, parse_action, truncate_output
+from envs.terminal import DONE_MARKER, TerminalEnv, truncate_output
 from envs.types import Message, Task
 
 __all__ = ["DOMAIN", "SYSTEM_PROMPT", "HarborEnv", "is_harbor_source", "load_harbor_tasks", "task_and_image", "to_task"]
@@ -146,16 +145,18 @@ def task_and_image(task_dir: str, cache_dir: str = "") -> tuple[Any, Any]:
         return ht, image
 
 
-class HarborEnv:
+class HarborEnv(TerminalEnv):
     """A Harbor task's episode in its image, spoken to through the terminal env's protocol (see the module docstring).
 
+    The turn loop is :class:`~envs.terminal.TerminalEnv`'s (its ``step``, ``finalize``, ``close``); the
+    commands run in a :class:`~envs.harbor.episode.HarborEpisode` and the episode is scored by its verifier.
     ``max_turns``: agent turns before the episode is truncated (and verified). ``command_timeout_s``:
     the most one command may take (the task's agent timeout budgets their sum). ``output_chars``:
     the most characters of a command's output shown. ``storage_mb``, ``memory_mb``, ``cpus``: the
-    ceilings over what task.toml asks. ``image_cache_dir``: the image builder's cache ("" = its
-    default). ``scratch_dir``: where episode directories (the writable layers) go, on disk
-    ("" = the temp dir). ``image_paths``: paths every verifier takes from the image (added to the
-    task's ``[verifier] image_paths``).
+    ceilings over what task.toml asks; ``max_entries``: the most files and directories of the writable
+    layer. ``image_cache_dir``: the image builder's cache ("" = its default). ``scratch_dir``: where
+    episode directories (the writable layers) go, on disk ("" = the temp dir). ``image_paths``: paths
+    every verifier takes from the image (added to the task's ``[verifier] image_paths``).
     """
 
     def __init__(
@@ -175,16 +176,14 @@ class HarborEnv:
         sandbox_config: SandboxConfig | dict | None = None,
         stdin: str = "null",
     ) -> None:
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
-        if not command_timeout_s > 0:
-            raise ValueError(f"command_timeout_s must be > 0, got {command_timeout_s!r}")
-        if not isinstance(output_chars, int) or output_chars < 16:
-            raise ValueError(f"output_chars must be an int >= 16, got {output_chars!r}")
-        if not done_marker or not done_marker.strip() or "\n" in done_marker:
-            raise ValueError(f"done_marker must be a non-empty single line, got {done_marker!r}")
-        if stdin not in ("null", "terminal"):
-            raise ValueError(f"stdin must be 'null' or 'terminal', got {stdin!r}")
+        super().__init__(
+            max_turns,
+            command_timeout_s,
+            output_chars,
+            done_marker=done_marker,
+            sandbox_config=sandbox_config,
+            stdin=stdin,
+        )
         for name, v, lo in (
             ("storage_mb", storage_mb, 1),
             ("memory_mb", memory_mb, 64),
@@ -196,15 +195,8 @@ class HarborEnv:
             raise ValueError(f"cpus must be > 0, got {cpus!r}")
         if any(not str(p).startswith("/") for p in image_paths):
             raise ValueError(f"image_paths must be absolute paths, got {list(image_paths)!r}")
-        check_sandbox()  # SandboxUnavailable here, not in the middle of a rollout
-        self.max_turns = max_turns
-        self.command_timeout_s = float(command_timeout_s)
-        self.output_chars = output_chars
-        self.done_marker = done_marker.strip()
-        self.stdin = stdin
         self.image_cache_dir = image_cache_dir
         self.image_paths = tuple(str(p) for p in image_paths)
-        self.sandbox_config = SandboxConfig.coerce(sandbox_config)
         self.ceilings = EpisodeCeilings(
             storage_mb=storage_mb,
             memory_mb=memory_mb,
@@ -212,11 +204,7 @@ class HarborEnv:
             max_entries=max_entries,
             scratch_dir=scratch_dir,
         )
-        self._task: Task | None = None
         self._episode: HarborEpisode | None = None
-        self._done = True
-        self._turns = 0
-        self._events: list[str] = []
 
     def reset(self, task: Task) -> list[Message]:
         task_dir = task.meta.get("harbor")
@@ -232,64 +220,31 @@ class HarborEnv:
         self._task, self._turns, self._events, self._done = task, 0, [], False
         return list(task.messages)
 
-    def step(self, action: str) -> tuple[list[Message], bool, bool, dict[str, Any]]:
-        if self._task is None:
-            raise RuntimeError("HarborEnv.step() before reset()")
-        if self._done:
-            raise RuntimeError("HarborEnv.step() after the episode ended; call reset() first")
-        ep = self._episode
-        assert ep is not None
-        kind, cmd = parse_action(action, self.done_marker)
-        self._turns += 1
-        if kind == "done":
-            return self._finish([], "done", terminated=True)
-        if kind == "invalid":
-            text = f"No command found. Put exactly one shell command in a ```bash block, or reply {self.done_marker} when the task is complete."
-            obs = [Message("user", text)]
-            info: dict[str, Any] = {"exit_code": None, "timed_out": False, "turns": self._turns, "invalid": True}
-        else:
-            assert cmd is not None
-            timeout = min(self.command_timeout_s, ep.time_left_s)
-            try:
-                res = ep.run(cmd, timeout, stdin=self.stdin)
-            except ShellSessionError as exc:
-                return self._finish([Message("user", f"the shell is gone ({exc})")], "shell_dead", truncated=True)
-            output = truncate_output(res.output.replace("\r\n", "\n"), self.output_chars)
-            head = (
-                f"command timed out after {max(0.1, timeout):g}s (interrupted)"
-                if res.timed_out
-                else f"exit code {res.exit_code}"
-            )
-            obs = [Message("user", f"{head}\n{output}" if output else head)]
-            self._note(res)
-            info = {"exit_code": res.exit_code, "timed_out": res.timed_out, "turns": self._turns}
-            if ep.storage_full:
-                return self._finish(obs, "storage_limit", truncated=True)
-            if ep.session is None or not ep.session.alive:
-                end = "shell_dead" if res.timed_out else "shell_exited"
-                return self._finish(obs, end, terminated=not res.timed_out, truncated=res.timed_out)
-        if ep.time_left_s <= 0:
-            return self._finish(obs, "time_limit", truncated=True)
-        if self._turns >= self.max_turns:
-            return self._finish(obs, "max_turns", truncated=True)
-        return obs, False, False, info
+    # The terminal env's hooks, over the episode.
 
-    def _note(self, res) -> None:
-        ev = list(shell_status_events(res.exit_code, res.output))
-        if res.timed_out:
-            ev.append("timeout")
-        if res.output_truncated:
-            ev.append("output")
-        self._events.extend(dict.fromkeys(ev))
+    def _time_left_s(self) -> float:
+        assert self._episode is not None
+        return self._episode.time_left_s
+
+    def _run_command(self, cmd: str, timeout: float) -> ShellResult:
+        assert self._episode is not None
+        return self._episode.run(cmd, timeout, stdin=self.stdin)
+
+    def _shell_alive(self) -> bool:
+        ep = self._episode
+        return ep is not None and ep.session is not None and ep.session.alive
+
+    def _limit_hit(self) -> str | None:
+        return "storage_limit" if self._episode is not None and self._episode.storage_full else None
 
     def _finish(
         self, obs: list[Message], end: str, *, terminated: bool = False, truncated: bool = False
     ) -> tuple[list[Message], bool, bool, dict[str, Any]]:
+        """End the agent's part and run the verifier: its reward is the step's ``info["reward"]``."""
         self._done = True
-        ep = self._episode
-        assert ep is not None
-        v = ep.verify()
-        events = list(dict.fromkeys([*self._events, *ep.events, *(["timeout"] if v.timed_out else [])]))
+        assert self._episode is not None
+        v = self._episode.verify()
+        events = list(dict.fromkeys([*self._events, *self._episode.events, *(["timeout"] if v.timed_out else [])]))
         info = {
             "reward": v.reward,
             "passed": v.reward >= 1.0,
@@ -302,27 +257,11 @@ class HarborEnv:
         }
         return obs, terminated, truncated, info
 
-    def finalize(self) -> dict[str, Any]:
-        """The rollout ended the episode first (token or context limit): verify the state the agent left."""
-        if self._task is None or self._done:
-            return {}
-        return self._finish([], "cut_by_rollout", truncated=True)[3]
-
     def _release(self) -> None:
+        """Kill everything the episode started, unmount its view, remove its layer."""
         ep, self._episode = self._episode, None
         if ep is not None:
             ep.close()
-
-    def close(self) -> None:
-        """Kill everything the episode started, unmount its view, remove its layer. Idempotent."""
-        self._done = True
-        self._release()
-
-    def __enter__(self) -> HarborEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _task_image_paths(ht: Any) -> list[str]:

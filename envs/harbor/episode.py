@@ -389,17 +389,15 @@ class HarborEpisode:
             return
         self._closed = True
         try:
-            if self.session is not None:
-                self.session.close()
-                self.session = None
-            if self.watch is not None:
-                self.watch.close()
-            if self.overlay is not None:
-                self.overlay.close()
+            # The processes first, then what they ran on: the watch, the view, the layer on disk.
+            for part in (self.session, self.watch, self.overlay):
+                if part is not None:
+                    part.close()
+            self.session = None
             if self.dir:
                 remove_tree(self.dir)
         finally:
-            if self._lease is not None:
+            if self._lease is not None:  # last: the uid is free once nothing of the episode is left
                 self._lease.release()
 
     def __enter__(self) -> HarborEpisode:

@@ -25,10 +25,11 @@ there with ``userxattr``.
 from __future__ import annotations
 
 import os
-import selectors
-import subprocess
+import shutil
 import sys
 from dataclasses import dataclass
+
+from envs.sandbox.storage import _NamespaceHolder
 
 __all__ = ["IdMap", "Overlay", "OverlayError"]
 
@@ -93,14 +94,16 @@ sys.stdin.read()
 """
 
 
-class Overlay:
+class Overlay(_NamespaceHolder):
     """The overlay of one episode: ``lower`` (the image root, read-only) under ``dir/upper``.
 
     ``dir`` holds ``upper`` (the episode's writes), ``work`` (overlayfs's), ``merged`` (the
     mount point, inside the holder's namespace) and ``lower`` (the idmapped image root, as
-    root). ``idmap``: as root, which on-disk owner appears as the episode's host ids (see the
-    module docstring); ignored without root. Raises :class:`OverlayError` naming the step
-    the kernel refused.
+    root). It is a :class:`~envs.sandbox.storage._NamespaceHolder` holding an overlay instead of
+    a tmpfs (its start, ``enter`` without root, ``close``: the namespace and the mount end with the
+    holder). ``idmap``: as root, which on-disk owner appears as the episode's host ids (see the
+    module docstring); ignored without root. Raises :class:`OverlayError` naming the step the
+    kernel refused.
     """
 
     def __init__(self, lower: str, dir: str, idmap: IdMap | None = None, timeout_s: float = 20.0) -> None:
@@ -112,7 +115,7 @@ class Overlay:
         for d in (self.upper, self.work, self.merged, self.idmapped):
             os.mkdir(d, 0o755)
         if self.root_mode and idmap is not None:
-            # The root directory of the view takes its owner and mode from the upper directory: the task's user's, as in the image.
+            # The view's root directory takes its owner and mode from the upper one: the task user's, as in the image.
             os.chown(self.upper, idmap.host_uid, idmap.host_gid)
             os.chmod(self.upper, os.stat(self.lower).st_mode & 0o7777)
         mode = "root" if self.root_mode else "user"
@@ -122,46 +125,12 @@ class Overlay:
         if use_idmap:
             argv += [str(idmap.disk_uid), str(idmap.host_uid), str(idmap.disk_gid), str(idmap.host_gid)]
         self.lower_inside = self.idmapped if use_idmap else self.lower  # the image as launches see it
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-        )
-        if self._ready_line(timeout_s) != b"ready\n":
-            self.proc.kill()
-            _, err = self.proc.communicate()
-            why = err.decode("utf-8", "replace").strip() or "no answer"
-            raise OverlayError(f"cannot mount the episode's copy-on-write view of {self.lower}: {why}")
-        self.pid = self.proc.pid
+        self._nsenter = shutil.which("nsenter") or "nsenter"
+        self._start(argv, f"cannot mount the episode's copy-on-write view of {self.lower}", OverlayError, timeout_s)
         self.view = f"/proc/{self.pid}/root{self.merged}"  # the merged tree, from the harness
 
-    def _ready_line(self, timeout: float) -> bytes:
-        assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout):
-                return b""
-        return self.proc.stdout.readline()
-
     def enter(self) -> list[str]:
-        """The command prefix that runs a launcher in the holder's namespaces."""
-        import shutil
-
-        nsenter = shutil.which("nsenter") or "nsenter"
+        """The command prefix that runs a launcher in the holder's namespaces (its mount namespace as root)."""
         if self.root_mode:
-            return [nsenter, f"--target={self.pid}", "--mount", "--"]
-        return [nsenter, f"--target={self.pid}", "--user", "--mount", "--preserve-credentials", "--"]
-
-    def close(self) -> None:
-        """Unmount (the namespace ends with the holder). Idempotent; the directories are the caller's."""
-        proc = getattr(self, "proc", None)
-        if proc is None or proc.returncode is not None:
-            return
-        for f in (proc.stdin, proc.stdout):
-            if f is not None:
-                f.close()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+            return [self._nsenter, f"--target={self.pid}", "--mount", "--"]
+        return super().enter()
