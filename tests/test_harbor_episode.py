@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -397,3 +398,89 @@ def _cmd(p: str) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+_AS_NOBODY = """
+import json, os, sys
+sys.path.insert(0, os.path.join(os.environ["REPO"], "tests"))
+from pathlib import Path
+from envs.harbor.episode import HarborEpisode
+from harbor_fixtures import BuiltImage, load_task
+root = Path(os.environ["MINI_ROOT"])
+task = load_task(Path(os.environ["TASK_DIR"]))
+out = {"uid": os.geteuid()}
+with HarborEpisode(task, BuiltImage("mini", root, "/app", {}, None)).start() as ep:
+    out["agent"] = ep.run("id -u; pwd; echo hello harbor > greeting.txt; echo x > /usr/bin/planted; echo ok", 10).output
+    out["reward"] = ep.verify().reward
+out["image_untouched"] = not (root / "app").exists() and not (root / "usr/bin/planted").exists()
+print(json.dumps(out))
+"""
+
+
+def _mini_root(dest: Path, uid: int) -> None:
+    """A root with bash, cat and id (the host's, with their libraries), owned by ``uid``: an image as an
+    unprivileged build leaves it."""
+    for d in ("usr/bin", "usr/lib/x86_64-linux-gnu", "usr/lib64", "tmp", "proc", "dev", "etc"):
+        (dest / d).mkdir(parents=True, exist_ok=True)
+    for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+        (dest / link).symlink_to(target)
+    progs = ["/usr/bin/bash", "/usr/bin/cat", "/usr/bin/id"]
+    libs = subprocess.run(["ldd", *progs], capture_output=True, text=True, check=True).stdout
+    for f in {*progs, *(w for w in libs.split() if w.startswith("/") and not w.endswith(":"))}:
+        shutil.copy2(os.path.realpath(f), dest / os.path.realpath(f).lstrip("/"))
+        name = dest / f.lstrip("/")
+        if not name.exists():
+            name.symlink_to(os.path.realpath(f))
+    (dest / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/bash\n")
+    for p in [dest, *dest.rglob("*")]:
+        os.lchown(p, uid, uid)
+    dest.chmod(0o755)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to uid 65534 to play an unprivileged harness")
+def test_an_unprivileged_harness_runs_an_episode_in_a_user_namespace() -> None:
+    """Without root: the view is mounted in an unprivileged user namespace (userxattr), the image belongs to
+    the harness's uid and looks root-owned inside, the verifier still runs from the image."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="jointrl-harbor-nobody-"))  # pytest's own tmp is root-only
+    try:
+        tmp_path.chmod(0o755)
+        _as_nobody(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _as_nobody(tmp_path: Path) -> None:
+    import site
+    import sys
+
+    task_dir = tmp_path / "task"
+    shutil.copytree(DATA / "hello-file", task_dir)
+    (task_dir / "tests" / "test.sh").write_text(
+        '#!/bin/bash\n[ "$(cat /app/greeting.txt)" = "hello harbor" ] && r=1 || r=0\necho $r > /logs/verifier/reward.txt\n'
+    )
+    for p in [task_dir, *task_dir.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    _mini_root(tmp_path / "mini", 65534)
+    (tmp_path / "scratch").mkdir()
+    os.chown(tmp_path / "scratch", 65534, 65534)
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join([repo, *site.getsitepackages()]),
+        "REPO": repo,
+        "MINI_ROOT": str(tmp_path / "mini"),
+        "TASK_DIR": str(task_dir),
+        "TMPDIR": str(tmp_path / "scratch"),
+        "HOME": str(tmp_path / "scratch"),
+    }
+    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", _AS_NOBODY]
+    if subprocess.run([*cmd[:-2], "-c", "import pexpect, pyseccomp"], env=env, capture_output=True).returncode != 0:
+        pytest.skip("uid 65534 cannot run this Python with the sandbox's dependencies")
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["uid"] == 65534 and out["agent"].replace("\r\n", "\n").split() == ["0", "/app", "ok"], out
+    assert out["reward"] == 1.0 and out["image_untouched"], out

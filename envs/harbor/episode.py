@@ -212,7 +212,8 @@ class HarborEpisode:
         return self
 
     def _start(self) -> None:
-        parent = self.ceilings.scratch_dir or os.path.join(tempfile.gettempdir(), "jointrl-harbor")
+        # One parent per harness uid: a directory another user made is not this one's to write in.
+        parent = self.ceilings.scratch_dir or os.path.join(tempfile.gettempdir(), f"jointrl-harbor-{os.geteuid()}")
         os.makedirs(parent, mode=0o711, exist_ok=True)
         self.dir = tempfile.mkdtemp(prefix="ep-", dir=parent)
         os.chmod(self.dir, 0o711)  # the episode's host uid must reach merged/ to bind it

@@ -119,7 +119,7 @@ class Overlay(_NamespaceHolder):
             os.chown(self.upper, idmap.host_uid, idmap.host_gid)
             os.chmod(self.upper, os.stat(self.lower).st_mode & 0o7777)
         mode = "root" if self.root_mode else "user"
-        argv = [sys.executable, "-I", "-S", "-c", _HOLDER, mode, self.lower, self.upper, self.work, self.merged]
+        argv = [_python(), "-I", "-S", "-c", _HOLDER, mode, self.lower, self.upper, self.work, self.merged]
         argv.append(self.idmapped)
         use_idmap = self.root_mode and idmap is not None
         if use_idmap:
@@ -134,3 +134,11 @@ class Overlay(_NamespaceHolder):
         if self.root_mode:
             return [self._nsenter, f"--target={self.pid}", "--mount", "--"]
         return super().enter()
+
+
+def _python() -> str:
+    """An interpreter this process may run for the holder (it needs the standard library only)."""
+    for exe in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
+        if exe and os.access(exe, os.X_OK):
+            return exe
+    raise OverlayError("no Python interpreter to run the overlay's holder with (tried this one and python3)")
