@@ -127,8 +127,8 @@ class CodeBlock:
 
 
 # Linear time on any line: one run of spaces is never split between overlapping quantifiers (the info
-# string's surrounding blanks are stripped after the match; a three-quantifier pattern took seconds of
-# backtracking on a fence line of a few thousand spaces ending in a backtick).
+# string's surrounding blanks are stripped after the match; a three-quantifier pattern backtracks
+# super-linearly on a fence line of a few thousand spaces ending in a backtick).
 _FENCE_RE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")
 
 

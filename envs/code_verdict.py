@@ -58,19 +58,6 @@ CANDIDATE_PROGRAM = (
 import sys as _sys, os as _os
 
 
-def _jointrl_fmt(e, names):
-    import traceback
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in names]
-    lines = ['  File "%s", line %s, in %s\n    %s' % (f.filename, f.lineno, f.name, (f.line or "").strip())
-             for f in frames[-3:]]
-    try:
-        head = "".join(traceback.format_exception_only(type(e), e)).rstrip()
-    except BaseException:
-        head = type(e).__name__
-    text = "\n".join(lines + [head])
-    return text if len(text) <= 1500 else text[:1500] + "..."
-
-
 def _jointrl_serve(entry_point):
     import types
     req = _os.fdopen(_os.dup(0), "rb")      # requests from the judge
@@ -97,7 +84,7 @@ def _jointrl_serve(entry_point):
     try:
         exec(compile(code, "solution.py", "exec"), ns)
     except BaseException as e:
-        send({"load_error": _jointrl_fmt(e, ("solution.py",))})
+        send({"load_error": error_text(e, ("solution.py",))})
         return
     if entry_point not in ns:
         send({"load_error": "NameError: the code does not define %r" % entry_point})
@@ -123,7 +110,7 @@ def _jointrl_serve(entry_point):
                 text = str(e)
             except BaseException:
                 text = "<str() failed>"
-            send({"id": n, "raise": [type(e).__name__, text[:2000], _jointrl_fmt(e, ("solution.py",))]})
+            send({"id": n, "raise": [type(e).__name__, text[:2000], error_text(e, ("solution.py",))]})
             continue
         try:
             send({"id": n, "ok": encode(result), "args": encode(args)})
@@ -166,16 +153,7 @@ def _jointrl_judge(tests, test_idx, entry_point, prompt_code, marker, req_fd, hi
         return s if len(s) <= limit else s[:limit] + "..."
 
     def fmt(e):
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == "tests.py"]
-        lines = ['  File "%s", line %s, in %s\n    %s' % (f.filename, f.lineno, f.name, (f.line or "").strip())
-                 for f in frames[-3:]]
-        try:
-            head = "".join(traceback.format_exception_only(type(e), e)).rstrip()
-        except BaseException:
-            head = type(e).__name__
-        where = getattr(e, "_jointrl_where", "")
-        text = "\n".join(lines + [head] + ([where] if where else []))
-        return text if len(text) <= 1500 else text[:1500] + "..."
+        return error_text(e, ("tests.py",), getattr(e, "_jointrl_where", ""))
 
     def read_msg():
         line = replies.readline(MAX_LINE + 1)

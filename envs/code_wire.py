@@ -127,3 +127,22 @@ def loads(line):
     if type(obj) is not dict:
         raise ValueError("a message must be a JSON object")
     return obj
+
+
+def error_text(e, files, where=""):
+    """The text of exception ``e`` that a program sends to the host: its last three frames in ``files``
+    (file names), the exception line, then ``where``; at most 1500 characters. Where the exception line
+    cannot be formatted (a hostile ``__str__`` is handled by ``traceback`` itself), the type's name stands in."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in files]
+    lines = [
+        '  File "%s", line %s, in %s\n    %s' % (f.filename, f.lineno, f.name, (f.line or "").strip())
+        for f in frames[-3:]
+    ]
+    try:
+        head = "".join(traceback.format_exception_only(type(e), e)).rstrip()
+    except BaseException:
+        head = type(e).__name__
+    text = "\n".join(lines + [head] + ([where] if where else []))
+    return text if len(text) <= 1500 else text[:1500] + "..."

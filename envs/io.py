@@ -427,10 +427,13 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
     :class:`TaskFormatError` naming ``file:line`` for a malformed record or a duplicate id.
     """
     p = Path(path)
-    from envs.harbor.env import is_harbor_source, load_harbor_tasks
+    from envs.harbor.env import HarborSourceError, is_harbor_source, load_harbor_tasks
 
     if is_harbor_source(p):
-        return load_harbor_tasks(p)
+        try:
+            return load_harbor_tasks(p)
+        except HarborSourceError as exc:
+            raise TaskFormatError(str(exc)) from None
     if not p.is_file():
         raise FileNotFoundError(f"task file not found: {p}" + (" (it is a directory)" if p.is_dir() else ""))
     reader = _reader_for(p)

@@ -31,7 +31,7 @@ Episode and check semantics (:class:`TerminalEnv`)
   ``min(command_timeout_s, time left)``, its standard input ``/dev/null`` by default
   (``stdin="null"``: ``tee out.txt`` or ``grep word`` without a file get end-of-file and
   finish, as in a script, instead of waiting for keyboard input that never comes until
-  the timeout; one such command used to hold a whole rollout batch for ``command_timeout_s``);
+  the timeout; on a tty one such command holds a whole rollout batch for ``command_timeout_s``);
   ``stdin="terminal"`` gives commands the session's tty. A command that times out is interrupted with
   Ctrl-C and reported as an observation (``command timed out after Xs (interrupted)``);
   the session goes on. ``time_limit_s`` of the task budgets the summed wall time of

@@ -4,7 +4,8 @@ A policy calls functions by writing one or more blocks::
 
     <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
 
-:func:`parse_tool_calls` extracts them (and reports format problems), :func:`validate_arguments`
+:func:`parse_tool_calls` extracts them (and reports format problems), :func:`validate_arguments` (of
+:mod:`envs.toolcall_schema`, below this module and the simulated tools alike)
 checks a call against its function's JSON Schema, :class:`ToolCallEnv` is the env (single
 turn in ``"calls"`` mode; multi-turn with simulated tools, :mod:`envs.toolcall_tools`, in
 ``"answer"`` mode), :func:`format_tools_system_prompt` writes the system prompt that lists
@@ -24,9 +25,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from envs.io import ROLES, TaskFormatError, read_json_objects, save_tasks
+from envs.toolcall_schema import validate_arguments
 from envs.toolcall_tools import ToolError, run_tool
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
 
@@ -165,38 +165,6 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
         if call is not None:
             calls.append(call)
     return calls, problems
-
-
-def _tool_index(tools: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    return {t["name"]: t for t in tools if isinstance(t, Mapping) and "name" in t}
-
-
-def validate_arguments(call: ToolCall, tools: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Errors of ``call`` against its function's JSON Schema (``[]`` when it is valid).
-
-    ``tools`` are function schemas ``{"name", "description", "parameters"}``. The schema's
-    ``$schema`` picks the draft; without one, Draft 2020-12 is used (which agrees with
-    Draft 7 on everything function schemas use). An unknown function name is an error.
-    """
-    index = _tool_index(tools)
-    tool = index.get(call.name)
-    if tool is None:
-        available = ", ".join(sorted(index)) or "none"
-        return [f"unknown function {call.name!r} (available: {available})"]
-    schema = tool.get("parameters")
-    if schema is None:
-        schema = {"type": "object"}
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        return [f"{call.name}: the function's parameter schema is invalid: {exc.message}"]
-    errors = sorted(cls(schema).iter_errors(call.arguments), key=lambda e: (list(map(str, e.absolute_path)), e.message))
-    out = []
-    for e in errors:
-        path = ".".join(str(p) for p in e.absolute_path)
-        out.append(f"{call.name}: {path + ': ' if path else ''}{e.message}")
-    return out
 
 
 def format_call(call: ToolCall) -> str:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from envs.toolcall_schema import validate_arguments
 from envs.types import ToolCall
 
 __all__ = ["ToolError", "SimTool", "TOOLS", "tool_schema", "run_tool", "safe_eval", "WEATHER", "USD_RATES", "STOCKS"]
@@ -425,8 +426,6 @@ def run_tool(call: ToolCall, state: dict[str, Any] | None = None, registry: Mapp
     episode's (mutable) copy of the task's state; tools that record (``send_email``,
     ``set_timer``) append to it.
     """
-    from envs.toolcall import validate_arguments  # envs.toolcall imports this module
-
     registry = TOOLS if registry is None else registry
     tool = registry.get(call.name)
     if tool is None:

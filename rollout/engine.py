@@ -156,10 +156,10 @@ class VLLMEngine:
         one that completed the string (``include_stop_str_in_output``), so the ids returned are
         exactly the ids sampled and their text holds the stop string.
 
-        ``seeds`` (one per prompt) make each request's sampling reproducible whatever else
-        is in the batch (measured on CPU, SmolLM2 bf16: 64/64 samples identical when re-run,
-        63/64 with the batch order reversed, 32/32 for a sub-batch), so a resumed run
-        samples what the uninterrupted run would have.
+        ``seeds`` (one per prompt) give each request its own sampler, so what it samples does not
+        depend on what else is in the batch (up to the floating-point differences of batched kernels,
+        which can flip a rare token when the batch changes), and a resumed run samples what the
+        uninterrupted run would have.
         """
         from vllm.inputs import TokensPrompt
 
@@ -191,8 +191,8 @@ class VLLMEngine:
         self._streams[rid] = key
 
     def poll(self) -> list[tuple[int, Generation]]:
-        """One engine step (a decode iteration, ~50-100 ms on 2 CPU cores): the submitted requests
-        that finished in it, as ``(key, completion)``; [] when nothing is pending."""
+        """One engine step (one iteration of vLLM's scheduler): the submitted requests that finished
+        in it, as ``(key, completion)``; [] when nothing is pending."""
         if not self._streams:
             return []
         done = []

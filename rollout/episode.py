@@ -4,7 +4,7 @@ With a streaming engine (``submit``/``poll``/``abort``: ``rollout.engine.VLLMEng
 episode moves on by itself: its next turn joins the engine's running batch as soon as its env
 has answered, while other episodes are still generating or in their envs. So a multi-turn batch
 takes about its tokens' decode time, not the sum over turns of each turn's longest completion
-plus its slowest env call (measured on the flagship's mix: ``bench/episode_stream.py``). With an
+plus its slowest env call (``bench/episode_stream.py`` compares the two; bench/RESULTS.md). With an
 engine that only has a batched ``generate`` (``rollout.hf_engine.HFEngine``, test engines) all
 episodes advance turn by turn together: one ``generate`` per turn for every episode still
 running, then each env's ``step``. Either way a request's sampling seed is its episode's seed and

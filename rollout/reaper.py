@@ -4,7 +4,7 @@ vLLM runs its engine core (and, with tensor parallelism on GPU, its workers) in 
 processes that wait on sockets for the next request. When their parent, the rollout
 worker, is SIGKILLed (Ray does that to the actors of a driver that died, and ``ray.kill``
 does it to one actor), nothing tells them: they live on as orphans holding their memory
-(about 1.7 GB of RAM for SmolLM2 on CPU; on GPU, the GPU's memory the next run needs).
+(the model's weights and KV cache: RAM on CPU; on GPU, the GPU's memory the next run needs).
 
 :func:`start_reaper` starts a small process beside them. It polls its parent; once the
 parent is gone it SIGKILLs the recorded processes and their descendants, each only while

@@ -648,3 +648,28 @@ def test_humaneval_164_canonical_solutions_pass_and_prompt_stubs_fail():
             if stub.passed:
                 bad.append(f"{t.id}: the prompt stub passes")
     assert not bad, "\n".join(bad)
+
+
+def test_error_text_keeps_the_last_frames_of_the_named_files_and_is_capped():
+    """Both sandboxed programs (candidate and judge) report an exception through ``error_text``: only
+    frames of the named files, the last three, the exception line, ``where``; capped at 1500 characters."""
+    from envs.code_wire import error_text
+
+    src = "def f(n):\n    return f(n - 1) if n else 1 / 0\n"
+    ns: dict = {}
+    exec(compile(src, "tests.py", "exec"), ns)
+    try:
+        ns["f"](5)
+    except ZeroDivisionError as e:
+        text = error_text(e, ("tests.py",), "in the candidate:\nboom")
+        assert text.count('File "tests.py"') == 3 and "test_code_domain" not in text
+        assert text.endswith("ZeroDivisionError: division by zero\nin the candidate:\nboom")
+        assert error_text(e, ("solution.py",)) == "ZeroDivisionError: division by zero"
+
+    class Hostile(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert error_text(Hostile(), ("tests.py",)).endswith("Hostile: <exception str() failed>")
+    long = error_text(ValueError("x" * 5000), ("tests.py",))
+    assert len(long) == 1503 and long.endswith("...")

@@ -423,7 +423,7 @@ def test_full_disk_at_start_is_a_recipe_error(recipe_copy, monkeypatch) -> None:
     cfg = load_recipe(recipe_copy("tiny.yaml"))
     validate_recipe(cfg)
     usage = _shutil.disk_usage("/")
-    monkeypatch.setattr("rl.config.recipe.shutil.disk_usage", lambda p: usage._replace(free=5 * 2**20))
+    monkeypatch.setattr("rl.config.output_dir.shutil.disk_usage", lambda p: usage._replace(free=5 * 2**20))
     with pytest.raises(RecipeError, match=r"run\.output_dir: only 5 MiB free under .*need about \d+ MiB"):
         validate_recipe(cfg)
 

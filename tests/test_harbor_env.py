@@ -14,7 +14,7 @@ import pytest
 
 import envs.harbor.env as harbor_env
 from envs.base import check_env
-from envs.harbor.env import SYSTEM_PROMPT, HarborEnv, is_harbor_source, load_harbor_tasks
+from envs.harbor.env import SYSTEM_PROMPT, HarborEnv, is_harbor_source
 from envs.io import TaskFormatError, load_tasks
 from envs.types import Message, Task, Trajectory
 from harbor_fixtures import DATA, build_image, load_task
@@ -62,7 +62,7 @@ def test_every_bad_task_dir_is_named_at_once(tmp_path: Path) -> None:
     (tmp_path / "b-no-instruction" / "instruction.md").unlink()
     (tmp_path / "c-no-tests" / "tests" / "test.sh").unlink()
     with pytest.raises(TaskFormatError) as e:
-        load_harbor_tasks(tmp_path)
+        load_tasks(tmp_path)
     msg = str(e.value)
     assert "2 Harbor task(s) do not load" in msg and "b-no-instruction" in msg and "instruction.md" in msg
     assert "c-no-tests" in msg and "tests/test.sh" in msg and "a-good" not in msg

@@ -39,9 +39,6 @@ def tiny(recipe_copy):
         (["algo.name=ppo", "algo.critic.vf_coef=-1"], "algo.critic.vf_coef", ">= 0"),
         (["algo.name=ppo", "algo.critic.value_clip=-0.2"], "algo.critic.value_clip", ">= 0"),
         (["algo.name=ppo", "algo.critic.lr=-1"], "algo.critic.lr", ">= 0"),
-        # Sections only some estimators read: set for another one, refused (they would be ignored).
-        (["algo.critic.vf_coef=1"], "algo.critic", "used by ppo only; grpo would ignore it"),
-        (["algo.returns.gamma=0.9"], "algo.returns", "used by reinforce_pp and ppo only"),
         (["algo.optim.warmup_steps=-1"], "algo.optim.warmup_steps", ">= 0"),
     ],
 )

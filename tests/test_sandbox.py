@@ -625,3 +625,21 @@ def test_rlimit_fallback_without_prlimit(monkeypatch):
 def test_shell_encoding_keeps_lines_short():
     line = sbshell._shell_encode("echo " + "é\n" * 3000)
     assert max(len(part) for part in line.split(b"\n")) < 1100
+
+
+def test_orphans_are_swept_every_few_bwrap_runs_and_at_once_without_a_pid1(monkeypatch):
+    """Each finished bwrap run is counted: a sweep for orphaned sandbox PID 1s every ``_SWEEP_EVERY``
+    runs, and one at once after a run whose PID 1 was never opened (only a sweep can reap that one)."""
+    import envs.sandbox.reap as reap
+
+    sweeps = []
+    monkeypatch.setattr(reap, "_sweep_orphans", lambda: sweeps.append(1))
+    monkeypatch.setattr(reap, "_runs_since_sweep", 0)
+    for _ in range(reap._SWEEP_EVERY - 1):
+        reap._note_bwrap_run(sweep_now=False)
+    assert sweeps == []
+    reap._note_bwrap_run(sweep_now=False)
+    assert sweeps == [1] and reap._runs_since_sweep == 0
+    reap._note_bwrap_run(sweep_now=False)
+    reap._note_bwrap_run(sweep_now=True)
+    assert sweeps == [1, 1] and reap._runs_since_sweep == 0

@@ -39,7 +39,16 @@ from envs.sandbox.config import SandboxConfig
 from envs.terminal import DONE_MARKER, TerminalEnv, truncate_output
 from envs.types import Message, Task
 
-__all__ = ["DOMAIN", "SYSTEM_PROMPT", "HarborEnv", "is_harbor_source", "load_harbor_tasks", "task_and_image", "to_task"]
+__all__ = [
+    "DOMAIN",
+    "SYSTEM_PROMPT",
+    "HarborEnv",
+    "HarborSourceError",
+    "is_harbor_source",
+    "load_harbor_tasks",
+    "task_and_image",
+    "to_task",
+]
 
 DOMAIN = "harbor"
 SYSTEM_PROMPT = (
@@ -52,6 +61,10 @@ SYSTEM_PROMPT = (
     "When the task is complete, reply with a line containing only DONE."
 )
 _GLOB_CHARS = ("*", "?", "[")
+
+
+class HarborSourceError(ValueError):
+    """Task directories of a Harbor source that do not load, each named with its problem."""
 
 
 def is_harbor_source(path: str | os.PathLike[str]) -> bool:
@@ -98,11 +111,10 @@ def load_harbor_tasks(spec: str | os.PathLike[str]) -> list[Task]:
     """Every task directory of ``spec`` (see :func:`is_harbor_source`) as a ``harbor`` :class:`Task`.
 
     Raises ``FileNotFoundError`` when the source names no task directory, and
-    :class:`~envs.io.TaskFormatError` listing every task directory that does not load (the
-    loader's message: the directory, the file, the field) or that repeats another's name.
+    :class:`HarborSourceError` listing every task directory that does not load (the loader's
+    message: the directory, the file, the field) or that repeats another's name
+    (:func:`envs.io.load_tasks` raises it as a ``TaskFormatError``).
     """
-    from envs.io import TaskFormatError
-
     tasks: list[Task] = []
     errors: list[str] = []
     seen: dict[str, Path] = {}
@@ -118,7 +130,7 @@ def load_harbor_tasks(spec: str | os.PathLike[str]) -> list[Task]:
         seen[ht.name] = d
         tasks.append(to_task(ht))
     if errors:
-        raise TaskFormatError(f"{spec}: {len(errors)} Harbor task(s) do not load:\n" + "\n".join(errors))
+        raise HarborSourceError(f"{spec}: {len(errors)} Harbor task(s) do not load:\n" + "\n".join(errors))
     return tasks
 
 

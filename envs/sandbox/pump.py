@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from envs.sandbox import reap
 from envs.sandbox.base import _EXIT_DRAIN_S, _KILL_WAIT_S, _READ_CHUNK, Limits, RunResult
 from envs.sandbox.reap import (
     _finish_inner,
@@ -20,10 +19,10 @@ from envs.sandbox.reap import (
     _kill_pidfd,
     _killpg,
     _live_launchers,
+    _note_bwrap_run,
     _open_inner,
     _pidfd_open,
     _registry_lock,
-    _sweep_orphans,
 )
 
 logger = logging.getLogger("envs.sandbox")
@@ -173,31 +172,35 @@ def _register(sel: selectors.BaseSelector, run: _Running) -> None:
             run.proc.stdin.close()
 
 
+def _read_ready(sel: selectors.BaseSelector, fd: int) -> bytes | None:
+    """One read of ready ``fd``: None when it has nothing after all; ``b""`` at its end or on an error,
+    when ``fd`` is unregistered from ``sel``."""
+    try:
+        data = os.read(fd, _READ_CHUNK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        data = b""
+    if not data:
+        sel.unregister(fd)
+    return data
+
+
 def _on_ready(sel: selectors.BaseSelector, key: selectors.SelectorKey, stopping: bool) -> None:
     """Handle one ready fd: read output, read bwrap's info report, write stdin."""
     tag, run, cap = key.data
     if tag == "out":
         for _ in range(16):
-            try:
-                data = os.read(key.fd, _READ_CHUNK)
-            except BlockingIOError:
+            data = _read_ready(sel, key.fd)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
-                sel.unregister(key.fd)
                 cap.open = False
                 return
             cap.feed(data)
     elif tag == "info":
-        try:
-            data = os.read(key.fd, _READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
+        data = _read_ready(sel, key.fd)
         if not data:
-            sel.unregister(key.fd)
             return
         run.info_buf += data
         if run.inner is None:
@@ -286,10 +289,7 @@ def _finish(run: _Running) -> None:
             _live_launchers.discard(proc.pid)
     if run.spec.bwrap:
         _finish_inner(run.inner)
-        reap._runs_since_sweep += 1
-        if run.inner is None or reap._runs_since_sweep >= 100:
-            reap._runs_since_sweep = 0
-            _sweep_orphans()
+        _note_bwrap_run(sweep_now=run.inner is None)
 
 
 def _result(run: _Running, timed_out: bool, duration: float) -> RunResult:

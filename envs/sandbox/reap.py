@@ -24,6 +24,7 @@ _live_launchers: set[int] = set()  # pids of outer bwrap / launcher processes no
 _pending_inner: list[int] = []  # pidfds of sandbox PID 1s that did not die in time
 _subreaper_done = False
 _runs_since_sweep = 0
+_SWEEP_EVERY = 100  # bwrap runs between two sweeps for orphaned sandbox PID 1s
 
 
 def _ensure_subreaper() -> None:
@@ -133,6 +134,16 @@ def _retry_pending() -> None:
         _pending_inner.clear()
     for fd in fds:
         _finish_inner(fd, wait_s=0.0)
+
+
+def _note_bwrap_run(sweep_now: bool) -> None:
+    """Count one finished bwrap run and sweep for orphans every :data:`_SWEEP_EVERY` runs, or at once when
+    ``sweep_now`` (the run's sandbox PID 1 was never opened, so only a sweep can reap it)."""
+    global _runs_since_sweep
+    _runs_since_sweep += 1
+    if sweep_now or _runs_since_sweep >= _SWEEP_EVERY:
+        _runs_since_sweep = 0
+        _sweep_orphans()
 
 
 def _sweep_orphans() -> None:

@@ -1,10 +1,11 @@
 """A pre-started launcher: the next run's sandbox is set up while the current one runs.
 
-Starting a sandbox costs setpriv, prlimit and bwrap (namespaces, mounts, seccomp), about
-20 ms here, before the program itself starts. :class:`WarmLauncher` starts the NEXT run's
-sandbox ahead of time with a tiny trusted stub (:data:`STUB`) as its program: the stub
-blocks reading one command from a private pipe and then ``execve``\\ s it. So a run only
-pays for handing over its command, and the setup of the following sandbox overlaps with it.
+Starting a sandbox costs setpriv, prlimit and bwrap (namespaces, mounts, seccomp) before the
+program itself starts (``bench/sandbox_bench.py`` times cold and warm runs; bench/RESULTS.md).
+:class:`WarmLauncher` starts the NEXT run's sandbox ahead of time with a tiny trusted stub
+(:data:`STUB`) as its program: the stub blocks reading one command from a private pipe and then
+``execve``\\ s it. So a run only pays for handing over its command, and the setup of the
+following sandbox overlaps with it.
 
 Every run still gets its own sandbox, used once: fresh PID, mount, IPC, UTS and network
 namespaces, a fresh process tree (the previous run's sandbox and everything in it was
@@ -23,15 +24,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from envs.sandbox.base import RunResult
-from envs.sandbox.pump import _finish, _has_exited, _Running, _start, pump_started
+from envs.sandbox.pump import Launch, _finish, _has_exited, _Running, _start, pump_started
+from envs.sandbox.storage import Storage
 
-if TYPE_CHECKING:
-    from envs.sandbox.core import Sandbox
-
-__all__ = ["STUB", "WarmLauncher"]
+__all__ = ["STUB", "WarmLauncher", "WarmBox"]
 
 # Runs inside the sandbox before the untrusted program exists, then replaces itself with it:
 # reads NUL-separated ``NAME=VALUE``... ``argv``... from fd $1 and execs ``env -i`` with them.
@@ -39,10 +38,19 @@ STUB = 'mapfile -d "" -t a <&"$1" && eval "exec $1<&-" && exec /usr/bin/env -i "
 _STUB_ARGV = ("/bin/bash", "--norc", "--noprofile", "-c", STUB, "stub")
 
 
+class WarmBox(Protocol):
+    """What a :class:`WarmLauncher` uses of its :class:`~envs.sandbox.core.Sandbox`: declared here, so that
+    this module does not import :mod:`envs.sandbox.core` (which imports this one)."""
+
+    storage: Storage | None
+
+    def prepare(self, argv: Sequence[str], *, stdin: bytes | int | None = None, clear: bool = True) -> Launch: ...
+
+
 class WarmLauncher:
     """One pre-started sandbox for the next :meth:`Sandbox.run` of ``box`` (see the module docstring)."""
 
-    def __init__(self, box: Sandbox) -> None:
+    def __init__(self, box: WarmBox) -> None:
         self.box = box
         self._next: tuple[_Running, int] | None = None
 

@@ -31,13 +31,9 @@ from typing import Callable
 
 import torch
 
+from rl.algos.losses import _as_bool_mask
+
 __all__ = ["gae", "group_normalized", "reinforce_pp", "whiten"]
-
-
-def _as_bool_mask(mask: torch.Tensor, like: torch.Tensor, name: str = "mask") -> torch.Tensor:
-    if mask.shape != like.shape:
-        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {tuple(like.shape)}")
-    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def _float_dtype(*tensors: torch.Tensor) -> torch.dtype:

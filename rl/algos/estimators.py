@@ -202,13 +202,14 @@ def estimator_class(name: str) -> type[Estimator]:
 def get_estimator(algo: Any) -> Estimator:
     """The estimator object of ``algo`` (an ``AlgoConfig``); ``algo.kwargs`` go to a user estimator."""
     cls = estimator_class(algo.name)
-    if algo.kwargs and algo.name in ESTIMATORS:
+    kwargs = getattr(algo, "kwargs", {})  # only an estimator named by dotted path has algo.kwargs
+    if kwargs and algo.name in ESTIMATORS:
         raise EstimatorError(
             f"algo.kwargs are for an estimator named by dotted path; {algo.name!r} takes its "
             f"settings from algo.* sections",
             key="algo.kwargs",
         )
     try:
-        return cls(algo, **algo.kwargs)
+        return cls(algo, **kwargs)
     except TypeError as e:
         raise EstimatorError(f"algo.kwargs do not match {algo.name}'s constructor: {e}", key="algo.kwargs") from None

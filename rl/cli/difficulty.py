@@ -77,8 +77,8 @@ def add_parser(sub: Any) -> None:
         help="write the measured files here (same names) instead of in place; required for data.train_datasets "
         "(written as ORG--NAME[.SUBSET].SPLIT.jsonl)",
     )
-    # 256 (eval's default) failed here: SmolLM2 on 2 busy CPU cores spent over vLLM's RPC timeout
-    # on one 16k-token prefill step of 176 new requests, and the engine died.
+    # Smaller than eval's 256: a batch that large can put thousands of prompt tokens into one prefill
+    # step, and on a CPU engine such a step can outlast vLLM's RPC timeout, which kills the engine.
     p.add_argument("--batch", type=int, default=32, help="episodes per engine call (default 32)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--verbose", action="store_true", help="show vLLM logs")

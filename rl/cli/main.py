@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rl.config.recipe import RecipeError, check_task_files, load_recipe, validate_recipe
+from rl.config.recipe import RecipeError, load_recipe, validate_recipe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     try:
         cfg = load_recipe(args.recipe, args.overrides)
-        validate_recipe(cfg)
-        if args.cmd == "validate":  # train parses them when it starts
-            check_task_files(cfg)
+        # validate also checks every task's domain is served (train checks it when it loads the task files)
+        validate_recipe(cfg, task_domains=args.cmd == "validate")
     except RecipeError as e:
         return _fail(str(e), args.debug)
     except Exception as e:  # noqa: BLE001 - e.g. a user module that fails at import time

@@ -14,11 +14,13 @@ weights do with them is ``rl.data.mixer.AdaptiveDomainWeights``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+import typing
+from typing import Any, Literal
 
 from rl.config.fields import FieldError, Section, build, knob
 
-MIXER_MODES = ("fixed", "adaptive")
+MixerMode = Literal["fixed", "adaptive"]  # mixer.mode
+MIXER_MODES: tuple[str, ...] = typing.get_args(MixerMode)
 
 
 def _weight_bound(v: Any) -> str | None:

@@ -12,8 +12,12 @@ int; ``X | Y``: the first that fits), and prefixes each error's key with the sec
 (OmegaConf's structured configs, used before, take no ``Literal`` field types and check no
 bounds; this builder is the part of them the recipe needs.)
 
+A tagged union (the ``algo`` section: one arm per algorithm) is a base section whose
+``arm_for(data)`` names the subclass that builds a mapping; a key only another arm has is an
+unknown key, with the words of ``key_hint``.
+
 What this module does not do: read files, know any particular section, or check rules that
-span sections (``rl/config/recipe.py`` keeps those in one place).
+span sections (``rl/config/rules.py`` keeps those in one place).
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ def hints(cls: type) -> dict[str, Any]:
 
 
 def _check_field(f: dataclasses.Field, value: Any, tp: Any) -> None:
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and not isinstance(value, tp):
+        raise FieldError(f.name, f"expected a {tp.__name__} section, got {type(value).__name__}")
     if typing.get_origin(tp) is Literal and value not in typing.get_args(tp):
         raise FieldError(f.name, f"choose one of {', '.join(map(str, typing.get_args(tp)))}; got {value!r}")
     md = f.metadata
@@ -117,6 +123,18 @@ class Section:
 
     def check(self) -> None:
         """Rules between this section's own fields; raise ``FieldError(field, msg)``."""
+
+    @classmethod
+    def arm_for(cls, data: dict) -> type:
+        """The class that builds ``data`` (a mapping of this section's keys): ``cls`` itself, or for a tagged
+        union (a base section whose subclasses are its arms) the arm that the tag in ``data`` chooses."""
+        return cls
+
+    @classmethod
+    def key_hint(cls, key: str, data: dict) -> str:
+        """Words added to the "unknown recipe key" error for ``key`` in ``data`` (a key another arm of a union
+        has)."""
+        return ""
 
 
 def _join(path: str, key: Any) -> str:
@@ -162,6 +180,8 @@ def build(tp: Any, data: Any, path: str = "", *, renamed: dict[str, str] | None 
     if dataclasses.is_dataclass(tp):
         if isinstance(data, tp):
             return data
+        if isinstance(data, dict) and issubclass(tp, Section):
+            tp = tp.arm_for(data)
         names = [f.name for f in dataclasses.fields(tp) if f.init]
         generic = ".".join("<i>" if p.isdigit() else p for p in path.split("."))
         if not isinstance(data, dict):
@@ -171,9 +191,13 @@ def build(tp: Any, data: Any, path: str = "", *, renamed: dict[str, str] | None 
             if k not in names:
                 key = _join(path, k)
                 gkey = _join(generic, k)
-                if gkey in renamed:
+                # An old scalar key that became a section (algo.critic -> algo.critic.model) given a mapping is
+                # today's section, where this arm has none: an unknown key, not a moved one.
+                became_section = isinstance(data[k], dict) and renamed.get(gkey, "").startswith(gkey + ".")
+                if gkey in renamed and not became_section:
                     raise FieldError(key, f"recipe key '{key}' moved to '{renamed[gkey]}'")
-                raise FieldError(key, f"unknown recipe key '{key}'; valid keys here: {', '.join(names)}")
+                hint = tp.key_hint(k, data) if issubclass(tp, Section) else ""
+                raise FieldError(key, f"unknown recipe key '{key}'{hint}; valid keys here: {', '.join(names)}")
         kwargs = {k: build(hints(tp)[k], v, _join(path, k), renamed=renamed) for k, v in data.items()}
         try:
             return tp(**kwargs)

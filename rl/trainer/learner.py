@@ -78,12 +78,10 @@ class _Grid:
         return grid.index_put((self.index,), flat).view(self.B, self.T)
 
 
-def _loss_aggregation(algo: AlgoConfig, est: Any) -> tuple[str, int | None]:
-    """``algo.loss.agg`` (``auto``: the estimator's default, for a config built in code, not by
-    ``load_recipe`` which resolves it) and ``norm_tokens`` (needed by seq-mean-token-sum-norm)."""
+def _loss_aggregation(algo: AlgoConfig) -> tuple[str, int | None]:
+    """``algo.loss.agg`` (``auto`` was resolved when the algo section was built: rl/config/algo.py) and
+    ``norm_tokens`` (needed by seq-mean-token-sum-norm)."""
     agg, norm_tokens = algo.loss.agg, algo.loss.norm_tokens or None
-    if agg == "auto":
-        agg = est.default_agg
     if agg == "seq-mean-token-sum-norm" and not norm_tokens:
         raise ValueError(
             "algo.loss.norm_tokens must be > 0 for seq-mean-token-sum-norm (load_recipe sets it to "
@@ -95,8 +93,9 @@ def _loss_aggregation(algo: AlgoConfig, est: Any) -> tuple[str, int | None]:
 def _objective_parts(algo: AlgoConfig) -> tuple[Any, Terms]:
     """The policy loss object (``algo.loss.policy``: what it needs, engine log-probs or entropy) and the weights of
     the objective's other terms (``rl.algos.objective``; the KL coefficient is set per step by the controller)."""
-    c = algo.critic
-    terms = Terms(0.0, algo.kl.kind, algo.kl.in_reward, algo.loss.entropy_coef, c.vf_coef, c.value_clip or None)
+    c = getattr(algo, "critic", None)  # only the algorithms with a critic have algo.critic (rl/config/algo.py)
+    value = (c.vf_coef, c.value_clip or None) if c is not None else (0.0, None)
+    terms = Terms(0.0, algo.kl.kind, algo.kl.in_reward, algo.loss.entropy_coef, *value)
     return get_policy_loss(algo.loss), terms
 
 
@@ -136,7 +135,7 @@ class Learner:
         self.temperature = float(temperature) if temperature > 0 else 1.0
         self.lcfg = learner if learner is not None else LearnerConfig()
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
-        self.agg, self.norm_tokens = _loss_aggregation(algo, self.est)
+        self.agg, self.norm_tokens = _loss_aggregation(algo)
         self.loss_fn, self.terms = _objective_parts(algo)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -230,7 +229,7 @@ class Learner:
         """AdamW over the trainable parameters (the adapters only, with LoRA) and the value head; the separate
         critic's own AdamW; their LR schedules (``rl.trainer.optim``: one construction for both)."""
         algo = self.algo
-        critic_lr = algo.critic.lr or algo.optim.lr
+        critic_lr = (algo.critic.lr or algo.optim.lr) if self.est.needs_critic else algo.optim.lr
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": algo.optim.lr}]
         if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr})

@@ -477,8 +477,8 @@ def _word_lengths_sorted(rng: random.Random) -> Task:
 
 _T = Callable[[random.Random], Task]
 _SPEC: list[tuple[str, int, str, _T]] = [
-    # take_first, not add_const: add_const was solved by all 8 samples of 2 of 2 tasks (jointrl
-    # difficulty, 2026-12-02), so it taught nothing; so was x * a + b (3 of 3), tried in its place.
+    # take_first, not add_const: every sample solved add_const, so it taught nothing; so did every
+    # sample x * a + b, tried in its place (bench/RESULTS.md, "Task ladders: measured difficulty").
     ("take_first", 0, "train", _take_first),
     ("times_const", 0, "train", _times_const),
     ("add_suffix", 0, "train", _add_suffix),
@@ -493,8 +493,8 @@ _SPEC: list[tuple[str, int, str, _T]] = [
     ("repeat_word", 1, "eval", _repeat_word),
     ("scale_above", 2, "train", _scale_above),
     ("every_kth", 2, "train", _every_kth),
-    # squares_of_parity, not a shift cipher: the cipher passed in none of 8 samples on 5 of 5 tasks
-    # (jointrl difficulty, 2026-12-02); rung 3 keeps the loops with state.
+    # squares_of_parity, not a shift cipher: no sample passed the cipher, so it taught nothing
+    # either (same section); rung 3 keeps the loops with state.
     ("squares_of_parity", 2, "train", _squares_of_parity),
     ("sum_multiples_scaled", 2, "eval", _sum_multiples_scaled),
     ("replace_vowels", 2, "eval", _replace_vowels),
@@ -532,11 +532,11 @@ def _prefilled(make: _T, rung: int) -> _T:
 # The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
 # <tool_call> pre-started), applied here: the low rungs leave the model only the body to write.
 # The def line restates the signature the prompt gives; nothing of the body is given away.
-# Ending it after the line's "\n" cost the whole first turn: greedy on the 45 held-out rung 0-2
-# tasks (bench/code_prefill.py, 2026-12-02) the model closed the fence right after that
-# "\n" in 45 of 45 (mean test pass fraction 0.049, none fully right); ended at the colon, 0 of 45
-# empty bodies, pass fraction 0.213, 5 fully right. The tokenizer writes "\n" + indent as one
-# token, so a bare "\n" told the model that no indented line follows.
+# It ends at the colon, not after the line's "\n": ended after it, the model closed the fence right
+# after that "\n" (an empty body, the whole first turn lost), because the tokenizer writes "\n" +
+# indent as one token, so a bare "\n" tells the model that no indented line follows. Ended at the
+# colon it writes bodies (greedy, the held-out rung 0-2 tasks: bench/code_prefill.py, and
+# bench/RESULTS.md, "Where the code pre-start ends").
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 

@@ -31,8 +31,8 @@ __all__ = ["SPLITS", "N_TRAIN", "N_EVAL", "Template", "draw", "write_ladder", "s
 
 SPLITS = ("train", "eval")
 # Tasks per split of every shipped ladder (recipes/data/*_ladder.*.jsonl): the generators' defaults.
-# 100 held out per domain (60 until 2026-12-03; the first 60 are unchanged): a paired SE over 100 tasks
-# tells a gain 0.8x the size from noise.
+# 100 held out per domain: a paired standard error shrinks as 1/sqrt(tasks), and over 100 it tells
+# gains from noise that fewer tasks cannot.
 N_TRAIN, N_EVAL = 120, 100
 # Keys the `jointrl difficulty` command adds to meta; a regenerated file keeps them.
 MEASURED_KEYS = ("base_pass_rate", "base_pass")

@@ -50,15 +50,15 @@ SOURCE = "terminal_ladder"
 FENCE = "```bash\n"
 # The ladder's system prompt. envs.terminal.SYSTEM_PROMPT states the protocol as rules; sampled on
 # it, SmolLM2-135M wrote comments, prose and empty fences after the pre-started fence and never a
-# command (11 train tasks x 8 samples, 2026-12-01). A 135M model imitates an example far better
-# than it follows rules, so here the format is shown by ONE worked episode: a fixed chore that is
+# command (bench/RESULTS.md, "Task ladders: measured difficulty"). A 135M model imitates an
+# example far better than it follows rules, so here the format is shown by ONE worked episode: a fixed chore that is
 # no template of either split (copying it never pays), its one-line command in a fence, the
 # observation the env answers (envs.terminal: "exit code N" then the output) and the done marker.
 # The example has the shape of the low rungs' answers: an input file the request names, a
 # command, and `>` into the output file the request names, with names whose extensions are not
 # .txt. The earlier example (`pwd > where.txt`, no input file) left the model writing `.txt` for a
-# `.cfg` name, leaving out the `> file` redirect and swapping input and output (read back
-# 2026-12-01, bench/RESULTS.md).
+# `.cfg` name, leaving out the `> file` redirect and swapping input and output (its samples are
+# read back in the same section).
 SYSTEM_PROMPT = "\n".join(
     [
         "You are in a Linux terminal (bash), in your work directory. Reply with ONE shell command in a "
@@ -520,7 +520,7 @@ def _two_counts(rng: random.Random) -> Task:
         f"that contain the word `{w1}`; on the second, the number that contain the word `{w2}`.",
         put(src, _text(lines)),
         # One sub-check, all or nothing, and exactly two lines: the counts are small numbers, so with
-        # a sub-check per line a guessed constant or a list of 0, 1, 2, ... earned half (#39 item 3).
+        # a sub-check per line a guessed constant or a list of 0, 1, 2, ... would earn half.
         [
             (
                 f"{{ {is_file('stats.txt')} && [ \"$(grep -c '[^[:space:]]' stats.txt)\" = 2 ] && "
@@ -607,11 +607,11 @@ def _prefilled(make: _T, rung: int) -> _T:
 
 # The lever that the tool-call ladder needed (SmolLM2-135M solved no tool-call task with only
 # <tool_call> pre-started), applied here. With rungs 0-1 pre-started up to the command word and
-# its flags only 1 of 11 train tasks had 0 < pass@8 < 1 (2026-12-01): the model wrote real
-# commands with wrong arguments. So each rung pre-starts more: rungs 0-1 leave only the name of
-# the file to create, rung 2 the arguments, rung 3 the command. Rung 1 pre-started up to its
-# input file (`wc -l < a.txt`, the ` > count.txt` left) had 1 of 5 tasks with signal, only `cp`:
-# the three needing a `>` redirect 0 of 8 each (14 train tasks, 2026-12-02).
+# its flags almost no train task had 0 < pass@k < 1: the model wrote real commands with wrong
+# arguments. So each rung pre-starts more: rungs 0-1 leave only the name of the file to create,
+# rung 2 the arguments, rung 3 the command. Rung 1 pre-started only up to its input file
+# (`wc -l < a.txt`, the ` > count.txt` left) had signal on `cp` alone: no sample of the tasks
+# needing a `>` redirect passed (bench/RESULTS.md, "Task ladders: measured difficulty").
 TEMPLATES: tuple[Template, ...] = tuple(Template(n, r, s, _prefilled(f, r)) for n, r, s, f in _SPEC)
 
 

@@ -635,8 +635,8 @@ def _ladder_system_prompt(schemas: list[dict[str, Any]], example: tuple[str, Too
     Not :func:`envs.toolcall.format_tools_system_prompt` (the quickstart's): sampled at
     temperature 0.7 and 1.0 on that prompt, SmolLM2-135M mostly copied its format line's
     placeholder (``{<arguments as a JSON object>}``) or the JSON schema's ``"type"`` and
-    ``"properties"`` keys into the arguments (8 ladder tasks x 4 samples, 2026-12-01). Here
-    the format is shown only by the example, and no JSON schema is there to copy.
+    ``"properties"`` keys into the arguments (bench/RESULTS.md, "Task ladders: measured
+    difficulty"). Here the format is shown only by the example, and no JSON schema is there to copy.
     """
     request, call = example
     return "\n".join(
@@ -682,24 +682,16 @@ def _ladder_task(
 
 
 # (template, rung, target functions, functions listed, prefill level, example functions).
-# SmolLM2-135M at temperature 1.0 wrote a fully right call on none of 8 samples of any rung when
-# every rung was pre-started with only <tool_call> (jointrl difficulty, 16 tasks, 2026-12-01); with
-# rung 0 pre-started up to the arguments and rungs 1-2 up to the name, 2 of 16 tasks had
-# 0 < pass@8 < 1 (rungs 2-3 none), so every rung pre-starts one notch more: rung 0 leaves only
-# the argument value, rung 1 the arguments, rung 2 the name and the arguments, rung 3 the whole
-# JSON. Rung 0's worked example is a one-argument call too, the shape its answer has. With that,
-# rungs 0-1 had signal (4 and 1 of 4 tasks) and rungs 2-3 none (0 of 4 each, 2026-12-01): choosing
-# the name among listed functions was out of reach, so rungs 2-3 pre-start one notch more again:
-# rung 2 (a distractor listed) is given the name and leaves the arguments, rung 3 (two
-# distractors) leaves the name and the arguments. That gave rung 2 1 of 4 tasks with signal, rung
-# 3 none, rung 1 still 1 of 4 (its samples invent argument keys), so rung 1 (one function, any
-# number of arguments) is pre-started up to its first argument's value, as rung 0 (one argument):
-# the other keys and values are left (2026-12-02). Measured on 64 tasks then (k = 8, with stop
-# strings): 14, 6, 3 and 0 of 16 per rung with signal; rung 3 passed in none of its 128 samples
-# (the model wrote words of the request as the name), so choosing among listed functions is past
-# the 135M model and its rung taught nothing. Rungs 2-3 now keep the distractors and give the
-# name: rung 2 (one distractor) up to the first value, as rung 1; rung 3 (two distractors) into
-# the arguments, leaving every key and value (rung 2's level before).
+# How far each rung is pre-started is what gives its tasks signal (0 < pass@k < 1) for SmolLM2-135M
+# at temperature 1.0, which wrote a fully right call on no rung with only <tool_call> pre-started.
+# Rung 0 (one listed function with one argument; its worked example a one-argument call too, the
+# shape of its answer) leaves only the argument value. Rung 1 (one function, any arguments) is
+# pre-started up to its first argument's value too: left the arguments, its samples invent argument
+# keys. Choosing the name among listed functions is past the 135M model (a rung that left the name
+# passed in no sample, the model writing words of the request as the name), so rungs 2-3 keep their
+# distractors and give the name: rung 2 (one distractor) up to the first value, as rung 1; rung 3
+# (two distractors) into the arguments, leaving every key and value. Each step and its per-rung
+# counts: bench/RESULTS.md, "Task ladders: measured difficulty".
 LADDER_RUNGS = (
     ("single_arg", 0, SINGLE_ARG, 1, "value", SINGLE_ARG),
     ("one_tool", 1, tuple(FUNCTIONS), 1, "value", tuple(FUNCTIONS)),

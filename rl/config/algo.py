@@ -1,0 +1,311 @@
+"""The ``algo`` section: a tagged union on ``algo.name``, one arm per advantage estimator.
+
+Every arm has the shared sub-sections (``optim``, ``loss``, ``kl``, ``update``, ``reward_norm``);
+an estimator's own settings exist only in its arm: ``algo.critic`` and GAE's ``algo.returns.lam``
+only with ``ppo``, ``algo.returns.gamma`` with ``reinforce_pp`` and ``ppo``, ``algo.kwargs`` only
+with an estimator named by dotted path (``UserAlgoConfig``, which also carries ``critic`` and
+``returns`` for a user class that declares them in its ``sections``). A key of another arm is an
+unknown recipe key, named with its line like any other, and the error says which algorithms have it.
+
+``AlgoConfig(name=..., ...)`` builds the arm ``name`` chooses (``PPOConfig`` for ``ppo``, ...),
+so code builds an algorithm's settings as a recipe does; ``build`` picks the arm the same way
+(``Section.arm_for``). Each arm resolves ``algo.loss.agg: auto`` to its estimator's own aggregation
+(``Estimator.default_agg``) when it is built, the one place that default is resolved: every reader
+(the learner, the policy losses, ``validate --print``) sees the resolved value.
+
+The tags are the names of the estimator registry (``rl.algos.estimators.ESTIMATORS``); the group
+baselines (grpo, dr_grpo, rloo), which have no settings of their own, share one arm. A test checks
+that each registered estimator has its arm and that the arm's own sections are the ones the
+estimator declares (``Estimator.sections``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+import typing
+from typing import Any, Literal
+
+from rl.config.fields import FieldError, Section, hints, knob
+
+__all__ = [
+    "OptimConfig",
+    "LossAgg",
+    "LossConfig",
+    "KLConfig",
+    "CriticConfig",
+    "DiscountConfig",
+    "ReturnsConfig",
+    "UpdateConfig",
+    "RewardNormConfig",
+    "AlgoConfig",
+    "GroupAlgoConfig",
+    "ReinforcePPConfig",
+    "PPOConfig",
+    "UserAlgoConfig",
+    "algo_arm",
+    "algo_arms",
+    "tags_of",
+]
+
+
+@dataclass(frozen=True)
+class OptimConfig(Section):
+    """AdamW and its learning-rate schedule (the place for further optimizer choices)."""
+
+    lr: float = knob(1e-5, "AdamW learning rate of the policy", gt=0)
+    weight_decay: float = knob(0.0, "AdamW weight decay", ge=0)
+    max_grad_norm: float = knob(1.0, "global-norm clipping (0 = off)", ge=0)
+    warmup_steps: int = knob(0, "optimizer steps of linear warmup", ge=0)
+    schedule: Literal["constant", "cosine"] = knob(
+        "constant", "after warmup: constant | cosine (to lr * min_lr_ratio at the last step)"
+    )
+    min_lr_ratio: float = knob(0.0, "cosine floor, as a fraction of lr", ge=0, le=1)
+
+
+LossAgg = Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+@dataclass(frozen=True)
+class LossConfig(Section):
+    """The clipped policy objective and how token losses are aggregated."""
+
+    agg: LossAgg = knob(
+        "auto",
+        "auto (the estimator's own: token-mean; dr_grpo: seq-mean-token-sum-norm) | token-mean | "
+        "seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (sum / norm_tokens)",
+    )
+    norm_tokens: int = knob(
+        0,
+        "constant token normalizer of seq-mean-token-sum-norm (0 = rollout.max_new_tokens x "
+        "rollout.max_turns, the generation budget, as in the Dr.GRPO paper)",
+        ge=0,
+    )
+    clip_low: float = knob(0.2, "ratio clip below 1", ge=0, lt=1)
+    clip_high: float = knob(0.2, "ratio clip above 1 (clip-higher when > clip_low)", ge=0)
+    dual_clip: float = knob(
+        0.0,
+        "dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)",
+        check=lambda v: None if v == 0 or v > 1 else f"must be 0 (off) or > 1, got {v:g}",
+    )
+    tis_cap: float = knob(
+        0.0,
+        "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), "
+        "correcting for stale (async) or numerically different engine samples (0 = off)",
+        ge=0,
+    )
+    entropy_coef: float = knob(0.0, "entropy bonus weight (0 = off)", ge=0)
+    policy: str = knob(
+        "ppo_clip",
+        "the policy loss (rl/algos/policy_losses.py): ppo_clip (clipped surrogate: clip-higher, dual clip, TIS) | "
+        "gspo (sequence-level ratio) | cispo (clipped stop-gradient IS weight) | a dotted path "
+        "pkg.module.Class of a PolicyLoss subclass (docs/algorithms.md)",
+    )
+    kwargs: dict[str, Any] = knob(
+        doc="constructor keyword arguments of a policy loss named by dotted path", factory=dict
+    )
+
+
+@dataclass(frozen=True)
+class KLConfig(Section):
+    """The KL-to-reference term (a frozen reference model is kept only when coef > 0)."""
+
+    coef: float = knob(
+        0.0, "KL-to-reference coefficient, the initial one when adaptive (0 = no reference model is kept)", ge=0
+    )
+    kind: Literal["k1", "k2", "k3"] = knob("k3", "KL estimator")
+    in_reward: bool = knob(
+        False, "false: coefficient x aggregated KL in the loss; true: -coefficient x KL per token in the reward"
+    )
+    target: float = knob(0.0, "> 0: adaptive coefficient steering kl/mean toward this target (0 = fixed coef)", ge=0)
+    horizon: int = knob(10000, "adaptive KL: samples over which the coefficient may change by +-20%", ge=1)
+
+    def check(self) -> None:
+        if self.in_reward and self.coef == 0:
+            raise FieldError("in_reward", "needs algo.kl.coef > 0 (the coefficient of the per-token KL penalty)")
+        if self.target > 0 and self.coef == 0:
+            raise FieldError("target", "an adaptive KL coefficient needs algo.kl.coef > 0 as its initial value")
+
+
+@dataclass(frozen=True)
+class CriticConfig(Section):
+    """The value model of an estimator with a critic."""
+
+    model: Literal["value_head", "separate"] = knob(
+        "value_head", "value_head (linear head on the policy's last hidden states) | separate (own model copy)"
+    )
+    lr: float = knob(0.0, "learning rate of the value head / separate critic (0 = algo.optim.lr)", ge=0)
+    vf_coef: float = knob(0.5, "weight of the value loss", ge=0)
+    value_clip: float = knob(0.2, "clip of the value update around the old values (0 = unclipped value loss)", ge=0)
+
+
+@dataclass(frozen=True)
+class DiscountConfig(Section):
+    """The discount of per-token rewards (reinforce_pp: the return-to-go)."""
+
+    gamma: float = knob(1.0, "discount per policy token", ge=0, le=1)
+
+    @classmethod
+    def key_hint(cls, key: str, data: dict) -> str:
+        return " (GAE's lambda: a setting of ppo)" if key == "lam" and cls is DiscountConfig else ""
+
+
+@dataclass(frozen=True)
+class ReturnsConfig(DiscountConfig):
+    """Discounted returns and GAE's lambda (ppo)."""
+
+    lam: float = knob(0.95, "GAE lambda", ge=0, le=1)
+
+
+@dataclass(frozen=True)
+class UpdateConfig(Section):
+    epochs: int = knob(1, "passes over each batch", ge=1)
+    minibatches: int = knob(1, "optimizer steps per epoch (shuffled minibatches of the batch)", ge=1)
+    zero_variance: Literal["keep", "drop"] = knob(
+        "keep", "groups whose rewards are all equal: keep (KL still acts) | drop (DAPO-style filter)"
+    )
+
+
+@dataclass(frozen=True)
+class RewardNormConfig(Section):
+    """Reward shaping before the estimator: per-domain running statistics (rl/algos/shaping.py)."""
+
+    mode: Literal["none", "domain"] = knob(
+        "none",
+        "none | domain: each reward becomes (r - mu_d) / (sigma_d + eps) with "
+        "its domain's running mean and std, then the estimator runs",
+    )
+    stat: Literal["welford", "ema"] = knob("welford", "running per-domain statistics: welford (all rewards seen) | ema")
+    ema: float = knob(0.1, "EMA weight when stat is ema", gt=0, le=1)
+
+
+DEFAULT_ALGO = "grpo"  # algo.name when a recipe leaves it out
+
+
+@dataclass(frozen=True)
+class AlgoConfig(Section):
+    """The advantage estimator and the learner's objective (rl/algos/estimators.py): the keys every
+    algorithm has. ``AlgoConfig(name=...)`` builds the arm of that name (below)."""
+
+    name: str = knob(
+        DEFAULT_ALGO,
+        "estimator: grpo | dr_grpo | rloo (group baselines) | reinforce_pp (batch baseline) | ppo "
+        "(GAE critic) | a dotted path pkg.module.Class of your own (see docs/algorithms.md); it decides "
+        "which further keys algo has (below)",
+        check=lambda v: None if v else "an estimator name is needed",
+    )
+    optim: OptimConfig = knob(doc="optimizer", factory=OptimConfig)
+    loss: LossConfig = knob(doc="policy loss", factory=LossConfig)
+    kl: KLConfig = knob(doc="KL to the reference model", factory=KLConfig)
+    update: UpdateConfig = knob(doc="epochs and minibatches per batch", factory=UpdateConfig)
+    reward_norm: RewardNormConfig = knob(
+        doc="per-domain reward normalization before the estimator", factory=RewardNormConfig
+    )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> AlgoConfig:
+        if cls is AlgoConfig:  # the union itself: build the arm that ``name`` chooses
+            cls = algo_arm(kwargs.get("name", args[0] if args else DEFAULT_ALGO))
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss.agg == "auto":  # the one place `auto` is resolved: the estimator's own aggregation
+            object.__setattr__(self, "loss", dataclasses.replace(self.loss, agg=self._default_agg()))
+
+    def _default_agg(self) -> str:
+        from rl.algos.estimators import EstimatorError, estimator_class
+
+        try:
+            return estimator_class(self.name).default_agg
+        except EstimatorError as e:
+            raise FieldError("name", str(e)) from None
+
+    @classmethod
+    def arms(cls) -> list[type[AlgoConfig]]:
+        """The arms of the union (on ``AlgoConfig`` itself; an arm has none)."""
+        return algo_arms() if cls is AlgoConfig else []
+
+    @classmethod
+    def arm_for(cls, data: dict) -> type:
+        return algo_arm(data.get("name", DEFAULT_ALGO)) if cls is AlgoConfig else cls
+
+    @classmethod
+    def key_hint(cls, key: str, data: dict) -> str:
+        have = [
+            " and ".join(tags_of(arm)) or "an estimator named by dotted path"
+            for arm in algo_arms()
+            if key in _own_fields(arm)
+        ]
+        if not have:
+            return ""
+        this = f"algo.name {data.get('name', DEFAULT_ALGO)}" if tags_of(cls) else "an estimator named by dotted path"
+        listed = ", ".join(have[:-1]) + (" and " if len(have) > 1 else "") + have[-1]
+        return f" ({this} has no {key}: it is a setting of {listed})"
+
+
+def tags_of(arm: type) -> tuple[str, ...]:
+    """The estimator names an arm is for: its ``name: Literal[...]`` (none for the dotted-path arm)."""
+    return typing.get_args(hints(arm)["name"])
+
+
+def _own_fields(arm: type) -> list[str]:
+    """The fields ``arm`` has beyond the ones every algorithm has."""
+    shared = {f.name for f in dataclasses.fields(AlgoConfig)}
+    return [f.name for f in dataclasses.fields(arm) if f.name not in shared]
+
+
+@dataclass(frozen=True)
+class GroupAlgoConfig(AlgoConfig):
+    """The group baselines, with no settings of their own: grpo (the group z-score), dr_grpo (the group mean;
+    its loss sums tokens over a constant, algo.loss.norm_tokens), rloo (leave-one-out; groups of 2 or more)."""
+
+    name: Literal["grpo", "dr_grpo", "rloo"] = knob(DEFAULT_ALGO, "algo.name: one of the group-baseline estimators")
+
+
+@dataclass(frozen=True)
+class ReinforcePPConfig(AlgoConfig):
+    """REINFORCE++: the batch baseline; with a per-token KL penalty, the discounted return-to-go."""
+
+    name: Literal["reinforce_pp"] = knob("reinforce_pp", "algo.name: the REINFORCE++ estimator")
+    returns: DiscountConfig = knob(doc="discount of the return-to-go", factory=DiscountConfig)
+
+
+@dataclass(frozen=True)
+class PPOConfig(AlgoConfig):
+    """PPO: a critic, and GAE on its values."""
+
+    name: Literal["ppo"] = knob("ppo", "algo.name: the PPO estimator")
+    critic: CriticConfig = knob(doc="the value model", factory=CriticConfig)
+    returns: ReturnsConfig = knob(doc="discount and GAE lambda", factory=ReturnsConfig)
+
+
+@dataclass(frozen=True)
+class UserAlgoConfig(AlgoConfig):
+    """An estimator named by dotted path ``pkg.module.Class`` (or registered by a user under a short name):
+    its constructor's keyword arguments, and a critic and returns for a class that declares them in its
+    ``sections``."""
+
+    kwargs: dict[str, Any] = knob(doc="constructor keyword arguments of the estimator", factory=dict)
+    critic: CriticConfig = knob(doc="the value model (a class with needs_critic)", factory=CriticConfig)
+    returns: ReturnsConfig = knob(
+        doc="discount and GAE lambda (a class that lists returns in sections)", factory=ReturnsConfig
+    )
+
+    def check(self) -> None:
+        if self.name in _ARMS:
+            raise FieldError("name", f"{self.name} has settings of its own: build it with AlgoConfig(name=...)")
+
+
+_ARMS: dict[str, type[AlgoConfig]] = {
+    tag: arm for arm in (GroupAlgoConfig, ReinforcePPConfig, PPOConfig) for tag in tags_of(arm)
+}
+
+
+def algo_arm(name: Any) -> type[AlgoConfig]:
+    """The arm of the union that ``algo.name`` chooses: a built-in estimator's, else the dotted-path one."""
+    return _ARMS.get(name, UserAlgoConfig) if isinstance(name, str) else UserAlgoConfig
+
+
+def algo_arms() -> list[type[AlgoConfig]]:
+    """Every arm of the union, the registered estimators' first (the docs list them in this order)."""
+    return [*dict.fromkeys(_ARMS.values()), UserAlgoConfig]
