@@ -170,6 +170,37 @@ def test_a_task_without_a_harbor_dir_is_refused() -> None:
         HarborEnv().reset(Task(id="x", domain="harbor", messages=(Message("user", "q"),)))
 
 
+def test_an_image_that_does_not_build_fails_every_reset_at_once_as_a_harness_failure(monkeypatch) -> None:
+    calls = []
+
+    def broken(task, cache_dir):
+        calls.append(task.name)
+        raise ValueError("environment/Dockerfile:2: RUN failed (exit 100)")
+
+    monkeypatch.setattr(harbor_env, "_build_image", broken)
+    task = load_tasks(DATA / "hello-file")[0]
+    env = HarborEnv()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"hello-file: no image: .*Dockerfile:2: RUN failed"):
+            env.reset(task)
+    assert calls == ["hello-file"]  # built (and failed) once, not once per episode
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("DONE")
+
+
+def test_a_host_that_cannot_mount_the_view_is_refused_when_the_env_is_made(monkeypatch) -> None:
+    import envs.harbor.overlay as overlay
+    from envs.sandbox import SandboxUnavailable
+
+    monkeypatch.setattr(overlay, "_probed", None)
+    monkeypatch.setattr(
+        overlay, "_HOLDER", "import sys; sys.stderr.write('mount -t overlay: Operation not permitted'); sys.exit(1)"
+    )
+    with pytest.raises(SandboxUnavailable, match="Harbor episodes cannot run here: .*Operation not permitted"):
+        HarborEnv()
+    monkeypatch.setattr(overlay, "_probed", None)
+
+
 # -- whole episodes (slow) ---------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.harbor.episode import EpisodeCeilings, HarborEpisode
+from envs.harbor.overlay import check_overlay
 from envs.sandbox import ShellResult
 from envs.sandbox.config import SandboxConfig
 from envs.terminal import DONE_MARKER, TerminalEnv, truncate_output
@@ -142,19 +143,24 @@ def to_task(ht: Any) -> Task:
 
 
 _images_lock = threading.Lock()
-_images: dict[str, tuple[Any, Any]] = {}  # task dir -> (HarborTask, BuiltImage), per process
+_images: dict[str, tuple[Any, Any] | Exception] = {}  # task dir -> (HarborTask, BuiltImage) or why not, per process
 
 
 def task_and_image(task_dir: str, cache_dir: str = "") -> tuple[Any, Any]:
     """The loaded task and its built image (from the builder's cache after the first build), memoised per
-    process; concurrent callers of one directory wait for one build."""
+    process, a failure too (the next episode of a task whose image does not build fails at once with the
+    same error, not after another build); concurrent callers of one directory wait for one build."""
     with _images_lock:
-        if task_dir in _images:
-            return _images[task_dir]
-        ht = _load_task(Path(task_dir))
-        image = _build_image(ht, cache_dir)
-        _images[task_dir] = (ht, image)
-        return ht, image
+        if task_dir not in _images:
+            try:
+                ht = _load_task(Path(task_dir))
+                _images[task_dir] = (ht, _build_image(ht, cache_dir))
+            except Exception as exc:  # noqa: BLE001 - kept and raised again for every episode of the task
+                _images[task_dir] = exc
+        got = _images[task_dir]
+    if isinstance(got, Exception):
+        raise RuntimeError(f"Harbor task {task_dir}: no image: {got}") from got
+    return got
 
 
 class HarborEnv(TerminalEnv):
@@ -217,6 +223,7 @@ class HarborEnv(TerminalEnv):
             scratch_dir=scratch_dir,
         )
         self._episode: HarborEpisode | None = None
+        check_overlay()  # SandboxUnavailable here, not one harness error per episode
 
     def reset(self, task: Task) -> list[Message]:
         task_dir = task.meta.get("harbor")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from envs.sandbox.storage import _NamespaceHolder
 
-__all__ = ["IdMap", "Overlay", "OverlayError"]
+__all__ = ["IdMap", "Overlay", "OverlayError", "check_overlay"]
 
 
 class OverlayError(RuntimeError):
@@ -142,3 +142,37 @@ def _python() -> str:
         if exe and os.access(exe, os.X_OK):
             return exe
     raise OverlayError("no Python interpreter to run the overlay's holder with (tried this one and python3)")
+
+
+_probed: str | None = None  # "" once the probe passed in this process, else why it failed
+
+
+def check_overlay() -> None:
+    """Mount (and drop) one view of a scratch tree the way episodes do, once per process; raise
+    ``SandboxUnavailable`` naming what the kernel refused when this host cannot (every episode would fail)."""
+    global _probed
+    if _probed is None:
+        import tempfile
+
+        from envs.sandbox.files import remove_tree
+
+        top = tempfile.mkdtemp(prefix="jointrl-harbor-probe-")
+        try:
+            os.chmod(top, 0o755)
+            lower, ep = os.path.join(top, "image"), os.path.join(top, "ep")
+            os.mkdir(lower, 0o755)
+            os.mkdir(ep, 0o711)
+            ids = IdMap(0, os.getuid(), 0, os.getgid()) if os.geteuid() == 0 else None
+            Overlay(lower, ep, ids).close()
+            _probed = ""
+        except (OSError, OverlayError) as exc:
+            _probed = str(exc)
+        finally:
+            remove_tree(top)
+    if _probed:
+        from envs.sandbox.base import SandboxUnavailable
+
+        raise SandboxUnavailable(
+            f"Harbor episodes cannot run here: {_probed} (they need overlayfs in a private mount namespace: "
+            "as root with idmapped mounts (Linux 5.19+), without root in an unprivileged user namespace)"
+        )
