@@ -484,3 +484,26 @@ def _as_nobody(tmp_path: Path) -> None:
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["uid"] == 65534 and out["agent"].replace("\r\n", "\n").split() == ["0", "/app", "ok"], out
     assert out["reward"] == 1.0 and out["image_untouched"], out
+
+
+@pytest.mark.slow
+@needs_mmdebstrap
+def test_a_dockerfile_user_runs_the_agent_and_the_verifier_as_that_user(tmp_path: Path) -> None:
+    """With the real builder (branch h45img): ``USER app`` after a ``useradd``: the agent is uid 1000 in its
+    home, owns what it makes, cannot write the image's root-owned files; the verifier runs as app too."""
+    image_mod = pytest.importorskip("envs.harbor.image", reason="the image builder (envs.harbor.image) is not here")
+    task_mod = pytest.importorskip("envs.harbor.task", reason="the loader (envs.harbor.task) is not here")
+    task_dir = tmp_path / "user-task"
+    shutil.copytree(DATA / "hello-file", task_dir)
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm-slim\nRUN useradd -m -u 1000 app && mkdir /work && chown app:app /work\nUSER app\nWORKDIR /work\n"
+    )
+    (task_dir / "tests" / "test.sh").write_text(
+        '#!/bin/bash\n[ "$(stat -c %u /work/out.txt)" = 1000 ] && [ "$(id -u)" = 1000 ] && r=1 || r=0\n'
+        "echo $r > /logs/verifier/reward.txt\n"
+    )
+    task = task_mod.load_task(task_dir)
+    with HarborEpisode(task, image_mod.build_image(task)).start() as ep:
+        out = _sh(ep, "id -u; pwd; echo $HOME; touch out.txt; touch /etc/x 2>&1")[1].splitlines()
+        assert out[:3] == ["1000", "/work", "/home/app"] and "Permission denied" in out[3]
+        assert ep.verify().reward == 1.0
