@@ -242,6 +242,9 @@ def test_two_episodes_of_one_image_are_isolated_and_the_image_is_untouched() -> 
         # Processes of one episode are invisible to the other.
         _sh(a, "sleep 300 &")
         assert "sleep" not in _sh(b, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")[1]
+        dirs, holders = (a.dir, b.dir), (a.overlay.pid, b.overlay.pid)
+    # Closed: the layers are gone from disk, the holders (and with them the mounts) have exited.
+    assert not any(os.path.exists(d) for d in dirs) and not any(os.path.exists(f"/proc/{p}/root") for p in holders)
 
 
 @pytest.mark.slow
@@ -413,6 +416,7 @@ with HarborEpisode(task, BuiltImage("mini", root, "/app", {}, None)).start() as 
     out["agent"] = ep.run("id -u; pwd; echo hello harbor > greeting.txt; echo x > /usr/bin/planted; echo ok", 10).output
     out["reward"] = ep.verify().reward
 out["image_untouched"] = not (root / "app").exists() and not (root / "usr/bin/planted").exists()
+out["left"] = os.listdir(os.path.join(os.environ["TMPDIR"], "jointrl-harbor-65534"))
 print(json.dumps(out))
 """
 
@@ -483,7 +487,7 @@ def _as_nobody(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["uid"] == 65534 and out["agent"].replace("\r\n", "\n").split() == ["0", "/app", "ok"], out
-    assert out["reward"] == 1.0 and out["image_untouched"], out
+    assert out["reward"] == 1.0 and out["image_untouched"] and out["left"] == [], out
 
 
 @pytest.mark.slow
