@@ -4,12 +4,14 @@ The upper directory is on disk (an image's tasks install packages and build prog
 than a RAM-backed tmpfs should hold), and without root no per-episode filesystem with a size
 limit can be mounted there. So the cap is enforced by measuring: while a command of the
 episode runs, a thread sums the disk usage (allocated blocks) and the entries of the upper
-directory every ``interval_s``; the first measurement over the cap kills the episode's
+directory every ``interval_s`` (or four times as long as the last walk took, so that a layer of many
+files costs the harness at most a fifth of a core); the first measurement over the cap kills the episode's
 processes (its sandbox's PID 1) and marks the episode as over its storage, which scores it 0.
 Each process is also held to RLIMIT_FSIZE = the cap, so no single file outgrows it.
 
 What it guarantees: the layer exceeds the cap by at most what the episode's processes write
-in one interval (plus the time one walk takes), and the episode never goes on past it.
+in one interval (plus the time one walk takes), and the episode never goes on past it; the
+entries (files and directories) are capped the same way.
 What it does not: a hard byte limit at every instant; the overflow of the last interval
 reaches the host disk until the episode's directory is removed (at close).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -86,11 +89,16 @@ class StorageWatch:
         self.check()
 
     def _loop(self) -> None:
+        walk_s = 0.0
         while not self._stop.is_set():
             self._armed.wait(0.5)
-            if self._stop.wait(self.interval_s) or not self._armed.is_set() or self.full:
+            # A layer of many files takes long to walk: then the harness walks it at most a fifth of the time.
+            if self._stop.wait(max(self.interval_s, 4 * walk_s)) or not self._armed.is_set() or self.full:
                 continue
-            if self.check():
+            t0 = time.monotonic()
+            full = self.check()
+            walk_s = time.monotonic() - t0
+            if full:
                 cb = self._on_full
                 if cb is not None:
                     cb()
