@@ -344,7 +344,9 @@ def test_the_writable_layer_is_capped_on_disk_and_the_episode_ends() -> None:
 @needs_mmdebstrap
 def test_the_writable_layer_is_capped_in_entries_too() -> None:
     with _episode(ceilings=EpisodeCeilings(max_entries=200)) as ep:
-        res = ep.run("mkdir /app/many && cd /app/many && for i in $(seq 1 2000); do : > f$i; sleep 0.01; done; echo finished", 60)
+        res = ep.run(
+            "mkdir /app/many && cd /app/many && for i in $(seq 1 2000); do : > f$i; sleep 0.01; done; echo finished", 60
+        )
         assert ep.storage_full and "finished" not in res.output and usage(ep.overlay.upper)[1] < 2000
         assert ep.verify().reward == 0.0
 
