@@ -15,6 +15,10 @@ command -v chromium >/dev/null 2>&1 || APT_PKGS="$APT_PKGS chromium fonts-dejavu
 ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || APT_PKGS="$APT_PKGS libseccomp2"
 # libjemalloc2: learner processes run jemalloc as their malloc (learner.allocator: auto; rl/trainer/memory.py).
 ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2' || APT_PKGS="$APT_PKGS libjemalloc2"
+# mmdebstrap builds Harbor task images (Debian root trees, no Docker: envs/harbor/image.py); uidmap's
+# newuidmap/newgidmap map the 65,536 ids apt and dpkg need when the harness is not root (envs/harbor/userns.py).
+command -v mmdebstrap >/dev/null 2>&1 || APT_PKGS="$APT_PKGS mmdebstrap"
+command -v newuidmap >/dev/null 2>&1 || APT_PKGS="$APT_PKGS uidmap"
 if [ -n "$APT_PKGS" ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO=sudo

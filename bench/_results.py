@@ -58,22 +58,28 @@ def command() -> str:
     return ".venv/bin/python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
 
 
-def write_section(key: str, title: str, body: str) -> None:
-    """Replace (or append) the section ``key`` of RESULTS.md with ``title`` + header + ``body``."""
+def section(key: str, title: str, body: str) -> str:
+    """The section ``key`` as RESULTS.md holds it: markers, ``title``, date, machine, load, command, ``body``."""
     start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    section = (
+    return (
         f"{start}\n## {title}\n\n- date: {now}\n- machine: {machine()}\n"
         f"- load average when written (1 / 5 / 15 min; the benchmark alone keeps it near the core count, more means other work shared the cores): {load}\n"
         f"- command: `{command()}`\n\n{body.rstrip()}\n{end}\n"
     )
+
+
+def write_section(key: str, title: str, body: str) -> None:
+    """Replace (or append) the section ``key`` of RESULTS.md with ``title`` + header + ``body``."""
+    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+    section_text = section(key, title, body)
     text = RESULTS.read_text() if RESULTS.exists() else TITLE
     if start in text and end in text:
         a, b = text.index(start), text.index(end) + len(end)
-        text = text[:a] + section.rstrip("\n") + text[b:]
+        text = text[:a] + section_text.rstrip("\n") + text[b:]
     else:
-        text = text.rstrip("\n") + "\n\n" + section
+        text = text.rstrip("\n") + "\n\n" + section_text
     RESULTS.write_text(text)
 
 

@@ -30,7 +30,19 @@ interruption); ``--archive DIR`` keeps the finished runs' held-out evaluations (
 ~150 KB a run, read like ``rollouts.jsonl``), wall times and host in DIR, so that the runs can be
 re-analysed or the missing ones added later (copy DIR to ``--out``, then ``--keep-done``).
 
+Several seeds (``--seeds 0,1,2``): every configuration trains once per seed (``run.seed``, run
+directories ``OUT/<config>/seed_<S>``), all against the one shared base evaluation (greedy: the same
+for every seed). Reported with ``bench/seeds.py``'s statistics: per configuration and domain, the
+gain's mean ± sample SD across seeds and how many seeds cleared two paired SE; joint minus each
+single-domain run, per seed on the final rewards, as mean ± SD across seeds with a verdict on the
+across-seed standard error (SD / sqrt(seeds)): joint loses a domain beyond run-to-run noise only where
+that mean is below minus two of them. ``--section-out FILE`` writes the RESULTS.md section to FILE
+instead of RESULTS.md (either mode). A run that fails is named with its cause and left out, the others
+go on and are reported (exit 3); a failed base run ends the bench. Runs that train pin
+``learner.precision: auto`` once for all (``bench/seeds.py``'s ``pinned_precision``).
+
     .venv/bin/python bench/seesaw.py --steps 8            # base + 5 runs; ~3 h on 2 AMD EPYC cores (base + 4: 2 h 24 min)
+    .venv/bin/python bench/seesaw.py --steps 8 --seeds 0,1,2 --configs joint_fixed,single_code,single_terminal,single_tool_call
     .venv/bin/python bench/seesaw.py --steps 1 --configs joint_fixed --eval-limit 6 --no-write   # a quick check
 """
 
@@ -260,12 +272,107 @@ def conclusions(result: dict[str, Any]) -> str:
     return "; ".join(said) + ". One seed per configuration: run-to-run variance is not in these standard errors."
 
 
+# ---------------------------------------------------------------------------- several seeds
+
+
+def analyse_seeds(runs: dict[str, dict[int, tuple[Evaluation, Evaluation]]]) -> dict[str, Any]:
+    """From ``{config: {seed: (first, last)}}``, with ``bench/seeds.py``'s across-seed statistics:
+    ``gains[config][domain]`` (each seed's base -> final), ``joint_vs_single[single_config][domain]`` (per
+    seed, joint_fixed's final minus the single-domain run's final, over the seeds both hold)."""
+    from bench.seeds import across
+
+    out: dict[str, Any] = {"gains": {}, "joint_vs_single": {}}
+    for name, by_seed in runs.items():
+        per = {d: [paired(f[d], la[d]) for f, la in by_seed.values() if d in f and d in la] for d in DOMAINS}
+        out["gains"][name] = {d: across(ps) for d, ps in per.items() if ps}
+    joint = runs.get("joint_fixed", {})
+    for name, by_seed in runs.items():
+        if not name.startswith("single_"):
+            continue
+        common = sorted(set(by_seed) & set(joint))
+        per = {
+            d: [paired(by_seed[s][1][d], joint[s][1][d]) for s in common if d in by_seed[s][1] and d in joint[s][1]]
+            for d in DOMAINS
+        }
+        out["joint_vs_single"][name] = {d: across(ps) for d, ps in per.items() if ps}
+    return out
+
+
+def render_seeds(result: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The Markdown body of the several-seed RESULTS.md section."""
+    from bench._results import table
+    from bench.seeds import across_verdict, spread_text
+
+    said_as = {
+        "down": "joint loses beyond the seeds' noise",
+        "up": "joint gains beyond the seeds' noise",
+        "noise": "within the seeds' noise",
+    }
+
+    seeds = ", ".join(str(s) for s in meta["seeds"])
+    lines = [
+        f"Recipe `recipes/joint_rl.yaml`, seeds {seeds}, {meta['steps']} steps and {meta['samples']} samples per run, "
+        f"held-out = the three `*_ladder.eval.jsonl` files (greedy), one shared base evaluation "
+        f"({meta['wall_s'].get('base', float('nan')):.0f} s). ± is the sample standard deviation across seeds "
+        f"(run-to-run variance); 'k of n > 2 SE' counts the seeds whose gain cleared two paired SE. "
+        f"Host: {meta.get('host') or 'not recorded'}.",
+        "",
+        "Held-out gain (final - base) per configuration, mean ± SD across seeds:",
+        "",
+    ]
+    rows = [
+        [name]
+        + [f"{spread_text(per[d])} ({per[d]['cleared']} of {per[d]['k']} > 2 SE)" if d in per else "-" for d in DOMAINS]
+        for name, per in result["gains"].items()
+    ]
+    lines += [table(["run", *DOMAINS], rows), ""]
+    said = []
+    if result["joint_vs_single"]:
+        lines += [
+            "Joint (fixed) minus single-domain, final held-out reward per seed, mean ± SD across seeds "
+            "(verdict on the across-seed SE = SD / sqrt(seeds); positive: joint is better):",
+            "",
+        ]
+        rows = []
+        for name, per in result["joint_vs_single"].items():
+            rows.append(
+                [name] + [f"{spread_text(per[d])} ({across_verdict(per[d])})" if d in per else "-" for d in DOMAINS]
+            )
+            d = name[len("single_") :]
+            if d in per:
+                v = across_verdict(per[d])
+                said.append(f"on {d}, joint vs {name}: {said_as.get(v, v)}")
+        lines += [table(["vs", *DOMAINS], rows), ""]
+    lines.append(
+        "What this supports: " + ("; ".join(said) or "no joint vs single-domain comparison in these runs") + "."
+    )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- running
 
 
-def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str], at_start: bool = False) -> float:
+class RunFailed(RuntimeError):
+    """A ``jointrl train`` run that exited non-zero: its exit code and output (the message shows the last 30 lines)."""
+
+    def __init__(self, config: str, code: int, output: str) -> None:
+        tail = "\n".join(output.splitlines()[-30:])
+        super().__init__(f"{config}: jointrl train exited {code}:\n{tail}")
+        self.code, self.output = code, output
+
+
+def train(
+    config: str,
+    out: Path,
+    steps: int,
+    eval_limit: int,
+    extra: list[str],
+    at_start: bool = False,
+    seed: int | None = None,
+) -> float:
     """Run ``jointrl train`` for ``config`` (``base``: no step, only the base model's held-out
-    evaluation); return its wall time in seconds. ``at_start``: a step-0 evaluation too."""
+    evaluation); return its wall time in seconds. ``at_start``: a step-0 evaluation too; ``seed``:
+    ``run.seed`` (None: the recipe's)."""
     cmd = [
         sys.executable,
         "-m",
@@ -281,18 +388,23 @@ def train(config: str, out: Path, steps: int, eval_limit: int, extra: list[str],
         f"train.eval_at_start={str(at_start).lower()}",
         *(overrides(config) if config != "base" else []),
         *extra,
+        *([f"run.seed={seed}"] if seed is not None else []),
     ]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        tail = "\n".join((p.stdout + p.stderr).splitlines()[-30:])
-        raise RuntimeError(f"{config}: jointrl train exited {p.returncode}:\n{tail}")
+        raise RunFailed(config, p.returncode, p.stdout + p.stderr)
     (out / "seesaw_wall_s.txt").write_text(f"{wall:.1f}\n")
     return wall
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_name(config: str, seed: int | None) -> str:
+    """A run's folder under ``--out``: ``config``, or ``config/seed_<S>`` in the several-seed mode."""
+    return config if seed is None else f"{config}/seed_{seed}"
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
@@ -302,50 +414,103 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="data.eval_limit of each run (0 = every held-out task; the limit takes the first N overall)",
     )
+    ap.add_argument("--seeds", default="", help="comma-separated run.seed values: each configuration once per seed")
     ap.add_argument("--out", default=str(ROOT / "runs" / "seesaw"), help="run directories go here")
     ap.add_argument("--from-runs", action="store_true", help="analyse the runs already in --out; train nothing")
     ap.add_argument("--keep-done", action="store_true", help="train only the runs (and base) --out does not hold yet")
     ap.add_argument("--archive", default="", help="keep finished runs' held-out evaluations, wall times, host here")
     ap.add_argument("--no-write", action="store_true", help="print; do not write bench/RESULTS.md")
+    ap.add_argument("--section-out", default="", help="write the RESULTS.md section to this file instead")
     ap.add_argument("extra", nargs="*", help="more key=value overrides for every run")
-    args = ap.parse_args(argv)
-    configs = [c for c in args.configs.split(",") if c]
-    for c in configs:
-        overrides(c)  # validates the name
-    out = Path(args.out)
-    runs, wall = {}, {}
-    for c in ["base", *configs]:
-        run_dir = out / c
+    return ap.parse_args(argv)
+
+
+def _train_all(
+    args: argparse.Namespace, out: Path, jobs: list[tuple[str, int | None]]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Train each (config, seed) of ``jobs`` that ``--from-runs``/``--keep-done`` leave; (every wall time known,
+    ``{run: cause}`` of the runs that failed). A failed run is named and the others go on; a failed base
+    (nothing to compare against) ends the bench."""
+    from bench.seeds import failure_cause
+
+    wall, failed = {}, {}
+    for c, seed in jobs:
+        name = run_name(c, seed)
+        run_dir = out / name
         done = (run_dir / "seesaw_wall_s.txt").is_file()
         if not args.from_runs and not (args.keep_done and done):
             steps = 0 if c == "base" else args.steps
-            print(f"seesaw: training {c} ({steps} steps)...", file=sys.stderr, flush=True)
-            wall[c] = train(c, run_dir, steps, args.eval_limit, args.extra, at_start=c == "base")
+            print(f"seesaw: training {name} ({steps} steps)...", file=sys.stderr, flush=True)
+            try:
+                wall[name] = train(c, run_dir, steps, args.eval_limit, args.extra, at_start=c == "base", seed=seed)
+            except RunFailed as e:
+                if c == "base":
+                    raise
+                failed[name] = failure_cause(e.output, e.code)
+                print(f"seesaw: {RECIPE.name}, {name}: failed: {failed[name]}", file=sys.stderr, flush=True)
         elif done:
-            wall[c] = float((run_dir / "seesaw_wall_s.txt").read_text())
-    # Runs from before the shared base (each with its own step-0 evaluation) still read.
-    if args.archive:
-        print(f"seesaw: archived {', '.join(archive(out, Path(args.archive), ['base', *configs]))}", file=sys.stderr)
-    base = base_eval(records(out / "base")) if records(out / "base").is_file() else None
+            wall[name] = float((run_dir / "seesaw_wall_s.txt").read_text())
+    return wall, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    configs = [c for c in args.configs.split(",") if c]
     for c in configs:
-        runs[c] = eval_rewards(records(out / c), base)
+        overrides(c)  # validates the name
+    seeds: list[int | None] = [None]
+    if args.seeds:
+        from bench.seeds import SweepError, parse_seeds
+
+        try:
+            seeds = list(parse_seeds(args.seeds))
+        except SweepError as e:
+            print(f"seesaw: error: {e}", file=sys.stderr)
+            return 2
+    out = Path(args.out)
     from rl.config.recipe import load_recipe
 
+    if not args.from_runs:  # one precision for every run, the base's evaluation included (bench/seeds.py)
+        from bench.seeds import pinned_precision
+
+        pinned, note = pinned_precision(load_recipe(RECIPE, args.extra), local=False)
+        if note:
+            print(f"seesaw: {note}; pinned for every run", file=sys.stderr)
+        args.extra = [*args.extra, *pinned]
+    jobs = [("base", None), *((c, s) for c in configs for s in seeds)]
+    names = [run_name(c, s) for c, s in jobs]
+    wall, failed = _train_all(args, out, jobs)
+    jobs = [(c, s) for c, s in jobs if run_name(c, s) not in failed]
+    # Runs from before the shared base (each with its own step-0 evaluation) still read.
+    if args.archive:
+        print(f"seesaw: archived {', '.join(archive(out, Path(args.archive), names))}", file=sys.stderr)
+    base = base_eval(records(out / "base")) if records(out / "base").is_file() else None
+    evals = {run_name(c, s): eval_rewards(records(out / run_name(c, s)), base) for c, s in jobs if c != "base"}
     # The typed recipe, not the YAML: keys the recipe leaves at their defaults (prompts_per_step) count too.
     r = load_recipe(RECIPE, args.extra).rollout
     meta = {
         "steps": args.steps,
         "samples": r.prompts_per_step * r.group_size * args.steps,
         "wall_s": wall,
-        "host": hosts(out, ["base", *configs]),
+        "host": hosts(out, names),
     }
-    body = render(analyse(runs), meta)
+    if seeds == [None]:
+        body = render(analyse({c: evals[c] for c in configs if c in evals}), meta)
+        key, title = "seesaw", "Joint vs. single-domain RL, fixed vs. adaptive mixing (`bench/seesaw.py`)"
+    else:
+        by_seed = {c: {s: evals[n] for s in seeds if (n := run_name(c, s)) in evals} for c in configs}
+        body = render_seeds(analyse_seeds({c: v for c, v in by_seed.items() if v}), {**meta, "seeds": seeds})
+        key, title = "seesaw_seeds", "Joint vs. single-domain RL over seeds (`bench/seesaw.py --seeds`)"
+    if failed:
+        body += "\n\nFailed (not in the tables): " + "; ".join(f"{n}: {c}" for n, c in failed.items()) + "."
     print(body)
-    if not args.no_write:
-        from bench._results import write_section
+    from bench._results import section, write_section
 
-        write_section("seesaw", "Joint vs. single-domain RL, fixed vs. adaptive mixing (`bench/seesaw.py`)", body)
-    return 0
+    if args.section_out:
+        Path(args.section_out).write_text(section(key, title, body))
+    elif not args.no_write:
+        write_section(key, title, body)
+    return 3 if failed else 0
 
 
 if __name__ == "__main__":

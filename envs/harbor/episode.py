@@ -188,7 +188,9 @@ class HarborEpisode:
         self.cpus = max(0.1, min(float(task.cpus), ceilings.cpus))
         self.agent_timeout_s = float(task.agent_timeout_s)
         self.verifier_timeout_s = float(task.verifier_timeout_s)
-        self.uid, self.gid, self.home = image_user(str(image.root), image.user)
+        # task.toml's [agent] user, else the image's USER; [environment] env over the image's ENV (agent and verifier).
+        self.uid, self.gid, self.home = image_user(str(image.root), getattr(task, "agent_user", None) or image.user)
+        self.task_env = dict(getattr(task, "task_env", None) or {})
         self.workdir = task.workdir or image.workdir or "/"
         self.used_s = 0.0
         self.events: list[str] = []
@@ -257,7 +259,9 @@ class HarborEpisode:
 
     def _agent_env(self) -> dict[str, str]:
         env = {"PATH": SANDBOX_PATH, "HOME": self.home, "LANG": "C.UTF-8", "TERM": "dumb"}
-        env.update({k: v for k, v in self.image.env.items() if k not in ("PS1", "PS2", "PROMPT_COMMAND")})
+        env.update(
+            {k: v for k, v in {**self.image.env, **self.task_env}.items() if k not in ("PS1", "PS2", "PROMPT_COMMAND")}
+        )
         return env
 
     def _cpu_list(self) -> list[int]:
@@ -351,7 +355,7 @@ class HarborEpisode:
             return VerifierResult(0.0, f"the verifier was not run: {refusal}", "", None, False, 0.0)
         mounts += ["--ro-bind", tests, "/tests", "--dir", "/logs", "--bind", logs, "/logs/verifier"]
         uid, gid, home = self._verifier_user()
-        env = {**VERIFIER_BASE_ENV, "HOME": home, **self.image.env, **self.task.verifier_env}
+        env = {**VERIFIER_BASE_ENV, "HOME": home, **self.image.env, **self.task_env, **self.task.verifier_env}
         for k in ("PYTHONNOUSERSITE", "PYTHONSAFEPATH"):
             env.setdefault(k, "1")
         cwd = self.workdir if os.path.isdir(os.path.join(self.overlay.view, self.workdir.lstrip("/"))) else "/"

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     from rl.cli.audit.command import add_parser as add_audit_parser
 
     add_audit_parser(sub)  # audit [TASKS ...] --recipe R
+    from rl.cli.images import add_parser as add_images_parser
+
+    add_images_parser(sub)  # images ls|rm [DIGEST ...]
     return p
 
 

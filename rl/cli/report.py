@@ -15,6 +15,9 @@ run is HTML-escaped. A chart whose keys are missing says "no data"; a run still 
 (no ``DONE``) works. Each chart is an ``<svg class="chart" data-series="N">`` holding one
 ``<path class="series">`` per line series, or one ``<g class="series">`` of ``<rect>`` per
 stacked-bar series. More than ``MAX_BARS`` steps are averaged into ``MAX_BARS`` bars.
+
+``write_seed_report`` draws several runs of one recipe on one page (a seed sweep, ``bench/seeds.py``):
+the held-out curve per domain, one line per run.
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ from typing import Any
 
 from rl.driver.logger import read_step_records
 
-__all__ = ["write_report", "render_report", "read_metrics", "last_rollouts", "add_parser", "ReportError"]
+__all__ = [
+    "write_report",
+    "render_report",
+    "write_seed_report",
+    "render_seed_report",
+    "read_metrics",
+    "last_rollouts",
+    "add_parser",
+    "ReportError",
+]
 
 DOMAIN_COLORS = (
     "#1f77b4",
@@ -552,13 +564,70 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
 
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``); return its path."""
-    text = render_report(run_dir)
-    dest = Path(out) if out is not None else Path(run_dir) / "report.html"
+    return _write_html(Path(out) if out is not None else Path(run_dir) / "report.html", render_report(run_dir))
+
+
+def _write_html(dest: Path, text: str) -> Path:
+    """``text`` into ``dest`` through a temporary file (a reader never sees half a page); ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, dest)
     return dest
+
+
+# ---------------------------------------------------------------------------- several seeds of one recipe
+
+
+def seed_curves(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, str, str]]:
+    """(title, svg, legend html): per domain, the held-out mean reward (``eval/reward/<d>/mean``) against
+    the step, one line per run of ``runs`` (``{label: metrics records}``, e.g. one per seed)."""
+    doms = sorted({d for recs in runs.values() for d in _domains(recs, r"^eval/reward/([^/]+)/mean$")})
+    color = {label: DOMAIN_COLORS[i % len(DOMAIN_COLORS)] for i, label in enumerate(runs)}
+    out = []
+    for d in doms:
+        title = f"Held-out reward, {d} (eval/reward/{d}/mean)"
+        ss = [Series(label, _series(recs, f"eval/reward/{d}/mean"), color[label]) for label, recs in runs.items()]
+        ss = [s for s in ss if any(v is not None for _, v in s.points)]
+        out.append(
+            (
+                title,
+                line_chart(title, ss, "no held-out evaluation", True),
+                _legend((s.name, s.color, False) for s in ss),
+            )
+        )
+    return out
+
+
+def render_seed_report(runs: dict[str, Path], title: str, summary: str = "") -> str:
+    """One HTML page over several runs of one recipe (a seed sweep, ``bench/seeds.py``): ``summary`` (text,
+    shown as is) and a held-out curve per domain with a line per run; a run without ``metrics.jsonl`` is
+    named as such and drawn nowhere."""
+    recs = {label: read_metrics(d / "metrics.jsonl") for label, d in runs.items() if (d / "metrics.jsonl").is_file()}
+    missing = [label for label in runs if label not in recs]
+    figs = "".join(
+        f"<figure><figcaption>{_e(t)}</figcaption>{svg}{legend}</figure>" for t, svg, legend in seed_curves(recs)
+    )
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return "".join(
+        [
+            '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">',
+            f"<title>jointrl report: {_e(title)}</title><style>{CSS}</style></head><body>",
+            f"<h1>jointrl report: {_e(title)}</h1>",
+            f'<p class="meta">{len(runs)} runs &middot; generated {_e(now)}</p>',
+            f"<pre>{_e(summary)}</pre>" if summary else "",
+            f'<p class="err">no metrics.jsonl: {_e(", ".join(missing))}</p>' if missing else "",
+            '<h2 id="seeds">Held-out reward per domain, one line per run</h2>',
+            '<p class="meta">The trainer\'s held-out means (an unscored sample is left out of them).</p>',
+            f'<div class="grid">{figs}</div>' if figs else "<p>No run holds a held-out evaluation.</p>",
+            "</body></html>\n",
+        ]
+    )
+
+
+def write_seed_report(runs: dict[str, Path], out: str | os.PathLike[str], title: str, summary: str = "") -> Path:
+    """Write ``render_seed_report`` to ``out``; return its path."""
+    return _write_html(Path(out), render_seed_report(runs, title, summary))
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import rl.cli.audit.harbor  # noqa: F401 - registers the harbor task source and strategies
 from rl.cli.audit.runner import EnvSpec, TaskReport, audit_tasks, declared_work
 from rl.cli.audit.sources import SOURCES, AuditTask, SourceError, load_audit_tasks
 from rl.cli.audit.strategies import STRATEGIES
@@ -192,13 +193,24 @@ def _flag_text(rep: TaskReport) -> str:
     return ", ".join(parts) or "-"
 
 
+def _noop_reward(rep: TaskReport) -> float | None:
+    return next((r.reward for r in rep.results if r.role == "noop"), None)
+
+
 def render_table(reports: list[TaskReport]) -> str:
-    """Per task: its reference's reward, its baseline and what is flagged; then a summary line."""
+    """Per task: its reference's reward, its baseline and what is flagged; then a summary line, and the
+    flagged tasks by name. When a source adds columns (the Harbor source's ``image`` build time), the
+    table shows them and the no-op's reward before the reference's."""
     w = max([len("task"), *(len(r.task_id) for r in reports)])
-    lines = [f"{'task':{w}}  {'domain':10} {'ref':>5} {'base':>5}  flagged"]
+    extra = list(dict.fromkeys(k for r in reports for k in r.columns))
+    cw = {k: max([len(k), *(len(r.columns.get(k, "-")) for r in reports)]) for k in extra}
+    head = "".join(f"{k:>{cw[k]}} " for k in extra) + (f"{'noop':>5} " if extra else "")
+    lines = [f"{'task':{w}}  {'domain':10} {head}{'ref':>5} {'base':>5}  flagged"]
     for r in reports:
+        cells = "".join(f"{r.columns.get(k, '-'):>{cw[k]}} " for k in extra)
+        cells += f"{_fmt(_noop_reward(r)):>5} " if extra else ""
         lines.append(
-            f"{r.task_id:{w}}  {r.domain:10} {_fmt(r.reference_reward):>5} {_fmt(r.baseline):>5}  {_flag_text(r)}"
+            f"{r.task_id:{w}}  {r.domain:10} {cells}{_fmt(r.reference_reward):>5} {_fmt(r.baseline):>5}  {_flag_text(r)}"
         )
     n = sum(1 for r in reports if r.findings)
     kinds = [f.kind for r in reports for f in r.findings]
@@ -217,6 +229,9 @@ def render_table(reports: list[TaskReport]) -> str:
     for (strategy, detail), ids in errors.items():
         more = f", +{len(ids) - 3} more" if len(ids) > 3 else ""
         lines.append(f"  {strategy}: {detail} ({len(ids)} tasks: {', '.join(ids[:3])}{more})")
+    flagged = [r.task_id for r in reports if r.findings]
+    if flagged:
+        lines.append("failing tasks: " + ", ".join(flagged))
     return "\n".join(lines)
 
 

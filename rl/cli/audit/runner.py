@@ -98,7 +98,8 @@ class Finding:
 
 @dataclass
 class TaskReport:
-    """One task's audit: where it came from, its reference's reward, its baseline, every result, the findings."""
+    """One task's audit: where it came from, its reference's reward, its baseline, every result, the findings,
+    and the columns its source adds to the table."""
 
     task_id: str
     domain: str
@@ -109,6 +110,7 @@ class TaskReport:
     results: list[StrategyResult] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     excused: list[Finding] = field(default_factory=list)
+    columns: dict[str, str] = field(default_factory=dict)
 
 
 def declared_work(task: Task) -> dict[str, str]:
@@ -263,9 +265,13 @@ def _findings(rep: TaskReport, ref: StrategyResult | None, declared: dict[str, s
 
 
 def audit_task(w: _Worker, at: AuditTask, strategies: list[Strategy], max_turns: int) -> TaskReport:
-    """Every strategy (and the reference, if any) on one task, with its baseline and findings."""
+    """Every strategy (and the reference, if any) on one task, with its baseline and findings (a task its
+    source could not prepare: that error, and nothing played)."""
     t = at.task
-    rep = TaskReport(t.id, t.domain, at.where, at.reference_from, None, None)
+    rep = TaskReport(t.id, t.domain, at.where, at.reference_from, None, None, columns=dict(at.columns))
+    if at.error is not None:
+        rep.findings.append(Finding(t.id, t.domain, "error", "prepare", None, None, at.error))
+        return rep
     ref = None
     if at.reference is not None:
         ref = w.play(t, "reference", "reference", _reference_act(at.reference), max_turns)

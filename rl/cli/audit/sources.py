@@ -16,9 +16,10 @@ reference in the audit's sense beyond their ground-truth calls, which are used a
 
 from __future__ import annotations
 
+import glob
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -46,13 +47,18 @@ class AuditTask:
 
     ``reference``: the assistant turns that play the reference answer (None: the task has
     none); ``reference_from``: where it came from (``"solution"``, ``"expected calls"``,
-    ``"solve.sh"``...), shown in the report; ``where``: the file the task came from.
+    ``"solve.sh"``...), shown in the report; ``where``: the file the task came from. ``columns``:
+    what the source adds to the task's row of the table (the Harbor source: ``image``, its build
+    time); ``error``: a problem the source met preparing the task (an image that did not build):
+    the task is then reported with it as an error finding, and not played.
     """
 
     task: Task
     reference: tuple[str, ...] | None
     reference_from: str
     where: str
+    columns: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
 
 
 @runtime_checkable
@@ -84,7 +90,7 @@ def register_source(source: TaskSource) -> TaskSource:
 def load_audit_tasks(path: str | Path, fmt: str | None = None, done_marker: str = "DONE") -> list[AuditTask]:
     """The tasks of ``path`` read by the source named ``fmt``, or by the first source that accepts it."""
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not glob.has_magic(str(p)):  # a glob is for a source to read (Harbor task dirs)
         raise FileNotFoundError(f"task file not found: {p}")
     if fmt is not None:
         if fmt not in SOURCES:

@@ -1,0 +1,2 @@
+#!/bin/sh
+pkill -f /srv/app/bin/server

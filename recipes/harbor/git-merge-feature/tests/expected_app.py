@@ -1,0 +1,6 @@
+def greet(name):
+    return "Hello, " + name.strip() + "!"
+
+
+def farewell(name):
+    return "Goodbye, " + name + "."
