@@ -1,11 +1,9 @@
-"""Test-only stand-ins for the Harbor loader and image builder, and the base root they build on.
+"""A quick image builder for the episode and env tests, and the base root it builds on.
 
-``envs/harbor/task.py`` and ``envs/harbor/image.py`` (the loader and the Docker-free builder)
-come from another branch; these tests code against their agreed records (``HarborTask``,
-``BuiltImage``) with small private stand-ins:
+The episode tests need images, not the real builder's fidelity (``envs.harbor.image``, tested in
+``tests/test_harbor_image.py``: apt, RUN in a user namespace, the cache): so
 
-* :func:`load_task` reads the task.toml fields the episode uses (no schema checks: those are
-  the real loader's tests);
+* :func:`load_task` is the Harbor loader's, with fields replaceable for a test;
 * :func:`build_image` starts from one Debian bookworm root built with ``mmdebstrap`` once per
   machine and cached (it has bash, coreutils and python3, so the test tasks' ``apt-get install
   python3`` lines are already satisfied and skipped), hard-links it into a per-task tree when
@@ -16,89 +14,33 @@ come from another branch; these tests code against their agreed records (``Harbo
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import os
 import shlex
 import shutil
 import subprocess
-import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from envs.harbor.image import BuiltImage
+from envs.harbor.task import HarborTask
+from envs.harbor.task import load_task as _load_task
 
 DATA = Path(__file__).resolve().parent / "data" / "harbor"
 _CACHE = Path(os.environ.get("JOINTRL_CACHE", "/tmp/jointrl-test-cache")) / "harbor"
 _BASE_PACKAGES = "bash,coreutils,python3"
 
 
-@dataclass(frozen=True)
-class HarborTask:
-    name: str
-    path: Path
-    instruction: str
-    schema: str
-    agent_timeout_s: float
-    verifier_timeout_s: float
-    verifier_env: dict[str, str]
-    verifier_user: str | None
-    cpus: float
-    memory_mb: int
-    storage_mb: int
-    allow_internet: bool
-    workdir: str | None
-    docker_image: str | None
-    metadata: dict[str, Any]
-    extra: dict[str, Any]
-    dockerfile: Path
-    context: Path
-    tests_dir: Path
-    solution: Path | None
-
-
-@dataclass(frozen=True)
-class BuiltImage:
-    digest: str
-    root: Path
-    workdir: str
-    env: dict[str, str]
-    user: str | None
-    cmd: list[str] | None = None
-    entrypoint: list[str] | None = None
-    build_s: float = 0.0
-    cached: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+def image(digest: str, root: Path, workdir: str, env: dict[str, str], user: str | None) -> BuiltImage:
+    """A :class:`BuiltImage` record of a tree made here (cached, no CMD)."""
+    return BuiltImage(digest, root, workdir, env, user, cmd=None, entrypoint=None, build_s=0.0, cached=True)
 
 
 def load_task(path: Path, **overrides: Any) -> HarborTask:
-    """The stand-in loader: ``path``'s task.toml read into a :class:`HarborTask`; ``overrides`` replace fields."""
-    path = Path(path).resolve()
-    raw = tomllib.loads((path / "task.toml").read_text())
-    env, ver, agent = raw.get("environment", {}), raw.get("verifier", {}), raw.get("agent", {})
-    fields = dict(
-        name=path.name,
-        path=path,
-        instruction=(path / "instruction.md").read_text(),
-        schema="1.0",
-        agent_timeout_s=float(agent.get("timeout_sec", 600)),
-        verifier_timeout_s=float(ver.get("timeout_sec", 600)),
-        verifier_env=dict(ver.get("env", {})),
-        verifier_user=ver.get("user"),
-        cpus=float(env.get("cpus", 1)),
-        memory_mb=int(env.get("memory_mb", 2048)),
-        storage_mb=int(env.get("storage_mb", 10240)),
-        allow_internet=bool(env.get("allow_internet", True)),
-        workdir=env.get("workdir"),
-        docker_image=env.get("docker_image"),
-        metadata=dict(raw.get("metadata", {})),
-        extra={k: v for k, v in raw.items() if k not in ("version", "metadata", "agent", "verifier", "environment")},
-        dockerfile=path / "environment" / "Dockerfile",
-        context=path / "environment",
-        tests_dir=path / "tests",
-        solution=path / "solution" if (path / "solution").is_dir() else None,
-    )
-    fields.update(overrides)
-    return HarborTask(**fields)
+    """The Harbor loader's task (:func:`envs.harbor.task.load_task`), with ``overrides`` replacing fields."""
+    return dataclasses.replace(_load_task(Path(path)), **overrides)
 
 
 def base_root() -> Path:
@@ -146,7 +88,7 @@ def build_image(task: HarborTask, cache_dir: Path | None = None) -> BuiltImage:
         elif op == "RUN" and "apt-get" not in arg:
             raise ValueError(f"{task.dockerfile}: the test stand-in builder runs no RUN lines: {line!r}")
     if workdir == "/" and not copies:
-        return BuiltImage("base", base, workdir, env, user)
+        return image("base", base, workdir, env, user)
     digest = hashlib.sha256(task.dockerfile.read_bytes() + b"".join(s.read_bytes() for s, _ in copies)).hexdigest()[:16]
     root = _CACHE / f"img-{digest}"
     if not root.exists():
@@ -161,4 +103,4 @@ def build_image(task: HarborTask, cache_dir: Path | None = None) -> BuiltImage:
             os.rename(tmp, root)
         except OSError:  # another process made it first
             shutil.rmtree(tmp, ignore_errors=True)
-    return BuiltImage(digest, root, workdir, env, user)
+    return image(digest, root, workdir, env, user)

@@ -1,8 +1,8 @@
 """The ``harbor`` domain: task directories as a task source of the recipe, the env's protocol, the mix with
 other domains, and (slow) whole episodes and a tiny training run.
 
-The Harbor loader and builder are another branch's; these tests use the stand-ins of
-``tests/harbor_fixtures.py`` through the env module's two seams (``_load_task``, ``_build_image``).
+Tasks are read with the Harbor loader; episodes run over the quick images of ``tests/harbor_fixtures.py``
+(the env module's ``_build_image`` seam), not the real builder's.
 """
 
 from __future__ import annotations
@@ -17,22 +17,15 @@ from envs.base import check_env
 from envs.harbor.env import SYSTEM_PROMPT, HarborEnv, is_harbor_source
 from envs.io import TaskFormatError, load_tasks
 from envs.types import Message, Task, Trajectory
-from harbor_fixtures import DATA, build_image, load_task
+from harbor_fixtures import DATA, build_image
 from rewards.harbor import HarborVerifierReward
 
 needs_mmdebstrap = pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
 
 
 @pytest.fixture(autouse=True)
-def standin_loader(monkeypatch: pytest.MonkeyPatch) -> None:
-    def strict_load(path: Path):
-        path = Path(path)
-        for need in ("instruction.md", "tests/test.sh"):
-            if not (path / need).is_file():
-                raise ValueError(f"Harbor task {path}: {need} is missing")
-        return load_task(path)
-
-    monkeypatch.setattr(harbor_env, "_load_task", strict_load)
+def quick_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Episodes over the tests' quick images (``tests/harbor_fixtures.py``), a fresh per-process memo each test."""
     monkeypatch.setattr(harbor_env, "_build_image", lambda task, cache_dir: build_image(task))
     monkeypatch.setattr(harbor_env, "_images", {})
 
@@ -108,10 +101,10 @@ def test_validate_loads_every_harbor_task_dir_and_names_the_key(tmp_path: Path, 
     (bad / "broken" / "instruction.md").unlink()
     cfg = load_recipe(_recipe(recipe_copy, [str(bad)]))
     with pytest.raises(
-        RecipeError, match=r"data\.train_files\.1: .*1 Harbor task.*\n.*broken: instruction\.md is missing"
+        RecipeError, match=r"data\.train_files\.1: .*1 Harbor task.*\n.*broken: instruction\.md: missing"
     ):
         validate_recipe(cfg)
-    with pytest.raises(RecipeError, match=r"(?s)data\.train_files\.1: .*broken: instruction\.md is missing"):
+    with pytest.raises(RecipeError, match=r"(?s)data\.train_files\.1: .*broken: instruction\.md: missing"):
         check_task_files(cfg)
 
 

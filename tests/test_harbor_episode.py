@@ -8,7 +8,6 @@ agent that must NOT earn the reward, next to a control showing the attack did ch
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from envs.harbor.episode import EpisodeCeilings, HarborEpisode, image_user
 from envs.harbor.storage import usage
 from envs.harbor.verifier import compose_mounts, read_reward
 from harbor_fixtures import DATA, build_image, load_task
+from harbor_fixtures import image as stub_image
 
 needs_mmdebstrap = pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
 
@@ -371,15 +371,9 @@ def test_the_agent_timeout_budgets_the_commands() -> None:
 
 def test_episode_fields_are_clamped_to_the_ceilings(tmp_path: Path) -> None:
     task = load_task(DATA / "hello-file", storage_mb=999999, memory_mb=999999, cpus=64.0)
-    image = dataclasses.replace(build_image_stub(tmp_path), root=tmp_path)
+    image = stub_image("stub", tmp_path, "/app", {}, None)
     ep = HarborEpisode(task, image, EpisodeCeilings(storage_mb=100, memory_mb=2000, cpus=2.0))
     assert (ep.storage_mb, ep.memory_mb, ep.cpus, ep.workdir) == (100, 2000, 2.0, "/app")
-
-
-def build_image_stub(root: Path):
-    from harbor_fixtures import BuiltImage
-
-    return BuiltImage("stub", root, "/app", {}, None)
 
 
 @pytest.mark.slow
@@ -419,11 +413,11 @@ import json, os, sys
 sys.path.insert(0, os.path.join(os.environ["REPO"], "tests"))
 from pathlib import Path
 from envs.harbor.episode import HarborEpisode
-from harbor_fixtures import BuiltImage, load_task
+from harbor_fixtures import image, load_task
 root = Path(os.environ["MINI_ROOT"])
 task = load_task(Path(os.environ["TASK_DIR"]))
 out = {"uid": os.geteuid()}
-with HarborEpisode(task, BuiltImage("mini", root, "/app", {}, None)).start() as ep:
+with HarborEpisode(task, image("mini", root, "/app", {}, None)).start() as ep:
     out["agent"] = ep.run("id -u; pwd; echo hello harbor > greeting.txt; echo x > /usr/bin/planted; echo ok", 10).output
     out["reward"] = ep.verify().reward
 out["image_untouched"] = not (root / "app").exists() and not (root / "usr/bin/planted").exists()
