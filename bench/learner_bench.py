@@ -113,7 +113,7 @@ def run_mode(args: argparse.Namespace, model_path: str, share: bool) -> dict[str
             m = lrn.step(batch)
             times.append(time.perf_counter() - t0)
             computes.append(m["timing/learner_compute_s"])
-        micro = len(lrn._micro_batches(batch.samples))
+        micro = len(lrn.micro_batches(batch.samples))
         del lrn
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
     total = sum(len(s.input_ids) for s in batch.samples)

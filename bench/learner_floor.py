@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os as _os
 
-# What a learner actor gets (learner.huge_pages, the default: rl.trainer.distributed.learner_env); torch
+# What a learner actor gets (learner.huge_pages, the default: rl.trainer.memory.learner_env); torch
 # reads it at its first allocation, so it is set before torch is imported. THP_MEM_ALLOC_ENABLE=0 in the
 # environment measures 4 KB pages instead.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
@@ -93,15 +93,12 @@ def _gemm_shapes(cfg: dict, samples: list, micro_resp_tokens: int, packed: bool)
     makes, and ``lm_head`` at a micro-batch's response tokens. Packed (the learner's layout; padded: ``bench/padded_layout.py``): one
     call per group of its packed length (``rl.trainer.packing``); padded: the prompt, then the group's
     responses padded to its longest (M: the groups' mean)."""
-    from rl.trainer.packing import packed_length
+    from rl.trainer.packing import packed_length, prompt_groups
 
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     heads = cfg["num_attention_heads"]
     kv = h * cfg.get("num_key_value_heads", heads) // heads
-    groups: dict[tuple, list] = {}
-    for s in samples:
-        groups.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(s)
-    gs = list(groups.values())
+    gs = [[samples[b] for b in g] for g in prompt_groups(samples)]
     if packed:
         calls = [round(sum(packed_length(g) for g in gs) / len(gs))]
     else:
@@ -253,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, micros = [], {}
     for lay in layouts:  # each layout's own GEMM shapes and a warm-up step (AdamW state exists after the first)
         padded_layout.use(lrn, lay != "packed")
-        micros[lay] = lrn._micro_batches(batch.samples)
+        micros[lay] = lrn.micro_batches(batch.samples)
         micro_resp = max(sum(s.num_tokens for s in mb) for mb in micros[lay])
         shapes = _gemm_shapes(conf, batch.samples, micro_resp, not padded_layout.is_padded(lrn))
         rows.append([lay, shapes, [], []])  # layout, its GEMM shapes, its shape rates, its timed steps

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os as _os
 
-# What a learner actor gets (learner.huge_pages, the default: rl.trainer.distributed.learner_env); torch
+# What a learner actor gets (learner.huge_pages, the default: rl.trainer.memory.learner_env); torch
 # reads it at its first allocation, so it is set before torch is imported. THP_MEM_ALLOC_ENABLE=0 in the
 # environment measures 4 KB pages instead.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
@@ -175,7 +175,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
 
     from rl.config.recipe import AlgoConfig, KLConfig, LearnerConfig, LoraConfig, ModelConfig, OptimConfig
     from rl.trainer import memory
-    from rl.trainer.distributed import shard_batch
+    from rl.trainer.sharding import shard_batch
     from rl.trainer.learner import Learner
 
     torch.set_num_threads(max(1, args.threads // world))
@@ -232,7 +232,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "config": lrn.model.config.to_dict(),
         "micros": [
             (_tokens_run(mb, lrn.lcfg.share_prompt), sum(s.num_tokens for s in mb))
-            for mb in lrn._micro_batches(batch.samples)
+            for mb in lrn.micro_batches(batch.samples)
         ],
         "world": world,
         "rss_loaded": loaded,

@@ -38,7 +38,9 @@ class PaddedLayout:
 
 def use(lrn: Any, padded: bool = True) -> None:
     """Make learner ``lrn`` run the padded layout (``padded=False``: back to packed)."""
-    lrn.fwd.layout = PaddedLayout() if padded else None
+    from rl.trainer.forward import PackedLayout
+
+    lrn.fwd.layout = PaddedLayout() if padded else PackedLayout()
 
 
 def is_padded(lrn: Any) -> bool:

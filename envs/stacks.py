@@ -1,7 +1,7 @@
 """Python stack dumps of a run's processes, for the post-mortem of a hung or dead call (stdlib only).
 
 Each actor process of a run calls :func:`register` as it starts (``rollout.pool.RolloutWorker``,
-``rewards.service.RewardScorer``; the learners through ``rl.trainer.distributed.LearnerGroup.ready``):
+``rewards.service.RewardScorer``; the learners through ``rl.driver.actors.learners.LearnerGroup.ready``):
 faulthandler then writes every thread's stack into ``<stacks dir>/<name>_pid<pid>.txt`` on ``SIGUSR1``.
 faulthandler's handler is C code that needs no GIL, so a process stuck in a collective, in C code or
 in a deadlock still answers. The file is the registration: its first line names the host, the pid

@@ -1,4 +1,4 @@
-"""Scoring trajectories with user reward classes, in-process or on a pool of Ray actors.
+"""Scoring trajectories with user reward classes: ``RewardScorer``, a plain class run in-process or as a Ray actor.
 
 A reward function is any object with ``name`` (str), ``domains`` (the domains it scores;
 ``"*"`` = all) and ``__call__(trajectory) -> float | None`` (None: "does not apply to
@@ -19,8 +19,8 @@ Per-call timeout (``timeout_s``): each ``__call__`` / ``acall`` of one sample, a
 batch) gets a "timed out" error. ``RewardScorer`` runs calls in a helper thread to
 enforce this and abandons a thread stuck in a call (Python cannot kill threads).
 
-``RewardService`` spreads trajectories over N ``RewardScorer`` actors, whole groups (the
-samples of one task) to one worker. A worker whose
+``rl.driver.actors.rewards.RewardService`` spreads trajectories over N ``RewardScorer`` Ray
+actors, whole groups (the samples of one task) to one worker. A worker whose
 reward call timed out (its stuck thread lives on) is replaced after the call and the
 timed-out samples are retried once on the fresh worker. A worker that crashed, or that
 stopped making progress altogether (a call that holds the GIL, e.g. a runaway regex,
@@ -47,13 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.actors import ActorGroup, GroupOwner, ray_factory
 from envs.base import resolve
 from envs.stacks import register as register_stacks
 from envs.types import Trajectory
 from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, build_reward, call_mode
 
-__all__ = ["RewardFnSpec", "RewardScorer", "RewardService", "FnOutcome"]
+__all__ = ["RewardFnSpec", "RewardScorer", "FnOutcome", "FnStats", "ScoreResult", "add_stats", "fn_metrics"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,48 @@ class RewardFnSpec:
     weight: float = 1.0
     domains: tuple[str, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FnStats:
+    """One reward function's counts on one domain: samples it ran on, errors (timeouts included), timeouts, and
+    the seconds its calls took in all. Summed with ``+`` (:func:`add_stats` merges whole tables)."""
+
+    samples: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    latency_s: float = 0.0
+
+    def __add__(self, other: FnStats) -> FnStats:
+        return FnStats(
+            self.samples + other.samples,
+            self.errors + other.errors,
+            self.timeouts + other.timeouts,
+            self.latency_s + other.latency_s,
+        )
+
+
+StatsTable = dict[tuple[str, str], FnStats]  # (domain, fn name) -> its counts
+
+
+def add_stats(into: dict[Any, FnStats], stats: dict[Any, FnStats]) -> dict[Any, FnStats]:
+    """Add each entry of ``stats`` into ``into`` (in place, missing keys start at zero); returns ``into``."""
+    for k, s in stats.items():
+        into[k] = into.get(k, FnStats()) + s
+    return into
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """What one scoring call returns (also across a reward worker's actor call): the scored trajectories (same
+    order), this call's per-(domain, fn) counts, the positions of the samples with a timed-out call (the reward
+    service retries them), and how many helper threads are stuck in a call that timed out (the worker is then
+    replaced)."""
+
+    trajs: list[Trajectory]
+    fn: StatsTable
+    timed_out: tuple[int, ...] = ()
+    stuck: int = 0
 
 
 @dataclass
@@ -138,7 +179,7 @@ class RewardScorer:
         self._lock = threading.Lock()
         self._abandoned: list[threading.Thread] = []  # helper threads stuck in a call that timed out
         self._progress_t: float | None = None  # monotonic time of the last call start/finish while scoring
-        self._stats: dict[tuple[str, str], list[float]] = {}  # (domain, fn) -> [samples, errors, timeouts, latency]
+        self._stats: StatsTable = {}  # since the last take_stats
 
     # ------------------------------------------------------------------ public
 
@@ -153,11 +194,10 @@ class RewardScorer:
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """The trajectories with ``scores``, ``reward`` and ``reward_error`` set (new objects, same order)."""
-        return self.score_with_stats(trajs)[0]
+        return self.score_with_stats(trajs).trajs
 
-    def score_with_stats(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], dict[str, Any]]:
-        """``score`` plus this call's statistics: ``{"fn": {(domain, fn): [samples, errors, timeouts,
-        latency_s]}, "timed_out": [indices of samples with a timed-out call], "stuck": threads stuck}``."""
+    def score_with_stats(self, trajs: list[Trajectory]) -> ScoreResult:
+        """``score`` plus this call's statistics (:class:`ScoreResult`)."""
         trajs = list(trajs)
         results: list[dict[str, FnOutcome]] = [{} for _ in trajs]
         failed = {i for i, t in enumerate(trajs) if t.reward_error is not None}  # the rollout's harness failures
@@ -172,27 +212,21 @@ class RewardScorer:
                     results[i][fn.name] = o
         finally:
             self._progress_t = None
-        stats: dict[tuple[str, str], list[float]] = {}
+        stats: StatsTable = {}
         out, timed_out = [], []
         for i, (t, res) in enumerate(zip(trajs, results)):
             out.append(dataclasses.replace(t, scores={}, reward=None) if i in failed else self._combine(t, res))
             for name, o in res.items():
-                s = stats.setdefault((t.task.domain, name), [0, 0, 0, 0.0])
-                s[0] += 1
-                s[1] += o.error is not None or _check_value(name, o.value) is not None
-                s[2] += o.timed_out
-                s[3] += o.latency_s
+                bad = o.error is not None or _check_value(name, o.value) is not None
+                add_stats(stats, {(t.task.domain, name): FnStats(1, int(bad), int(o.timed_out), o.latency_s)})
             if any(o.timed_out for o in res.values()):
                 timed_out.append(i)
         with self._lock:
-            for k, s in stats.items():
-                acc = self._stats.setdefault(k, [0, 0, 0, 0.0])
-                for j in range(4):
-                    acc[j] += s[j]
-        return out, {"fn": stats, "timed_out": timed_out, "stuck": self.stuck_threads()}
+            add_stats(self._stats, stats)
+        return ScoreResult(out, stats, tuple(timed_out), self.stuck_threads())
 
-    def take_stats(self) -> dict[tuple[str, str], list[float]]:
-        """Per (domain, fn): [samples, errors, timeouts, latency_s summed] since the last take (then reset)."""
+    def take_stats(self) -> StatsTable:
+        """Per (domain, fn): the counts since the last take (then reset)."""
         with self._lock:
             stats, self._stats = self._stats, {}
         return stats
@@ -420,195 +454,13 @@ async def _acall(obj: Any, traj: Trajectory, timeout: float | None) -> FnOutcome
     return o
 
 
-def fn_metrics(stats: dict[tuple[str, str], list[float]]) -> dict[str, float]:
+def fn_metrics(stats: StatsTable) -> dict[str, float]:
     """``reward/<fn>/latency_s`` (mean per sample) and ``reward/<fn>/errors`` from per-(domain, fn) stats."""
-    by_fn: dict[str, list[float]] = {}
+    by_fn: dict[str, FnStats] = {}
     for (_, name), s in stats.items():
-        acc = by_fn.setdefault(name, [0, 0, 0, 0.0])
-        for j in range(4):
-            acc[j] += s[j]
+        add_stats(by_fn, {name: s})
     m: dict[str, float] = {}
-    for name, (samples, errors, _timeouts, latency) in sorted(by_fn.items()):
-        m[f"reward/{name}/latency_s"] = latency / samples if samples else 0.0
-        m[f"reward/{name}/errors"] = float(errors)
+    for name, s in sorted(by_fn.items()):
+        m[f"reward/{name}/latency_s"] = s.latency_s / s.samples if s.samples else 0.0
+        m[f"reward/{name}/errors"] = float(s.errors)
     return m
-
-
-_STUCK = "a reward call timed out and its thread could not be stopped"
-
-
-class RewardService(GroupOwner):
-    """A pool of ``RewardScorer`` Ray actors. Requires ``ray.init`` to have run.
-
-    ``timeout_s`` is the per-call limit (see the module docstring); ``workers`` actors,
-    ``num_cpus`` Ray CPUs each, or ``actor_options`` (one dict of Ray actor options per
-    worker, e.g. a placement-group bundle from ``rl.driver.placement``; a replaced worker gets its
-    predecessor's). Spawning, replacing and counting restarts are ``envs.actors.ActorGroup``'s.
-    """
-
-    def __init__(
-        self,
-        specs: list[RewardFnSpec],
-        workers: int = 1,
-        timeout_s: float = 60.0,
-        num_cpus: float = 0.1,
-        actor_options: list[dict[str, Any]] | None = None,
-    ) -> None:
-        import ray
-
-        self.specs, self.timeout_s = list(specs), float(timeout_s)
-        # Two concurrent methods: a scoring call, and the liveness probe (stalled_s) beside it.
-        factory = ray_factory(
-            RewardScorer,
-            {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 2},
-            (self.specs,),
-            lambda i: {"timeout_s": self.timeout_s},
-        )
-        self.group = ActorGroup(
-            workers, factory, metric="reward/service/restarts", options=actor_options, what="reward workers"
-        )
-        ray.get([w.__ray_ready__.remote() for w in self.workers])  # constructor errors surface here
-        self._fresh: set[int] = set()  # replaced workers not yet known to be up
-        self._worker_errors = 0
-        self._stats: dict[tuple[str, str], list[float]] = {}
-        # A worker is hung when it made no progress for timeout_s + grace (its own timeouts did not fire).
-        self.grace_s = max(2.0, 0.25 * self.timeout_s)
-
-    def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        """Score ``trajs`` (same order out). Each group (same ``group_id``: the samples of one task)
-        goes whole to one worker, so a ``score_batch`` call always sees complete groups."""
-        trajs = list(trajs)
-        groups: dict[int, list[int]] = {}
-        for j, t in enumerate(trajs):
-            groups.setdefault(t.group_id, []).append(j)
-        shards: list[list[int]] = [[] for _ in self.workers]
-        for idx in sorted(groups.values(), key=len, reverse=True):  # largest first, each to the least loaded
-            min(shards, key=len).extend(idx)
-        shards = [sorted(s) for s in shards]
-        out: list[Trajectory] = list(trajs)
-        jobs = {i: [trajs[j] for j in shard] for i, shard in enumerate(shards) if shard}
-        for i, part in self._run(jobs).items():
-            for j, t in zip(shards[i], part):
-                out[j] = t
-        return out
-
-    def take_stats(self) -> dict[tuple[str, str], list[float]]:
-        """Per (domain, fn): [samples, errors, timeouts, latency_s summed] since the last take (then reset)."""
-        stats, self._stats = self._stats, {}
-        return stats
-
-    def metrics(self) -> dict[str, float]:
-        """Per-function latency and errors, restarts and worker errors since the last call (then reset)."""
-        m = fn_metrics(self.take_stats()) | self.group.metrics()
-        m["reward/service/worker_errors"] = float(self._worker_errors)
-        self._worker_errors = 0
-        return m
-
-    # ------------------------------------------------------------------ internals
-
-    def _run(self, jobs: dict[int, list[Trajectory]]) -> dict[int, list[Trajectory]]:
-        """Score each worker's chunk; retry once (on a fresh worker) what a crash, hang or timeout cost."""
-        self._await_fresh()  # a replacement's start-up must not count as "no progress"
-        first = self._wait_all({i: (self.workers[i].score_with_stats.remote(c), c) for i, c in jobs.items()})
-        results: dict[int, list[Trajectory]] = {}
-        retry: dict[int, list[int]] = {}  # worker -> positions in its chunk to score again
-        for i, (res, stats, fail) in first.items():
-            if fail is not None:
-                self._replace(i, fail)
-                retry[i] = list(range(len(jobs[i])))
-                results[i] = list(jobs[i])
-                continue
-            self._merge(stats)
-            results[i] = res
-            if stats["stuck"]:
-                self._replace(i, _STUCK)  # frees the thread stuck in the timed-out call
-            retry[i] = list(stats["timed_out"])  # timed-out samples get a second try
-        retry = {i: pos for i, pos in retry.items() if pos}
-        if not retry:
-            return results
-        self._await_fresh()
-        second = self._wait_all(
-            {
-                i: (self.workers[i].score_with_stats.remote([jobs[i][p] for p in pos]), [jobs[i][p] for p in pos])
-                for i, pos in retry.items()
-            }
-        )
-        for i, (res, stats, fail) in second.items():
-            if fail is not None:
-                self._replace(i, fail)
-                self._worker_errors += len(retry[i])
-                res = [dataclasses.replace(jobs[i][p], scores={}, reward=None, reward_error=fail) for p in retry[i]]
-            else:
-                self._merge(stats)
-                if stats["stuck"]:
-                    self._replace(i, _STUCK)
-            for p, t in zip(retry[i], res):
-                results[i][p] = t
-        return results
-
-    def _wait_all(self, calls: dict[int, tuple[Any, list[Trajectory]]]) -> dict[int, tuple[Any, Any, str | None]]:
-        """Wait for each worker's call; (trajs, stats, None) on success, (None, None, why) when the worker
-        died or stopped making progress."""
-        import ray
-
-        pending = {ref: i for i, (ref, _) in calls.items()}
-        done: dict[int, tuple[Any, Any, str | None]] = {}
-        last_ok = {i: time.monotonic() for i in calls}
-        probes: dict[Any, int] = {}  # liveness probe ref -> worker
-        limit = self.timeout_s + self.grace_s
-        poll = min(1.0, max(0.05, self.timeout_s / 4))
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=poll)
-            for ref in ready:
-                i = pending.pop(ref)
-                try:
-                    res, stats = ray.get(ref)
-                    done[i] = (res, stats, None)
-                except ray.exceptions.RayActorError as e:
-                    done[i] = (None, None, f"reward worker died ({type(e).__name__})")
-            if not pending:
-                break
-            # Liveness probes, all at once: a worker answers unless a call holds its GIL (or it died).
-            # One outstanding probe per worker: an unanswered one is waited for again, not stacked.
-            now = time.monotonic()
-            for i in pending.values():
-                if i not in probes.values():
-                    probes[self.workers[i].stalled_s.remote()] = i
-            answered, _ = ray.wait(list(probes), num_returns=len(probes), timeout=poll)
-            for p in answered:
-                i = probes.pop(p)
-                try:
-                    if ray.get(p) <= limit:
-                        last_ok[i] = now
-                except ray.exceptions.RayActorError:
-                    last_ok[i] = now  # dead, not hung: the scoring ref reports the death
-            for ref, i in list(pending.items()):
-                if time.monotonic() - last_ok[i] > limit:
-                    pending.pop(ref)
-                    done[i] = (
-                        None,
-                        None,
-                        f"reward worker timed out after {self.timeout_s:g}s (no progress; "
-                        f"a reward call could not be interrupted)",
-                    )
-        return done
-
-    def _merge(self, stats: dict[str, Any]) -> None:
-        for k, s in stats["fn"].items():
-            acc = self._stats.setdefault(k, [0, 0, 0, 0.0])
-            for j in range(4):
-                acc[j] += s[j]
-
-    def _replace(self, i: int, why: str) -> None:
-        self.group.replace(i, why)
-        self._fresh.add(i)
-
-    def _await_fresh(self) -> None:
-        import ray
-
-        if self._fresh:
-            ray.get([self.workers[i].__ray_ready__.remote() for i in sorted(self._fresh)])
-            self._fresh.clear()
-
-    def shutdown(self) -> None:
-        self.group.kill_all()

@@ -22,6 +22,7 @@ from typing import Any
 
 from envs.types import Generation, Sampling
 from rollout.reaper import start_reaper
+from rollout.weights import IpcWeights
 
 
 def configure_vllm_env(kv_cache_gib: float) -> None:
@@ -241,7 +242,7 @@ class VLLMEngine:
         self.llm.collective_rpc(_reload_from_file, args=(path,))
         self.llm.reset_prefix_cache()
 
-    def load_weights_ipc(self, update: dict[str, Any]) -> None:
+    def load_weights_ipc(self, update: IpcWeights) -> None:
         """Reload all weights in place from a learner's CUDA IPC export (``Learner.export_ipc``, a learner
         on a GPU of this node): each worker maps the learner's buffer and loads from it, no file and no copy
         through host memory."""
@@ -336,18 +337,18 @@ def _reload_from_file(worker: Any, path: str) -> bool:
     return True
 
 
-def _reload_from_ipc(worker: Any, update: dict[str, Any]) -> bool:
+def _reload_from_ipc(worker: Any, update: IpcWeights) -> bool:
     """Runs inside each vLLM worker process: map the learner's packed buffer, load every tensor from it."""
     import math
 
     import torch
 
-    args = list(update["args"])
+    args = list(update.args)
     args[6] = torch.cuda.current_device()  # the storage's device, as this process numbers its GPUs
-    buf = update["rebuild"](*args)
+    buf = update.rebuild(*args)
 
     def tensors(buf: torch.Tensor):
-        for name, shape, off in update["tensors"]:
+        for name, shape, off in update.tensors:
             yield name, buf[off : off + math.prod(shape)].view(shape)
 
     worker.reload_weights(weights_iterator=tensors(buf), is_checkpoint_format=True)

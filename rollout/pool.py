@@ -1,24 +1,21 @@
-"""Rollout workers (one vLLM engine + envs each) and the pool that spreads tasks over them.
+"""A rollout worker (one vLLM engine + envs), and freeing what a dead worker's engine left on its node.
 
-``RolloutWorker`` is a plain class that tests run in-process; ``RolloutPool`` wraps N of
-them as Ray actors. A pool call keeps each GRPO group on one engine (the group shares its
-prompt, so the engine's prefix cache serves it once) and returns trajectories in the order
-of the input. ``sync_weights`` pushes a safetensors file (written by the learner into
-shared memory) into every engine, or with ``adapter=True`` a LoRA adapter folder. Engines are shut down explicitly in ``shutdown()``;
-otherwise each leaks ~420 MB of /dev/shm.
+``RolloutWorker`` is a plain class: tests run it in-process, the in-process runtime runs one in the driver,
+and ``rl.driver.actors.rollout.RolloutPool`` runs N of them as Ray actors. It generates episodes, loads the
+weights each transport delivers (a safetensors file, its bytes, a LoRA adapter folder or its files, a CUDA IPC
+export), and reports what it holds outside its process (``leftovers``). Engines are shut down explicitly in
+``shutdown()``; otherwise each leaves its shared-memory segments in /dev/shm.
 """
 
 from __future__ import annotations
 
 import glob
-import logging
 import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any
 
-from envs.actors import ActorGroup, GroupOwner, actor_died, ray_factory
 from envs.base import resolve
 from envs.stacks import child_stacks
 from envs.stacks import register as register_stacks
@@ -27,8 +24,7 @@ from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
 from rollout.episode import run_episodes
 from rollout.tools_prompt import check_mode
-
-log = logging.getLogger("jointrl.rollout")
+from rollout.weights import BlobWeights, FileWeights, IpcWeights, WeightUpdate
 
 
 def usable_cpus() -> int:
@@ -129,10 +125,30 @@ class RolloutWorker:
             tools_in_prompt=self.tools_in_prompt,
         )
 
+    def receive(self, update: WeightUpdate) -> None:
+        """Load what one weight transport delivered (``rollout.weights.WeightReceiver``): a weights file or adapter
+        folder on this node, their bytes from a learner on another node, or a CUDA IPC export of the learner on
+        this engine's GPU."""
+        if isinstance(update, FileWeights):
+            (self.load_adapter if update.adapter else self.load_weights)(update.path)
+        elif isinstance(update, BlobWeights):
+            if update.adapter:
+                if not isinstance(update.data, dict):
+                    raise TypeError("an adapter from another node arrives as {file name: bytes}")
+                self.load_adapter_blob(update.data)
+            else:
+                if not isinstance(update.data, bytes):
+                    raise TypeError("a weights file from another node arrives as bytes")
+                self.load_weights_blob(update.data)
+        elif isinstance(update, IpcWeights):
+            self.load_weights_ipc(update)
+        else:
+            raise TypeError(f"no weight transport delivers a {type(update).__name__}")
+
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)
 
-    def load_weights_ipc(self, update: dict[str, Any]) -> None:
+    def load_weights_ipc(self, update: IpcWeights) -> None:
         """Weights from a learner rank on this engine's GPU (``Learner.export_ipc``), mapped, not copied."""
         self.engine.load_weights_ipc(update)
 
@@ -183,12 +199,10 @@ class RolloutWorker:
         """Process ids of this worker's engine core processes (tests kill them to inject faults)."""
         return [p.pid for p in getattr(self.engine, "_core_procs", [])]
 
-    def placement(self) -> tuple[str, list[str], list[tuple[int, int]]]:
-        """This worker's Ray node id, the /dev/shm segments its engine maps, and its engine's processes
-        as ``(pid, start time)`` (what ``free_dead_engine`` needs once this process is dead)."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id(), self._shm, self._procs
+    def leftovers(self) -> tuple[list[str], list[tuple[int, int]]]:
+        """The /dev/shm segments this worker's engine maps, and its engine's processes as ``(pid, start time)``:
+        what ``free_dead_engine`` needs, on this worker's node, once this process is dead."""
+        return self._shm, self._procs
 
     def shutdown(self) -> None:
         try:
@@ -201,321 +215,8 @@ class RolloutWorker:
 
 
 class EngineFailure(RuntimeError):
-    """A rollout worker kept dying: more than ``max_restarts`` replacements within one call."""
-
-
-# The calls that give a worker the latest synced weights (a replaced worker makes its own on start).
-LOAD_CALLS = ("load_weights", "load_weights_blob", "load_adapter", "load_adapter_blob")
-
-
-class EngineUnresponsive(RuntimeError):
-    """A rollout worker whose engine died under it, or that stopped answering: it is replaced like a dead one."""
-
-
-class RolloutPool(GroupOwner):
-    """N ``RolloutWorker`` Ray actors. Requires ``ray.init`` to have run.
-
-    Fault tolerance: a worker whose process (or vLLM engine core) dies during ``generate``
-    or ``sync_weights`` is replaced by a fresh actor with the same options, which loads the
-    latest synced weights; its in-flight prompts are re-issued (same seeds, so the samples
-    are those the dead engine would have drawn). ``restarts`` counts replacements; each call
-    re-issues a shard at most ``max_restarts`` times before raising. Spawning, replacing and
-    counting are ``envs.actors.ActorGroup``'s (shared with the reward and learner groups); the
-    death check, the shared-memory sweep and the re-issue are this pool's.
-
-    Every call has a deadline and a death check: while a call is in flight the pool probes
-    each busy worker every ``probe_every_s`` (``RolloutWorker.health``, in its own actor
-    thread); a worker whose engine core process died (vLLM's client would wait forever), that
-    does not answer the probe within ``probe_timeout_s``, or whose call runs past
-    ``call_timeout_s`` is replaced and its prompts re-issued, as if its actor had died.
-    Starting a worker has ``start_timeout_s``.
-    """
-
-    def __init__(
-        self,
-        n: int,
-        model_path: str,
-        env_specs: list[tuple[str, str, dict[str, Any]]],
-        num_cpus: float = 0.5,
-        num_gpus: float = 0,
-        max_restarts: int = 2,
-        actor_options: list[dict[str, Any]] | None = None,
-        length_estimator: Callable[[Task], float | None] | None = None,
-        *,
-        call_timeout_s: float = 3600.0,
-        probe_every_s: float = 5.0,
-        probe_timeout_s: float = 60.0,
-        start_timeout_s: float = 900.0,
-        worker_cls: type | None = None,
-        dump_stacks: Callable[[str], Any] | None = None,
-        **worker_kwargs: Any,
-    ) -> None:
-        """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.placement.Placement.options``:
-        its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
-        gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
-        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``. ``worker_cls``: the
-        worker class (default ``RolloutWorker``; tests pass stand-ins without an engine). ``dump_stacks(why)``:
-        called before a worker that missed its deadline or whose engine died under it is replaced (the run's
-        stack dump of every process, while the hung one is still there to dump)."""
-        import ray
-
-        self.dump_stacks = dump_stacks
-        self.length_estimator = length_estimator
-        self.call_timeout_s, self.probe_every_s = call_timeout_s, probe_every_s
-        self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
-        self.max_restarts = max_restarts
-        self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
-        self._closing = False
-        # Per worker, read at each (re)spawn: a replacement starts with its predecessor's arguments.
-        self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
-        # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
-        factory = ray_factory(
-            worker_cls or RolloutWorker,
-            {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1}},
-            (model_path, env_specs),
-            lambda i: self._kwargs[i],
-        )
-        self.group = ActorGroup(
-            n, factory, metric="faults/rollout_restarts", options=actor_options, what="rollout workers"
-        )
-        # Surface start-up errors (bad model, vLLM failure) here rather than at the first generate.
-        self._placement = ray.get([w.placement.remote() for w in self.workers], timeout=start_timeout_s)
-
-    def _replace(self, i: int, why: BaseException) -> None:
-        """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights."""
-        import ray
-
-        reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
-        log.warning("rollout worker %d died (%s); restarting it", i, reason)
-        self.group.retire(i, reason)
-        self._free([i])
-        self.group.respawn(i)
-        self._placement[i] = ray.get(self.workers[i].placement.remote(), timeout=self.start_timeout_s)
-        if self._weights is not None:
-            m, args = self._load_job(i)
-            ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
-
-    def _free(self, workers: list[int]) -> None:
-        """Kill what is left of the engines of ``workers`` (dead or killed) and unlink their shared memory,
-        each on its own node (skipped if the node is gone). Both are no-ops for an engine shut down cleanly."""
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        sweep, refs = ray.remote(num_cpus=0)(free_dead_engine), {}
-        for i in workers:
-            node, segments, procs = self._placement[i]
-            if segments or procs:
-                on_node = NodeAffinitySchedulingStrategy(node, soft=False)
-                refs[i] = sweep.options(scheduling_strategy=on_node).remote(segments, procs, 30.0)
-        for i, ref in refs.items():
-            try:
-                left = ray.get(ref, timeout=90)
-            except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
-                left = f"{type(e).__name__}: {e}"
-            if left:
-                log.warning("rollout worker %d: could not free its engine's shared memory: %s", i, left)
-
-    def _call(self, jobs: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
-        """Run ``jobs`` (worker index -> method name, args) concurrently; replace and re-issue dead ones."""
-        import ray
-
-        out: dict[int, Any] = {}
-        attempts = dict.fromkeys(jobs, 0)
-        pending = {i: self._issue(i, jobs[i]) for i in jobs}
-        while pending:
-            ready, _ = ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=self.probe_every_s)
-            if ready:
-                i = next(i for i, (ref, _) in pending.items() if ref == ready[0])
-                try:
-                    out[i] = ray.get(ready[0])
-                    del pending[i]
-                    continue
-                except BaseException as e:  # noqa: BLE001 - sorted out by _engine_died
-                    if not _engine_died(e) or self._closing:  # shutting down: a killed worker is no fault
-                        raise
-                    failed: dict[int, BaseException] = {i: e}
-            else:
-                failed = self._probe(pending)
-                if failed and self.dump_stacks is not None:
-                    self.dump_stacks("; ".join(f"rollout worker {i}: {e}" for i, e in sorted(failed.items())))
-            for i, e in failed.items():
-                if attempts[i] >= self.max_restarts:
-                    raise EngineFailure(
-                        f"rollout worker {i} died {attempts[i] + 1} times in one call; giving up "
-                        f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})"
-                    ) from e
-                attempts[i] += 1
-                self._replace(i, e)
-                if jobs[i][0] in LOAD_CALLS:  # the replacement loaded the newest as it started
-                    out[i] = None
-                    del pending[i]
-                else:
-                    pending[i] = self._issue(i, jobs[i])
-        return out
-
-    def _issue(self, i: int, job: tuple[str, tuple[Any, ...]]) -> tuple[Any, float]:
-        """Start ``job`` on worker ``i``: its ObjectRef and its deadline (monotonic seconds)."""
-        m, a = job
-        return getattr(self.workers[i], m).remote(*a), time.monotonic() + self.call_timeout_s
-
-    def _probe(self, pending: dict[int, tuple[Any, float]]) -> dict[int, BaseException]:
-        """The death check of calls in flight: the busy workers that are past their deadline, whose engine
-        died, or that did not answer the health probe in ``probe_timeout_s`` (-> why, for ``_replace``)."""
-        import ray
-        from ray.exceptions import GetTimeoutError
-
-        now, failed = time.monotonic(), {}
-        probes = {i: self.workers[i].health.options(concurrency_group="health").remote() for i in pending}
-        for i, probe in probes.items():
-            if now > pending[i][1]:
-                failed[i] = EngineUnresponsive(f"call ran past rollout call_timeout_s={self.call_timeout_s:g}")
-                continue
-            try:
-                why = ray.get(probe, timeout=self.probe_timeout_s)
-            except GetTimeoutError:
-                why = f"no answer to the health probe within {self.probe_timeout_s:g} s"
-            except BaseException as e:  # noqa: BLE001 - a dead actor: its call's ref says so next round
-                if not _engine_died(e):
-                    raise
-                continue
-            if why is not None:
-                failed[i] = EngineUnresponsive(why)
-        return failed
-
-    def generate(
-        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
-    ) -> list[Trajectory]:
-        """Episodes for ``tasks`` (in order); whole groups go to one engine, engines balanced by estimated
-        tokens (``plan_shards``)."""
-        groups: dict[int, list[int]] = {}
-        for i, g in enumerate(group_ids):
-            groups.setdefault(g, []).append(i)
-        members = list(groups.values())
-        est = [estimate_length(tasks[idxs[0]], sampling, self.length_estimator) for idxs in members]
-        shards = [
-            sorted(i for g in plan for i in members[g])
-            for plan in plan_shards([len(m) for m in members], est, len(self.workers))
-        ]
-        jobs = {
-            w: (
-                "generate",
-                ([tasks[i] for i in shard], [group_ids[i] for i in shard], [seeds[i] for i in shard], sampling),
-            )
-            for w, shard in enumerate(shards)
-            if shard
-        }
-        res = self._call(jobs)
-        out: list[Trajectory | None] = [None] * len(tasks)
-        for w, trajs in res.items():
-            for i, traj in zip(shards[w], trajs):
-                out[i] = traj
-        return out  # type: ignore[return-value]
-
-    def sleep(self, level: int = 1) -> None:
-        """Put every engine to sleep (colocated placement, GPU: frees the GPU for the learner step)."""
-        import ray
-
-        ray.get([w.sleep.remote(level) for w in self.workers])
-
-    def wake_up(self) -> None:
-        """Wake every engine after ``sleep``."""
-        import ray
-
-        ray.get([w.wake_up.remote() for w in self.workers])
-
-    def sync_weights(
-        self,
-        path: str,
-        source_node: str | None = None,
-        fetch: Callable[[], Any] | None = None,
-        *,
-        adapter: bool = False,
-    ) -> None:
-        """Load the weights file ``path`` into every engine (``adapter``: the LoRA adapter folder ``path``).
-
-        ``path`` is on node ``source_node`` (None: every engine can read it). An engine on
-        another node gets the file's bytes (an adapter: ``{file name: bytes}``) through Ray's object
-        store instead: ``fetch()`` returns an ObjectRef of them, made once per sync, and pulled by
-        each remote engine's node.
-        """
-        # Recorded first: a worker replaced during this call loads the newest weights as it starts.
-        self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None, "adapter": adapter}
-        self._call({i: self._load_job(i) for i in range(len(self.workers))})
-
-    def sync_weights_ipc(self, updates: list[dict[str, Any]]) -> None:
-        """Each engine i maps learner rank i's CUDA IPC export (``learner.weight_sync: ipc``: engine i and learner
-        worker i share a GPU in the colocated placement)."""
-        if len(updates) != len(self.workers):
-            raise ValueError(
-                f"{len(updates)} learner exports for {len(self.workers)} engines: ipc pairs them one to one"
-            )
-        self._weights = {"ipc": updates}  # recorded first: a replacement maps the same buffer as it starts
-        self._call({i: self._load_job(i) for i in range(len(self.workers))})
-
-    def _load_job(self, i: int) -> tuple[str, tuple[Any, ...]]:
-        """The call that gives worker ``i`` the latest synced weights: its learner rank's CUDA IPC export, a file
-        path, or the bytes' ObjectRef."""
-        w = self._weights
-        assert w is not None
-        if "ipc" in w:
-            return "load_weights_ipc", (w["ipc"][i],)
-        kind = "load_adapter" if w.get("adapter") else "load_weights"
-        if self.route(i, w["node"]) == "file":
-            return kind, (w["path"],)
-        if w["ref"] is None:
-            if w["fetch"] is None:
-                raise ValueError(
-                    f"rollout worker {i} is on another node than the weights file {w['path']}; sync_weights needs fetch"
-                )
-            w["ref"] = w["fetch"]()
-        return f"{kind}_blob", (w["ref"],)
-
-    def route(self, i: int, source_node: str | None) -> str:
-        """How worker ``i`` receives weights from a learner on ``source_node``: ``file`` or ``object_store``."""
-        return "file" if source_node is None or self._placement[i][0] == source_node else "object_store"
-
-    def score(self, prompt: list[int], continuation: list[int]) -> list[list[float]]:
-        res = self._call({i: ("score", (prompt, continuation)) for i in range(len(self.workers))})
-        return [res[i] for i in range(len(self.workers))]
-
-    def shm_owned(self) -> list[tuple[str, list[str]]]:
-        """Per worker: its node id and the /dev/shm segments its engine maps."""
-        return [(node, list(segs)) for node, segs, _ in self._placement]
-
-    def pids(self) -> list[int]:
-        """Process id of each worker (tests kill them to inject faults)."""
-        return [r for _, r in sorted(self._call({i: ("pid", ()) for i in range(len(self.workers))}).items())]
-
-    def metrics(self) -> dict[str, float]:
-        """``faults/rollout_restarts`` since the last call (then reset)."""
-        return self.group.metrics()
-
-    def shutdown(self) -> None:
-        import ray
-
-        self._closing = True
-        unclean = []
-        for i, w in enumerate(self.workers):
-            try:
-                ray.get(w.shutdown.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - a dead actor has nothing left to shut down
-                unclean.append(i)
-        self.group.kill_all()
-        # A worker that could not shut its engine down (dead, or past the timeout and killed above)
-        # leaves the engine's processes and /dev/shm segments behind: free them on its node.
-        self._free(unclean)
-
-
-def _engine_died(e: BaseException) -> bool:
-    """True for a dead worker process or a dead vLLM engine core inside a live worker."""
-    from ray.exceptions import RayTaskError
-
-    if actor_died(e):
-        return True
-    if isinstance(e, RayTaskError):
-        names = {c.__name__ for c in type(e).__mro__} | {type(getattr(e, "cause", None)).__name__}
-        return "EngineDeadError" in names or "EngineDeadError" in str(e)
-    return False
+    """A rollout worker kept dying: more than ``max_restarts`` replacements within one call, or an engine that did
+    not answer a sleep or wake-up within ``faults.engine_sleep_s``."""
 
 
 def shm_segments(pid: int) -> list[str]:
@@ -588,41 +289,3 @@ def _in_use(paths: set[str]) -> set[str]:
         except OSError:
             continue
     return in_use
-
-
-def estimate_length(task: Task, sampling: Sampling, estimator: Callable[[Task], float | None] | None = None) -> float:
-    """Estimated trajectory tokens of one sample of ``task``: ``estimator(task)`` when it knows (the
-    driver passes the mixer's per-task length EMA), else ``task.meta["est_len"]``, else the sampling
-    budget ``max_new_tokens x max_turns``; never more than ``max_model_len``."""
-    est = estimator(task) if estimator is not None else None
-    if not (isinstance(est, (int, float)) and est > 0):
-        prior = task.meta.get("est_len") if isinstance(task.meta, dict) else None
-        est = prior if isinstance(prior, (int, float)) and not isinstance(prior, bool) and prior > 0 else None
-    if est is None:
-        est = sampling.max_new_tokens * max(1, sampling.max_turns)
-    return float(min(est, sampling.max_model_len))
-
-
-def plan_shards(group_sizes: list[int], est_lengths: list[float], n_engines: int) -> list[list[int]]:
-    """Group indices for each of ``n_engines`` engines, balancing estimated token work. Pure.
-
-    A group's work is ``size x est_length`` (its samples decode side by side on one engine,
-    which keeps the shared prompt in its prefix cache). Longest-processing-time first:
-    groups in decreasing work (ties: lower index first) each go to the engine with the least
-    work so far (ties: lower engine index), so engines finish close together: the largest
-    load is at most 4/3 of the optimum. Each engine's list is in increasing group index.
-    With equal estimates and equal group sizes this is the former count balancing (each group,
-    in order, to the engine with the fewest samples).
-    """
-    if n_engines < 1:
-        raise ValueError(f"n_engines must be >= 1, got {n_engines}")
-    if len(group_sizes) != len(est_lengths):
-        raise ValueError(f"{len(group_sizes)} group sizes for {len(est_lengths)} length estimates")
-    work = [max(0, s) * max(0.0, float(e)) for s, e in zip(group_sizes, est_lengths)]
-    loads = [0.0] * n_engines
-    plan: list[list[int]] = [[] for _ in range(n_engines)]
-    for g in sorted(range(len(work)), key=lambda g: (-work[g], g)):
-        k = min(range(n_engines), key=lambda i: (loads[i], i))
-        plan[k].append(g)
-        loads[k] += work[g]
-    return [sorted(p) for p in plan]

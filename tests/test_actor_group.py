@@ -1,4 +1,4 @@
-"""``envs.actors.ActorGroup``: spawn with per-actor options, replace by index, restart metric, kill.
+"""``rl.driver.actors.group.ActorGroup``: spawn with per-actor options, replace by index, restart metric, kill.
 
 The fast tests drive the group with a fake factory (no Ray); one slow test runs it on Ray actors.
 """
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from envs.actors import ActorGroup
+from rl.driver.actors.group import ActorGroup
 
 
 class FakeFactory:
@@ -140,7 +140,7 @@ def test_ray_actors_are_replaced_with_their_options(monkeypatch):
 
     import ray
 
-    from envs.actors import actor_died, ray_factory
+    from rl.driver.actors.group import actor_died, ray_factory
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     # The actors import this module (for _Probe).

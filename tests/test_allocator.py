@@ -13,7 +13,7 @@ import pytest
 
 from rl.config.recipe import LearnerConfig, RecipeError, load_recipe, validate_recipe
 from rl.trainer import memory
-from rl.trainer.distributed import learner_env
+from rl.trainer.memory import learner_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

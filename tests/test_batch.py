@@ -349,3 +349,30 @@ def test_seq_level_domains_weigh_per_sequence():
     # Dr.GRPO: r - group mean = +-0.5 everywhere.
     assert [s.advantage for s in plain.samples] == [0.5, -0.5, 0.5, -0.5]
     assert [s.advantage for s in weighted.samples] == pytest.approx([0.5, -0.5, 0.5 * 4 / 6, -0.5 * 4 / 6])
+
+
+def test_zero_advantage_samples_train_with_the_aux_term():
+    """A zero-advantage sample has the auxiliary loss's gradient (algo.loss.aux_coef): it is not skipped then."""
+    trajs = [traj(1.0, 0, [1, 1]), traj(1.0, 0, [1])]  # one group, equal rewards: advantages exactly 0
+    off, _ = build_batch(trajs, AlgoConfig(name="grpo"))
+    on, _ = build_batch(trajs, AlgoConfig(name="grpo", loss=LossConfig(aux_coef=0.01)))
+    assert (len(off.samples), len(off.skipped)) == (0, 2)
+    assert (len(on.samples), len(on.skipped)) == (2, 0)
+    assert (on.num_tokens, on.num_seqs) == (off.num_tokens, off.num_seqs) == (3, 2)
+
+
+def test_a_loss_with_a_term_of_its_own_trains_zero_advantage_samples(tmp_path, monkeypatch):
+    """Only a loss that declares every term proportional to the advantage lets build_batch skip A = 0 samples."""
+    (tmp_path / "own_term_losses.py").write_text(
+        "from rl.algos.policy_losses import PolicyLoss\n"
+        "class WithOwnTerm(PolicyLoss):\n"
+        "    def __call__(self, x):\n"
+        "        return -x.aggregate(x.advantages * x.logp) - 0.01 * x.aggregate(x.logp), {}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trajs = [traj(1.0, 0, [1, 1]), traj(1.0, 0, [1])]
+    own, _ = build_batch(trajs, AlgoConfig(name="grpo", loss=LossConfig(policy="own_term_losses.WithOwnTerm")))
+    assert (len(own.samples), len(own.skipped)) == (2, 0)
+    for name in ("ppo_clip", "gspo", "cispo"):
+        b, _ = build_batch(trajs, AlgoConfig(name="grpo", loss=LossConfig(policy=name)))
+        assert (len(b.samples), len(b.skipped)) == (0, 2), name

@@ -174,7 +174,7 @@ def _fsdp_rank(rank: int, port: int, path: str, out: str) -> None:
     """One of 2 FSDP learners with chunked logits (torch.multiprocessing, no Ray): one SGD step, gathered state."""
     from transformers import AutoTokenizer
 
-    from rl.trainer.distributed import shard_batch
+    from rl.trainer.sharding import shard_batch
     from rl.trainer.learner import Learner
     from test_dp import _state, _use_sgd, dp_batch
     from test_learner import MODEL_CFG
@@ -206,7 +206,7 @@ def test_fsdp_chunked_equals_one_unchunked_learner(tiny_model_path, tiny_tokeniz
     take the same update as one unchunked learner: metrics, gradients and weights."""
     import torch.multiprocessing as mp
 
-    from rl.trainer.distributed import free_port
+    from rl.trainer.collectives import free_port
     from rl.trainer.learner import Learner
     from test_dp import _state, _use_sgd, dp_batch
     from test_learner import MODEL_CFG

@@ -1,7 +1,7 @@
 """``jointrl eval`` and ``jointrl difficulty`` read the recipe's ``data.*_datasets`` as ``jointrl train`` does.
 
 No network: the datasets are local folders (and one Hub id read offline from a Hub cache the test
-builds). Generation is replaced (``rl.cli.evaluate._generate``); the recipe's own reward scores it.
+builds). Generation is replaced (``rl.cli.eval._generate``); the recipe's own reward scores it.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def generated(monkeypatch):
         seen.extend(t.id for t in tasks)
         return [_traj(t, _right(t) if j % 2 == 0 else "no call") for j, t in enumerate(tasks) for _ in range(n)]
 
-    monkeypatch.setattr("rl.cli.evaluate._generate", fake)
+    monkeypatch.setattr("rl.cli.eval._generate", fake)
     return seen
 
 

@@ -84,7 +84,7 @@ def test_command_writes_measurements_through_the_real_scorer(tmp_path, monkeypat
             for i in range(n)
         ]
 
-    monkeypatch.setattr("rl.cli.evaluate._generate", fake_generate)
+    monkeypatch.setattr("rl.cli.eval._generate", fake_generate)
     recipe = recipe_copy("joint_rl.yaml")
     assert (
         main(

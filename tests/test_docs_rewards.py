@@ -83,7 +83,7 @@ def test_example_module_through_the_scorer(example):
     from envs.io import load_tasks
     from rewards.protocol import AsyncRewardFn, BatchedRewardFn, RewardFn, call_mode
     from rewards.service import RewardFnSpec, RewardScorer
-    from rl.cli.evaluate import build_trajectories, read_completions
+    from rl.cli.score import build_trajectories, read_completions
 
     import my_rewards
 

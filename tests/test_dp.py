@@ -15,7 +15,7 @@ import torch
 
 from rl.algos.batch import Batch, Sample
 from rl.config.recipe import AlgoConfig, CriticConfig, KLConfig, LearnerConfig, LoraConfig, LossConfig, OptimConfig
-from rl.trainer.distributed import shard_batch
+from rl.trainer.sharding import shard_batch
 from rl.trainer.learner import Learner
 from test_learner import MODEL_CFG, PROMPT_A, PROMPT_B, enc
 from conftest import gloo_ranks
@@ -166,7 +166,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_learners_equal_one(ray2, tiny_model_path, tiny_tokenizer, tmp_path, case):
-    from rl.trainer.distributed import LearnerGroup
+    from rl.driver.actors.learners import LearnerGroup
 
     algo, skip, optimizer, *lcfg = CASES[case]
     learner = lcfg[0] if lcfg else None
@@ -233,7 +233,7 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
     the 2-rank checkpoint (resharded) to the same weights and optimizer state."""
     from transformers import AutoModelForCausalLM
 
-    from rl.trainer.distributed import LearnerGroup
+    from rl.driver.actors.learners import LearnerGroup
 
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3), kl=KLConfig(coef=0.1))
     ck = tmp_path / "ck"
@@ -309,7 +309,7 @@ def test_sharded_lora_equals_one_learner(tiny_model_path, tiny_tokenizer, tmp_pa
     adapters disabled) takes the same two updates as LoRA on one learner, and exports the same merged weights."""
     import torch.multiprocessing as mp
 
-    from rl.trainer.distributed import free_port
+    from rl.trainer.collectives import free_port
 
     mp.spawn(_lora_rank, args=(free_port(), tiny_model_path, str(tmp_path)), nprocs=2)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
@@ -349,7 +349,7 @@ def test_learner_actor_runs_the_recipes_malloc(ray2, tiny_model_path, tmp_path, 
 
     from rl.config.recipe import LearnerConfig
     from rl.trainer import memory
-    from rl.trainer.distributed import LearnerGroup
+    from rl.driver.actors.learners import LearnerGroup
 
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3))
     cfg = dataclasses.replace(MODEL_CFG, autocast=autocast)  # no step runs: the precision only picks the malloc

@@ -15,7 +15,8 @@ import yaml
 from envs.io import load_tasks
 from envs.types import Message, Task, Trajectory
 from rl.cli.main import main
-from rl.cli.evaluate import CommandError, eval_summary, pass_at_k, resolve_model_arg
+from rl.cli.common import CommandError
+from rl.cli.eval import eval_summary, pass_at_k, resolve_model_arg
 
 REPO = Path(__file__).resolve().parents[1]
 

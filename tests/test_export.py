@@ -117,7 +117,7 @@ def _sharded_rank(rank: int, port: int, path: str, out: str) -> None:
     """One of 2 FSDP learners: one SGD step, a sharded checkpoint (every rank), rank 0's gathered weights."""
     from transformers import AutoTokenizer
 
-    from rl.trainer.distributed import shard_batch
+    from rl.trainer.sharding import shard_batch
     from rl.trainer.learner import Learner
     from test_dp import _state, _use_sgd, dp_batch
     from test_learner import MODEL_CFG
@@ -143,7 +143,7 @@ def test_export_sharded_checkpoint(tiny_model_path, tmp_path):
     import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
-    from rl.trainer.distributed import free_port
+    from rl.trainer.collectives import free_port
 
     run = tmp_path / "run"
     run.mkdir()

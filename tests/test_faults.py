@@ -98,7 +98,7 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
 ) -> None:
     from envs.io import load_tasks
     from envs.types import Sampling
-    from rollout.pool import RolloutPool
+    from rl.driver.actors.rollout import RolloutPool
 
     tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
     groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
@@ -159,7 +159,7 @@ def test_killed_engine_core_process_is_detected_and_replaced(tmp_path: Path, tin
     prompts, within a bound."""
     from envs.io import load_tasks
     from envs.types import Sampling
-    from rollout.pool import RolloutPool
+    from rl.driver.actors.rollout import RolloutPool
 
     tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
     groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
@@ -220,10 +220,8 @@ class StandIn:
             time.sleep(3600)
         return "engine core process 1234 (EngineCore_DP0) exited with code -9" if self.mode == "dead" else None
 
-    def placement(self) -> tuple[str, list[str], list[tuple[int, int]]]:
-        import ray
-
-        return ray.get_runtime_context().get_node_id(), [], []
+    def leftovers(self) -> tuple[list[str], list[tuple[int, int]]]:
+        return [], []
 
     def pid(self) -> int:
         return os.getpid()
@@ -241,7 +239,8 @@ class StandIn:
 def test_unresponsive_worker_is_replaced_and_its_call_reissued(tmp_path: Path, ray_cpus, mode: str, why: str) -> None:
     """The pool's deadline and death check without vLLM: a call that never returns is replaced at its deadline,
     one whose health probe reports a dead engine or does not answer is replaced at the next probe."""
-    from rollout.pool import EngineFailure, RolloutPool
+    from rl.driver.actors.rollout import RolloutPool
+    from rollout.pool import EngineFailure
 
     pool = RolloutPool(
         1,
@@ -280,7 +279,8 @@ def test_unresponsive_worker_is_replaced_and_its_call_reissued(tmp_path: Path, r
 def test_a_worker_killed_again_in_the_same_call_is_a_clear_error(tmp_path: Path, ray_cpus) -> None:
     """A worker that dies again within the same call, beyond ``max_restarts``: a clear error, not a hang
     (SIGKILLed worker processes, stand-ins for vLLM workers: the pool's accounting is the same)."""
-    from rollout.pool import EngineFailure, RolloutPool
+    from rl.driver.actors.rollout import RolloutPool
+    from rollout.pool import EngineFailure
 
     pool = RolloutPool(1, "unused", [], num_cpus=0.1, worker_cls=StandIn, flag=str(tmp_path / "flag"), max_restarts=1)
     try:
@@ -342,10 +342,8 @@ class Leaky(StandIn):
         super().__init__(model_path, env_specs)
         self.segment, self.proc = segment, _holder(Path(segment))
 
-    def placement(self) -> tuple[str, list[str], list[tuple[int, int]]]:
-        import ray
-
-        return ray.get_runtime_context().get_node_id(), [self.segment], [(self.proc.pid, start_time(self.proc.pid))]
+    def leftovers(self) -> tuple[list[str], list[tuple[int, int]]]:
+        return [self.segment], [(self.proc.pid, start_time(self.proc.pid))]
 
     def pid(self) -> int:
         return self.proc.pid
@@ -358,7 +356,7 @@ class Leaky(StandIn):
 def test_pool_shutdown_frees_engines_that_did_not_shut_down(tmp_path: Path, ray_cpus) -> None:
     """``RolloutPool.shutdown``: a worker killed because its engine did not shut down leaves neither the
     engine's processes nor its shared memory behind."""
-    from rollout.pool import RolloutPool
+    from rl.driver.actors.rollout import RolloutPool
 
     segment = tmp_path / "psm_engine"
     pool = RolloutPool(1, "unused", [], num_cpus=0.1, worker_cls=Leaky, segment=str(segment))
@@ -511,7 +509,7 @@ def test_ipc_sync_pairs_engine_i_with_learner_rank_i_also_after_a_restart(tmp_pa
     a replaced engine maps its own rank's latest export as it starts, not rank 0's."""
     import ray
 
-    from rollout.pool import RolloutPool
+    from rl.driver.actors.rollout import RolloutPool
 
     pool = RolloutPool(2, "unused", [], num_cpus=0.1, worker_cls=IPCStandIn, flag=str(tmp_path / "flag"))
     try:

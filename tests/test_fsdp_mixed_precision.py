@@ -65,7 +65,7 @@ def _rank(rank: int, port: int, path: str, out: str, bf16: bool) -> None:
 def _run(tmp_path, path: str, bf16: bool) -> dict:
     import torch.multiprocessing as mp
 
-    from rl.trainer.distributed import free_port
+    from rl.trainer.collectives import free_port
 
     d = tmp_path / ("bf16" if bf16 else "fp32")
     d.mkdir()

@@ -129,7 +129,7 @@ def test_the_reward_passes_the_verifiers_value_on_harbor_tasks_only() -> None:
 
 
 def test_eval_reports_per_task_pass_rates_on_a_harbor_set() -> None:
-    from rl.cli.evaluate import eval_summary
+    from rl.cli.eval import eval_summary
 
     tasks = load_tasks(DATA)
     rewards = [1.0, 0.0, None, 0.5]  # two samples per task: hello-file passes once, json-count errs once

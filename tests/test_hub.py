@@ -105,9 +105,10 @@ def _start_until_learners(monkeypatch, cfg, model_path, out, folders=None):
     """RayRuntime.start with Ray and the actors faked: the events up to the learners' creation, in order."""
     import ray
 
+    import rl.driver.actors.cluster as cluster
+    import rl.driver.actors.learners as learners_mod
+    import rl.driver.actors.placement as actor_placement
     import rl.driver.placement as placement
-    import rl.trainer.distributed as distributed
-    import rl.trainer.hub as hub
     from rl.driver import ray_runtime
 
     events: list[str] = []
@@ -131,10 +132,10 @@ def _start_until_learners(monkeypatch, cfg, model_path, out, folders=None):
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(placement, "resolve_device", lambda cfg, gpus: "cpu")
     monkeypatch.setattr(placement, "plan_placement", lambda cfg, device: type("P", (), {"colocated": False})())
-    monkeypatch.setattr(placement, "reserve", lambda plan, t: events.append("reserve") or Reserved())
-    monkeypatch.setattr(ray_runtime, "free_dead_run", lambda p: None)
-    monkeypatch.setattr(hub, "prefetch_on_nodes", prefetch)
-    monkeypatch.setattr(distributed, "LearnerGroup", learners)
+    monkeypatch.setattr(actor_placement, "reserve", lambda plan, t: events.append("reserve") or Reserved())
+    monkeypatch.setattr(ray_runtime, "free_dead_run", lambda p, sweep: None)
+    monkeypatch.setattr(cluster, "prefetch_on_nodes", prefetch)
+    monkeypatch.setattr(learners_mod, "LearnerGroup", learners)
     rt = ray_runtime.RayRuntime(cfg, model_path, out, False)
     try:
         with pytest.raises(_Stop):

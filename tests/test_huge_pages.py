@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from rl.config.recipe import LearnerConfig
-from rl.trainer import distributed
-from rl.trainer.distributed import LearnerGroup, learner_env
+from rl.driver.actors import learners as distributed
+from rl.driver.actors.learners import LearnerGroup
+from rl.trainer.memory import learner_env
 
 
 def test_learner_env_follows_the_recipe_key():

@@ -3,7 +3,8 @@
 Top level: ``envs`` imports none of ``rollout``, ``rewards``, ``rl``; ``rollout`` and ``rewards``
 import ``envs`` only (never each other, never ``rl``). Inside ``rl``, each sub-package imports only
 sub-packages of a lower layer (``LAYERS``), with the exceptions in ``ALLOWED`` (each with its reason).
-Imports inside functions count too: a lazy import is still a dependency.
+Imports inside functions count too: a lazy import is still a dependency. Ray is imported only by the edge
+package ``rl.driver.actors`` (``EDGE``): every other module runs without it.
 
 Inside one package (``envs``, ``rollout``, ``rewards`` or one of rl's sub-packages) the modules form no
 import cycle, except the ones closed by an import in ``ALLOWED_CYCLES``. An edge of the graph is an import of one of our
@@ -46,12 +47,35 @@ ALLOWED = {
 }
 # Import cycles inside a package that stay, each as the (importing module, imported module) import that
 # closes it: the cycle check leaves that import out of the graph, so any other cycle still fails.
-ALLOWED_CYCLES = {
-    # rl.trainer.learner <-> rl.trainer.distributed (and learner -> optim -> distributed -> learner), closed
-    # by distributed's lazy import of Learner for its Ray learner group.
-    # broken by the Ray-edge branch; the coordinator removes this entry at merge
-    ("rl.trainer.distributed", "rl.trainer.learner"),
-}
+ALLOWED_CYCLES: set[tuple[str, str]] = set()
+
+
+# The one package that imports Ray: every actor wrapper, over plain classes that import nothing of Ray.
+EDGE = "rl.driver.actors"
+
+
+def ray_importers(root: Path = REPO) -> list[tuple[str, str]]:
+    """(file, module) of every module of our packages that imports ``ray`` (or a ``ray.`` submodule), at any depth."""
+    found = []
+    for top in PACKAGES:
+        for f in sorted((root / top).rglob("*.py")):
+            mod = ".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.walk(ast.parse(f.read_text(), str(f))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                    else []
+                )
+                if any(n.split(".")[0] == "ray" for n in names):
+                    found.append((str(f.relative_to(root)), mod))
+                    break
+    return found
+
+
+def outside_edge(found: list[tuple[str, str]]) -> list[str]:
+    return [f"{f}: {mod} imports ray" for f, mod in found if mod != EDGE and not mod.startswith(EDGE + ".")]
 
 
 def _unit(module: str) -> str:
@@ -281,3 +305,21 @@ def test_the_cycle_check_sees_cycles(tmp_path: Path) -> None:
     # An allowed import is left out, and only the cycles it closes with it.
     allowed = package_graph(found, {("envs.tools", "envs.calls"), ("envs.box.pump", "envs.box")})
     assert cycle_groups(allowed) == [frozenset({"envs.box.core", "envs.box.warm"})]
+
+
+def test_only_the_edge_package_imports_ray() -> None:
+    bad = outside_edge(ray_importers())
+    assert not bad, f"Ray is imported outside {EDGE} (move the Ray part into it):\n" + "\n".join(bad)
+    assert ray_importers(), f"{EDGE} is expected to import Ray: is the check still parsing the right files?"
+
+
+def test_the_ray_check_sees_a_lazy_import_outside_the_edge(tmp_path: Path) -> None:
+    for top in PACKAGES:
+        (tmp_path / top).mkdir()
+    (tmp_path / "rl" / "driver" / "actors").mkdir(parents=True)
+    (tmp_path / "rollout" / "bad.py").write_text("def f():\n    from ray.util import placement_group\n")
+    (tmp_path / "rl" / "driver" / "actors" / "ok.py").write_text("import ray\n")
+    (tmp_path / "envs" / "fine.py").write_text("import rayon\n")  # another package whose name starts with ray
+    found = ray_importers(tmp_path)
+    assert found == [("rollout/bad.py", "rollout.bad"), ("rl/driver/actors/ok.py", "rl.driver.actors.ok")]
+    assert outside_edge(found) == ["rollout/bad.py: rollout.bad imports ray"]

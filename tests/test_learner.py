@@ -203,8 +203,8 @@ def test_gradient_accumulation_matches_one_micro_batch(make_learner, tiny_tokeni
     algo = dataclasses.replace(ALGO, loss=LossConfig(agg=loss_agg, norm_tokens=8))
     small = make_learner(algo, learner=LearnerConfig(micro_batch_tokens=1))  # no two samples fit together
     large = make_learner(algo, learner=LearnerConfig(micro_batch_tokens=1 << 16))  # all in one
-    assert len(small._micro_batches(batch.samples)) >= 2
-    assert len(large._micro_batches(batch.samples)) == 1
+    assert len(small.micro_batches(batch.samples)) >= 2
+    assert len(large.micro_batches(batch.samples)) == 1
     assert all(torch.equal(a, b) for a, b in zip(params(small).values(), params(large).values()))
 
     m_small, m_large = small.step(batch), large.step(batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rl.algos.objective import ObjectiveStats
-from rl.trainer.metrics import StepMetrics, Sums, UpdateLog
+from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 
 
 def test_sums_round_trip_and_step_metrics_names():
@@ -16,7 +16,7 @@ def test_sums_round_trip_and_step_metrics_names():
     again = Sums.of(s.values(names), names)
     assert again == s
     log = UpdateLog(lr=1e-3, norms=[1.0, 3.0], skipped=1)
-    m = StepMetrics.of(again, log, n_up=2, updates=1, computed=True, terms=(False, True, False, False))
+    m = StepMetrics.of(again, log, n_up=2, updates=1, computed=True, terms=Present(kl=True))
     d = m.to_dict()
     assert d["loss/policy"] == pytest.approx(0.4) and d["loss/kl"] == pytest.approx(0.15)
     assert d["kl/mean"] == pytest.approx(3.0 / 12) and d["entropy/mean"] == pytest.approx(6.0 / 12)

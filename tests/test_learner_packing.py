@@ -119,7 +119,7 @@ def test_packed_micro_batches_count_packed_tokens(pair):
     budget = 2 * max(packing.packed_length(g) for g in groups.values())
     for lrn in pair:
         lrn.lcfg = LearnerConfig(micro_batch_tokens=budget)
-    micros = packed._micro_batches(batch.samples)
+    micros = packed.micro_batches(batch.samples)
     assert sorted(id(s) for mb in micros for s in mb) == sorted(id(s) for s in batch.samples)
     for mb in micros:
         by = {}
@@ -129,7 +129,7 @@ def test_packed_micro_batches_count_packed_tokens(pair):
         assert packed.fwd.trunk_calls(mb) == len(by)  # one packed call per group
         assert padded.fwd.trunk_calls(mb) == 2 * len(by)  # padded: the prompt, then the responses
     # padded, each group costs its members padded to the longest: more tokens, no fewer micro-batches
-    assert len(micros) <= len(padded._micro_batches(batch.samples))
+    assert len(micros) <= len(padded.micro_batches(batch.samples))
 
 
 def test_pack_additive_mask_matches_the_boolean_one():

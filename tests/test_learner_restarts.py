@@ -23,8 +23,10 @@ from rl.cli.main import main
 from rl.config.recipe import RecipeError, load_recipe
 from rl.driver.local_runtime import LocalRuntime
 from rl.driver.loop import RunAborted, latest_checkpoint, train
-from rl.trainer import distributed
-from rl.trainer.distributed import Deadlines, LearnerFailure, LearnerGroup
+from rl.driver.actors import learners as distributed
+from rl.driver.actors import stacks as stack_dumps
+from rl.driver.actors.learners import LearnerGroup
+from rl.driver.runtime import Deadlines, LearnerFailure
 from runlog import comparable_steps
 from test_loop_inprocess import _cfg, local, user_rewards  # noqa: F401 - user_rewards is a fixture
 
@@ -392,10 +394,11 @@ def test_a_hung_learner_misses_its_deadline_and_every_process_dumps_its_stacks(
     started, through ``JOINTRL_STACKS_DIR``), each under the failure's message."""
     import ray
 
-    from envs.actors import ActorGroup, ray_factory
     from envs.stacks import STACKS_ENV
-    from rewards.service import RewardFnSpec, RewardService
-    from rollout.pool import RolloutPool
+    from rewards.service import RewardFnSpec
+    from rl.driver.actors.group import ActorGroup, ray_factory
+    from rl.driver.actors.rewards import RewardService
+    from rl.driver.actors.rollout import RolloutPool
 
     here = Path(__file__).resolve().parent
     path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
@@ -429,7 +432,7 @@ def test_a_hung_learner_misses_its_deadline_and_every_process_dumps_its_stacks(
         # pinned to it, which signals its registered processes and ships their files back.
         ctx = ray.get_runtime_context()
         monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"get_node_id": lambda self: "x"})())
-        assert distributed._dump_remote_nodes(str(stacks), "seen from another node", 60) == []
+        assert stack_dumps._dump_remote_nodes(str(stacks), "seen from another node", 60) == []
         monkeypatch.setattr(ray, "get_runtime_context", lambda: ctx)
         for prefix in ("learner_rank0", "rollout_worker", "reward_worker"):
             _dumped(stacks, prefix, "seen from another node")

@@ -17,7 +17,8 @@ import torch
 from rl.config.recipe import LearnerConfig, LoraConfig, RecipeError, load_recipe
 from rollout.engine import engine_lora_rank
 from rollout.hf_engine import HFEngine
-from rollout.pool import RolloutPool, RolloutWorker
+from rl.driver.actors.rollout import RolloutPool
+from rollout.pool import RolloutWorker
 from test_learner import ALGO, make_batch, make_learner  # noqa: F401 - make_learner: the fixture
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"], transfer="adapter")

@@ -23,7 +23,6 @@ def _inputs(terms: Terms) -> ObjectiveInputs:
         old_logp=logp.detach() + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64),
         advantages=torch.randn(B, T, generator=g, dtype=torch.float64),
         mask=mask,
-        sample_mask=torch.ones(B, dtype=torch.bool),
         agg="seq-mean-token-mean",
         num_tokens=float(mask.sum()),
         num_seqs=4.0,

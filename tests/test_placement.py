@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rl.config.recipe import RecipeError, load_recipe
-from rl.driver.placement import PlacementError, local_ray_cpus, plan_placement, reserve, resolve_device
+from rl.driver.actors.placement import reserve
+from rl.driver.placement import PlacementError, local_ray_cpus, plan_placement, resolve_device
 
 
 @pytest.fixture

@@ -1,10 +1,9 @@
 """rl.algos.policy_losses: the registry, PPO clip on it unchanged, GSPO and CISPO against computations
 written here independently (plain loops in float64), a user loss from docs/algorithms.md through the learner,
-and the per-sample exclusion mask."""
+and a harness failure left out of the batch and the loss."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -41,7 +40,6 @@ def _inputs(seed: int = 0, agg: str = "token-mean", engine: bool = False) -> Los
         old_logp=old,
         advantages=adv,
         mask=mask,
-        sample_mask=torch.ones(B, dtype=torch.bool),
         agg=agg,
         num_tokens=float(mask.sum()) + 3,  # more tokens in the minibatch than in this micro-batch
         num_seqs=5.0,
@@ -182,37 +180,54 @@ def test_user_loss_from_the_docs(tmp_path, monkeypatch, tiny_model_path, recipe_
         lrn.shutdown()
 
 
-def _batch(excluded: bool = False) -> Batch:
+def _batch() -> Batch:
     s1 = Sample([1, 2, 3, 40, 41, 42], 3, [1, 1, 1], [-1.0] * 3, 1.0, "tool_call", uid=0)
-    s2 = Sample([1, 2, 3, 50, 51], 3, [1, 1], [-1.0] * 2, -0.5, "tool_call", uid=1, excluded=excluded)
+    s2 = Sample([1, 2, 3, 50, 51], 3, [1, 1], [-1.0] * 2, -0.5, "tool_call", uid=1)
     return Batch([s1, s2], num_tokens=5, num_seqs=2)
 
 
-def test_an_excluded_sample_leaves_the_loss(tmp_path, tiny_model_path):
-    """Excluding sample 2 gives the gradient of sample 1 alone (same denominators): it is as if A_2 were 0."""
+def _traj(reward, response: list[int], reward_error: str | None = None):
+    from envs.types import Message, Task, Trajectory
+
+    task = Task(id="t0", domain="tool_call", messages=(Message("user", "hi"),))
+    n = len(response)
+    return Trajectory(
+        task, 0, [1, 2, 3], response, [1] * n, [-1.0] * n, [], True, False, "stop", reward=reward,
+        reward_error=reward_error,
+    )  # fmt: skip
+
+
+def test_a_harness_failure_leaves_the_batch_and_the_loss(tmp_path, tiny_model_path):
+    """A harness failure (reward_error "harness: ...", with or without a reward beside it) is dropped by
+    build_batch: the batch, its group's baseline and the learner's loss are those of the episodes without it;
+    scored 0 instead, it would have moved the baseline and the loss."""
+    from rl.algos.batch import build_batch
     from rl.trainer.learner import Learner
 
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2, max_grad_norm=0.0))
     mcfg = ModelConfig(path="embedded:tiny", learner_dtype="float32", autocast=False)
+    ok = [_traj(1.0, [40, 41, 42]), _traj(0.0, [50, 51]), _traj(0.25, [60])]
+    why = "harness: tool_call env step raised RecursionError: maximum recursion depth exceeded"
+    batches = {
+        "without": build_batch(ok, algo)[0],
+        "failed": build_batch(ok + [_traj(None, [70, 71], why)], algo)[0],
+        "failed_with_a_reward": build_batch(ok + [_traj(1.0, [70, 71], why)], algo)[0],
+        "scored_0": build_batch(ok + [_traj(0.0, [70, 71])], algo)[0],
+    }
+    want = batches["without"]
+    for name in ("failed", "failed_with_a_reward"):
+        b = batches[name]
+        assert [(s.input_ids, s.advantage) for s in b.samples] == [(s.input_ids, s.advantage) for s in want.samples]
+        assert (b.num_tokens, b.num_seqs, b.skipped) == (want.num_tokens, want.num_seqs, []) == (6, 3, [])
     out = {}
-    for name, batch in (
-        ("excluded", _batch(excluded=True)),
-        (
-            "zero_adv",
-            dataclasses.replace(
-                _batch(), samples=[_batch().samples[0], dataclasses.replace(_batch().samples[1], advantage=0.0)]
-            ),
-        ),
-        ("kept", _batch()),
-    ):
+    for name, batch in batches.items():
         lrn = Learner(tiny_model_path, mcfg, algo, threads=1, shm_dir=str(tmp_path / name))
         try:
             out[name] = lrn.step(batch)["loss/policy"]
         finally:
             lrn.shutdown()
-    assert out["excluded"] == pytest.approx(out["zero_adv"], abs=1e-7)
-    assert out["excluded"] == pytest.approx(-3 * 1.0 / 5, abs=1e-6)
-    assert out["kept"] != pytest.approx(out["excluded"], abs=1e-3)
+    assert out["failed"] == out["failed_with_a_reward"] == out["without"]
+    assert out["scored_0"] != pytest.approx(out["without"], abs=1e-3)
 
 
 def test_a_loss_that_needs_the_reference_gets_one(tmp_path, tiny_model_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Dispatch by estimated length: ``rollout.pool.plan_shards`` (pure LPT) and ``estimate_length``."""
+"""Dispatch by estimated length: ``rollout.balance.plan_shards`` (pure LPT) and ``estimate_length``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from envs.types import Message, Sampling, Task
-from rollout.pool import estimate_length, plan_shards
+from rollout.balance import estimate_length, plan_shards
 
 
 def _loads(plan: list[list[int]], sizes: list[int], est: list[float]) -> list[float]:

@@ -538,7 +538,7 @@ def ray_session(reward_module_dir):
 
 
 def test_service_matches_in_process(ray_session, on_path):
-    from rewards.service import RewardService
+    from rl.driver.actors.rewards import RewardService
 
     specs = [spec("Const", weight=0.5, value=0.8), spec("FromMeta", weight=2.0), spec("Boom")]
     trajs = [
@@ -563,7 +563,7 @@ def test_service_matches_in_process(ray_session, on_path):
 
 def test_service_hung_worker_is_replaced(ray_session, on_path):
     ray = ray_session
-    from rewards.service import RewardService
+    from rl.driver.actors.rewards import RewardService
 
     service = RewardService([spec("Sleepy")], workers=2, timeout_s=2)
     try:
@@ -596,7 +596,7 @@ def test_service_hung_worker_is_replaced(ray_session, on_path):
 def test_service_retries_once_on_a_fresh_worker(ray_session, on_path, tmp_path):
     # The first call hangs past the timeout; the share is retried on a replacement worker, which succeeds.
     # (timeout_s is 5 rather than 2: the retry's time limit also covers the new actor's start-up.)
-    from rewards.service import RewardService
+    from rl.driver.actors.rewards import RewardService
 
     service = RewardService([spec("FirstHang", marker=str(tmp_path / "hung-once"))], workers=1, timeout_s=5)
     try:
@@ -610,7 +610,7 @@ def test_service_retries_once_on_a_fresh_worker(ray_session, on_path, tmp_path):
 
 def test_service_crashed_worker_is_replaced(ray_session, on_path):
     ray = ray_session
-    from rewards.service import RewardService
+    from rl.driver.actors.rewards import RewardService
 
     service = RewardService([spec("Crashy")], workers=1, timeout_s=30)
     try:
@@ -626,7 +626,7 @@ def test_service_crashed_worker_is_replaced(ray_session, on_path):
 
 
 def test_service_batched_and_async_classes_match_in_process(ray_session, on_path):
-    from rewards.service import RewardService
+    from rl.driver.actors.rewards import RewardService
 
     specs = [spec("Batched", weight=0.5), spec("Async", weight=2.0), spec("Penalty")]
     trajs = [traj(str(i), domain="d1" if i % 3 else "d2", v=i / 8) for i in range(8)] + [traj("boom", boom=True, v=1)]
@@ -650,7 +650,7 @@ def test_service_worker_holding_the_gil_is_killed(ray_session, on_path):
     import time
 
     ray = ray_session
-    from rewards.service import RewardService
+    from rl.driver.actors.rewards import RewardService
 
     service = RewardService([spec("GilHog")], workers=2, timeout_s=2)
     try:
@@ -670,7 +670,7 @@ def test_service_worker_holding_the_gil_is_killed(ray_session, on_path):
 
 def test_service_keeps_groups_on_one_worker(ray_session, on_path):
     """score_batch sees whole groups: 3 groups of 3 over 2 workers, never split."""
-    from rewards.service import RewardService
+    from rl.driver.actors.rewards import RewardService
 
     class_path = spec("Batched")
     service = RewardService([class_path], workers=2, timeout_s=30)

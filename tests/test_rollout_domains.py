@@ -26,7 +26,7 @@ def test_three_domains_multi_turn_in_ray(tiny_model_path, tiny_tokenizer) -> Non
     import ray
 
     from rollout.episode import render
-    from rollout.pool import RolloutPool
+    from rl.driver.actors.rollout import RolloutPool
 
     code = load_tasks(DATA / "code_tasks.jsonl")[:3]
     term = load_tasks(DATA / "terminal_tasks.jsonl")[:3]

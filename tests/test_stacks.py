@@ -1,4 +1,4 @@
-"""Stack dumps of a run's processes (``envs.stacks``, ``rl.trainer.distributed.dump_run_stacks``), with local
+"""Stack dumps of a run's processes (``envs.stacks``, ``rl.driver.actors.stacks.dump_run_stacks``), with local
 subprocesses standing in for actors: only registered, live processes of this host are signalled, each one's
 stacks land in its own file under the dump's reason, and nobody else is killed by ``SIGUSR1``."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from envs import stacks
-from rl.trainer.distributed import dump_run_stacks
+from rl.driver.actors.stacks import dump_run_stacks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +147,7 @@ def test_the_pool_dumps_every_process_before_it_replaces_an_unresponsive_worker(
     (naming the worker and why) before ``_replace`` kills it, and the re-issued call's answer comes back."""
     import ray
 
-    from rollout.pool import EngineUnresponsive, RolloutPool
+    from rl.driver.actors.rollout import EngineUnresponsive, RolloutPool
 
     events: list[str] = []
     pool = RolloutPool.__new__(RolloutPool)

@@ -94,7 +94,7 @@ def test_eval_engine_logs_are_quiet_unless_verbose(monkeypatch, verbose: bool) -
     import logging
     import warnings
 
-    from rl.cli.evaluate import quiet_engine_logs
+    from rl.cli.eval import quiet_engine_logs
 
     keys = ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS", "JOINTRL_VERBOSE", "VLLM_LOGGING_STREAM")
     # a copy of the environment: nothing this sets leaks into later tests
@@ -115,7 +115,7 @@ def test_eval_engine_logs_are_quiet_unless_verbose(monkeypatch, verbose: bool) -
 def test_eval_keeps_a_log_level_the_user_set(monkeypatch) -> None:
     import warnings
 
-    from rl.cli.evaluate import quiet_engine_logs
+    from rl.cli.eval import quiet_engine_logs
 
     monkeypatch.setattr(os, "environ", {**os.environ, "VLLM_LOGGING_LEVEL": "INFO"})
     with warnings.catch_warnings():

@@ -12,7 +12,7 @@ calls, and no gradient: advantages are targets, so every function runs under
 ``torch.no_grad``. Every statistic is over the tensors passed in (the local batch), except
 that :func:`whiten` and :func:`reinforce_pp` accept ``reduce_sum``: a function applied to
 each vector of partial sums before it is used (e.g. an all-reduce SUM over data-parallel
-ranks, see ``rl.trainer.distributed.all_reduce_sum``), so that shards of one batch get the
+ranks, see ``rl.trainer.collectives.all_reduce_sum``), so that shards of one batch get the
 statistics of the whole batch. ``group_normalized`` needs no such hook when whole groups
 stay on one shard.
 

@@ -1,7 +1,12 @@
 """From scored trajectories to a training batch, and the rollout metrics of a step. Pure.
 
-``build_batch`` drops samples whose reward errored (they are counted, never scored 0) and
-keeps each sample's tokens ragged (the learner pads per micro-batch). Every sample carries
+``build_batch`` drops samples without a reward, before the estimator: a reward that errored, and a
+harness failure (an env call of the episode raised: the rollout's ``reward_error`` "harness: ...",
+left unscored by the reward service; dropped even if a reward came with it). They are counted
+(``batch/excluded``), never scored 0: a dropped sample moves no group's baseline (a GRPO group's mean
+and std are its other members'; an RLOO group left with one member leaves too), counts in no loss
+denominator and costs no forward pass, so the batch trains as if the episode had not run. Each
+sample's tokens stay ragged (the learner pads per micro-batch). Every sample carries
 its scalar reward and group id. Where the advantage depends on rewards alone, the estimator
 (``rl.algos.estimators``, chosen by ``algo.name``) computes it here, over the whole batch,
 from the rewards (or the shaped rewards of ``rl.algos.shaping``, when given). Where it needs
@@ -9,8 +14,9 @@ the learner's models (``Estimator.learner_advantages``: a critic, or ``algo.kl.i
 it is left at 0 here and computed by the learner.
 
 With ``algo.update.zero_variance: drop``, groups whose rewards are all equal leave the batch
-entirely. Samples whose advantage is exactly 0 carry no gradient when there is neither a KL
-term nor an entropy bonus: they are then moved to ``Batch.skipped`` (no forward/backward),
+entirely. Samples whose advantage is exactly 0 carry no gradient when there is no KL term, no
+entropy bonus, no auxiliary loss and the policy loss says so (``PolicyLoss.no_gradient_at_zero_advantage``):
+they are then moved to ``Batch.skipped`` (no forward/backward),
 while the loss denominators (``num_tokens``, ``num_seqs``, and the learner's per-minibatch
 counts) still count them, so the update equals the one over the full batch.
 
@@ -27,6 +33,7 @@ import torch
 from envs.sandbox.events import EVENTS
 from envs.types import Trajectory
 from rl.algos.estimators import Estimator, get_estimator
+from rl.algos.policy_losses import get_policy_loss
 from rl.config.recipe import AlgoConfig
 
 
@@ -43,7 +50,6 @@ class Sample:
     reward: float = 0.0  # the scalar (outcome) reward, shaped when a shaping stage ran
     group_id: int = 0  # samples of one prompt share it (GRPO groups; kept whole on one data-parallel shard)
     uid: int = 0  # position in the step's batch: a stable order for minibatch shuffles (skipping changes nothing)
-    excluded: bool = False  # out of the loss (a harness failure known after batching): its tokens weigh 0
 
     @property
     def num_tokens(self) -> int:
@@ -61,8 +67,9 @@ class Batch:
 
 def _usable(trajs: list[Trajectory], est: Estimator, stats: dict[str, float]) -> list[Trajectory]:
     """Scored trajectories with policy tokens, in groups big enough for the estimator's baseline
-    (RLOO: a group left with one member, its siblings errored, has none)."""
-    ok = [t for t in trajs if t.reward is not None and t.num_policy_tokens > 0]
+    (RLOO: a group left with one member, its siblings errored, has none). A trajectory with a ``reward_error``
+    (a harness failure, an errored reward) is no training sample even if a reward came with it."""
+    ok = [t for t in trajs if t.reward is not None and t.reward_error is None and t.num_policy_tokens > 0]
     if est.min_group_size > 1:
         sizes: dict[int, int] = defaultdict(int)
         for t in ok:
@@ -110,8 +117,7 @@ def build_batch(
     if seq_level_domains:
         adv = adv * _seq_level_scale(ok, seq_level_domains)
     # Exactly no gradient: skip the compute, keep it in the denominators.
-    can_skip = not in_learner and algo.kl.coef == 0.0 and algo.loss.entropy_coef == 0.0
-    samples, skipped = _samples(ok, adv, scores, can_skip)
+    samples, skipped = _samples(ok, adv, scores, _can_skip(algo, in_learner))
     stats["batch/samples"] = float(len(samples))
     if not in_learner:
         stats |= _advantage_stats(ok, adv)
@@ -148,6 +154,15 @@ def _zero_variance(ok: list[Trajectory], algo: AlgoConfig, stats: dict[str, floa
     if algo.update.zero_variance == "drop":
         return [t for t in ok if t.group_id not in constant]  # no reward signal: out of the update and denominators
     return ok
+
+
+def _can_skip(algo: AlgoConfig, in_learner: bool) -> bool:
+    """Whether a sample whose advantage is exactly 0 has exactly no gradient: advantages from the rewards, no
+    KL term, no entropy bonus, no auxiliary loss (each puts a gradient on every sample), and a policy loss
+    whose every term is proportional to the advantage (``PolicyLoss.no_gradient_at_zero_advantage``)."""
+    if in_learner or algo.kl.coef or algo.loss.entropy_coef or algo.loss.aux_coef:
+        return False
+    return get_policy_loss(algo.loss).no_gradient_at_zero_advantage
 
 
 def _seq_level_scale(ok: list[Trajectory], seq_level_domains: tuple[str, ...]) -> torch.Tensor:

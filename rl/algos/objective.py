@@ -7,11 +7,17 @@
                                                                     when the KL is in the reward)
          - entropy_coef x aggregate(entropy)                       (with entropy_coef > 0)
          + vf_coef x value_loss(values, old_values, returns, clip) (with a critic)
+         + aux_coef x (n / num_tokens) x aux_loss                  (with aux_coef > 0: the model's auxiliary
+                                                                    loss, an MoE's router load balancing)
 
-every term aggregated with the recipe's ``algo.loss.agg`` and the minibatch's denominators (carried by
-``x.policy``), so the micro-batches' losses sum to the minibatch's exactly. No models, no I/O, no
-distributed calls: the learner computes the tensors (log-probs, reference log-probs, entropy, values) and
-sums the stats over micro-batches and ranks.
+every token term aggregated with the recipe's ``algo.loss.agg`` and the minibatch's denominators (carried by
+``x.policy``), so the micro-batches' losses sum to the minibatch's exactly. The auxiliary loss is one number
+per micro-batch (``rl.algos.router``: over every token its trunk calls ran), weighted by the micro-batch's
+share ``n / num_tokens`` of the minibatch's policy tokens, so the minibatch's term is their token-weighted
+mean (it is not linear in the tokens: it depends on how ``learner.micro_batch_tokens`` splits the minibatch,
+as a load-balancing loss computed per forward does in every framework). No models, no I/O, no distributed
+calls: the learner computes the tensors (log-probs, reference log-probs, entropy, values, the auxiliary loss)
+and sums the stats over micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ __all__ = ["Terms", "ObjectiveInputs", "ObjectiveStats", "objective"]
 
 @dataclass(frozen=True)
 class Terms:
-    """The weights of the terms beside the policy loss (``algo.kl``, ``algo.loss.entropy_coef``, ``algo.critic``)."""
+    """The weights of the terms beside the policy loss (``algo.kl``, ``algo.loss.entropy_coef``, ``algo.critic``,
+    ``algo.loss.aux_coef``)."""
 
     kl_coef: float = 0.0
     kl_kind: str = "k3"
@@ -36,6 +43,7 @@ class Terms:
     entropy_coef: float = 0.0
     vf_coef: float = 0.0
     value_clip: float | None = None
+    aux_coef: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,8 @@ class ObjectiveInputs:
     """``policy``: the policy loss's inputs (log-probs with grad, mask, denominators); the others ``[B, T]`` on
     the same grid, None when the term is off: ``ref_logp`` (the reference's log-probs, no grad), ``entropy``
     (differentiable when ``terms.entropy_coef > 0``), ``values`` (the critic's, with grad), ``old_values`` and
-    ``returns`` (from the prepare pass)."""
+    ``returns`` (from the prepare pass); ``aux_loss``: a scalar with grad, the model's auxiliary loss over the
+    micro-batch (present when ``terms.aux_coef > 0``)."""
 
     policy: LossInputs
     terms: Terms
@@ -52,6 +61,7 @@ class ObjectiveInputs:
     values: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
 
 
 @dataclass
@@ -59,7 +69,8 @@ class ObjectiveStats:
     """One micro-batch's statistics: the aggregated terms (before their coefficients) and token sums/means.
 
     ``policy``: the policy loss's own stats (its ``stat_names``, token means); ``kl_sum``, ``returns_sum``:
-    sums over the masked tokens; ``value_*``: token means over the masked tokens (0 without a critic)."""
+    sums over the masked tokens; ``value_*``: token means over the masked tokens (0 without a critic);
+    ``aux_loss``: the auxiliary term as added, its share of the minibatch's before the coefficient."""
 
     policy_loss: float = 0.0
     kl_loss: float = 0.0
@@ -70,6 +81,7 @@ class ObjectiveStats:
     value_error: float = 0.0
     value_clip_fraction: float = 0.0
     returns_sum: float = 0.0
+    aux_loss: float = 0.0
     policy: dict[str, float] = field(default_factory=dict)
 
 
@@ -109,4 +121,10 @@ def objective(x: ObjectiveInputs, policy_loss: PolicyLoss) -> tuple[torch.Tensor
         st.value_clip_fraction = vst["value/clip_fraction"]
         st.returns_sum = float((x.returns * p.mask).sum())
         total = total + t.vf_coef * vloss
+    if t.aux_coef > 0:
+        if x.aux_loss is None:
+            raise ValueError("algo.loss.aux_coef > 0 needs the model's auxiliary loss (aux_loss)")
+        aux = x.aux_loss * (float(p.mask.sum()) / max(float(p.num_tokens), 1.0))
+        st.aux_loss = float(aux.detach())
+        total = total + t.aux_coef * aux
     return total, st

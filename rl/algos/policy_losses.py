@@ -6,15 +6,20 @@ Each loss is a small class that declares what it needs and is called on a typed 
 * ``needs``: what the learner computes for it beyond the always-present ones (the policy's and the old
   log-probs, the advantages, the mask): ``"engine_logprobs"`` (the sampling engine's log-probs of the
   tokens, for importance weights against the behaviour policy), ``"entropy"`` (the per-token entropy,
-  differentiable, for a loss that adds an entropy term of its own) and ``"ref_logprobs"`` (the frozen
-  reference's log-probs: the learner then keeps a reference model). The learner computes nothing else;
+  differentiable, for a loss that adds an entropy term of its own), ``"ref_logprobs"`` (the frozen
+  reference's log-probs: the learner then keeps a reference model) and ``"aux_loss"`` (the model's auxiliary
+  loss from its outputs, an MoE's router load balancing, ``rl.algos.router``: the trunk then returns its
+  router logits). The learner computes nothing else;
+* ``no_gradient_at_zero_advantage``: every term of the loss is proportional to the advantage, so a sample
+  whose advantage is exactly 0 has exactly no gradient and ``build_batch`` may skip its forward and backward
+  (False by default: a loss that adds a term of its own, an entropy or a reference pull, trains every sample);
 * ``stat_names``: the token-mean statistics it reports (metric keys), in order; the learner sums
   ``value x tokens`` over micro-batches and ranks and logs their means;
 * ``__call__(inputs) -> (loss, stats)``: a scalar to minimise (the micro-batch's part of the minibatch's
   loss: its denominators are in ``inputs``) and one float per name of ``stat_names``.
 
 The learner adds the other terms of the objective (``algo.kl``, ``algo.loss.entropy_coef``, the value
-loss) itself; a loss may return additional terms in its scalar (anything differentiable it computes
+loss, ``algo.loss.aux_coef``) itself (``rl.algos.objective``); a loss may return additional terms in its scalar (anything differentiable it computes
 from its inputs). Chosen by ``algo.loss.policy``: a registered name or a dotted path
 ``pkg.module.Class`` of a :class:`PolicyLoss` subclass, built with ``algo.loss.kwargs`` (see
 docs/algorithms.md). Pure tensor code: no models, no I/O, no distributed calls.
@@ -44,7 +49,7 @@ __all__ = [
     "CISPO",
 ]
 
-NEEDS = frozenset({"engine_logprobs", "entropy", "ref_logprobs"})
+NEEDS = frozenset({"engine_logprobs", "entropy", "ref_logprobs", "aux_loss"})
 
 
 class PolicyLossError(ValueError):
@@ -60,10 +65,10 @@ class LossInputs:
     """One micro-batch on its ``[B, T]`` response grid (B samples, T the longest response).
 
     ``logp`` (current policy, requires grad), ``old_logp`` (before this batch's updates, no grad),
-    ``advantages``: float ``[B, T]``; ``mask``: bool ``[B, T]``, True on the policy tokens that enter the
-    loss (rows of excluded samples are all False); ``sample_mask``: bool ``[B]``, False for a sample
-    excluded from the loss (a harness failure), its gradient is 0; ``engine_logp``, ``entropy`` and
-    ``ref_logp`` ``[B, T]``: present when the loss ``needs`` them, else None. ``agg``, ``num_tokens``,
+    ``advantages``: float ``[B, T]``; ``mask``: bool ``[B, T]``, True on the policy tokens (a harness failure
+    never gets here: ``build_batch`` drops it); ``engine_logp``, ``entropy`` and
+    ``ref_logp`` ``[B, T]`` and ``aux_loss`` (a scalar with grad over the whole micro-batch, not yet weighted by its
+    share of the minibatch): present when the loss ``needs`` them, else None. ``agg``, ``num_tokens``,
     ``num_seqs``, ``norm_tokens``: the aggregation and the minibatch's denominators
     (``rl.algos.losses.aggregate``), so micro-batch losses sum to the minibatch's exactly.
     """
@@ -72,7 +77,6 @@ class LossInputs:
     old_logp: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
-    sample_mask: torch.Tensor
     agg: str
     num_tokens: float
     num_seqs: float
@@ -80,6 +84,7 @@ class LossInputs:
     engine_logp: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
 
     def aggregate(self, per_token: torch.Tensor) -> torch.Tensor:
         """``per_token`` [B, T] reduced with the recipe's aggregation and the minibatch's denominators."""
@@ -99,6 +104,7 @@ class PolicyLoss:
 
     name: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
+    no_gradient_at_zero_advantage: ClassVar[bool] = False
 
     def __init__(self, loss: Any) -> None:
         self.cfg = loss
@@ -152,6 +158,7 @@ class PPOClip(_TISLoss):
     ``algo.loss.agg``. Shapes as :class:`LossInputs`."""
 
     name = "ppo_clip"
+    no_gradient_at_zero_advantage = True
 
     @property
     def stat_names(self) -> tuple[str, ...]:
@@ -208,6 +215,7 @@ class GSPO(PolicyLoss):
     """
 
     name = "gspo"
+    no_gradient_at_zero_advantage = True
 
     @property
     def stat_names(self) -> tuple[str, ...]:
@@ -245,6 +253,7 @@ class CISPO(_TISLoss):
     """
 
     name = "cispo"
+    no_gradient_at_zero_advantage = True
 
     @property
     def stat_names(self) -> tuple[str, ...]:

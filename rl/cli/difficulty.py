@@ -115,7 +115,7 @@ def apply_difficulty(
 def difficulty_summary(tasks: list[Task]) -> dict[str, Any]:
     """Per domain, over tasks carrying ``base_pass_rate``: counts of never / sometimes / always
     solved, the share with signal (0 < rate < 1), mean pass@1 and the mean reward."""
-    from rl.cli.evaluate import pass_at_k
+    from rl.cli.eval import pass_at_k
 
     by: dict[str, list[Task]] = {}
     for t in tasks:
@@ -140,7 +140,7 @@ def difficulty_summary(tasks: list[Task]) -> dict[str, Any]:
 
 
 def run_difficulty(args: argparse.Namespace) -> int:
-    from rl.cli.evaluate import _guarded
+    from rl.cli.common import _guarded
 
     return _guarded(_difficulty, args)
 
@@ -150,7 +150,7 @@ def _targets(args: argparse.Namespace, cfg: Any) -> list[tuple[str, list[Task], 
     ``data.train_files`` (written in place or into ``--out-dir``) and ``data.train_datasets``
     (into ``--out-dir`` only: a dataset is not a file the command can rewrite)."""
     from envs.io import load_tasks
-    from rl.cli.evaluate import CommandError
+    from rl.cli.common import CommandError
     from rl.config.recipe import resolve_path
     from rl.data.hub_data import dataset_file_name, recipe_datasets
 
@@ -184,12 +184,13 @@ def _measure_file(
 ) -> tuple[list[Task], dict[str, Any]]:
     """Measure the first ``n`` of ``tasks``, write all of them to ``out``; (measured, summary)."""
     from envs.io import save_tasks
-    from rl.cli.evaluate import CommandError, _generate
+    from rl.cli.common import CommandError
+    from rl.cli.eval import _generate
 
     t0 = time.perf_counter()
     trajs = _generate(cfg, tasks[:n], args.k, args.temperature, args.batch, args.verbose)
     t1 = time.perf_counter()
-    scored, _ = scorer.score_with_stats(trajs)
+    scored = scorer.score(trajs)
     measured = apply_difficulty(tasks[:n], scored, args.k, args.pass_threshold, cfg.model.path, args.temperature)
     try:
         save_tasks(measured + tasks[n:], out)
@@ -204,7 +205,8 @@ def _measure_file(
 
 def _difficulty(args: argparse.Namespace) -> int:
     from rewards.service import RewardFnSpec
-    from rl.cli.evaluate import CommandError, make_scorer, resolve_model_arg
+    from rl.cli.common import CommandError, make_scorer
+    from rl.cli.eval import resolve_model_arg
     from rl.config.recipe import load_recipe, validate_recipe
 
     if args.k < 1 or args.limit < 0 or args.batch < 1:

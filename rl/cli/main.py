@@ -1,4 +1,4 @@
-"""The ``jointrl`` command: ``train`` and ``validate`` a recipe; ``score`` and ``eval`` (in ``rl/cli/evaluate.py``).
+"""The ``jointrl`` command: ``train`` and ``validate`` a recipe; ``score`` and ``eval`` (``rl/cli/score.py``, ``rl/cli/eval.py``).
 
 Bad input (recipe, overrides, files, models, output dir) exits with code 2 and one
 message, before any actor starts; ``--debug`` shows the traceback too. A run that cannot
@@ -45,9 +45,11 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="print the full resolved recipe (every key, defaults filled) as YAML",
             )
-    from rl.cli.evaluate import add_parsers
+    from rl.cli.eval import add_eval_parser
+    from rl.cli.score import add_score_parser
 
-    add_parsers(sub)  # score, eval
+    add_score_parser(sub)  # score TASKS COMPLETIONS
+    add_eval_parser(sub)  # eval RECIPE --model M
     from rl.cli.report import add_parser as add_report_parser
     from rl.cli.runs import add_parser as add_runs_parser
 
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = [a for a in argv if a in _FLAGS]
     rest = [a for a in argv if a not in _FLAGS]
     args = _parser().parse_args(rest[:1] + flags + rest[1:])
-    if getattr(args, "run", None) is not None:  # score, eval: rl/cli/evaluate.py
+    if getattr(args, "run", None) is not None:  # score, eval: rl/cli/score.py, rl/cli/eval.py
         return args.run(args)
     try:
         cfg = load_recipe(args.recipe, args.overrides)

@@ -95,6 +95,13 @@ class LossConfig(Section):
         ge=0,
     )
     entropy_coef: float = knob(0.0, "entropy bonus weight (0 = off)", ge=0)
+    aux_coef: float = knob(
+        0.0,
+        "weight of the model's auxiliary loss from its outputs: an MoE's router load-balancing loss "
+        "(rl/algos/router.py; transformers' router_aux_loss_coef, 0.001 for Qwen3-MoE); a dense model refuses it "
+        "(0 = off)",
+        ge=0,
+    )
     policy: str = knob(
         "ppo_clip",
         "the policy loss (rl/algos/policy_losses.py): ppo_clip (clipped surrogate: clip-higher, dual clip, TIS) | "

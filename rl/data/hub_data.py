@@ -49,20 +49,9 @@ from envs.code import hidden_tests_problem
 from envs.io import TaskFormatError, task_from_dict
 from envs.types import Task
 from rl.config.recipe import DatasetConfig
+from rl.data.hub_cache import hub_cache, hub_offline, hub_token, snapshot
 
 __all__ = ["load_dataset_tasks", "rows_to_tasks", "open_dataset", "recipe_datasets", "dataset_file_name"]
-
-
-def _offline() -> bool:
-    # Read now (not when huggingface_hub was imported), as rl.trainer.hub.hub_offline does for models.
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _hub_cache() -> Path:
-    # As rl.trainer.hub.hub_cache (rl.data sits below rl.trainer, so it cannot import it).
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
 
 
 def _local(entry: DatasetConfig, base: Path | None) -> Path | None:
@@ -87,8 +76,8 @@ def open_dataset(entry: DatasetConfig, key: str, base: Path | None = None) -> An
     local = _local(entry, base)
     if local is not None:
         return _load(datasets, str(local), kwargs, key, entry)
-    if not _offline():
-        hub = {"revision": entry.revision or None, "token": os.environ.get("HF_TOKEN") or None}
+    if not hub_offline():
+        hub = {"revision": entry.revision or None, "token": hub_token()}
         try:
             return _load(datasets, entry.path, kwargs | hub, key, entry)
         except ConnectionError as e:
@@ -115,17 +104,10 @@ def _load(datasets: Any, path: str, kwargs: dict[str, Any], key: str, entry: Dat
 
 def _hub_snapshot(entry: DatasetConfig) -> str | None:
     """The Hub-cache snapshot folder of ``entry`` at its revision, without any request; None when not cached."""
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return snapshot_download(
-            entry.path,
-            repo_type="dataset",
-            revision=entry.revision or "main",
-            cache_dir=_hub_cache(),
-            local_files_only=True,
-        )
+        return snapshot(entry.path, repo_type="dataset", revision=entry.revision, local_only=True)
     except (LocalEntryNotFoundError, ValueError):  # ValueError: not a valid repo id
         return None
 
@@ -134,7 +116,7 @@ def _not_cached(entry: DatasetConfig, key: str, how: str) -> FileNotFoundError:
     rev = entry.revision or "main"
     return FileNotFoundError(
         f"{key}.path: dataset {entry.path!r} (revision {rev!r}, split {entry.split!r}) is not cached "
-        f"(neither in the Hub cache {_hub_cache()} nor in the datasets cache) and {how}; download it "
+        f"(neither in the Hub cache {hub_cache()} nor in the datasets cache) and {how}; download it "
         f"where the Hub is reachable (`hf download {entry.path} --repo-type dataset --revision {rev}`) "
         f"or point {key}.path at a local dataset folder"
     )

@@ -110,7 +110,7 @@ def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state
         (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if type(e).__name__ == "LearnerFailure":  # rl.trainer.distributed: the loop restarts the learners
+        if type(e).__name__ == "LearnerFailure":  # rl.driver.runtime: the loop restarts the learners
             raise
         last = latest_checkpoint(out)
         err = getattr(e, "cause", None) or e  # a Ray task error carries the learner's exception

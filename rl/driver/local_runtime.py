@@ -20,11 +20,13 @@ from typing import Any
 
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
+from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
 from rl.driver.runtime import LengthEstimate, learner_settings
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
+from rollout.weights import FileWeights
 
 
 class LocalRuntime:
@@ -107,15 +109,16 @@ class LocalRuntime:
         assert self.scorer is not None, "start() first"
         return self.scorer.score(trajs)
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Batch) -> dict[str, float]:
         return self._learner().step(batch)
 
     def sync_weights(self) -> None:
         """Merged weights into the engine, or only the LoRA adapter (``learner.lora.transfer: adapter``)."""
         if self.cfg.learner.lora.engine_rank > 0:
-            self._worker().load_adapter(self._learner().export_adapter())
+            update = FileWeights(self._learner().export_adapter(), adapter=True)
         else:
-            self._worker().load_weights(self._learner().export_weights(self.cfg.model.engine_dtype))
+            update = FileWeights(self._learner().export_weights(self.cfg.model.engine_dtype))
+        self._worker().receive(update)  # the file transport: the engine reads the learner's shared memory
 
     def save(self, path: str) -> None:
         self._learner().save_checkpoint(path)

@@ -32,11 +32,10 @@ from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_
 from rl.driver.placement import PlacementError
 from rl.driver.logger import STARTUP, ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard, StopSignals, write_stopped
-from rl.driver.runtime import Runtime
+from rl.driver.runtime import LearnerFailure, Runtime
 from rl.driver.stream import EpisodeStream
 from rl.data.hub_data import recipe_datasets
 from rl.trainer.hub import resolve_model
-from rl.trainer.distributed import LearnerFailure
 from rl.trainer.lora import check_targets
 from rollout.pool import EngineFailure
 

@@ -16,17 +16,14 @@ On CPU the GPU keys are ignored (0 GPUs). ``reserve`` creates the groups and wai
 at most ``cluster.placement_timeout_s``; a group the cluster cannot hold raises
 ``PlacementError`` naming what was asked for, the recipe keys that size it, and what each
 node has, instead of hanging. ``Placement.options(role)`` gives each actor's Ray options
-(its CPU/GPU share and a ``PlacementGroupSchedulingStrategy`` into its bundle).
-
-Ray is imported inside the functions that need it; ``plan_placement`` needs none.
+(its CPU/GPU share and a ``PlacementGroupSchedulingStrategy`` into its bundle). ``reserve`` and
+``Placement`` are Ray's, in ``rl.driver.actors.placement``; this module plans, and imports no Ray.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Any
 
 from rl.config.recipe import Recipe, RecipeError, check_cluster
 
@@ -37,8 +34,6 @@ __all__ = [
     "PlacementError",
     "plan_placement",
     "resolve_device",
-    "reserve",
-    "Placement",
     "local_ray_cpus",
 ]
 
@@ -223,7 +218,7 @@ def local_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def _fmt(d: dict[str, float]) -> str:
+def fmt_resources(d: dict[str, float]) -> str:
     """``{CPU: 1, node_b: 0.5, memory: 12.0 GiB}``: Ray's internal keys (per-node ``node:<ip>``,
     placement-group ``*_group_*``) left out, byte counts in GiB."""
     parts = []
@@ -234,135 +229,14 @@ def _fmt(d: dict[str, float]) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def _describe(g: GroupPlan) -> str:
+def describe_group(g: GroupPlan) -> str:
+    """``2 x {CPU: 1} + 1 x {CPU: 2}``: a group's bundles by shape (for placement errors)."""
     shapes: dict[str, int] = {}
     for b in g.bundles:
-        shapes[_fmt(b)] = shapes.get(_fmt(b), 0) + 1
+        shapes[fmt_resources(b)] = shapes.get(fmt_resources(b), 0) + 1
     return " + ".join(f"{n} x {s}" for s, n in shapes.items())
 
 
-def _fits_somewhere(bundle: dict[str, float], nodes: list[dict[str, float]]) -> bool:
+def fits_somewhere(bundle: dict[str, float], nodes: list[dict[str, float]]) -> bool:
+    """Whether some node's total resources could ever hold ``bundle``."""
     return any(all(n.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items()) for n in nodes)
-
-
-class Placement:
-    """The run's placement groups (``reserve``) and each actor's Ray options."""
-
-    def __init__(self, plan: Plan, pgs: list[Any]) -> None:
-        self.plan, self.pgs = plan, pgs
-
-    def options(self, role: str) -> list[dict[str, Any]]:
-        """One dict of Ray actor options per actor of ``role`` (engine | learner | reward)."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        out = []
-        for s in self.plan.slots[role]:
-            out.append(
-                {
-                    "num_cpus": s.num_cpus,
-                    "num_gpus": s.num_gpus,
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        self.pgs[s.group],
-                        placement_group_bundle_index=s.bundle,
-                        placement_group_capture_child_tasks=False,
-                    ),
-                }
-            )
-        return out
-
-    def node_ids(self, role: str) -> list[str]:
-        """The Ray node id of each actor slot of ``role`` (from the placement groups' bundle table)."""
-        from ray.util import placement_group_table
-
-        tables = [placement_group_table(pg).get("bundles_to_node_id", {}) for pg in self.pgs]
-        return [tables[s.group].get(s.bundle, "") for s in self.plan.slots[role]]
-
-    def remove(self) -> None:
-        from ray.util import remove_placement_group
-
-        for pg in self.pgs:
-            try:
-                remove_placement_group(pg)
-            except Exception:  # noqa: BLE001 - already gone with the cluster
-                pass
-        self.pgs = []
-
-
-def reserve(plan: Plan, timeout_s: float) -> Placement:
-    """Create ``plan``'s placement groups and wait until all are placed, at most ``timeout_s`` seconds.
-
-    Raises ``PlacementError`` (after removing the groups) naming each group that was not
-    placed: its bundles, the recipe keys behind them, whether any node could ever hold one
-    of its bundles, and every node's resources.
-    """
-    import ray
-    from ray.util import placement_group
-
-    pgs = [placement_group([dict(b) for b in g.bundles], strategy=g.strategy, name="") for g in plan.groups]
-    placement = Placement(plan, pgs)
-    deadline = time.monotonic() + timeout_s
-    pending = {pg.ready(): i for i, pg in enumerate(pgs)}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
-        for ref in ready:
-            pending.pop(ref)
-        if pending and time.monotonic() >= deadline:
-            break
-    if not pending:
-        return placement
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    totals = [
-        {k: float(v) for k, v in n.get("Resources", {}).items() if not k.startswith("node:") and "_group_" not in k}
-        for n in nodes
-    ]
-    lines = []
-    for i in sorted(pending.values()):
-        g = plan.groups[i]
-        never = [b for b in g.bundles if not _fits_somewhere(b, totals)]
-        why = (
-            f"no node has the resources of a bundle {_fmt(never[0])}"
-            if never
-            else "each bundle fits some node, but not all of them at once with what is free (other actors or runs, "
-            "or the strategy)"
-        )
-        lines.append(f"- {g.name}: {_describe(g)} (strategy {g.strategy}): {why}; sized by {g.keys}")
-    avail = ray.available_resources()
-    node_lines = [
-        f"  node {n.get('NodeManagerAddress', '?')} ({n.get('NodeID', '')[:8]}): {_fmt(t)}"
-        for n, t in zip(nodes, totals)
-    ]
-    placement.remove()
-    raise PlacementError(
-        f"the Ray cluster could not place the run's actors within {timeout_s:g}s (cluster.placement_timeout_s):\n"
-        + "\n".join(lines)
-        + f"\nthe cluster's nodes ({len(nodes)}):\n"
-        + "\n".join(node_lines)
-        + f"\nfree now (this run's placed groups still holding theirs): {_fmt({k: float(v) for k, v in avail.items()})}\n"
-        "custom resources come from `ray start --resources='{\"name\": amount}'` (docs/cluster.md)"
-    )
-
-
-def _node_of(_actor: Any) -> str:
-    import ray
-
-    return ray.get_runtime_context().get_node_id()
-
-
-def actor_nodes(handles: list[Any]) -> list[dict[str, Any]]:
-    """Where each actor runs, asked of the actor itself: ``{"node_id", "node_ip", "resources"}`` (the
-    node's custom resources, e.g. ``{"node_b": 1}``)."""
-    import ray
-
-    ids = ray.get([h.__ray_call__.remote(_node_of) for h in handles])
-    nodes = {n["NodeID"]: n for n in ray.nodes()}
-    out = []
-    for i in ids:
-        n = nodes.get(i, {})
-        custom = {
-            k: v
-            for k, v in n.get("Resources", {}).items()
-            if k not in ("CPU", "GPU", "memory", "object_store_memory")
-            and not k.startswith(("node:", "accelerator_type:"))
-        }
-        out.append({"node_id": i, "node_ip": n.get("NodeManagerAddress", ""), "resources": custom})
-    return out

@@ -1,11 +1,13 @@
 """The Ray runtime (``rl.driver.runtime.Runtime``): rollout workers, reward service and learners as Ray actors.
 
 Placed per ``cluster`` (``rl.driver.placement``): N rollout workers (vLLM + envs,
-``rollout.pool.RolloutPool``), a reward pool (``rewards.service.RewardService``) and
-``learner.workers`` data-parallel learners (``rl.trainer.distributed.LearnerGroup``).
+``rl.driver.actors.rollout.RolloutPool``), a reward pool (``rl.driver.actors.rewards.RewardService``) and
+``learner.workers`` data-parallel learners (``rl.driver.actors.learners.LearnerGroup``).
 Weights travel through shared memory (same node) or Ray's object store. The actor groups
 restart their own dead actors and count it (``faults/...``); this class starts, wires and
 stops them, and frees what a killed driver of the same output dir left (``rl.driver.recovery``).
+It reaches Ray only through the edge package ``rl.driver.actors``; the CLI reaches Ray only through this
+module (``RayRuntime``, and :func:`score_on_ray` for ``jointrl score --workers``).
 """
 
 from __future__ import annotations
@@ -21,18 +23,22 @@ from typing import Any, Callable
 
 from envs.stacks import STACKS_ENV
 from envs.types import Sampling, Task, Trajectory
-from rewards.service import RewardFnSpec, RewardService
+from rewards.service import RewardFnSpec, StatsTable
+from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
+from rl.driver.actors import cluster
+from rl.driver.actors.rewards import RewardService
+from rl.driver.actors.rollout import RolloutPool, engines_call
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
-from rl.driver.runtime import learner_settings
-from rollout.pool import RolloutPool
+from rl.driver.runtime import Deadlines, learner_settings
+from rollout.pool import EngineFailure
 
 
 class RayRuntime:
     """The run's Ray actors (``rl.driver.runtime.Runtime``), their start-up and their shutdown.
 
-    Learners: ``learner.workers`` data-parallel ``Learner`` actors (``rl.trainer.distributed.LearnerGroup``);
+    Learners: ``learner.workers`` data-parallel ``Learner`` actors (``rl.driver.actors.learners.LearnerGroup``);
     ``learner`` is rank 0's handle (weights export, log-probs, checkpoints).
     """
 
@@ -43,7 +49,7 @@ class RayRuntime:
         self.learners: Any = None
         self.learner: Any = None
         self._own_ray = False
-        self.placement: Any = None  # rl.driver.placement.Placement: the run's placement groups
+        self.placement: Any = None  # rl.driver.actors.placement.Placement: the run's placement groups
         self.colocated = False
         self._old_term: Any = None
         self.shm_dir = ""
@@ -55,10 +61,9 @@ class RayRuntime:
         ``length_estimate(task)``: estimated trajectory tokens of a task (the mixer's EMA), used by the
         pool to balance engines; also writes ``placement.json`` (each actor's node) into the output dir.
         """
-        import ray
-
+        from rl.driver.actors.placement import reserve
+        from rl.driver.placement import plan_placement, resolve_device
         from rl.trainer.precision import resolve_logged
-        from rl.driver.placement import plan_placement, reserve, resolve_device
 
         cfg = self.cfg
         address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
@@ -67,7 +72,7 @@ class RayRuntime:
         STARTUP.phase("placement: resolving the device and precision, reserving the actors' resources")
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
-        device = resolve_device(cfg, float(ray.cluster_resources().get("GPU", 0.0)))
+        device = resolve_device(cfg, cluster.cluster_resources().get("GPU", 0.0))
         self.cfg = cfg = resolve_logged(cfg, device)  # `auto` precisions: one timing for learners and engines
         self._prefetch_model()  # a Hub model: into every node's Hub cache before any actor starts
         plan = plan_placement(cfg, device)
@@ -75,7 +80,7 @@ class RayRuntime:
         self.placement = reserve(plan, cfg.cluster.placement_timeout_s)
         # Weights travel through shared memory; the driver owns the folder so that it goes
         # away on every exit path, even when the learner is busy or dead.
-        free_dead_run(self.out / LIVE_FILE)  # what a killed driver of this output dir left behind
+        free_dead_run(self.out / LIVE_FILE, cluster.sweep_on_node)  # what a killed driver of this dir left behind
         self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         STARTUP.phase(f"learner: starting {cfg.learner.workers} worker(s)")
         self.learners = self._make_learners()
@@ -103,7 +108,7 @@ class RayRuntime:
     def _make_learners(self) -> Any:
         """The learner group (``learner.workers`` ranks in their placement bundles), each call under the
         recipe's ``faults`` deadlines; stacks of a failed call go to ``stacks/`` in the output dir."""
-        from rl.trainer.distributed import Deadlines, LearnerGroup
+        from rl.driver.actors.learners import LearnerGroup
 
         cfg, f = self.cfg, self.cfg.faults
         group = LearnerGroup(
@@ -122,8 +127,8 @@ class RayRuntime:
 
     def dump_stacks(self, why: str) -> str:
         """Every live process of the run (driver, learners, rollout and reward workers, on every node) dumps its
-        Python stacks into ``stacks/`` of the output dir, headed by ``why`` (``rl.trainer.distributed.dump_run_stacks``)."""
-        from rl.trainer.distributed import dump_run_stacks
+        Python stacks into ``stacks/`` of the output dir, headed by ``why`` (``rl.driver.actors.stacks``)."""
+        from rl.driver.actors.stacks import dump_run_stacks
 
         return dump_run_stacks(str((self.out / "stacks").resolve()), why)
 
@@ -138,13 +143,13 @@ class RayRuntime:
 
     def _prefetch_model(self) -> None:
         """A Hub model (``model_path`` is a snapshot in the Hub cache): resolved once on every alive Ray node
-        (``rl.trainer.hub.prefetch_on_nodes``), so that actors anywhere find it. A local folder or an embedded
-        model is left alone: the actors get that path as it is."""
-        from rl.trainer.hub import hub_cache, prefetch_on_nodes
+        (``rl.driver.actors.cluster.prefetch_on_nodes``), so that actors anywhere find it. A local folder or an
+        embedded model is left alone: the actors get that path as it is."""
+        from rl.data.hub_cache import hub_cache
 
         if not Path(self.model_path).resolve().is_relative_to(hub_cache().resolve()):
             return
-        folders = prefetch_on_nodes(self.cfg.model.path, self.cfg.model.revision)
+        folders = cluster.prefetch_on_nodes(self.cfg.model.path, self.cfg.model.revision)
         elsewhere = {node: f for node, f in folders.items() if f != self.model_path}
         if elsewhere:  # the actors get one path: every node's Hub cache must hold the model there
             node, folder = next(iter(elsewhere.items()))
@@ -155,33 +160,23 @@ class RayRuntime:
 
     def _init_ray(self) -> None:
         """Connect to ``run.ray_address`` (or ``RAY_ADDRESS``) or start a local Ray sized for the plan."""
-        import ray
-
-        from rl.driver.placement import local_ray_cpus, plan_placement
+        from rl.driver.placement import local_gpus, local_ray_cpus, oversubscription, plan_placement
 
         cfg = self.cfg
         address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS") or None
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        if not cluster.is_up():
             cpus = os.cpu_count() or 2
             if not address:
-                from rl.driver.placement import local_gpus, oversubscription
-
                 for w in oversubscription(cfg, cpus, local_gpus()):
                     print(f"jointrl: warning: {w}", file=sys.stderr, flush=True)
-            ray.init(
+            self._own_ray = cluster.init_ray(
                 address=address,
                 num_cpus=None if address else local_ray_cpus(plan_placement(cfg, "cpu"), cpus, cfg.rollout.num_engines),
-                include_dashboard=False,
-                log_to_driver=self.verbose,
-                logging_level="INFO" if self.verbose else "WARNING",
-                runtime_env={"env_vars": _actor_env(self.verbose, (self.out / "stacks").resolve())},
+                verbose=self.verbose,
+                env_vars=_actor_env(self.verbose, (self.out / "stacks").resolve()),
             )
-            self._own_ray = True
             if address:  # an existing cluster: its resources, not this machine's, bound the placement
-                from rl.driver.placement import oversubscription
-
-                res = ray.cluster_resources()
+                res = cluster.cluster_resources()
                 cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
                 for w in oversubscription(cfg, cpus, gpus, where="the Ray cluster"):
                     print(f"jointrl: warning: {w}", file=sys.stderr, flush=True)
@@ -192,7 +187,7 @@ class RayRuntime:
     def _record_placement(self, device: str) -> None:
         """``placement.json``: where every actor landed, asked of the actors themselves (docs/cluster.md);
         ``.live.json``: read by the next run in this dir if this driver dies without cleaning up (SIGKILL, OOM)."""
-        from rl.driver.placement import actor_nodes
+        from rl.driver.actors.placement import actor_nodes
 
         where = {
             "device": device,
@@ -217,7 +212,7 @@ class RayRuntime:
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         return self.rewards.score(trajs)
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Batch) -> dict[str, float]:
         """One learner step: the batch sharded over the learners, metrics of the whole batch.
 
         Colocated placement (GPU): the engines sleep (weights offloaded to CPU, KV cache freed)
@@ -236,20 +231,11 @@ class RayRuntime:
     def _engines(self, method: str, *args: Any) -> None:
         """``sleep`` or ``wake_up`` on every engine, within ``faults.engine_sleep_s``; past it the run ends,
         naming the key (an engine that cannot free or retake its GPU memory is not replaced mid-step)."""
-        import ray
-
-        from rollout.pool import EngineFailure
-
         timeout = self.cfg.faults.engine_sleep_s
-        refs = [getattr(w, method).remote(*args) for w in self.pool.workers]
-        ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        late = engines_call(self.pool.workers, method, args, timeout)
         if late:
-            why = (
-                f"engine {method}: rollout worker(s) {[refs.index(r) for r in late]} gave no answer within "
-                f"faults.engine_sleep_s={timeout:g} s"
-            )
+            why = f"engine {method}: rollout worker(s) {late} gave no answer within faults.engine_sleep_s={timeout:g} s"
             raise EngineFailure(f"{why}; stacks in {self.dump_stacks(why)}")
-        ray.get(ready)
 
     def metrics(self, *, rollout: bool = True) -> dict[str, float]:
         """Since the last call: ``faults/rollout_restarts`` (``rollout``), reward-service restarts and per-function
@@ -272,7 +258,7 @@ class RayRuntime:
             path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered
         # Engines on the learner's node read the file (folder) in shared memory; others get its bytes
         # through Ray's object store (one copy per node), written to their own shared memory.
-        self.pool.sync_weights(path, self.learner_node, lambda: self.learner.read_weights.remote(path), adapter=adapter)
+        self.pool.sync_weights(path, self.learner_node, lambda: self.learners.read_weights_ref(path), adapter=adapter)
 
     def save(self, path: str) -> None:
         self.learners.save_checkpoint(path)
@@ -282,8 +268,6 @@ class RayRuntime:
         self.sync_weights()
 
     def stop(self) -> None:
-        import ray
-
         try:
             if self.pool is not None:
                 self.pool.shutdown()
@@ -297,8 +281,8 @@ class RayRuntime:
             if self.shm_dir:
                 shutil.rmtree(self.shm_dir, ignore_errors=True)
                 (self.out / LIVE_FILE).unlink(missing_ok=True)
-            if self._own_ray and ray.is_initialized():
-                ray.shutdown()
+            if self._own_ray:
+                cluster.shutdown()
             if self._old_term is not None:
                 signal.signal(signal.SIGTERM, self._old_term)
 
@@ -360,3 +344,31 @@ def _actor_env(verbose: bool, stacks_dir: Path) -> dict[str, str]:
     if verbose:
         env["JOINTRL_VERBOSE"] = "1"
     return {k: v for k, v in env.items() if v}
+
+
+def score_on_ray(
+    specs: list[RewardFnSpec], trajs: list[Trajectory], workers: int, timeout_s: float, verbose: bool
+) -> tuple[list[Trajectory], StatsTable, dict[str, Any]]:
+    """``jointrl score --workers N``: ``trajs`` scored by a ``RewardService`` of ``workers`` Ray actors (Ray started
+    here unless it is up already, and stopped again); the scored trajectories, the per-(domain, fn) counts, and
+    the service's restarts and worker errors."""
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in [os.environ.get("PYTHONPATH", ""), *sys.path] if p and os.path.isdir(p)
+        ),
+        "PYTHONWARNINGS": "ignore",
+    }
+    own = cluster.init_ray(address=None, num_cpus=max(2, os.cpu_count() or 2), verbose=verbose, env_vars=env)
+    service = None
+    try:
+        service = RewardService(specs, workers=workers, timeout_s=timeout_s)
+        out = service.score(trajs)
+        stats = service.take_stats()
+        m = service.metrics()
+        restarts, errors = int(m["reward/service/restarts"]), int(m["reward/service/worker_errors"])
+        return out, stats, {"service": {"workers": workers, "restarts": restarts, "worker_errors": errors}}
+    finally:
+        if service is not None:
+            service.shutdown()
+        if own:
+            cluster.shutdown()

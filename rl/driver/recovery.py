@@ -2,8 +2,8 @@
 
 ``BadStepGuard`` stops a run whose updates keep coming out non-finite; ``free_dead_run``
 frees the shared memory a SIGKILLed driver of the same output dir left behind (its
-``.live.json``). Restarting dead actors is the actor groups' job (``rollout.pool``,
-``rewards.service``); checkpoints are ``rl.driver.checkpoints``.
+``.live.json``). Restarting dead actors is the actor groups' job (``rl.driver.actors``);
+checkpoints are ``rl.driver.checkpoints``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rl.driver.checkpoints import RunAborted, latest_checkpoint
 
@@ -70,15 +70,18 @@ LIVE_FILE = ".live.json"
 _DEAD_ENGINE_WAIT_S = 60.0
 
 
-def free_dead_run(live: Path) -> list[str]:
+def free_dead_run(
+    live: Path, sweep_on_node: Callable[[str, list[str], float], list[str] | None] | None = None
+) -> list[str]:
     """Free the shared memory a dead driver's run left (its weights folder, its engines' segments).
 
     ``live`` is the run's ``.live.json`` (driver pid, weights folder, engine nodes and segments).
     Nothing is touched while that driver is still alive; segments some live process still
-    maps are kept (``rollout.pool.unlink_unmapped``). Returns what was removed.
+    maps are kept (``rollout.pool.unlink_unmapped``). ``sweep_on_node(node, segments, wait_s)``: the same
+    on another node of a cluster that outlived the driver (``rl.driver.actors.cluster.sweep_on_node``), None
+    when that node is not alive; without it (or for a node that is gone: the driver's own local cluster, gone
+    with it) the segments are freed on this machine. Returns what was removed.
     """
-    import ray
-
     from rollout.pool import unlink_unmapped
 
     try:
@@ -92,17 +95,9 @@ def free_dead_run(live: Path) -> list[str]:
     if d.startswith("/dev/shm/jointrl-") and os.path.isdir(d):
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
-    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} if ray.is_initialized() else set()
     for node, segments in rec.get("engines", []):
-        if node in alive:  # a node of a cluster that outlived the driver
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            sweep = ray.remote(num_cpus=0)(unlink_unmapped).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            )
-            removed += ray.get(sweep.remote(segments, _DEAD_ENGINE_WAIT_S), timeout=2 * _DEAD_ENGINE_WAIT_S)
-        else:  # the driver's own local cluster, gone with it: this machine
-            removed += unlink_unmapped(segments, wait_s=_DEAD_ENGINE_WAIT_S)
+        swept = sweep_on_node(node, segments, _DEAD_ENGINE_WAIT_S) if sweep_on_node is not None else None
+        removed += swept if swept is not None else unlink_unmapped(segments, wait_s=_DEAD_ENGINE_WAIT_S)
     live.unlink(missing_ok=True)
     left = [p for _, segs in rec.get("engines", []) for p in segs if p not in removed and os.path.exists(p)]
     if left:

@@ -1,7 +1,8 @@
 """The runtime interface: everything ``rl.driver.loop.train`` asks of the processes that do the work.
 
 Two implementations: ``rl.driver.ray_runtime.RayRuntime`` (Ray actors: vLLM rollout workers,
-a reward service, data-parallel learners, placed per ``cluster``) and
+a reward service, data-parallel learners, placed per ``cluster``; their wrappers are the edge package
+``rl.driver.actors``, the only one that imports Ray) and
 ``rl.driver.local_runtime.LocalRuntime`` (everything in the driver's process: one rollout
 worker on an in-process engine, an in-process reward scorer, an in-process learner), used by
 fast tests and by ``jointrl eval``. The loop, the episode stream, checkpoints and evaluation
@@ -10,11 +11,36 @@ only see this interface; they never import Ray.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from envs.types import Sampling, Task, Trajectory
+from rl.algos.batch import Batch
 
 LengthEstimate = Callable[[Task], "float | None"]
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long the driver waits for a learner call (the recipe's ``faults`` section; the key is named in
+    the message of a missed one), and each collective's timeout inside the learners."""
+
+    step_s: float = 3600.0  # faults.learner_step_s: one step
+    io_s: float = 1800.0  # faults.learner_io_s: export, save, load, log-probs, start
+    collective_s: float = 1800.0  # faults.collective_s
+
+
+class LearnerFailure(RuntimeError):
+    """A learner rank died, lost its peers, or a learner call missed its deadline: the group is unusable and
+    must be restarted (``Runtime.restart_learners``) or the run ends. ``rank``: the
+    rank that died or did not answer; ``stacks``: where the learners' stacks were dumped (if they were).
+    Part of the interface (raised by ``rl.driver.actors.learners.LearnerGroup``), so that the loop catches it
+    without importing the Ray edge."""
+
+    def __init__(self, rank: int, what: str, why: str) -> None:
+        super().__init__(f"learner rank {rank} {why} (during {what})")
+        self.rank, self.what, self.why = rank, what, why
+        self.stacks: str | None = None
 
 
 def learner_settings(cfg: Any) -> dict[str, Any]:
@@ -44,8 +70,8 @@ class Runtime(Protocol):
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """The trajectories with their rewards (``reward``, ``scores``, ``reward_error``)."""
 
-    def train_step(self, batch: Any) -> dict[str, float]:
-        """One learner step on ``batch`` (``rl.algos.batch.Batch``); the learner's metrics."""
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One learner step on ``batch``; the learner's metrics."""
 
     def sync_weights(self) -> None:
         """Push the learner's current weights into every engine."""
@@ -57,7 +83,7 @@ class Runtime(Protocol):
         """Load the learner's state written by ``save``, then sync it into the engines."""
 
     def restart_learners(self, path: str) -> None:
-        """Replace the learner(s) after a ``rl.trainer.distributed.LearnerFailure`` with new ones holding
+        """Replace the learner(s) after a :class:`LearnerFailure` with new ones holding
         checkpoint ``path``, and sync their weights into the engines."""
 
     def metrics(self, *, rollout: bool = True) -> dict[str, float]:

@@ -1,17 +1,19 @@
 """The forward pass: the policy's (or the reference's, or a critic trunk's) hidden states and log-probs at the
 positions that predict response tokens, and nowhere else.
 
-``Forward(model)`` returns ``(hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N])`` for the N
-masked response tokens of a list of samples, in row-major (sample, position) order, ``index`` their place in
-the ``[B, T]`` response grid. Only these positions go through ``lm_head`` (``rl.trainer.logits.head_logprobs``:
-chunked with ``learner.logits_chunk_tokens``, at the sampling temperature). Layouts of the trunk's calls:
+``Forward(model, samples)`` returns an ``Outputs`` record: hidden states, log-probs, entropy (when asked) for the
+N masked response tokens of a list of samples, in row-major (sample, position) order, with their place in the
+``[B, T]`` response grid, and, when asked, the model's auxiliary loss from its outputs (an MoE's router
+load-balancing loss, ``rl.algos.router``: the trunk then returns its router logits). Only these positions go
+through ``lm_head`` (``rl.trainer.logits.head_logprobs``: chunked with ``learner.logits_chunk_tokens``, at the
+sampling temperature). Layouts of the trunk's calls:
 
 * full (``learner.share_prompt: false``): every sample's whole sequence, padded to the longest, in one call;
 * packed (``share_prompt``, the default layout): a group's prompt once with its responses packed after it,
   one call per group (``rl.trainer.packing``, ``rl.trainer.packed_attention``);
-* another shared-prompt layout in ``Forward.layout`` (None: packed): the benches' padded one
-  (``bench/padded_layout.py``: the prompt into a key/value cache, then the responses padded), which they and the
-  tests compare with packed.
+* ``Forward.layout`` runs the shared-prompt groups: ``PackedLayout`` here; the benches' padded layout
+  (``bench/padded_layout.py``: the prompt into a key/value cache, then the responses padded) takes its place
+  where they and the tests compare it with packed, and lives there only.
 
 Sharded models run inside their root (``rl.trainer.fsdp.Lockstep``) with dummy calls that keep the ranks in
 step. No loss, no optimizer: the learner computes what the objective needs from these outputs.
@@ -19,13 +21,37 @@ step. No loss, no optimizer: the learner computes what the objective needs from 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rl.algos.batch import Sample
+from rl.algos.router import RouterCall, load_balancing_loss, router_spec
 from rl.trainer import packing
 from rl.trainer.logits import Entropy, head_logprobs
+
+
+@dataclass
+class Outputs:
+    """What one forward computed for the N masked response tokens of its samples, in row-major (sample, position)
+    order: ``hidden`` [N, H], ``logp`` [N] float32, ``entropy`` [N] (None unless asked), ``targets`` [N],
+    ``index`` [N] (their place in the ``[B, T]`` response grid), ``aux_loss`` (a scalar: the routers'
+    load-balancing loss, None unless asked), ``pad`` (a sharded model's zero scalar to add to a loss, else None).
+    All but ``pad`` None for no samples (``Outputs.none``)."""
+
+    hidden: torch.Tensor | None
+    logp: torch.Tensor | None
+    entropy: torch.Tensor | None
+    targets: torch.Tensor | None
+    index: torch.Tensor | None
+    aux_loss: torch.Tensor | None
+    pad: torch.Tensor | None
+
+    @classmethod
+    def none(cls) -> "Outputs":
+        """What a call on no samples computed: nothing (a sharded rank's dummy calls set ``pad``)."""
+        return cls(None, None, None, None, None, None, None)
 
 
 class Forward:
@@ -34,23 +60,27 @@ class Forward:
 
     def __init__(self, cfg: Any, lock: Any, device: torch.device, pad_id: int, temperature: float) -> None:
         self.cfg, self.lock, self.device, self.pad_id, self.temperature = cfg, lock, device, pad_id, temperature
-        # With share_prompt: None runs a micro-batch's groups packed, one trunk call each (rl.trainer.packing);
-        # else an object with hidden(fwd, base, groups, T), trunk_calls(longest) and unit_cost(group): another
-        # layout, for the benches that compare it (bench/padded_layout.py).
-        self.layout: Any = None
+        # With share_prompt: how a micro-batch's groups run (PackedLayout; the benches swap in bench/padded_layout.py)
+        self.layout: Any = PackedLayout()
+        self._router: list[RouterCall] | None = None  # while a call records router logits (``aux``)
 
     def logprobs(
         self, model: Any, samples: list[Sample], temperature: float | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs at response positions only: (logp [N] float32, targets [N]); see ``hidden``.
         For passes without a backward (reference, inspection): a sharded model's padding is dropped."""
-        (_, logp, _, targets, _), _ = self(model, samples, temperature=temperature)
-        return logp, targets
+        out = self(model, samples, temperature=temperature)
+        return out.logp, out.targets
 
     def __call__(
-        self, model: Any, samples: list[Sample], entropy: Entropy = "none", temperature: float | None = None
-    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
-        """((hidden [N, H], logp [N], entropy [N] or None, targets [N], index [N]), pad) of ``model`` on ``samples``.
+        self,
+        model: Any,
+        samples: list[Sample],
+        entropy: Entropy = "none",
+        temperature: float | None = None,
+        aux: bool = False,
+    ) -> Outputs:
+        """What ``model`` computes on ``samples`` (an ``Outputs``; its tensors None when ``samples`` is empty).
 
         The vocabulary-sized logits are computed through ``lm_head`` and dropped inside
         (``rl.trainer.logits.head_logprobs``: in chunks of ``learner.logits_chunk_tokens``, each
@@ -59,18 +89,51 @@ class Forward:
         dummy calls that keep the ranks in step, to add to a loss before its backward. ``samples``
         may be empty (a rank with fewer micro-batches). Log-probs and entropy are of the logits divided by
         ``temperature`` (default: the sampling temperature, ``temperature`` given at construction).
+        ``aux``: also the routers' load-balancing loss over every token the trunk ran (``rl.algos.router``;
+        the model must be an MoE, ``router_spec``).
         """
         temp = self.temperature if temperature is None else temperature
 
-        def run() -> tuple[Any, ...]:
+        def run() -> Outputs:
             if not samples:
-                return ()
-            hidden, targets, index = self.hidden(trunk(model), samples)
+                return Outputs.none()
+            self._router = [] if aux else None
+            try:
+                hidden, targets, index = self.hidden(trunk(model), samples)
+                calls = self._router
+            finally:
+                self._router = None
             head = model.get_output_embeddings()
             logp, ent = head_logprobs(head, hidden, targets, self.cfg.logits_chunk_tokens, entropy, temp)
-            return hidden, logp, ent, targets, index
+            return Outputs(hidden, logp, ent, targets, index, self._aux_loss(model, calls), None)
 
-        return self.lock.root(model, run, self.trunk_calls(samples))
+        out, pad = self.lock.root(model, run, self.trunk_calls(samples))
+        out.pad = pad
+        return out
+
+    @staticmethod
+    def _aux_loss(model: Any, calls: list[RouterCall] | None) -> torch.Tensor | None:
+        """The load-balancing loss of the recorded router logits (None when not asked for)."""
+        if calls is None:
+            return None
+        spec = router_spec(model.config)
+        if spec is None or not calls:
+            raise ValueError(
+                f"the auxiliary loss needs an MoE model's router logits; {type(model).__name__} has no routers "
+                "(or its layout's trunk calls record none)"
+            )
+        return load_balancing_loss(calls, *spec)
+
+    def trunk(self, base: Any, rows: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """One trunk call (``Lockstep.trunk``); while ``__call__`` records router logits, asked for and kept with
+        ``rows`` (which of the call's flattened rows are real tokens; None: all)."""
+        if self._router is None:
+            return self.lock.trunk(base, **kwargs)
+        out = self.lock.trunk(base, output_router_logits=True, **kwargs)
+        if getattr(out, "router_logits", None) is None:
+            raise ValueError(f"{type(base).__name__} returned no router logits: not an MoE model")
+        self._router.append((out.router_logits, rows))
+        return out
 
     def trunk_calls(self, samples: list[Sample]) -> int:
         """How many trunk forwards ``hidden`` makes on ``samples`` (a sharded model checks it)."""
@@ -78,13 +141,15 @@ class Forward:
             return 0
         if not self.cfg.share_prompt:
             return 1
-        longest: dict[tuple[int, ...], int] = {}
-        for s in samples:
-            key = tuple(s.input_ids[: s.prompt_len])
-            longest[key] = max(longest.get(key, 0), len(s.input_ids) - s.prompt_len)
-        if self.layout is not None:
-            return self.layout.trunk_calls(list(longest.values()))
-        return len(longest)  # one packed call per group
+        groups = packing.prompt_groups(samples)
+        return self.layout.trunk_calls([max(len(samples[b].loss_mask) for b in g) for g in groups])
+
+    def unit_cost(self, group: list[Sample]) -> int:
+        """Tokens the trunk computes for ``group`` (samples of one prompt, or any with ``share_prompt`` off: each
+        its full sequence, padded to the longest)."""
+        if not self.cfg.share_prompt:
+            return len(group) * max(len(s.input_ids) for s in group)
+        return self.layout.unit_cost(group)
 
     def hidden(self, base: Any, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states of the transformer ``base`` at the positions predicting response tokens.
@@ -92,50 +157,18 @@ class Forward:
         Returns (hidden [N, H], targets [N], index [N] into a [B, T] response grid) where N
         counts masked response tokens, in row-major (sample, position) order, and T is the
         longest response in ``samples``. With ``learner.share_prompt``, samples with the same
-        prompt (a GRPO group) run the prompt once: packed, in one call with their responses
-        after it (``rl.trainer.packing``), or as ``layout`` runs them. Gradients still flow through the prompt. Otherwise every sample runs its
-        full sequence.
+        prompt (a GRPO group) run the prompt once, as ``layout`` runs them (packed: in one call with their
+        responses after it, ``rl.trainer.packing``). Gradients still flow through the prompt. Otherwise every
+        sample runs its full sequence.
         """
         T = max(len(s.loss_mask) for s in samples)
         if not self.cfg.share_prompt:
             return self._full(base, samples, list(range(len(samples))), T)
-        by_prompt: dict[tuple[int, ...], list[int]] = {}
-        for b, s in enumerate(samples):
-            by_prompt.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(b)
-        hs, tg, ix = [], [], []
-        groups = [([samples[b] for b in m], m) for m in by_prompt.values()]
-        outs = self._packed(base, groups, T) if self.layout is None else self.layout.hidden(self, base, groups, T)
-        for h, t, i in outs:
-            hs.append(h)
-            tg.append(t)
-            ix.append(i)
+        groups = [([samples[b] for b in g], g) for g in packing.prompt_groups(samples)]
+        hs, tg, ix = zip(*self.layout.hidden(self, base, groups, T))
         hidden, targets, index = torch.cat(hs), torch.cat(tg), torch.cat(ix)
         order = torch.argsort(index)  # row-major (sample, position) order, whatever the grouping
         return hidden[order], targets[order], index[order]
-
-    def _packed(self, base: Any, groups: list[tuple[list[Sample], list[int]]], T: int) -> list[tuple[Any, ...]]:
-        """Each group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``).
-
-        The token embeddings of all the groups are looked up in one call: the embedding's backward then
-        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU a fresh
-        [V, H] zero tensor per group cost ~0.1 s each in page faults, bench/learner_floor.py --profile).
-        """
-        # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
-        dtype = next(base.parameters()).dtype
-        packs = [packing.pack(members, rows_b, T, self.device, mask_dtype=dtype) for members, rows_b in groups]
-        embeds = base.get_input_embeddings()(torch.cat([pk.input_ids for pk in packs], dim=1))
-        out = []
-        for pk, emb in zip(packs, embeds.split([pk.input_ids.shape[1] for pk in packs], dim=1)):
-            # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
-            hidden = self.lock.trunk(
-                base,
-                inputs_embeds=emb,
-                attention_mask=pk.mask,
-                position_ids=pk.position_ids,
-                packed_segments=pk.segments,
-            ).last_hidden_state
-            out.append((hidden[0, pk.cols], pk.targets, pk.index))
-        return out
 
     @staticmethod
     def values(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
@@ -170,8 +203,9 @@ class Forward:
         for g, s in enumerate(members):
             ids[g, : len(s.input_ids)] = torch.tensor(s.input_ids)
             att[g, : len(s.input_ids)] = 1
-        hidden = self.lock.trunk(
-            base, input_ids=ids.to(self.device), attention_mask=att.to(self.device)
+        att = att.to(self.device)
+        hidden = self.trunk(
+            base, att.reshape(-1).bool(), input_ids=ids.to(self.device), attention_mask=att
         ).last_hidden_state
         g_idx, j_idx, tgt, ix = self.select(members, rows_b, T)
         # The hidden state at absolute position prompt_len + j - 1 predicts response token j.
@@ -184,6 +218,49 @@ class Forward:
             tgt,
             ix,
         )
+
+
+class PackedLayout:
+    """The shared-prompt layout the learner runs (``Forward.layout``): each group (samples of one prompt) in one
+    trunk call, its prompt once and its responses packed after it without padding (``rl.trainer.packing``).
+    Another layout with the same three methods can take its place (``bench/padded_layout.py``, for the benches
+    and tests that compare the two)."""
+
+    @staticmethod
+    def trunk_calls(longest: list[int]) -> int:
+        """Trunk calls for groups whose longest responses are ``longest``: one per group."""
+        return len(longest)
+
+    @staticmethod
+    def unit_cost(group: list[Sample]) -> int:
+        """Tokens one group computes: its prompt once, its responses but their last tokens."""
+        return packing.packed_length(group)
+
+    def hidden(
+        self, fwd: Forward, base: Any, groups: list[tuple[list[Sample], list[int]]], T: int
+    ) -> list[tuple[Any, ...]]:
+        """Each group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``).
+
+        The token embeddings of all the groups are looked up in one call: the embedding's backward then
+        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU a fresh
+        [V, H] zero tensor per group cost ~0.1 s each in page faults, bench/learner_floor.py --profile).
+        """
+        # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
+        dtype = next(base.parameters()).dtype
+        packs = [packing.pack(members, rows_b, T, fwd.device, mask_dtype=dtype) for members, rows_b in groups]
+        embeds = base.get_input_embeddings()(torch.cat([pk.input_ids for pk in packs], dim=1))
+        out = []
+        for pk, emb in zip(packs, embeds.split([pk.input_ids.shape[1] for pk in packs], dim=1)):
+            # The mask stays for a model without the mask-free attention (rl.trainer.packed_attention) and CUDA.
+            hidden = fwd.trunk(
+                base,
+                inputs_embeds=emb,
+                attention_mask=pk.mask,
+                position_ids=pk.position_ids,
+                packed_segments=pk.segments,
+            ).last_hidden_state
+            out.append((hidden[0, pk.cols], pk.targets, pk.index))
+        return out
 
 
 def trunk(model: Any) -> Any:

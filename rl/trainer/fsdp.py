@@ -4,7 +4,7 @@
 to the root (embeddings, final norm and ``lm_head``, tied or not, stay in the root's unit), so
 that parameters, gradients and optimizer state are DTensors sharded over the process group's
 ranks. Gradients are SUM-reduced (not averaged): each rank's loss is its part of the whole
-batch's loss (global denominators, see ``rl.trainer.distributed``), so the reduce-scatter sum
+batch's loss (global denominators, see ``rl.trainer.collectives``), so the reduce-scatter sum
 is the single-learner gradient. Gloo has no pre-multiplied sum, hence
 ``set_force_sum_reduction_for_comms``.
 
@@ -41,14 +41,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from rl.trainer.collectives import active
+
 __all__ = ["active", "shard", "is_sharded", "Lockstep", "full_tensors", "local", "grad_sq_sum"]
-
-
-def active() -> bool:
-    """Whether a process group of more than one rank is initialised."""
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -11,8 +11,8 @@
   variables apply and are read when ``resolve_model`` runs: ``HF_HOME`` / ``HF_HUB_CACHE``
   (where the cache is), ``HF_HUB_OFFLINE=1`` (the cache only: a model that is not cached is an
   error saying so, before any actor starts), ``HF_TOKEN`` (gated and private models). A model
-  already in the cache is not downloaded again. ``prefetch_on_nodes`` resolves it once on
-  every Ray node (for actors on other machines), each node into its own cache.
+  already in the cache is not downloaded again. ``rl.driver.actors.cluster.prefetch_on_nodes`` resolves it
+  once on every Ray node (for actors on other machines), each node into its own cache.
 
 Builds of embedded models are atomic (temp dir + rename) and guarded by a file lock, so
 concurrent processes build once.
@@ -26,6 +26,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from rl.data.hub_cache import hub_cache, hub_offline, snapshot
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -68,36 +70,16 @@ def is_hub_id(path: str) -> bool:
     )
 
 
-def hub_cache() -> Path:
-    """The Hub cache as huggingface_hub finds it: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-    ``~/.cache/huggingface/hub`` (read now, not when huggingface_hub was imported)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
-
-
-def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def hub_snapshot(repo_id: str, revision: str = "") -> str:
     """The local folder of Hub model ``repo_id`` at ``revision`` (default ``main``), from the cache or downloaded
     into it (weights, config and tokenizer files only). Raises ``FileNotFoundError`` naming ``model.path``
     when offline and not cached, or when the download fails."""
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     rev = revision or "main"
     offline = hub_offline()
     try:
-        folder = snapshot_download(
-            repo_id,
-            revision=rev,
-            cache_dir=hub_cache(),
-            local_files_only=offline,
-            token=os.environ.get("HF_TOKEN") or None,
-            allow_patterns=_HUB_FILES,
-        )
+        folder = snapshot(repo_id, revision=rev, local_only=offline, allow_patterns=_HUB_FILES)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
         how = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
         raise FileNotFoundError(
@@ -119,24 +101,6 @@ def hub_snapshot(repo_id: str, revision: str = "") -> str:
 
 # What a learner and a vLLM engine read; other files of a model repo (other formats, images) are skipped.
 _HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]
-
-
-def prefetch_on_nodes(path: str, revision: str = "") -> dict[str, str]:
-    """Resolve a Hub id once on every alive Ray node (a zero-CPU task pinned to each), so that actors on
-    any node find it in that node's cache; returns {node id: local folder}. A local path or embedded
-    model is resolved on the driver only (it must be reachable from the nodes as it is)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    if not is_hub_id(path) or Path(path).exists():
-        return {ray.get_runtime_context().get_node_id(): resolve_model(path, revision=revision)}
-    task = ray.remote(num_cpus=0)(hub_snapshot)
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-    refs = [
-        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(path, revision)
-        for n in nodes
-    ]
-    return dict(zip(nodes, ray.get(refs)))
 
 
 def _built(target: Path, build) -> Path:

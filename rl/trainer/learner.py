@@ -1,28 +1,31 @@
 """The learner: one ``step(batch)`` of policy-gradient training of an HF causal LM (GRPO family, REINFORCE++,
 PPO with a critic). ``Learner`` is a plain class (the Ray actor wraps it; tests run it in-process).
 
-A step, as ``step`` and ``_run_updates`` read::
+A step, as ``step`` reads::
 
-    plan      the batch's counts over every rank (``_plan``)
+    plan      the batch's counts over every rank, its minibatches and their loss denominators (``rl.trainer.plan``)
     prepare   when needed (several updates per batch, a critic, ``algo.kl.in_reward``): no-grad old log-probs,
-              reference log-probs, critic values, then the estimator's learner-side advantages (``_prepare``)
+              reference log-probs, critic values, then the estimator's learner-side advantages
+              (``rl.trainer.prepare``)
     update    for each of ``algo.update.epochs`` epochs, for each of ``algo.update.minibatches`` shuffled
               minibatches: zero the gradients, forward + objective + backward per micro-batch (bounded by
               ``learner.micro_batch_tokens``, exact accumulation with the minibatch's denominators), one
-              optimizer step (``rl.trainer.optim.apply``: reduce, clip, step)
+              optimizer step per optimizer (``rl.trainer.optim.apply``: reduce, clip, step)
 
 Without a prepare pass the ratio's old log-probs are the policy's own, detached; the engine's log-probs
 (of the same tempered distribution, ``rollout.temperature``) are compared with them as
 ``rollout/logprob_diff`` and weight the loss only with ``algo.loss.tis_cap``.
 
 The jobs live in their own modules: model building (``rl.trainer.models``: policy, LoRA, FSDP, reference,
-critic), the forward pass (``rl.trainer.forward``: full and packed layouts, response positions only through
-``lm_head``, at the sampling temperature), the objective (``rl.algos.objective`` with the policy losses of
-``rl.algos.policy_losses``: a pure function of typed inputs), the optimizer and update (``rl.trainer.optim``,
-one path for policy and critic), the metrics (``rl.trainer.metrics``: typed records), weight export
+critic), the step plan and micro-batches (``rl.trainer.plan``), the prepare pass (``rl.trainer.prepare``), the
+forward pass (``rl.trainer.forward``: full and packed layouts, response positions only through ``lm_head``, at
+the sampling temperature, an MoE's router logits when an auxiliary loss needs them), the objective
+(``rl.algos.objective`` with the policy losses of ``rl.algos.policy_losses``: a pure function of typed inputs),
+the optimizer and update (``rl.trainer.optim``, one path for policy and critic), the metrics
+(``rl.trainer.metrics``: the sums, the update log and one ``StepMetrics`` record per step), weight export
 (``rl.trainer.weights``: file, CUDA IPC, LoRA adapter) and checkpoints (``rl.trainer.checkpoint``).
 Several learners shard with FSDP2 and keep their collectives in step (``rl.trainer.fsdp``,
-``rl.trainer.distributed``); the memory a step frees is held for the next (``learner.hold_memory``,
+``rl.trainer.collectives``); the memory a step frees is held for the next (``learner.hold_memory``,
 ``rl.trainer.memory``). This module does not generate text or score rewards.
 """
 
@@ -46,17 +49,16 @@ from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.algos.objective import ObjectiveInputs, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
+from rl.algos.router import router_spec
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import checkpoint, fsdp, models, optim, memory, packing, precision
+from rl.trainer import checkpoint, fsdp, memory, models, optim, plan, precision, prepare
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
-from rl.trainer.forward import Forward
-from rl.trainer.metrics import StepMetrics, Sums, UpdateLog
+from rl.trainer.forward import Forward, Outputs
+from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
+from rollout.weights import IpcWeights
 from rl.trainer.logits import Entropy
-from rl.trainer.distributed import all_reduce_sum, broadcast_params, free_port, init_process_group
-from rl.algos.losses import (
-    kl,
-)
+from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.schedules import kl_controller
 
 
@@ -67,11 +69,10 @@ class _Grid:
     index: torch.Tensor  # [N] positions of the flat (sample, masked position) order in the grid
     B: int
     T: int
-    mask: torch.Tensor  # [B, T] True at policy tokens (of samples not excluded)
+    mask: torch.Tensor  # [B, T] True at policy tokens
     ntok: float
     denom: tuple[float, float]  # the loss denominators (tokens, sequences) of the minibatch
     norm_tokens: int | None = None  # the constant of seq-mean-token-sum-norm
-    sample_mask: torch.Tensor | None = None  # [B] False for a sample excluded from the loss
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         grid = torch.zeros(self.B * self.T, dtype=flat.dtype, device=flat.device)
@@ -94,8 +95,14 @@ def _objective_parts(algo: AlgoConfig) -> tuple[Any, Terms]:
     """The policy loss object (``algo.loss.policy``: what it needs, engine log-probs or entropy) and the weights of
     the objective's other terms (``rl.algos.objective``; the KL coefficient is set per step by the controller)."""
     c = getattr(algo, "critic", None)  # only the algorithms with a critic have algo.critic (rl/config/algo.py)
-    value = (c.vf_coef, c.value_clip or None) if c is not None else (0.0, None)
-    terms = Terms(0.0, algo.kl.kind, algo.kl.in_reward, algo.loss.entropy_coef, *value)
+    terms = Terms(
+        kl_kind=algo.kl.kind,
+        kl_in_reward=algo.kl.in_reward,
+        entropy_coef=algo.loss.entropy_coef,
+        vf_coef=c.vf_coef if c is not None else 0.0,
+        value_clip=(c.value_clip or None) if c is not None else None,
+        aux_coef=algo.loss.aux_coef,
+    )
     return get_policy_loss(algo.loss), terms
 
 
@@ -121,7 +128,7 @@ class Learner:
         engines sampled from (0, greedy, counts as 1: a greedy engine reports raw log-probs).
         ``total_steps``: learner steps of the run (the cosine schedule decays over
         ``total_steps x epochs x minibatches`` optimizer steps). ``rank``/``world_size``/
-        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.distributed``).
+        ``dist_port``: data-parallel position and rendezvous (``rl.trainer.collectives``).
         ``learner``: micro-batching, prompt sharing, LoRA, activation checkpointing and precision
         (the recipe's ``learner`` section)."""
         from transformers import AutoTokenizer
@@ -137,6 +144,8 @@ class Learner:
         self.est = get_estimator(algo)  # what the algorithm needs: critic, learner-side advantages
         self.agg, self.norm_tokens = _loss_aggregation(algo)
         self.loss_fn, self.terms = _objective_parts(algo)
+        # the model's auxiliary loss (an MoE's router load balancing): asked of the trunk only when used
+        self.aux = algo.loss.aux_coef > 0 or "aux_loss" in self.loss_fn.needs
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # FSDP2 with 2+ workers, or with learner.fsdp: always at one (its own process group of one, on a port of
@@ -153,6 +162,7 @@ class Learner:
         # Every forward of a sharded model is a collective: the ranks' calls are kept in step (rl.trainer.fsdp).
         self.lock = fsdp.Lockstep(self.pad_id)
         self.fwd = Forward(self.lcfg, self.lock, self.device, self.pad_id, self.temperature)  # rl.trainer.forward
+        self._check_aux(model_path)
         self._build_models(model_path)
         # Loading (and sharding: each rank loads the whole model, then keeps its shard) frees what glibc keeps
         # resident otherwise; hand it back before the first step (rl.trainer.memory).
@@ -222,6 +232,23 @@ class Learner:
         self.model, self.peft, self.ref, self.value_head, self.critic = m.model, m.peft, m.ref, m.value_head, m.critic
         self.has_ref = m.has_ref  # no KL term: no reference model, and no reference forward
 
+    def _check_aux(self, model_path: str) -> None:
+        """An auxiliary loss needs a model with routers (``rl.algos.router.router_spec``): a dense one is refused
+        from its config, before it is loaded, naming the key."""
+        from transformers import AutoConfig
+
+        if not self.aux or router_spec(AutoConfig.from_pretrained(model_path)) is not None:
+            return
+        loss = self.algo.loss
+        if loss.aux_coef > 0:
+            key, fix = "algo.loss.aux_coef", "set algo.loss.aux_coef: 0"
+        else:
+            key, fix = "algo.loss.policy", f"{loss.policy} reads aux_loss: choose a loss that does not"
+        raise ValueError(
+            f"{key}: the auxiliary loss is an MoE router's load-balancing loss, but {model_path} has no routers "
+            f"(no num_experts / num_experts_per_tok in its config); {fix} for a dense model"
+        )
+
     def _needs_reference(self) -> bool:
         return self.est.needs_reference(self.algo) or "ref_logprobs" in self.loss_fn.needs
 
@@ -263,12 +290,10 @@ class Learner:
         a = self.algo
         return a.update.epochs * a.update.minibatches > 1 or self.est.learner_advantages(a)
 
-    # ---- forward (rl.trainer.forward) ------------------------------------------------------
-    def _forward(
-        self, model: Any, samples: list[Sample], entropy: Entropy = "none"
-    ) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+    # ---- forward (rl.trainer.forward) and micro-batches (rl.trainer.plan) ----------------------------------
+    def _forward(self, model: Any, samples: list[Sample], entropy: Entropy = "none", aux: bool = False) -> Outputs:
         """``Forward.__call__`` at the sampling temperature (a method of its own: bench/learner_memory.py wraps it)."""
-        return self.fwd(model, samples, entropy)
+        return self.fwd(model, samples, entropy, aux=aux)
 
     def _autocast(self):
         enabled = self.use_autocast and self.device.type in ("cpu", "cuda")
@@ -276,58 +301,20 @@ class Learner:
             enabled = False  # FSDP's MixedPrecisionPolicy computes in bf16 (rl.trainer.fsdp.shard)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """Split into micro-batches of at most ``learner.micro_batch_tokens`` computed tokens.
-
-        Samples sharing a prompt stay together (their prompt is computed once and costs
-        its length once; packed, their responses cost their own lengths; a bench's padded layout costs each
-        the group's longest); a group too large for the budget is split.
-        """
-        budget = self.lcfg.micro_batch_tokens
-        groups: dict[tuple[int, ...], list[Sample]] = {}
-        for s in sorted(samples, key=lambda s: len(s.input_ids)):
-            groups.setdefault(tuple(s.input_ids[: s.prompt_len]) if self.lcfg.share_prompt else (id(s),), []).append(s)
-        units: list[list[Sample]] = []
-        for group in groups.values():
-            chunk: list[Sample] = []
-            for s in group:  # an oversized group is split (each part runs the prompt once)
-                if chunk and self._unit_cost(chunk + [s]) > budget:
-                    units.append(chunk)
-                    chunk = []
-                chunk.append(s)
-            units.append(chunk)
-        out: list[list[Sample]] = []
-        cur: list[Sample] = []
-        cur_cost = 0
-        for unit in units:
-            c = self._unit_cost(unit)
-            if cur and cur_cost + c > budget:
-                out.append(cur)
-                cur, cur_cost = [], 0
-            cur.extend(unit)
-            cur_cost += c
-        if cur:
-            out.append(cur)
-        return out
-
-    def _unit_cost(self, group: list[Sample]) -> int:
-        """Tokens one group (or part of one) computes: its full sequences padded, or packed (or a bench's layout's)."""
-        longest = max(len(s.input_ids) for s in group)
-        if not self.lcfg.share_prompt:
-            return len(group) * longest
-        if self.fwd.layout is not None:  # a bench's layout (bench/padded_layout.py)
-            return self.fwd.layout.unit_cost(group)
-        return packing.packed_length(group)
+    def micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """``samples`` in micro-batches of at most ``learner.micro_batch_tokens`` computed tokens, as the forward's
+        layout computes them (``rl.trainer.plan.micro_batches``)."""
+        return plan.micro_batches(samples, self.lcfg.micro_batch_tokens, self.fwd.unit_cost, self.lcfg.share_prompt)
 
     # ---- training -------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, float]:
         """One learner step over ``batch``: ``epochs x minibatches`` optimizer steps; returns metrics.
 
-        Metrics: ``loss/policy`` (and ``loss/kl``, ``loss/value``, ``loss/entropy``): each
+        Metrics: ``loss/policy`` (and ``loss/kl``, ``loss/value``, ``loss/entropy``, ``loss/aux``): each
         minibatch's aggregated loss term, averaged over the step's optimizer steps
         (``loss/kl`` is the aggregated KL before the coefficient, also when the KL is in the
-        reward); ``kl/mean``, ``entropy/mean``, ``value/*``: token means
-        over every update pass; ``grad/norm``: mean pre-clip global norm; ``lr``: learning
+        reward; ``loss/aux`` the auxiliary term before ``algo.loss.aux_coef``); ``kl/mean``, ``entropy/mean``,
+        ``value/*``: token means over every update pass; ``grad/norm``: mean pre-clip global norm; ``lr``: learning
         rate of the step's last optimizer step; ``kl/coef``: the coefficient used in this step;
         ``learner/tokens``: policy tokens computed per epoch; ``learner/updates``;
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
@@ -341,27 +328,45 @@ class Learner:
         An empty batch (nothing to compute on any rank) leaves the weights alone.
         """
         t0 = time.perf_counter()
-        sums = Sums()
-        members = sorted(batch.samples + batch.skipped, key=lambda s: s.uid)
-        n_computed = self._plan(batch, members)
-        coef = self.kl_ctl.value
-        log = UpdateLog(lr=self.opt.param_groups[0]["lr"])
-        updates = self._run_updates(batch, members, sums, coef, log) if n_computed else 0
-        if updates:
-            self.steps_done += 1
-        names = self.loss_fn.stat_names
-        tot = Sums.of(self._global(sums.values(names)), names)
-        a = self.algo
-        n_up = a.update.epochs * a.update.minibatches if n_computed else 1
-        terms = (a.loss.entropy_coef > 0, self.has_ref, self.critic_module() is not None, self.critic is not None)
-        m = StepMetrics.of(tot, log, n_up, updates, bool(n_computed), terms)
-        if self.has_ref:
-            m.kl_coef = coef
-            if n_computed:
-                self.kl_ctl.update(m.kl_mean, batch.num_seqs)
+        a, coef = self.algo, self.kl_ctl.value
+        steps = plan.Plan.of(batch, a.update.epochs, a.update.minibatches, self._global)  # counts over the ranks
+        sums, log, updates = Sums(), UpdateLog(lr=self.opt.param_groups[0]["lr"]), 0
+        if steps.computed:
+            # no-grad old/reference log-probs, values, learner-side advantages (rl.trainer.prepare)
+            prep = prepare.run(self, batch, sums, coef) if self.needs_prepare else None
+            for epoch in range(steps.epochs):
+                for mb in steps.epoch(self.gen):  # shuffled minibatches (skipped samples count, never run)
+                    self._zero_grad()
+                    denom, micros = steps.denominators(mb), self.micro_batches(steps.computed_of(mb))
+                    n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
+                    for micro in micros:  # forward, objective, backward: gradients accumulate exactly
+                        self._accumulate(micro, prep, denom, sums, coef, first_epoch=epoch == 0)
+                    self._pad_micros(n_micro, len(micros), bool(mb), prep)
+                    updates += self._update(log)  # reduce, clip, step: policy (and value head), critic
+            self.steps_done += int(updates > 0)
+        m = self._metrics(steps, sums, log, updates, coef)
+        if self.has_ref and steps.computed:
+            self.kl_ctl.update(m.kl_mean, batch.num_seqs)
         self._after_step(m)
         m.compute_s = time.perf_counter() - t0
         return m.to_dict()
+
+    def _metrics(self, steps: plan.Plan, sums: Sums, log: UpdateLog, updates: int, coef: float) -> StepMetrics:
+        """The step's metrics from this rank's sums, all-reduced over the ranks (``rl.trainer.metrics``)."""
+        names = self.loss_fn.stat_names
+        tot = Sums.of(self._global(sums.values(names)), names)
+        a = self.algo
+        present = Present(
+            entropy=a.loss.entropy_coef > 0,
+            kl=self.has_ref,
+            value=self.critic_module() is not None,
+            critic=self.critic is not None,
+            aux=a.loss.aux_coef > 0,
+        )
+        m = StepMetrics.of(tot, log, steps.updates, updates, bool(steps.computed), present)
+        if self.has_ref:
+            m.kl_coef = coef
+        return m
 
     def _after_step(self, m: StepMetrics) -> None:
         """The memory hold policy after a step (``learner.hold_memory``, ``rl.trainer.memory``), into ``m``."""
@@ -375,65 +380,6 @@ class Learner:
                 rss = memory.rss_bytes()
         m.memory_rss_gb = rss / 1e9
 
-    def _plan(self, batch: Batch, members: list[Sample]) -> int:
-        """The number of computed samples over every rank; checks the counts minibatches rely on."""
-        a = self.algo
-        n_computed, m_tokens, m_seqs = self._global(
-            [len(batch.samples), sum(s.num_tokens for s in members), sum(1 for s in members if s.num_tokens > 0)]
-        )
-        if a.update.minibatches > 1 and n_computed and (m_tokens, m_seqs) != (batch.num_tokens, batch.num_seqs):
-            raise ValueError(
-                f"batch.num_tokens/num_seqs ({batch.num_tokens}, {batch.num_seqs}) do not count exactly its "
-                f"samples and skipped samples ({m_tokens:g}, {m_seqs:g}); algo.minibatches > 1 needs them "
-                "to (build_batch's batches do)"
-            )
-        return int(n_computed)
-
-    def _run_updates(self, batch: Batch, members: list[Sample], sums: Sums, coef: float, log: UpdateLog) -> int:
-        """The prepare pass (when needed), then ``epochs x minibatches`` optimizer steps; returns the steps taken."""
-        prep = self._prepare(batch, sums, coef) if self.needs_prepare else None
-        computed = {id(s) for s in batch.samples}
-        updates = 0
-        for epoch in range(self.algo.update.epochs):
-            for mb in self._minibatches(members):
-                self.opt.zero_grad(set_to_none=True)
-                if self.critic_opt is not None:
-                    self.critic_opt.zero_grad(set_to_none=True)
-                work = [s for s in mb if id(s) in computed]
-                self._backward(mb, work, prep, self._denominators(batch, mb), sums, coef, epoch == 0)
-                updates += self._update(log)
-        return updates
-
-    def _denominators(self, batch: Batch, mb: list[Sample]) -> tuple[float, float]:
-        """The loss denominators (tokens, sequences): the batch's with one minibatch, else the global minibatch's
-        (the sum of the ranks' local counts)."""
-        if self.algo.update.minibatches == 1:
-            return batch.num_tokens, batch.num_seqs
-        nt, ns = self._global([sum(s.num_tokens for s in mb), sum(1 for s in mb if s.num_tokens > 0)])
-        return nt, ns
-
-    def _backward(
-        self,
-        mb: list[Sample],
-        work: list[Sample],
-        prep: dict[str, dict[int, torch.Tensor]] | None,
-        denom: tuple[float, float],
-        sums: Sums,
-        coef: float,
-        first_epoch: bool,
-    ) -> None:
-        """The minibatch's gradients: its computed samples ``work`` in micro-batches (accumulated exactly)."""
-        micros = self._micro_batches(work) if work else []
-        n_micro = self.lock.count(len(micros))  # sharded: every rank runs as many (dummies pad)
-        for micro in micros:
-            self._accumulate(micro, prep, denom, sums, coef, first_epoch=first_epoch)
-        for _ in range(n_micro - len(micros)):
-            self._pad_micro(prep)
-        if not n_micro and self.lock.count(int(bool(mb))):
-            # only skipped (zero-advantage) samples: their exact gradient, 0, as if computed
-            for p in self._trainable():
-                p.grad = torch.zeros_like(p)
-
     def prepare(self, batch: Batch) -> dict[str, list[list[float]]]:
         """``step``'s prepare pass on ``batch``, without any update (for inspection and tests).
 
@@ -441,8 +387,7 @@ class Learner:
         log-probs), and where they apply ``ref`` (reference log-probs), ``values`` (critic),
         ``adv`` and ``returns`` (learner-side advantages and value targets).
         """
-        prep = self._prepare(batch, Sums(), self.kl_ctl.value)
-        return {k: [v[id(s)].tolist() for s in batch.samples] for k, v in prep.items() if v}
+        return prepare.run(self, batch, Sums(), self.kl_ctl.value).lists(batch.samples)
 
     def _global(self, values: list[float]) -> list[float]:
         """``values`` summed over the data-parallel ranks (as is with one learner)."""
@@ -450,100 +395,10 @@ class Learner:
             return [float(v) for v in values]
         return self._reduce(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
 
-    def _minibatches(self, members: list[Sample]) -> list[list[Sample]]:
-        """One epoch's minibatches: ``algo.minibatches`` parts of a random permutation (in batch order for one update)."""
-        a = self.algo
-        if a.update.epochs * a.update.minibatches == 1:
-            return [members]
-        perm = torch.randperm(len(members), generator=self.gen)
-        return [[members[i] for i in part.tolist()] for part in torch.tensor_split(perm, a.update.minibatches)]
-
-    @staticmethod
-    def _cat(store: dict[int, torch.Tensor], mb: list[Sample]) -> torch.Tensor:
-        """Per-sample flat tensors of ``mb`` concatenated: row-major (sample, masked position) order."""
-        return torch.cat([store[id(s)] for s in mb])
-
-    @staticmethod
-    def _split(flat: torch.Tensor, mb: list[Sample], store: dict[int, torch.Tensor]) -> None:
-        for s, piece in zip(mb, torch.split(flat.detach(), [s.num_tokens for s in mb])):
-            store[id(s)] = piece
-
-    @torch.no_grad()
-    def _prepare(self, batch: Batch, sums: Sums, coef: float) -> dict[str, dict[int, torch.Tensor]]:
-        """No-grad pass before the first update: old log-probs, reference log-probs and values
-        per sample (flat over its masked tokens); then the learner-side advantages and returns."""
-        prep: dict[str, dict[int, torch.Tensor]] = {"old": {}, "ref": {}, "values": {}, "adv": {}, "returns": {}}
-        micros = self._micro_batches(batch.samples) if batch.samples else []
-        for _ in range(self.lock.count(len(micros)) - len(micros)):  # a sharded rank with fewer: dummy calls
-            with self._autocast():
-                self._forward(self.model, [])
-                if self.has_ref:
-                    with self._reference() as ref:
-                        self._forward(ref, [])
-        for micro in micros:
-            with self._autocast():
-                (hidden, old, _, _, _), _ = self._forward(self.model, micro)
-            self._split(old, micro, prep["old"])
-            if self.value_head is not None:
-                self._split(self.fwd.values(self.value_head, hidden), micro, prep["values"])
-            del hidden
-            if self.has_ref:
-                with self._autocast(), self._reference() as ref:
-                    ref_lp, _ = self.fwd.logprobs(ref, micro)
-                self._split(ref_lp, micro, prep["ref"])
-            if self.critic is not None:
-                with self._autocast():
-                    ch, _, _ = self.fwd.hidden(self.critic.trunk, micro)
-                self._split(self.fwd.values(self.critic.head, ch), micro, prep["values"])
-            self._logprob_diff(old, micro, sums)
-        if self.est.learner_advantages(self.algo):
-            self._advantages(batch.samples, prep, coef)
-        return prep
-
-    def _engine_logprobs(self, mb: list[Sample]) -> torch.Tensor:
-        """The engine's log-probs of the policy tokens, flat row-major over (sample, masked position)."""
-        return torch.tensor(
-            [lp for s in mb for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m],
-            dtype=torch.float32,
-            device=self.device,
-        )
-
-    def _logprob_diff(self, logp_flat: torch.Tensor, mb: list[Sample], sums: Sums) -> None:
-        engine = self._engine_logprobs(mb)
-        # logp_flat is row-major over (sample, masked position), the same order as this flattening.
-        sums.logprob_diff += float((logp_flat.detach() - engine).abs().sum())
-        sums.logprob_diff_tokens += float(engine.numel())
-
-    def _advantages(self, samples: list[Sample], prep: dict[str, dict[int, torch.Tensor]], coef: float) -> None:
-        """Learner-side advantages (and PPO returns) into ``prep["adv"]``/``prep["returns"]``; see the module docstring."""
-        a, dev = self.algo, self.device
-        B, T = len(samples), max((len(s.loss_mask) for s in samples), default=0)
-        mask = torch.zeros(B, T, dtype=torch.bool, device=dev)
-        for i, s in enumerate(samples):
-            mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool, device=dev)
-
-        def grid(store: dict[int, torch.Tensor]) -> torch.Tensor:
-            g = torch.zeros(B, T, dtype=torch.float32, device=dev)
-            for i, s in enumerate(samples):
-                g[i, mask[i]] = store[id(s)].float()
-            return g
-
-        scores = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
-        pen = None
-        if a.kl.in_reward:
-            pen = -coef * torch.where(mask, kl(grid(prep["old"]), grid(prep["ref"]), a.kl.kind), 0.0)
-        gids = torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)
-        values = grid(prep["values"]) if self.est.needs_critic else None
-        adv, returns = self.est.token_advantages(scores, gids, mask, pen, values, reduce_sum=self._reduce)
-        for i, s in enumerate(samples):
-            prep["adv"][id(s)] = adv[i][mask[i]].float()
-            if returns is not None:
-                prep["returns"][id(s)] = returns[i][mask[i]].float()
-
     def _accumulate(
         self,
         mb: list[Sample],
-        prep: dict[str, dict[int, torch.Tensor]] | None,
+        prep: prepare.Prepared | None,
         denom: tuple[float, float],
         sums: Sums,
         coef: float,
@@ -553,37 +408,37 @@ class Learner:
         a = self.algo
         with self._autocast():
             ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 or "entropy" in self.loss_fn.needs else "value"
-            (hidden, logp_flat, ent_flat, _, index), pad = self._forward(self.model, mb, ent_mode)
-        values_flat = self.fwd.values(self.value_head, hidden) if self.value_head is not None else None
-        del hidden
+            out = self._forward(self.model, mb, ent_mode, aux=self.aux)
+        logp_flat, ent_flat = out.logp, out.entropy
+        values_flat = self.fwd.values(self.value_head, out.hidden) if self.value_head is not None else None
+        out.hidden = None
         B, T = len(mb), max(len(s.loss_mask) for s in mb)
-        g = _Grid(index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
-        # a sample excluded from the loss (Sample.excluded: a harness failure) has no policy token in it
-        g.sample_mask = torch.tensor([not s.excluded for s in mb], dtype=torch.bool, device=logp_flat.device)
-        g.mask = g(torch.ones_like(logp_flat)).bool() & g.sample_mask[:, None]
-        x = self._objective_inputs(mb, prep, g, g(logp_flat), ent_flat, values_flat, coef)
+        g = _Grid(out.index, B, T, torch.zeros(0), float(logp_flat.numel()), denom, self.norm_tokens)
+        g.mask = g(torch.ones_like(logp_flat)).bool()
+        x = self._objective_inputs(mb, prep, g, g(logp_flat), ent_flat, values_flat, coef, out.aux_loss)
         total, st = objective(x, self.loss_fn)
-        (total if pad is None else total + pad).backward()
+        (total if out.pad is None else total + out.pad).backward()
         if prep is None and first_epoch:
-            self._logprob_diff(logp_flat, mb, sums)
+            prepare.logprob_diff(logp_flat, mb, sums)
         sums.add(st, g.ntok, float(ent_flat.detach().sum()), first_epoch)
 
     def _objective_inputs(
         self,
         mb: list[Sample],
-        prep: dict[str, dict[int, torch.Tensor]] | None,
+        prep: prepare.Prepared | None,
         g: _Grid,
         logp: torch.Tensor,
         ent_flat: torch.Tensor,
         values_flat: torch.Tensor | None,
         coef: float,
+        aux_loss: torch.Tensor | None,
     ) -> ObjectiveInputs:
         """The objective's typed inputs (``rl.algos.objective``) on the micro-batch's grid: only what its terms
-        and the policy loss need (the engine's log-probs, the reference's, the critic's values)."""
+        and the policy loss need (the engine's log-probs, the reference's, the critic's values, the aux loss)."""
         a, need = self.algo, self.loss_fn.needs
-        old = g(self._cat(prep["old"], mb)) if prep is not None else logp.detach()
+        old = g(prep.cat("old", mb)) if prep is not None else logp.detach()
         if prep is not None and self.est.learner_advantages(a):
-            adv = g(self._cat(prep["adv"], mb))
+            adv = g(prep.cat("adv", mb))
         else:
             adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
             adv = adv[:, None].expand_as(logp)
@@ -594,14 +449,14 @@ class Learner:
             old_logp=old,
             advantages=adv,
             mask=g.mask,
-            sample_mask=g.sample_mask,
             agg=self.agg,
             num_tokens=nt,
             num_seqs=ns,
             norm_tokens=self.norm_tokens,
-            engine_logp=g(self._engine_logprobs(mb)) if "engine_logprobs" in need else None,
+            engine_logp=g(prepare.engine_logprobs(mb, self.device)) if "engine_logprobs" in need else None,
             entropy=g(ent_flat) if "entropy" in need else None,
             ref_logp=ref if "ref_logprobs" in need else None,
+            aux_loss=aux_loss if "aux_loss" in need else None,
         )
         values = self._critic_values(mb, values_flat)
         return ObjectiveInputs(
@@ -610,14 +465,15 @@ class Learner:
             ref_logp=ref,
             entropy=g(ent_flat) if a.loss.entropy_coef > 0 else None,
             values=g(values) if values is not None else None,
-            old_values=g(self._cat(prep["values"], mb)) if values is not None and prep is not None else None,
-            returns=g(self._cat(prep["returns"], mb)) if values is not None and prep is not None else None,
+            old_values=g(prep.cat("values", mb)) if values is not None and prep is not None else None,
+            returns=g(prep.cat("returns", mb)) if values is not None and prep is not None else None,
+            aux_loss=aux_loss if a.loss.aux_coef > 0 else None,
         )
 
-    def _reference_logprobs(self, mb: list[Sample], prep: dict[str, dict[int, torch.Tensor]] | None) -> torch.Tensor:
+    def _reference_logprobs(self, mb: list[Sample], prep: prepare.Prepared | None) -> torch.Tensor:
         """The reference's log-probs of the micro-batch's policy tokens (flat): cached by the prepare pass, or now."""
         if prep is not None:
-            return self._cat(prep["ref"], mb)
+            return prep.cat("ref", mb)
         with torch.no_grad(), self._autocast(), self._reference() as ref:
             return self.fwd.logprobs(ref, mb)[0]
 
@@ -630,40 +486,52 @@ class Learner:
             ch, _, _ = self.fwd.hidden(self.critic.trunk, mb)
         return self.fwd.values(self.critic.head, ch)
 
-    def _pad_micro(self, prep: dict[str, dict[int, torch.Tensor]] | None) -> None:
-        """A micro-batch with no samples on a sharded rank that has fewer than the others: the same
-        module calls as ``_accumulate`` (policy, then the reference when it runs there), all dummies."""
-        with self._autocast():
-            _, pad = self._forward(self.model, [])
-            if self.has_ref and prep is None:
-                with torch.no_grad(), self._reference() as ref:
-                    self._forward(ref, [])
-        if pad is not None:
-            pad.backward()
+    def _pad_micros(self, n_micro: int, mine: int, has_members: bool, prep: prepare.Prepared | None) -> None:
+        """A sharded rank with fewer micro-batches (``mine``) than the most of any rank (``n_micro``) runs the
+        missing ones as dummies (the same module calls as ``_accumulate``); a minibatch whose every sample was
+        skipped (zero advantage) gets its exact gradient, 0, as if computed."""
+        for _ in range(n_micro - mine):
+            with self._autocast():
+                pad = self._forward(self.model, []).pad
+                if self.has_ref and prep is None:
+                    with torch.no_grad(), self._reference() as ref:
+                        self._forward(ref, [])
+            if pad is not None:
+                pad.backward()
+        if not n_micro and self.lock.count(int(has_members)):
+            for p in self._trainable():
+                p.grad = torch.zeros_like(p)
+
+    def _optimizers(self) -> list[tuple[list[torch.nn.Parameter], Any, Any]]:
+        """(parameters, optimizer, schedule) of each optimizer: the policy's (with the value head), then a separate
+        critic's. Read at each use: a test may swap in its own optimizer."""
+        out = [(self._trainable(), self.opt, self.sched)]
+        if self.critic is not None:
+            out.append((list(self.critic.parameters()), self.critic_opt, self.critic_sched))
+        return out
+
+    def _zero_grad(self) -> None:
+        for _, opt, _ in self._optimizers():
+            opt.zero_grad(set_to_none=True)
 
     def _update(self, log: UpdateLog) -> int:
-        """Apply the accumulated gradients (``rl.trainer.optim.apply``): the policy's (and value head's), then a
-        separate critic's, each clipped on its own norm; 1 if the policy stepped."""
+        """Apply the accumulated gradients, one path for every optimizer (``rl.trainer.optim.apply``: reduce, clip
+        on its own norm, step): the policy's (and value head's), then a separate critic's; 1 if the policy stepped."""
         max_norm = self.algo.optim.max_grad_norm
         log.lr = self.opt.param_groups[0]["lr"]
-        norm, stepped = optim.apply(self._trainable(), self.opt, self.sched, max_norm)
+        (norm, stepped), *critic = [optim.apply(ps, opt, sched, max_norm) for ps, opt, sched in self._optimizers()]
         log.norms.append(norm)
-        if stepped:
-            self.updates_done += 1
-        else:
-            log.skipped += 1
-        if self.critic is not None:
-            cnorm, _ = optim.apply(list(self.critic.parameters()), self.critic_opt, self.critic_sched, max_norm)
-            log.critic_norms.append(cnorm)
+        log.critic_norms += [cnorm for cnorm, _ in critic]
+        self.updates_done += int(stepped)
+        log.skipped += int(not stepped)
         return int(stepped)
 
-    # ---- weights & checkpoints ----------------------------------------------------------
     # ---- weights out (rl.trainer.weights) and checkpoints (rl.trainer.checkpoint): the actor's API ----------
     def export_weights(self, dtype: str = "bfloat16") -> str:
         """``WeightExport.file``: the policy as one safetensors file in shared memory (every rank calls it)."""
         return self.weights.file(dtype)
 
-    def export_ipc(self, dtype: str = "bfloat16") -> dict[str, Any]:
+    def export_ipc(self, dtype: str = "bfloat16") -> IpcWeights:
         """``WeightExport.ipc``: the policy in one CUDA IPC buffer on this GPU."""
         return self.weights.ipc(dtype)
 

@@ -11,7 +11,7 @@ activations of every size, so its resident memory grows after each step although
 do not (bench/RESULTS.md, "learner_memory: resident memory over a run").
 
 jemalloc (``libjemalloc.so.2``, loaded into a learner actor with ``LD_PRELOAD`` when
-``learner.allocator`` resolves to it, ``rl.trainer.distributed.learner_env``) reuses freed pages of
+``learner.allocator`` resolves to it, ``learner_env``) reuses freed pages of
 every size within a step instead (faster under bf16 autocast, not in fp32: ``resolve_allocator``);
 ``jemalloc_path`` finds the library, ``allocator`` says which allocator this process runs.
 
@@ -40,6 +40,7 @@ import ctypes.util
 import functools
 import os
 import platform
+from typing import Any
 
 __all__ = [
     "trim",
@@ -52,6 +53,7 @@ __all__ = [
     "jemalloc_path",
     "resolve_allocator",
     "process_env",
+    "learner_env",
 ]
 
 # Where distributions put jemalloc's shared library (Debian/Ubuntu: libjemalloc2; Fedora/RHEL: jemalloc).
@@ -114,7 +116,7 @@ def process_env(
     huge_pages: bool = True, allocator: str = "auto", environ: dict[str, str] | None = None, fp32: bool = False
 ) -> dict[str, str]:
     """The environment variables that give a new process these memory settings (``learner.huge_pages``,
-    ``learner.allocator``, resolved with ``fp32`` by ``resolve_allocator``; ``rl.trainer.distributed.learner_env``
+    ``learner.allocator``, resolved with ``fp32`` by ``resolve_allocator``; ``learner_env``
     says why each); ``environ`` (default ``os.environ``) supplies a preload already set, which stays after
     jemalloc. A jemalloc in that preload is dropped when the process is to run glibc's malloc: a new process
     inherits its parent's ``LD_PRELOAD`` (Ray's workers the driver's), so leaving the variable out would not
@@ -257,3 +259,27 @@ def rss_bytes() -> int:
     """This process's resident memory now (Linux ``/proc/self/statm``)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def learner_env(learner: Any, model_cfg: Any = None) -> dict[str, str]:
+    """Environment variables of a learner actor's process for the recipe's ``learner`` section.
+
+    ``learner.huge_pages``: ``THP_MEM_ALLOC_ENABLE=1``, which torch's CPU allocator reads once, at its
+    first allocation, to ``madvise(MADV_HUGEPAGE)`` every block of 2 MB or more. A learner step allocates
+    and frees gigabytes (activations, vocabulary-sized logits, gradients); when the learner hands freed
+    pages back to the OS after each step (``learner.hold_memory: false``, ``trim``), with
+    4 KB pages the next step faults them all in again, page by page; huge pages cut those faults by orders of
+    magnitude (bench/RESULTS.md). It must be set before the process imports torch, hence in the actor's environment. The kernel uses huge
+    pages only where ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``;
+    elsewhere it is a no-op.
+
+    ``learner.allocator``: ``jemalloc`` (or ``auto`` where ``libjemalloc.so.2`` is installed) puts jemalloc
+    first in ``LD_PRELOAD`` (before any preload already set), so it is the process's ``malloc`` from its
+    start (this module's docstring: why it is faster here). ``LD_PRELOAD`` is read when the process starts,
+    hence again the actor's environment. ``system`` sets the preload without a jemalloc the actor would
+    otherwise inherit from the driver's environment. ``auto`` follows the learner's precision
+    (``model_cfg.autocast``, concrete once ``rl.trainer.precision.resolve`` ran): glibc for an fp32 learner
+    (``resolve_allocator`` says why).
+    """
+    fp32 = model_cfg is not None and not getattr(model_cfg, "autocast", True)
+    return process_env(getattr(learner, "huge_pages", True), getattr(learner, "allocator", "auto"), fp32=fp32)

@@ -1,7 +1,8 @@
 """The learner's statistics as typed records: ``Sums`` (additive over micro-batches and ranks), ``UpdateLog``
 (the optimizer steps of one learner step) and ``StepMetrics`` (what a step reports, by metric name).
 
-``StepMetrics.of`` turns the whole batch's sums into means (tokens) and per-update averages (loss terms);
+``StepMetrics.of`` turns the whole batch's sums into means (tokens) and per-update averages (loss terms) of the
+terms the run has (``Present``);
 ``to_dict`` names them as the driver logs them (``loss/policy``, ``clip/fraction``, ...), leaving out the
 terms the run does not have (no KL without a reference, no value metrics without a critic). No tensors.
 """
@@ -18,7 +19,7 @@ class Sums:
     """Additive per-step statistics (floats), summed over micro-batches and then over the ranks.
 
     The loss terms are each minibatch's aggregated term (summed over optimizer steps); the
-    others are sums over tokens, turned into means by ``Learner._metrics``.
+    others are sums over tokens, turned into means by ``StepMetrics.of``.
     """
 
     policy_loss: float = 0.0
@@ -35,6 +36,7 @@ class Sums:
     value_error: float = 0.0
     value_clipped: float = 0.0
     returns: float = 0.0
+    aux_loss: float = 0.0
     # the policy loss's stats (its ``stat_names``), each summed as value x tokens
     loss_stats: dict[str, float] = field(default_factory=dict)
 
@@ -49,6 +51,7 @@ class Sums:
         self.value_error += st.value_error * ntok
         self.value_clipped += st.value_clip_fraction * ntok
         self.returns += st.returns_sum
+        self.aux_loss += st.aux_loss
         for k, v in st.policy.items():
             self.loss_stats[k] = self.loss_stats.get(k, 0.0) + v * ntok
         self.entropy += entropy_sum
@@ -75,6 +78,18 @@ class UpdateLog:
     norms: list[float] = field(default_factory=list)
     critic_norms: list[float] = field(default_factory=list)
     skipped: int = 0
+
+
+@dataclass(frozen=True)
+class Present:
+    """The terms a run has, so that its metrics report them and only them: an entropy bonus, a KL to a reference,
+    a value loss (a value head or a separate critic), a separate critic's optimizer, an auxiliary loss."""
+
+    entropy: bool = False
+    kl: bool = False
+    value: bool = False
+    critic: bool = False
+    aux: bool = False
 
 
 def _mean(xs: list[float]) -> float:
@@ -104,6 +119,7 @@ class StepMetrics:
     value_clip_fraction: float | None = None
     returns_mean: float | None = None
     critic_grad_norm: float | None = None
+    loss_aux: float | None = None
     memory_trimmed: float | None = None
     memory_rss_gb: float | None = None
     compute_s: float | None = None
@@ -127,6 +143,7 @@ class StepMetrics:
         "value_clip_fraction": "value/clip_fraction",
         "returns_mean": "returns/mean",
         "critic_grad_norm": "critic/grad_norm",
+        "loss_aux": "loss/aux",
         "memory_trimmed": "memory/trimmed",
         "memory_rss_gb": "memory/learner_rss_gb",
         "compute_s": "timing/learner_compute_s",
@@ -134,11 +151,15 @@ class StepMetrics:
 
     @classmethod
     def of(
-        cls, tot: Sums, log: UpdateLog, n_up: int, updates: int, computed: bool, terms: tuple[bool, bool, bool, bool]
+        cls,
+        tot: Sums,
+        log: UpdateLog,
+        n_up: int,
+        updates: int,
+        computed: bool,
+        terms: Present,
     ) -> "StepMetrics":
-        """From the whole batch's sums; ``n_up`` optimizer steps planned; ``terms``: (entropy bonus, reference,
-        critic, separate critic) present."""
-        entropy, ref, critic, separate = terms
+        """From the whole batch's sums; ``n_up`` optimizer steps planned; ``terms``: which terms the run has."""
         n = max(tot.tokens, 1.0)
         m = cls(
             loss_policy=tot.policy_loss / n_up,
@@ -151,15 +172,17 @@ class StepMetrics:
             logprob_diff=tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
             loss_stats={k: v / n for k, v in tot.loss_stats.items()},
         )
-        if entropy:
+        if terms.entropy:
             m.loss_entropy = tot.entropy_loss / n_up
-        if ref:
+        if terms.kl:
             m.loss_kl, m.kl_mean = tot.kl_loss / n_up, tot.kl / n
-        if critic:
+        if terms.value:
             m.loss_value, m.value_mean, m.value_error = tot.value_loss / n_up, tot.value / n, tot.value_error / n
             m.value_clip_fraction, m.returns_mean = tot.value_clipped / n, tot.returns / n
-        if separate:
+        if terms.critic:
             m.critic_grad_norm = _mean(log.critic_norms)
+        if terms.aux:
+            m.loss_aux = tot.aux_loss / n_up
         return m
 
     def to_dict(self) -> dict[str, float]:

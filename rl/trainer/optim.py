@@ -16,7 +16,7 @@ import torch
 
 from rl.algos.schedules import LRSchedule
 from rl.trainer import fsdp
-from rl.trainer.distributed import all_reduce_grads
+from rl.trainer.collectives import all_reduce_grads
 
 
 def adamw(

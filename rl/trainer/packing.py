@@ -36,7 +36,7 @@ import torch
 from rl.algos.batch import Sample
 from rl.trainer.packed_attention import Segments
 
-__all__ = ["Packed", "pack", "packed_length"]
+__all__ = ["Packed", "pack", "packed_length", "prompt_groups"]
 
 
 @dataclass
@@ -48,6 +48,15 @@ class Packed:
     targets: torch.Tensor  # [N]
     index: torch.Tensor  # [N] b * T + j in the [B, T] response grid
     segments: Segments  # the prompt's length and the response segments, for the mask-free attention
+
+
+def prompt_groups(samples: list[Sample]) -> list[list[int]]:
+    """The positions in ``samples`` of each group of samples that share a prompt (a GRPO group, or the part of
+    one in a micro-batch), groups in order of first appearance, members in order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(tuple(s.input_ids[: s.prompt_len]), []).append(i)
+    return list(groups.values())
 
 
 def packed_length(members: list[Sample]) -> int:

@@ -1,10 +1,18 @@
-"""Weight export: every way the policy's weights reach the engines, behind one interface, ``WeightExport``.
+"""Weight export: the learner side of every way the policy's weights reach the engines.
 
-* ``file(dtype)``: one safetensors file in shared memory (``policy.safetensors`` in the learner's ``shm_dir``),
-  rewritten in place in one of two memory-mapped slots (``_ShmWeights``) and published by an atomic rename;
-* ``ipc(dtype)``: CUDA, one packed buffer on the learner's GPU shared through a CUDA IPC handle;
-* ``adapter()``: with LoRA, only the adapters as a ``peft`` folder (``rl.trainer.lora.AdapterExports``);
-* ``read(path)``: what an export wrote, as bytes, for engines on other nodes.
+One interface, :class:`WeightSender` (begin with the layout, one tensor at a time, finish with a
+``rollout.weights`` record for the engines), and its implementations, driven by ``WeightExport``:
+
+* ``file(dtype)``: :class:`ShmFileSender`, one safetensors file in shared memory (``policy.safetensors`` in the
+  learner's ``shm_dir``), rewritten in place in one of two memory-mapped slots (``_ShmWeights``) and published
+  by an atomic rename;
+* ``object_store``: the same file, its bytes read by ``read(path)`` and sent through Ray's object store to
+  engines on other nodes (routed by ``rl.driver.actors.rollout.RolloutPool``);
+* ``ipc(dtype)``: :class:`CudaIpcSender`, CUDA, one packed buffer on the learner's GPU shared through a CUDA
+  IPC handle;
+* ``adapter()``: with LoRA, only the adapters as a ``peft`` folder (``rl.trainer.lora.AdapterExports``).
+
+The engine side of each is ``rollout.pool.RolloutWorker.receive``.
 
 Sharded (several learner ranks): every rank calls each export (tensors are gathered one at a time,
 ``full_tensor``), so no rank holds a full copy of the model; rank 0 writes. ``lm_head.weight`` is always
@@ -18,12 +26,13 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from rl.trainer import fsdp, lora
 from rl.trainer.models import DTYPES
+from rollout.weights import FileWeights, IpcWeights, WeightUpdate
 
 
 class WeightExport:
@@ -32,42 +41,33 @@ class WeightExport:
     def __init__(self, model: Any, peft: Any, rank: int, device: torch.device, shm_dir: Path) -> None:
         self.model, self.peft, self.rank, self.device, self.shm_dir = model, peft, rank, device, Path(shm_dir)
         self._adapter_exports = lora.AdapterExports(self.shm_dir)  # adapter()'s folders (no I/O until then)
-        self._shm_weights: _ShmWeights | None = None
-        self._ipc_buffer: torch.Tensor | None = None
+        self._file_sender: ShmFileSender | None = None
+        self._ipc_sender: CudaIpcSender | None = None
 
     def file(self, dtype: str = "bfloat16") -> str:
         """Write the policy's weights to one safetensors file in shared memory; return its path.
 
         The file is ``policy.safetensors`` in ``shm_dir``: every state-dict tensor in ``dtype``,
         plus ``lm_head.weight`` (always: with tied embeddings an engine otherwise keeps a stale
-        head). It is written in place into one of two preallocated, memory-mapped files (see
-        ``_ShmWeights``): one ``copy_`` per tensor, dtype conversion included, straight into the
-        pages the engines read, then published by an atomic rename. A reader never sees a
-        partial file, and the file it opened stays unchanged until the export after next.
+        head), sent through :class:`ShmFileSender` (the ``file`` transport: one ``copy_`` per tensor
+        into a memory-mapped slot of a double buffer, published by an atomic rename). A reader never
+        sees a partial file, and the file it opened stays unchanged until the export after next.
 
         Sharded (several learners): every rank must call it. Tensors are gathered one at a time
         (``rl.trainer.fsdp.full_tensors``) and only rank 0 writes them, so no rank ever holds a
         full copy of the model; the other ranks return ``""``.
         """
-        tensors = self._tensors()
-        dt = DTYPES[dtype]
-        out = None
-        if self.rank == 0:
-            layout = [(k, dt, tuple(v.shape)) for k, v in tensors.items()]
-            out = self._shm_weights
-            if out is None or not out.fits(self.shm_dir, layout):
-                if out is not None:
-                    out.close()
-                out = self._shm_weights = _ShmWeights(self.shm_dir, "policy.safetensors", layout)
-            views = out.begin()
-        for key, full, alias in self._stream(tensors):
-            if out is not None:
-                views[key].copy_(views[alias] if full is None else full)
-        return out.publish() if out is not None else ""
+        if self._file_sender is None or self._file_sender.dtype != DTYPES[dtype]:
+            if self._file_sender is not None:
+                self._file_sender.close()
+            self._file_sender = ShmFileSender(self.shm_dir, DTYPES[dtype])
+        sent = self._send(self._file_sender if self.rank == 0 else None)
+        return sent.path if isinstance(sent, FileWeights) else ""
 
-    def ipc(self, dtype: str = "bfloat16") -> dict[str, Any]:
+    def ipc(self, dtype: str = "bfloat16") -> IpcWeights:
         """CUDA: the policy's weights packed into one ``dtype`` buffer on this GPU, shared through a CUDA IPC
-        handle; returns what ``rollout.engine.VLLMEngine.load_weights_ipc`` takes (small and picklable).
+        handle (:class:`CudaIpcSender`, the ``ipc`` transport); returns what ``rollout.engine.VLLMEngine.load_weights_ipc``
+        takes (small and picklable).
 
         For an engine on this learner's GPU (``learner.weight_sync: ipc``, the colocated placement): no
         file and no copy through host memory, the engine's worker maps the buffer and loads from it. The
@@ -78,28 +78,26 @@ class WeightExport:
         """
         if self.device.type != "cuda":
             raise RuntimeError("export_ipc needs a learner on a CUDA device; CPU engines load export_weights' file")
+        if self._ipc_sender is None or self._ipc_sender.dtype != DTYPES[dtype]:
+            self._ipc_sender = CudaIpcSender(self.device, DTYPES[dtype])
+        sent = self._send(self._ipc_sender)
+        assert isinstance(sent, IpcWeights)
+        return sent
+
+    def _send(self, sender: WeightSender | None) -> WeightUpdate | None:
+        """Stream the export tensors through ``sender``: begin (the layout), each tensor in turn (or the key of a
+        tensor it already got), finish. ``None``: this rank only joins the gathers (sharded, not rank 0)."""
         tensors = self._tensors()
-        dt, place, total = DTYPES[dtype], {}, 0
-        for key, t in tensors.items():
-            shape = tuple(t.shape)
-            place[key] = (shape, total)
-            total += -(-math.prod(shape) // 64) * 64  # each tensor 128-byte aligned in the buffer
-        buf = self._ipc_buffer
-        if buf is None or buf.numel() != total or buf.dtype != dt:
-            buf = self._ipc_buffer = None  # the old one freed before the new one is made
-            buf = self._ipc_buffer = torch.empty(total, dtype=dt, device=self.device)
-
-        def view(key: str) -> torch.Tensor:
-            shape, off = place[key]
-            return buf[off : off + math.prod(shape)].view(shape)
-
+        if sender is not None:
+            sender.begin([(k, tuple(v.shape)) for k, v in tensors.items()])
         for key, full, alias in self._stream(tensors):
-            view(key).copy_(view(alias) if full is None else full)
-        torch.cuda.synchronize(self.device)  # the engines read it from other processes, outside this stream
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        rebuild, args = reduce_tensor(buf)
-        return {"rebuild": rebuild, "args": args, "tensors": [(k, shape, off) for k, (shape, off) in place.items()]}
+            if sender is None:
+                continue
+            if full is None:
+                sender.alias(key, alias)
+            else:
+                sender.send(key, full)
+        return sender.finish() if sender is not None else None
 
     def _stream(self, tensors: dict[str, Any]):
         """``(key, tensor, None)`` for each export tensor in turn, full (gathered when sharded, a collective
@@ -154,6 +152,102 @@ class WeightExport:
         if p.is_dir():
             return {f.name: f.read_bytes() for f in sorted(p.iterdir()) if f.is_file()}
         return p.read_bytes()
+
+
+class WeightSender(Protocol):
+    """The learner side of one weight transport: how one rank hands the policy's tensors to the engines.
+
+    One export is ``begin(layout)`` (every tensor's name and shape, in order), then each tensor in turn, full
+    (``send``: any device and dtype, converted on the way) or as the name of one already sent that it shares
+    storage with (``alias``: a tied ``lm_head``), then ``finish``, which returns what the engines are given
+    (a ``rollout.weights`` record). The engine side is ``rollout.pool.RolloutWorker.receive``. Tensors arrive
+    one at a time (gathered when sharded), so a sender never needs the whole model at once: a collective
+    transport (a broadcast from the learner into the engines' process group) is a sender whose ``begin``
+    announces the layout, whose ``send`` broadcasts, and whose ``finish`` waits for the engines.
+    """
+
+    def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None: ...
+
+    def send(self, key: str, tensor: torch.Tensor) -> None: ...
+
+    def alias(self, key: str, first: str) -> None: ...
+
+    def finish(self) -> WeightUpdate: ...
+
+
+class ShmFileSender:
+    """The ``file`` transport's learner side: a safetensors file in ``folder`` (shared memory), rewritten in place
+    in one of two memory-mapped slots (:class:`_ShmWeights`) and published by an atomic rename. The file's bytes
+    are also what the ``object_store`` transport sends to engines on other nodes (:meth:`WeightExport.read`)."""
+
+    def __init__(self, folder: Path, dtype: torch.dtype, name: str = "policy.safetensors") -> None:
+        self.folder, self.dtype, self.name = Path(folder), dtype, name
+        self._file: _ShmWeights | None = None
+        self._views: dict[str, torch.Tensor] = {}
+
+    def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None:
+        typed = [(k, self.dtype, shape) for k, shape in layout]
+        if self._file is None or not self._file.fits(self.folder, typed):
+            if self._file is not None:
+                self._file.close()
+            self._file = _ShmWeights(self.folder, self.name, typed)
+        self._views = self._file.begin()
+
+    def send(self, key: str, tensor: torch.Tensor) -> None:
+        self._views[key].copy_(tensor)
+
+    def alias(self, key: str, first: str) -> None:
+        self._views[key].copy_(self._views[first])
+
+    def finish(self) -> FileWeights:
+        assert self._file is not None, "finish before begin"
+        self._views = {}
+        return FileWeights(self._file.publish())
+
+    def close(self) -> None:
+        """Unmap both slots (the published file stays for readers that opened it)."""
+        self._views = {}
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class CudaIpcSender:
+    """The ``ipc`` transport's learner side: the tensors packed into one buffer on ``device`` (each 128-byte
+    aligned), kept and reused until the next export, shared through a CUDA IPC handle (``reduce_tensor``)."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device, self.dtype = device, dtype
+        self._buf: torch.Tensor | None = None
+        self._place: dict[str, tuple[tuple[int, ...], int]] = {}
+
+    def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None:
+        place, total = {}, 0
+        for key, shape in layout:
+            place[key] = (shape, total)
+            total += -(-math.prod(shape) // 64) * 64  # each tensor 128-byte aligned in the buffer
+        self._place = place
+        if self._buf is None or self._buf.numel() != total or self._buf.dtype != self.dtype:
+            self._buf = None  # the old one freed before the new one is made
+            self._buf = torch.empty(total, dtype=self.dtype, device=self.device)
+
+    def _view(self, key: str) -> torch.Tensor:
+        assert self._buf is not None, "send before begin"
+        shape, off = self._place[key]
+        return self._buf[off : off + math.prod(shape)].view(shape)
+
+    def send(self, key: str, tensor: torch.Tensor) -> None:
+        self._view(key).copy_(tensor)
+
+    def alias(self, key: str, first: str) -> None:
+        self._view(key).copy_(self._view(first))
+
+    def finish(self) -> IpcWeights:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        torch.cuda.synchronize(self.device)  # the engines read it from other processes, outside this stream
+        rebuild, args = reduce_tensor(self._buf)
+        return IpcWeights(rebuild, tuple(args), tuple((k, shape, off) for k, (shape, off) in self._place.items()))
 
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}

@@ -20,7 +20,7 @@ import rl.cli.audit.harbor  # noqa: F401 - registers the harbor task source and 
 from rl.cli.audit.runner import EnvSpec, TaskReport, audit_tasks, declared_work
 from rl.cli.audit.sources import SOURCES, AuditTask, SourceError, load_audit_tasks
 from rl.cli.audit.strategies import STRATEGIES
-from rl.cli.evaluate import CommandError, _guarded, recipe_reward_specs
+from rl.cli.common import CommandError, _guarded, recipe_reward_specs
 
 __all__ = ["add_parser", "run_audit", "render_table", "report_json"]
 

@@ -1,10 +1,8 @@
 """A group of N actors of one class: each spawned with its own options, replaced by index, restarts counted.
 
-The rollout workers (``rollout.pool.RolloutPool``), the reward workers
-(``rewards.service.RewardService``) and the learners (``rl.trainer.distributed.LearnerGroup``)
-each hold one :class:`ActorGroup`. It lives in ``envs`` because that is the one package all
-three layers may import (``envs`` <- ``rollout``, ``rewards`` <- ``rl``; rollout and rewards
-never import each other or ``rl``); it holds no environment code.
+The rollout workers (:class:`rl.driver.actors.rollout.RolloutPool`), the reward workers
+(:class:`rl.driver.actors.rewards.RewardService`) and the learners
+(:class:`rl.driver.actors.learners.LearnerGroup`) each hold one :class:`ActorGroup`.
 
 What it does: spawn actor ``i`` through a factory with actor ``i``'s options (e.g. its
 placement-group bundle), kill one and spawn its replacement with the same options, count the

@@ -1,0 +1,344 @@
+"""The rollout workers as Ray actors: ``RolloutPool`` over ``rollout.pool.RolloutWorker``.
+
+A pool call keeps each GRPO group on one engine (the group shares its prompt, so the engine's prefix cache
+serves it once; engines balanced by estimated tokens, ``rollout.balance.plan_shards``) and returns
+trajectories in the order of the input. ``sync_weights`` pushes a safetensors file (written by the learner
+into shared memory) into every engine, or with ``adapter=True`` a LoRA adapter folder; an engine on another
+node gets the bytes through Ray's object store. Engines are shut down explicitly in ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from envs.types import Sampling, Task, Trajectory
+from rl.driver.actors.cluster import node_id, on_node
+from rl.driver.actors.group import ActorGroup, GroupOwner, actor_died, ray_factory
+from rollout.balance import estimate_length, plan_shards
+from rollout.pool import EngineFailure, RolloutWorker, free_dead_engine
+from rollout.weights import IpcWeights
+
+__all__ = ["RolloutPool", "EngineUnresponsive", "engines_call"]
+
+log = logging.getLogger("jointrl.rollout")
+
+
+def _placement(worker: Any) -> tuple[str, list[str], list[tuple[int, int]]]:
+    """In a rollout worker's process (``__ray_call__``): its Ray node id and what its engine holds outside the
+    process (``RolloutWorker.leftovers``)."""
+    segments, procs = worker.leftovers()
+    return node_id(), list(segments), list(procs)
+
+
+# The calls that give a worker the latest synced weights (a replaced worker makes its own on start).
+LOAD_CALLS = ("load_weights", "load_weights_blob", "load_adapter", "load_adapter_blob")
+
+
+class EngineUnresponsive(RuntimeError):
+    """A rollout worker whose engine died under it, or that stopped answering: it is replaced like a dead one."""
+
+
+class RolloutPool(GroupOwner):
+    """N ``RolloutWorker`` Ray actors. Requires ``ray.init`` to have run.
+
+    Fault tolerance: a worker whose process (or vLLM engine core) dies during ``generate``
+    or ``sync_weights`` is replaced by a fresh actor with the same options, which loads the
+    latest synced weights; its in-flight prompts are re-issued (same seeds, so the samples
+    are those the dead engine would have drawn). ``restarts`` counts replacements; each call
+    re-issues a shard at most ``max_restarts`` times before raising. Spawning, replacing and
+    counting are ``rl.driver.actors.group.ActorGroup``'s (shared with the reward and learner groups); the
+    death check, the shared-memory sweep and the re-issue are this pool's.
+
+    Every call has a deadline and a death check: while a call is in flight the pool probes
+    each busy worker every ``probe_every_s`` (``RolloutWorker.health``, in its own actor
+    thread); a worker whose engine core process died (vLLM's client would wait forever), that
+    does not answer the probe within ``probe_timeout_s``, or whose call runs past
+    ``call_timeout_s`` is replaced and its prompts re-issued, as if its actor had died.
+    Starting a worker has ``start_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        model_path: str,
+        env_specs: list[tuple[str, str, dict[str, Any]]],
+        num_cpus: float = 0.5,
+        num_gpus: float = 0,
+        max_restarts: int = 2,
+        actor_options: list[dict[str, Any]] | None = None,
+        length_estimator: Callable[[Task], float | None] | None = None,
+        *,
+        call_timeout_s: float = 3600.0,
+        probe_every_s: float = 5.0,
+        probe_timeout_s: float = 60.0,
+        start_timeout_s: float = 900.0,
+        worker_cls: type | None = None,
+        dump_stacks: Callable[[str], Any] | None = None,
+        **worker_kwargs: Any,
+    ) -> None:
+        """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.actors.placement.Placement.options``:
+        its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
+        gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
+        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``. ``worker_cls``: the
+        worker class (default ``RolloutWorker``; tests pass stand-ins without an engine). ``dump_stacks(why)``:
+        called before a worker that missed its deadline or whose engine died under it is replaced (the run's
+        stack dump of every process, while the hung one is still there to dump)."""
+        import ray
+
+        self.dump_stacks = dump_stacks
+        self.length_estimator = length_estimator
+        self.call_timeout_s, self.probe_every_s = call_timeout_s, probe_every_s
+        self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
+        self.max_restarts = max_restarts
+        self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
+        self._closing = False
+        # Per worker, read at each (re)spawn: a replacement starts with its predecessor's arguments.
+        self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
+        # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
+        factory = ray_factory(
+            worker_cls or RolloutWorker,
+            {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1}},
+            (model_path, env_specs),
+            lambda i: self._kwargs[i],
+        )
+        self.group = ActorGroup(
+            n, factory, metric="faults/rollout_restarts", options=actor_options, what="rollout workers"
+        )
+        # Surface start-up errors (bad model, vLLM failure) here rather than at the first generate.
+        self._placement = ray.get([w.__ray_call__.remote(_placement) for w in self.workers], timeout=start_timeout_s)
+
+    def _replace(self, i: int, why: BaseException) -> None:
+        """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights."""
+        import ray
+
+        reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
+        log.warning("rollout worker %d died (%s); restarting it", i, reason)
+        self.group.retire(i, reason)
+        self._free([i])
+        self.group.respawn(i)
+        self._placement[i] = ray.get(self.workers[i].__ray_call__.remote(_placement), timeout=self.start_timeout_s)
+        if self._weights is not None:
+            m, args = self._load_job(i)
+            ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
+
+    def _free(self, workers: list[int]) -> None:
+        """Kill what is left of the engines of ``workers`` (dead or killed) and unlink their shared memory,
+        each on its own node (skipped if the node is gone). Both are no-ops for an engine shut down cleanly."""
+        import ray
+
+        refs = {}
+        for i in workers:
+            node, segments, procs = self._placement[i]
+            if segments or procs:
+                refs[i] = on_node(free_dead_engine, node).remote(segments, procs, 30.0)
+        for i, ref in refs.items():
+            try:
+                left = ray.get(ref, timeout=90)
+            except Exception as e:  # noqa: BLE001 - a leak is logged, never fatal
+                left = f"{type(e).__name__}: {e}"
+            if left:
+                log.warning("rollout worker %d: could not free its engine's shared memory: %s", i, left)
+
+    def _call(self, jobs: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
+        """Run ``jobs`` (worker index -> method name, args) concurrently; replace and re-issue dead ones."""
+        import ray
+
+        out: dict[int, Any] = {}
+        attempts = dict.fromkeys(jobs, 0)
+        pending = {i: self._issue(i, jobs[i]) for i in jobs}
+        while pending:
+            ready, _ = ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=self.probe_every_s)
+            if ready:
+                i = next(i for i, (ref, _) in pending.items() if ref == ready[0])
+                try:
+                    out[i] = ray.get(ready[0])
+                    del pending[i]
+                    continue
+                except BaseException as e:  # noqa: BLE001 - sorted out by _engine_died
+                    if not _engine_died(e) or self._closing:  # shutting down: a killed worker is no fault
+                        raise
+                    failed: dict[int, BaseException] = {i: e}
+            else:
+                failed = self._probe(pending)
+                if failed and self.dump_stacks is not None:
+                    self.dump_stacks("; ".join(f"rollout worker {i}: {e}" for i, e in sorted(failed.items())))
+            for i, e in failed.items():
+                if attempts[i] >= self.max_restarts:
+                    raise EngineFailure(
+                        f"rollout worker {i} died {attempts[i] + 1} times in one call; giving up "
+                        f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})"
+                    ) from e
+                attempts[i] += 1
+                self._replace(i, e)
+                if jobs[i][0] in LOAD_CALLS:  # the replacement loaded the newest as it started
+                    out[i] = None
+                    del pending[i]
+                else:
+                    pending[i] = self._issue(i, jobs[i])
+        return out
+
+    def _issue(self, i: int, job: tuple[str, tuple[Any, ...]]) -> tuple[Any, float]:
+        """Start ``job`` on worker ``i``: its ObjectRef and its deadline (monotonic seconds)."""
+        m, a = job
+        return getattr(self.workers[i], m).remote(*a), time.monotonic() + self.call_timeout_s
+
+    def _probe(self, pending: dict[int, tuple[Any, float]]) -> dict[int, BaseException]:
+        """The death check of calls in flight: the busy workers that are past their deadline, whose engine
+        died, or that did not answer the health probe in ``probe_timeout_s`` (-> why, for ``_replace``)."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        now, failed = time.monotonic(), {}
+        probes = {i: self.workers[i].health.options(concurrency_group="health").remote() for i in pending}
+        for i, probe in probes.items():
+            if now > pending[i][1]:
+                failed[i] = EngineUnresponsive(f"call ran past rollout call_timeout_s={self.call_timeout_s:g}")
+                continue
+            try:
+                why = ray.get(probe, timeout=self.probe_timeout_s)
+            except GetTimeoutError:
+                why = f"no answer to the health probe within {self.probe_timeout_s:g} s"
+            except BaseException as e:  # noqa: BLE001 - a dead actor: its call's ref says so next round
+                if not _engine_died(e):
+                    raise
+                continue
+            if why is not None:
+                failed[i] = EngineUnresponsive(why)
+        return failed
+
+    def generate(
+        self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
+    ) -> list[Trajectory]:
+        """Episodes for ``tasks`` (in order); whole groups go to one engine, engines balanced by estimated
+        tokens (``plan_shards``)."""
+        groups: dict[int, list[int]] = {}
+        for i, g in enumerate(group_ids):
+            groups.setdefault(g, []).append(i)
+        members = list(groups.values())
+        est = [estimate_length(tasks[idxs[0]], sampling, self.length_estimator) for idxs in members]
+        shards = [
+            sorted(i for g in plan for i in members[g])
+            for plan in plan_shards([len(m) for m in members], est, len(self.workers))
+        ]
+        jobs = {
+            w: (
+                "generate",
+                ([tasks[i] for i in shard], [group_ids[i] for i in shard], [seeds[i] for i in shard], sampling),
+            )
+            for w, shard in enumerate(shards)
+            if shard
+        }
+        res = self._call(jobs)
+        out: list[Trajectory | None] = [None] * len(tasks)
+        for w, trajs in res.items():
+            for i, traj in zip(shards[w], trajs):
+                out[i] = traj
+        return out  # type: ignore[return-value]
+
+    def sync_weights(
+        self,
+        path: str,
+        source_node: str | None = None,
+        fetch: Callable[[], Any] | None = None,
+        *,
+        adapter: bool = False,
+    ) -> None:
+        """Load the weights file ``path`` into every engine (``adapter``: the LoRA adapter folder ``path``).
+
+        ``path`` is on node ``source_node`` (None: every engine can read it). An engine on
+        another node gets the file's bytes (an adapter: ``{file name: bytes}``) through Ray's object
+        store instead: ``fetch()`` returns an ObjectRef of them, made once per sync, and pulled by
+        each remote engine's node.
+        """
+        # Recorded first: a worker replaced during this call loads the newest weights as it starts.
+        self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None, "adapter": adapter}
+        self._call({i: self._load_job(i) for i in range(len(self.workers))})
+
+    def sync_weights_ipc(self, updates: list[IpcWeights]) -> None:
+        """Each engine i maps learner rank i's CUDA IPC export (``learner.weight_sync: ipc``: engine i and learner
+        worker i share a GPU in the colocated placement)."""
+        if len(updates) != len(self.workers):
+            raise ValueError(
+                f"{len(updates)} learner exports for {len(self.workers)} engines: ipc pairs them one to one"
+            )
+        self._weights = {"ipc": updates}  # recorded first: a replacement maps the same buffer as it starts
+        self._call({i: self._load_job(i) for i in range(len(self.workers))})
+
+    def _load_job(self, i: int) -> tuple[str, tuple[Any, ...]]:
+        """The call that gives worker ``i`` the latest synced weights: its learner rank's CUDA IPC export, a file
+        path, or the bytes' ObjectRef."""
+        w = self._weights
+        assert w is not None
+        if "ipc" in w:
+            return "load_weights_ipc", (w["ipc"][i],)
+        kind = "load_adapter" if w.get("adapter") else "load_weights"
+        if self.route(i, w["node"]) == "file":
+            return kind, (w["path"],)
+        if w["ref"] is None:
+            if w["fetch"] is None:
+                raise ValueError(
+                    f"rollout worker {i} is on another node than the weights file {w['path']}; sync_weights needs fetch"
+                )
+            w["ref"] = w["fetch"]()
+        return f"{kind}_blob", (w["ref"],)
+
+    def route(self, i: int, source_node: str | None) -> str:
+        """How worker ``i`` receives weights from a learner on ``source_node``: ``file`` or ``object_store``."""
+        return "file" if source_node is None or self._placement[i][0] == source_node else "object_store"
+
+    def score(self, prompt: list[int], continuation: list[int]) -> list[list[float]]:
+        res = self._call({i: ("score", (prompt, continuation)) for i in range(len(self.workers))})
+        return [res[i] for i in range(len(self.workers))]
+
+    def shm_owned(self) -> list[tuple[str, list[str]]]:
+        """Per worker: its node id and the /dev/shm segments its engine maps."""
+        return [(node, list(segs)) for node, segs, _ in self._placement]
+
+    def pids(self) -> list[int]:
+        """Process id of each worker (tests kill them to inject faults)."""
+        return [r for _, r in sorted(self._call({i: ("pid", ()) for i in range(len(self.workers))}).items())]
+
+    def metrics(self) -> dict[str, float]:
+        """``faults/rollout_restarts`` since the last call (then reset)."""
+        return self.group.metrics()
+
+    def shutdown(self) -> None:
+        import ray
+
+        self._closing = True
+        unclean = []
+        for i, w in enumerate(self.workers):
+            try:
+                ray.get(w.shutdown.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a dead actor has nothing left to shut down
+                unclean.append(i)
+        self.group.kill_all()
+        # A worker that could not shut its engine down (dead, or past the timeout and killed above)
+        # leaves the engine's processes and /dev/shm segments behind: free them on its node.
+        self._free(unclean)
+
+
+def _engine_died(e: BaseException) -> bool:
+    """True for a dead worker process or a dead vLLM engine core inside a live worker."""
+    from ray.exceptions import RayTaskError
+
+    if actor_died(e):
+        return True
+    if isinstance(e, RayTaskError):
+        names = {c.__name__ for c in type(e).__mro__} | {type(getattr(e, "cause", None)).__name__}
+        return "EngineDeadError" in names or "EngineDeadError" in str(e)
+    return False
+
+
+def engines_call(workers: list[Any], method: str, args: tuple[Any, ...], timeout_s: float) -> list[int]:
+    """``method(*args)`` on every worker at once (``sleep``, ``wake_up``), waiting at most ``timeout_s``: the
+    indices of the workers that gave no answer in time ([]: all answered; an answer that is an error raises)."""
+    import ray
+
+    refs = [getattr(w, method).remote(*args) for w in workers]
+    ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if not late:
+        ray.get(ready)
+    return [refs.index(r) for r in late]
