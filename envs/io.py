@@ -421,10 +421,19 @@ def _reader_for(path: Path) -> Reader:
 def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
     """Load every task of a ``.jsonl``, ``.jsonl.gz`` or ``.parquet`` file (or a registered type).
 
+    A directory or a glob is a Harbor task source (:func:`envs.harbor.env.load_harbor_tasks`:
+    a directory of task directories, one task directory, or a glob).
     Raises ``FileNotFoundError`` naming the path when it does not exist and
     :class:`TaskFormatError` naming ``file:line`` for a malformed record or a duplicate id.
     """
     p = Path(path)
+    from envs.harbor.env import HarborSourceError, is_harbor_source, load_harbor_tasks
+
+    if is_harbor_source(p):
+        try:
+            return load_harbor_tasks(p)
+        except HarborSourceError as exc:
+            raise TaskFormatError(str(exc)) from None
     if not p.is_file():
         raise FileNotFoundError(f"task file not found: {p}" + (" (it is a directory)" if p.is_dir() else ""))
     reader = _reader_for(p)

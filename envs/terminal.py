@@ -99,7 +99,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envs.sandbox import Limits, Sandbox, SandboxUnavailable, ShellSession, ShellSessionError, check_sandbox
+from envs.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxUnavailable,
+    ShellResult,
+    ShellSession,
+    ShellSessionError,
+    check_sandbox,
+)
 from envs.sandbox.base import SANDBOX_PATH
 from envs.sandbox.config import SandboxConfig
 from envs.sandbox.events import shell_status_events
@@ -549,10 +557,9 @@ class TerminalEnv:
 
     def step(self, action: str) -> tuple[list[Message], bool, bool, dict[str, Any]]:
         if self._task is None:
-            raise RuntimeError("TerminalEnv.step() before reset()")
+            raise RuntimeError(f"{type(self).__name__}.step() before reset()")
         if self._done:
-            raise RuntimeError("TerminalEnv.step() after the episode ended; call reset() first")
-        assert self._session is not None and self._task.terminal is not None
+            raise RuntimeError(f"{type(self).__name__}.step() after the episode ended; call reset() first")
         kind, cmd = parse_action(action, self.done_marker)
         self._turns += 1
         if kind == "done":
@@ -569,15 +576,12 @@ class TerminalEnv:
             info: dict[str, Any] = {"exit_code": None, "timed_out": False, "turns": self._turns, "invalid": True}
         else:
             assert cmd is not None
-            budget = self._task.terminal.time_limit_s - self._used_s
-            timeout = max(0.1, min(self.command_timeout_s, budget))
-            start = time.monotonic()
+            timeout = max(0.1, min(self.command_timeout_s, self._time_left_s()))
             try:
-                res = self._session.run(cmd, timeout=timeout, stdin=self.stdin)
+                res = self._run_command(cmd, timeout)
             except ShellSessionError as exc:  # dead before this command: end the episode
                 obs = [Message("user", f"the shell is gone ({exc})")]
                 return self._finish(obs, "shell_dead", truncated=True)
-            self._used_s += time.monotonic() - start
             output = truncate_output(res.output.replace("\r\n", "\n"), self.output_chars)
             if res.timed_out:
                 head = f"command timed out after {timeout:g}s (interrupted)"
@@ -586,15 +590,40 @@ class TerminalEnv:
             obs = [Message("user", f"{head}\n{output}" if output else head)]
             self._note_events(res)
             info = {"exit_code": res.exit_code, "timed_out": res.timed_out, "turns": self._turns}
-            if not self._session.alive:
+            limit = self._limit_hit()
+            if limit is not None:
+                return self._finish(obs, limit, truncated=True)
+            if not self._shell_alive():
                 if res.timed_out:
                     return self._finish(obs, "shell_dead", truncated=True)
                 return self._finish(obs, "shell_exited", terminated=True)
-        if self._used_s >= self._task.terminal.time_limit_s:
+        if self._time_left_s() <= 0:
             return self._finish(obs, "time_limit", truncated=True)
         if self._turns >= self.max_turns:
             return self._finish(obs, "max_turns", truncated=True)
         return obs, False, False, info
+
+    # Where an episode's commands run; an env over another kind of episode (envs.harbor.env) overrides these.
+
+    def _time_left_s(self) -> float:
+        """What is left of the task's time budget (the summed wall time of the policy's commands)."""
+        assert self._task is not None and self._task.terminal is not None
+        return self._task.terminal.time_limit_s - self._used_s
+
+    def _run_command(self, cmd: str, timeout: float) -> ShellResult:
+        """Run one policy command in the session; raises ShellSessionError when the shell is gone."""
+        assert self._session is not None
+        start = time.monotonic()
+        res = self._session.run(cmd, timeout=timeout, stdin=self.stdin)
+        self._used_s += time.monotonic() - start
+        return res
+
+    def _shell_alive(self) -> bool:
+        return self._session is not None and self._session.alive
+
+    def _limit_hit(self) -> str | None:
+        """Why the episode must end now whatever the policy does (None here: storage ends a terminal episode at its check)."""
+        return None
 
     def _note_events(self, res) -> None:
         """Record what one command hit (timeouts, limits, seccomp kills, a full storage)."""

@@ -186,12 +186,15 @@ class ShellSession:
         *,
         ro_binds: Sequence[str] = (),
         startup_timeout: float = 10.0,
+        sandbox: Sandbox | None = None,
     ) -> None:
         import pexpect  # deferred: only sessions need it
 
         self._pexpect = pexpect
         self.limits = limits
-        self.sandbox = Sandbox(work_dir, limits, mode, ro_binds=ro_binds)
+        # ``sandbox``: an open Sandbox whose launch (mounts, identity) the shell runs in; the session owns
+        # and closes it (a Harbor episode passes one over its image's copy-on-write view).
+        self.sandbox = sandbox if sandbox is not None else Sandbox(work_dir, limits, mode, ro_binds=ro_binds)
         self.mode = mode
         self._closed = False
         self._dead: str | None = None

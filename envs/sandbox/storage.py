@@ -187,14 +187,18 @@ class _NamespaceHolder:
             raise OSError("storage caps without root need `unshare` and `nsenter` (util-linux)")
         argv = [unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--"]
         argv += ["/bin/sh", "-c", self._SCRIPT, "sh", root, str(size_bytes), str(inodes)]
+        self._start(argv, "cannot mount a capped tmpfs in an unprivileged user namespace", OSError)
+
+    def _start(self, argv: list[str], failure: str, error: type[Exception], timeout: float = 10.0) -> None:
+        """Start the holder ``argv``; wait for its ``ready`` line, else raise ``error`` with ``failure`` and what it said."""
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
-        if self._ready_line(10.0) != b"ready\n":
+        if self._ready_line(timeout) != b"ready\n":
             self.proc.kill()
             _, err = self.proc.communicate()
             why = err.decode("utf-8", "replace").strip() or "no answer"
-            raise OSError(f"cannot mount a capped tmpfs in an unprivileged user namespace: {why}")
+            raise error(f"{failure}: {why}")
         self.pid = self.proc.pid
         self.view = f"/proc/{self.pid}/root"
 

@@ -306,7 +306,28 @@ def eval_summary(
         **block(list(per_domain.values())),
         "domains": {d: block([v]) for d, v in sorted(per_domain.items())},
     }
+    for d, rates in per_task_rates(tasks, scored, n, threshold).items():
+        summary["domains"][d]["per_task"] = rates
     return summary, failed
+
+
+def per_task_rates(tasks: list[Task], scored: list[Trajectory], n: int, threshold: float) -> dict[str, dict[str, Any]]:
+    """Per domain, for benchmark sets scored task by task (Harbor task directories: ``meta["harbor"]``), each
+    task's ``{"pass_rate", "passed", "samples", "errors", "mean_reward"}`` over its ``n`` samples."""
+    out: dict[str, dict[str, Any]] = defaultdict(dict)
+    for ti, task in enumerate(tasks):
+        if not task.meta.get("harbor"):
+            continue
+        rewards = [t.reward for t in scored[ti * n : (ti + 1) * n] if t.reward is not None]
+        c = sum(r >= threshold for r in rewards)
+        out[task.domain][task.id] = {
+            "pass_rate": c / n if n else None,
+            "passed": c,
+            "samples": n,
+            "errors": n - len(rewards),
+            "mean_reward": _mean(rewards),
+        }
+    return dict(out)
 
 
 def quiet_engine_logs(verbose: bool) -> None:

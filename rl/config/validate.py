@@ -101,6 +101,8 @@ def check_engine_kwargs(kwargs: dict[str, Any], fail: Fail) -> None:
 
 
 def _check_files(recipe: Recipe, fail: Fail) -> None:
+    from envs.harbor.env import is_harbor_source
+
     mp = recipe.model.path
     if not mp.startswith("embedded:"):
         folder = resolve_path(recipe, mp)
@@ -112,6 +114,8 @@ def _check_files(recipe: Recipe, fail: Fail) -> None:
             fail("model.path", f"{folder} is not a Hugging Face model folder (no config.json)")
     for key, files in (("data.train_files", recipe.data.train_files), ("data.eval_files", recipe.data.eval_files)):
         for i, f in enumerate(files):
+            if is_harbor_source(resolve_path(recipe, f)):  # Harbor task dirs: loaded with the task files
+                continue
             if not resolve_path(recipe, f).is_file():
                 fail(f"{key}.{i}", f"task file not found: {resolve_path(recipe, f)}")
     for key, entries in (

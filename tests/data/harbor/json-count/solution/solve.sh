@@ -1,0 +1,2 @@
+#!/bin/bash
+cat /data/*.txt | wc -l > /data/count
