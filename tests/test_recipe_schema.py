@@ -246,8 +246,10 @@ def test_each_registered_loss_has_its_arm_with_the_keys_it_reads() -> None:
         arm = loss_arm(name)
         assert arm is cls.settings and name in tags_of(arm) and type(LossConfig(policy=name)) is arm
         own = {f.name for f in dataclasses.fields(arm)} - shared
-        # every own setting switched on (a knob > 1 suits dual_clip, tis_cap and the clips alike)
-        cfg = _Reads(dataclasses.replace(arm(), **{k: 1.5 if k != "clip_low" else 0.5 for k in own}))
+        # every own setting switched on (a knob > 1 suits dual_clip, tis_cap and the clips alike; the IS mask's
+        # band is [0.5, 1.5], its level the sequence)
+        on = {"clip_low": 0.5, "mis_low": 0.5, "is_level": "sequence"}
+        cfg = _Reads(dataclasses.replace(arm(), **{k: on.get(k, 1.5) for k in own}))
         loss = cls(cfg)
         loss(x)
         _ = loss.stat_names, loss.needs
@@ -273,18 +275,21 @@ _COMMON = "policy, agg, norm_tokens, entropy_coef, aux_coef"
             [
                 "r.yaml:4",
                 "unknown recipe key 'algo.loss.dual_clip' (algo.loss.policy gspo has no dual_clip: it is a setting "
-                f"of ppo_clip); valid keys here: {_COMMON}, clip_low, clip_high",
+                f"of ppo_clip and decoupled_ppo); valid keys here: {_COMMON}, clip_low, clip_high",
             ],
         ),
         (
             "algo:\n  name: dr_grpo\n  loss: {clip_low: 0.1, policy: cispo}\n",
             [],
-            ["r.yaml:3", "(algo.loss.policy cispo has no clip_low: it is a setting of ppo_clip and gspo)"],
+            [
+                "r.yaml:3",
+                "(algo.loss.policy cispo has no clip_low: it is a setting of ppo_clip, gspo and decoupled_ppo)",
+            ],
         ),
         (
             "algo:\n  loss: {policy: gspo}\n",
             ["algo.loss.tis_cap=2"],
-            ["override 'algo.loss.tis_cap=2'", "it is a setting of ppo_clip and cispo"],
+            ["override 'algo.loss.tis_cap=2'", "it is a setting of ppo_clip, cispo and decoupled_ppo"],
         ),
         (
             "algo:\n  loss:\n    clip_high: 0.28\n    kwargs: {beta: 1}\n",

@@ -63,6 +63,8 @@ class Batch:
     num_tokens: int  # masked (policy) tokens over every sample the loss is averaged over (the whole batch)
     num_seqs: int  # sequences with at least one policy token, likewise
     skipped: list[Sample] = field(default_factory=list)  # zero-advantage samples counted but not computed
+    # the whole batch's domains, sorted: the same on every data-parallel shard (per-domain learner metrics)
+    domains: tuple[str, ...] = ()
 
 
 def _usable(trajs: list[Trajectory], est: Estimator, stats: dict[str, float]) -> list[Trajectory]:
@@ -121,7 +123,9 @@ def build_batch(
     stats["batch/samples"] = float(len(samples))
     if not in_learner:
         stats |= _advantage_stats(ok, adv)
-    return Batch(samples, num_tokens=sum(t.num_policy_tokens for t in ok), num_seqs=len(ok), skipped=skipped), stats
+    domains = tuple(sorted({t.task.domain for t in ok}))
+    n_tok = sum(t.num_policy_tokens for t in ok)
+    return Batch(samples, num_tokens=n_tok, num_seqs=len(ok), skipped=skipped, domains=domains), stats
 
 
 def _check_inputs(

@@ -1,11 +1,14 @@
-"""Policy losses as registered objects: PPO's clipped surrogate (clip-higher, dual clip, truncated IS),
-GSPO's sequence-level ratio and CISPO's clipped stop-gradient IS weight.
+"""Policy losses as registered objects: PPO's clipped surrogate (clip-higher, dual clip, truncated or masked IS),
+GSPO's sequence-level ratio, CISPO's clipped stop-gradient IS weight and decoupled PPO (AReaL's off-policy
+correction: clip against the proximal policy, weight by proximal / behaviour).
 
 Each loss is a small class that declares what it needs and is called on a typed :class:`LossInputs`:
 
 * ``needs``: what the learner computes for it beyond the always-present ones (the policy's and the old
   log-probs, the advantages, the mask): ``"engine_logprobs"`` (the sampling engine's log-probs of the
-  tokens, for importance weights against the behaviour policy), ``"entropy"`` (the per-token entropy,
+  tokens, for importance weights against the behaviour policy), ``"proximal_logprobs"`` (the old log-probs
+  must be the policy's before the step's first update, computed by the prepare pass even when the step makes one
+  update: decoupled PPO's proximal policy), ``"entropy"`` (the per-token entropy,
   differentiable, for a loss that adds an entropy term of its own), ``"ref_logprobs"`` (the frozen
   reference's log-probs: the learner then keeps a reference model) and ``"aux_loss"`` (the model's auxiliary
   loss from its outputs, an MoE's router load balancing, ``rl.algos.router``: the trunk then returns its
@@ -36,7 +39,14 @@ import torch
 
 from rl.algos.losses import LOG_RATIO_CLAMP, aggregate, policy_loss, truncated_is_weights
 from rl.algos.registry import resolve_class
-from rl.config.algo import CISPOLossConfig, GSPOLossConfig, LossConfig, PPOClipLossConfig, UserLossConfig
+from rl.config.algo import (
+    CISPOLossConfig,
+    DecoupledPPOLossConfig,
+    GSPOLossConfig,
+    LossConfig,
+    PPOClipLossConfig,
+    UserLossConfig,
+)
 
 __all__ = [
     "LossInputs",
@@ -50,9 +60,11 @@ __all__ = [
     "PPOClip",
     "GSPO",
     "CISPO",
+    "DecoupledPPO",
+    "engine_is_weights",
 ]
 
-NEEDS = frozenset({"engine_logprobs", "entropy", "ref_logprobs", "aux_loss"})
+NEEDS = frozenset({"engine_logprobs", "proximal_logprobs", "entropy", "ref_logprobs", "aux_loss"})
 
 
 class PolicyLossError(ValueError):
@@ -145,48 +157,133 @@ def _check_settings(cls: type[PolicyLoss], name: str, error: type[Exception]) ->
         raise error(f"{name}.settings must be a subclass of rl.config.algo.LossConfig, got {s!r}")
 
 
-class _TISLoss(PolicyLoss):
-    """A loss with optional truncated IS (``algo.loss.tis_cap``): it needs the engine's log-probs only then."""
+def _corrects(cfg: Any) -> bool:
+    """Whether ``cfg`` (an arm with the IS-correction keys) truncates or masks the engine IS weight."""
+    return bool(cfg.tis_cap or cfg.mis_low or cfg.mis_high)
+
+
+class _ISLoss(PolicyLoss):
+    """A loss with optional truncated or masked IS against the engine (``algo.loss.tis_cap``, ``mis_low``,
+    ``mis_high`` at ``is_level``): it needs the engine's log-probs only then."""
 
     needs = frozenset({"engine_logprobs"})
 
     def __init__(self, loss: Any) -> None:
         super().__init__(loss)
-        self.needs = frozenset({"engine_logprobs"}) if loss.tis_cap else frozenset()
+        self.needs = frozenset({"engine_logprobs"}) if _corrects(loss) else frozenset()
+
+    def _is_stat_names(self, always: bool = False) -> tuple[str, ...]:
+        c = self.cfg
+        names = ("is/weight_mean",) if always or _corrects(c) else ()
+        names += ("is/truncated_fraction",) if c.tis_cap else ()
+        return names + (("is/masked_fraction",) if c.mis_low or c.mis_high else ())
 
 
-def _tis(x: LossInputs, cap: float) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """Truncated IS weights ``min(exp(old - engine), cap)`` and their stats (None, {} when ``cap`` is 0)."""
-    if not cap:
+def engine_is_weights(
+    old_logp: torch.Tensor,
+    engine_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: str = "token",
+    tis_cap: float = 0.0,
+    mis_low: float = 0.0,
+    mis_high: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Importance weights of the learner's policy before the update over the engine's (the behaviour policy's),
+    truncated (TIS) and/or masked (MIS, IcePop), without gradient.
+
+    Shapes: ``old_logp``, ``engine_logp`` float ``[B, T]``, ``mask`` bool ``[B, T]`` (the policy tokens); returns
+    ``w`` ``[B, T]`` (0 off the mask) and stats. With ``m`` the mask::
+
+        token:    log rho_it = old_it - engine_it                                   [B, T]
+        sequence: log rho_i  = sum_t m_it (old_it - engine_it), the same for every t  [B] -> [B, T]
+        rho      = exp(clamp(log rho, -20, 20))
+        keep     = (mis_low == 0 or rho >= mis_low) and (mis_high == 0 or rho <= mis_high)
+        w        = m * keep * (min(rho, tis_cap) if tis_cap > 0 else rho)
+
+    Truncation (Yao et al., 2025, TIS) bounds the variance a large weight adds but keeps the token's gradient;
+    masking (MIS, Liu et al., 2025; IcePop's two-sided ``[mis_low, mis_high]``, e.g. ``[0.5, 5]``) drops the
+    tokens (sequences) whose engine probability disagrees too much with the learner's, which are more likely
+    engine numerics or a stale policy than signal. A masked token stays in the loss's denominators (its weight
+    is 0), so the minibatch's aggregation is unchanged. Sequence level weighs a whole sequence by the product
+    of its token ratios: the unbiased sequence IS weight, of high variance over long sequences.
+
+    ``stats`` (token means over the mask; at sequence level each token carries its sequence's value):
+    ``is/weight_mean`` (of ``w``), ``is/truncated_fraction`` (``rho > tis_cap``, with ``tis_cap``),
+    ``is/masked_fraction`` (not ``keep``, with ``mis_low`` or ``mis_high``).
+    """
+    if old_logp.shape != engine_logp.shape:
+        raise ValueError(f"engine_logp has shape {tuple(engine_logp.shape)}, expected {tuple(old_logp.shape)}")
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be token or sequence, got {level!r}")
+    with torch.no_grad():
+        m = mask.bool()
+        zero = old_logp.new_zeros(())
+        log_rho = torch.where(m, old_logp - engine_logp, zero)
+        if level == "sequence":
+            log_rho = log_rho.sum(dim=1, keepdim=True).expand_as(log_rho)
+        rho = torch.exp(log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        keep = m.clone()
+        if mis_low > 0:
+            keep &= rho >= mis_low
+        if mis_high > 0:
+            keep &= rho <= mis_high
+        w = torch.where(keep, rho.clamp(max=tis_cap) if tis_cap > 0 else rho, zero)
+        n = int(m.sum())
+        stats = {"is/weight_mean": float(w.sum()) / n if n else 0.0}
+        if tis_cap > 0:
+            stats["is/truncated_fraction"] = float((m & (rho > tis_cap)).sum()) / n if n else 0.0
+        if mis_low > 0 or mis_high > 0:
+            stats["is/masked_fraction"] = float((m & ~keep).sum()) / n if n else 0.0
+    return w, stats
+
+
+def _correction(x: LossInputs, cfg: Any, always: bool = False) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The engine IS weights of ``cfg``'s correction keys and their stats (None, {} when there is no correction
+    and ``always`` is False: the loss then has no weight)."""
+    if not (always or _corrects(cfg)):
         return None, {}
     if x.engine_logp is None:
-        raise ValueError("algo.loss.tis_cap > 0 needs the engine's log-probs (the loss must declare engine_logprobs)")
-    return truncated_is_weights(x.old_logp, x.engine_logp, x.mask, cap)
+        raise ValueError(
+            "algo.loss.tis_cap, mis_low, mis_high (and decoupled_ppo) need the engine's log-probs "
+            "(the loss must declare engine_logprobs)"
+        )
+    if cfg.is_level == "token" and cfg.tis_cap and not (cfg.mis_low or cfg.mis_high):
+        return truncated_is_weights(x.old_logp, x.engine_logp, x.mask, cfg.tis_cap)  # plain token TIS
+    return engine_is_weights(
+        x.old_logp,
+        x.engine_logp,
+        x.mask,
+        level=cfg.is_level,
+        tis_cap=cfg.tis_cap,
+        mis_low=cfg.mis_low,
+        mis_high=cfg.mis_high,
+    )
 
 
 @register
-class PPOClip(_TISLoss):
+class PPOClip(_ISLoss):
     """PPO's clipped surrogate, ``rl.algos.losses.policy_loss``: per token ``max(-A r, -A clip(r, 1 - clip_low,
     1 + clip_high))`` with ``r = exp(logp - old_logp)``, dual clip ``min(., -A c)`` for ``A < 0`` (``dual_clip``),
-    times the truncated IS weight ``min(exp(old - engine), tis_cap)`` when ``tis_cap > 0``; aggregated with
+    times the engine IS weight ``w`` of :func:`engine_is_weights` (``min(exp(old - engine), tis_cap)``, masked
+    outside ``[mis_low, mis_high]``, per token or sequence: ``is_level``) when a correction is on; aggregated with
     ``algo.loss.agg``. Shapes as :class:`LossInputs`."""
 
     name = "ppo_clip"
     settings = PPOClipLossConfig
     no_gradient_at_zero_advantage = True
+    always_weighted: ClassVar[bool] = False  # the IS weight even with no truncation or mask (decoupled_ppo)
 
     @property
     def stat_names(self) -> tuple[str, ...]:
         names = ("clip/fraction",)
         if self.cfg.dual_clip:
             names += ("clip/dual_fraction",)
-        if self.cfg.tis_cap:
-            names += ("is/weight_mean", "is/truncated_fraction")
-        return names
+        return names + self._is_stat_names(self.always_weighted)
 
     def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.cfg
-        is_w, ist = _tis(x, c.tis_cap)
+        is_w, ist = _correction(x, c, self.always_weighted)
         loss, pst = policy_loss(
             x.logp,
             x.old_logp,
@@ -203,6 +300,37 @@ class PPOClip(_TISLoss):
         )
         stats = {**pst, **ist}
         return loss, {k: stats[k] for k in self.stat_names}
+
+
+@register
+class DecoupledPPO(PPOClip):
+    """Decoupled PPO (Fu et al., 2025, AReaL): PPO's clip against the proximal policy, weighted by the importance
+    weight of the proximal policy over the behaviour policy that sampled the tokens.
+
+    The proximal policy is the learner's before this step's first update: ``old_logp``, which the prepare pass
+    computes because the loss needs ``proximal_logprobs`` (also with one update per batch); the behaviour
+    policy's log-probs are the engine's, ``engine_logp``. Per masked token, all ``[B, T]``::
+
+        r    = exp(logp - old_logp)                                     (current / proximal)
+        l    = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))       (dual clip min(l, -A c) for A < 0)
+        w    = exp(old_logp - engine_logp)                              (proximal / behaviour, no gradient)
+        loss = aggregate(w * l, mask, algo.loss.agg, ...)
+
+    ``w`` is truncated at ``tis_cap`` and masked outside ``[mis_low, mis_high]`` as :func:`engine_is_weights`
+    (per token or per sequence, ``is_level``); AReaL's cap drops tokens with ``w`` above it: ``mis_high``. The
+    trust region is thus centred on the newest policy the learner has, not on a stale behaviour policy, while
+    the weight keeps the gradient unbiased for the behaviour samples. With ``engine_logp == old_logp`` (``w`` =
+    1) it is ``ppo_clip`` exactly. Stats: ``clip/fraction`` (``clip/dual_fraction``), ``is/weight_mean`` and,
+    with their keys, ``is/truncated_fraction``, ``is/masked_fraction``.
+    """
+
+    name = "decoupled_ppo"
+    settings = DecoupledPPOLossConfig
+    needs = frozenset({"engine_logprobs", "proximal_logprobs"})
+    always_weighted = True
+
+    def __init__(self, loss: Any) -> None:
+        PolicyLoss.__init__(self, loss)
 
 
 def _seq_mean(values: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,7 +382,7 @@ class GSPO(PolicyLoss):
 
 
 @register
-class CISPO(_TISLoss):
+class CISPO(_ISLoss):
     """CISPO (MiniMax-M1, 2025): REINFORCE with a clipped, stop-gradient importance weight on the log-prob.
 
     Per masked token, with ``r = exp(logp - old_logp)`` ``[B, T]``::
@@ -264,8 +392,9 @@ class CISPO(_TISLoss):
         loss = aggregate(l, mask, algo.loss.agg, ...)
 
     Unlike PPO's clip no token loses its gradient: a clipped token still contributes ``-w A grad logp``.
-    ``tis_cap > 0`` multiplies ``w`` by the truncated engine IS weight as for PPO. Stats: ``clip/fraction``
-    (tokens whose weight was capped) and, with ``tis_cap``, ``is/weight_mean``, ``is/truncated_fraction``.
+    A correction (``tis_cap``, ``mis_low``, ``mis_high`` at ``is_level``) multiplies ``w`` by the engine IS
+    weight of :func:`engine_is_weights` as for PPO. Stats: ``clip/fraction`` (tokens whose weight was capped)
+    and, with a correction, ``is/weight_mean``, ``is/truncated_fraction``, ``is/masked_fraction`` (their keys).
     """
 
     name = "cispo"
@@ -274,7 +403,7 @@ class CISPO(_TISLoss):
 
     @property
     def stat_names(self) -> tuple[str, ...]:
-        return ("clip/fraction",) + (("is/weight_mean", "is/truncated_fraction") if self.cfg.tis_cap else ())
+        return ("clip/fraction",) + self._is_stat_names()
 
     def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         m = x.mask
@@ -282,7 +411,7 @@ class CISPO(_TISLoss):
         with torch.no_grad():
             r = torch.exp(torch.where(m, x.logp - x.old_logp, zero).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
             w = r.clamp(max=1.0 + self.cfg.clip_high)
-            is_w, ist = _tis(x, self.cfg.tis_cap)
+            is_w, ist = _correction(x, self.cfg)
             if is_w is not None:
                 w = w * is_w
             n = int(m.sum())

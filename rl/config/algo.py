@@ -8,9 +8,10 @@ with an estimator named by dotted path (``UserAlgoConfig``, which also carries `
 ``returns`` for a user class that declares them in its ``sections``). A key of another arm is an
 unknown recipe key, named with its line like any other, and the error says which algorithms have it.
 
-Likewise a policy loss's own settings exist only in its arm of ``algo.loss``: ``clip_low`` with ppo_clip
-and gspo, ``clip_high`` with all three shipped losses, ``dual_clip`` with ppo_clip, ``tis_cap`` with
-ppo_clip and cispo, ``kwargs`` with a loss named by dotted path that declares no settings of its own
+Likewise a policy loss's own settings exist only in its arm of ``algo.loss``: ``clip_low`` with ppo_clip,
+gspo and decoupled_ppo, ``clip_high`` with all four shipped losses, ``dual_clip`` with ppo_clip and
+decoupled_ppo, ``tis_cap`` and the IS-correction keys (``is_level``, ``mis_low``, ``mis_high``) with
+ppo_clip, cispo and decoupled_ppo, ``kwargs`` with a loss named by dotted path that declares no settings of its own
 (``UserLossConfig``). A user's loss declares its settings in its own file: its class's ``settings``, a
 ``LossConfig`` subclass, is then its arm (``loss_arm`` imports the class to find it). The keys every loss
 has (``agg``, ``norm_tokens``, ``entropy_coef``, ``aux_coef``) are the union's own. Each policy loss class
@@ -45,6 +46,7 @@ __all__ = [
     "PPOClipLossConfig",
     "GSPOLossConfig",
     "CISPOLossConfig",
+    "DecoupledPPOLossConfig",
     "UserLossConfig",
     "loss_arm",
     "loss_arms",
@@ -179,7 +181,8 @@ class LossConfig(
     policy: str = knob(
         DEFAULT_LOSS,
         "the policy loss (rl/algos/policy_losses.py): ppo_clip (clipped surrogate: clip-higher, dual clip, TIS) | "
-        "gspo (sequence-level ratio) | cispo (clipped stop-gradient IS weight) | a dotted path "
+        "gspo (sequence-level ratio) | cispo (clipped stop-gradient IS weight) | decoupled_ppo (AReaL: clip "
+        "against the proximal policy, IS weight proximal / engine) | a dotted path "
         "pkg.module.Class of a PolicyLoss subclass (docs/algorithms.md); it decides which further keys "
         "algo.loss has (below)",
         check=lambda v: None if v else "a policy loss name is needed",
@@ -231,25 +234,88 @@ def _clip_high(doc: str = "ratio clip above 1 (clip-higher when > clip_low)") ->
 def _tis_cap() -> Any:
     return knob(
         0.0,
-        "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap), "
+        "truncated importance sampling: each token's loss x min(pi_learner / pi_engine, tis_cap) (at is_level), "
         "correcting for stale (async) or numerically different engine samples (0 = off)",
         ge=0,
     )
 
 
-@dataclass(frozen=True)
-class PPOClipLossConfig(LossConfig):
-    """PPO's clipped surrogate: the clip range (clip-higher when asymmetric), dual clip, truncated IS."""
+def _is_level() -> Any:
+    return knob(
+        "token",
+        "level of the engine IS weight that tis_cap and mis_low/mis_high act on: token (pi_learner / pi_engine "
+        "per token) | sequence (their product over the sequence's policy tokens, one weight per sequence)",
+    )
 
-    policy: Literal["ppo_clip"] = knob(DEFAULT_LOSS, "algo.loss.policy: PPO's clipped surrogate")
-    clip_low: float = _clip_low()
-    clip_high: float = _clip_high()
-    dual_clip: float = knob(
+
+def _mis_low() -> Any:
+    return knob(
+        0.0,
+        "masked IS: a token (sequence, with is_level: sequence) whose engine IS weight is below this gets weight 0; "
+        "with mis_high a two-sided mask as IcePop's [0.5, 5] (0 = no lower bound)",
+        ge=0,
+    )
+
+
+def _mis_high() -> Any:
+    return knob(
+        0.0,
+        "masked IS: a token (sequence) whose engine IS weight is above this gets weight 0, the others keep theirs "
+        "(0 = no upper bound; both 0 = no mask)",
+        ge=0,
+    )
+
+
+class _ISChecks:
+    """The rule between the IS-correction keys an arm has (``mis_low`` < ``mis_high``)."""
+
+    def check(self) -> None:
+        low, high = self.mis_low, self.mis_high  # type: ignore[attr-defined] - the arm's fields
+        if low > 0 and high > 0 and not low < high:
+            raise FieldError("mis_low", f"must be < algo.loss.mis_high ({high:g}), got {low:g}: the kept band is empty")
+
+
+def _dual_clip() -> Any:
+    return knob(
         0.0,
         "dual clip c > 1 bounds the loss of negative-advantage tokens at -A * c (0 = off)",
         check=lambda v: None if v == 0 or v > 1 else f"must be 0 (off) or > 1, got {v:g}",
     )
+
+
+@dataclass(frozen=True)
+class PPOClipLossConfig(_ISChecks, LossConfig):
+    """PPO's clipped surrogate: the clip range (clip-higher when asymmetric), dual clip, truncated or masked IS."""
+
+    policy: Literal["ppo_clip"] = knob(DEFAULT_LOSS, "algo.loss.policy: PPO's clipped surrogate")
+    clip_low: float = _clip_low()
+    clip_high: float = _clip_high()
+    dual_clip: float = _dual_clip()
     tis_cap: float = _tis_cap()
+    is_level: Literal["token", "sequence"] = _is_level()
+    mis_low: float = _mis_low()
+    mis_high: float = _mis_high()
+
+
+@dataclass(frozen=True)
+class DecoupledPPOLossConfig(_ISChecks, LossConfig):
+    """Decoupled PPO (AReaL): the clip range against the proximal policy, dual clip, and the truncation or mask of
+    the importance weight proximal / behaviour."""
+
+    policy: Literal["decoupled_ppo"] = knob(
+        "decoupled_ppo", "algo.loss.policy: decoupled PPO, clipped against the proximal policy"
+    )
+    clip_low: float = _clip_low()
+    clip_high: float = _clip_high()
+    dual_clip: float = _dual_clip()
+    tis_cap: float = knob(
+        0.0,
+        "truncation of the importance weight pi_proximal / pi_engine: min(w, tis_cap) (0 = the weight as is)",
+        ge=0,
+    )
+    is_level: Literal["token", "sequence"] = _is_level()
+    mis_low: float = _mis_low()
+    mis_high: float = _mis_high()
 
 
 @dataclass(frozen=True)
@@ -262,12 +328,15 @@ class GSPOLossConfig(LossConfig):
 
 
 @dataclass(frozen=True)
-class CISPOLossConfig(LossConfig):
-    """CISPO: the upper bound of the stop-gradient IS weight, truncated IS against the engine."""
+class CISPOLossConfig(_ISChecks, LossConfig):
+    """CISPO: the upper bound of the stop-gradient IS weight, truncated or masked IS against the engine."""
 
     policy: Literal["cispo"] = knob("cispo", "algo.loss.policy: CISPO's clipped stop-gradient IS weight")
     clip_high: float = _clip_high("the IS weight's bound above 1: min(r, 1 + clip_high)")
     tis_cap: float = _tis_cap()
+    is_level: Literal["token", "sequence"] = _is_level()
+    mis_low: float = _mis_low()
+    mis_high: float = _mis_high()
 
 
 @dataclass(frozen=True)
@@ -297,7 +366,9 @@ class UserLossConfig(LossConfig):
 
 
 _LOSS_ARMS: dict[str, type[LossConfig]] = {
-    tag: arm for arm in (PPOClipLossConfig, GSPOLossConfig, CISPOLossConfig) for tag in tags_of(arm)
+    tag: arm
+    for arm in (PPOClipLossConfig, GSPOLossConfig, CISPOLossConfig, DecoupledPPOLossConfig)
+    for tag in tags_of(arm)
 }
 
 

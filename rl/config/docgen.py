@@ -45,7 +45,7 @@ outcome advantages) and the world (files, classes, vLLM engine arguments). The k
 depend on `algo.name`: an estimator's own settings (`algo.critic`, `algo.returns`, `algo.kwargs`)
 exist only with the estimators that read them, and are unknown keys with any other. Likewise the keys
 of `algo.loss` depend on `algo.loss.policy`: a loss's own settings (`clip_low`, `clip_high`,
-`dual_clip`, `tis_cap`, `kwargs`) exist only with the losses that read them.
+`dual_clip`, `tis_cap`, `is_level`, `mis_low`, `mis_high`, `kwargs`) exist only with the losses that read them.
 """
 
 

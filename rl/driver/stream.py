@@ -77,11 +77,13 @@ class EpisodeStream:
         else:
             if self._pending is None or self._pending[0] != step:
                 self._submit(step, self.draw(step))
-            _, _, fut, version = self._pending  # type: ignore[misc]
+            _, (tasks, _, _), fut, version = self._pending  # type: ignore[misc]
             trajs, gen_s = fut.result()
             self._pending = None
+        stale = float(self.learner_version - version)
         self._m = {
-            "rollout/staleness": float(self.learner_version - version),
+            "rollout/staleness": stale,
+            **{f"async/staleness/{d}": stale for d in sorted({t.domain for t in tasks})},
             "timing/rollout_s": time.perf_counter() - t0,
             "timing/generate_s": gen_s,
         }
@@ -93,7 +95,8 @@ class EpisodeStream:
 
     def metrics(self) -> dict[str, float]:
         """Of the last ``take`` and the syncs since the previous call: ``rollout/staleness`` (learner updates
-        between the weights that generated the batch and those it trains), ``timing/rollout_s`` (time the
+        between the weights that generated the batch and those it trains) and ``async/staleness/<domain>`` (the
+        same per domain of the step's tasks: every episode of a step is generated with one engine version), ``timing/rollout_s`` (time the
         loop waited for the episodes), ``timing/generate_s`` (time generating them, overlapped in async
         mode), ``timing/sync_s``."""
         m = {**self._m, "timing/sync_s": self._sync_s}

@@ -4,7 +4,8 @@ PPO with a critic). ``Learner`` is a plain class (the Ray actor wraps it; tests 
 A step, as ``step`` reads::
 
     plan      the batch's counts over every rank, its minibatches and their loss denominators (``rl.trainer.plan``)
-    prepare   when needed (several updates per batch, a critic, ``algo.kl.in_reward``): no-grad old log-probs,
+    prepare   when needed (several updates per batch, a critic, ``algo.kl.in_reward``, a loss that needs the
+              proximal log-probs: ``decoupled_ppo``): no-grad old log-probs,
               reference log-probs, critic values, then the estimator's learner-side advantages
               (``rl.trainer.prepare``)
     update    for each of ``algo.update.epochs`` epochs, for each of ``algo.update.minibatches`` shuffled
@@ -60,6 +61,11 @@ from rollout.weights import IpcWeights
 from rl.trainer.logits import Entropy
 from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.schedules import kl_controller
+
+
+def _domains(batch: Batch) -> tuple[str, ...]:
+    """The domains of a batch built without ``Batch.domains`` (in code; one rank): its samples', sorted."""
+    return tuple(sorted({s.domain for s in batch.samples}))
 
 
 @dataclass
@@ -288,7 +294,8 @@ class Learner:
     def needs_prepare(self) -> bool:
         """Whether a no-grad pass runs before the first update (see the module docstring)."""
         a = self.algo
-        return a.update.epochs * a.update.minibatches > 1 or self.est.learner_advantages(a)
+        several = a.update.epochs * a.update.minibatches > 1
+        return several or self.est.learner_advantages(a) or "proximal_logprobs" in self.loss_fn.needs
 
     # ---- forward (rl.trainer.forward) and micro-batches (rl.trainer.plan) ----------------------------------
     def _forward(self, model: Any, samples: list[Sample], entropy: Entropy = "none", aux: bool = False) -> Outputs:
@@ -319,6 +326,8 @@ class Learner:
         ``learner/tokens``: policy tokens computed per epoch; ``learner/updates``;
         ``learner/skipped_update``: fraction of optimizer steps skipped for a non-finite
         gradient; ``rollout/logprob_diff``: mean |learner - engine| log-prob before the update;
+        ``async/mismatch_kl`` and ``async/mismatch_kl/<domain>``: the token mean of k3 KL(engine || learner)
+        over the computed samples' policy tokens before the update (``rl.trainer.prepare.logprob_diff``);
         the policy loss's own stats (its ``stat_names``; ``ppo_clip``: ``clip/fraction``, with
         ``algo.loss.dual_clip`` ``clip/dual_fraction``, with ``algo.loss.tis_cap`` ``is/weight_mean`` and
         ``is/truncated_fraction``); ``memory/learner_rss_gb``: this
@@ -344,17 +353,20 @@ class Learner:
                     self._pad_micros(n_micro, len(micros), bool(mb), prep)
                     updates += self._update(log)  # reduce, clip, step: policy (and value head), critic
             self.steps_done += int(updates > 0)
-        m = self._metrics(steps, sums, log, updates, coef)
+        m = self._metrics(steps, sums, log, updates, coef, batch.domains or _domains(batch))
         if self.has_ref and steps.computed:
             self.kl_ctl.update(m.kl_mean, batch.num_seqs)
         self._after_step(m)
         m.compute_s = time.perf_counter() - t0
         return m.to_dict()
 
-    def _metrics(self, steps: plan.Plan, sums: Sums, log: UpdateLog, updates: int, coef: float) -> StepMetrics:
-        """The step's metrics from this rank's sums, all-reduced over the ranks (``rl.trainer.metrics``)."""
+    def _metrics(
+        self, steps: plan.Plan, sums: Sums, log: UpdateLog, updates: int, coef: float, domains: tuple[str, ...]
+    ) -> StepMetrics:
+        """The step's metrics from this rank's sums, all-reduced over the ranks (``rl.trainer.metrics``);
+        ``domains``: the whole batch's, in the same order on every rank."""
         names = self.loss_fn.stat_names
-        tot = Sums.of(self._global(sums.values(names)), names)
+        tot = Sums.of(self._global(sums.values(names, domains)), names, domains)
         a = self.algo
         present = Present(
             entropy=a.loss.entropy_coef > 0,

@@ -3,7 +3,8 @@
 
 ``StepMetrics.of`` turns the whole batch's sums into means (tokens) and per-update averages (loss terms) of the
 terms the run has (``Present``);
-``to_dict`` names them as the driver logs them (``loss/policy``, ``clip/fraction``, ...), leaving out the
+``to_dict`` names them as the driver logs them (``loss/policy``, ``clip/fraction``, ``async/mismatch_kl/<domain>``,
+...), leaving out the
 terms the run does not have (no KL without a reference, no value metrics without a critic). No tensors.
 """
 
@@ -39,6 +40,11 @@ class Sums:
     aux_loss: float = 0.0
     # the policy loss's stats (its ``stat_names``), each summed as value x tokens
     loss_stats: dict[str, float] = field(default_factory=dict)
+    # per domain: k3(engine -> learner) summed over the policy tokens before the update, and those tokens
+    mismatch_kl: dict[str, float] = field(default_factory=dict)
+    mismatch_tokens: dict[str, float] = field(default_factory=dict)
+
+    _DICTS = ("loss_stats", "mismatch_kl", "mismatch_tokens")
 
     def add(self, st: ObjectiveStats, ntok: float, entropy_sum: float, first_epoch: bool) -> None:
         """One micro-batch's objective stats (``ntok`` policy tokens; token means weighted by it)."""
@@ -59,14 +65,31 @@ class Sums:
         if first_epoch:
             self.tokens_first_epoch += ntok
 
-    def values(self, stat_names: tuple[str, ...]) -> list[float]:
-        scalars = [getattr(self, f.name) for f in fields(self) if f.name != "loss_stats"]
-        return scalars + [self.loss_stats.get(k, 0.0) for k in stat_names]
+    def add_mismatch(self, domain: str, kl_sum: float, tokens: float) -> None:
+        """One sample's k3 sum over its ``tokens`` policy tokens (``async/mismatch_kl``)."""
+        self.mismatch_kl[domain] = self.mismatch_kl.get(domain, 0.0) + kl_sum
+        self.mismatch_tokens[domain] = self.mismatch_tokens.get(domain, 0.0) + tokens
+
+    def values(self, stat_names: tuple[str, ...], domains: tuple[str, ...] = ()) -> list[float]:
+        """Every sum as one flat list (for the all-reduce over ranks): the scalars, the loss's stats in the order of
+        ``stat_names``, then the per-domain mismatch sums in the order of ``domains`` (the same on every rank)."""
+        scalars = [getattr(self, f.name) for f in fields(self) if f.name not in self._DICTS]
+        per_domain = [self.mismatch_kl.get(d, 0.0) for d in domains] + [
+            self.mismatch_tokens.get(d, 0.0) for d in domains
+        ]
+        return scalars + [self.loss_stats.get(k, 0.0) for k in stat_names] + per_domain
 
     @classmethod
-    def of(cls, values: list[float], stat_names: tuple[str, ...]) -> "Sums":
-        n = len(values) - len(stat_names)
-        return cls(*values[:n], loss_stats=dict(zip(stat_names, values[n:])))
+    def of(cls, values: list[float], stat_names: tuple[str, ...], domains: tuple[str, ...] = ()) -> "Sums":
+        k, d = len(stat_names), len(domains)
+        n = len(values) - k - 2 * d
+        kl, tok = values[n + k : n + k + d], values[n + k + d :]
+        return cls(
+            *values[:n],
+            loss_stats=dict(zip(stat_names, values[n : n + k])),
+            mismatch_kl={x: v for x, v, t in zip(domains, kl, tok) if t},
+            mismatch_tokens={x: t for x, t in zip(domains, tok) if t},
+        )
 
 
 @dataclass
@@ -92,6 +115,18 @@ class Present:
     aux: bool = False
 
 
+def _mismatch(tot: Sums) -> dict[str, float]:
+    """``async/mismatch_kl`` (the token mean over every domain) and ``async/mismatch_kl/<domain>``, from the sums of
+    the domains that had policy tokens; {} when none had."""
+    n = sum(tot.mismatch_tokens.values())
+    if not n:
+        return {}
+    out = {"async/mismatch_kl": sum(tot.mismatch_kl.values()) / n}
+    for d in sorted(tot.mismatch_tokens):
+        out[f"async/mismatch_kl/{d}"] = tot.mismatch_kl.get(d, 0.0) / tot.mismatch_tokens[d]
+    return out
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
@@ -109,6 +144,7 @@ class StepMetrics:
     skipped_update: float
     logprob_diff: float
     loss_stats: dict[str, float] = field(default_factory=dict)  # the policy loss's own (clip/fraction, is/*)
+    mismatch_kl: dict[str, float] = field(default_factory=dict)  # async/mismatch_kl[/<domain>]
     loss_entropy: float | None = None
     loss_kl: float | None = None
     kl_mean: float | None = None
@@ -171,6 +207,7 @@ class StepMetrics:
             skipped_update=log.skipped / n_up if computed else 0.0,
             logprob_diff=tot.logprob_diff / max(tot.logprob_diff_tokens, 1.0),
             loss_stats={k: v / n for k, v in tot.loss_stats.items()},
+            mismatch_kl=_mismatch(tot),
         )
         if terms.entropy:
             m.loss_entropy = tot.entropy_loss / n_up
@@ -190,7 +227,7 @@ class StepMetrics:
         out: dict[str, float] = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "loss_stats":
+            if f.name in ("loss_stats", "mismatch_kl"):
                 out.update(v)
             elif v is not None:
                 out[self.NAMES[f.name]] = float(v)

@@ -1,14 +1,14 @@
 """The prepare pass: what a step's updates read per sample, computed once, without gradients, before the first.
 
-It runs when the step needs it (``Learner.needs_prepare``: several updates per batch, a critic, or
-``algo.kl.in_reward``): per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
+It runs when the step needs it (``Learner.needs_prepare``: several updates per batch, a critic,
+``algo.kl.in_reward``, or a policy loss that needs ``proximal_logprobs``, decoupled PPO's proximal policy): per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
 updates), the reference's log-probs (with a reference), the critic's values (with one); then, when the estimator
 computes its advantages in the learner (``Estimator.learner_advantages``: a critic or a KL penalty in the reward),
 those advantages and the value targets over the whole batch. A ``Prepared`` record holds them per sample, flat
 over its masked tokens. Without a prepare pass the ratio's old log-probs are the policy's own, detached.
 
-Also here: the engine's log-probs of a micro-batch's policy tokens and the ``rollout/logprob_diff`` they give
-against the learner's. The pass runs the learner's models through its own methods (``Learner._forward``,
+Also here: the engine's log-probs of a micro-batch's policy tokens and the ``rollout/logprob_diff`` and per-domain
+``async/mismatch_kl`` they give against the learner's. The pass runs the learner's models through its own methods (``Learner._forward``,
 ``Learner._reference``), so that a bench wrapping them sees these calls too.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rl.algos.batch import Batch, Sample
-from rl.algos.losses import kl
+from rl.algos.losses import LOG_RATIO_CLAMP, kl
 from rl.trainer.metrics import Sums
 
 __all__ = ["Prepared", "run", "engine_logprobs", "logprob_diff"]
@@ -128,8 +128,17 @@ def engine_logprobs(mb: list[Sample], device: torch.device | str) -> torch.Tenso
 
 
 def logprob_diff(logp_flat: torch.Tensor, mb: list[Sample], sums: Sums) -> None:
-    """|learner - engine| log-prob summed over ``mb``'s policy tokens into ``sums`` (``rollout/logprob_diff``)."""
+    """Over ``mb``'s policy tokens, the learner's log-probs before the update against the engine's, into ``sums``:
+    |learner - engine| summed (``rollout/logprob_diff``) and, per domain, the k3 estimate of KL(engine ||
+    learner) on the tokens the engine sampled, ``exp(d) - 1 - d`` with ``d = learner - engine`` (>= 0 per token,
+    ``async/mismatch_kl``): the mismatch of the behaviour policy (stale weights, engine numerics) that the
+    off-policy corrections act on."""
     engine = engine_logprobs(mb, logp_flat.device)
     # logp_flat is row-major over (sample, masked position), the same order as this flattening.
-    sums.logprob_diff += float((logp_flat.detach() - engine).abs().sum())
+    d = logp_flat.detach().float() - engine
+    sums.logprob_diff += float(d.abs().sum())
     sums.logprob_diff_tokens += float(engine.numel())
+    d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    k3 = torch.expm1(d) - d
+    for s, piece in zip(mb, torch.split(k3, [s.num_tokens for s in mb])):
+        sums.add_mismatch(s.domain, float(piece.sum()), float(piece.numel()))
