@@ -15,7 +15,8 @@ A step, as ``step`` reads::
 
 Without a prepare pass the ratio's old log-probs are the policy's own, detached; the engine's log-probs
 (of the same tempered distribution, ``rollout.temperature``) are compared with them as
-``rollout/logprob_diff`` and weight the loss only with ``algo.loss.tis_cap``.
+``rollout/logprob_diff`` and ``async/mismatch_kl`` and weight the loss only with an off-policy correction
+(``algo.loss.tis_cap``, ``mis_low``, ``mis_high``; ``decoupled_ppo``, docs/algorithms.md).
 
 The jobs live in their own modules: model building (``rl.trainer.models``: policy, LoRA, FSDP, reference,
 critic), the step plan and micro-batches (``rl.trainer.plan``), the prepare pass (``rl.trainer.prepare``), the
@@ -330,7 +331,7 @@ class Learner:
         over the computed samples' policy tokens before the update (``rl.trainer.prepare.logprob_diff``);
         the policy loss's own stats (its ``stat_names``; ``ppo_clip``: ``clip/fraction``, with
         ``algo.loss.dual_clip`` ``clip/dual_fraction``, with ``algo.loss.tis_cap`` ``is/weight_mean`` and
-        ``is/truncated_fraction``); ``memory/learner_rss_gb``: this
+        ``is/truncated_fraction``, with ``mis_low``/``mis_high`` ``is/masked_fraction``); ``memory/learner_rss_gb``: this
         process's resident memory after the step (``learner.hold_memory``: flat over a run once it holds a
         step's peak); ``memory/trimmed``: 1 where that step went over the hold budget and was trimmed.
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.
