@@ -18,31 +18,16 @@ from rl.config.fields import FieldError
 from rl.config.recipe import LossConfig, RecipeError, load_recipe
 from rl.driver.stream import EpisodeStream
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
+from test_policy_losses import _inputs as policy_inputs
 from test_learner import ALGO, _with_engine_logprobs, make_batch, make_learner, params, use_sgd  # noqa: F401
 
 B, T = 4, 6
 
 
-def _inputs(seed: int = 0, spread: float = 0.5, agg: str = "token-mean") -> LossInputs:
-    """A micro-batch with ratios off 1 (old vs current) and engine log-probs off the old ones by ``spread``."""
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.rand(B, T, generator=g) > 0.25
-    mask[3] = False  # a sequence with no policy token
-    mask[:3, 0] = True
-    logp = (-torch.rand(B, T, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
-    old = logp.detach() + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    adv = torch.tensor([1.0, -0.7, 0.4, 2.0], dtype=torch.float64)[:, None].expand(B, T)
-    eng = old + spread * torch.randn(B, T, generator=g, dtype=torch.float64)
-    return LossInputs(
-        logp=logp,
-        old_logp=old,
-        advantages=adv,
-        mask=mask,
-        agg=agg,
-        num_tokens=float(mask.sum()) + 3,  # more tokens in the minibatch than in this micro-batch
-        num_seqs=5.0,
-        engine_logp=eng,
-    )
+def _inputs(seed: int = 0) -> LossInputs:
+    """test_policy_losses' micro-batch (ratios off 1, a sequence without policy tokens, a minibatch larger than
+    it), with engine log-probs off the old ones by 0.5 standard deviations."""
+    return policy_inputs(seed, engine=True)
 
 
 # ---- the reference computations, from the papers' formulas ---------------------------------------------------

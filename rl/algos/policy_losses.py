@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from rl.algos.losses import LOG_RATIO_CLAMP, aggregate, policy_loss, truncated_is_weights
+from rl.algos.losses import LOG_RATIO_CLAMP, aggregate, policy_loss
 from rl.algos.registry import resolve_class
 from rl.config.algo import (
     CISPOLossConfig,
@@ -197,7 +197,7 @@ def engine_is_weights(
 
         token:    log rho_it = old_it - engine_it                                   [B, T]
         sequence: log rho_i  = sum_t m_it (old_it - engine_it), the same for every t  [B] -> [B, T]
-        rho      = exp(clamp(log rho, -20, 20))
+        rho      = exp(min(log rho, 20))
         keep     = (mis_low == 0 or rho >= mis_low) and (mis_high == 0 or rho <= mis_high)
         w        = m * keep * (min(rho, tis_cap) if tis_cap > 0 else rho)
 
@@ -222,7 +222,7 @@ def engine_is_weights(
         log_rho = torch.where(m, old_logp - engine_logp, zero)
         if level == "sequence":
             log_rho = log_rho.sum(dim=1, keepdim=True).expand_as(log_rho)
-        rho = torch.exp(log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        rho = torch.exp(log_rho.clamp(max=LOG_RATIO_CLAMP))  # no inf (a mask would multiply it by 0)
         keep = m.clone()
         if mis_low > 0:
             keep &= rho >= mis_low
@@ -248,17 +248,8 @@ def _correction(x: LossInputs, cfg: Any, always: bool = False) -> tuple[torch.Te
             "algo.loss.tis_cap, mis_low, mis_high (and decoupled_ppo) need the engine's log-probs "
             "(the loss must declare engine_logprobs)"
         )
-    if cfg.is_level == "token" and cfg.tis_cap and not (cfg.mis_low or cfg.mis_high):
-        return truncated_is_weights(x.old_logp, x.engine_logp, x.mask, cfg.tis_cap)  # plain token TIS
-    return engine_is_weights(
-        x.old_logp,
-        x.engine_logp,
-        x.mask,
-        level=cfg.is_level,
-        tis_cap=cfg.tis_cap,
-        mis_low=cfg.mis_low,
-        mis_high=cfg.mis_high,
-    )
+    keys = {k: getattr(cfg, k) for k in ("tis_cap", "mis_low", "mis_high")}
+    return engine_is_weights(x.old_logp, x.engine_logp, x.mask, level=cfg.is_level, **keys)
 
 
 @register
