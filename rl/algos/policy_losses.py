@@ -80,7 +80,8 @@ class PolicyLossError(ValueError):
 class LossInputs:
     """One micro-batch on its ``[B, T]`` response grid (B samples, T the longest response).
 
-    ``logp`` (current policy, requires grad), ``old_logp`` (before this batch's updates, no grad),
+    ``logp`` (current policy, requires grad), ``old_logp`` (before this batch's updates, no grad: the prepare
+    pass's, or with one update and no prepare pass ``logp`` detached, the same numbers; the proximal policy),
     ``advantages``: float ``[B, T]``; ``mask``: bool ``[B, T]``, True on the policy tokens (a harness failure
     never gets here: ``build_batch`` drops it); ``engine_logp``, ``entropy`` and
     ``ref_logp`` ``[B, T]`` and ``aux_loss`` (a scalar with grad over the whole micro-batch, not yet weighted by its
