@@ -19,6 +19,7 @@ from rl.config.recipe import LossConfig, RecipeError, load_recipe
 from rl.driver.stream import EpisodeStream
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from test_policy_losses import _inputs as policy_inputs
+from test_dp import ray2  # noqa: F401 - the fixture
 from test_learner import ALGO, _with_engine_logprobs, make_batch, make_learner, params, use_sgd  # noqa: F401
 
 B, T = 4, 6
@@ -273,6 +274,21 @@ def test_mismatch_sums_round_trip_per_domain():
     assert not {k for k in StepMetrics.of(Sums(), UpdateLog(lr=1.0), 1, 0, False, Present()).to_dict() if "async" in k}
 
 
+def test_every_shard_carries_the_whole_batchs_domains():
+    from rl.algos.batch import Batch, Sample
+    from rl.trainer.sharding import shard_batch
+
+    def smp(uid: int, domain: str) -> Sample:
+        return Sample([1, 2, 3], 1, [1, 1], [-1.0, -1.0], 1.0, domain, group_id=uid, uid=uid)
+
+    batch = Batch([smp(0, "code"), smp(1, "tool_call")], num_tokens=4, num_seqs=2)
+    shards = shard_batch(batch, 2)
+    assert [{s.domain for s in b.samples} for b in shards] == [{"code"}, {"tool_call"}]
+    assert all(b.domains == ("code", "tool_call") for b in shards)  # the ranks' mismatch sums line up
+    built = dataclasses.replace(batch, domains=("code", "terminal", "tool_call"))
+    assert all(b.domains == built.domains for b in shard_batch(built, 2))
+
+
 class _Pool:
     """Generates nothing but the engine version each task was sampled with."""
 
@@ -340,3 +356,31 @@ def test_decoupled_ppo_with_a_mask_end_to_end_async(tmp_path, recipe_copy):
         assert 0 <= recs[s]["async/mismatch_kl"] < 1.0 and 0 <= recs[s]["is/masked_fraction"] <= 1
         assert recs[s]["is/weight_mean"] > 0
         assert any(k.startswith("async/mismatch_kl/") for k in recs[s])
+
+
+@pytest.mark.slow
+def test_mismatch_per_domain_over_two_ranks_equals_one_learner(ray2, tiny_model_path, tiny_tokenizer, tmp_path):
+    """Two data-parallel learners whose shards hold different domains report the single learner's per-domain
+    mismatch: the whole batch's domains order every rank's sums (decoupled PPO: through the prepare pass)."""
+    from rl.driver.actors.learners import LearnerGroup
+    from rl.trainer.learner import Learner
+    from test_dp import dp_batch
+    from test_learner import MODEL_CFG
+
+    batch = dp_batch(tiny_tokenizer, skip=False)
+    samples = [dataclasses.replace(s, domain="code") if s.group_id == 0 else s for s in batch.samples]
+    batch = dataclasses.replace(batch, samples=samples)
+    algo = dataclasses.replace(ALGO, loss=LossConfig(policy="decoupled_ppo", agg=ALGO.loss.agg, mis_high=5.0))
+    single = Learner(tiny_model_path, MODEL_CFG, algo, threads=1, shm_dir=str(tmp_path / "one"))
+    group = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "dp"), num_cpus=1)
+    try:
+        group.ready()
+        m1, m2 = single.step(batch), group.step(batch)
+        keys = {k for k in m1 if k.startswith("async/mismatch_kl")}
+        assert keys == {"async/mismatch_kl", "async/mismatch_kl/code", "async/mismatch_kl/tool_call"}
+        assert {k for k in m2 if k.startswith("async/")} == keys
+        for k in keys | {"is/weight_mean", "is/masked_fraction"}:
+            assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+    finally:
+        group.kill()
+        single.shutdown()

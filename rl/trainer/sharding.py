@@ -21,7 +21,7 @@ def shard_batch(batch: Batch, n: int) -> list[Batch]:
     Greedy longest-first (``rollout.balance.longest_first``): groups in decreasing cost (the tokens the learner
     runs: prompt once plus every computed member's response; skipped members cost nothing) go to the shard with
     the least cost so far (ties: lowest index). Skipped (zero-advantage) members follow their group. Every shard
-    keeps the batch's global ``num_tokens`` and ``num_seqs``. Samples keep their batch order (by ``uid``) within
+    keeps the batch's global ``num_tokens``, ``num_seqs`` and ``domains`` (its samples' when the batch has none). Samples keep their batch order (by ``uid``) within
     a shard. Pure.
     """
     if n < 1:
@@ -39,10 +39,12 @@ def shard_batch(batch: Batch, n: int) -> list[Batch]:
         return max(s.prompt_len for s in comp) + sum(len(s.input_ids) - s.prompt_len for s in comp)
 
     gids = sorted(groups)  # ties in cost: the lower group id first, as before
+    # the whole batch's domains on every shard: the ranks' per-domain sums line up in the all-reduce
+    domains = batch.domains or tuple(sorted({s.domain for s in [*batch.samples, *batch.skipped]}))
     shards = []
     for plan in longest_first([cost(groups[g]) for g in gids], n):
         chosen = [gids[k] for k in plan]
         samples = sorted((s for g in chosen for s in groups[g][0]), key=lambda s: s.uid)
         skipped = sorted((s for g in chosen for s in groups[g][1]), key=lambda s: s.uid)
-        shards.append(replace(batch, samples=samples, skipped=skipped))
+        shards.append(replace(batch, samples=samples, skipped=skipped, domains=domains))
     return shards
