@@ -210,3 +210,61 @@ def test_hf_engine_on_a_dense_model_reports_no_routing(tiny_model_path: str) -> 
 
     (g,) = HFEngine(tiny_model_path).generate([[5, 6, 7]], Sampling(max_new_tokens=3), seeds=[0])
     assert g.routing is None
+
+
+def test_lora_default_targets_on_moe_are_the_attention_projections(moe_path: str, moe, tiny_model_path) -> None:
+    from rl.config.recipe import LoraConfig
+    from rl.trainer import lora
+
+    cfg = LoraConfig(rank=4)
+    lora.check_targets(moe_path, cfg)
+    assert lora.targets(moe, cfg) == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    lora.check_targets(tiny_model_path, cfg)  # a dense model keeps the whole default list
+    peft = lora.attach(moe, cfg)
+    adapted = {n.rsplit(".", 1)[0] for n, p in peft.named_parameters() if p.requires_grad}
+    assert adapted and all(".self_attn." in n for n in adapted)
+    peft(_ids()).logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in peft.parameters() if p.requires_grad)
+    names = {n for n, _ in lora.merged_tensors(peft.base_model.model)}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names and not any(".lora_" in n for n in names)
+
+
+def test_lora_expert_targets_are_refused_naming_the_key(moe_path: str) -> None:
+    from rl.config.recipe import LoraConfig, RecipeError
+    from rl.trainer import lora
+
+    with pytest.raises(RecipeError, match=r"learner\.lora\.target_modules: \['down_proj'\] are the fused expert"):
+        lora.check_targets(moe_path, LoraConfig(rank=4, target_modules=["q_proj", "down_proj"]))
+    with pytest.raises(RecipeError, match=r"learner\.lora\.target_modules: \['gate_proj'\] not linear layers"):
+        lora.check_targets(moe_path, LoraConfig(rank=4, target_modules=["q_proj", "gate_proj"]))
+
+
+def test_weight_export_round_trip_learner_engine_hf(moe, tmp_path) -> None:
+    """learner -> engine file -> HF export -> learner: the engine file holds the learner's own tensor names
+    (fused ``mlp.experts.*``, what vLLM's loader reads: tests/test_moe_e2e.py), ``save_pretrained`` of those
+    tensors (the checkpoint's HF export) writes per-expert checkpoint names, and loading that folder gives
+    back every tensor bit for bit."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rl.trainer.weights import WeightExport
+
+    with torch.no_grad():  # away from the saved init, so a stale tensor would show
+        for p in moe.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    file = WeightExport(moe, None, 0, torch.device("cpu"), tmp_path / "shm").file("float32")
+    sent = load_file(file)
+    own = moe.state_dict()
+    assert set(sent) == set(own) | {"lm_head.weight"}
+    assert tuple(sent["model.layers.1.mlp.experts.down_proj"].shape) == (8, 128, 64)
+    moe.save_pretrained(tmp_path / "hf", state_dict=sent)
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    assert "model.layers.0.mlp.experts.7.gate_proj.weight" in saved and not any(
+        k.endswith("gate_up_proj") for k in saved
+    )
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).state_dict()
+    assert set(back) == set(own)
+    for k, v in own.items():
+        assert torch.equal(back[k], v), k
