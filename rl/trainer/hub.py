@@ -263,21 +263,24 @@ def _tiny_shape(tok) -> dict:
     )
 
 
-def _build_tiny(out: Path) -> None:
+def _save_random(model_cls, cfg, tok, out: Path) -> None:
+    """A ``model_cls`` of ``cfg`` with weights drawn from seed 0, saved with ``tok`` into ``out``."""
     import torch
+
+    torch.manual_seed(0)
+    model_cls(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _build_tiny(out: Path) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = _tiny_tokenizer()
-    cfg = Qwen2Config(intermediate_size=256, **_tiny_shape(tok))
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    _save_random(Qwen2ForCausalLM, Qwen2Config(intermediate_size=256, **_tiny_shape(tok)), tok, out)
 
 
 def _build_tiny_moe(out: Path) -> None:
     """Every layer sparse: 8 experts of width 64, top-2, normalised top-k weights."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tok = _tiny_tokenizer()
@@ -292,7 +295,4 @@ def _build_tiny_moe(out: Path) -> None:
         mlp_only_layers=[],
         **_tiny_shape(tok),
     )
-    torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(cfg)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    _save_random(Qwen3MoeForCausalLM, cfg, tok, out)
