@@ -284,15 +284,6 @@ def _build_tiny_moe(out: Path) -> None:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tok = _tiny_tokenizer()
-    cfg = Qwen3MoeConfig(
-        head_dim=32,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        **_tiny_shape(tok),
-    )
+    moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True}
+    cfg = Qwen3MoeConfig(head_dim=32, decoder_sparse_step=1, mlp_only_layers=[], **moe, **_tiny_shape(tok))
     _save_random(Qwen3MoeForCausalLM, cfg, tok, out)
