@@ -8,7 +8,8 @@ Routing itself (which experts each token went to, captured and forced through ho
 * ``load_metrics(counts)``: per layer ``moe/layer_<i>/tokens_expert_<e>``, the entropy of the load
   distribution (nats; ``log(num_experts)`` when perfectly balanced, 0 when one expert takes all) and the
   max/mean ratio (1 when balanced, ``num_experts`` when one expert takes all), plus the step's summary
-  over layers (``moe/entropy_min``, ``moe/max_mean_max``).
+  over layers (``moe/entropy_min``, ``moe/max_mean_max``, and ``moe/entropy_balanced``: ``log(num_experts)``,
+  the entropy of a perfectly balanced load, to read ``entropy_min`` against).
 
 Pure functions of integer arrays: no model, no torch state. The learner's logging of them is not wired
 yet (docs/moe.md says how it will be).
