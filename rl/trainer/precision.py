@@ -1,13 +1,13 @@
 """Choosing the learner's compute precision by measurement (``learner.precision: auto``).
 
-Which precision is faster depends on the CPU, not on its vendor or family: bf16 autocast is well ahead
-of fp32 on a CPU with native bf16 matmuls, behind it on one that has bf16 instructions but slow bf16
-matmuls, and far behind on one without bf16 instructions (bench/RESULTS.md, "An fp32 host" and the
-learner_floor sections). ``pick(device)`` times the same square matmul in fp32 and under bf16 autocast
-for about a second in all and returns the faster, with the measured rates, for the learner to log. bf16
-is first timed on a small 256^3 product: far below fp32 there (a CPU without bf16 instructions), that
-settles it without a 1024^3 bf16 product, which is slow on such a CPU and would dominate the start-up
-timing (bench/RESULTS.md, "An fp32 host", "The precision timing at start").
+Which precision is faster depends on the CPU's matmul units, not on its vendor or family: bf16 autocast
+is well ahead of fp32 where bf16 matmuls run natively (AMX, avx512_bf16), far behind where the CPU has no
+bf16 instructions (bench/RESULTS.md, the learner_floor sections and "An fp32 host"), and it can be behind
+where the instructions exist but its bf16 matmuls are slow. ``pick(device)`` times the same square matmul
+in fp32 and under bf16 autocast for about a second in all and returns the faster, with the measured rates,
+for the learner to log. bf16 is first timed on a small 256^3 product: far below fp32 there (a CPU without
+bf16 instructions), that settles it without a 1024^3 bf16 product, which is slow on such a CPU and would
+dominate the start-up timing (bench/RESULTS.md, "An fp32 host", "The precision timing at start").
 On CUDA it returns bf16 without timing (every GPU the recipes target runs bf16 at least as fast). The timing runs once per process and device
 (``timed_choice`` is cached): what the learner and the engines follow is one measurement.
 
