@@ -22,9 +22,10 @@ import re
 import signal
 import socket
 import time
-from typing import IO, Any, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Iterator
 
-__all__ = ["STACKS_ENV", "register", "child_stacks", "dump_registered", "dump_self", "stamp"]
+__all__ = ["STACKS_ENV", "StackDumps", "register", "child_stacks", "dump_registered", "dump_self", "stamp"]
 
 STACKS_ENV = "JOINTRL_STACKS_DIR"
 CHILD_ENV = "JOINTRL_STACKS_CHILD"  # read by envs/stackhook/sitecustomize.py in a spawned child
@@ -130,14 +131,23 @@ def _registered(stacks_dir: str) -> list[tuple[str, int]]:
     return found
 
 
-def dump_registered(stacks_dir: str, why: str, wait_s: float = 3.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StackDumps:
+    """What :func:`dump_registered` collected on one host: ``files``, each signalled process's stack file
+    (name -> text: a remote node's, shipped to the driver), and ``silent``, the names that wrote nothing in time."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    silent: list[str] = field(default_factory=list)
+
+
+def dump_registered(stacks_dir: str, why: str, wait_s: float = 3.0) -> StackDumps:
     """Every live process of this host registered in ``stacks_dir`` (:func:`register`): :func:`stamp` ``(why)``
     appended to its file, then ``SIGUSR1``, then up to ``wait_s`` for each file to grow (the handler writes
-    at once, even in a stuck process). Returns ``{"files": {name: text}, "silent": [names]}``: the texts of
-    the files signalled (a remote node's, shipped to the driver) and those that wrote nothing in time.
+    at once, even in a stuck process). Returns the texts of the files signalled and the names of those that
+    wrote nothing in time (:class:`StackDumps`).
     Never raises for one process: a file or a signal that fails skips that process."""
     if not os.path.isdir(stacks_dir):
-        return {"files": {}, "silent": []}
+        return StackDumps()
     sent: dict[str, int] = {}
     for name, pid in _registered(stacks_dir):
         path = os.path.join(stacks_dir, name)
@@ -160,7 +170,7 @@ def dump_registered(stacks_dir: str, why: str, wait_s: float = 3.0) -> dict[str,
                 files[name] = f.read()
         except OSError:
             continue
-    return {"files": files, "silent": sorted(waiting)}
+    return StackDumps(files=files, silent=sorted(waiting))
 
 
 def _size(path: str) -> int:

@@ -11,7 +11,10 @@ env may define its own domain name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,14 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Generation:
-    """One engine completion: the exact token ids sampled, their logprobs, and why it stopped."""
+    """One engine completion: the exact token ids sampled, their logprobs, and why it stopped.
+
+    ``routing``: on a mixture-of-experts model, from an engine that reports it (``rollout.hf_engine``), the
+    experts each token was routed to, ``(tokens, layers, top_k)`` small integers (``rollout.routing``): one row
+    per token the engine ran through the model, the prompt's then each generated token's but the last (the
+    last is sampled, never fed back). None for a dense model or an engine that does not report routing."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS or stop string) | "length"
+    routing: np.ndarray | None = None

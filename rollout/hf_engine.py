@@ -7,7 +7,9 @@ the batch. Meant for the tiny test models and the in-process runtime
 runs use vLLM. Log-probs are the sampled tokens' under the distribution they were drawn from
 (the logits divided by the temperature, truncated to the top-p nucleus and renormalised; the raw
 logits' when greedy), like ``VLLMEngine`` with vLLM's ``processed_logprobs``. ``score`` gives raw
-log-probs (temperature 1). This module does not know about tasks, envs or rewards.
+log-probs (temperature 1). On a mixture-of-experts model every ``Generation`` carries the experts each
+token was routed to (``Generation.routing``, captured through hooks on the routers: ``rollout.routing``),
+the engine side of routing replay R3 (docs/moe.md). This module does not know about tasks, envs or rewards.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from envs.types import Generation, Sampling
+from rollout.routing import capture_routing, is_moe
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,6 +42,7 @@ class HFEngine:
         if tok.eos_token_id is not None:
             eos.add(tok.eos_token_id)
         self.eos = eos
+        self.moe = is_moe(self.model)  # generations carry their routing
 
     @torch.no_grad()
     def generate(
@@ -60,8 +64,18 @@ class HFEngine:
                 )
             seed = int(seeds[i]) if seeds is not None else self.seed + i
             stop = list(stops[i]) if stops else []
-            out.append(self._sample(p, min(sampling.max_new_tokens, room), sampling, seed % (2**31), stop))
+            args = (p, min(sampling.max_new_tokens, room), sampling, seed % (2**31), stop)
+            out.append(self._sample_routed(*args) if self.moe else self._sample(*args))
         return out
+
+    def _sample_routed(self, prompt: list[int], *args: Any) -> Generation:
+        """``_sample`` with the routing of every token run through the model (a compact numpy array)."""
+        with capture_routing(self.model) as cap:
+            g = self._sample(prompt, *args)
+        routing = cap.routing().numpy()
+        if routing.shape[0] != len(prompt) + len(g.token_ids) - 1:
+            raise RuntimeError(f"routing of {routing.shape[0]} tokens for {len(prompt)} + {len(g.token_ids)} - 1")
+        return Generation(token_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason, routing=routing)
 
     def _sample(self, prompt: list[int], max_tokens: int, sampling: Sampling, seed: int, stop: list[str]) -> Generation:
         gen = torch.Generator().manual_seed(seed)
@@ -75,6 +89,8 @@ class HFEngine:
             lps.append(logp)
             if tok in self.eos or (stop and any(s in self.tokenizer.decode(ids) for s in stop)):
                 return Generation(token_ids=ids, logprobs=lps, finish_reason="stop")
+            if len(ids) == max_tokens:
+                break  # the last token is not run through the model: nothing reads its logits
             res = self.model(
                 torch.tensor([[tok]], device=self.device), past_key_values=res.past_key_values, use_cache=True
             )

@@ -29,13 +29,13 @@ class Parity:
 pytestmark = pytest.mark.slow
 
 
-def _tiny_recipe(recipe_copy, extra: dict) -> Path:
+def _tiny_recipe(recipe_copy, extra: dict, name: str = "tiny.yaml") -> Path:
     def edit(d: dict) -> None:
         d["wandb"]["mode"] = "offline"
         for section, values in extra.items():
             d[section] = values if isinstance(values, list) else {**d[section], **values}
 
-    return recipe_copy("tiny.yaml", filename="recipe.yaml", edit=edit)
+    return recipe_copy(name, filename="recipe.yaml", edit=edit)
 
 
 @pytest.fixture
@@ -46,9 +46,11 @@ def parity_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "parity_reward.Parity"
 
 
-def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_copy) -> None:
+@pytest.mark.parametrize("name", ["tiny.yaml", "tiny_moe.yaml"])
+def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_copy, name: str) -> None:
     """``train()`` on the Ray runtime: the engine's logprobs for a fixed prompt start equal to the learner's,
-    and after 3 GRPO steps with a weight sync each, they have moved with the learner's (fp32 end to end)."""
+    and after 3 GRPO steps with a weight sync each, they have moved with the learner's (fp32 end to end).
+    tiny_moe.yaml: the same on the tiny MoE policy (docs/moe.md), its fused expert tensors synced each step."""
     import ray
 
     from rl.config.recipe import load_recipe
@@ -64,6 +66,7 @@ def test_grpo_steps_reach_the_engine(tmp_path: Path, parity_module: str, recipe_
             "train": {"steps": 3, "eval_every": 0},
             "wandb": {"mode": "disabled"},
         },
+        name,
     )
     cfg = load_recipe(recipe)
     _, eval_tasks = load_task_sets(cfg)

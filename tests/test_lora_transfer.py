@@ -19,6 +19,7 @@ from rollout.engine import engine_lora_rank
 from rollout.hf_engine import HFEngine
 from rl.driver.actors.rollout import RolloutPool
 from rollout.pool import RolloutWorker
+from rollout.weights import BlobWeights, FileWeights
 from test_learner import ALGO, make_batch, make_learner  # noqa: F401 - make_learner: the fixture
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"], transfer="adapter")
@@ -125,11 +126,11 @@ def test_pool_routes_adapter_syncs_to_the_adapter_calls():
     fetched = []
     pool._weights = {"path": "/dev/shm/x/adapter-000001", "node": "node-a", "ref": None, "adapter": True}
     pool._weights["fetch"] = lambda: fetched.append(1) or "REF"
-    assert pool._load_job(0) == ("load_adapter", ("/dev/shm/x/adapter-000001",))
-    assert pool._load_job(1) == ("load_adapter_blob", ("REF",))
-    assert pool._load_job(1) == ("load_adapter_blob", ("REF",)) and fetched == [1]  # fetched once per sync
+    assert pool._load_job(0) == ("receive", (FileWeights("/dev/shm/x/adapter-000001", adapter=True),))
+    assert pool._load_job(1) == ("receive", ("REF",))  # the ObjectRef of the BlobWeights: Ray resolves it there
+    assert pool._load_job(1) == ("receive", ("REF",)) and fetched == [1]  # fetched once per sync
     pool._weights = {"path": "/dev/shm/x/policy.safetensors", "node": "node-a", "ref": None, "fetch": None}
-    assert pool._load_job(0) == ("load_weights", ("/dev/shm/x/policy.safetensors",))
+    assert pool._load_job(0) == ("receive", (FileWeights("/dev/shm/x/policy.safetensors"),))
 
 
 def _runtime_cfg(recipe_copy):
@@ -205,12 +206,14 @@ def test_learner_sends_an_adapter_folder_as_its_files(learner, tiny_model_path):
     """An engine on another node gets the adapter as ``Learner.read_weights`` returns it (the folder's
     files by name) and loads exactly those files; a merged weights file still comes back as its bytes."""
     path = learner.export_adapter()
-    files = learner.read_weights(path)
+    blob = learner.read_weights(path)
+    files = blob.data
+    assert blob.adapter and isinstance(files, dict)
     assert set(files) == {p.name for p in Path(path).iterdir()} and "adapter_config.json" in files
     engine = _Engine()
     w = RolloutWorker(tiny_model_path, [], engine=engine)
-    w.load_adapter_blob(files)
+    w.receive(blob)
     assert engine.loaded[0][1] == files
     w.shutdown()
     weights = learner.export_weights("float32")
-    assert learner.read_weights(weights) == Path(weights).read_bytes()
+    assert learner.read_weights(weights) == BlobWeights(Path(weights).read_bytes())

@@ -68,12 +68,12 @@ def test_a_registered_process_dumps_every_thread_into_its_own_file_and_lives(act
     finally:
         bystander.kill()
         bystander.wait()
-    assert list(got["files"]) == [path.name] and got["silent"] == []
+    assert list(got.files) == [path.name] and got.silent == []
     text = path.read_text()
     assert "learner rank 1 gave no answer" in text
     assert text.lower().count("thread 0x") == 2 and 'File "<string>"' in text
     assert "stuck_in_the_main_thread" in text and "stuck_in_a_helper_thread" in text
-    assert got["files"][path.name] == text, "the text shipped back (a remote node's) is the file's"
+    assert got.files[path.name] == text, "the text shipped back (a remote node's) is the file's"
 
 
 def test_the_driver_dump_writes_its_own_stacks_and_signals_the_registered(actor, tmp_path: Path) -> None:
@@ -114,12 +114,12 @@ def test_a_child_spawned_under_child_stacks_registers_itself_and_dumps(tmp_path:
         while not (d / name).is_file() and time.monotonic() < deadline:  # registered as the child starts
             time.sleep(0.1)
         got = stacks.dump_registered(str(d), "engine call past faults.engine_call_s")
-        assert {name, f"rollout_worker_pid{proc.pid}.txt"} <= set(got["files"]), sorted(os.listdir(d))
+        assert {name, f"rollout_worker_pid{proc.pid}.txt"} <= set(got.files), sorted(os.listdir(d))
         # Also multiprocessing's resource tracker, started with the first spawn: a Python child too.
-        assert all(n.startswith("engine_proc.") for n in got["files"] if not n.startswith("rollout_worker"))
+        assert all(n.startswith("engine_proc.") for n in got.files if not n.startswith("rollout_worker"))
         assert not any(f"_pid{later}." in n for n in os.listdir(d)), "a child started after the block: no hook"
-        assert "engine call past" in got["files"][name]
-        text = got["files"][name]  # its start-up (the hook in site) or its target (in multiprocessing)
+        assert "engine call past" in got.files[name]
+        text = got.files[name]  # its start-up (the hook in site) or its target (in multiprocessing)
         assert 'File "' in text and ("multiprocessing" in text or "site" in text), text
         assert proc.poll() is None and os.path.exists(f"/proc/{core}"), "both alive after the dump"
     finally:
@@ -134,7 +134,7 @@ def test_register_without_a_stacks_dir_does_nothing(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_dump_into_a_missing_or_unwritable_place_never_raises(tmp_path: Path) -> None:
-    assert stacks.dump_registered(str(tmp_path / "absent"), "why") == {"files": {}, "silent": []}
+    assert stacks.dump_registered(str(tmp_path / "absent"), "why") == stacks.StackDumps()
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert dump_run_stacks(str(blocked / "stacks"), "why") == str(blocked / "stacks")  # noted, not raised

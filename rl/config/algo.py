@@ -92,7 +92,7 @@ def _own_fields(arm: type, union: type) -> list[str]:
 
 
 class UnknownKeyError(FieldError, TypeError):
-    """A key the arm does not have, given in code (``AlgoConfig(name="grpo", critic=...)``): the recipe's message,
+    """A key the arm does not have, given in code (``AlgoConfig(name=NAME, critic=...)``): the recipe's message,
     and a ``TypeError`` as a dataclass's own refusal of an unexpected keyword argument is."""
 
 

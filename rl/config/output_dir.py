@@ -101,7 +101,11 @@ def output_dir_problem(recipe: Recipe) -> str | None:
 # Weights file bytes per parameter -> checkpoint bytes per parameter (fp32 master weights + AdamW's
 # two fp32 moments = 12 bytes/param) is at most 6x the file (bf16 files: 2 bytes/param).
 _CKPT_PER_FILE_BYTE = 6
-_EMBEDDED_WEIGHT_BYTES = {"embedded:smollm2-135m-instruct": 270 * 2**20, "embedded:tiny": 4 * 2**20}
+_EMBEDDED_WEIGHT_BYTES = {
+    "embedded:smollm2-135m-instruct": 270 * 2**20,
+    "embedded:tiny": 4 * 2**20,
+    "embedded:tiny-moe": 6 * 2**20,
+}
 
 
 def checkpoint_bytes_estimate(recipe: Recipe) -> int:

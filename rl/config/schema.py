@@ -46,7 +46,7 @@ class RunConfig(Section):
     resume: Literal["never", "auto"] = knob("never", "never | auto: continue from the newest checkpoint in output_dir")
 
 
-EMBEDDED_MODELS = ("embedded:smollm2-135m-instruct", "embedded:tiny")
+EMBEDDED_MODELS = ("embedded:smollm2-135m-instruct", "embedded:tiny", "embedded:tiny-moe")
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")  # org/name, as the Hub spells repo ids
 
 
@@ -62,7 +62,7 @@ class ModelConfig(Section):
 
     path: str = knob(
         "embedded:smollm2-135m-instruct",
-        "local HF folder, Hub id (org/name), or embedded:smollm2-135m-instruct | embedded:tiny",
+        "local HF folder, Hub id (org/name), or embedded:smollm2-135m-instruct | embedded:tiny | embedded:tiny-moe",
         check=_model_path,
     )
     revision: str = knob(

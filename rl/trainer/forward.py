@@ -242,8 +242,8 @@ class PackedLayout:
         """Each group in one trunk call: its prompt once, its responses packed after it (``rl.trainer.packing``).
 
         The token embeddings of all the groups are looked up in one call: the embedding's backward then
-        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU a fresh
-        [V, H] zero tensor per group cost ~0.1 s each in page faults, bench/learner_floor.py --profile).
+        builds its vocabulary-sized gradient once per micro-batch, not once per group (on a CPU each fresh
+        [V, H] zero tensor also pays its page faults; bench/RESULTS.md, "The learner step on jemalloc").
         """
         # An additive mask in the trunk's parameter dtype (autocast casts it with q, k, v), made once for every layer.
         dtype = next(base.parameters()).dtype

@@ -66,7 +66,7 @@ def shard(model: torch.nn.Module, *, bf16_compute: bool = False) -> torch.nn.Mod
 
     ``bf16_compute``: FSDP's ``MixedPrecisionPolicy`` (bf16 parameters in compute, fp32 gradient
     reduction, fp32 master weights); the learner uses it on CUDA, where it replaces autocast. It runs on
-    CPU over gloo too (tests/test_fsdp_mixed_precision.py), and on an H200 over NCCL at one rank
+    CPU over gloo too (tests/test_fsdp_mixed_precision.py), and on a GPU over NCCL at one rank
     (bench/gpu_learner.py).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method

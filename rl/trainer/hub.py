@@ -5,6 +5,8 @@
   folder in the cache (``$JOINTRL_CACHE`` or ``~/.cache/jointrl``).
 - ``embedded:tiny``: a ~1M-parameter random Qwen2 with a byte-level BPE tokenizer trained
   locally on a fixed synthetic corpus; built in seconds, for tests.
+- ``embedded:tiny-moe``: a random sparse-MoE Qwen3 (2 layers, 8 experts, top-2, head_dim 32: vLLM's
+  CPU attention refuses 16) with the tiny tokenizer; built in seconds, for the MoE tests (docs/moe.md).
 - a local Hugging Face model folder (one with ``config.json``), used as is;
 - a Hub id (``org/name``, with ``model.revision``: a branch, tag or commit; default ``main``),
   resolved through ``huggingface_hub.snapshot_download`` into the Hub cache. The standard
@@ -49,6 +51,8 @@ def resolve_model(path: str, base: Path | None = None, revision: str = "") -> st
         return str(_built(cache_dir() / "models" / "smollm2-135m-instruct", _build_smollm2))
     if path == "embedded:tiny":
         return str(_built(cache_dir() / "models" / f"tiny-qwen2-v{TINY_VERSION}", _build_tiny))
+    if path == "embedded:tiny-moe":
+        return str(_built(cache_dir() / "models" / f"tiny-qwen3moe-v{TINY_VERSION}", _build_tiny_moe))
     p = Path(os.path.expanduser(path))
     if not p.is_absolute() and base is not None:
         p = base / p
@@ -183,10 +187,10 @@ def tiny_corpus() -> list[str]:
     return lines
 
 
-def _build_tiny(out: Path) -> None:
-    import torch
+def _tiny_tokenizer():
+    """The tiny models' tokenizer: byte-level BPE (4096 ids) trained on ``tiny_corpus``, ChatML template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tk = Tokenizer(models.BPE())
@@ -203,10 +207,14 @@ def _build_tiny(out: Path) -> None:
         tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
     )
     tok.chat_template = CHATML_TEMPLATE
-    cfg = Qwen2Config(
+    return tok
+
+
+def _tiny_shape(tok) -> dict:
+    """Config fields the tiny models share: vocabulary, width, depth, heads, special ids."""
+    return dict(
         vocab_size=len(tok),
         hidden_size=128,
-        intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -217,7 +225,29 @@ def _build_tiny(out: Path) -> None:
         bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
         torch_dtype="float32",
     )
+
+
+def _save_random(model_cls, cfg, tok, out: Path) -> None:
+    """A ``model_cls`` of ``cfg`` with weights drawn from seed 0, saved with ``tok`` into ``out``."""
+    import torch
+
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg)
-    model.save_pretrained(out)
+    model_cls(cfg).save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def _build_tiny(out: Path) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = _tiny_tokenizer()
+    _save_random(Qwen2ForCausalLM, Qwen2Config(intermediate_size=256, **_tiny_shape(tok)), tok, out)
+
+
+def _build_tiny_moe(out: Path) -> None:
+    """Every layer sparse: 8 experts of width 64, top-2, normalised top-k weights."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = _tiny_tokenizer()
+    moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True}
+    cfg = Qwen3MoeConfig(head_dim=32, decoder_sparse_step=1, mlp_only_layers=[], **moe, **_tiny_shape(tok))
+    _save_random(Qwen3MoeForCausalLM, cfg, tok, out)

@@ -58,7 +58,7 @@ from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.
 from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
-from rollout.weights import IpcWeights
+from rollout.weights import BlobWeights, IpcWeights
 from rl.trainer.logits import Entropy
 from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.schedules import kl_controller
@@ -552,7 +552,7 @@ class Learner:
         """``WeightExport.adapter``: with LoRA, the adapters as a ``peft`` folder."""
         return self.weights.adapter()
 
-    def read_weights(self, path: str) -> bytes | dict[str, bytes]:
+    def read_weights(self, path: str) -> BlobWeights:
         """``WeightExport.read``: what an export wrote, for engines on other nodes."""
         return WeightExport.read(path)
 

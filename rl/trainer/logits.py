@@ -23,16 +23,13 @@ two float32 block buffers reused for every block (each block's max, exp, sum, lo
 while it is in cache), and keeps that softmax for the backward, which turns it into the logits'
 gradient in place and runs the two matmuls; the target's own probability, which a bf16 softmax
 rounds to 1 when it is near 1, comes from the float32 log-prob. Under bf16 autocast this replaced a
-float32 copy of the [N, V] logits (and its bf16 copy back for the backward): on the quickstart-shaped
-step (no KL term) the vocabulary-sized copies, products and exponentials went from ~4.3 s to under
-0.5 s of profiled op time (AMD EPYC Zen4, 2 cores, glibc malloc, 2026-12-03; a profile by op and shape
-of ``bench/learner_floor.py``'s learner step, before and after). Unfused, the same work allocates a fresh [N, V] tensor
-for each of ~6 elementwise steps (the logsumexp's, the entropy's, the backward's), and on a CPU
-each new tensor of that size also pays its page faults: in the quickstart-shaped step of
-``bench/learner_floor.py`` the vocabulary-sized ``sub``, ``mul``, ``exp`` and ``fill_`` took
-~6 s of ~83 (AMD EPYC, 2 cores, fp32). Without grad (a reference or an inspection pass) the
-logits are made 512 rows at a time (no vocabulary-sized tensor of more rows). Same values and gradients up
-to float summation order (tests/test_fused_head.py, tests/test_chunked_logits.py).
+float32 copy of the [N, V] logits (and its bf16 copy back for the backward), which dominated the head's
+vocabulary-sized work. Unfused, the same work allocates a fresh [N, V] tensor for each of several
+elementwise steps (the logsumexp's, the entropy's, the backward's), and on a CPU each new tensor of that
+size also pays its page faults; the op-by-op profiles before and after are in bench/RESULTS.md ("The
+learner step on jemalloc, a bf16 kept softmax and one embedding call"). Without grad (a reference or an
+inspection pass) the logits are made 512 rows at a time (no vocabulary-sized tensor of more rows). Same
+values and gradients up to float summation order (tests/test_fused_head.py, tests/test_chunked_logits.py).
 
 This module does not compute losses and does not pick positions (``rl.trainer.learner`` does).
 """

@@ -13,6 +13,13 @@ under the base model's own names (``W + scaling * B @ A`` for every adapted line
 ``check_targets(model_dir, cfg)`` checks, before any actor starts, that every target module
 is a linear layer of the model (built on the meta device from ``config.json``: no weights are read).
 
+Mixture-of-experts models (``targets``): transformers 5 keeps each MoE block's experts as fused 3-D
+parameters (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``), not linear layers. The default
+``target_modules`` on such a model means the linear layers among them (the attention projections, and
+the MLP projections of any dense layers); naming an expert parameter is an error naming the key, because
+peft adapts fused experts only through ``target_parameters``, which the merged export and vLLM's adapter
+serving here do not handle (docs/moe.md).
+
 Adapter-only transfer (``learner.lora.transfer: adapter``): ``AdapterExports.write`` saves the
 adapters alone as a ``peft`` folder (``adapter_config.json`` + ``adapter_model.safetensors``),
 a new numbered folder per sync under the learner's shared-memory dir, keeping the last two (an
@@ -38,6 +45,7 @@ __all__ = [
     "attach",
     "merged_tensors",
     "check_targets",
+    "targets",
     "adapter_state",
     "AdapterExports",
 ]
@@ -48,14 +56,14 @@ def enabled(cfg: Any) -> bool:
     return cfg is not None and cfg.rank > 0
 
 
-def _peft_config(cfg: Any) -> Any:
+def _peft_config(cfg: Any, target_modules: list[str]) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
-        target_modules=list(cfg.target_modules),
+        target_modules=target_modules,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -65,7 +73,7 @@ def attach(model: torch.nn.Module, cfg: Any) -> Any:
     """Inject adapters into ``model`` (in place; the base is frozen); return the ``PeftModel``."""
     from peft import get_peft_model
 
-    return get_peft_model(model, _peft_config(cfg))
+    return get_peft_model(model, _peft_config(cfg, targets(model, cfg)))
 
 
 def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
@@ -157,23 +165,49 @@ class AdapterExports:
         return str(folder)
 
 
+def _layer_names(model: torch.nn.Module) -> tuple[set[str], set[str]]:
+    """(last names of the model's linear layers, last names of its fused 3-D expert parameters)."""
+    linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    experts = {name.rsplit(".", 1)[-1] for name, p in model.named_parameters() if p.dim() == 3 and ".experts." in name}
+    return linear, experts
+
+
+def targets(model: torch.nn.Module, cfg: Any, key: str = "learner.lora.target_modules") -> list[str]:
+    """The module names to adapt in ``model``: ``cfg.target_modules``, except that on a mixture-of-experts model
+    the default list means the linear layers among it. Raises ``rl.config.recipe.RecipeError`` naming ``key``
+    for a name that is a fused expert parameter or no linear layer of the model."""
+    from rl.config.recipe import LoraConfig, RecipeError
+
+    linear, experts = _layer_names(model)
+    wanted = list(cfg.target_modules)
+    kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    if experts and wanted == LoraConfig().target_modules:
+        wanted = [t for t in wanted if t in linear]
+    fused = sorted(set(wanted) & experts - linear)
+    if fused:
+        raise RecipeError(
+            f"{key}: {fused} are the fused expert weights of {kind}'s MoE blocks (3-D parameters "
+            "mlp.experts.*), not linear layers; LoRA on experts is not supported (peft adapts them only through "
+            "target_parameters, which the merged weight export and vLLM adapter serving do not handle): adapt "
+            f"linear layers only, e.g. {sorted(t for t in linear if t.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')))}"
+        )
+    missing = sorted(set(wanted) - linear)
+    if missing or not wanted:
+        raise RecipeError(
+            f"{key}: {missing or wanted} not linear layers of {kind}; its linear layers are {sorted(linear)}"
+        )
+    return wanted
+
+
 def check_targets(model_dir: str, cfg: Any, key: str = "learner.lora.target_modules") -> None:
-    """Raise ``rl.config.recipe.RecipeError`` naming ``key`` when none of ``cfg.target_modules`` is a linear layer of the model
-    in ``model_dir`` (built on the meta device from its config: no weights read). No-op when LoRA is off."""
+    """Raise ``rl.config.recipe.RecipeError`` naming ``key`` when a target module is not a linear layer of the model
+    in ``model_dir`` (built on the meta device from its config: no weights read; ``targets`` says which names
+    count on an MoE model). No-op when LoRA is off."""
     if not enabled(cfg):
         return
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rl.config.recipe import RecipeError
-
     conf = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(conf)
-    linear = {name.rsplit(".", 1)[-1] for name, m in meta.named_modules() if isinstance(m, torch.nn.Linear)}
-    wanted = set(cfg.target_modules)
-    missing = sorted(wanted - linear)
-    if missing:
-        raise RecipeError(
-            f"{key}: {missing} not linear layers of {conf.model_type} ({model_dir}); "
-            f"its linear layers are {sorted(linear)}"
-        )
+    targets(meta, cfg, key)

@@ -20,10 +20,9 @@ every size within a step instead (faster under bf16 autocast, not in fp32: ``res
 After a step it either trims too (``learner.hold_memory: false``: between steps, while the engines
 generate, it holds only its live tensors, and the next step faults every page in again) or holds
 (``hold()``, the default): glibc is told never to give a block its own mapping nor to hand back the
-heap's free top, so a step's allocations reuse the pages the previous step freed. On a quickstart-shaped
-fp32 step that took the minor faults from 0.53-0.86 million to 5-75 thousand and the step from 76.7-87.0 s
-to 56.8-60.2 s, side by side, with the resident memory between steps at the step's peak (~9.1 GB) instead
-of 3.1 GB (AMD EPYC, AVX2 only, bench/RESULTS.md, "Holding a step's memory"). jemalloc already reuses
+heap's free top, so a step's allocations reuse the pages the previous step freed: the step pays a small
+fraction of the page faults and runs faster, at the price of resident memory between steps up to the
+step's peak (bench/RESULTS.md, "Holding a step's memory"). jemalloc already reuses
 freed pages within a process; its decay returns those that stay unused for 10 s, and ``hold()`` leaves
 it alone. What glibc holds can fragment into growth without bound (a block kept live, carved from the
 front of a freed one, sends the next block of that size to the heap's top): ``HoldBudget`` trims after a
@@ -103,10 +102,9 @@ def jemalloc_path() -> str | None:
 
 def resolve_allocator(allocator: str, fp32: bool = False) -> str:
     """``learner.allocator`` made concrete: ``jemalloc`` or ``system``. ``auto`` is jemalloc where it is
-    installed, unless the learner computes in fp32 (``fp32``): there glibc. jemalloc was measured faster
-    only under bf16 autocast (quickstart-shaped step 1.21x, AMD EPYC Zen4 with avx512_bf16); an fp32 step
-    ran 0.92x as fast as under glibc side by side and held 0.7 GB more after it (AMD EPYC with AVX2 only,
-    where bf16 is not an option; bench/RESULTS.md)."""
+    installed, unless the learner computes in fp32 (``fp32``): there glibc. jemalloc made the learner step
+    faster only under bf16 autocast; in fp32 it was slower than glibc side by side and held more memory after
+    the step (bench/RESULTS.md, "The learner step on jemalloc" and "An fp32 host")."""
     if allocator == "auto":
         return "jemalloc" if jemalloc_path() is not None and not fp32 else "system"
     return allocator

@@ -3,9 +3,8 @@
 A packed group (``rl.trainer.packing``) is one sequence ``[prompt (p tokens), r_1, ..., r_G]``: the
 prompt attends to itself causally, each response to the whole prompt and causally to itself. Run as
 one ``scaled_dot_product_attention`` call with the ``S x S`` mask, the CPU kernel visits every block
-of the mask (a masked kernel skips none) and runs a masked inner loop; measured on SmolLM2's shapes
-(9 heads, p = 254, 8 responses, S = 671; 2 cores, AMD EPYC) the dense call took 51 ms forward +
-backward per layer against ~30 ms for the unmasked parts below (``bench/learner_floor.py``
+of the mask (a masked kernel skips none) and runs a masked inner loop, which costs more than the
+unmasked parts below together (bench/RESULTS.md, "What changed in the step"; ``bench/learner_floor.py``
 measures the whole step). The two parts:
 
 1. every row against the prompt's keys, causal: with more queries than keys the kernel's causal
@@ -20,14 +19,14 @@ The backward runs the flash backward's formulas for each part with the *merged* 
 log-sum-exp, which gives each part's exact share of the gradient (the same way ring attention
 splits keys); the query gradient is the sum of the two shares. Part 1 and long response segments
 use PyTorch's CPU flash backward; padded response segments of up to ``_MATH_ROWS`` rows use batched
-matmuls (``_causal_backward``), 4-5x faster than the flash kernel at those sizes. Values and gradients are the dense
-call's up to float summation order (tests/test_packed_attention.py).
+matmuls (``_causal_backward``), faster than the flash kernel at those sizes (bench/RESULTS.md, "The learner
+step on jemalloc"). Values and gradients are the dense call's up to float summation order (tests/test_packed_attention.py).
 
 Plugged into transformers as an attention implementation (``NAME``, registered by ``install``):
 it runs the split when the trunk call passes ``packed_segments`` (a ``Segments``) and is
 otherwise ``sdpa``, so every other call (unpacked layouts, the padded layout's cache, generation)
 is unchanged. On CUDA it falls back to the dense masked call that the packed call also passes
-(run on an H200, bench/gpu_learner.py); the split uses the CPU flash kernel's ops
+(bench/gpu_learner.py runs that path on a GPU); the split uses the CPU flash kernel's ops
 (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward).
 
 It does not lay out sequences (``rl.trainer.packing`` does) and computes no loss.
@@ -93,9 +92,8 @@ def _unpad(x: torch.Tensor, seg: Segments) -> torch.Tensor:
 
 
 # Padded response segments up to this many rows take the backward through batched matmuls
-# (``_causal_backward``); longer ones the CPU flash kernel's. On SmolLM2's shapes (8 segments, 9 heads,
-# head dim 64, bf16; 2 cores, AMD EPYC Zen4, jemalloc) the matmuls took 1.2 / 6.3 / 9.0 / 33 ms at 48 / 96 /
-# 128 / 192 rows against the flash kernel's 5.6 / 13.7 / 15.8 / 20 ms (a /tmp microbench, 2026-12-03).
+# (``_causal_backward``); longer ones the CPU flash kernel's. On SmolLM2's shapes the matmuls win below
+# this size and the flash kernel above it (bench/RESULTS.md, "The learner step on jemalloc").
 _MATH_ROWS = 128
 
 

@@ -1,12 +1,13 @@
 """Choosing the learner's compute precision by measurement (``learner.precision: auto``).
 
-Hosts of one kind differ: on one CPU bf16 autocast ran 2-2.7x faster than fp32, on another
-(avx512_bf16 without AMX) bf16 matmuls ran at 56% of fp32's speed (docs in
-/work/shared/reference/machine-notes.md). ``pick(device)`` times the same square matmul in
-fp32 and under bf16 autocast for about a second in all and returns the faster, with the
-measured rates, for the learner to log. bf16 is first timed on a 256^3 product: far below fp32
-there (a CPU without bf16 instructions), that settles it without a 1024^3 bf16 product, which took
-2.4 s on such a host (the timing: 6.5 s before, 0.6 s with the small product; AMD EPYC, AVX2 only).
+Which precision is faster depends on the CPU's matmul units, not on its vendor or family: bf16 autocast
+is well ahead of fp32 where bf16 matmuls run natively (AMX, avx512_bf16), far behind where the CPU has no
+bf16 instructions (bench/RESULTS.md, the learner_floor sections and "An fp32 host"), and it can be behind
+where the instructions exist but its bf16 matmuls are slow. ``pick(device)`` times the same square matmul
+in fp32 and under bf16 autocast for about a second in all and returns the faster, with the measured rates,
+for the learner to log. bf16 is first timed on a small 256^3 product: far below fp32 there (a CPU without
+bf16 instructions), that settles it without a 1024^3 bf16 product, which is slow on such a CPU and would
+dominate the start-up timing (bench/RESULTS.md, "An fp32 host", "The precision timing at start").
 On CUDA it returns bf16 without timing (every GPU the recipes target runs bf16 at least as fast). The timing runs once per process and device
 (``timed_choice`` is cached): what the learner and the engines follow is one measurement.
 
@@ -17,7 +18,8 @@ once (on the driver's host) and returns the recipe with both made concrete: the 
 engines' dtype and the KL reference's (``auto``: bfloat16 when bf16 autocast won, else float32),
 plus the line to log. On a GPU run
 ``engine_dtype: auto`` is bfloat16 and the learners' own ``auto`` stays (bf16, untimed). On CPU with
-``learner.precision: manual``, ``engine_dtype: auto`` is bfloat16 (the engines' former default).
+``learner.precision: manual``, ``engine_dtype: auto`` is bfloat16, untimed (nothing times
+the precision for the engines alone).
 
 This module changes no global state besides its cache.
 """
@@ -86,9 +88,9 @@ def pick(device: torch.device, seconds: float = 0.4) -> Choice:
 def timed_choice(device_type: str, seconds: float = 0.4) -> Choice:
     """``pick``'s timing, once per process and (device type, seconds); ``timed_choice.cache_clear()`` forgets it."""
     fp32 = matmul_gflops(torch.float32, seconds=seconds, device=device_type)
-    # A CPU without bf16 instructions (AVX2 only) ran a bf16 1024^3 product at 1 GFLOP/s against fp32's 150
-    # (AMD EPYC with AVX-512 hidden, 2026-12-03): 2.4 s a product, 6.5 s to time both. A 256^3 product (64x
-    # less work) first: far below fp32 (with the margin small sizes need), it settles the choice.
+    # A CPU without bf16 instructions runs a bf16 1024^3 product orders of magnitude below fp32, so timing it
+    # would dominate the start-up. A 256^3 product (64x less work) first: far below fp32 (with the margin
+    # small sizes need), it settles the choice (bench/RESULTS.md, "The precision timing at start").
     probe = matmul_gflops(torch.bfloat16, n=256, seconds=seconds / 8, device=device_type)
     if probe < fp32 / _PROBE_MARGIN:
         return Choice(False, fp32, probe)
@@ -97,8 +99,9 @@ def timed_choice(device_type: str, seconds: float = 0.4) -> Choice:
 
 
 # How far below fp32's 1024^3 rate a 256^3 bf16 product must be to decide without the 1024^3 one. Small
-# products run somewhat below large ones (fewer flops per load; under autocast, the casts): fp32 256^3 at
-# 143 GFLOP/s against 1024^3 at 150 on the host above. A bf16 path worth choosing is not 8x below at 256^3.
+# products run somewhat below large ones (fewer flops per load; under autocast, the casts), but only by a few
+# percent in fp32 (bench/RESULTS.md, "The precision timing at start"). A bf16 path worth choosing is not 8x
+# below at 256^3.
 _PROBE_MARGIN = 8.0
 
 
@@ -118,7 +121,7 @@ def resolve(recipe: Any, device: str) -> tuple[Any, str]:
     learner_auto, engine_auto = lcfg.precision == "auto", model.engine_dtype == "auto"
     if not (learner_auto or engine_auto):
         return recipe, ""
-    if not learner_auto:  # the learner's precision is set by hand: the engines keep their former default
+    if not learner_auto:  # the learner's precision is set by hand: no timing, the engines run bf16
         model = dataclasses.replace(model, engine_dtype="bfloat16")
         return dataclasses.replace(recipe, model=model), "engine_dtype auto: bfloat16 (learner.precision manual)"
     choice = pick(torch.device("cpu"))

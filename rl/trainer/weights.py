@@ -32,7 +32,7 @@ import torch
 
 from rl.trainer import fsdp, lora
 from rl.trainer.models import DTYPES
-from rollout.weights import FileWeights, IpcWeights, WeightUpdate
+from rollout.weights import BlobWeights, FileWeights, IpcWeights, WeightUpdate
 
 
 class WeightExport:
@@ -145,13 +145,13 @@ class WeightExport:
         return tensors
 
     @staticmethod
-    def read(path: str) -> bytes | dict[str, bytes]:
+    def read(path: str) -> BlobWeights:
         """What an export wrote, for engines on other nodes (through Ray's object store): a weights file's
-        bytes, or an adapter folder's files as ``{file name: bytes}``."""
+        bytes, or an adapter folder's files as ``{file name: bytes}``, in the record the engine receives."""
         p = Path(path)
         if p.is_dir():
-            return {f.name: f.read_bytes() for f in sorted(p.iterdir()) if f.is_file()}
-        return p.read_bytes()
+            return BlobWeights({f.name: f.read_bytes() for f in sorted(p.iterdir()) if f.is_file()}, adapter=True)
+        return BlobWeights(p.read_bytes())
 
 
 class WeightSender(Protocol):

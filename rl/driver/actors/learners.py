@@ -278,7 +278,7 @@ class LearnerGroup:
         return self._io("export_weights", dtype)[0]
 
     def read_weights_ref(self, path: str) -> Any:
-        """An object-store reference to what export wrote at ``path`` (rank 0's ``read_weights``: the bytes of a
+        """An object-store reference to what export wrote at ``path`` (rank 0's ``read_weights``: a ``BlobWeights`` of a
         weights file, or an adapter folder's files), for engines on other nodes."""
         return self.actors[0].read_weights.remote(path)
 

@@ -18,7 +18,7 @@ from rl.driver.actors.cluster import node_id, on_node
 from rl.driver.actors.group import ActorGroup, GroupOwner, actor_died, ray_factory
 from rollout.balance import estimate_length, plan_shards
 from rollout.pool import EngineFailure, RolloutWorker, free_dead_engine
-from rollout.weights import IpcWeights
+from rollout.weights import FileWeights, IpcWeights
 
 __all__ = ["RolloutPool", "EngineUnresponsive", "engines_call"]
 
@@ -32,8 +32,8 @@ def _placement(worker: Any) -> tuple[str, list[str], list[tuple[int, int]]]:
     return node_id(), list(segments), list(procs)
 
 
-# The calls that give a worker the latest synced weights (a replaced worker makes its own on start).
-LOAD_CALLS = ("load_weights", "load_weights_blob", "load_adapter", "load_adapter_blob")
+# The call that gives a worker the latest synced weights (a replaced worker makes its own on start).
+LOAD_CALLS = ("receive",)
 
 
 class EngineUnresponsive(RuntimeError):
@@ -249,8 +249,8 @@ class RolloutPool(GroupOwner):
 
         ``path`` is on node ``source_node`` (None: every engine can read it). An engine on
         another node gets the file's bytes (an adapter: ``{file name: bytes}``) through Ray's object
-        store instead: ``fetch()`` returns an ObjectRef of them, made once per sync, and pulled by
-        each remote engine's node.
+        store instead: ``fetch()`` returns an ObjectRef of their ``rollout.weights.BlobWeights`` record, made
+        once per sync, and pulled by each remote engine's node.
         """
         # Recorded first: a worker replaced during this call loads the newest weights as it starts.
         self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None, "adapter": adapter}
@@ -267,22 +267,23 @@ class RolloutPool(GroupOwner):
         self._call({i: self._load_job(i) for i in range(len(self.workers))})
 
     def _load_job(self, i: int) -> tuple[str, tuple[Any, ...]]:
-        """The call that gives worker ``i`` the latest synced weights: its learner rank's CUDA IPC export, a file
-        path, or the bytes' ObjectRef."""
+        """The call that gives worker ``i`` the latest synced weights: ``RolloutWorker.receive`` of a
+        ``rollout.weights`` record (its learner rank's CUDA IPC export, or the weights file on its node), or of
+        the ObjectRef of a ``BlobWeights`` for an engine on another node (a top-level argument, so Ray pulls it
+        to that node and hands the worker the record)."""
         w = self._weights
         assert w is not None
         if "ipc" in w:
-            return "load_weights_ipc", (w["ipc"][i],)
-        kind = "load_adapter" if w.get("adapter") else "load_weights"
+            return "receive", (w["ipc"][i],)
         if self.route(i, w["node"]) == "file":
-            return kind, (w["path"],)
+            return "receive", (FileWeights(w["path"], adapter=bool(w.get("adapter"))),)
         if w["ref"] is None:
             if w["fetch"] is None:
                 raise ValueError(
                     f"rollout worker {i} is on another node than the weights file {w['path']}; sync_weights needs fetch"
                 )
             w["ref"] = w["fetch"]()
-        return f"{kind}_blob", (w["ref"],)
+        return "receive", (w["ref"],)
 
     def route(self, i: int, source_node: str | None) -> str:
         """How worker ``i`` receives weights from a learner on ``source_node``: ``file`` or ``object_store``."""

@@ -24,7 +24,7 @@ def dump_run_stacks(stacks_dir: str, why: str, timeout_s: float = 15.0) -> str:
     try:
         dump_self(own, why)
         local = dump_registered(stacks_dir, why)
-        notes += [f"{n}: wrote no stack within 3 s" for n in local["silent"]]
+        notes += [f"{n}: wrote no stack within 3 s" for n in local.silent]
         notes += _dump_remote_nodes(stacks_dir, why, timeout_s)
     except Exception as e:  # noqa: BLE001 - a post-mortem aid: its failure must not mask the failure it documents
         notes.append(f"stack dump failed: {type(e).__name__}: {e}")
@@ -64,9 +64,9 @@ def _dump_remote_nodes(stacks_dir: str, why: str, timeout_s: float) -> list[str]
         except Exception as e:  # noqa: BLE001 - noted, never raised
             notes.append(f"node {refs[r]}: {type(e).__name__}: {e}")
             continue
-        for name, text in got["files"].items():
+        for name, text in got.files.items():
             _write_remote(stacks_dir, refs[r], os.path.basename(name), text)
-        notes += [f"node {refs[r]}: {n}: wrote no stack within 3 s" for n in got["silent"]]
+        notes += [f"node {refs[r]}: {n}: wrote no stack within 3 s" for n in got.silent]
     return notes
 
 
