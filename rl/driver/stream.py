@@ -96,9 +96,9 @@ class EpisodeStream:
     def metrics(self) -> dict[str, float]:
         """Of the last ``take`` and the syncs since the previous call: ``rollout/staleness`` (learner updates
         between the weights that generated the batch and those it trains) and ``async/staleness/<domain>`` (the
-        same per domain of the step's tasks: every episode of a step is generated with one engine version), ``timing/rollout_s`` (time the
-        loop waited for the episodes), ``timing/generate_s`` (time generating them, overlapped in async
-        mode), ``timing/sync_s``."""
+        same per domain of the step's tasks: every episode of a step is generated with one engine version),
+        ``timing/rollout_s`` (time the loop waited for the episodes), ``timing/generate_s`` (time generating
+        them, overlapped in async mode), ``timing/sync_s``."""
         m = {**self._m, "timing/sync_s": self._sync_s}
         self._sync_s = 0.0
         return m

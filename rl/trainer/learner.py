@@ -331,7 +331,8 @@ class Learner:
         over the computed samples' policy tokens before the update (``rl.trainer.prepare.logprob_diff``);
         the policy loss's own stats (its ``stat_names``; ``ppo_clip``: ``clip/fraction``, with
         ``algo.loss.dual_clip`` ``clip/dual_fraction``, with ``algo.loss.tis_cap`` ``is/weight_mean`` and
-        ``is/truncated_fraction``, with ``mis_low``/``mis_high`` ``is/masked_fraction``); ``memory/learner_rss_gb``: this
+        ``is/truncated_fraction``, with ``mis_low``/``mis_high`` ``is/masked_fraction``);
+        ``memory/learner_rss_gb``: this
         process's resident memory after the step (``learner.hold_memory``: flat over a run once it holds a
         step's peak); ``memory/trimmed``: 1 where that step went over the hold budget and was trimmed.
         Over data-parallel ranks every sum is all-reduced: each rank returns the whole batch's.

@@ -1,14 +1,16 @@
 """The prepare pass: what a step's updates read per sample, computed once, without gradients, before the first.
 
 It runs when the step needs it (``Learner.needs_prepare``: several updates per batch, a critic,
-``algo.kl.in_reward``, or a policy loss that needs ``proximal_logprobs``, decoupled PPO's proximal policy): per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
+``algo.kl.in_reward``, or a policy loss that needs ``proximal_logprobs``, decoupled PPO's proximal policy):
+per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
 updates), the reference's log-probs (with a reference), the critic's values (with one); then, when the estimator
 computes its advantages in the learner (``Estimator.learner_advantages``: a critic or a KL penalty in the reward),
 those advantages and the value targets over the whole batch. A ``Prepared`` record holds them per sample, flat
 over its masked tokens. Without a prepare pass the ratio's old log-probs are the policy's own, detached.
 
-Also here: the engine's log-probs of a micro-batch's policy tokens and the ``rollout/logprob_diff`` and per-domain
-``async/mismatch_kl`` they give against the learner's. The pass runs the learner's models through its own methods (``Learner._forward``,
+Also here: the engine's log-probs of a micro-batch's policy tokens and the ``rollout/logprob_diff`` and
+per-domain ``async/mismatch_kl`` they give against the learner's. The pass runs the learner's models through
+its own methods (``Learner._forward``,
 ``Learner._reference``), so that a bench wrapping them sees these calls too.
 """
 
@@ -139,6 +141,8 @@ def logprob_diff(logp_flat: torch.Tensor, mb: list[Sample], sums: Sums) -> None:
     sums.logprob_diff += float(d.abs().sum())
     sums.logprob_diff_tokens += float(engine.numel())
     d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    k3 = torch.expm1(d) - d
-    for s, piece in zip(mb, torch.split(k3, [s.num_tokens for s in mb])):
-        sums.add_mismatch(s.domain, float(piece.sum()), float(piece.numel()))
+    counts = [s.num_tokens for s in mb]
+    owner = torch.repeat_interleave(torch.arange(len(mb), device=d.device), torch.tensor(counts, device=d.device))
+    per_sample = torch.zeros(len(mb), dtype=d.dtype, device=d.device).index_add_(0, owner, torch.expm1(d) - d)
+    for s, k3, n in zip(mb, per_sample.tolist(), counts):  # one device sync for the micro-batch
+        sums.add_mismatch(s.domain, k3, float(n))

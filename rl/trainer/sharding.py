@@ -21,8 +21,8 @@ def shard_batch(batch: Batch, n: int) -> list[Batch]:
     Greedy longest-first (``rollout.balance.longest_first``): groups in decreasing cost (the tokens the learner
     runs: prompt once plus every computed member's response; skipped members cost nothing) go to the shard with
     the least cost so far (ties: lowest index). Skipped (zero-advantage) members follow their group. Every shard
-    keeps the batch's global ``num_tokens``, ``num_seqs`` and ``domains`` (its samples' when the batch has none). Samples keep their batch order (by ``uid``) within
-    a shard. Pure.
+    keeps the batch's global ``num_tokens``, ``num_seqs`` and ``domains`` (its samples' when the batch has none).
+    Samples keep their batch order (by ``uid``) within a shard. Pure.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
