@@ -498,10 +498,11 @@ def _as_nobody(tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_mmdebstrap
 def test_a_dockerfile_user_runs_the_agent_and_the_verifier_as_that_user(tmp_path: Path) -> None:
-    """With the real builder (branch h45img): ``USER app`` after a ``useradd``: the agent is uid 1000 in its
+    """With the real builder: ``USER app`` after a ``useradd``: the agent is uid 1000 in its
     home, owns what it makes, cannot write the image's root-owned files; the verifier runs as app too."""
-    image_mod = pytest.importorskip("envs.harbor.image", reason="the image builder (envs.harbor.image) is not here")
-    task_mod = pytest.importorskip("envs.harbor.task", reason="the loader (envs.harbor.task) is not here")
+    from envs.harbor import image as image_mod
+    from envs.harbor import task as task_mod
+
     task_dir = tmp_path / "user-task"
     shutil.copytree(DATA / "hello-file", task_dir)
     (task_dir / "environment" / "Dockerfile").write_text(
