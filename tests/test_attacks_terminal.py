@@ -159,6 +159,21 @@ GIT_METADATA_ATTACKS = {
 }
 
 
+def player(env, reward, task_for):
+    """``run(task, *commands)``: an episode of ``env`` playing ``commands`` then DONE; (the reward's score, info)."""
+
+    def run(name: str, *commands: str) -> tuple[float, dict]:
+        task = task_for(name)
+        env.reset(task)
+        for cmd in commands:
+            env.step(f"```bash\n{cmd}\n```")
+        info = env.step("DONE")[3]
+        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
+        return reward(traj), info
+
+    return run
+
+
 def task_of(name: str) -> Task:
     return Task(
         id=f"attack-{name}", domain="terminal", terminal=TASKS[name], messages=(Message("user", "do the task"),)
@@ -167,18 +182,8 @@ def task_of(name: str) -> Task:
 
 @pytest.fixture(scope="module")
 def play():
-    env, reward = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0), TerminalCheckReward()
-
-    def run(task_name: str, *commands: str) -> tuple[float, dict]:
-        task = task_of(task_name)
-        env.reset(task)
-        for cmd in commands:
-            env.step(f"```bash\n{cmd}\n```")
-        info = env.step("DONE")[3]
-        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
-        return reward(traj), info
-
-    yield run
+    env = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0)
+    yield player(env, TerminalCheckReward(), task_of)
     env.close()
 
 
@@ -212,18 +217,8 @@ def _harbor_player(root: Path):
     for name, spec in TASKS.items():
         harbor_task_dir(root, name, spec)
     tasks = {t.id: t for t in load_harbor_tasks(root)}
-    env, reward = HarborEnv(max_turns=10, command_timeout_s=10.0), HarborVerifierReward()
-
-    def run(task_name: str, *commands: str) -> tuple[float, dict]:
-        task = tasks[task_name]
-        env.reset(task)
-        for cmd in commands:
-            env.step(f"```bash\n{cmd}\n```")
-        info = env.step("DONE")[3]
-        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
-        return reward(traj), info
-
-    return env, run
+    env = HarborEnv(max_turns=10, command_timeout_s=10.0)
+    return env, player(env, HarborVerifierReward(), tasks.__getitem__)
 
 
 _needs_images = pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
@@ -355,18 +350,8 @@ def shipped():
 
 @pytest.fixture(scope="module")
 def play_shipped(shipped):
-    env, reward = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0), TerminalCheckReward()
-
-    def run(task_id: str, *commands: str) -> tuple[float, dict]:
-        task = shipped[task_id]
-        env.reset(task)
-        for cmd in commands:
-            env.step(f"```bash\n{cmd}\n```")
-        info = env.step("DONE")[3]
-        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
-        return reward(traj), info
-
-    yield run
+    env = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0)
+    yield player(env, TerminalCheckReward(), shipped.__getitem__)
     env.close()
 
 

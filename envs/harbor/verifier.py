@@ -43,6 +43,8 @@ import os
 import stat
 from dataclasses import dataclass
 
+from envs.terminal import CHECK_ENV
+
 __all__ = [
     "IMAGE_ETC",
     "IMAGE_TOP",
@@ -73,22 +75,16 @@ IMAGE_ETC = (
 )
 _IMAGE_ETC_PREFIXES = ("python",)  # /etc/python3, /etc/python3.11: sitecustomize
 _HARNESS_TOP = ("proc", "dev", "sys", "tests", "logs")  # mounted by the harness, never the agent's
-# git settings pinned for the verifier (command-line precedence, over any repository's config): nothing the
-# agent configured may run a program during a test's `git status` (hooks, fsmonitor, pagers, editors, ssh) or
-# hide files from it (an excludes or attributes file, showUntrackedFiles, the untracked cache). With
-# GIT_CONFIG_GLOBAL=/dev/null the agent's ~/.gitconfig (and $XDG_CONFIG_HOME/git/config) is not read; the
-# image's /etc/gitconfig is (it is the image's, see IMAGE_ETC).
-_GIT_PINS = (
-    ("core.fsmonitor", "false"),
-    ("core.hooksPath", "/dev/null"),
-    ("core.pager", "cat"),
-    ("core.editor", "false"),
-    ("core.sshCommand", "false"),
-    ("status.showUntrackedFiles", "normal"),
-    ("core.excludesFile", "/dev/null"),
-    ("core.attributesFile", "/dev/null"),
-    ("core.untrackedCache", "false"),
-    ("gc.auto", "0"),
+# git settings pinned for the verifier (command-line precedence, over any repository's config): the terminal
+# check's pins (envs.terminal.CHECK_ENV), so that nothing the agent configured runs a program during a test's
+# `git status` (hooks, fsmonitor, pagers, editors, ssh) or hides files from it (an excludes or attributes file,
+# showUntrackedFiles, the untracked cache); all but safe.bareRepository, since a task may test a bare
+# repository. With GIT_CONFIG_GLOBAL=/dev/null the agent's ~/.gitconfig (and $XDG_CONFIG_HOME/git/config) is
+# not read; the image's /etc/gitconfig is (it is the image's, see IMAGE_ETC).
+_GIT_PINS = tuple(
+    (CHECK_ENV[f"GIT_CONFIG_KEY_{i}"], CHECK_ENV[f"GIT_CONFIG_VALUE_{i}"])
+    for i in range(int(CHECK_ENV["GIT_CONFIG_COUNT"]))
+    if CHECK_ENV[f"GIT_CONFIG_KEY_{i}"] != "safe.bareRepository"
 )
 VERIFIER_BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
