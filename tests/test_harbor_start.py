@@ -113,6 +113,16 @@ def test_a_task_without_an_image_refuses_the_run_before_its_actors_start(tmp_pat
     assert len(list((cache / "images").iterdir())) == 2  # the good images are built (and kept) all the same
 
 
+def test_jointrl_train_names_the_task_without_an_image_and_exits_2(tmp_path: Path, recipe_copy, capsys) -> None:
+    from rl.cli.main import main
+
+    path = _recipe(recipe_copy, str(_task_set(tmp_path)), tmp_path / "cache", skip=False)
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "jointrl: error: 1 Harbor task(s) of the recipe have no image" in err, err
+    assert "broken (" in err and "environment/Dockerfile line 3" in err and "Ray:" not in err, err
+
+
 def test_harbor_skip_bad_leaves_those_tasks_out_and_says_how_many(tmp_path: Path, recipe_copy, capsys) -> None:
     tasks = _task_set(tmp_path)
     path = _recipe(recipe_copy, str(tasks), tmp_path / "cache", skip=True)

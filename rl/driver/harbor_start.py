@@ -17,15 +17,15 @@ import dataclasses
 import sys
 
 from envs.types import Task
-from rl.config.recipe import Recipe
+from rl.config.recipe import Recipe, RecipeError
 from rl.data.mixer import Source
 from rl.driver.logger import STARTUP
 
 __all__ = ["HarborImageError", "prepare_harbor_images"]
 
 
-class HarborImageError(RuntimeError):
-    """Harbor tasks of the recipe whose image does not build (or whose directory does not load), each named."""
+class HarborImageError(RecipeError):
+    """Harbor tasks of the recipe whose image does not build, each named (bad input: the CLI exits 2 with it)."""
 
 
 def _harbor_dirs(sources: list[Source], eval_tasks: list[Task]) -> list[str]:
