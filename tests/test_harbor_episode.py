@@ -388,7 +388,13 @@ def test_the_sandboxs_seccomp_filter_and_host_uid_hold_in_an_episode() -> None:
         assert _sh(ep, "python3 -c 'print(1)'; echo $?")[1].splitlines() == ["1", "0"]  # the control
         if os.geteuid() == 0:
             pid = int(_sh(ep, "sleep 100 & echo $!")[1].splitlines()[-1])
-            host = [p for p in os.listdir("/proc") if p.isdigit() and _nspid(p) == pid and _cmd(p) == "sleep"]
+            deadline = time.monotonic() + 5  # the child may not have exec'd sleep yet (a busy host)
+            while not (
+                host := [p for p in os.listdir("/proc") if p.isdigit() and _nspid(p) == pid and _cmd(p) == "sleep"]
+            ):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             assert host and all(os.stat(f"/proc/{p}").st_uid == ep.host_ids[0] != 0 for p in host)
 
 
