@@ -418,11 +418,14 @@ def _reader_for(path: Path) -> Reader:
     raise ValueError(f"{path}: unsupported task file type (supported: {', '.join(sorted(_READERS))})")
 
 
-def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+def load_tasks(
+    path: str | os.PathLike[str], *, harbor_skip_bad: bool = False, skipped: list[str] | None = None
+) -> list[Task]:
     """Load every task of a ``.jsonl``, ``.jsonl.gz`` or ``.parquet`` file (or a registered type).
 
     A directory or a glob is a Harbor task source (:func:`envs.harbor.env.load_harbor_tasks`:
-    a directory of task directories, one task directory, or a glob).
+    a directory of task directories, one task directory, or a glob; ``harbor_skip_bad`` leaves out the
+    task directories that do not load, their messages appended to ``skipped``).
     Raises ``FileNotFoundError`` naming the path when it does not exist and
     :class:`TaskFormatError` naming ``file:line`` for a malformed record or a duplicate id.
     """
@@ -431,7 +434,7 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
 
     if is_harbor_source(p):
         try:
-            return load_harbor_tasks(p)
+            return load_harbor_tasks(p, skip_bad=harbor_skip_bad, skipped=skipped)
         except HarborSourceError as exc:
             raise TaskFormatError(str(exc)) from None
     if not p.is_file():

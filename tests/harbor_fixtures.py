@@ -4,9 +4,12 @@ The episode tests need images, not the real builder's fidelity (``envs.harbor.im
 ``tests/test_harbor_image.py``: apt, RUN in a user namespace, the cache): so
 
 * :func:`load_task` is the Harbor loader's, with fields replaceable for a test;
-* :func:`build_image` starts from one Debian bookworm root built with ``mmdebstrap`` once per
-  machine and cached (it has bash, coreutils and python3, so the test tasks' ``apt-get install
-  python3`` lines are already satisfied and skipped), hard-links it into a per-task tree when
+* :func:`build_image` starts from the shipped tasks' shared base (``tests/data/harbor_base``: their
+  ``FROM`` and package line, built by the real builder into its cache, ``envs.harbor.image.default_cache_dir``,
+  which ``conftest.py`` points at the suite's cache: one ``mmdebstrap`` and one ``apt-get`` for the whole
+  suite, the audit of the shipped tasks and the builder's tests included). It has bash, coreutils and
+  python3, so the test tasks' ``apt-get install python3`` lines are already satisfied and skipped; it
+  hard-links it into a per-task tree (under the cache's ``test-trees/``) when
   the Dockerfile has ``WORKDIR`` or ``COPY`` (new files only: the base's files are never written,
   so the shared inodes stay the base's), and records ``ENV``, ``USER`` and ``WORKDIR``. Any
   other ``RUN`` is refused.
@@ -15,7 +18,6 @@ The episode tests need images, not the real builder's fidelity (``envs.harbor.im
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import os
 import shlex
@@ -24,13 +26,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from envs.harbor.image import BuiltImage
+from envs.harbor.image import BuiltImage, default_cache_dir
+from envs.harbor.image import build_image as real_build_image
 from envs.harbor.task import HarborTask
 from envs.harbor.task import load_task as _load_task
 
 DATA = Path(__file__).resolve().parent / "data" / "harbor"
-_CACHE = Path(os.environ.get("JOINTRL_CACHE", "/tmp/jointrl-test-cache")) / "harbor"
-_BASE_PACKAGES = "bash,coreutils,python3"
+BASE_TASK = Path(__file__).resolve().parent / "data" / "harbor_base"
 
 
 def image(digest: str, root: Path, workdir: str, env: dict[str, str], user: str | None) -> BuiltImage:
@@ -44,26 +46,8 @@ def load_task(path: Path, **overrides: Any) -> HarborTask:
 
 
 def base_root() -> Path:
-    """The Debian bookworm root (minbase + bash, coreutils, python3), built once per machine with mmdebstrap."""
-    root = _CACHE / "base-bookworm"
-    if (root / "usr" / "bin" / "python3").exists():
-        return root
-    _CACHE.mkdir(parents=True, exist_ok=True)
-    os.chmod(_CACHE, 0o755)
-    with open(_CACHE / "base.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build when several test processes ask at once
-        if not (root / "usr" / "bin" / "python3").exists():
-            tmp = _CACHE / f"base-tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            subprocess.run(
-                ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={_BASE_PACKAGES}", "bookworm", str(tmp)],
-                check=True,
-                timeout=900,
-            )
-            os.chmod(tmp, 0o755)
-            shutil.rmtree(root, ignore_errors=True)
-            os.rename(tmp, root)
-    return root
+    """The shared base's tree (``tests/data/harbor_base``), built once per cache by the real builder."""
+    return real_build_image(_load_task(BASE_TASK)).root
 
 
 def build_image(task: HarborTask, cache_dir: Path | None = None) -> BuiltImage:
@@ -89,10 +73,14 @@ def build_image(task: HarborTask, cache_dir: Path | None = None) -> BuiltImage:
             raise ValueError(f"{task.dockerfile}: the test stand-in builder runs no RUN lines: {line!r}")
     if workdir == "/" and not copies:
         return image("base", base, workdir, env, user)
-    digest = hashlib.sha256(task.dockerfile.read_bytes() + b"".join(s.read_bytes() for s, _ in copies)).hexdigest()[:16]
-    root = _CACHE / f"img-{digest}"
+    digest = hashlib.sha256(
+        str(base).encode() + task.dockerfile.read_bytes() + b"".join(s.read_bytes() for s, _ in copies)
+    ).hexdigest()[:16]
+    trees = default_cache_dir() / "test-trees"
+    trees.mkdir(parents=True, exist_ok=True)
+    root = trees / f"img-{digest}"
     if not root.exists():
-        tmp = _CACHE / f"img-tmp-{digest}-{os.getpid()}"
+        tmp = trees / f"img-tmp-{digest}-{os.getpid()}"
         subprocess.run(["cp", "-al", str(base), str(tmp)], check=True)
         (tmp / workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
         for src, dest in copies:

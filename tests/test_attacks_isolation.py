@@ -239,3 +239,35 @@ def test_no_state_crosses_runs_with_a_prestarted_sandbox(warm):
         r = box.run(["/bin/sh", "-c", "sleep 10"])
         assert r.timed_out and "timeout" in r.events
         assert box.run(["/bin/true"]).exit_code == 0
+
+
+# ------------------------------------------------------------------ the same rules in Harbor episodes
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
+def test_harbor_episodes_keep_the_kernel_surface_rules_and_cannot_snoop_each_other():
+    """Two concurrent episodes of one Harbor image (the harbor env's sandbox: overlay view, bwrap, seccomp):
+    the seccomp rules above hold (SIGSYS: bash reports 159; io_uring absent) and the second episode finds
+    nothing of the first's secret in /tmp, /dev/shm, its work dir or any process's cmdline or environ."""
+    from envs.harbor.episode import HarborEpisode
+    from harbor_fixtures import DATA, build_image, load_task
+
+    task = load_task(DATA / "hello-file")
+    image = build_image(task)
+    secret = secrets.token_hex(16)
+    with HarborEpisode(task, image).start() as a, HarborEpisode(task, image).start() as b:
+        planted = a.run(
+            f"echo {secret} > /tmp/s1; echo {secret} > /app/s2; echo {secret} > /dev/shm/s3; "
+            f"SECRET={secret} nohup sleep 60 >/dev/null 2>&1 & echo planted",
+            20,
+        )
+        assert "planted" in planted.output, planted.output
+        b.run(f"cat > /tmp/snoop.py <<'PYEOF'\n{SNOOP}\nPYEOF", 20)
+        seen = b.run(f"printf '%s\\n' {secret} | SNOOP_DIR=/app/x python3 /tmp/snoop.py", 30).output
+        assert "HITS []" in seen, seen
+        for name in ("ptrace", "perf_event_open", "bpf", "userfaultfd", "unshare", "mount", "keyctl"):
+            code = SYSCALL.replace("\n", "; ").replace("sys.argv[1]", f"'{NR[name]}'")
+            assert "status=159" in b.run(f'python3 -c "{code}"; echo status=$?', 20).output, name
+        code = SYSCALL.replace("\n", "; ").replace("sys.argv[1]", f"'{NR['io_uring_setup']}'")
+        assert b.run(f'python3 -c "{code}"', 20).output.split() == ["-1", "38"]  # ENOSYS

@@ -6,9 +6,18 @@ file in the user site-packages, a ``python3`` in ``~/.local/bin``, shell rc file
 ``json.py`` beside the check, git configuration that hides files or runs hooks, leftover
 daemons. Scored through :class:`envs.terminal.TerminalEnv` + :class:`rewards.terminal.TerminalCheckReward`
 (the recipe path); each must score 0, and the honest solution 1.0.
+
+The same tasks, wrong answers and traps run in the ``harbor`` env too (slow: each task becomes a Harbor task
+directory whose image, over the shipped tasks' shared base, runs the setup; its ``tests/test.sh`` runs the
+check): :class:`envs.harbor.env.HarborEnv` + :class:`rewards.harbor.HarborVerifierReward`. The repository-local
+git metadata attacks are not among them: a Harbor verifier reads the agent's repository as the agent left it
+(docs/envs.md, what the verifier rule cannot protect).
 """
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -150,6 +159,21 @@ GIT_METADATA_ATTACKS = {
 }
 
 
+def player(env, reward, task_for):
+    """``run(task, *commands)``: an episode of ``env`` playing ``commands`` then DONE; (the reward's score, info)."""
+
+    def run(name: str, *commands: str) -> tuple[float, dict]:
+        task = task_for(name)
+        env.reset(task)
+        for cmd in commands:
+            env.step(f"```bash\n{cmd}\n```")
+        info = env.step("DONE")[3]
+        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
+        return reward(traj), info
+
+    return run
+
+
 def task_of(name: str) -> Task:
     return Task(
         id=f"attack-{name}", domain="terminal", terminal=TASKS[name], messages=(Message("user", "do the task"),)
@@ -158,31 +182,69 @@ def task_of(name: str) -> Task:
 
 @pytest.fixture(scope="module")
 def play():
-    env, reward = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0), TerminalCheckReward()
+    env = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0)
+    yield player(env, TerminalCheckReward(), task_of)
+    env.close()
 
-    def run(task_name: str, *commands: str) -> tuple[float, dict]:
-        task = task_of(task_name)
-        env.reset(task)
-        for cmd in commands:
-            env.step(f"```bash\n{cmd}\n```")
-        info = env.step("DONE")[3]
-        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
-        return reward(traj), info
 
+HARBOR_BASE = Path(__file__).resolve().parent / "data" / "harbor_base" / "environment" / "Dockerfile"
+
+
+def harbor_task_dir(root: Path, name: str, spec: TerminalSpec) -> Path:
+    """``spec`` as a Harbor task directory: the shared base, the setup run in the image's /app, the check as test.sh."""
+    d = root / name
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "task.toml").write_text(
+        'version = "1.0"\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 60.0\n'
+        "[environment]\ncpus = 1\nmemory_mb = 1024\nstorage_mb = 256\nallow_internet = false\n"
+    )
+    (d / "instruction.md").write_text("do the task\n")
+    (d / "environment" / "setup.sh").write_text(f"set -e\n{spec.setup}\n")
+    steps = "WORKDIR /app\nCOPY setup.sh /opt/setup.sh\nRUN sh /opt/setup.sh && rm /opt/setup.sh\n"
+    (d / "environment" / "Dockerfile").write_text(HARBOR_BASE.read_text() + steps)
+    (d / "tests" / "test.sh").write_text(
+        f"#!/bin/bash\ncd /app\nif ( {spec.check} ); then echo 1 > /logs/verifier/reward.txt; "
+        "else echo 0 > /logs/verifier/reward.txt; fi\n"
+    )
+    return d
+
+
+def _harbor_player(root: Path):
+    from envs.harbor.env import HarborEnv, load_harbor_tasks
+    from rewards.harbor import HarborVerifierReward
+
+    for name, spec in TASKS.items():
+        harbor_task_dir(root, name, spec)
+    tasks = {t.id: t for t in load_harbor_tasks(root)}
+    env = HarborEnv(max_turns=10, command_timeout_s=10.0)
+    return env, player(env, HarborVerifierReward(), tasks.__getitem__)
+
+
+_needs_images = pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
+
+
+@pytest.fixture(scope="module", params=["terminal", pytest.param("harbor", marks=[pytest.mark.slow, _needs_images])])
+def play_in(request, play, tmp_path_factory):
+    """``play`` in the terminal env, or the same tasks as Harbor task directories in the harbor env."""
+    if request.param == "terminal":
+        yield play
+        return
+    env, run = _harbor_player(tmp_path_factory.mktemp("harbor-attacks"))
     yield run
     env.close()
 
 
-def test_honest_solutions_pass(play):
+def test_honest_solutions_pass(play_in):
     for name, spec in TASKS.items():
-        score, info = play(name, spec.solution)
-        assert score == 1.0, info["check_output"]
+        score, info = play_in(name, spec.solution)
+        assert score == 1.0, (name, info["check_output"])
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_attack_scores_zero(play, attack):
+def test_attack_scores_zero(play_in, attack):
     task_name, trap = ATTACKS[attack]
-    score, info = play(task_name, WRONG[task_name], trap)
+    score, info = play_in(task_name, WRONG[task_name], trap)
     assert score == 0.0, (attack, info["check_output"])
 
 
@@ -288,18 +350,8 @@ def shipped():
 
 @pytest.fixture(scope="module")
 def play_shipped(shipped):
-    env, reward = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0), TerminalCheckReward()
-
-    def run(task_id: str, *commands: str) -> tuple[float, dict]:
-        task = shipped[task_id]
-        env.reset(task)
-        for cmd in commands:
-            env.step(f"```bash\n{cmd}\n```")
-        info = env.step("DONE")[3]
-        traj = finished(task, task.messages, num_turns=len(commands) + 1, env_reward=info["reward"])
-        return reward(traj), info
-
-    yield run
+    env = TerminalEnv(check_timeout_s=10.0, command_timeout_s=10.0)
+    yield player(env, TerminalCheckReward(), shipped.__getitem__)
     env.close()
 
 

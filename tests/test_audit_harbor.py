@@ -218,7 +218,6 @@ AUDIT_STRATEGIES = "delete_everything,delete_named,named_paths_1,forge_reward,pl
 def test_every_shipped_task_audits_clean_through_the_harbor_recipe(capsys):
     """Builds every shipped image (cached after the first run) and plays the oracle, the baseline and the
     verifier attacks through the recipe's harbor env: oracle 1, no-op 0, nothing above the baseline."""
-    pytest.importorskip("envs.harbor.env", reason="envs.harbor.env (the harbor env, branch h45env) not present")
     rc = main(["audit", str(HARBOR), "--recipe", str(ROOT / "recipes" / "joint_harbor.yaml"),
                "--workers", "2", "--strategies", AUDIT_STRATEGIES])  # fmt: skip
     out = capsys.readouterr().out

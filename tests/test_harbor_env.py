@@ -257,3 +257,44 @@ def test_tiny_training_run_mixes_harbor_tasks_with_another_domain(tmp_path: Path
     assert all(s["reward/harbor/mean"] == 0.0 for s in trained)  # the random model does not solve them
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     assert {r.get("domain") for r in rollouts} >= {"harbor", "tool_call"}
+
+
+@pytest.mark.slow
+@needs_mmdebstrap
+def test_jointrl_train_over_shipped_harbor_tasks_and_tool_calls_through_ray_and_vllm(
+    tmp_path: Path, recipe_copy
+) -> None:
+    """One step of ``jointrl train`` (Ray, vLLM, the tiny model) over three shipped Harbor tasks mixed with
+    the tool-call domain: their images built (or found) at start-up before the actors, episodes in them."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    shipped = Path(__file__).resolve().parents[1] / "recipes" / "harbor"
+
+    def edit(d: dict) -> None:
+        _with_harbor(d, [f"{shipped}/c*"])
+        d["data"]["eval_files"] = []
+        d["rollout"].update(prompts_per_step=4, group_size=2, max_new_tokens=16, max_turns=2)
+        d["mixer"] = {**d.get("mixer", {}), "domain_weights": {"tool_call": 0.5, "harbor": 0.5}}
+        d["train"]["steps"] = 1
+
+    recipe = recipe_copy("tiny.yaml", edit=edit)
+    exe = Path(sys.executable).with_name("jointrl")
+    env = {**os.environ, "WANDB_MODE": "disabled", "RAY_ADDRESS": ""}
+    r = subprocess.run([str(exe), "train", str(recipe)], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    starts = [ln for ln in r.stderr.splitlines() if re.search(r"\] Harbor image \d", ln)]
+    assert [ln.split("] ")[1].split(":")[0] for ln in starts] == [
+        "Harbor image 1/3 c-fix-csvsum", "Harbor image 2/3 cron-backup-entry", "Harbor image 3/3 csv-to-sqlite"
+    ], r.stderr[-4000:]  # fmt: skip
+    assert r.stderr.index("Harbor images: 3 task(s)") < r.stderr.index("Ray:"), r.stderr[-4000:]
+    out = tmp_path / "out"
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(s.get("step") == 1 and "reward/harbor/mean" in s for s in steps), steps
+    rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert {r.get("domain") for r in rollouts} >= {"harbor", "tool_call"}
+    harbor = [r for r in rollouts if r["domain"] == "harbor"]
+    assert all(r["reward_error"] is None and r["reward"] == 0.0 for r in harbor), harbor  # verified, not failed

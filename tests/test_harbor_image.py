@@ -9,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from envs.harbor.image import (
     BuiltImage,
     ImageBuildError,
     build_image,
+    default_cache_dir,
     image_digest,
     image_plan,
     list_images,
@@ -515,13 +515,15 @@ def test_two_processes_building_one_image_build_it_once(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# A Debian image: mmdebstrap, apt in RUN, USER, the shared prefix (slow; the base is cached per machine)
+# A Debian image: mmdebstrap, apt in RUN, USER, the shared prefix (slow). It builds in the suite's image cache
+# (``default_cache_dir``: conftest.py sets JOINTRL_CACHE) and starts with the shipped tasks' FROM and package line,
+# so it shares their base build (one mmdebstrap and one apt-get per cache).
 # --------------------------------------------------------------------------------------
 
-CACHE = Path(os.environ.get("JOINTRL_TEST_IMAGE_CACHE", Path(tempfile.gettempdir()) / "jointrl-test-images"))
+CACHE = default_cache_dir()
 DEBIAN = """\
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends gawk gcc git jq libc6-dev make procps python3 sqlite3 && rm -rf /var/lib/apt/lists/*
 RUN useradd -m -u 1000 agent
 WORKDIR /app
 COPY data.json ./

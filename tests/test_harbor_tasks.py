@@ -1,23 +1,20 @@
 """The shipped Harbor tasks (``recipes/harbor/``): their layout, their schemas, the shared image prefix,
-verifiers that download nothing and write their reward where the harness reads it, and (slow) each
-task verified by hand over one shared Debian root: the oracle scores 1, the no-op and the deletion of
-the work dir score 0 (``tests/harbor_handcheck.sh``, no image builder involved).
+verifiers that download nothing and write their reward where the harness reads it. Each task's oracle,
+no-op and attacks are played in its built image by the audit (``tests/test_audit_harbor.py``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from envs.harbor.task import load_tasks
+
 ROOT = Path(__file__).resolve().parents[1]
 HARBOR = ROOT / "recipes" / "harbor"
-HANDCHECK = ROOT / "tests" / "harbor_handcheck.sh"
 TASKS = sorted(p for p in HARBOR.iterdir() if p.is_dir())
 SHARED_PREFIX = [
     "FROM debian:bookworm-slim",
@@ -66,6 +63,12 @@ def test_dockerfile_starts_with_the_shared_prefix(task):
                 assert (task / "environment" / src).exists(), f"{task.name}: COPY {src}: not in the context"
 
 
+def test_the_test_suites_base_image_is_the_shared_prefix():
+    """``tests/data/harbor_base`` (the episode tests' base) is this prefix: the suite builds one base."""
+    base = ROOT / "tests" / "data" / "harbor_base" / "environment" / "Dockerfile"
+    assert [ln for ln in base.read_text().splitlines() if ln.strip()] == SHARED_PREFIX
+
+
 @pytest.mark.parametrize("task", TASKS, ids=_ids(TASKS))
 def test_verifier_downloads_nothing_and_writes_its_reward(task):
     text = "\n".join(p.read_text(errors="replace") for p in (task / "tests").rglob("*") if p.is_file())
@@ -85,10 +88,7 @@ def test_instruction_does_not_reveal_the_verifier(task):
 
 
 def test_the_loader_reads_every_shipped_task():
-    task_mod = pytest.importorskip(
-        "envs.harbor.task", reason="envs.harbor.task (the loader, branch h45img) not present"
-    )
-    loaded = task_mod.load_tasks(HARBOR)
+    loaded = load_tasks(HARBOR)
     assert [t.name for t in loaded] == _ids(TASKS)
     for t in loaded:
         assert t.allow_internet is False, t.name
@@ -97,27 +97,3 @@ def test_the_loader_reads_every_shipped_task():
         assert not t.extra, f"{t.name}: fields the loader does not know: {t.extra}"
     schemas = {t.name: t.schema for t in loaded}
     assert {n for n, s in schemas.items() if s == "1.0"} == OLD_SCHEMA
-
-
-def _handcheck_base() -> Path:
-    return Path(
-        os.environ.get("JOINTRL_HARBOR_HANDCHECK_BASE", Path.home() / ".cache" / "jointrl" / "harbor_handcheck_base")
-    )
-
-
-@pytest.mark.slow
-def test_every_task_verified_by_hand_oracle_1_noop_0_delete_0():
-    """The hand check over one shared root (built once with mmdebstrap, then reused): per task, the oracle
-    scores 1, and the no-op and the deletion of everything in the work dir score 0."""
-    missing = [tool for tool in ("mmdebstrap", "bwrap", "unshare") if shutil.which(tool) is None]
-    if missing or os.geteuid() != 0:
-        pytest.skip(f"the hand check needs root and {', '.join(missing) or 'its tools'}")
-    base = _handcheck_base()
-    base.parent.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(
-        ["bash", str(HANDCHECK), str(base), *map(str, TASKS)], capture_output=True, text=True, timeout=3000
-    )
-    rows = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines() if ln.split() and ln.split()[0] in _ids(TASKS)}
-    assert set(rows) == set(_ids(TASKS)), r.stdout + r.stderr
-    bad = {name: row[2:5] for name, row in rows.items() if row[2:5] != ["1", "0", "0"]}
-    assert not bad and r.returncode == 0, f"{bad}\n{r.stdout}\n{r.stderr[-2000:]}"

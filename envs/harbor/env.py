@@ -108,13 +108,17 @@ def _build_image(task, cache_dir: str):
     return build_image(task, Path(cache_dir) if cache_dir else None)
 
 
-def load_harbor_tasks(spec: str | os.PathLike[str]) -> list[Task]:
+def load_harbor_tasks(
+    spec: str | os.PathLike[str], *, skip_bad: bool = False, skipped: list[str] | None = None
+) -> list[Task]:
     """Every task directory of ``spec`` (see :func:`is_harbor_source`) as a ``harbor`` :class:`Task`.
 
     Raises ``FileNotFoundError`` when the source names no task directory, and
     :class:`HarborSourceError` listing every task directory that does not load (the loader's
     message: the directory, the file, the field) or that repeats another's name
-    (:func:`envs.io.load_tasks` raises it as a ``TaskFormatError``).
+    (:func:`envs.io.load_tasks` raises it as a ``TaskFormatError``). With ``skip_bad`` (the recipe's
+    ``data.harbor_skip_bad``) those directories are left out instead, each message appended to
+    ``skipped`` for the caller to report; a source none of whose directories loads still raises.
     """
     tasks: list[Task] = []
     errors: list[str] = []
@@ -130,8 +134,10 @@ def load_harbor_tasks(spec: str | os.PathLike[str]) -> list[Task]:
             continue
         seen[ht.name] = d
         tasks.append(to_task(ht))
-    if errors:
+    if errors and (not skip_bad or not tasks):
         raise HarborSourceError(f"{spec}: {len(errors)} Harbor task(s) do not load:\n" + "\n".join(errors))
+    if skipped is not None:
+        skipped += errors
     return tasks
 
 

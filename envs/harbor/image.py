@@ -10,7 +10,9 @@ builds the root filesystem tree:
   ``/etc/resolv.conf`` (none with ``RUN --network=none``); ``USER`` switches with the image's ``setpriv``;
 * ``COPY``/``ADD``/``WORKDIR``: ``envs.harbor.rootfs`` in the same namespace, paths resolved inside the tree.
 
-The cache (``cache_dir``, else ``$JOINTRL_IMAGE_CACHE``, else ``~/.cache/jointrl/images``):
+The cache (``cache_dir``, else :func:`default_cache_dir`: ``$JOINTRL_IMAGE_CACHE``, else ``$JOINTRL_CACHE/images``, else
+``~/.cache/jointrl/images``; the test suite's ``conftest.py`` sets ``JOINTRL_CACHE``, so every test that builds shares
+one cache and one base build):
 
 * ``images/<digest>/root`` + ``image.json``: the digest is a sha256 of the builder's version, the Dockerfile, the
   base it maps to and the build context's paths, modes and contents (``.dockerignore`` applied). One build per
@@ -90,9 +92,12 @@ class BuiltImage:
 
 
 def default_cache_dir() -> Path:
-    """``$JOINTRL_IMAGE_CACHE``, else ``~/.cache/jointrl/images``."""
+    """``$JOINTRL_IMAGE_CACHE``, else ``$JOINTRL_CACHE/images`` (the cache of jointrl's models), else
+    ``~/.cache/jointrl/images``: the driver and its actors read the same variables, so they find the same images."""
     env = os.environ.get("JOINTRL_IMAGE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "jointrl" / "images"
+    if env:
+        return Path(env)
+    return Path(os.environ.get("JOINTRL_CACHE") or Path.home() / ".cache" / "jointrl") / "images"
 
 
 def _where(task: HarborTask) -> str:

@@ -20,13 +20,19 @@ run in a fresh sandbox whose root is composed here, not the agent's merged view 
   run, read-only; ``/logs/verifier`` a fresh empty directory from the harness (anything the
   agent wrote there is gone). The reward is read from it by the harness (:func:`read_reward`).
 * **A clean environment**: the image's ``ENV`` and the task's ``[verifier] env`` over a fixed
-  base (no user site, no ``PYTHONPATH`` from the agent, no ``BASH_ENV``, ``PYTHONSAFEPATH``), and
-  ``bash /tests/test.sh`` without start-up files.
+  base (no user site, no ``PYTHONPATH`` from the agent, no ``BASH_ENV``, ``PYTHONSAFEPATH``; git
+  without the agent's global config and with hooks, fsmonitor, pagers and excludes files pinned
+  off), and ``bash /tests/test.sh`` without start-up files.
 
 What this cannot protect: a verifier that runs the agent's own program (its output is what
 the program prints); programs the verifier reaches through a path the agent owns (``$HOME``,
 the workdir, an image ``PATH`` entry outside ``/usr`` that the task does not name in
-``image_paths``); configuration files deeper in ``/etc`` than its top level (``/etc/ssl``).
+``image_paths``); configuration files deeper in ``/etc`` than its top level (``/etc/ssl``); the
+agent's own repositories' metadata beyond the pinned keys (``.git/info/exclude``, assume-unchanged
+bits, and filter, textconv and external diff drivers: programs the agent named in its repository's
+config, which git runs during a test's ``git status`` or ``git diff``). The terminal env vets these
+for its own checks (``envs.terminal_git``); a Harbor test reads the repository as the agent left
+it, so a task whose test asks git about the agent's repository should check that metadata itself.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import math
 import os
 import stat
 from dataclasses import dataclass
+
+from envs.terminal import CHECK_ENV
 
 __all__ = [
     "IMAGE_ETC",
@@ -67,6 +75,17 @@ IMAGE_ETC = (
 )
 _IMAGE_ETC_PREFIXES = ("python",)  # /etc/python3, /etc/python3.11: sitecustomize
 _HARNESS_TOP = ("proc", "dev", "sys", "tests", "logs")  # mounted by the harness, never the agent's
+# git settings pinned for the verifier (command-line precedence, over any repository's config): the terminal
+# check's pins (envs.terminal.CHECK_ENV), so that nothing the agent configured runs a program during a test's
+# `git status` (hooks, fsmonitor, pagers, editors, ssh) or hides files from it (an excludes or attributes file,
+# showUntrackedFiles, the untracked cache); all but safe.bareRepository, since a task may test a bare
+# repository. With GIT_CONFIG_GLOBAL=/dev/null the agent's ~/.gitconfig (and $XDG_CONFIG_HOME/git/config) is
+# not read; the image's /etc/gitconfig is (it is the image's, see IMAGE_ETC).
+_GIT_PINS = tuple(
+    (CHECK_ENV[f"GIT_CONFIG_KEY_{i}"], CHECK_ENV[f"GIT_CONFIG_VALUE_{i}"])
+    for i in range(int(CHECK_ENV["GIT_CONFIG_COUNT"]))
+    if CHECK_ENV[f"GIT_CONFIG_KEY_{i}"] != "safe.bareRepository"
+)
 VERIFIER_BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
@@ -75,6 +94,13 @@ VERIFIER_BASE_ENV = {
     "PYTHONSAFEPATH": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
     "DEBIAN_FRONTEND": "noninteractive",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat",
+    "GIT_OPTIONAL_LOCKS": "0",  # a test's `git status` does not rewrite the index
+    "GIT_CONFIG_COUNT": str(len(_GIT_PINS)),
+    **{f"GIT_CONFIG_KEY_{i}": k for i, (k, _) in enumerate(_GIT_PINS)},
+    **{f"GIT_CONFIG_VALUE_{i}": v for i, (_, v) in enumerate(_GIT_PINS)},
 }
 _REWARD_MAX_BYTES = 65536
 

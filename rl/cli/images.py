@@ -2,8 +2,8 @@
 
 ``ls`` prints one line per image (digest, its own size: the bytes it does not share with a cached prefix, build
 time, base, the task that built it, approximate bases marked); ``rm DIGEST...`` removes images by digest prefix, ``rm --all`` every image, ``--prefixes`` also the
-cached build prefixes (base trees); remove nothing a running training run still uses. ``--cache DIR`` (default ``$JOINTRL_IMAGE_CACHE`` or
-``~/.cache/jointrl/images``) chooses the cache.
+cached build prefixes (base trees); remove nothing a running training run still uses. ``--cache DIR`` (default ``$JOINTRL_IMAGE_CACHE``, else
+``$JOINTRL_CACHE/images``, else ``~/.cache/jointrl/images``) chooses the cache.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="rm: every cached image")
     p.add_argument("--prefixes", action="store_true", help="rm: also the cached build prefixes (base trees)")
     p.add_argument(
-        "--cache", default=None, help="the image cache (default: $JOINTRL_IMAGE_CACHE or ~/.cache/jointrl/images)"
+        "--cache",
+        default=None,
+        help="the image cache (default: $JOINTRL_IMAGE_CACHE, else $JOINTRL_CACHE/images, else ~/.cache/jointrl/images)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(run=run_images)

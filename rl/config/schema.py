@@ -133,8 +133,19 @@ class DatasetConfig(Section):
 
 @dataclass(frozen=True)
 class DataConfig(Section):
-    train_files: list[str] = knob(doc="task files (.jsonl, .jsonl.gz, .parquet); relative to the recipe", factory=list)
-    eval_files: list[str] = knob(doc="held-out task files, evaluated greedily", factory=list)
+    train_files: list[str] = knob(
+        doc="task files (.jsonl, .jsonl.gz, .parquet), or Harbor task sources (a directory of task dirs, one task "
+        "dir, or a glob: the harbor domain); relative to the recipe",
+        factory=list,
+    )
+    eval_files: list[str] = knob(
+        doc="held-out task files (or Harbor task sources, like data.train_files), evaluated greedily", factory=list
+    )
+    harbor_skip_bad: bool = knob(
+        False,
+        "leave out (and count) the Harbor tasks whose directory does not load or whose image does not build, "
+        "instead of refusing the run before its actors start",
+    )
     eval_limit: int = knob(0, "evaluate at most N held-out tasks of each eval file, domain or in all (0 = all)", ge=0)
     eval_limit_per: Literal["file", "domain", "total"] = knob(
         "file",

@@ -49,7 +49,9 @@ def load_task_files(recipe: Recipe) -> list[TaskFile]:
         for i, f in enumerate(files):
             path = resolve_path(recipe, f)
             try:
-                out.append(TaskFile(f"{key}.{i}", path, tuple(load_tasks(path))))
+                out.append(
+                    TaskFile(f"{key}.{i}", path, tuple(load_tasks(path, harbor_skip_bad=recipe.data.harbor_skip_bad)))
+                )
             except (TaskFormatError, OSError) as e:
                 out.append(TaskFile(f"{key}.{i}", path, error=str(e)))
     return out

@@ -28,6 +28,7 @@ from rl.algos.batch import build_batch, rollout_metrics
 from rl.algos.shaping import RewardNormalizer, shape_step
 from rl.config.recipe import Recipe, RecipeError, recipe_to_dict, resolve_path
 from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
+from rl.driver.harbor_start import prepare_harbor_images, say_always
 from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_dir, read_checkpoint, write_checkpoint
 from rl.driver.placement import PlacementError
 from rl.driver.logger import STARTUP, ProgressBar, RunLogger
@@ -80,6 +81,7 @@ def train(
     model_path = prepare_model(cfg)
     STARTUP.phase("task files and datasets")
     train_sources, eval_tasks = load_task_sets(cfg)
+    train_sources, eval_tasks = prepare_harbor_images(cfg, train_sources, eval_tasks)  # before any actor starts
     mixer, normalizer = make_mixer(cfg, train_sources), make_normalizer(cfg)
     sampling, greedy = make_sampling(cfg)
     rt = (runtime or _ray_runtime)(cfg, model_path, out, verbose)
@@ -515,7 +517,13 @@ def load_task_sets(cfg: Recipe) -> tuple[list[Source], list[Task]]:
     for files, is_train in ((cfg.data.train_files, True), (cfg.data.eval_files, False)):
         for i, f in enumerate(files):
             path = resolve_path(cfg, f)
-            tasks = load_tasks(path)
+            skipped: list[str] = []
+            tasks = load_tasks(path, harbor_skip_bad=cfg.data.harbor_skip_bad, skipped=skipped)
+            if skipped:
+                say_always(
+                    f"Harbor tasks: skipped {len(skipped)} task dir(s) of {path} that do not load "
+                    "(data.harbor_skip_bad):\n" + "\n".join(f"  {m}" for m in skipped)
+                )
             _check_domains(tasks, str(path), domains)
             if is_train:
                 sources += sources_by_domain(tasks, path.name, weights[i])

@@ -335,6 +335,7 @@ def _actor_env(verbose: bool, stacks_dir: Path) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # needed to run our reload function in vLLM workers
         "JOINTRL_CACHE": os.environ.get("JOINTRL_CACHE", ""),
+        "JOINTRL_IMAGE_CACHE": os.environ.get("JOINTRL_IMAGE_CACHE", ""),  # Harbor images: the driver built them there
         # User reward/env modules importable on the driver must import in the actors too.
         "PYTHONPATH": os.pathsep.join(
             p for p in [os.environ.get("PYTHONPATH", ""), *sys.path] if p and os.path.isdir(p)
