@@ -14,7 +14,13 @@ Closing is timed separately (not part of the start). Prints both medians and p90
 builder (``envs.harbor.image.build_image``) when it is installed, else from the test stand-in
 (``tests/harbor_fixtures.py``: a Debian bookworm root built once with mmdebstrap).
 
+With ``--builds DIR`` it measures image builds instead: every task dir under ``DIR`` (the shipped set:
+``recipes/harbor``) built in name order into a fresh, empty cache (``--cache``, else a temporary directory),
+each build's wall time (the first pays for the shared base: mmdebstrap and the shared ``RUN`` lines; the
+others build on the cached prefix), then the same builds again as cache hits.
+
 Usage: .venv/bin/python bench/harbor_bench.py [--n 20] [--task tests/data/harbor/hello-file]
+       .venv/bin/python bench/harbor_bench.py --builds recipes/harbor [--cache DIR]
 """
 
 from __future__ import annotations
@@ -87,12 +93,43 @@ def _p(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def _builds(tasks_dir: Path, cache: Path | None) -> int:
+    """Build every task of ``tasks_dir`` into an empty cache, then again (cache hits); print each build's time."""
+    import tempfile
+
+    from envs.harbor.image import build_image
+    from envs.harbor.task import load_tasks
+
+    tasks = sorted(load_tasks(tasks_dir), key=lambda t: t.name)
+    with tempfile.TemporaryDirectory(prefix="harbor-bench-") as tmp:
+        where = cache or Path(tmp)
+        if where.exists() and any(where.iterdir()):
+            raise SystemExit(f"--cache {where}: not empty (the cold builds need an empty cache)")
+        print(f"host: {_host()}; {len(tasks)} tasks from {tasks_dir}; cache {where}")
+        rows = []
+        for t in tasks:
+            t0 = time.perf_counter()
+            cold = build_image(t, where)
+            cold_s = time.perf_counter() - t0
+            rows.append((t.name, cold_s, cold.cached))
+            print(f"{t.name:28} built in {cold_s:7.1f} s", flush=True)
+        t0 = time.perf_counter()
+        hits = [build_image(t, where).cached for t in tasks]
+        print(f"total {sum(r[1] for r in rows):.1f} s cold; every image again: {time.perf_counter() - t0:.2f} s, "
+              f"{sum(hits)} of {len(tasks)} cache hits; host load now {os.getloadavg()[0]:.2f}")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20, help="rounds (one start of each kind per round)")
     ap.add_argument("--task", type=Path, default=ROOT / "tests" / "data" / "harbor" / "hello-file")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--builds", type=Path, help="time every image build of the task dirs under this directory")
+    ap.add_argument("--cache", type=Path, help="with --builds: an empty cache directory to build into")
     args = ap.parse_args()
+    if args.builds:
+        return _builds(args.builds, args.cache)
     task, image, build_s = _load(args.task)
     _terminal_start(), _harbor_start(task, image)  # warm-up: imports, the probe, page cache
     times: dict[str, list[tuple[float, float]]] = {"terminal": [], "harbor": []}
