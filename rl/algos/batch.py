@@ -50,6 +50,8 @@ class Sample:
     reward: float = 0.0  # the scalar (outcome) reward, shaped when a shaping stage ran
     group_id: int = 0  # samples of one prompt share it (GRPO groups; kept whole on one data-parallel shard)
     uid: int = 0  # position in the step's batch: a stable order for minibatch shuffles (skipping changes nothing)
+    # the engine's experts per token of input_ids, (len(input_ids), layers, top_k) small ints (MoE R3), or None
+    routing: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,204 @@
+"""Routing replay in the learner (``learner.routing_replay``, docs/moe.md) and its routing metrics.
+
+R2: the update forces the experts the prepare pass recorded, even after the router moved (perturbed here between
+the two passes), and the router still gets a gradient. R3: the learner forces the routing the samples carry (the
+engine's). The row map lays per-sample routing out as the layouts feed tokens; the metrics match a hand count;
+a dense model with replay is refused naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl.algos.batch import Batch, Sample
+from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig, OptimConfig
+from rl.trainer import moe
+from rl.trainer.hub import resolve_model
+from rollout.routing import routers
+
+
+@pytest.fixture(scope="module")
+def moe_path() -> str:
+    return resolve_model("embedded:tiny-moe")
+
+
+def _batch() -> Batch:
+    """Two samples of one prompt (one packed group) and one of another."""
+    a = Sample([5, 6, 7, 40, 41, 42, 43], 3, [1, 1, 0, 1], [-1.0] * 4, 1.0, "code", uid=0)
+    b = Sample([5, 6, 7, 60, 61], 3, [1, 1], [-1.0] * 2, -1.0, "code", uid=1)
+    c = Sample([9, 10, 50, 51, 52], 2, [1, 1, 1], [-1.0] * 3, 0.5, "tool", uid=2, group_id=1)
+    return Batch([a, b, c], num_tokens=8, num_seqs=3, domains=("code", "tool"))
+
+
+def _learner(path: str, tmp_path, replay: str, share_prompt: bool = True):
+    from rl.trainer.learner import Learner
+
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3, max_grad_norm=0.0))
+    mcfg = ModelConfig(path=path, learner_dtype="float32", autocast=False)
+    cfg = LearnerConfig(share_prompt=share_prompt, routing_replay=replay)
+    return Learner(path, mcfg, algo, threads=1, shm_dir=str(tmp_path / "shm"), learner=cfg)
+
+
+def _spy_experts(model) -> tuple[list[torch.Tensor], list]:
+    """Forward pre-hooks on every experts block recording the experts (``top_k_index``) it runs with."""
+    seen: list[torch.Tensor] = []
+    handles = [
+        layer.mlp.experts.register_forward_pre_hook(lambda _m, args: seen.append(args[1].detach().clone()))
+        for layer in model.model.layers
+    ]
+    return seen, handles
+
+
+def _per_layer(seen: list[torch.Tensor], layers: int) -> torch.Tensor:
+    """The experts blocks' calls (layer after layer, call after call) as ``(rows, layers, top_k)``."""
+    return torch.stack([torch.cat(seen[i::layers]) for i in range(layers)], dim=1)
+
+
+def _spy_forward(lrn, monkeypatch) -> list:
+    """(samples, forced routing) of each of the learner's policy forwards, in order."""
+    calls: list = []
+    fwd = lrn._forward
+
+    def spy(model, samples, *a, **k):
+        calls.append((list(samples), k.get("routing", a[2] if len(a) > 2 else None)))
+        return fwd(model, samples, *a, **k)
+
+    monkeypatch.setattr(lrn, "_forward", spy)
+    return calls
+
+
+def test_row_map_gather_scatter_round_trip() -> None:
+    rows: moe.Rows = [[(0, 0), (1, 0)], [(0, 1), (1, 1)], [(0, 2)], [], [(1, 2)]]
+    captured = torch.tensor([[[1, 2]], [[3, 4]], [[5, 6]], [[7, 0]], [[2, 3]]], dtype=torch.uint8)
+    per = moe.scatter(captured, rows, [4, 3])
+    assert per[0].tolist() == [[[1, 2]], [[3, 4]], [[5, 6]], [[0, 1]]]  # position 3 never fed: default experts
+    assert per[1].tolist() == [[[1, 2]], [[3, 4]], [[2, 3]]]
+    back = moe.gather(per, rows, (1, 2))
+    assert back.tolist() == [[[1, 2]], [[3, 4]], [[5, 6]], [[0, 1]], [[2, 3]]]  # padding: default experts
+    with pytest.raises(ValueError, match="position 3"):
+        moe.gather([per[0][:3], per[1]], [[(0, 3)]], (1, 2))
+
+
+def test_routing_stats_against_a_hand_count() -> None:
+    # 2 layers, 4 experts, top-2; sample x: 3 tokens (its last is not fed), sample y: 2 tokens (1 fed)
+    x = Sample([1, 2, 3], 1, [1, 1], [0.0, 0.0], 0.0, "code")
+    y = Sample([1, 2], 1, [1], [0.0], 0.0, "tool")
+    rx = torch.tensor([[[0, 1], [2, 3]], [[0, 2], [2, 3]], [[3, 3], [3, 3]]], dtype=torch.uint8)
+    ry = torch.tensor([[[1, 0], [0, 1]], [[3, 3], [3, 3]]], dtype=torch.uint8)
+    x.routing = torch.tensor([[[1, 0], [2, 3]], [[0, 3], [2, 3]], [[0, 0], [0, 0]]], dtype=torch.uint8)
+    st = moe.RoutingStats(layers=2, experts=4)
+    st.add([x, y], [rx, ry])
+    domains = ("code", "tool")
+    m = st.metrics(st.values(domains), domains)
+    # layer 0 slots: x (0,1),(0,2), y (1,0): expert 0 x3, 1 x2, 2 x1, 3 x0 of 6
+    p = [3 / 6, 2 / 6, 1 / 6]
+    assert m["moe/layer_0/entropy"] == pytest.approx(-sum(q * math.log(q) for q in p))
+    assert m["moe/layer_0/max_mean"] == pytest.approx(3 / (6 / 4))
+    # layer 1: (2,3),(2,3),(0,1): 0,1 once, 2,3 twice
+    assert m["moe/layer_1/max_mean"] == pytest.approx(2 / 1.5)
+    assert "moe/layer_0/tokens_expert_0" not in m  # per-expert counts only when asked
+    assert st.metrics(st.values(domains), domains, per_expert=True)["moe/layer_0/tokens_expert_0"] == 3.0
+    # x's engine routing on its 2 fed tokens x 2 layers: token 0 same set both layers, token 1 layer 0 differs
+    assert m["moe/routing_disagreement/code"] == pytest.approx(1 / 4)
+    assert m["moe/routing_disagreement"] == pytest.approx(1 / 4)
+    assert "moe/routing_disagreement/tool" not in m  # y carried no engine routing
+
+
+def _scramble_routers(model) -> None:
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for r in routers(model):
+            r.weight.copy_(torch.randn(r.weight.shape, generator=g) * 3.0)
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_r2_update_forces_the_recorded_experts(moe_path, tmp_path, share_prompt, monkeypatch) -> None:
+    from rl.trainer import optim, prepare
+
+    lrn = _learner(moe_path, tmp_path, "r2", share_prompt)
+    assert lrn.needs_prepare  # one on-policy update: r2 adds the no-grad pass
+    rs = routers(lrn.model)
+    layers = len(rs)
+    state: dict = {}
+    run = prepare.run
+
+    def prepare_then_scramble(*a, **k):
+        prep = run(*a, **k)
+        _scramble_routers(lrn.model)  # the update's router now selects other experts on its own
+        state["prep"] = prep
+        state["seen"], state["handles"] = _spy_experts(lrn.model)
+        return prep
+
+    calls = _spy_forward(lrn, monkeypatch)
+    grads: list[torch.Tensor] = []
+    apply = optim.apply
+
+    def spy_apply(params, *a, **k):
+        grads.extend(r.weight.grad.detach().clone() for r in rs)
+        return apply(params, *a, **k)
+
+    monkeypatch.setattr(prepare, "run", prepare_then_scramble)
+    monkeypatch.setattr(optim, "apply", spy_apply)
+    try:
+        m = lrn.step(_batch())
+    finally:
+        for h in state.get("handles", []):
+            h.remove()
+        lrn.shutdown()
+    prep = state["prep"]
+    samples, forced = calls[-1]  # the update's forward
+    assert forced is not None and all(f is prep.routing[id(s)] for s, f in zip(samples, forced))
+    want = moe.gather(forced, lrn.fwd.rows(samples), (layers, rs[0].top_k)).long()
+    got = _per_layer(state["seen"], layers)
+    assert torch.equal(got, want)
+    # without the replay the scrambled router would have chosen other experts for some tokens
+    from rollout.routing import capture_routing
+
+    with torch.no_grad(), capture_routing(lrn.model) as cap:
+        lrn.fwd(lrn.model, samples)
+    assert not torch.equal(cap.routing().long().sort(-1).values, want.sort(-1).values)
+    assert len(grads) == layers and all(float(g.abs().sum()) > 0 for g in grads)  # the router still learns
+    assert m["moe/layer_0/entropy"] > 0 and m["moe/layer_1/max_mean"] >= 1.0
+    assert "moe/routing_disagreement" not in m  # no sample carried engine routing
+
+
+def test_r3_forces_the_samples_routing_and_disagreement_is_zero(moe_path, tmp_path, monkeypatch) -> None:
+    batch = _batch()
+    g = torch.Generator().manual_seed(1)
+    for s in batch.samples:  # an "engine's" routing: two distinct experts per token and layer
+        s.routing = (
+            torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(len(s.input_ids) * 2)])
+            .reshape(len(s.input_ids), 2, 2)
+            .to(torch.uint8)
+        )
+    a, b, _ = batch.samples  # one prompt, run once in the packed layout: the engine routed it the same way
+    b.routing[: b.prompt_len] = a.routing[: a.prompt_len]
+    lrn = _learner(moe_path, tmp_path, "r3")
+    calls = _spy_forward(lrn, monkeypatch)
+    seen, handles = _spy_experts(lrn.model)
+    try:
+        m = lrn.step(batch)
+    finally:
+        for h in handles:
+            h.remove()
+        lrn.shutdown()
+    ((samples, forced),) = calls  # one on-policy update, no prepare pass
+    assert all(f is s.routing for s, f in zip(samples, forced))
+    want = moe.gather(forced, lrn.fwd.rows(samples), (2, 2)).long()
+    assert torch.equal(_per_layer(seen, 2), want)
+    assert m["moe/routing_disagreement"] == 0.0 and m["moe/routing_disagreement/tool"] == 0.0
+
+    lrn = _learner(moe_path, tmp_path, "none")  # no replay: the learner's own experts differ from random ones
+    try:
+        m = lrn.step(batch)
+    finally:
+        lrn.shutdown()
+    assert 0.0 < m["moe/routing_disagreement"] <= 1.0
+
+
+def test_replay_on_a_dense_model_is_refused(tiny_model_path, tmp_path) -> None:
+    with pytest.raises(ValueError, match="learner.routing_replay: r2 needs a mixture-of-experts model"):
+        _learner(tiny_model_path, tmp_path, "r2")
