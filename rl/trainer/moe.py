@@ -28,7 +28,18 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["expert_counts", "load_metrics", "gather", "scatter", "disagreement", "RoutingStats"]
+__all__ = [
+    "expert_counts",
+    "load_metrics",
+    "gather",
+    "scatter",
+    "disagreement",
+    "RoutingStats",
+    "check_replay",
+    "check_replay_engine",
+]
+
+KEY = "learner.routing_replay"
 
 Rows = list[list[tuple[int, int]]]  # per router row, the (sample, position) pairs it stands for ([]: padding)
 
@@ -177,3 +188,39 @@ class RoutingStats:
         if total > 0:
             out["moe/routing_disagreement"] = differ / total
         return out
+
+
+def check_replay(model_dir: str, learner: Any) -> None:
+    """Refuse ``learner.routing_replay`` (``learner``: the recipe's learner section) on a model whose config has
+    no routers (read from its config, no weights), and with activation checkpointing (the backward's recomputed
+    layers would route on their own): a ``RecipeError`` naming the key, before any actor starts."""
+    from transformers import AutoConfig
+
+    from rl.algos.router import router_spec
+    from rl.config.loading import RecipeError
+
+    mode = learner.routing_replay
+    if mode == "none":
+        return
+    if router_spec(AutoConfig.from_pretrained(model_dir)) is None:
+        raise RecipeError(f"{KEY}: {mode} needs a mixture-of-experts model; {model_dir} has no router (set none)")
+    if learner.activation_checkpointing:
+        raise RecipeError(
+            f"{KEY}: {mode} with learner.activation_checkpointing: the backward's recomputation would not replay "
+            "the routing; turn one of them off"
+        )
+
+
+def check_replay_engine(learner: Any, engine: str) -> None:
+    """Refuse ``learner.routing_replay: r3`` with an engine that does not report each token's experts: only the
+    in-process HF engine (``hf``, ``jointrl train --local``) does. vLLM reports them only with its
+    ``enable_return_routed_experts`` (model runner V2, Triton: GPU), which jointrl does not wire yet; so the
+    vLLM path (Ray runtime, ``--local`` with vLLM) is refused, naming the key, before any actor starts."""
+    from rl.config.loading import RecipeError
+
+    if learner.routing_replay == "r3" and engine != "hf":
+        raise RecipeError(
+            f"{KEY}: r3 needs an engine that reports each token's experts; the {engine} engine does not here "
+            "(vLLM's enable_return_routed_experts, GPU only, is not wired yet: docs/moe.md). Use r2, or "
+            "jointrl train --local (the in-process HF engine)"
+        )
