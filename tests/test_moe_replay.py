@@ -202,3 +202,70 @@ def test_r3_forces_the_samples_routing_and_disagreement_is_zero(moe_path, tmp_pa
 def test_replay_on_a_dense_model_is_refused(tiny_model_path, tmp_path) -> None:
     with pytest.raises(ValueError, match="learner.routing_replay: r2 needs a mixture-of-experts model"):
         _learner(tiny_model_path, tmp_path, "r2")
+
+
+class _RoutingEngine:
+    """Generates ``turns[k]`` at turn k with routing: row t of a turn's routing is ``[t % 200, k]`` (one layer,
+    top-2), one row per token it ran (the prompt, then each generated token but the last); ``without``: turns
+    that come without routing."""
+
+    def __init__(self, turns: list[list[int]], without: tuple[int, ...] = ()) -> None:
+        self.turns, self.without, self.k, self.prompts = turns, without, 0, []
+
+    def generate(self, prompts, sampling, seeds=None, stops=None):
+        import numpy as np
+
+        from envs.types import Generation
+
+        k, self.k = self.k, self.k + 1
+        self.prompts += [list(p) for p in prompts]
+        ids = self.turns[k]
+        out = []
+        for p in prompts:
+            n = len(p) + len(ids) - 1
+            r = None if k in self.without else np.array([[[t % 200, k]] for t in range(n)], dtype=np.uint8)
+            out.append(Generation(token_ids=list(ids), logprobs=[-0.5] * len(ids), finish_reason="length", routing=r))
+        return out
+
+
+class _TwoTurnEnv:
+    """An observation after turn 1, the end after turn 2."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def reset(self, task):
+        return list(task.messages)
+
+    def step(self, action):
+        from envs.types import Message
+
+        self.turn += 1
+        return ([], True, False, {}) if self.turn >= 2 else ([Message("tool", "result 1")], False, False, {})
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("without", [(), (1,)])
+def test_multi_turn_episode_carries_each_tokens_routing_from_the_turn_that_ran_it(tiny_tokenizer, without) -> None:
+    from envs.types import Message, Sampling, Task
+    from rl.algos.batch import _routing
+    from rollout.episode import run_episodes
+
+    tok = tiny_tokenizer
+    engine = _RoutingEngine([tok.encode(" one two", add_special_tokens=False), tok.encode(" three")], without)
+    t0 = Task(id="t", domain="tool_call", messages=(Message("user", "hi"),))
+    (t,) = run_episodes(engine, tok, lambda d: _TwoTurnEnv(), [t0], [0], [1], Sampling(max_turns=3))
+    assert t.num_turns == 2 and 0 in t.loss_mask  # the observation's env tokens sit between the turns
+    if without:
+        assert t.routing is None  # a turn without routing: the episode has none (r3 refuses it, none logs none)
+        return
+    ran1 = len(engine.prompts[0]) + len(engine.turns[0]) - 1  # what turn 1 ran; turn 2 ran the rest
+    n = len(t.prompt_ids) + len(t.response_ids)
+    assert engine.prompts[1] == (t.prompt_ids + t.response_ids)[: len(engine.prompts[1])]
+    assert t.routing.shape == (n - 1, 1, 2)
+    assert t.routing[:, 0, 0].tolist() == [p % 200 for p in range(n - 1)]  # row t is token t's
+    assert t.routing[:, 0, 1].tolist() == [0] * ran1 + [1] * (n - 1 - ran1)  # from the turn that first ran it
+    r = _routing(t)  # the sample's: one row per token, the never-run last one the default experts
+    assert r.shape == (n, 1, 2) and r[-1].tolist() == [[0, 1]] and torch.equal(r[:-1], torch.from_numpy(t.routing))
