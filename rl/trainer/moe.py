@@ -140,8 +140,9 @@ def disagreement(engine: torch.Tensor, learner: torch.Tensor) -> tuple[int, int]
 
 
 class RoutingStats:
-    """A step's routing sums from the learner's old-log-prob pass: per layer and expert the token slots of the
-    samples' fed tokens (each token counted once: ``rows``' positions), and per domain the token-layer selections
+    """A step's routing sums from the learner's old-log-prob pass: per layer and expert the token slots of each
+    sample's tokens but its last (a group's shared prompt counted once per member, as the full layout runs it),
+    and per domain the token-layer selections
     where the engine's routing (``Sample.routing``, where the rollout carried it) and the learner's differ.
 
     ``values(domains)`` flattens them for an all-reduce over data-parallel ranks; ``metrics`` of the reduced
