@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rl.algos.batch import Batch, Sample
-from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig, OptimConfig
+from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig, OptimConfig, UpdateConfig
 from rl.trainer import moe
 from rl.trainer.hub import resolve_model
 from rollout.routing import routers
@@ -33,38 +33,38 @@ def _batch() -> Batch:
     return Batch([a, b, c], num_tokens=8, num_seqs=3, domains=("code", "tool"))
 
 
-def _learner(path: str, tmp_path, replay: str, share_prompt: bool = True):
+def _learner(path: str, tmp_path, replay: str, share_prompt: bool = True, updates: int = 1):
     from rl.trainer.learner import Learner
 
-    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3, max_grad_norm=0.0))
+    upd = UpdateConfig(epochs=updates, minibatches=updates)
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3, max_grad_norm=0.0), update=upd)
     mcfg = ModelConfig(path=path, learner_dtype="float32", autocast=False)
     cfg = LearnerConfig(share_prompt=share_prompt, routing_replay=replay)
     return Learner(path, mcfg, algo, threads=1, shm_dir=str(tmp_path / "shm"), learner=cfg)
 
 
-def _spy_experts(model) -> tuple[list[torch.Tensor], list]:
-    """Forward pre-hooks on every experts block recording the experts (``top_k_index``) it runs with."""
-    seen: list[torch.Tensor] = []
-    handles = [
-        layer.mlp.experts.register_forward_pre_hook(lambda _m, args: seen.append(args[1].detach().clone()))
-        for layer in model.model.layers
-    ]
-    return seen, handles
-
-
-def _per_layer(seen: list[torch.Tensor], layers: int) -> torch.Tensor:
-    """The experts blocks' calls (layer after layer, call after call) as ``(rows, layers, top_k)``."""
-    return torch.stack([torch.cat(seen[i::layers]) for i in range(layers)], dim=1)
-
-
 def _spy_forward(lrn, monkeypatch) -> list:
-    """(samples, forced routing) of each of the learner's policy forwards, in order."""
+    """Per policy forward of the learner: (samples, forced routing, the experts its experts blocks ran as
+    ``(rows, layers, top_k)``, layer after layer per trunk call)."""
     calls: list = []
     fwd = lrn._forward
+    layers = lrn.model.model.layers
 
     def spy(model, samples, *a, **k):
-        calls.append((list(samples), k.get("routing", a[2] if len(a) > 2 else None)))
-        return fwd(model, samples, *a, **k)
+        seen: list[torch.Tensor] = []
+        hs = [
+            layer.mlp.experts.register_forward_pre_hook(lambda _m, args: seen.append(args[1].detach().clone()))
+            for layer in layers
+        ]
+        try:
+            out = fwd(model, samples, *a, **k)
+        finally:
+            for h in hs:
+                h.remove()
+        if samples:
+            ran = torch.stack([torch.cat(seen[i :: len(layers)]) for i in range(len(layers))], dim=1)
+            calls.append((list(samples), k.get("routing", a[2] if len(a) > 2 else None), ran))
+        return out
 
     monkeypatch.setattr(lrn, "_forward", spy)
     return calls
@@ -111,26 +111,27 @@ def _scramble_routers(model) -> None:
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for r in routers(model):
-            r.weight.copy_(torch.randn(r.weight.shape, generator=g) * 3.0)
+            r.weight.copy_(torch.randn(r.weight.shape, generator=g) * 0.1)
 
 
-@pytest.mark.parametrize("share_prompt", [True, False])
-def test_r2_update_forces_the_recorded_experts(moe_path, tmp_path, share_prompt, monkeypatch) -> None:
+@pytest.mark.parametrize("share_prompt,updates", [(True, 1), (False, 1), (True, 2)])
+def test_r2_update_forces_the_recorded_experts(moe_path, tmp_path, share_prompt, updates, monkeypatch) -> None:
+    """``updates``: epochs and minibatches each (2: four optimizer steps over reshuffled minibatches)."""
     from rl.trainer import optim, prepare
+    from rollout.routing import capture_routing
 
-    lrn = _learner(moe_path, tmp_path, "r2", share_prompt)
-    assert lrn.needs_prepare  # one on-policy update: r2 adds the no-grad pass
+    lrn = _learner(moe_path, tmp_path, "r2", share_prompt, updates)
+    assert lrn.needs_prepare  # with one on-policy update too: r2 adds the no-grad pass
     rs = routers(lrn.model)
     layers = len(rs)
     state: dict = {}
     run = prepare.run
 
     def prepare_then_scramble(*a, **k):
-        prep = run(*a, **k)
+        state["prep"] = run(*a, **k)
+        state["n"] = len(calls)  # the prepare pass's forwards
         _scramble_routers(lrn.model)  # the update's router now selects other experts on its own
-        state["prep"] = prep
-        state["seen"], state["handles"] = _spy_experts(lrn.model)
-        return prep
+        return state["prep"]
 
     calls = _spy_forward(lrn, monkeypatch)
     grads: list[torch.Tensor] = []
@@ -145,22 +146,24 @@ def test_r2_update_forces_the_recorded_experts(moe_path, tmp_path, share_prompt,
     try:
         m = lrn.step(_batch())
     finally:
-        for h in state.get("handles", []):
-            h.remove()
         lrn.shutdown()
-    prep = state["prep"]
-    samples, forced = calls[-1]  # the update's forward
-    assert forced is not None and all(f is prep.routing[id(s)] for s, f in zip(samples, forced))
-    want = moe.gather(forced, lrn.fwd.rows(samples), (layers, rs[0].top_k)).long()
-    got = _per_layer(state["seen"], layers)
-    assert torch.equal(got, want)
-    # without the replay the scrambled router would have chosen other experts for some tokens
-    from rollout.routing import capture_routing
-
-    with torch.no_grad(), capture_routing(lrn.model) as cap:
-        lrn.fwd(lrn.model, samples)
-    assert not torch.equal(cap.routing().long().sort(-1).values, want.sort(-1).values)
-    assert len(grads) == layers and all(float(g.abs().sum()) > 0 for g in grads)  # the router still learns
+    prep, update_calls = state["prep"], calls[state["n"] :]
+    assert all(forced is None for _, forced, _ in calls[: state["n"]])  # the prepare pass records, forces nothing
+    assert len(update_calls) >= updates * updates
+    changed = False
+    for samples, forced, ran in update_calls:
+        assert forced is not None and all(f is prep.routing[id(s)] for s, f in zip(samples, forced))
+        want = moe.gather(forced, lrn.fwd.rows(samples), (layers, rs[0].top_k)).long()
+        assert torch.equal(ran, want)
+        # without the replay the scrambled router would have chosen other experts for some tokens
+        with torch.no_grad(), capture_routing(lrn.model) as cap:
+            lrn.fwd(lrn.model, samples)
+        changed |= not torch.equal(cap.routing().long().sort(-1).values, want.sort(-1).values)
+    assert changed
+    assert len(grads) == layers * updates * updates
+    assert all(bool(g.isfinite().all()) for g in grads)
+    # the router still learns (the first epoch's steps: a later epoch's PPO clip may zero a minibatch's gradient)
+    assert all(float(g.abs().sum()) > 0 for g in grads[: layers * updates])
     assert m["moe/layer_0/entropy"] > 0 and m["moe/layer_1/max_mean"] >= 1.0
     assert "moe/routing_disagreement" not in m  # no sample carried engine routing
 
@@ -178,17 +181,13 @@ def test_r3_forces_the_samples_routing_and_disagreement_is_zero(moe_path, tmp_pa
     b.routing[: b.prompt_len] = a.routing[: a.prompt_len]
     lrn = _learner(moe_path, tmp_path, "r3")
     calls = _spy_forward(lrn, monkeypatch)
-    seen, handles = _spy_experts(lrn.model)
     try:
         m = lrn.step(batch)
     finally:
-        for h in handles:
-            h.remove()
         lrn.shutdown()
-    ((samples, forced),) = calls  # one on-policy update, no prepare pass
+    ((samples, forced, ran),) = calls  # one on-policy update, no prepare pass
     assert all(f is s.routing for s, f in zip(samples, forced))
-    want = moe.gather(forced, lrn.fwd.rows(samples), (2, 2)).long()
-    assert torch.equal(_per_layer(seen, 2), want)
+    assert torch.equal(ran, moe.gather(forced, lrn.fwd.rows(samples), (2, 2)).long())
     assert m["moe/routing_disagreement"] == 0.0 and m["moe/routing_disagreement/tool"] == 0.0
 
     lrn = _learner(moe_path, tmp_path, "none")  # no replay: the learner's own experts differ from random ones
@@ -269,3 +268,26 @@ def test_multi_turn_episode_carries_each_tokens_routing_from_the_turn_that_ran_i
     assert t.routing[:, 0, 1].tolist() == [0] * ran1 + [1] * (n - 1 - ran1)  # from the turn that first ran it
     r = _routing(t)  # the sample's: one row per token, the never-run last one the default experts
     assert r.shape == (n, 1, 2) and r[-1].tolist() == [[0, 1]] and torch.equal(r[:-1], torch.from_numpy(t.routing))
+
+
+def test_replay_of_experts_far_below_the_routers_choice_keeps_finite_gradients(moe_path) -> None:
+    """A router that moved far from the forced experts: their softmax probabilities underflow to 0; the
+    renormalised gate weights come from the forced logits' own softmax, not 0 / 0."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout.routing import capture_routing, replay_routing
+
+    model = AutoModelForCausalLM.from_pretrained(moe_path, dtype=torch.float32)
+    ids = torch.randint(5, 500, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), capture_routing(model) as cap:
+        model(ids)
+    forced = (cap.routing().long() + 4) % 8  # other experts than the router's own
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for r in routers(model):
+            r.weight.copy_(torch.randn(r.weight.shape, generator=g) * 100.0)  # logits hundreds of nats apart
+    with replay_routing(model, forced):
+        logits = model(ids).logits
+    logits.float().logsumexp(-1).sum().backward()
+    assert bool(logits.isfinite().all())
+    assert all(bool(r.weight.grad.isfinite().all()) for r in routers(model))
