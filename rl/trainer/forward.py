@@ -15,6 +15,10 @@ sampling temperature). Layouts of the trunk's calls:
   (``bench/padded_layout.py``: the prompt into a key/value cache, then the responses padded) takes its place
   where they and the tests compare it with packed, and lives there only.
 
+On an MoE model a call can force each token's experts (routing replay, ``learner.routing_replay``) and record
+the experts its routers selected, per sample (``Forward.rows`` maps the routers' rows to samples and
+positions; ``rl.trainer.moe``, ``rollout.routing``).
+
 Sharded models run inside their root (``rl.trainer.fsdp.Lockstep``) with dummy calls that keep the ranks in
 step. No loss, no optimizer: the learner computes what the objective needs from these outputs.
 """
