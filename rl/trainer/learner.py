@@ -5,11 +5,12 @@ A step, as ``step`` reads::
 
     plan      the batch's counts over every rank, its minibatches and their loss denominators (``rl.trainer.plan``)
     prepare   when needed (several updates per batch, a critic, ``algo.kl.in_reward``, a loss that needs the
-              proximal log-probs: ``decoupled_ppo``): no-grad old log-probs,
-              reference log-probs, critic values, then the estimator's learner-side advantages
-              (``rl.trainer.prepare``)
+              proximal log-probs: ``decoupled_ppo``, ``learner.routing_replay: r2``): no-grad old log-probs (on
+              an MoE, with each token's experts), reference log-probs, critic values, then the estimator's
+              learner-side advantages (``rl.trainer.prepare``)
     update    for each of ``algo.update.epochs`` epochs, for each of ``algo.update.minibatches`` shuffled
-              minibatches: zero the gradients, forward + objective + backward per micro-batch (bounded by
+              minibatches: zero the gradients, forward (with ``routing_replay``: the prepare pass's experts, r2,
+              or the engine's, r3, forced) + objective + backward per micro-batch (bounded by
               ``learner.micro_batch_tokens``, exact accumulation with the minibatch's denominators), one
               optimizer step per optimizer (``rl.trainer.optim.apply``: reduce, clip, step)
 

@@ -1,9 +1,10 @@
 """The prepare pass: what a step's updates read per sample, computed once, without gradients, before the first.
 
 It runs when the step needs it (``Learner.needs_prepare``: several updates per batch, a critic,
-``algo.kl.in_reward``, or a policy loss that needs ``proximal_logprobs``, decoupled PPO's proximal policy):
-per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
-updates), the reference's log-probs (with a reference), the critic's values (with one); then, when the estimator
+``algo.kl.in_reward``, a policy loss that needs ``proximal_logprobs``, decoupled PPO's proximal policy, or
+``learner.routing_replay: r2``): per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
+updates) and on an MoE each token's experts (what r2 forces in the updates; r3 forces the engine's here too; the
+step's ``moe/`` metrics), the reference's log-probs (with a reference), the critic's values (with one); then, when the estimator
 computes its advantages in the learner (``Estimator.learner_advantages``: a critic or a KL penalty in the reward),
 those advantages and the value targets over the whole batch. A ``Prepared`` record holds them per sample, flat
 over its masked tokens. Without a prepare pass the ratio's old log-probs are the policy's own, detached.
