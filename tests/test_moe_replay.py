@@ -43,9 +43,9 @@ def _learner(path: str, tmp_path, replay: str, share_prompt: bool = True, update
     return Learner(path, mcfg, algo, threads=1, shm_dir=str(tmp_path / "shm"), learner=cfg)
 
 
-def _spy_forward(lrn, monkeypatch) -> list:
-    """Per policy forward of the learner: (samples, forced routing, the experts its experts blocks ran as
-    ``(rows, layers, top_k)``, layer after layer per trunk call)."""
+def spy_forward(lrn) -> list:
+    """Per policy forward of learner ``lrn`` from now on: (samples, forced routing, the experts its experts blocks
+    ran as ``(rows, layers, top_k)``, layer after layer per trunk call). Also used by test_moe_replay_e2e.py."""
     calls: list = []
     fwd = lrn._forward
     layers = lrn.model.model.layers
@@ -66,7 +66,7 @@ def _spy_forward(lrn, monkeypatch) -> list:
             calls.append((list(samples), k.get("routing", a[2] if len(a) > 2 else None), ran))
         return out
 
-    monkeypatch.setattr(lrn, "_forward", spy)
+    lrn._forward = spy
     return calls
 
 
@@ -133,7 +133,7 @@ def test_r2_update_forces_the_recorded_experts(moe_path, tmp_path, share_prompt,
         _scramble_routers(lrn.model)  # the update's router now selects other experts on its own
         return state["prep"]
 
-    calls = _spy_forward(lrn, monkeypatch)
+    calls = spy_forward(lrn)
     grads: list[torch.Tensor] = []
     apply = optim.apply
 
@@ -168,7 +168,7 @@ def test_r2_update_forces_the_recorded_experts(moe_path, tmp_path, share_prompt,
     assert "moe/routing_disagreement" not in m  # no sample carried engine routing
 
 
-def test_r3_forces_the_samples_routing_and_disagreement_is_zero(moe_path, tmp_path, monkeypatch) -> None:
+def test_r3_forces_the_samples_routing_and_disagreement_is_zero(moe_path, tmp_path) -> None:
     batch = _batch()
     g = torch.Generator().manual_seed(1)
     for s in batch.samples:  # an "engine's" routing: two distinct experts per token and layer
@@ -180,7 +180,7 @@ def test_r3_forces_the_samples_routing_and_disagreement_is_zero(moe_path, tmp_pa
     a, b, _ = batch.samples  # one prompt, run once in the packed layout: the engine routed it the same way
     b.routing[: b.prompt_len] = a.routing[: a.prompt_len]
     lrn = _learner(moe_path, tmp_path, "r3")
-    calls = _spy_forward(lrn, monkeypatch)
+    calls = spy_forward(lrn)
     try:
         m = lrn.step(batch)
     finally:

@@ -17,6 +17,7 @@ from rl.driver.loop import train
 from rl.trainer import moe
 from rl.trainer.hub import resolve_model
 from runlog import comparable_steps
+from test_moe_replay import spy_forward
 
 
 def _cfg(recipe_copy, replay: str, out: str, steps: int):
@@ -36,7 +37,7 @@ def _cfg(recipe_copy, replay: str, out: str, steps: int):
 
 class _Spy:
     """A ``LocalRuntime`` factory recording the trajectories, and per learner policy forward its samples, forced
-    routing and the experts its experts blocks ran (per layer, call after call)."""
+    routing and the experts its experts blocks ran (``test_moe_replay.spy_forward``)."""
 
     def __init__(self) -> None:
         self.trajs: list = []
@@ -59,25 +60,7 @@ class _Spy:
         return rt
 
     def _wrap(self, lrn) -> None:
-        fwd = lrn._forward
-
-        def spy(model, samples, *a, **k):
-            seen: list[torch.Tensor] = []
-            hs = [
-                layer.mlp.experts.register_forward_pre_hook(lambda _m, args: seen.append(args[1].detach().clone()))
-                for layer in lrn.model.model.layers
-            ]
-            try:
-                out = fwd(model, samples, *a, **k)
-            finally:
-                for h in hs:
-                    h.remove()
-            if samples:
-                forced = k.get("routing", a[2] if len(a) > 2 else None)
-                self.forwards.append((list(samples), forced, seen, lrn.fwd.rows(samples)))
-            return out
-
-        lrn._forward = spy
+        self.lrn, self.forwards = lrn, spy_forward(lrn)
 
 
 def test_r3_in_process_learner_runs_the_engines_experts_and_resumes(tmp_path: Path, recipe_copy) -> None:
@@ -89,10 +72,9 @@ def test_r3_in_process_learner_runs_the_engines_experts_and_resumes(tmp_path: Pa
         assert t.routing is not None and t.routing.dtype.name == "uint8"
         assert t.routing.shape == (len(t.prompt_ids) + len(t.response_ids) - 1, 2, 2)
     assert spy.forwards
-    for samples, forced, seen, rows in spy.forwards:
+    for samples, forced, ran in spy.forwards:
         assert forced is not None and all(f is s.routing for s, f in zip(samples, forced))
-        got = torch.stack([torch.cat(seen[i::2]) for i in range(2)], dim=1)
-        assert torch.equal(got, moe.gather(forced, rows, (2, 2)).long())
+        assert torch.equal(ran, moe.gather(forced, spy.lrn.fwd.rows(samples), (2, 2)).long())
     by_ids = {tuple(t.prompt_ids + t.response_ids): t.routing for t in spy.trajs}
     for samples, *_ in spy.forwards:
         for s in samples:  # the sample's routing is the engine's, token for token
@@ -108,7 +90,7 @@ def test_r3_in_process_learner_runs_the_engines_experts_and_resumes(tmp_path: Pa
     train(_cfg(recipe_copy, "r3", "r3", steps=3), progress=False, runtime=resumed)
     steps = comparable_steps(out / "metrics.jsonl")
     assert steps[3]["moe/routing_disagreement"] == 0.0
-    assert resumed.forwards and all(f is not None for _, f, _, _ in resumed.forwards)
+    assert resumed.forwards and all(f is not None for _, f, _ in resumed.forwards)
 
 
 def test_without_replay_the_disagreement_is_measured(tmp_path: Path, recipe_copy) -> None:
