@@ -138,6 +138,10 @@ class Trajectory:
     the engine produced them, and (multi-turn) environment tokens in between.
     ``loss_mask[i]`` is 1 where ``response_ids[i]`` came from the policy.
     ``logprobs[i]`` is the engine's logprob of that token (0.0 on env tokens).
+    ``routing`` (a mixture-of-experts model, from an engine that reports it): the experts each token of
+    ``prompt_ids + response_ids`` was routed to, ``(tokens, layers, top_k)`` small integers, row t for token t,
+    each row from the turn whose generation first ran that token (the last token, never run, has none);
+    None where any turn's generation came without it.
     ``terminated`` (the episode reached a natural end) and ``truncated`` (cut by a
     token or turn limit) are kept apart; both may be False only for an aborted episode.
     """
@@ -164,6 +168,7 @@ class Trajectory:
     # message and tool schemas included (without the prefill, which ``completion`` shows). "" when
     # not rendered (recorded completions scored by ``jointrl score``).
     prompt: str = ""
+    routing: np.ndarray | None = None
 
     @property
     def completion(self) -> str:

@@ -46,6 +46,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
+import numpy as np
+
 from envs.sandbox.base import SandboxUnavailable
 from envs.types import Generation, Message, Sampling, Task, Trajectory
 from rollout.tools_prompt import ToolsPlacement, check_mode, place_tools
@@ -121,6 +123,8 @@ class _Episode:
     harness_error: str | None = None  # why an env call of this episode failed (a harness failure)
     tools: ToolsPlacement = field(default_factory=ToolsPlacement)  # where the task's tool schemas go
     prompt: str = ""  # the rendered prompt (chat template, system and tools included; without the prefill)
+    # MoE: per token run so far, its experts (Trajectory.routing); None once a turn came without routing
+    routing: np.ndarray | None = None
 
 
 T = TypeVar("T")
@@ -363,11 +367,13 @@ def _trajectory(e: _Episode) -> Trajectory:
         sandbox_events=e.sandbox_events,
         reward_error=e.harness_error,
         prompt=e.prompt,
+        routing=e.routing,
     )
 
 
 def _act(e: _Episode, gen: Generation, tokenizer: Any) -> None:
     """Append one policy turn to episode ``e`` and set the action its env is stepped with."""
+    _route(e, gen)
     e.response_ids += gen.token_ids
     e.loss_mask += [1] * len(gen.token_ids)
     e.logprobs += gen.logprobs
@@ -378,6 +384,19 @@ def _act(e: _Episode, gen: Generation, tokenizer: Any) -> None:
     generated = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
     e.action = (e.task.prefill if e.turns == 0 else "") + generated
     e.turns += 1
+
+
+def _route(e: _Episode, gen: Generation) -> None:
+    """Extend the episode's routing with the rows of the tokens ``gen`` ran first: its prompt (the episode so far)
+    repeats the rows of earlier turns, so only the rows past them are new (the last turn's final token and the
+    env tokens after it, then the generated tokens but the last). A generation without routing, or whose rows
+    do not fit the tokens it ran (an engine that skipped cached tokens), leaves the episode without routing."""
+    ran = len(e.prompt_ids) + len(e.response_ids) + len(gen.token_ids) - 1
+    r = gen.routing
+    if r is None or r.shape[0] != ran or (e.turns and e.routing is None):
+        e.routing = None
+        return
+    e.routing = r.copy() if e.routing is None else np.concatenate([e.routing, r[e.routing.shape[0] :]])
 
 
 def _observe(e: _Episode, gen: Generation, result: tuple, tokenizer: Any, sampling: Sampling) -> bool:

@@ -132,7 +132,7 @@ class _Replay:
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         weights = probs.gather(-1, idx)
         if getattr(self.router, "norm_topk_prob", False):
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+            weights = _renormalise(weights, logits.float().gather(-1, idx))
         weights = weights.to(logits.dtype)
         if not self.checked:
             self._check_softmax(idx, own, weights, scores)
@@ -147,6 +147,15 @@ class _Replay:
                     f"routing replay: {type(self.router).__name__} does not weigh its experts by a softmax over its "
                     "logits; replay would change the gate weights, so it is refused for this model"
                 )
+
+
+def _renormalise(weights: torch.Tensor, forced_logits: torch.Tensor) -> torch.Tensor:
+    """``weights`` (softmax probabilities at the forced experts) over their sum, as the router renormalises its
+    top-k. Where forced experts lie so far below the router's own choice that their probabilities underflow to 0
+    (0 / 0, NaN gradients), the softmax of their logits instead: the same value, computed in log space."""
+    total = weights.sum(dim=-1, keepdim=True)
+    tiny = torch.finfo(total.dtype).tiny
+    return torch.where(total > tiny, weights / total.clamp_min(tiny), torch.softmax(forced_logits, dim=-1))
 
 
 @contextmanager

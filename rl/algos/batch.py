@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from envs.sandbox.events import EVENTS
@@ -50,6 +51,8 @@ class Sample:
     reward: float = 0.0  # the scalar (outcome) reward, shaped when a shaping stage ran
     group_id: int = 0  # samples of one prompt share it (GRPO groups; kept whole on one data-parallel shard)
     uid: int = 0  # position in the step's batch: a stable order for minibatch shuffles (skipping changes nothing)
+    # the engine's experts per token of input_ids, (len(input_ids), layers, top_k) small ints (MoE R3), or None
+    routing: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -194,9 +197,24 @@ def _samples(
             reward=float(r),
             group_id=t.group_id,
             uid=uid,
+            routing=_routing(t),
         )
         (skipped if can_skip and a == 0.0 else samples).append(s)
     return samples, skipped
+
+
+def _routing(t: Trajectory) -> torch.Tensor | None:
+    """The trajectory's engine routing as ``Sample.routing``: one row per token of prompt + response, the rows the
+    engine never ran (the last token) holding the default experts ``0..top_k-1``; None without routing."""
+    if t.routing is None:
+        return None
+    r = torch.from_numpy(np.ascontiguousarray(t.routing))
+    n = len(t.prompt_ids) + len(t.response_ids)
+    if r.dim() != 3 or r.shape[0] > n:
+        raise ValueError(f"trajectory routing of shape {tuple(r.shape)} for {n} tokens: expected (<= {n}, layers, k)")
+    k = r.shape[2]
+    rest = torch.arange(k, dtype=r.dtype).expand(n - r.shape[0], r.shape[1], k)
+    return torch.cat([r, rest])
 
 
 def _advantage_stats(ok: list[Trajectory], adv: torch.Tensor) -> dict[str, float]:

@@ -349,6 +349,12 @@ class LearnerConfig(Section):
     )
     lora: LoraConfig = knob(doc="adapters instead of full fine-tuning", factory=LoraConfig)
     activation_checkpointing: bool = knob(False, "recompute each decoder layer's activations in the backward")
+    routing_replay: Literal["none", "r2", "r3"] = knob(
+        "none",
+        "MoE routing replay (docs/moe.md) | r2: the update forces the experts the learner's own old-log-prob pass "
+        "selected (an extra no-grad forward with one update per batch) | r3: the learner forces the experts the "
+        "engine selected for every token of the episode (engines that report routing: the in-process HF engine)",
+    )
     precision: Literal["manual", "auto"] = knob(
         "manual", "manual: model.autocast decides | auto: time bf16 autocast vs fp32 at start, use the faster (logged)"
     )

@@ -24,6 +24,7 @@ from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
 from rl.driver.runtime import LengthEstimate, learner_settings
+from rl.trainer.moe import check_replay_engine
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
 from rollout.weights import FileWeights
@@ -62,6 +63,8 @@ class LocalRuntime:
                 "(cluster.placement colocated); the in-process runtime (train --local, eval) syncs through the file"
             )
 
+        if self.with_learner:
+            check_replay_engine(self.cfg.learner, self.engine_kind)  # r3 needs an engine that reports routing
         # `auto` precisions made concrete: one timing for the learner and the engine, printed once
         self.cfg = cfg = resolve_logged(self.cfg, "gpu" if torch.cuda.is_available() else "cpu")
         r = cfg.rollout

@@ -38,6 +38,7 @@ from rl.driver.stream import EpisodeStream
 from rl.data.hub_data import recipe_datasets
 from rl.trainer.hub import resolve_model
 from rl.trainer.lora import check_targets
+from rl.trainer.moe import check_replay
 from rollout.pool import EngineFailure
 
 __all__ = [
@@ -207,9 +208,11 @@ class RunParts:
 
 
 def prepare_model(cfg: Recipe) -> str:
-    """The model's local path (a Hub id is downloaded); LoRA target modules checked before any actor starts."""
+    """The model's local path (a Hub id is downloaded); LoRA target modules and routing replay checked before any
+    actor starts."""
     model_path = resolve_model(cfg.model.path, Path(cfg.source).parent if cfg.source else None, cfg.model.revision)
     check_targets(model_path, cfg.learner.lora, "learner.lora.target_modules")
+    check_replay(model_path, cfg.learner)  # learner.routing_replay on a dense model
     return model_path
 
 

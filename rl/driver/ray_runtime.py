@@ -32,6 +32,7 @@ from rl.driver.actors.rollout import RolloutPool, engines_call
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
 from rl.driver.runtime import Deadlines, learner_settings
+from rl.trainer.moe import check_replay_engine
 from rollout.pool import EngineFailure
 
 
@@ -66,6 +67,7 @@ class RayRuntime:
         from rl.trainer.precision import resolve_logged
 
         cfg = self.cfg
+        check_replay_engine(cfg.learner, "vllm")  # r3 needs engine routing: not from vLLM yet (docs/moe.md)
         address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
         STARTUP.phase(f"Ray: connecting to {address}" if address else "Ray: starting a local cluster")
         self._init_ray()

@@ -15,12 +15,17 @@ sampling temperature). Layouts of the trunk's calls:
   (``bench/padded_layout.py``: the prompt into a key/value cache, then the responses padded) takes its place
   where they and the tests compare it with packed, and lives there only.
 
+On an MoE model a call can force each token's experts (routing replay, ``learner.routing_replay``) and record
+the experts its routers selected, per sample (``Forward.rows`` maps the routers' rows to samples and
+positions; ``rl.trainer.moe``, ``rollout.routing``).
+
 Sharded models run inside their root (``rl.trainer.fsdp.Lockstep``) with dummy calls that keep the ranks in
 step. No loss, no optimizer: the learner computes what the objective needs from these outputs.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +33,9 @@ import torch
 
 from rl.algos.batch import Sample
 from rl.algos.router import RouterCall, load_balancing_loss, router_spec
-from rl.trainer import packing
+from rl.trainer import moe, packing
 from rl.trainer.logits import Entropy, head_logprobs
+from rollout.routing import capture_routing, replay_routing, routers
 
 
 @dataclass
@@ -47,6 +53,7 @@ class Outputs:
     index: torch.Tensor | None
     aux_loss: torch.Tensor | None
     pad: torch.Tensor | None
+    routing: list[torch.Tensor] | None = None
 
     @classmethod
     def none(cls) -> "Outputs":
@@ -79,6 +86,8 @@ class Forward:
         entropy: Entropy = "none",
         temperature: float | None = None,
         aux: bool = False,
+        routing: list[torch.Tensor] | None = None,
+        record: bool = False,
     ) -> Outputs:
         """What ``model`` computes on ``samples`` (an ``Outputs``; its tensors None when ``samples`` is empty).
 
@@ -90,7 +99,9 @@ class Forward:
         may be empty (a rank with fewer micro-batches). Log-probs and entropy are of the logits divided by
         ``temperature`` (default: the sampling temperature, ``temperature`` given at construction).
         ``aux``: also the routers' load-balancing loss over every token the trunk ran (``rl.algos.router``;
-        the model must be an MoE, ``router_spec``).
+        the model must be an MoE, ``router_spec``). ``routing``: per sample, the experts to force (routing
+        replay, ``learner.routing_replay``); ``record``: return the experts the routers selected (after any
+        forcing) per sample in ``Outputs.routing``.
         """
         temp = self.temperature if temperature is None else temperature
 
@@ -99,16 +110,52 @@ class Forward:
                 return Outputs.none()
             self._router = [] if aux else None
             try:
-                hidden, targets, index = self.hidden(trunk(model), samples)
+                (hidden, targets, index), taken = self._routed(model, samples, routing, record)
                 calls = self._router
             finally:
                 self._router = None
             head = model.get_output_embeddings()
             logp, ent = head_logprobs(head, hidden, targets, self.cfg.logits_chunk_tokens, entropy, temp)
-            return Outputs(hidden, logp, ent, targets, index, self._aux_loss(model, calls), None)
+            return Outputs(hidden, logp, ent, targets, index, self._aux_loss(model, calls), None, taken)
 
         out, pad = self.lock.root(model, run, self.trunk_calls(samples))
         out.pad = pad
+        return out
+
+    def _routed(
+        self, model: Any, samples: list[Sample], routing: list[torch.Tensor] | None, record: bool
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], list[torch.Tensor] | None]:
+        """``hidden`` on ``samples``, with ``routing`` forced and, with ``record``, the routing taken per sample."""
+        if routing is None and not record:
+            return self.hidden(trunk(model), samples), None
+        rows = self.rows(samples)
+        with ExitStack() as stack:
+            if routing is not None:
+                rs = routers(model)
+                if not rs:
+                    raise ValueError(f"routing replay needs an MoE model; {type(model).__name__} has no router")
+                stack.enter_context(replay_routing(model, moe.gather(routing, rows, (len(rs), rs[0].top_k))))
+            cap = stack.enter_context(capture_routing(model)) if record else None
+            out = self.hidden(trunk(model), samples)
+        taken = moe.scatter(cap.routing(), rows, [len(s.input_ids) for s in samples]) if cap is not None else None
+        return out, taken
+
+    def rows(self, samples: list[Sample]) -> moe.Rows:
+        """Per row the routers see in ``hidden``'s trunk calls (their flattened tokens, in call order), the
+        (sample index, position) pairs it holds: full layout, every sample padded to the longest ([] for
+        padding); packed, per group its prompt once (standing for every member's) then each response but its
+        last token."""
+        if not self.cfg.share_prompt:
+            L = max(len(s.input_ids) for s in samples)
+            return [[(g, p)] if p < len(s.input_ids) else [] for g, s in enumerate(samples) for p in range(L)]
+        if not isinstance(self.layout, PackedLayout):
+            raise ValueError(f"routing capture and replay know the packed layout, not {type(self.layout).__name__}")
+        out: moe.Rows = []
+        for g in packing.prompt_groups(samples):
+            p = samples[g[0]].prompt_len
+            out += [[(b, q) for b in g] for q in range(p)]
+            for b in g:
+                out += [[(b, q)] for q in range(p, len(samples[b].input_ids) - 1)]
         return out
 
     @staticmethod

@@ -5,11 +5,12 @@ A step, as ``step`` reads::
 
     plan      the batch's counts over every rank, its minibatches and their loss denominators (``rl.trainer.plan``)
     prepare   when needed (several updates per batch, a critic, ``algo.kl.in_reward``, a loss that needs the
-              proximal log-probs: ``decoupled_ppo``): no-grad old log-probs,
-              reference log-probs, critic values, then the estimator's learner-side advantages
-              (``rl.trainer.prepare``)
+              proximal log-probs: ``decoupled_ppo``, ``learner.routing_replay: r2``): no-grad old log-probs (on
+              an MoE, with each token's experts), reference log-probs, critic values, then the estimator's
+              learner-side advantages (``rl.trainer.prepare``)
     update    for each of ``algo.update.epochs`` epochs, for each of ``algo.update.minibatches`` shuffled
-              minibatches: zero the gradients, forward + objective + backward per micro-batch (bounded by
+              minibatches: zero the gradients, forward (with ``routing_replay``: the prepare pass's experts, r2,
+              or the engine's, r3, forced) + objective + backward per micro-batch (bounded by
               ``learner.micro_batch_tokens``, exact accumulation with the minibatch's denominators), one
               optimizer step per optimizer (``rl.trainer.optim.apply``: reduce, clip, step)
 
@@ -53,11 +54,12 @@ from rl.algos.objective import ObjectiveInputs, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
 from rl.algos.router import router_spec
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
-from rl.trainer import checkpoint, fsdp, memory, models, optim, plan, precision, prepare
+from rl.trainer import checkpoint, fsdp, memory, models, moe, optim, plan, precision, prepare
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
 from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
+from rollout.routing import routers
 from rollout.weights import BlobWeights, IpcWeights
 from rl.trainer.logits import Entropy
 from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
@@ -224,7 +226,8 @@ class Learner:
         return d
 
     def _build_models(self, model_path: str) -> None:
-        """The policy, reference and critic (``rl.trainer.models.build``), as this learner's attributes."""
+        """The policy, reference and critic (``rl.trainer.models.build``), as this learner's attributes; then the
+        policy's MoE routing state (``_init_routing``)."""
         m = models.build(
             model_path,
             self.model_cfg,
@@ -238,6 +241,7 @@ class Learner:
         )
         self.model, self.peft, self.ref, self.value_head, self.critic = m.model, m.peft, m.ref, m.value_head, m.critic
         self.has_ref = m.has_ref  # no KL term: no reference model, and no reference forward
+        self._init_routing()
 
     def _check_aux(self, model_path: str) -> None:
         """An auxiliary loss needs a model with routers (``rl.algos.router.router_spec``): a dense one is refused
@@ -293,15 +297,66 @@ class Learner:
 
     @property
     def needs_prepare(self) -> bool:
-        """Whether a no-grad pass runs before the first update (see the module docstring)."""
+        """Whether a no-grad pass runs before the first update (see the module docstring); under
+        ``learner.routing_replay: r2`` always (it records the routing the updates force)."""
         a = self.algo
         several = a.update.epochs * a.update.minibatches > 1
-        return several or self.est.learner_advantages(a) or "proximal_logprobs" in self.loss_fn.needs
+        r2 = self.replay == "r2"
+        return several or r2 or self.est.learner_advantages(a) or "proximal_logprobs" in self.loss_fn.needs
+
+    # ---- MoE routing (rl.trainer.moe, rollout.routing) --------------------------------------------------------
+    def _init_routing(self) -> None:
+        """``learner.routing_replay`` against the model (replay needs an MoE; activation checkpointing would
+        recompute the layers outside the replay, with the router's own experts), and the step's routing sums."""
+        self.replay = self.lcfg.routing_replay
+        rs = routers(self.model)
+        self.moe = bool(rs)
+        if self.replay != "none" and not self.moe:
+            raise ValueError(
+                f"learner.routing_replay: {self.replay} needs a mixture-of-experts model; {self.model_cfg.path} has "
+                "no MoE router (set it to none)"
+            )
+        if self.replay != "none" and self.lcfg.activation_checkpointing:
+            raise ValueError(
+                "learner.routing_replay with learner.activation_checkpointing: the backward's recomputation would "
+                "not replay the routing; turn one of them off"
+            )
+        self.routing_stats = moe.RoutingStats(len(rs), rs[0].num_experts) if rs else None
+
+    def forced_routing(self, mb: list[Sample], prep: prepare.Prepared | None) -> list[torch.Tensor] | None:
+        """The experts a forward on ``mb`` forces (per sample): r3 the engine's (``Sample.routing``), r2 the prepare
+        pass's (``prep``; None in that pass itself, which records them), else None."""
+        if self.replay == "r3":
+            missing = [s.domain for s in mb if s.routing is None]
+            if missing:
+                raise ValueError(
+                    f"learner.routing_replay: r3, but {len(missing)} samples (domain {missing[0]}) carry no engine "
+                    "routing: the engine did not report it"
+                )
+            return [s.routing for s in mb]
+        if self.replay == "r2" and prep is not None:
+            return [prep.routing[id(s)] for s in mb]
+        return None
+
+    def _routing_metrics(self, domains: tuple[str, ...]) -> dict[str, float]:
+        """The step's ``moe/...`` metrics (``rl.trainer.moe.RoutingStats``), summed over ranks; {} for a dense model."""
+        st = self.routing_stats
+        if st is None:
+            return {}
+        return st.metrics(self._global(st.values(domains)), domains)
 
     # ---- forward (rl.trainer.forward) and micro-batches (rl.trainer.plan) ----------------------------------
-    def _forward(self, model: Any, samples: list[Sample], entropy: Entropy = "none", aux: bool = False) -> Outputs:
+    def _forward(
+        self,
+        model: Any,
+        samples: list[Sample],
+        entropy: Entropy = "none",
+        aux: bool = False,
+        routing: list[torch.Tensor] | None = None,
+        record: bool = False,
+    ) -> Outputs:
         """``Forward.__call__`` at the sampling temperature (a method of its own: bench/learner_memory.py wraps it)."""
-        return self.fwd(model, samples, entropy, aux=aux)
+        return self.fwd(model, samples, entropy, aux=aux, routing=routing, record=record)
 
     def _autocast(self):
         enabled = self.use_autocast and self.device.type in ("cpu", "cuda")
@@ -332,6 +387,9 @@ class Learner:
         the policy loss's own stats (its ``stat_names``; ``ppo_clip``: ``clip/fraction``, with
         ``algo.loss.dual_clip`` ``clip/dual_fraction``, with ``algo.loss.tis_cap`` ``is/weight_mean`` and
         ``is/truncated_fraction``, with ``mis_low``/``mis_high`` ``is/masked_fraction``);
+        MoE models: ``moe/layer_<i>/entropy``, ``moe/layer_<i>/max_mean`` and their summary over layers from the
+        learner's routing of the batch in its old-log-prob pass, and ``moe/routing_disagreement`` (and per domain)
+        where samples carry the engine's routing (``rl.trainer.moe.RoutingStats``);
         ``memory/learner_rss_gb``: this
         process's resident memory after the step (``learner.hold_memory``: flat over a run once it holds a
         step's peak); ``memory/trimmed``: 1 where that step went over the hold budget and was trimmed.
@@ -342,6 +400,8 @@ class Learner:
         a, coef = self.algo, self.kl_ctl.value
         steps = plan.Plan.of(batch, a.update.epochs, a.update.minibatches, self._global)  # counts over the ranks
         sums, log, updates = Sums(), UpdateLog(lr=self.opt.param_groups[0]["lr"]), 0
+        if self.routing_stats is not None:  # this step's routing sums (rl.trainer.moe.RoutingStats)
+            self.routing_stats = moe.RoutingStats(self.routing_stats.layers, self.routing_stats.experts)
         if steps.computed:
             # no-grad old/reference log-probs, values, learner-side advantages (rl.trainer.prepare)
             prep = prepare.run(self, batch, sums, coef) if self.needs_prepare else None
@@ -355,12 +415,13 @@ class Learner:
                     self._pad_micros(n_micro, len(micros), bool(mb), prep)
                     updates += self._update(log)  # reduce, clip, step: policy (and value head), critic
             self.steps_done += int(updates > 0)
-        m = self._metrics(steps, sums, log, updates, coef, batch.domains or _domains(batch))
+        domains = batch.domains or _domains(batch)
+        m = self._metrics(steps, sums, log, updates, coef, domains)
         if self.has_ref and steps.computed:
             self.kl_ctl.update(m.kl_mean, batch.num_seqs)
         self._after_step(m)
         m.compute_s = time.perf_counter() - t0
-        return m.to_dict()
+        return {**m.to_dict(), **self._routing_metrics(domains)}
 
     def _metrics(
         self, steps: plan.Plan, sums: Sums, log: UpdateLog, updates: int, coef: float, domains: tuple[str, ...]
@@ -422,7 +483,10 @@ class Learner:
         a = self.algo
         with self._autocast():
             ent_mode: Entropy = "grad" if a.loss.entropy_coef > 0 or "entropy" in self.loss_fn.needs else "value"
-            out = self._forward(self.model, mb, ent_mode, aux=self.aux)
+            record = self.moe and prep is None and first_epoch  # the routing stats, where no prepare pass ran
+            out = self._forward(self.model, mb, ent_mode, self.aux, self.forced_routing(mb, prep), record)
+        if out.routing is not None:
+            self.routing_stats.add(mb, out.routing)
         logp_flat, ent_flat = out.logp, out.entropy
         values_flat = self.fwd.values(self.value_head, out.hidden) if self.value_head is not None else None
         out.hidden = None

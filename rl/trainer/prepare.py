@@ -1,9 +1,10 @@
 """The prepare pass: what a step's updates read per sample, computed once, without gradients, before the first.
 
 It runs when the step needs it (``Learner.needs_prepare``: several updates per batch, a critic,
-``algo.kl.in_reward``, or a policy loss that needs ``proximal_logprobs``, decoupled PPO's proximal policy):
-per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
-updates), the reference's log-probs (with a reference), the critic's values (with one); then, when the estimator
+``algo.kl.in_reward``, a policy loss that needs ``proximal_logprobs``, decoupled PPO's proximal policy, or
+``learner.routing_replay: r2``): per micro-batch the policy's log-probs (the ratio's ``old``, fixed over the step's
+updates) and on an MoE each token's experts (what r2 forces in the updates; r3 forces the engine's here too; the
+step's ``moe/`` metrics), the reference's log-probs (with a reference), the critic's values (with one); then, when the estimator
 computes its advantages in the learner (``Estimator.learner_advantages``: a critic or a KL penalty in the reward),
 those advantages and the value targets over the whole batch. A ``Prepared`` record holds them per sample, flat
 over its masked tokens. Without a prepare pass the ratio's old log-probs are the policy's own, detached.
@@ -32,13 +33,16 @@ __all__ = ["Prepared", "run", "engine_logprobs", "logprob_diff"]
 class Prepared:
     """Per sample (keyed by ``id(sample)``), flat over its masked tokens: ``old`` (the policy's log-probs before the
     step's updates), ``ref`` (the reference's), ``values`` (the critic's), ``adv`` and ``returns`` (the
-    estimator's learner-side advantages and value targets). An empty dict: not computed in this step."""
+    estimator's learner-side advantages and value targets), ``routing`` (MoE: the experts the policy's pass
+    selected, ``(len(input_ids), layers, top_k)``: what ``learner.routing_replay: r2`` forces in the updates).
+    An empty dict: not computed in this step."""
 
     old: dict[int, torch.Tensor] = field(default_factory=dict)
     ref: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     adv: dict[int, torch.Tensor] = field(default_factory=dict)
     returns: dict[int, torch.Tensor] = field(default_factory=dict)
+    routing: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def cat(self, name: str, mb: list[Sample]) -> torch.Tensor:
         """Field ``name`` of the samples of ``mb`` concatenated: row-major (sample, masked position) order."""
@@ -56,7 +60,7 @@ class Prepared:
         out = {}
         for f in fields(self):
             store = getattr(self, f.name)
-            if store:
+            if store and f.name != "routing":
                 out[f.name] = [store[id(s)].tolist() for s in samples]
         return out
 
@@ -75,8 +79,11 @@ def run(lrn: Any, batch: Batch, sums: Sums, coef: float) -> Prepared:
                     lrn._forward(ref, [])
     for micro in micros:
         with lrn._autocast():
-            out = lrn._forward(lrn.model, micro)
+            out = lrn._forward(lrn.model, micro, routing=lrn.forced_routing(micro, None), record=lrn.moe)
         prep.put("old", out.logp, micro)
+        if out.routing is not None:
+            lrn.routing_stats.add(micro, out.routing)
+            prep.routing.update((id(s), r) for s, r in zip(micro, out.routing))
         if lrn.value_head is not None:
             prep.put("values", lrn.fwd.values(lrn.value_head, out.hidden), micro)
         old = out.logp
