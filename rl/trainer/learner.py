@@ -224,6 +224,7 @@ class Learner:
             self.device,
             sharded=self.sharded,
             bf16_compute=self.use_autocast and self.device.type == "cuda",  # GPU: FSDP's policy, not autocast
+            autocast=self.use_autocast,
             # a reference for a KL term, or for a policy loss that reads the reference's log-probs
             reference_dtype=self.reference_dtype() if self._needs_reference() else None,
             critic=self.algo.critic.model if self.est.needs_critic else None,
