@@ -117,8 +117,8 @@ class LocalRuntime:
         else:
             self._worker().load_weights(self._learner().export_weights(self.cfg.model.engine_dtype))
 
-    def save(self, path: str) -> None:
-        self._learner().save_checkpoint(path)
+    def save(self, path: str, wait: bool = True) -> None:
+        self._learner().save_checkpoint(path, wait)
 
     def restore(self, path: str) -> None:
         self._learner().load_checkpoint(path)

@@ -140,7 +140,8 @@ def run_step(run: RunParts, step: int) -> None:
         run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
         state = driver_state(run.mixer, run.normalizer, run.episodes)
         if step == cfg.train.steps or _due(step, cfg.run.save_every):
-            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state)  # 9. checkpoint
+            last = step == cfg.train.steps  # the last one is published before the run ends; others while training
+            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state, wait=last)  # 9. checkpoint
             run.saved = step
         run.finished, run.snapshot, run.dirty = step, state, False
         if run.bar is not None:
