@@ -205,7 +205,7 @@ def load(lrn: Any, path: str) -> None:
 
     finish(lrn)
     p = Path(path)
-    if (p / "learner_state.pt").is_file():
+    if (p / "learner_state.pt").is_file() and (p / "dcp").is_dir():
         check_complete(p)  # a torn folder is named as one
     if not (p / "dcp" / ".metadata").is_file():
         raise ValueError(
@@ -267,7 +267,7 @@ def policy_from_checkpoint(path: str | Path, model_path: str, lora_cfg: Any = No
     from transformers import AutoModelForCausalLM
 
     meta = Path(path) / "dcp" / ".metadata"
-    if (Path(path) / "learner_state.pt").is_file():
+    if (Path(path) / "learner_state.pt").is_file() and meta.parent.is_dir():
         check_complete(Path(path))  # a torn folder is named as one
     if not meta.is_file():
         raise FileNotFoundError(f"{meta}: not found; {path} is not a learner checkpoint of this version")
