@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,23 @@ def _publish_pending(ck: Path, keep: int) -> None:
     else:
         print(f"jointrl: the step-{step} checkpoint's write did not finish; {tmp} removed", flush=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def finish_pending(out: Path, keep: int, timeout_s: float) -> None:
+    """When the run stops: wait up to ``timeout_s`` for the pending checkpoint's learner write to end
+    (``dcp/.complete``), then publish it. Past the timeout the folder stays as it is: a resume publishes it
+    if its write ended, or removes it (``publish_finished``)."""
+    ck = out / "checkpoints"
+    pending = _PENDING.get(ck)
+    if pending is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not (pending[0] / COMPLETE).is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if (pending[0] / COMPLETE).is_file():
+        _publish_pending(ck, keep)
+    else:
+        _PENDING.pop(ck, None)
 
 
 def publish_finished(out: Path, keep: int = 0) -> None:

@@ -28,7 +28,14 @@ from rl.algos.batch import build_batch, rollout_metrics
 from rl.algos.shaping import RewardNormalizer, shape_step
 from rl.config.recipe import Recipe, RecipeError, recipe_to_dict, resolve_path
 from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
-from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_dir, read_checkpoint, write_checkpoint
+from rl.driver.checkpoints import (
+    RunAborted,
+    finish_pending,
+    latest_checkpoint,
+    prepare_output_dir,
+    read_checkpoint,
+    write_checkpoint,
+)
 from rl.driver.placement import PlacementError
 from rl.driver.logger import STARTUP, ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard, StopSignals, write_stopped
@@ -447,6 +454,9 @@ def stop_at(run: RunParts, e: BaseException) -> None:
     if isinstance(e, (SystemExit, GeneratorExit)) or (run.step == 0 and isinstance(e, _BAD_INPUT + (RunAborted,))):
         raise e  # bad input found while starting (the CLI's exit 2), or a stop of the interpreter
     interrupted = isinstance(e, KeyboardInterrupt)
+    # a checkpoint still being written is published once written (not waited for from a dead learner)
+    wait_s = 0.0 if isinstance(e, LearnerFailure) else run.cfg.faults.learner_io_s
+    finish_pending(run.out, run.cfg.run.keep_checkpoints, wait_s)
     note = save_at_stop(run) if not isinstance(e, RunAborted) else ""
     last = latest_checkpoint(run.out)
     where = f"step {run.step}" if run.step else "start-up"
