@@ -235,7 +235,10 @@ def fill_from_checkpoint(model: torch.nn.Module, model_path: str, device: torch.
                 if key is None:
                     if ".lora_" in name:
                         continue
-                    raise KeyError(f"{model_path}: parameter {name} is in no safetensors file of the checkpoint")
+                    raise KeyError(
+                        f"{model_path}: parameter {name} is in no safetensors file of the checkpoint (learner.meta_init "
+                        "reads each parameter under its own name; meta_init: false loads through transformers)"
+                    )
                 shape, offset = _local_rows(p)
                 f = handles.get(files[key]) or handles.setdefault(files[key], safe_open(str(files[key]), "pt"))
                 part = f.get_slice(key)[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
