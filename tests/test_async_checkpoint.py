@@ -22,7 +22,9 @@ import torch
 from test_learner import MODEL_CFG, make_batch
 
 from rl.config.recipe import AlgoConfig, OptimConfig
-from rl.driver.checkpoints import latest_checkpoint, publish_finished, write_checkpoint
+from rl.config.output_dir import written_unpublished
+from rl.driver.checkpoints import latest_checkpoint, publish_finished, publish_written, write_checkpoint
+from rl.trainer import checkpoint
 from rl.trainer.learner import Learner
 
 ALGO = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-2))
@@ -56,7 +58,11 @@ def test_async_save_holds_the_state_of_its_call_while_training_goes_on(tiny_mode
         lrn.step(make_batch(tiny_tokenizer))  # training goes on while dcp/ is written
         moved = _weights(lrn)
         assert any(not torch.equal(moved[k], at_save[k]) for k in at_save)
-        write_checkpoint(_Runtime(lrn), out, 2, 3, {"k": 2})  # waits for step 1's write, publishes both
+        publish_written(out, 3)  # what the loop does after each step: published once written, not before
+        checkpoint.finish(lrn)
+        publish_written(out, 3)
+        assert final.is_dir() and latest_checkpoint(out) == final
+        write_checkpoint(_Runtime(lrn), out, 2, 3, {"k": 2})
         assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step_000001", "step_000002"]
         assert json.loads((final / "step.json").read_text()) == {"step": 1}
         assert (final / "dcp" / ".complete").is_file()
@@ -145,6 +151,7 @@ def test_a_finished_but_unpublished_checkpoint_is_published_on_resume(tmp_path):
         (d.parent / "driver.json").write_text("{}")
         if complete:
             (d / ".complete").write_text("complete\n")
+    assert written_unpublished(tmp_path) == [ck / ".step_000004.tmp"], "what output_dir_problem lets resume"
     publish_finished(tmp_path)
     assert sorted(p.name for p in ck.iterdir()) == ["step_000004"]
     assert latest_checkpoint(tmp_path) == ck / "step_000004"

@@ -29,6 +29,7 @@ from rl.config.recipe import (
     recipe_to_dict,
     resolve_output_dir,
 )
+from rl.config.output_dir import written_unpublished
 
 # Everything a run writes into its output dir that a later run could mistake for its own: an
 # overwrite removes all of it (``checkpoints/`` above all: ``run.resume=auto`` would resume it, and
@@ -169,6 +170,14 @@ def _publish_pending(ck: Path, keep: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def publish_written(out: Path, keep: int) -> None:
+    """Publish this process's pending checkpoint if its learner write has ended; otherwise leave it pending (no
+    wait). The loop calls it after every step, so a checkpoint is published within a step of being written."""
+    pending = _PENDING.get(out / "checkpoints")
+    if pending is not None and (pending[0] / COMPLETE).is_file():
+        _publish_pending(out / "checkpoints", keep)
+
+
 def finish_pending(out: Path, keep: int, timeout_s: float) -> None:
     """When the run stops: wait up to ``timeout_s`` for the pending checkpoint's learner write to end
     (``dcp/.complete``), then publish it. Past the timeout the folder stays as it is: a resume publishes it
@@ -192,12 +201,13 @@ def publish_finished(out: Path, keep: int = 0) -> None:
     ck = out / "checkpoints"
     if not ck.is_dir():
         return
+    finished = written_unpublished(out)
     for tmp in sorted(ck.glob(".step_*.tmp")):
         try:
             step = int(tmp.name[len(".step_") : -len(".tmp")])
         except ValueError:
             continue
-        if (tmp / COMPLETE).is_file() and (tmp / "driver.json").is_file() and not (ck / f"step_{step:06d}").exists():
+        if tmp in finished and not (ck / f"step_{step:06d}").exists():
             _publish(ck, tmp, step, keep or 1 << 30)
         else:
             shutil.rmtree(tmp, ignore_errors=True)

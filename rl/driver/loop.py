@@ -33,6 +33,7 @@ from rl.driver.checkpoints import (
     finish_pending,
     latest_checkpoint,
     prepare_output_dir,
+    publish_written,
     read_checkpoint,
     write_checkpoint,
 )
@@ -145,6 +146,7 @@ def run_step(run: RunParts, step: int) -> None:
         run.logger.log(step, metrics)  # 8. log
         run.new_restarts = 0
         run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
+        publish_written(run.out, cfg.run.keep_checkpoints)  # a checkpoint whose write ended since the last step
         state = driver_state(run.mixer, run.normalizer, run.episodes)
         if step == cfg.train.steps or _due(step, cfg.run.save_every):
             last = step == cfg.train.steps  # the last one is published before the run ends; others while training

@@ -18,6 +18,7 @@ set the learner's parts by name (``model``, ``peft``, ``opt``,
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ def finish(lrn: Any) -> None:
         future.result()
     except Exception as e:
         raise RuntimeError(f"{path}: the asynchronous checkpoint write failed: {type(e).__name__}: {e}") from e
+    if lrn.rank == 0:  # the done-callback may still be running: the marker is written before this returns
+        _mark_done(path, future)
 
 
 def _async_group(lrn: Any) -> Any:
@@ -68,8 +71,10 @@ def _async_group(lrn: Any) -> Any:
 def _mark_done(path: Path, future: Any) -> None:
     """Rank 0's ``dcp/.complete`` once its write (which ends after every rank's: dcp gathers their results
     before it writes ``.metadata``) succeeded."""
-    if future.exception() is None:
-        (path / "dcp" / DONE_FILE).write_text("complete\n")
+    done = path / "dcp" / DONE_FILE
+    if future.exception() is None and not done.is_file():
+        with contextlib.suppress(FileNotFoundError):  # the driver already published (renamed) the folder
+            done.write_text("complete\n")
 
 
 def save(lrn: Any, path: str, wait: bool = True) -> None:
