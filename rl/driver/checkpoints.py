@@ -5,8 +5,9 @@ A checkpoint is ``checkpoints/step_NNNNNN``: the learner's state (written by the
 statistics, the episode stream's in-flight draw) and ``step.json``, written last, which marks
 it complete. The learner writes its sharded state asynchronously (``rl.trainer.checkpoint``): with
 ``write_checkpoint(..., wait=False)`` the folder stays ``.step_NNNNNN.tmp`` (pending) while training goes on,
-and is published (``step.json``, then the rename) by the next checkpoint once the learner says its write
-ended (``dcp/.complete``), or by ``prepare_output_dir`` on a resume; a folder whose write was cut (a kill)
+and is published (``step.json``, then the rename) once the learner says its write ended (``dcp/.complete``):
+by ``publish_written`` after a step, the next checkpoint, ``finish_pending`` when the run stops, or
+``prepare_output_dir`` on a resume; a folder whose write was cut (a kill)
 has no ``dcp/.complete``, is never published and is removed. This module does not start actors or train; the
 runtime is given to it.
 """
