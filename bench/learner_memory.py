@@ -30,6 +30,11 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
   ``/proc/self/clear_refs``), the resident memory and the allocator's live / free-held bytes: where in a
   step the peak is reached and how much of it is live blocks.
 
+Start-up: each configuration's peak resident memory over building the learner (loading, sharding; ``VmHWM``
+right after the ``Learner`` is made), beside the peak over the whole run. ``fsdp`` builds on the meta device and
+each rank reads its shard (``learner.meta_init``, the default); ``fsdp-full-load`` is today's former path, every
+rank loading the whole model before keeping its shard, for the side-by-side comparison.
+
 ``--configs`` picks the configurations (default: ``full,fsdp,lora``; ``full-chunked`` is one
 worker with ``--logits-chunk-tokens``; ``full-trim`` is one worker that hands its freed memory back
 after each step (``learner.hold_memory: false``: ``malloc_trim``, or jemalloc's purge under
@@ -190,6 +195,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         lora=lora,
         logits_chunk_tokens=chunk,
         hold_memory=kind != "full-trim",
+        meta_init=kind != "full-load",
     )
     lrn = Learner(
         model_path,
@@ -201,6 +207,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         dist_port=port,
         learner=learner,
     )
+    startup = _Phases.hwm()  # the peak over start-up (model building, sharding), before _Phases resets it
     from bench import padded_layout
 
     padded_layout.use(lrn, kind == "full-padded")
@@ -227,6 +234,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         "optim": optim_bytes(lrn),
         "reference": sum(_nbytes(p) for p in lrn.ref.parameters()) if lrn.ref is not None else 0,
         "peak_rss": max(phases.peak, phases.hwm()),  # not ru_maxrss: _Phases resets it
+        "startup_rss": startup,
         "rss_before": before,
         "step_s": m["timing/learner_compute_s"],
         "config": lrn.model.config.to_dict(),
@@ -350,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs",
         default="full,fsdp,lora",
-        help="comma-separated: full, full-chunked, full-trim, full-padded, fsdp, lora",
+        help="comma-separated: full, full-chunked, full-trim, full-padded, fsdp, fsdp-full-load, lora",
     )
     ap.add_argument(
         "--allocator",
@@ -370,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         "full-trim": ("1 worker, memory handed back after each step", "full-trim", 1),
         "full-padded": ("1 worker, padded shared-prompt layout", "full-padded", 1),
         "fsdp": ("2 FSDP workers", "full", 2),
+        "fsdp-full-load": ("2 FSDP workers, whole model loaded per rank", "full-load", 2),
         "lora": (f"LoRA r={args.lora_rank}", "lora", 1),
     }
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -388,8 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         f"malloc {memory.allocator()} (--allocator {args.allocator})",
         "",
         "| config | rank | params MB | grads MB | AdamW MB | state / 1-worker state | AdamW / full AdamW | "
+        "start-up peak RSS MB | start-up peak - pre-load RSS MB | "
         "peak RSS MB | peak - pre-load RSS MB | floor MB | (peak - pre-load) / floor | step s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     mb = 2**20
     for name, rs in rows.items():
@@ -398,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             fl = _floor(r)
             lines.append(
                 f"| {name} | {r['rank']} | {r['params'] / mb:.1f} | {r['grads'] / mb:.1f} | {r['optim'] / mb:.1f} | "
-                f"{state / state_full:.3f} | {r['optim'] / full['optim']:.4f} | {r['peak_rss'] / mb:.0f} | "
+                f"{state / state_full:.3f} | {r['optim'] / full['optim']:.4f} | {r['startup_rss'] / mb:.0f} | "
+                f"{(r['startup_rss'] - r['rss_before']) / mb:.0f} | {r['peak_rss'] / mb:.0f} | "
                 f"{(r['peak_rss'] - r['rss_before']) / mb:.0f} | {fl / mb:.0f} | "
                 f"{(r['peak_rss'] - r['rss_before']) / fl:.2f} | {r['step_s']:.1f} |"
             )

@@ -34,6 +34,26 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
     if recipe.learner.weight_sync == "ipc":
         _check_ipc(recipe, fail)
     _check_parallelism(recipe, dev, on_cpu, fail)
+    _check_offload(recipe, dev, on_cpu, fail)
+
+
+def _check_offload(recipe: Recipe, dev: str | None, on_cpu: str, fail: Fail) -> None:
+    """``learner.cpu_offload``: FSDP2 moves a GPU learner's shards to host memory (rl.trainer.models.build)."""
+    lr = recipe.learner
+    if not lr.cpu_offload:
+        return
+    if lr.workers < 2 and lr.fsdp != "always":
+        fail(
+            "learner.cpu_offload",
+            "offloads FSDP2 shards, but one worker with fsdp auto is not sharded; set learner.workers 2+ or "
+            "learner.fsdp always, or cpu_offload false",
+        )
+    if dev == "cpu":
+        fail(
+            "learner.cpu_offload",
+            f"moves a GPU learner's shards to host memory; the run is on CPU {on_cpu}, its state is in host "
+            "memory already: set cpu_offload false",
+        )
 
 
 def _check_ipc(recipe: Recipe, fail: Fail) -> None:

@@ -67,6 +67,15 @@ def newest_checkpoint(out: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def written_unpublished(out: Path) -> list[Path]:
+    """``checkpoints/.step_N.tmp`` folders whose learner write ended (``dcp/.complete``) with the driver's part
+    written (``driver.json``): complete but for ``step.json`` and the rename, which a resume does
+    (``rl.driver.checkpoints.publish_finished``)."""
+    ck = out / "checkpoints"
+    tmps = sorted(ck.glob(".step_*.tmp")) if ck.is_dir() else []
+    return [p for p in tmps if (p / "dcp" / ".complete").is_file() and (p / "driver.json").is_file()]
+
+
 def holds_run(out: Path) -> bool:
     """Whether ``out`` holds a previous run's metrics or checkpoints."""
     ck = out / "checkpoints"
@@ -89,7 +98,7 @@ def output_dir_problem(recipe: Recipe) -> str | None:
             f"{out} already holds a run; set run.resume=auto to continue it, run.overwrite=true "
             "to replace it, or choose another run.output_dir"
         )
-    if newest_checkpoint(out) is not None or (out / STOPPED_FILE).is_file():
+    if newest_checkpoint(out) is not None or written_unpublished(out) or (out / STOPPED_FILE).is_file():
         return None
     return (
         f"{out} already holds a run with no checkpoint to resume from (run.resume=auto) and no record that it "

@@ -343,6 +343,16 @@ class LearnerConfig(Section):
         "auto: FSDP2 sharding with 2+ workers | always: a single worker too (a process group of one; on GPU "
         "FSDP's bf16-compute policy then replaces autocast, as with 2+ workers)",
     )
+    meta_init: bool = knob(
+        True,
+        "sharded learners build the policy and reference on the meta device and each rank reads only its shard's "
+        "rows from the safetensors files | false: every rank loads the whole model, then keeps its shard",
+    )
+    cpu_offload: bool = knob(
+        False,
+        "FSDP2 CPU offload: sharded parameters, gradients and optimizer state kept in host memory, copied to the "
+        "GPU around each layer's compute (needs sharding: workers 2+ or fsdp always, and a GPU learner)",
+    )
     micro_batch_tokens: int = knob(4096, "forward/backward in micro-batches of at most this many tokens", ge=1)
     share_prompt: bool = knob(
         True, "run a group's shared prompt once, its members' responses packed after it in one sequence"

@@ -3,7 +3,13 @@
 A checkpoint is ``checkpoints/step_NNNNNN``: the learner's state (written by the runtime's
 ``save``) and the driver's (``driver.json``: the mixer's draw state, the reward normalizer's
 statistics, the episode stream's in-flight draw) and ``step.json``, written last, which marks
-it complete. This module does not start actors or train; the runtime is given to it.
+it complete. The learner writes its sharded state asynchronously (``rl.trainer.checkpoint``): with
+``write_checkpoint(..., wait=False)`` the folder stays ``.step_NNNNNN.tmp`` (pending) while training goes on,
+and is published (``step.json``, then the rename) once the learner says its write ended (``dcp/.complete``):
+by ``publish_written`` after a step, the next checkpoint, ``finish_pending`` when the run stops, or
+``prepare_output_dir`` on a resume; a folder whose write was cut (a kill)
+has no ``dcp/.complete``, is never published and is removed. This module does not start actors or train; the
+runtime is given to it.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,7 @@ from rl.config.recipe import (
     recipe_to_dict,
     resolve_output_dir,
 )
+from rl.config.output_dir import written_unpublished
 
 # Everything a run writes into its output dir that a later run could mistake for its own: an
 # overwrite removes all of it (``checkpoints/`` above all: ``run.resume=auto`` would resume it, and
@@ -64,6 +72,8 @@ def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
     problem = output_dir_problem(cfg)
     if problem is not None:
         raise FileExistsError(problem)
+    if cfg.run.resume == "auto":
+        publish_finished(out)
     resume_from = latest_checkpoint(out) if cfg.run.resume == "auto" else None
     if resume_from is not None or (cfg.run.resume == "auto" and (out / STOPPED_FILE).is_file()):
         step = json.loads((resume_from / "step.json").read_text())["step"] if resume_from is not None else -1
@@ -93,21 +103,31 @@ def latest_checkpoint(out: Path) -> Path | None:
     return newest_checkpoint(out)
 
 
-def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state: dict[str, Any]) -> Path:
+# checkpoints dir -> (tmp folder, step) of the checkpoint whose learner write is still in flight (this process)
+_PENDING: dict[Path, tuple[Path, int]] = {}
+COMPLETE = "dcp/.complete"  # rl.trainer.checkpoint.DONE_FILE: the learner's sharded state is all on disk
+
+
+def write_checkpoint(
+    runtime: Any, out: Path, step: int, keep: int, driver_state: dict[str, Any], wait: bool = True
+) -> Path:
     """Atomically write ``checkpoints/step_NNNNNN`` (temp dir + rename); keep the newest ``keep``.
 
     ``runtime.save(path)`` writes the learner's state (model, optimizer, schedules, RNG);
-    ``driver_state`` goes to ``driver.json``. A failure (e.g. a full disk) leaves the previous
-    checkpoint intact and raises :class:`RunAborted` naming it.
+    ``driver_state`` goes to ``driver.json``. ``wait=False``: the learner's sharded state is written while
+    training goes on; the folder is published by the next ``write_checkpoint`` (module docstring), and the
+    path returned is where it will be. A checkpoint pending from before is published first (the learner
+    finished it before starting this one). A failure (e.g. a full disk) leaves the previous checkpoint
+    intact and raises :class:`RunAborted` naming it.
     """
     ck = out / "checkpoints"
     ck.mkdir(exist_ok=True)
     final, tmp = ck / f"step_{step:06d}", ck / f".step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        runtime.save(str(tmp))
+        runtime.save(str(tmp)) if wait else runtime.save(str(tmp), wait=False)
+        _publish_pending(ck, keep)
         (tmp / "driver.json").write_text(json.dumps(driver_state))
-        (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if type(e).__name__ == "LearnerFailure":  # rl.driver.runtime: the loop restarts the learners
@@ -119,12 +139,79 @@ def write_checkpoint(runtime: Any, out: Path, step: int, keep: int, driver_state
             f"{err}; the previous checkpoint is intact: "
             f"{last if last is not None else 'none'}"
         ) from e
+    if not wait:
+        _PENDING[ck] = (tmp, step)
+        return final
+    return _publish(ck, tmp, step, keep)
+
+
+def _publish(ck: Path, tmp: Path, step: int, keep: int) -> Path:
+    """``step.json`` into ``tmp``, renamed to ``step_NNNNNN``; the oldest beyond ``keep`` removed."""
+    final = ck / f"step_{step:06d}"
+    (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     done = sorted(p for p in ck.iterdir() if p.name.startswith("step_"))
     for old in done[: max(len(done) - max(keep, 1), 0)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _publish_pending(ck: Path, keep: int) -> None:
+    """Publish this process's pending checkpoint once the learner's write ended; one whose write never ended
+    (its learners were replaced) is removed."""
+    pending = _PENDING.pop(ck, None)
+    if pending is None:
+        return
+    tmp, step = pending
+    if (tmp / COMPLETE).is_file() and (tmp / "driver.json").is_file():
+        _publish(ck, tmp, step, keep)
+    else:
+        print(f"jointrl: the step-{step} checkpoint's write did not finish; {tmp} removed", flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_written(out: Path, keep: int) -> None:
+    """Publish this process's pending checkpoint if its learner write has ended; otherwise leave it pending (no
+    wait). The loop calls it after every step, so a checkpoint is published within a step of being written."""
+    pending = _PENDING.get(out / "checkpoints")
+    if pending is not None and (pending[0] / COMPLETE).is_file():
+        _publish_pending(out / "checkpoints", keep)
+
+
+def finish_pending(out: Path, keep: int, timeout_s: float) -> None:
+    """When the run stops: wait up to ``timeout_s`` for the pending checkpoint's learner write to end
+    (``dcp/.complete``), then publish it. Past the timeout the folder stays as it is: a resume publishes it
+    if its write ended, or removes it (``publish_finished``)."""
+    ck = out / "checkpoints"
+    pending = _PENDING.get(ck)
+    if pending is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not (pending[0] / COMPLETE).is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if (pending[0] / COMPLETE).is_file():
+        _publish_pending(ck, keep)
+    else:
+        _PENDING.pop(ck, None)
+
+
+def publish_finished(out: Path, keep: int = 0) -> None:
+    """On a resume: publish each ``.step_NNNNNN.tmp`` of the run before whose learner write ended (driver's part
+    and ``dcp/.complete`` present: only ``step.json`` and the rename were left), remove the others (torn)."""
+    ck = out / "checkpoints"
+    if not ck.is_dir():
+        return
+    finished = written_unpublished(out)
+    for tmp in sorted(ck.glob(".step_*.tmp")):
+        try:
+            step = int(tmp.name[len(".step_") : -len(".tmp")])
+        except ValueError:
+            continue
+        if tmp in finished and not (ck / f"step_{step:06d}").exists():
+            _publish(ck, tmp, step, keep or 1 << 30)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_checkpoint(ck: Path) -> tuple[int, dict[str, Any]]:

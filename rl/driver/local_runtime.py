@@ -123,8 +123,8 @@ class LocalRuntime:
             update = FileWeights(self._learner().export_weights(self.cfg.model.engine_dtype))
         self._worker().receive(update)  # the file transport: the engine reads the learner's shared memory
 
-    def save(self, path: str) -> None:
-        self._learner().save_checkpoint(path)
+    def save(self, path: str, wait: bool = True) -> None:
+        self._learner().save_checkpoint(path, wait)
 
     def restore(self, path: str) -> None:
         self._learner().load_checkpoint(path)

@@ -29,7 +29,15 @@ from rl.algos.shaping import RewardNormalizer, shape_step
 from rl.config.recipe import Recipe, RecipeError, recipe_to_dict, resolve_path
 from rl.data.mixer import AdaptiveTaskMixer, Source, TaskMixer, sources_by_domain
 from rl.driver.harbor_start import prepare_harbor_images, say_always
-from rl.driver.checkpoints import RunAborted, latest_checkpoint, prepare_output_dir, read_checkpoint, write_checkpoint
+from rl.driver.checkpoints import (
+    RunAborted,
+    finish_pending,
+    latest_checkpoint,
+    prepare_output_dir,
+    publish_written,
+    read_checkpoint,
+    write_checkpoint,
+)
 from rl.driver.placement import PlacementError
 from rl.driver.logger import STARTUP, ProgressBar, RunLogger
 from rl.driver.recovery import BadStepGuard, StopSignals, write_stopped
@@ -140,9 +148,11 @@ def run_step(run: RunParts, step: int) -> None:
         run.logger.log(step, metrics)  # 8. log
         run.new_restarts = 0
         run.guard.check(step, metrics)  # stop after train.max_bad_steps skipped updates
+        publish_written(run.out, cfg.run.keep_checkpoints)  # a checkpoint whose write ended since the last step
         state = driver_state(run.mixer, run.normalizer, run.episodes)
         if step == cfg.train.steps or _due(step, cfg.run.save_every):
-            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state)  # 9. checkpoint
+            last = step == cfg.train.steps  # the last one is published before the run ends; others while training
+            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state, wait=last)  # 9. checkpoint
             run.saved = step
         run.finished, run.snapshot, run.dirty = step, state, False
         if run.bar is not None:
@@ -450,6 +460,9 @@ def stop_at(run: RunParts, e: BaseException) -> None:
     if isinstance(e, (SystemExit, GeneratorExit)) or (run.step == 0 and isinstance(e, _BAD_INPUT + (RunAborted,))):
         raise e  # bad input found while starting (the CLI's exit 2), or a stop of the interpreter
     interrupted = isinstance(e, KeyboardInterrupt)
+    # a checkpoint still being written is published once written (not waited for from a dead learner)
+    wait_s = 0.0 if isinstance(e, LearnerFailure) else run.cfg.faults.learner_io_s
+    finish_pending(run.out, run.cfg.run.keep_checkpoints, wait_s)
     note = save_at_stop(run) if not isinstance(e, RunAborted) else ""
     last = latest_checkpoint(run.out)
     where = f"step {run.step}" if run.step else "start-up"

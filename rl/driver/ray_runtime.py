@@ -262,8 +262,8 @@ class RayRuntime:
         # through Ray's object store (one copy per node), written to their own shared memory.
         self.pool.sync_weights(path, self.learner_node, lambda: self.learners.read_weights_ref(path), adapter=adapter)
 
-    def save(self, path: str) -> None:
-        self.learners.save_checkpoint(path)
+    def save(self, path: str, wait: bool = True) -> None:
+        self.learners.save_checkpoint(path, wait)
 
     def restore(self, path: str) -> None:
         self.learners.load_checkpoint(path)

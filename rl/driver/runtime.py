@@ -76,8 +76,9 @@ class Runtime(Protocol):
     def sync_weights(self) -> None:
         """Push the learner's current weights into every engine."""
 
-    def save(self, path: str) -> None:
-        """Write the learner's state (model, optimizer, schedules, RNG) into the new folder ``path``."""
+    def save(self, path: str, wait: bool = True) -> None:
+        """Write the learner's state (model, optimizer, schedules, RNG) into the new folder ``path``; ``wait=False``:
+        return while the sharded state is written (``dcp/.complete`` appears when done; rl.trainer.checkpoint)."""
 
     def restore(self, path: str) -> None:
         """Load the learner's state written by ``save``, then sync it into the engines."""

@@ -5,12 +5,20 @@ A checkpoint folder holds ``dcp/`` (the trainable weights and the main optimizer
 ``torch.distributed.checkpoint``, each rank its shard: a restore onto another number of ranks reshards),
 ``model/`` (the policy as an HF folder, what eval and vLLM load), ``adapter/`` (LoRA), ``critic.safetensors``,
 ``learner_state.pt`` (schedules, the critic's optimizer, the KL controller, counters, rank 0's RNG states) and
-``rng_rank<r>.pt``. The functions read and set the learner's parts by name (``model``, ``peft``, ``opt``,
+``rng_rank<r>.pt``, and ``dcp/.complete``, written by rank 0 once every rank's ``dcp/`` is on disk: a folder
+without it is torn (its writer was killed) and is never loaded.
+
+``dcp/`` is written asynchronously (``torch.distributed.checkpoint.async_save``, in a thread, over a gloo
+process group of its own so that its collectives never interleave with training's): ``save`` returns once the
+state is copied to host memory and training goes on while it is written. The next ``save``, a ``load``,
+``finish`` and the learner's shutdown wait for the write in flight (and raise its error). The functions read and
+set the learner's parts by name (``model``, ``peft``, ``opt``,
 ``sched``, ``critic_opt``, ``critic_sched``, ``kl_ctl``, ``gen``, counters); they do not train.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 from typing import Any
@@ -29,8 +37,50 @@ def _state_modules(lrn: Any) -> torch.nn.Module:
     return mods
 
 
-def save(lrn: Any, path: str) -> None:
-    """Into folder ``path`` (every rank calls it, into the same folder):
+DONE_FILE = ".complete"  # in dcp/
+
+
+def finish(lrn: Any) -> None:
+    """Wait for the learner's checkpoint write in flight, if any (every rank); raise its error, naming the folder."""
+    pending = getattr(lrn, "_ckpt_pending", None)
+    if pending is None:
+        return
+    lrn._ckpt_pending = None
+    future, path = pending
+    try:
+        future.result()
+    except Exception as e:
+        raise RuntimeError(f"{path}: the asynchronous checkpoint write failed: {type(e).__name__}: {e}") from e
+    if lrn.rank == 0:  # the done-callback may still be running: the marker is written before this returns
+        _mark_done(path, future)
+
+
+def _async_group(lrn: Any) -> Any:
+    """A gloo process group of the learner's ranks for the checkpoint thread's collectives (made once, by every
+    rank at its first save), or None without a process group."""
+    if not fsdp.active():
+        return None
+    group = getattr(lrn, "_ckpt_group", None)
+    if group is None:
+        import torch.distributed as dist
+
+        group = lrn._ckpt_group = dist.new_group(backend="gloo")
+    return group
+
+
+def _mark_done(path: Path, future: Any) -> None:
+    """Rank 0's ``dcp/.complete`` once its write (which ends after every rank's: dcp gathers their results
+    before it writes ``.metadata``) succeeded."""
+    done = path / "dcp" / DONE_FILE
+    if future.exception() is None and not done.is_file():
+        with contextlib.suppress(FileNotFoundError):  # the driver already published (renamed) the folder
+            done.write_text("complete\n")
+
+
+def save(lrn: Any, path: str, wait: bool = True) -> None:
+    """Into folder ``path`` (every rank calls it, into the same folder); first waits for the previous save's
+    write (``finish``). ``wait=False``: returns while ``dcp/`` is written (module docstring);
+    ``dcp/.complete`` appears when it is complete.
 
     - ``dcp/``: the policy's trainable weights (all of them; with LoRA the adapters only),
       the value head and their AdamW state through ``torch.distributed.checkpoint``, each
@@ -46,20 +96,29 @@ def save(lrn: Any, path: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    finish(lrn)
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    mods = _state_modules(lrn)
-    dcp.save(
-        {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, lrn.opt)},
-        checkpoint_id=str(p / "dcp"),
-        no_dist=not fsdp.active(),
-    )
+    (p / "dcp" / DONE_FILE).unlink(missing_ok=True)
     full, adapter = _full_weights(lrn)
     rng = _rng_states(lrn)
     if lrn.rank > 0:
         torch.save(rng, p / f"rng_rank{lrn.rank}.pt")
-        return
-    _save_rank0(lrn, p, full, adapter, rng)
+    else:
+        _save_rank0(lrn, p, full, adapter, rng)
+    del full
+    mods = _state_modules(lrn)
+    future = dcp.async_save(
+        {"model": _trainable_state(mods), "optim": get_optimizer_state_dict(mods, lrn.opt)},
+        checkpoint_id=str(p / "dcp"),
+        process_group=_async_group(lrn),
+        no_dist=not fsdp.active(),
+    )
+    if lrn.rank == 0:
+        future.add_done_callback(lambda f: _mark_done(p, f))
+    lrn._ckpt_pending = (future, p)
+    if wait:
+        finish(lrn)
 
 
 def _full_weights(lrn: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
@@ -125,6 +184,7 @@ def _save_rank0(
         "algo": lrn.algo.name,
         "critic": lrn.algo.critic.model if crit is not None else None,
         "world_size": lrn.world_size,
+        "dcp_async": True,  # dcp/.complete marks the end of the write (check_complete)
         **rng,
     }
     torch.save(state, p / "learner_state.pt")
@@ -148,7 +208,10 @@ def load(lrn: Any, path: str) -> None:
         set_optimizer_state_dict,
     )
 
+    finish(lrn)
     p = Path(path)
+    if (p / "learner_state.pt").is_file() and (p / "dcp").is_dir():
+        check_complete(p)  # a torn folder is named as one
     if not (p / "dcp" / ".metadata").is_file():
         raise ValueError(
             f"{p}: not a learner checkpoint of this version (no dcp/.metadata: sharded weights and optimizer state)"
@@ -184,6 +247,16 @@ def load(lrn: Any, path: str) -> None:
         torch.cuda.set_rng_state_all(rng["cuda_rng"])
 
 
+def check_complete(path: Path) -> None:
+    """Raise naming ``path`` when its ``dcp/`` write never finished (no ``dcp/.complete``: a torn checkpoint).
+    Checkpoints written before asynchronous saves (``learner_state.pt`` without ``dcp_async``) were whole."""
+    st = torch.load(path / "learner_state.pt", weights_only=False)
+    if st.get("dcp_async") and not (path / "dcp" / DONE_FILE).is_file():
+        raise ValueError(
+            f"{path}: a torn checkpoint (no dcp/{DONE_FILE}: its asynchronous write was interrupted); use an older one"
+        )
+
+
 def policy_from_checkpoint(path: str | Path, model_path: str, lora_cfg: Any = None) -> Any:
     """The policy of learner checkpoint ``path`` as a plain HF causal LM (float32, on CPU), for an export.
 
@@ -199,6 +272,8 @@ def policy_from_checkpoint(path: str | Path, model_path: str, lora_cfg: Any = No
     from transformers import AutoModelForCausalLM
 
     meta = Path(path) / "dcp" / ".metadata"
+    if (Path(path) / "learner_state.pt").is_file() and meta.parent.is_dir():
+        check_complete(Path(path))  # a torn folder is named as one
     if not meta.is_file():
         raise FileNotFoundError(f"{meta}: not found; {path} is not a learner checkpoint of this version")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

@@ -61,24 +61,32 @@ def _root_call(self: Any, fn: Callable[[], Any]) -> Any:
     return fn()
 
 
-def shard(model: torch.nn.Module, *, bf16_compute: bool = False) -> torch.nn.Module:
+def shard(model: torch.nn.Module, *, bf16_compute: bool = False, offload: bool = False) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root; SUM gradient reduction. In place; returns ``model``.
 
     ``bf16_compute``: FSDP's ``MixedPrecisionPolicy`` (bf16 parameters in compute, fp32 gradient
     reduction, fp32 master weights); the learner uses it on CUDA, where it replaces autocast. It runs on
     CPU over gloo too (tests/test_fsdp_mixed_precision.py), and on a GPU over NCCL at one rank
-    (bench/gpu_learner.py).
+    (bench/gpu_learner.py). ``offload``: FSDP's ``CPUOffloadPolicy`` (``learner.cpu_offload``): shards,
+    gradients and optimizer state live in host memory, copied to the device around each unit's compute.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
 
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if bf16_compute
         else MixedPrecisionPolicy()
     )
+    off = CPUOffloadPolicy() if offload else OffloadPolicy()
     for layer in _layers(model):
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, offload_policy=off)
+    fully_shard(model, mp_policy=mp, offload_policy=off)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):  # every FSDP unit, not only the root
             m.set_gradient_divide_factor(1.0)

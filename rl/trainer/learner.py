@@ -235,6 +235,7 @@ class Learner:
             self.device,
             sharded=self.sharded,
             bf16_compute=self.use_autocast and self.device.type == "cuda",  # GPU: FSDP's policy, not autocast
+            autocast=self.use_autocast,
             # a reference for a KL term, or for a policy loss that reads the reference's log-probs
             reference_dtype=self.reference_dtype() if self._needs_reference() else None,
             critic=self.algo.critic.model if self.est.needs_critic else None,
@@ -621,9 +622,10 @@ class Learner:
         """``WeightExport.read``: what an export wrote, for engines on other nodes."""
         return WeightExport.read(path)
 
-    def save_checkpoint(self, path: str) -> None:
-        """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``."""
-        checkpoint.save(self, path)
+    def save_checkpoint(self, path: str, wait: bool = True) -> None:
+        """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``
+        (``wait=False``: the sharded state is written while training goes on; ``learner.done`` marks the end)."""
+        checkpoint.save(self, path, wait)
 
     def load_checkpoint(self, path: str) -> None:
         """``rl.trainer.checkpoint.load``: restore what ``save_checkpoint`` wrote."""
@@ -646,6 +648,7 @@ class Learner:
         return self.critic if self.critic is not None else self.value_head
 
     def shutdown(self) -> None:
+        checkpoint.finish(self)  # a checkpoint still being written completes
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         if self.sharded:
             import torch.distributed as dist

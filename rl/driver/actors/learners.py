@@ -294,8 +294,8 @@ class LearnerGroup:
         """The policy's log-probs of ``continuation`` after ``prompt`` (every rank: a sharded forward)."""
         return self._io("logprobs", prompt, continuation)[0]
 
-    def save_checkpoint(self, path: str) -> None:
-        self._io("save_checkpoint", path)
+    def save_checkpoint(self, path: str, wait: bool = True) -> None:
+        self._io("save_checkpoint", path, wait)
 
     def load_checkpoint(self, path: str) -> None:
         self._io("load_checkpoint", path)
