@@ -360,7 +360,7 @@ class Learner:
             self.kl_ctl.update(m.kl_mean, batch.num_seqs)
         self._after_step(m)
         m.compute_s = time.perf_counter() - t0
-        return m.to_dict()
+        return m.to_dict() | self.weights.metrics()  # the sync before this step's episodes: its changed share
 
     def _metrics(
         self, steps: plan.Plan, sums: Sums, log: UpdateLog, updates: int, coef: float, domains: tuple[str, ...]
