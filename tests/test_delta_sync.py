@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -61,3 +63,130 @@ def test_a_new_layout_is_not_compared(tmp_path):
     c.begin(measured=True)
     c.finish()
     assert c.take() == {}  # an empty export has no fraction
+
+
+# ---- delta sync: rl.trainer.weights (learner) -> rollout.weights.DeltaWeights -> rollout.pool (engine) ----------
+
+
+class _Policy(torch.nn.Module):
+    """A stand-in policy: a few parameters, no output embeddings (WeightExport exports its state dict)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randn(64, 32) * 0.02)
+        self.b = torch.nn.Parameter(torch.randn(300))
+
+    def get_output_embeddings(self):
+        return None
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.loaded: list[bytes] = []
+
+    def load_weights(self, path: str) -> None:
+        self.loaded.append(Path(path).read_bytes())
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _worker(tiny_model_path, blob: Path):
+    from rollout.pool import RolloutWorker
+
+    w = RolloutWorker(tiny_model_path, [], engine=_Engine())
+    w._blob = str(blob)  # two workers in one process: each its own held file
+    return w
+
+
+def _train(policy: _Policy, step: int) -> None:
+    """An optimizer step's worth of change: a few entries move visibly in bf16, the rest by far less than its ulp."""
+    with torch.no_grad():
+        policy.a.add_(1e-7)
+        policy.a.view(-1)[step * 7 : step * 7 + 5] += 0.5
+        policy.b[step % 300] -= 1.0
+
+
+def _sync(exp, path: str, worker, delta: bool) -> str:
+    """The driver's object-store route: the delta when asked and available; a refused delta is repaired by a full sync."""
+    update = exp.read_update(path, delta=delta)
+    if worker.receive(update):
+        return type(update).__name__
+    assert worker.receive(exp.read_update(path))
+    return "repaired"
+
+
+def test_delta_sync_equals_full_sync_bit_for_bit(tiny_model_path, tmp_path):
+    from rl.trainer.weights import WeightExport
+    from rollout.weights import DeltaWeights
+
+    policy = _Policy()
+    exp = WeightExport(policy, None, 0, torch.device("cpu"), tmp_path / "learner")
+    by_delta, by_full = (
+        _worker(tiny_model_path, tmp_path / "d.safetensors"),
+        _worker(tiny_model_path, tmp_path / "f.safetensors"),
+    )
+    kinds, full_every, before = [], 4, {}
+    for step in range(10):
+        path = exp.file("bfloat16")
+        kinds.append(_sync(exp, path, by_delta, delta=step % full_every != 0))
+        by_full.receive(WeightExport.read(path))
+        published = Path(path).read_bytes()
+        assert Path(by_delta._blob).read_bytes() == published == Path(by_full._blob).read_bytes()
+        assert by_delta.engine.loaded[-1] == published
+        update = exp.read_update(path, delta=True)
+        now = {k: v.detach().to(torch.bfloat16).view(torch.int16) for k, v in policy.state_dict().items()}
+        if isinstance(update, DeltaWeights):  # what crossed: exactly the entries whose bf16 bits changed
+            changed = sum(int((now[k] != before[k]).sum()) for k in now)
+            assert 5 <= sum(i.numel() for _, i, _ in update.changes) == changed < 40
+        before = now
+        _train(policy, step)
+    # the first delta request turns keeping on, so step 1 is still full; then deltas between the full syncs
+    b, d = "BlobWeights", "DeltaWeights"
+    assert kinds == [b, b, d, d, b, d, d, d, b, d]
+
+
+def test_drift_is_detected_and_repaired_by_a_full_sync(tiny_model_path, tmp_path):
+    from rl.trainer.weights import WeightExport
+
+    policy = _Policy()
+    exp = WeightExport(policy, None, 0, torch.device("cpu"), tmp_path / "learner")
+    w = _worker(tiny_model_path, tmp_path / "e.safetensors")
+    for step in range(3):
+        _sync(exp, exp.file("bfloat16"), w, delta=True)
+        _train(policy, step)
+    path = exp.file("bfloat16")
+    raw = bytearray(Path(w._blob).read_bytes())
+    raw[-3] ^= 0x40  # the engine's held weights drift (one bit of one element that the next delta does not touch)
+    Path(w._blob).write_bytes(bytes(raw))
+    loads = len(w.engine.loaded)
+    assert _sync(exp, path, w, delta=True) == "repaired"
+    assert len(w.engine.loaded) == loads + 1  # the drifted file was never loaded, only the repaired one
+    assert Path(w._blob).read_bytes() == Path(path).read_bytes()
+    _train(policy, 3)
+    assert _sync(exp, exp.file("bfloat16"), w, delta=True) == "DeltaWeights"  # deltas resume on the repaired file
+    # an engine that missed an export (a restart, a lost sync) holds another base: refused, then repaired
+    _train(policy, 4)
+    exp.file("bfloat16")  # never sent to this engine
+    _train(policy, 5)
+    path = exp.file("bfloat16")
+    assert _sync(exp, path, w, delta=True) == "repaired"
+    assert Path(w._blob).read_bytes() == Path(path).read_bytes()
+
+
+def test_a_delta_larger_than_a_third_of_the_file_is_sent_full(tmp_path):
+    from rl.trainer.weights import WeightExport
+    from rollout.weights import BlobWeights, DeltaWeights
+
+    policy = _Policy()
+    exp = WeightExport(policy, None, 0, torch.device("cpu"), tmp_path / "learner")
+    exp.read_update(exp.file("bfloat16"), delta=True)
+    _train(policy, 0)
+    assert isinstance(exp.read_update(exp.file("bfloat16"), delta=True), BlobWeights)  # no base digest yet
+    _train(policy, 1)
+    assert isinstance(exp.read_update(exp.file("bfloat16"), delta=True), DeltaWeights)
+    with torch.no_grad():
+        policy.a.mul_(1.5)  # every entry of the larger tensor changes
+    update = exp.read_update(exp.file("bfloat16"), delta=True)
+    assert isinstance(update, BlobWeights) and update.digest  # full, with its identity for the next delta

@@ -23,6 +23,7 @@ merged (base + B A) one tensor at a time. This module does not train, and does n
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -32,7 +33,8 @@ import torch
 
 from rl.trainer import fsdp, lora
 from rl.trainer.models import DTYPES
-from rollout.weights import BlobWeights, FileWeights, IpcWeights, WeightUpdate
+from rollout.weight_delta import BITS, checksum
+from rollout.weights import BlobWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
 
 
 class WeightExport:
@@ -153,6 +155,19 @@ class WeightExport:
             tensors.setdefault("lm_head.weight", base.weight)
         return tensors
 
+    def read_update(self, path: str, delta: bool = False) -> BlobWeights | DeltaWeights:
+        """What the last export sent engines on other nodes: its ``DeltaWeights`` from the export before
+        (``delta``, when there is one), else ``read(path)`` with the export's identity when deltas are kept.
+        The first call with ``delta`` turns delta keeping on for the following exports (rank 0, ``file``)."""
+        sender = self._file_sender
+        if sender is None or Path(path).is_dir() or str(self.shm_dir / sender.name) != str(path):
+            return self.read(path)
+        if delta:
+            sender.keep_delta = True
+            if sender.last_delta is not None:
+                return sender.last_delta
+        return BlobWeights(self.read(path).data, digest=sender.digest)
+
     @staticmethod
     def read(path: str) -> BlobWeights:
         """What an export wrote, for engines on other nodes (through Ray's object store): a weights file's
@@ -195,6 +210,12 @@ class ShmFileSender:
         self._views: dict[str, torch.Tensor] = {}
         self._prev: dict[str, torch.Tensor] | None = None
         self.changes = ChangeCount()
+        # Delta sync (WeightExport.read_update(delta=True) turns it on): the changed entries of the last export.
+        self.keep_delta = False
+        self.digest = ""  # the last export's identity ("" before deltas were kept)
+        self.last_delta: DeltaWeights | None = None
+        self._delta: list[tuple[str, torch.Tensor, torch.Tensor]] | None = None
+        self._delta_bytes = 0
 
     def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None:
         typed = [(k, self.dtype, shape) for k, shape in layout]
@@ -205,22 +226,51 @@ class ShmFileSender:
         self._prev = self._file.previous()  # the other slot: the last export, when it had this layout
         self._views = self._file.begin()
         self.changes.begin(measured=self._prev is not None)
+        self._delta = [] if self.keep_delta and self._prev is not None else None
+        self._delta_bytes = 0
+        if self._prev is None:
+            self.digest = ""  # a new layout: no engine holds anything a delta could apply to
 
     def send(self, key: str, tensor: torch.Tensor) -> None:
         self._views[key].copy_(tensor)
-        if self._prev is not None:
-            self.changes.add(self._views[key], self._prev[key])
+        self._compare(key)
 
     def alias(self, key: str, first: str) -> None:
         self._views[key].copy_(self._views[first])
-        if self._prev is not None:
-            self.changes.add(self._views[key], self._prev[key])
+        self._compare(key)
+
+    def _compare(self, key: str) -> None:
+        """Count ``key``'s changed elements against the previous export and, keeping deltas, keep them (until the
+        delta would be over a third of the file: indices and values then cost more than the full sync)."""
+        if self._prev is None:
+            return
+        new = self._views[key]
+        changed = self.changes.add(new, self._prev[key])
+        if self._delta is None:
+            return
+        idx = changed.nonzero().flatten()
+        if idx.numel():
+            self._delta.append((key, idx.to(torch.int32 if new.numel() < 2**31 else torch.int64), new.reshape(-1)[idx]))
+            self._delta_bytes += idx.numel() * (idx.element_size() + new.element_size())
+            if self._file is not None and 3 * self._delta_bytes > self._file.size:
+                self._delta = None
 
     def finish(self) -> FileWeights:
         assert self._file is not None, "finish before begin"
-        self._views, self._prev = {}, None
+        if self.keep_delta:
+            self._seal()
+        self._views, self._prev, self._delta = {}, None, None
         self.changes.finish()
         return FileWeights(self._file.publish())
+
+    def _seal(self) -> None:
+        """Keeping deltas: this export's per-tensor checksums and identity, and its ``DeltaWeights`` from the
+        previous export (None: the first, a new layout, or too many changes)."""
+        checksums = tuple((k, checksum(v)) for k, v in self._views.items())
+        digest = hashlib.blake2b(repr(checksums).encode(), digest_size=16).hexdigest()
+        base, self.digest = self.digest, digest
+        ok = self._delta is not None and base != ""
+        self.last_delta = DeltaWeights(base, digest, tuple(self._delta or ()), checksums) if ok else None
 
     def close(self) -> None:
         """Unmap both slots (the published file stays for readers that opened it)."""
@@ -276,9 +326,6 @@ class CudaIpcSender:
         return IpcWeights(rebuild, tuple(args), tuple((k, shape, off) for k, (shape, off) in self._place.items()))
 
 
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 class ChangeCount:
     """How many of one export's elements differ, bit for bit, from the previous export's (in the engines' dtype):
     ``weights/changed_fraction``, what decides whether sending only the changed entries is worth it.
@@ -297,10 +344,13 @@ class ChangeCount:
         """A new export: compared against the last one if ``measured`` (same layout and dtype), else not."""
         self.measured, self.changed, self.total = measured, 0, 0
 
-    def add(self, new: torch.Tensor, old: torch.Tensor) -> None:
-        bits = _BITS[new.element_size()]
-        self.changed += int(torch.ne(new.reshape(-1).view(bits), old.reshape(-1).view(bits)).sum())
+    def add(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """Count where ``new`` differs from ``old`` (same shape and dtype); return that mask, flat."""
+        bits = BITS[new.element_size()]
+        changed = torch.ne(new.reshape(-1).view(bits), old.reshape(-1).view(bits))
+        self.changed += int(changed.sum())
         self.total += new.numel()
+        return changed
 
     def finish(self) -> None:
         """Close the export: ``fraction`` becomes its changed share (None when it was not compared)."""
