@@ -190,3 +190,56 @@ def test_a_delta_larger_than_a_third_of_the_file_is_sent_full(tmp_path):
         policy.a.mul_(1.5)  # every entry of the larger tensor changes
     update = exp.read_update(exp.file("bfloat16"), delta=True)
     assert isinstance(update, BlobWeights) and update.digest  # full, with its identity for the next delta
+
+
+def test_delta_sync_refused_where_it_cannot_run():
+    from rl.config.cluster_checks import check_cluster
+    from rl.config.recipe import RecipeError, load_recipe
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+    check_cluster(load_recipe(path, ["learner.delta_sync_full_every=8"]))  # file sync: accepted
+    bad = load_recipe(path, ["learner.delta_sync_full_every=8", "learner.lora.rank=8", "learner.lora.transfer=adapter"])
+    with pytest.raises(RecipeError, match="learner.delta_sync_full_every"):
+        check_cluster(bad)
+
+
+def test_pool_sends_deltas_off_node_and_repairs_refusals_with_a_full_sync(tiny_model_path, tmp_path):
+    """``RolloutPool.sync_weights`` with ``delta``: engines on the learner's node read the file, the others get the
+    delta; one that refuses it (it missed a sync) gets the full weights, counted in ``weights/delta_repairs``."""
+    from rl.driver.actors.rollout import RolloutPool
+    from rl.trainer.weights import WeightExport
+
+    policy = _Policy()
+    exp = WeightExport(policy, None, 0, torch.device("cpu"), tmp_path / "learner")
+    workers = [_worker(tiny_model_path, tmp_path / f"w{i}.safetensors") for i in range(3)]
+    pool = RolloutPool.__new__(RolloutPool)  # the routing alone: workers called in-process instead of through Ray
+    pool._repairs, pool._weights = 0, None
+    pool._placement = [("learner-node", [], []), ("other", [], []), ("other", [], [])]
+    pool.group = type("G", (), {"metrics": lambda self: {}, "actors": workers})()
+    sent: list[str] = []
+
+    def call(jobs):
+        out = {}
+        for i, (method, (update,)) in jobs.items():
+            sent.append(f"{i}:{type(update).__name__}")
+            out[i] = getattr(workers[i], method)(update)
+        return out
+
+    pool._call = call
+
+    def sync(delta: bool) -> None:
+        path = exp.file("bfloat16")
+        full, dlt = (lambda: exp.read_update(path)), (lambda: exp.read_update(path, delta=True))
+        pool.sync_weights(path, "learner-node", full, delta=dlt if delta else None)
+
+    for step in range(3):
+        sync(delta=step > 0)
+        _train(policy, step)
+    sent.clear()
+    workers[2]._held = "lost"  # engine 2 missed a sync
+    sync(delta=True)
+    assert sent == ["0:FileWeights", "1:DeltaWeights", "2:DeltaWeights", "2:BlobWeights"]
+    assert pool.metrics() == {"weights/delta_repairs": 1.0}
+    assert pool.metrics() == {}
+    for w in workers[1:]:
+        assert Path(w._blob).read_bytes() == Path(exp.shm_dir / "policy.safetensors").read_bytes()

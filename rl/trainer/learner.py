@@ -58,7 +58,7 @@ from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.
 from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
-from rollout.weights import BlobWeights, IpcWeights
+from rollout.weights import BlobWeights, DeltaWeights, IpcWeights
 from rl.trainer.logits import Entropy
 from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.schedules import kl_controller
@@ -553,9 +553,9 @@ class Learner:
         """``WeightExport.adapter``: with LoRA, the adapters as a ``peft`` folder."""
         return self.weights.adapter()
 
-    def read_weights(self, path: str) -> BlobWeights:
-        """``WeightExport.read``: what an export wrote, for engines on other nodes."""
-        return WeightExport.read(path)
+    def read_weights(self, path: str, delta: bool = False) -> BlobWeights | DeltaWeights:
+        """``WeightExport.read_update``: what an export wrote (``delta``: only its changes), for engines on other nodes."""
+        return self.weights.read_update(path, delta)
 
     def save_checkpoint(self, path: str) -> None:
         """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``."""
