@@ -243,3 +243,18 @@ def test_pool_sends_deltas_off_node_and_repairs_refusals_with_a_full_sync(tiny_m
     assert pool.metrics() == {}
     for w in workers[1:]:
         assert Path(w._blob).read_bytes() == Path(exp.shm_dir / "policy.safetensors").read_bytes()
+
+
+def test_changed_fraction_of_the_ipc_buffer_compares_before_overwriting():
+    from rl.trainer.weights import CudaIpcSender
+
+    s = CudaIpcSender(torch.device("cpu"), torch.bfloat16)  # the packing alone runs on any device
+    for i, new in enumerate([torch.zeros(10), torch.zeros(10), torch.arange(10.0)]):
+        s.begin([("w", (10,)), ("u", (10,)), ("tied", (10,))])
+        s.send("w", new)
+        s.send("u", torch.ones(10))  # never changes
+        s.alias("tied", "w")
+        s.changes.finish()  # what finish does after its CUDA synchronize
+        # the third export: 9 of w's 10 entries change, and so do the tied copy's: 18 of 30
+        assert s.changes.take() == ({} if i == 0 else {"weights/changed_fraction": [0.0, 0.6][i - 1]})
+        assert torch.equal(s._view("tied"), new.to(torch.bfloat16))

@@ -315,7 +315,9 @@ class CudaIpcSender:
         view.copy_(tensor)
 
     def alias(self, key: str, first: str) -> None:
-        self._view(key).copy_(self._view(first))  # a tied copy: changed exactly where ``first`` changed
+        if self.changes.measured:  # counted like the file sender counts it: as the elements the engines load
+            self.changes.add(self._view(first), self._view(key))
+        self._view(key).copy_(self._view(first))
 
     def finish(self) -> IpcWeights:
         from torch.multiprocessing.reductions import reduce_tensor
