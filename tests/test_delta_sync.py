@@ -258,3 +258,18 @@ def test_changed_fraction_of_the_ipc_buffer_compares_before_overwriting():
         # the third export: 9 of w's 10 entries change, and so do the tied copy's: 18 of 30
         assert s.changes.take() == ({} if i == 0 else {"weights/changed_fraction": [0.0, 0.6][i - 1]})
         assert torch.equal(s._view("tied"), new.to(torch.bfloat16))
+
+
+def test_the_delta_threshold_counts_the_indices_as_sent(tmp_path):
+    """A delta of int32 indices and bf16 values (6 bytes an entry) is kept up to a third of the file's bytes."""
+    from rl.trainer.weights import WeightExport
+    from rollout.weights import DeltaWeights
+
+    policy = _Policy()
+    exp = WeightExport(policy, None, 0, torch.device("cpu"), tmp_path / "learner")
+    for _ in range(2):
+        exp.read_update(exp.file("bfloat16"), delta=True)
+    with torch.no_grad():
+        policy.a.view(-1)[:200] += 1.0  # 200 of 2348 entries: 1200 bytes sent, under a third of ~4.7 kB
+    update = exp.read_update(exp.file("bfloat16"), delta=True)
+    assert isinstance(update, DeltaWeights) and update.changes[0][1].dtype == torch.int32

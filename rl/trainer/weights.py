@@ -250,8 +250,10 @@ class ShmFileSender:
             return
         idx = changed.nonzero().flatten()
         if idx.numel():
-            self._delta.append((key, idx.to(torch.int32 if new.numel() < 2**31 else torch.int64), new.reshape(-1)[idx]))
-            self._delta_bytes += idx.numel() * (idx.element_size() + new.element_size())
+            values = new.reshape(-1)[idx]
+            idx = idx.to(torch.int32 if new.numel() < 2**31 else torch.int64)  # what crosses: 4 bytes an entry
+            self._delta.append((key, idx, values))
+            self._delta_bytes += idx.numel() * (idx.element_size() + values.element_size())
             if self._file is not None and 3 * self._delta_bytes > self._file.size:
                 self._delta = None
 
