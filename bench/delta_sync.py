@@ -7,8 +7,9 @@ paths) take the step's update: one always the full weights (``BlobWeights``, wha
 through Ray's object store today), the other the ``DeltaWeights`` of ``learner.delta_sync_full_every`` (a full
 sync every ``--full-every`` syncs; a refused delta repaired by a full one). Per step: the bf16 changed fraction,
 the bytes each path puts through the object store (the pickled record), and the time each takes from the
-learner's read to the engine's verified file (pickle, unpickle, write or patch and checksum). The two receivers'
-files are checked equal to the learner's export after every step.
+learner's read to the engine's verified file (pickle, unpickle, write or patch and checksum), and the learner's
+export time (which, once deltas are kept, also gathers the changed entries and hashes every tensor). The two
+receivers' files are checked equal to the learner's export after every step.
 
     PYTHONPATH=$PWD .venv/bin/python bench/delta_sync.py --steps 12
 """
@@ -81,7 +82,9 @@ def main() -> None:
             model(input_ids=ids, labels=ids).loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            out = exp.file("bfloat16")
+            t0 = time.perf_counter()
+            out = exp.file("bfloat16")  # with deltas kept (from step 2 on): the changed entries and checksums too
+            t_export = time.perf_counter() - t0
             frac = exp.metrics().get("weights/changed_fraction", float("nan"))
             nbytes_f, t_f, _ = _timed_receive(full_w, exp, out, delta=False)
             nbytes_d, t_d, kind = _timed_receive(delta_w, exp, out, delta=step % args.full_every != 0)
@@ -89,7 +92,7 @@ def main() -> None:
             assert Path(full_w._blob).read_bytes() == published == Path(delta_w._blob).read_bytes(), step
             rows.append((step + 1, frac, nbytes_f, t_f, nbytes_d, t_d, kind))
             print(
-                f"step {step + 1:3d}  changed {frac:8.4%}  full {nbytes_f / 1e6:8.1f} MB {t_f:6.3f} s  "
+                f"step {step + 1:3d}  export {t_export:6.3f} s  changed {frac:8.4%}  full {nbytes_f / 1e6:8.1f} MB {t_f:6.3f} s  "
                 f"delta-path {nbytes_d / 1e6:8.2f} MB {t_d:6.3f} s  ({kind})",
                 flush=True,
             )
