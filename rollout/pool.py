@@ -24,7 +24,7 @@ from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
 from rollout.episode import run_episodes
 from rollout.tools_prompt import check_mode
-from rollout.weights import BlobWeights, FileWeights, IpcWeights, WeightUpdate
+from rollout.weights import BlobWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
 
 
 def usable_cpus() -> int:
@@ -102,6 +102,7 @@ class RolloutWorker:
         self._shm = (shm_segments(os.getpid()) if engine is None else []) + [self._blob]
         self._procs = stamped(descendants(os.getpid())) if engine is None else []
         self._adapter_seq = 0  # adapter folders received from another node (load_adapter_blob)
+        self._held = ""  # the identity (DeltaWeights.digest) of the export in self._blob, "" when unknown
 
     def _make_env(self, domain: str) -> Any:
         if domain not in self.envs:
@@ -125,10 +126,13 @@ class RolloutWorker:
             tools_in_prompt=self.tools_in_prompt,
         )
 
-    def receive(self, update: WeightUpdate) -> None:
+    def receive(self, update: WeightUpdate) -> bool:
         """Load what one weight transport delivered (``rollout.weights.WeightReceiver``): a weights file or adapter
-        folder on this node, their bytes from a learner on another node, or a CUDA IPC export of the learner on
-        this engine's GPU."""
+        folder on this node, their bytes from a learner on another node, only what changed since the previous
+        export (``DeltaWeights``), or a CUDA IPC export of the learner on this engine's GPU. False: a delta that
+        could not be applied exactly (nothing was loaded; the caller sends the full weights)."""
+        if isinstance(update, DeltaWeights):
+            return self.load_weights_delta(update)
         if isinstance(update, FileWeights):
             (self.load_adapter if update.adapter else self.load_weights)(update.path)
         elif isinstance(update, BlobWeights):
@@ -139,11 +143,12 @@ class RolloutWorker:
             else:
                 if not isinstance(update.data, bytes):
                     raise TypeError("a weights file from another node arrives as bytes")
-                self.load_weights_blob(update.data)
+                self.load_weights_blob(update.data, update.digest)
         elif isinstance(update, IpcWeights):
             self.load_weights_ipc(update)
         else:
             raise TypeError(f"no weight transport delivers a {type(update).__name__}")
+        return True
 
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)
@@ -152,14 +157,33 @@ class RolloutWorker:
         """Weights from a learner rank on this engine's GPU (``Learner.export_ipc``), mapped, not copied."""
         self.engine.load_weights_ipc(update)
 
-    def load_weights_blob(self, blob: bytes) -> None:
+    def load_weights_blob(self, blob: bytes, digest: str = "") -> None:
         """Weights as the bytes of a safetensors file (sent through Ray's object store from a learner on
-        another node): written to this node's shared memory, then loaded like a local file."""
+        another node): written to this node's shared memory, then loaded like a local file. ``digest``: the
+        export's identity, which a later ``DeltaWeights`` names as its base."""
+        self._held = ""
         tmp = self._blob + ".tmp"
         with open(tmp, "wb") as f:
             f.write(blob)
         os.replace(tmp, self._blob)
         self.engine.load_weights(self._blob)
+        self._held = digest
+
+    def load_weights_delta(self, update: DeltaWeights) -> bool:
+        """Apply only the changed entries onto the export this engine holds (``self._blob``), check every tensor
+        against the learner's checksums, then load the file. False, with nothing loaded and the held export
+        forgotten, when the engine does not hold ``update.base`` or a checksum differs (a drift): the caller
+        then sends the full weights."""
+        from rollout.weight_delta import apply_delta
+
+        if not update.base or update.base != self._held or not os.path.exists(self._blob):
+            return False
+        self._held = ""  # until the patched file is verified: a failure below leaves nothing to build on
+        if not apply_delta(self._blob, update):
+            return False
+        self.engine.load_weights(self._blob)
+        self._held = update.digest
+        return True
 
     def load_adapter(self, path: str) -> None:
         """Serve the LoRA adapter folder ``path`` (the learner's ``export_adapter``) over the base weights."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Union
 
-__all__ = ["FileWeights", "BlobWeights", "IpcWeights", "WeightUpdate", "WeightReceiver"]
+__all__ = ["FileWeights", "BlobWeights", "IpcWeights", "DeltaWeights", "WeightUpdate", "WeightReceiver"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class BlobWeights:
 
     data: bytes | dict[str, bytes]
     adapter: bool = False
+    digest: str = ""  # the export's ``DeltaWeights`` identity when the learner keeps deltas ("" otherwise)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,24 @@ class IpcWeights:
     tensors: tuple[tuple[str, tuple[int, ...], int], ...]
 
 
-WeightUpdate = Union[FileWeights, BlobWeights, IpcWeights]
+@dataclass(frozen=True)
+class DeltaWeights:
+    """``object_store`` with ``learner.delta_sync_full_every``: only what changed since the previous export, for an
+    engine on another node that holds that export (the bytes of the last ``BlobWeights`` it got, patched since).
+
+    ``changes``: per changed tensor ``(name, flat indices (int64 tensor), values (tensor in the file's dtype))``;
+    ``checksums``: per tensor of the new export, ``(name, blake2b hex of its bytes)``; ``base``/``digest``: the
+    previous and the new export's identity (a hash of their checksums). The engine applies the changes only onto
+    ``base`` and then checks every tensor against ``checksums``; otherwise it asks for a full sync, so an engine
+    never serves weights that drifted from the learner's."""
+
+    base: str
+    digest: str
+    changes: tuple[tuple[str, Any, Any], ...]
+    checksums: tuple[tuple[str, str], ...]
+
+
+WeightUpdate = Union[FileWeights, BlobWeights, IpcWeights, DeltaWeights]
 
 
 class WeightReceiver(Protocol):
@@ -51,4 +69,4 @@ class WeightReceiver(Protocol):
     ``receive`` joins the stream (begin with the layout, take each tensor into the engine's in-place reload,
     finish); the driver's routing does not change."""
 
-    def receive(self, update: WeightUpdate) -> None: ...
+    def receive(self, update: WeightUpdate) -> bool | None: ...

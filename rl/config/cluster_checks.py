@@ -33,6 +33,14 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
         _check_colocated(recipe, dev, on_cpu, fail)
     if recipe.learner.weight_sync == "ipc":
         _check_ipc(recipe, fail)
+    if recipe.learner.delta_sync_full_every and (
+        recipe.learner.weight_sync != "file" or recipe.learner.lora.engine_rank
+    ):
+        fail(
+            "learner.delta_sync_full_every",
+            "delta sync sends the changed entries of merged weights over the file sync's object-store route: "
+            "it needs learner.weight_sync file and merged LoRA weights (not lora.transfer adapter); set it to 0",
+        )
     _check_parallelism(recipe, dev, on_cpu, fail)
     _check_offload(recipe, dev, on_cpu, fail)
 

@@ -391,6 +391,12 @@ class LearnerConfig(Section):
         "/dev/shm (Ray's object store to other nodes) | ipc = CUDA IPC, engine i maps learner rank i's packed "
         "bf16 buffer on their shared GPU (cluster.placement colocated; each rank holds one bf16 copy)",
     )
+    delta_sync_full_every: int = knob(
+        0,
+        "engines on other nodes than the learner get only the bf16 entries changed since the last sync "
+        "(checksummed; a drifted engine gets a full sync), a full sync every N syncs; 0 = always full (file sync)",
+        ge=0,
+    )
     logits_chunk_tokens: int = knob(
         0,
         "lm_head + log-softmax over this many tokens at a time, each chunk recomputed in the backward, so a "

@@ -50,6 +50,7 @@ class RayRuntime:
         self.learners: Any = None
         self.learner: Any = None
         self._own_ray = False
+        self._syncs = 0  # weight syncs so far (learner.delta_sync_full_every counts them)
         self.placement: Any = None  # rl.driver.actors.placement.Placement: the run's placement groups
         self.colocated = False
         self._old_term: Any = None
@@ -259,8 +260,17 @@ class RayRuntime:
         else:
             path = self.learners.export_weights(self.cfg.model.engine_dtype)  # every rank: the shards are gathered
         # Engines on the learner's node read the file (folder) in shared memory; others get its bytes
-        # through Ray's object store (one copy per node), written to their own shared memory.
-        self.pool.sync_weights(path, self.learner_node, lambda: self.learners.read_weights_ref(path), adapter=adapter)
+        # through Ray's object store (one copy per node), written to their own shared memory, or, with
+        # learner.delta_sync_full_every N, only the changed entries except on every N-th sync.
+        n, self._syncs = self.cfg.learner.delta_sync_full_every, self._syncs + 1
+        delta = n > 0 and not adapter and (self._syncs - 1) % n != 0
+        self.pool.sync_weights(
+            path,
+            self.learner_node,
+            lambda: self.learners.read_weights_ref(path),
+            adapter=adapter,
+            delta=(lambda: self.learners.read_weights_ref(path, delta=True)) if delta else None,
+        )
 
     def save(self, path: str, wait: bool = True) -> None:
         self.learners.save_checkpoint(path, wait)

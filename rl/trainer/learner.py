@@ -60,7 +60,7 @@ from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
 from rollout.routing import routers
-from rollout.weights import BlobWeights, IpcWeights
+from rollout.weights import BlobWeights, DeltaWeights, IpcWeights
 from rl.trainer.logits import Entropy
 from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.schedules import kl_controller
@@ -422,7 +422,8 @@ class Learner:
             self.kl_ctl.update(m.kl_mean, batch.num_seqs)
         self._after_step(m)
         m.compute_s = time.perf_counter() - t0
-        return {**m.to_dict(), **self._routing_metrics(domains)}
+        # weights.metrics: the sync before this step's episodes (its changed share)
+        return m.to_dict() | self._routing_metrics(domains) | self.weights.metrics()
 
     def _metrics(
         self, steps: plan.Plan, sums: Sums, log: UpdateLog, updates: int, coef: float, domains: tuple[str, ...]
@@ -618,9 +619,9 @@ class Learner:
         """``WeightExport.adapter``: with LoRA, the adapters as a ``peft`` folder."""
         return self.weights.adapter()
 
-    def read_weights(self, path: str) -> BlobWeights:
-        """``WeightExport.read``: what an export wrote, for engines on other nodes."""
-        return WeightExport.read(path)
+    def read_weights(self, path: str, delta: bool = False) -> BlobWeights | DeltaWeights:
+        """``WeightExport.read_update``: what an export wrote (``delta``: only its changes), for engines on other nodes."""
+        return self.weights.read_update(path, delta)
 
     def save_checkpoint(self, path: str, wait: bool = True) -> None:
         """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``

@@ -23,6 +23,7 @@ merged (base + B A) one tensor at a time. This module does not train, and does n
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -32,7 +33,8 @@ import torch
 
 from rl.trainer import fsdp, lora
 from rl.trainer.models import DTYPES
-from rollout.weights import BlobWeights, FileWeights, IpcWeights, WeightUpdate
+from rollout.weight_delta import BITS, checksum
+from rollout.weights import BlobWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
 
 
 class WeightExport:
@@ -116,6 +118,15 @@ class WeightExport:
                 yield key, full.detach(), None
                 del full
 
+    def metrics(self) -> dict[str, float]:
+        """``weights/changed_fraction`` of the last export since the last call (``ChangeCount``; only the writing
+        rank measures), or nothing."""
+        out: dict[str, float] = {}
+        for sender in (self._file_sender, self._ipc_sender):
+            if sender is not None:
+                out |= sender.changes.take()
+        return out
+
     def adapter(self) -> str:
         """With LoRA, write only the adapters as a new ``peft`` folder in shared memory; return its path.
 
@@ -143,6 +154,19 @@ class WeightExport:
             base = getattr(head, "base_layer", head)  # an adapted lm_head keeps its base weight there
             tensors.setdefault("lm_head.weight", base.weight)
         return tensors
+
+    def read_update(self, path: str, delta: bool = False) -> BlobWeights | DeltaWeights:
+        """What the last export sent engines on other nodes: its ``DeltaWeights`` from the export before
+        (``delta``, when there is one), else ``read(path)`` with the export's identity when deltas are kept.
+        The first call with ``delta`` turns delta keeping on for the following exports (rank 0, ``file``)."""
+        sender = self._file_sender
+        if sender is None or Path(path).is_dir() or str(self.shm_dir / sender.name) != str(path):
+            return self.read(path)
+        if delta:
+            sender.keep_delta = True
+            if sender.last_delta is not None:
+                return sender.last_delta
+        return BlobWeights(self.read(path).data, digest=sender.digest)
 
     @staticmethod
     def read(path: str) -> BlobWeights:
@@ -184,6 +208,14 @@ class ShmFileSender:
         self.folder, self.dtype, self.name = Path(folder), dtype, name
         self._file: _ShmWeights | None = None
         self._views: dict[str, torch.Tensor] = {}
+        self._prev: dict[str, torch.Tensor] | None = None
+        self.changes = ChangeCount()
+        # Delta sync (WeightExport.read_update(delta=True) turns it on): the changed entries of the last export.
+        self.keep_delta = False
+        self.digest = ""  # the last export's identity ("" before deltas were kept)
+        self.last_delta: DeltaWeights | None = None
+        self._delta: list[tuple[str, torch.Tensor, torch.Tensor]] | None = None
+        self._delta_bytes = 0
 
     def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None:
         typed = [(k, self.dtype, shape) for k, shape in layout]
@@ -191,18 +223,56 @@ class ShmFileSender:
             if self._file is not None:
                 self._file.close()
             self._file = _ShmWeights(self.folder, self.name, typed)
+        self._prev = self._file.previous()  # the other slot: the last export, when it had this layout
         self._views = self._file.begin()
+        self.changes.begin(measured=self._prev is not None)
+        self._delta = [] if self.keep_delta and self._prev is not None else None
+        self._delta_bytes = 0
+        if self._prev is None:
+            self.digest = ""  # a new layout: no engine holds anything a delta could apply to
 
     def send(self, key: str, tensor: torch.Tensor) -> None:
         self._views[key].copy_(tensor)
+        self._compare(key)
 
     def alias(self, key: str, first: str) -> None:
         self._views[key].copy_(self._views[first])
+        self._compare(key)
+
+    def _compare(self, key: str) -> None:
+        """Count ``key``'s changed elements against the previous export and, keeping deltas, keep them (until the
+        delta would be over a third of the file: indices and values then cost more than the full sync)."""
+        if self._prev is None:
+            return
+        new = self._views[key]
+        changed = self.changes.add(new, self._prev[key])
+        if self._delta is None:
+            return
+        idx = changed.nonzero().flatten()
+        if idx.numel():
+            values = new.reshape(-1)[idx]
+            idx = idx.to(torch.int32 if new.numel() < 2**31 else torch.int64)  # what crosses: 4 bytes an entry
+            self._delta.append((key, idx, values))
+            self._delta_bytes += idx.numel() * (idx.element_size() + values.element_size())
+            if self._file is not None and 3 * self._delta_bytes > self._file.size:
+                self._delta = None
 
     def finish(self) -> FileWeights:
         assert self._file is not None, "finish before begin"
-        self._views = {}
+        if self.keep_delta:
+            self._seal()
+        self._views, self._prev, self._delta = {}, None, None
+        self.changes.finish()
         return FileWeights(self._file.publish())
+
+    def _seal(self) -> None:
+        """Keeping deltas: this export's per-tensor checksums and identity, and its ``DeltaWeights`` from the
+        previous export (None: the first, a new layout, or too many changes)."""
+        checksums = tuple((k, checksum(v)) for k, v in self._views.items())
+        digest = hashlib.blake2b(repr(checksums).encode(), digest_size=16).hexdigest()
+        base, self.digest = self.digest, digest
+        ok = self._delta is not None and base != ""
+        self.last_delta = DeltaWeights(base, digest, tuple(self._delta or ()), checksums) if ok else None
 
     def close(self) -> None:
         """Unmap both slots (the published file stays for readers that opened it)."""
@@ -220,16 +290,19 @@ class CudaIpcSender:
         self.device, self.dtype = device, dtype
         self._buf: torch.Tensor | None = None
         self._place: dict[str, tuple[tuple[int, ...], int]] = {}
+        self.changes = ChangeCount()
 
     def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None:
         place, total = {}, 0
         for key, shape in layout:
             place[key] = (shape, total)
             total += -(-math.prod(shape) // 64) * 64  # each tensor 128-byte aligned in the buffer
+        same = self._buf is not None and self._place == place and self._buf.dtype == self.dtype
         self._place = place
         if self._buf is None or self._buf.numel() != total or self._buf.dtype != self.dtype:
             self._buf = None  # the old one freed before the new one is made
             self._buf = torch.empty(total, dtype=self.dtype, device=self.device)
+        self.changes.begin(measured=same)
 
     def _view(self, key: str) -> torch.Tensor:
         assert self._buf is not None, "send before begin"
@@ -237,17 +310,60 @@ class CudaIpcSender:
         return self._buf[off : off + math.prod(shape)].view(shape)
 
     def send(self, key: str, tensor: torch.Tensor) -> None:
-        self._view(key).copy_(tensor)
+        view = self._view(key)
+        if self.changes.measured:  # the buffer still holds the last export: compare before overwriting it
+            tensor = tensor.to(self.dtype)
+            self.changes.add(tensor, view)
+        view.copy_(tensor)
 
     def alias(self, key: str, first: str) -> None:
+        if self.changes.measured:  # counted like the file sender counts it: as the elements the engines load
+            self.changes.add(self._view(first), self._view(key))
         self._view(key).copy_(self._view(first))
 
     def finish(self) -> IpcWeights:
         from torch.multiprocessing.reductions import reduce_tensor
 
         torch.cuda.synchronize(self.device)  # the engines read it from other processes, outside this stream
+        self.changes.finish()
         rebuild, args = reduce_tensor(self._buf)
         return IpcWeights(rebuild, tuple(args), tuple((k, shape, off) for k, (shape, off) in self._place.items()))
+
+
+class ChangeCount:
+    """How many of one export's elements differ, bit for bit, from the previous export's (in the engines' dtype):
+    ``weights/changed_fraction``, what decides whether sending only the changed entries is worth it.
+
+    Counted where a sender writes its buffer, which still holds (or, double-buffered, keeps beside it) the
+    previous export, so measuring costs one elementwise compare per tensor and no copy. Bits, not values, are
+    compared: an engine that reloads only the changed entries must end up bit-identical (NaN != NaN as values).
+    ``fraction`` is None until two exports with the same layout were compared.
+    """
+
+    def __init__(self) -> None:
+        self.measured, self.changed, self.total = False, 0, 0
+        self.fraction: float | None = None
+
+    def begin(self, measured: bool) -> None:
+        """A new export: compared against the last one if ``measured`` (same layout and dtype), else not."""
+        self.measured, self.changed, self.total = measured, 0, 0
+
+    def add(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """Count where ``new`` differs from ``old`` (same shape and dtype); return that mask, flat."""
+        bits = BITS[new.element_size()]
+        changed = torch.ne(new.reshape(-1).view(bits), old.reshape(-1).view(bits))
+        self.changed += int(changed.sum())
+        self.total += new.numel()
+        return changed
+
+    def finish(self) -> None:
+        """Close the export: ``fraction`` becomes its changed share (None when it was not compared)."""
+        self.fraction = self.changed / self.total if self.measured and self.total else None
+
+    def take(self) -> dict[str, float]:
+        """``{"weights/changed_fraction": f}`` for the last compared export, once (empty when none since)."""
+        f, self.fraction = self.fraction, None
+        return {} if f is None else {"weights/changed_fraction": f}
 
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -286,6 +402,7 @@ class _ShmWeights:
         self.size = len(self._prefix) + end
         self._slots: list[tuple[Path, int, Any, dict[str, torch.Tensor]] | None] = [None, None]
         self._next = 0
+        self._published = False  # whether the slot before ``_next`` holds a published export
 
     def fits(self, folder: Path, layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> bool:
         return Path(folder) == self.folder and list(layout) == self.layout
@@ -343,6 +460,12 @@ class _ShmWeights:
                 done.setdefault(alias, dst)
         return self.publish()
 
+    def previous(self) -> dict[str, torch.Tensor] | None:
+        """The last published export's tensor views (the other slot, read-only by convention), or None when there
+        is none in this layout yet; valid until the next ``publish``."""
+        slot = self._slots[1 - self._next]
+        return slot[3] if self._published and slot is not None else None
+
     def begin(self) -> dict[str, torch.Tensor]:
         """The next slot's tensor views, to ``copy_`` into one at a time; then ``publish``."""
         return self._open(self._next)[3]
@@ -361,6 +484,7 @@ class _ShmWeights:
         os.link(path, tmp)
         os.replace(tmp, self.folder / self.name)
         self._next = 1 - i
+        self._published = True
         return str(self.folder / self.name)
 
     def _close_slot(self, i: int) -> None:

@@ -277,10 +277,11 @@ class LearnerGroup:
         """The policy as one safetensors file in shared memory on rank 0's node (every rank: shards gathered)."""
         return self._io("export_weights", dtype)[0]
 
-    def read_weights_ref(self, path: str) -> Any:
+    def read_weights_ref(self, path: str, delta: bool = False) -> Any:
         """An object-store reference to what export wrote at ``path`` (rank 0's ``read_weights``: a ``BlobWeights`` of a
-        weights file, or an adapter folder's files), for engines on other nodes."""
-        return self.actors[0].read_weights.remote(path)
+        weights file, or an adapter folder's files; ``delta``: the ``DeltaWeights`` from the export before when
+        there is one), for engines on other nodes."""
+        return self.actors[0].read_weights.remote(path, delta)
 
     def export_adapter(self) -> str:
         """The LoRA adapter folder (every rank: A, B gathered); rank 0's path."""

@@ -93,6 +93,7 @@ class RolloutPool(GroupOwner):
         self.probe_timeout_s, self.start_timeout_s = probe_timeout_s, start_timeout_s
         self.max_restarts = max_restarts
         self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
+        self._repairs = 0  # engines that refused a delta and got the full weights (weights/delta_repairs)
         self._closing = False
         # Per worker, read at each (re)spawn: a replacement starts with its predecessor's arguments.
         self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
@@ -244,17 +245,25 @@ class RolloutPool(GroupOwner):
         fetch: Callable[[], Any] | None = None,
         *,
         adapter: bool = False,
+        delta: Callable[[], Any] | None = None,
     ) -> None:
         """Load the weights file ``path`` into every engine (``adapter``: the LoRA adapter folder ``path``).
 
         ``path`` is on node ``source_node`` (None: every engine can read it). An engine on
         another node gets the file's bytes (an adapter: ``{file name: bytes}``) through Ray's object
         store instead: ``fetch()`` returns an ObjectRef of their ``rollout.weights.BlobWeights`` record, made
-        once per sync, and pulled by each remote engine's node.
+        once per sync, and pulled by each remote engine's node. ``delta()``: instead, for those engines, an
+        ObjectRef of the learner's ``DeltaWeights`` (``learner.delta_sync_full_every``); an engine that cannot
+        apply it exactly (it missed a sync, or its weights drifted) then gets the full weights, counted in
+        ``weights/delta_repairs``.
         """
         # Recorded first: a worker replaced during this call loads the newest weights as it starts.
         self._weights = {"path": path, "node": source_node, "fetch": fetch, "ref": None, "adapter": adapter}
-        self._call({i: self._load_job(i) for i in range(len(self.workers))})
+        jobs = {i: self._load_job(i, delta) for i in range(len(self.workers))}
+        refused = [i for i, ok in self._call(jobs).items() if ok is False]
+        if refused:
+            self._repairs += len(refused)
+            self._call({i: self._load_job(i) for i in refused})
 
     def sync_weights_ipc(self, updates: list[IpcWeights]) -> None:
         """Each engine i maps learner rank i's CUDA IPC export (``learner.weight_sync: ipc``: engine i and learner
@@ -266,7 +275,7 @@ class RolloutPool(GroupOwner):
         self._weights = {"ipc": updates}  # recorded first: a replacement maps the same buffer as it starts
         self._call({i: self._load_job(i) for i in range(len(self.workers))})
 
-    def _load_job(self, i: int) -> tuple[str, tuple[Any, ...]]:
+    def _load_job(self, i: int, delta: Callable[[], Any] | None = None) -> tuple[str, tuple[Any, ...]]:
         """The call that gives worker ``i`` the latest synced weights: ``RolloutWorker.receive`` of a
         ``rollout.weights`` record (its learner rank's CUDA IPC export, or the weights file on its node), or of
         the ObjectRef of a ``BlobWeights`` for an engine on another node (a top-level argument, so Ray pulls it
@@ -277,6 +286,10 @@ class RolloutPool(GroupOwner):
             return "receive", (w["ipc"][i],)
         if self.route(i, w["node"]) == "file":
             return "receive", (FileWeights(w["path"], adapter=bool(w.get("adapter"))),)
+        if delta is not None:
+            if w.get("delta_ref") is None:
+                w["delta_ref"] = delta()
+            return "receive", (w["delta_ref"],)
         if w["ref"] is None:
             if w["fetch"] is None:
                 raise ValueError(
@@ -302,8 +315,10 @@ class RolloutPool(GroupOwner):
         return [r for _, r in sorted(self._call({i: ("pid", ()) for i in range(len(self.workers))}).items())]
 
     def metrics(self) -> dict[str, float]:
-        """``faults/rollout_restarts`` since the last call (then reset)."""
-        return self.group.metrics()
+        """``faults/rollout_restarts`` and ``weights/delta_repairs`` (full syncs after a refused delta) since the
+        last call (then reset)."""
+        repairs, self._repairs = self._repairs, 0
+        return self.group.metrics() | ({"weights/delta_repairs": float(repairs)} if repairs else {})
 
     def shutdown(self) -> None:
         import ray
