@@ -165,6 +165,7 @@ def recover(run: RunParts, e: LearnerFailure) -> int:
     ``*.discarded.jsonl``, the replay logs them anew) and return its step. Without a checkpoint, or past
     ``faults.learner_restarts``, the run ends (``RunAborted``, exit 3; resumable where a checkpoint exists)."""
     limit = run.cfg.faults.learner_restarts
+    publish_written(run.out, run.cfg.run.keep_checkpoints)  # a checkpoint whose write ended before the failure
     ck = latest_checkpoint(run.out)
     stacks = f"; stacks in {e.stacks}" if e.stacks else ""
     if ck is None or run.restarts >= limit:
