@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from envs.harbor.overlay import IdMap, Overlay
+from envs.harbor.rootfs import ContextError, lookup_user
 from envs.harbor.storage import StorageWatch
 from envs.harbor.verifier import VERIFIER_BASE_ENV, VerifierResult, compose_mounts, read_reward
 from envs.sandbox import Limits, Sandbox, ShellResult, ShellSession
@@ -131,32 +132,16 @@ class _EpisodeSandbox(Sandbox):
 
 
 def image_user(root: str, user: str | None) -> tuple[int, int, str]:
-    """``(uid, gid, home)`` of the image's ``USER`` (a name or ``uid[:gid]``), read from the image's
-    /etc/passwd and /etc/group; root when ``user`` is empty. Raises ``ValueError`` naming an unknown user."""
+    """``(uid, gid, home)`` of the image's ``USER`` (a name or ``uid[:gid]``): the builder's
+    ``rootfs.lookup_user`` (the image's /etc/passwd and /etc/group, resolved inside the image); root when
+    ``user`` is empty. Raises ``ValueError`` naming an unknown user or group."""
     if not user or user in ("root", "0", "0:0", "root:root"):
         return 0, 0, "/root"
-    name, _, group = user.partition(":")
-    entries = _table(os.path.join(root, "etc", "passwd"))
-    row = next((r for r in entries if r[0] == name or (name.isdigit() and r[2] == name)), None)
-    if row is None and not name.isdigit():
-        raise ValueError(f"USER {user!r}: no such user in the image's /etc/passwd")
-    uid = int(row[2]) if row else int(name)
-    gid = int(row[3]) if row else uid
-    home = row[5] if row and len(row) > 5 and row[5] else "/"
-    if group:
-        grow = next((r for r in _table(os.path.join(root, "etc", "group")) if r[0] == group), None)
-        if grow is None and not group.isdigit():
-            raise ValueError(f"USER {user!r}: no such group in the image's /etc/group")
-        gid = int(grow[2]) if grow else int(group)
-    return uid, gid, home
-
-
-def _table(path: str) -> list[list[str]]:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [ln.rstrip("\n").split(":") for ln in f if ln.count(":") >= 3]
-    except OSError:
-        return []
+        uid, gid, home, _ = lookup_user(root, user)
+    except ContextError as e:
+        raise ValueError(f"USER {user!r}: no such user or group in the image ({e})") from None
+    return uid, gid, home or "/"
 
 
 class HarborEpisode:
