@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,3 +156,41 @@ def test_a_finished_but_unpublished_checkpoint_is_published_on_resume(tmp_path):
     publish_finished(tmp_path)
     assert sorted(p.name for p in ck.iterdir()) == ["step_000004"]
     assert latest_checkpoint(tmp_path) == ck / "step_000004"
+
+
+class _FakeAsync:
+    """A runtime whose ``save(wait=False)`` makes the folder and leaves its write in flight until ``end`` (what the
+    learner's ``dcp.async_save`` does; the driver only sees the folder and, later, ``dcp/.complete``)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def save(self, path: str, wait: bool = True) -> None:
+        (Path(path) / "dcp").mkdir(parents=True, exist_ok=True)
+        self.paths.append(path)
+        if wait:
+            self.end()
+
+    def end(self) -> None:
+        (Path(self.paths[-1]) / "dcp" / ".complete").write_text("complete\n")
+
+
+@pytest.mark.parametrize("settle", [True, False])
+def test_a_replayed_step_writes_its_checkpoint_over_the_failed_learners_pending_one(tmp_path, settle):
+    """The learners die while the step-2 write is in flight; the run restarts them from step 1 and replays step 2,
+    whose checkpoint goes into the same folder: the old pending write (never to end) must not be taken for the
+    new one and removed under it (it was, and the run stopped: no ``driver.json``)."""
+    from rl.driver.checkpoints import settle_pending
+
+    rt = _FakeAsync()
+    write_checkpoint(rt, tmp_path, 1, 3, {"s": 1}, wait=True)
+    write_checkpoint(rt, tmp_path, 2, 3, {"s": 2}, wait=False)  # the learners die before this write ends
+    if settle:  # what the loop's recovery does before restarting the learners
+        settle_pending(tmp_path, 3)
+        assert not (tmp_path / "checkpoints" / ".step_000002.tmp").exists(), "a write that never ends is removed"
+    write_checkpoint(rt, tmp_path, 2, 3, {"s": "replayed"}, wait=False)
+    rt.end()
+    publish_written(tmp_path, 3)
+    ck = latest_checkpoint(tmp_path)
+    assert ck == tmp_path / "checkpoints" / "step_000002"
+    assert json.loads((ck / "driver.json").read_text()) == {"s": "replayed"}

@@ -123,6 +123,8 @@ def write_checkpoint(
     ck = out / "checkpoints"
     ck.mkdir(exist_ok=True)
     final, tmp = ck / f"step_{step:06d}", ck / f".step_{step:06d}.tmp"
+    if _PENDING.get(ck, (None,))[0] == tmp:  # the same step again (a replay): the old write is not this one's
+        settle_pending(out, keep)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         runtime.save(str(tmp)) if wait else runtime.save(str(tmp), wait=False)
@@ -169,6 +171,13 @@ def _publish_pending(ck: Path, keep: int) -> None:
     else:
         print(f"jointrl: the step-{step} checkpoint's write did not finish; {tmp} removed", flush=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def settle_pending(out: Path, keep: int) -> None:
+    """After the learners failed, before they are replaced: publish this process's pending checkpoint if its write
+    ended, else remove it. Its writers are gone, so it never ends later, and the replay writes that step's
+    folder anew: left pending, it would be taken for the new write's and removed under it."""
+    _publish_pending(out / "checkpoints", keep)
 
 
 def publish_written(out: Path, keep: int) -> None:

@@ -35,6 +35,7 @@ from rl.driver.checkpoints import (
     latest_checkpoint,
     prepare_output_dir,
     publish_written,
+    settle_pending,
     read_checkpoint,
     write_checkpoint,
 )
@@ -165,7 +166,7 @@ def recover(run: RunParts, e: LearnerFailure) -> int:
     ``*.discarded.jsonl``, the replay logs them anew) and return its step. Without a checkpoint, or past
     ``faults.learner_restarts``, the run ends (``RunAborted``, exit 3; resumable where a checkpoint exists)."""
     limit = run.cfg.faults.learner_restarts
-    publish_written(run.out, run.cfg.run.keep_checkpoints)  # a checkpoint whose write ended before the failure
+    settle_pending(run.out, run.cfg.run.keep_checkpoints)  # published if its write ended, else removed
     ck = latest_checkpoint(run.out)
     stacks = f"; stacks in {e.stacks}" if e.stacks else ""
     if ck is None or run.restarts >= limit:
