@@ -12,6 +12,8 @@ started with ``lora_rank`` > 0 (``learner.lora.transfer: adapter``) serves a LoR
 its unchanged base instead: ``load_adapter(folder)`` loads a ``peft`` folder as a new vLLM
 adapter (a new ``lora_int_id`` and name each time, so no cached adapter is served; the previous
 one is removed), and every ``generate``/``score`` runs with it.
+An engine started with ``enable_return_routed_experts`` (``learner.routing_replay: r3``; vLLM's model
+runner V2, CUDA only) returns each generation's routing in ``Generation.routing`` (``rollout.routing.from_vllm``).
 This module does not know about tasks, envs or rewards.
 """
 
@@ -120,6 +122,7 @@ class VLLMEngine:
             kwargs |= dict(enable_lora=True, max_lora_rank=engine_lora_rank(lora_rank), max_loras=1)
         kwargs.update(engine_kwargs or {})
         self.model_path = model_path
+        self._routing = _routing_layout(model_path, cuda) if kwargs.get("enable_return_routed_experts") else None
         self._lora: Any = None  # the LoRARequest every request runs with (None: the base weights)
         self._lora_seq = 0
         self._streams: dict[str, int] = {}  # submitted request id -> the caller's key
@@ -171,7 +174,7 @@ class VLLMEngine:
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self._lora
         )
-        return [_generation(o) for o in outs]
+        return [_generation(o, self._routing) for o in outs]
 
     # -- streaming: requests that join the running batch (multi-turn episodes, ``rollout.episode``) --
 
@@ -199,7 +202,7 @@ class VLLMEngine:
         done = []
         for o in self.llm.llm_engine.step():
             if o.finished and o.request_id in self._streams:
-                done.append((self._streams.pop(o.request_id), _generation(o)))
+                done.append((self._streams.pop(o.request_id), _generation(o, self._routing)))
         return done
 
     def abort(self) -> None:
@@ -305,15 +308,39 @@ def _params(i: int, prompt: list[int], sampling: Sampling, seed: int | None, sto
     )
 
 
-def _generation(out: Any) -> Generation:
-    """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped."""
+def _routing_layout(model_path: str, cuda: bool) -> tuple[list[int], int]:
+    """(MoE layers, experts) of the model, to convert vLLM's routed experts (``rollout.routing.from_vllm``).
+    vLLM returns them only through its model runner V2 (Triton): not on CPU."""
+    from transformers import AutoConfig
+
+    from rollout.routing import moe_layers
+
+    if not cuda:
+        raise RuntimeError(
+            "enable_return_routed_experts (learner.routing_replay: r3 through vLLM) needs CUDA: vLLM reports "
+            "routed experts only from its model runner V2 (Triton); this engine sees no GPU"
+        )
+    config = AutoConfig.from_pretrained(model_path)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts:
+        raise RuntimeError(f"enable_return_routed_experts on {model_path}: not a mixture-of-experts model")
+    return moe_layers(config), int(experts)
+
+
+def _generation(out: Any, routing: tuple[list[int], int] | None = None) -> Generation:
+    """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped; with ``routing``
+    ((MoE layers, experts): the engine returns routed experts) the experts of every token it ran, in the
+    trajectory's layout (``rollout.routing.from_vllm``)."""
+    from rollout.routing import from_vllm
+
     c = out.outputs[0]
     ids = list(c.token_ids)
     # logprobs=0 returns the sampled token's own logprob at each position (processed: tempered, top-p truncated).
     lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
     if len(lps) != len(ids):
         raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
-    return Generation(token_ids=ids, logprobs=lps, finish_reason=c.finish_reason or "stop")
+    experts = None if routing is None else from_vllm(getattr(c, "routed_experts", None), *routing)
+    return Generation(token_ids=ids, logprobs=lps, finish_reason=c.finish_reason or "stop", routing=experts)
 
 
 def _core_processes(llm: Any) -> list[Any]:
