@@ -223,8 +223,8 @@ def check_replay_engine(learner: Any, engine: str, device: str = "cpu") -> None:
     if learner.routing_replay != "r3" or engine == "hf" or (engine == "vllm" and device == "gpu"):
         return
     raise RecipeError(
-        f"{KEY}: r3 needs an engine that reports each token's experts; the {engine} engine does not on {device}: "
-        "vLLM reports them only on a GPU (enable_return_routed_experts: its model runner V2, Triton; "
+        f"{KEY}: r3 needs an engine that reports each token's experts; the {engine} engine does not report "
+        f"them on {device}: vLLM reports them only on a GPU (enable_return_routed_experts: its model runner V2, Triton; "
         "docs/moe.md). Use r2, or jointrl train --local (the in-process HF engine)"
     )
 
