@@ -227,6 +227,18 @@ class _RoutingEngine:
         return out
 
 
+class _VLLMShapedEngine(_RoutingEngine):
+    """``_RoutingEngine``'s generations passed through vLLM's request output classes and the vLLM engine's own
+    conversion (``rollout.engine._generation``): what the vLLM engine returns under r3 on a GPU."""
+
+    def generate(self, prompts, sampling, seeds=None, stops=None):
+        from rollout.engine import _generation
+        from test_moe_vllm import _output
+
+        gens = super().generate(prompts, sampling, seeds, stops)
+        return [_generation(_output(g.routing, list(p), g.token_ids), ([0], 256)) for p, g in zip(prompts, gens)]
+
+
 class _TwoTurnEnv:
     """An observation after turn 1, the end after turn 2."""
 
@@ -247,18 +259,21 @@ class _TwoTurnEnv:
 
 
 @pytest.mark.parametrize("without", [(), (1,)])
-def test_multi_turn_episode_carries_each_tokens_routing_from_the_turn_that_ran_it(tiny_tokenizer, without) -> None:
+@pytest.mark.parametrize("kind", [_RoutingEngine, _VLLMShapedEngine])
+def test_multi_turn_episode_carries_each_tokens_routing_from_the_turn_that_ran_it(
+    tiny_tokenizer, without, kind
+) -> None:
     from envs.types import Message, Sampling, Task
     from rl.algos.batch import _routing
     from rollout.episode import run_episodes
 
     tok = tiny_tokenizer
-    engine = _RoutingEngine([tok.encode(" one two", add_special_tokens=False), tok.encode(" three")], without)
+    engine = kind([tok.encode(" one two", add_special_tokens=False), tok.encode(" three")], without)
     t0 = Task(id="t", domain="tool_call", messages=(Message("user", "hi"),))
     (t,) = run_episodes(engine, tok, lambda d: _TwoTurnEnv(), [t0], [0], [1], Sampling(max_turns=3))
     assert t.num_turns == 2 and 0 in t.loss_mask  # the observation's env tokens sit between the turns
     if without:
-        assert t.routing is None  # a turn without routing: the episode has none (r3 refuses it, none logs none)
+        assert t.routing is None  # a turn without routing: the episode has none (r3 drops it in build_batch)
         return
     ran1 = len(engine.prompts[0]) + len(engine.turns[0]) - 1  # what turn 1 ran; turn 2 ran the rest
     n = len(t.prompt_ids) + len(t.response_ids)
