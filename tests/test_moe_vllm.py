@@ -99,6 +99,9 @@ def test_r3_through_vllm_is_refused_on_cpu_and_asked_for_on_gpu() -> None:
     with pytest.raises(RecipeError, match=r"learner.routing_replay: r3 needs an engine .* only on a GPU"):
         moe.check_replay_engine(r3, "vllm", "cpu")
     moe.check_replay_engine(r3, "vllm", "gpu")
+    moe.check_replay_engine(r3, "vllm", "gpu", {"enable_prefix_caching": True})
+    with pytest.raises(RecipeError, match=r"learner.routing_replay: r3 through vLLM with .*enable_prefix_caching"):
+        moe.check_replay_engine(r3, "vllm", "gpu", {"enable_prefix_caching": False})
     moe.check_replay_engine(r3, "hf", "cpu")
     moe.check_replay_engine(LearnerConfig(routing_replay="r2"), "vllm", "cpu")
     assert moe.engine_routing_kwargs(r3) == {"enable_return_routed_experts": True}

@@ -64,7 +64,8 @@ class LocalRuntime:
             )
 
         if self.with_learner:  # r3 needs an engine that reports routing (vLLM: on a GPU only)
-            check_replay_engine(self.cfg.learner, self.engine_kind, "gpu" if torch.cuda.is_available() else "cpu")
+            device = "gpu" if torch.cuda.is_available() else "cpu"
+            check_replay_engine(self.cfg.learner, self.engine_kind, device, self.cfg.rollout.engine_kwargs)
         # `auto` precisions made concrete: one timing for the learner and the engine, printed once
         self.cfg = cfg = resolve_logged(self.cfg, "gpu" if torch.cuda.is_available() else "cpu")
         r = cfg.rollout

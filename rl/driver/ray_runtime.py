@@ -75,7 +75,8 @@ class RayRuntime:
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
         device = resolve_device(cfg, cluster.cluster_resources().get("GPU", 0.0))
-        check_replay_engine(cfg.learner, "vllm", device)  # r3 needs engine routing: vLLM gives it on a GPU only
+        # r3 needs engine routing: vLLM gives it on a GPU only
+        check_replay_engine(cfg.learner, "vllm", device, cfg.rollout.engine_kwargs)
         self.cfg = cfg = resolve_logged(cfg, device)  # `auto` precisions: one timing for learners and engines
         self._prefetch_model()  # a Hub model: into every node's Hub cache before any actor starts
         plan = plan_placement(cfg, device)

@@ -213,19 +213,28 @@ def check_replay(model_dir: str, learner: Any) -> None:
         )
 
 
-def check_replay_engine(learner: Any, engine: str, device: str = "cpu") -> None:
+def check_replay_engine(learner: Any, engine: str, device: str = "cpu", engine_kwargs: Any = None) -> None:
     """Refuse ``learner.routing_replay: r3`` with an engine that does not report each token's experts on
     ``device`` (``cpu`` | ``gpu``): the in-process HF engine (``hf``, ``jointrl train --local``) always does;
     vLLM only on a GPU (``enable_return_routed_experts`` needs its model runner V2, which needs Triton), so
-    vLLM on CPU (the Ray runtime, ``--local`` with vLLM) is refused, naming the key, before any actor starts."""
+    vLLM on CPU (the Ray runtime, ``--local`` with vLLM) is refused, naming the key, before any actor starts;
+    so is vLLM with ``rollout.engine_kwargs.enable_prefix_caching: false`` (vLLM returns routed experts only
+    with prefix caching on)."""
     from rl.config.loading import RecipeError
 
-    if learner.routing_replay != "r3" or engine == "hf" or (engine == "vllm" and device == "gpu"):
+    if learner.routing_replay != "r3" or engine == "hf":
+        return
+    if engine == "vllm" and device == "gpu":
+        if (engine_kwargs or {}).get("enable_prefix_caching", True) is False:
+            raise RecipeError(
+                f"{KEY}: r3 through vLLM with rollout.engine_kwargs.enable_prefix_caching: false; vLLM returns "
+                "routed experts only with prefix caching on (it keeps cached tokens' routing): remove that key"
+            )
         return
     raise RecipeError(
         f"{KEY}: r3 needs an engine that reports each token's experts; the {engine} engine does not report "
-        f"them on {device}: vLLM reports them only on a GPU (enable_return_routed_experts: its model runner V2, Triton; "
-        "docs/moe.md). Use r2, or jointrl train --local (the in-process HF engine)"
+        f"them on {device}: vLLM reports them only on a GPU (enable_return_routed_experts: its model runner V2, "
+        "Triton; docs/moe.md). Use r2, or jointrl train --local (the in-process HF engine)"
     )
 
 
