@@ -386,6 +386,7 @@ def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
         curriculum_window=mx.curriculum_window,
         curriculum_weight=mx.curriculum_weight,
         solved_threshold=mx.solved_threshold,
+        min_groups_per_domain=mx.min_groups_per_domain,
     )
 
 
