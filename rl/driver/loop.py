@@ -392,7 +392,7 @@ def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
 
 def make_normalizer(cfg: Recipe) -> RewardNormalizer:
     n = cfg.algo.reward_norm
-    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema)
+    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema, prior_samples=n.prior_samples, prior_std=n.prior_std)
 
 
 def expand(tasks: list[Task], group_size: int, seed: int, step: int) -> tuple[list[Task], list[int], list[int]]:
