@@ -15,10 +15,12 @@ Reads finished run folders (``metrics.jsonl``, ``rollouts.jsonl``, ``recipe.reso
 * **reward**: the train reward's mean over the first and last third of the steps; the held-out base,
   final, paired gain and its SE (``bench/seesaw.py``), and every held-out evaluation's mean (the curve).
 
-Per run: clip fraction, the KL terms the run logged (``kl/*``, ``async/mismatch_kl``), gradient norm,
-and how much one trained token weighs from step to step: under token-mean aggregation the step's
-update is averaged over the tokens that survived the zero-variance filter, so a step where only one
-group survives moves the policy as far as a step where every group does (max/min trained tokens).
+Per run: clip fraction, the KL terms the run logged (``kl/*``, ``async/mismatch_kl``), gradient norm
+and the steps whose norm the recipe's ``algo.optim.max_grad_norm`` clipped, and how much one trained
+token weighs from step to step: under token-mean aggregation the step's update is averaged over the
+tokens that survived the zero-variance filter, so a step where only one group survives moves the
+policy as far as a step where every group does (max/min trained tokens; the rank correlation of a
+step's trained tokens with its gradient norm: negative when sparse steps push harder).
 
 Across runs, per domain: the held-out gains' mean and SD beside the signal each run had, which is
 what the report on seed divergence reads. Only numbers from the files are printed; nothing is trained.
@@ -69,6 +71,7 @@ class RunData:
     path: Path
     seed: int | None
     zero_variance: str  # the recipe's algo.update.zero_variance
+    max_grad_norm: float | None  # the recipe's algo.optim.max_grad_norm (None: not recorded)
     metrics: dict[int, dict[str, float]]  # by step
     groups: list[Group]
     evals: dict[int, Evaluation] = field(default_factory=dict)
@@ -97,7 +100,9 @@ def load_run(path: Path, label: str = "") -> RunData:
     recipe = path / "recipe.resolved.yaml"
     cfg = (yaml.safe_load(recipe.read_text()) or {}) if recipe.is_file() else {}
     seed = (cfg.get("run") or {}).get("seed")
-    zv = ((cfg.get("algo") or {}).get("update") or {}).get("zero_variance", "keep")
+    algo = cfg.get("algo") or {}
+    zv = (algo.get("update") or {}).get("zero_variance", "keep")
+    clip = (algo.get("optim") or {}).get("max_grad_norm")
     metrics: dict[int, dict[str, float]] = {}
     for n, m in _jsonl(path / "metrics.jsonl"):
         if "step" not in m:
@@ -115,7 +120,9 @@ def load_run(path: Path, label: str = "") -> RunData:
         g.rewards.append(float(r["reward"]))
         g.tokens += int(r.get("response_tokens") or 0)
     label = label or (f"seed {seed}" if seed is not None else path.name)
-    return RunData(label, path, seed, str(zv), metrics, list(by.values()), eval_steps(path / "rollouts.jsonl"))
+    evals = eval_steps(path / "rollouts.jsonl")
+    clip = float(clip) if isinstance(clip, (int, float)) else None
+    return RunData(label, path, seed, str(zv), clip, metrics, list(by.values()), evals)
 
 
 def _jsonl(p: Path):
@@ -238,7 +245,41 @@ def run_stats(run: RunData) -> dict[str, Any]:
     tokens = series("learner/tokens")
     out["trained_tokens_min"], out["trained_tokens_max"] = (min(tokens), max(tokens)) if tokens else (None, None)
     out["token_weight_swing"] = max(tokens) / min(tokens) if tokens and min(tokens) > 0 else None
+    # Clipped steps: every one moves the weights by the same norm, however few samples it learned from.
+    norms, cap = series("grad/norm"), run.max_grad_norm
+    out["clipped_steps"] = sum(g > cap for g in norms) if cap and norms else None
+    both = [
+        (float(m["learner/tokens"]), float(m["grad/norm"])) for m in steps if "learner/tokens" in m and "grad/norm" in m
+    ]
+    out["tokens_grad_rank_corr"] = spearman([a for a, _ in both], [b for _, b in both])
     return out
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    """Ranks from 1, ties sharing their mean rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (Pearson on ranks, ties averaged); None for fewer than three pairs or a
+    constant series."""
+    if len(xs) < 3 or len(xs) != len(ys):
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else None
 
 
 def analyse(runs: list[RunData], warm: int = 5) -> dict[str, Any]:
@@ -323,7 +364,16 @@ def render(result: dict[str, Any]) -> str:
             f"groups with signal per run: {a['signal_groups']}.",
             "",
         ]
-    head = ["run", "zero_variance", "clip mean / max", "KL (mean)", "grad norm mean / max", "trained tokens min-max"]
+    head = [
+        "run",
+        "zero_variance",
+        "clip mean / max",
+        "KL (mean)",
+        "grad norm mean / max",
+        "steps clipped",
+        "trained tokens min-max",
+        "rank corr tokens, grad norm",
+    ]
     rows = []
     for label, r in result["runs"].items():
         kl = ", ".join(f"{k} {v:.4f}" for k, v in r["kl"].items() if v is not None) or "not logged"
@@ -337,7 +387,9 @@ def render(result: dict[str, Any]) -> str:
                 f"{_f(r['clip_mean'])} / {_f(r['clip_max'])}",
                 kl,
                 f"{_f(r['grad_norm_mean'], '.2f')} / {_f(r['grad_norm_max'], '.2f')}",
+                "-" if r["clipped_steps"] is None else f"{r['clipped_steps']} of {r['steps']}",
                 tok,
+                _f(r["tokens_grad_rank_corr"], "+.2f"),
             ]
         )
     lines += ["### updates", "", table(head, rows)]

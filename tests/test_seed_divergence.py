@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.seed_divergence import analyse, load_run, log_swings, main, render  # noqa: E402
+from bench.seed_divergence import analyse, load_run, log_swings, main, render, spearman  # noqa: E402
 
 # Three train steps, two domains, groups of 2 samples (rewards; tokens per sample in brackets):
 #   step 1: code g0 [0, 1] (10 each)  code g1 [0, 0] (10)   tool g2 [1, 1] (5)
@@ -36,7 +36,7 @@ EVAL = {  # held-out, per step: code tasks a, b; tool task q
 def make_run(d: Path, seed: int = 0, zero_variance: str = "drop") -> Path:
     d.mkdir(parents=True)
     (d / "recipe.resolved.yaml").write_text(
-        f"run: {{seed: {seed}}}\nalgo: {{update: {{zero_variance: {zero_variance}}}}}\n"
+        f"run: {{seed: {seed}}}\nalgo: {{update: {{zero_variance: {zero_variance}}}, optim: {{max_grad_norm: 1.5}}}}\n"
     )
     roll = []
     for step, groups in GROUPS.items():
@@ -108,6 +108,17 @@ def test_update_statistics_by_hand(tmp_path):
     assert r["grad_norm_mean"] == pytest.approx(2.0) and r["grad_norm_max"] == 3.0
     assert r["kl"] == {"kl/mean": pytest.approx(0.02)}
     assert (r["trained_tokens_min"], r["trained_tokens_max"], r["token_weight_swing"]) == (10, 90, 9.0)
+    assert r["clipped_steps"] == 2  # grad norms 1, 2, 3 over max_grad_norm 1.5
+    # tokens 20, 10, 90 (ranks 2, 1, 3) against grad norms 1, 2, 3 (ranks 1, 2, 3): 1 - 6 * (1 + 1 + 0) / (3 * 8)
+    assert r["tokens_grad_rank_corr"] == pytest.approx(0.5)
+
+
+def test_spearman_by_hand():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their mean rank: x ranks 1.5, 1.5, 3; y ranks 1, 2, 3 -> Pearson on ranks = sqrt(3) / 2
+    assert spearman([5, 5, 7], [1, 2, 3]) == pytest.approx(math.sqrt(3) / 2)
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_log_swings():
@@ -120,7 +131,9 @@ def test_across_runs_and_the_printed_report(tmp_path, capsys):
     out = tmp_path / "div.json"
     assert main(["--sweep", str(tmp_path / "sweep"), "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "### code" in text and "| seed 1 |" in text and "1 of 3" in text and "(9.0x)" in text
+    assert (
+        "### code" in text and "| seed 1 |" in text and "1 of 3" in text and "(9.0x)" in text and "| 2 of 3 |" in text
+    )
     assert "0.000 -> 1.000, +1.000 ± 0.000" in text and "seed 0 held-out curve: 0: 0.000, 2: 0.500, 3: 1.000" in text
     saved = json.loads(out.read_text())
     assert saved["across"]["code"]["k"] == 2 and saved["across"]["code"]["gain_sd"] == pytest.approx(0.0)
