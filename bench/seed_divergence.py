@@ -88,9 +88,10 @@ class RunData:
 # ---------------------------------------------------------------------------- reading
 
 
-def load_run(path: Path, label: str = "") -> RunData:
+def load_run(path: Path, label: str = "", max_step: int = 0) -> RunData:
     """A run folder's metrics, train groups and held-out evaluations; ``ValueError`` naming the file when one
-    is missing or does not parse."""
+    is missing or does not parse. ``max_step`` > 0 keeps the train steps up to it (a run under way beside
+    finished ones: compare the same steps); the held-out evaluations are kept whole."""
     import yaml
 
     path = Path(path)
@@ -107,7 +108,8 @@ def load_run(path: Path, label: str = "") -> RunData:
     for n, m in _jsonl(path / "metrics.jsonl"):
         if "step" not in m:
             raise ValueError(f"{path / 'metrics.jsonl'}:{n}: a record without 'step'")
-        metrics.setdefault(int(m["step"]), {}).update(m)
+        if not max_step or int(m["step"]) <= max_step:
+            metrics.setdefault(int(m["step"]), {}).update(m)
     by: dict[tuple[int, str, int], Group] = {}
     for n, r in _jsonl(path / "rollouts.jsonl"):
         if r.get("split") != "train" or r.get("reward") is None or r.get("reward_error"):
@@ -116,6 +118,8 @@ def load_run(path: Path, label: str = "") -> RunData:
             key = (int(r["step"]), str(r["domain"]), int(r["group"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path / 'rollouts.jsonl'}:{n}: a train record without step/domain/group ({e})") from None
+        if max_step and key[0] > max_step:
+            continue
         g = by.setdefault(key, Group(key[0], key[1], [], 0))
         g.rewards.append(float(r["reward"]))
         g.tokens += int(r.get("response_tokens") or 0)
@@ -411,13 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", default="", help="a bench/seeds.py --out folder: its seed_* runs")
     ap.add_argument("--warm", type=int, default=5, help="steps before the 'after warm-up' normalization swing")
     ap.add_argument("--json", default="", help="also write every number to this file")
+    ap.add_argument("--steps", type=int, default=0, help="only train steps 1..N of each run (0 = all)")
     args = ap.parse_args(argv)
     dirs = run_dirs(args.runs, args.sweep)
     if not dirs:
         print("seed_divergence: error: no run folder given (runs or --sweep)", file=sys.stderr)
         return 2
     try:
-        runs = [load_run(p) for p in dirs]
+        runs = [load_run(p, max_step=args.steps) for p in dirs]
     except ValueError as e:
         print(f"seed_divergence: error: {e}", file=sys.stderr)
         return 2

@@ -162,3 +162,11 @@ def test_render_without_held_out_or_normalization(tmp_path):
     (d / "metrics.jsonl").write_text('{"step": 1}\n')
     text = render(analyse([load_run(d)]))
     assert "| seed 0 |" in text and "- -> -" in text and "not logged" in text
+
+
+def test_the_first_steps_only(tmp_path, capsys):
+    d = make_run(tmp_path / "r")
+    code = analyse([load_run(d, max_step=2)])["domains"]["code"]["seed 0"]
+    assert code["per_step_signal"] == [1, 0] and code["std_last"] == 0.4 and code["steps"] == 2
+    assert code["curve"] == {0: 0.0, 2: 0.5, 3: 1.0}  # held-out evaluations kept whole
+    assert main([str(d), "--steps", "1"]) == 0 and "0 of 1" in capsys.readouterr().out
