@@ -211,6 +211,46 @@ def norm_stats(run: RunData, domain: str, warm: int) -> dict[str, Any]:
     }
 
 
+def replayed_stds(run: RunData, domain: str, prior_samples: float = 0.0, prior_std: float = 0.5) -> list[float]:
+    """The domain's running std after each train step, recomputed from the run's logged rewards with
+    ``rl.algos.shaping.RewardNormalizer`` (Welford) under a warm-up prior: what ``algo.reward_norm.prior_samples``
+    would have divided by on the same rewards (the policy, and so later rewards, would have moved differently).
+    With no prior it is the run's own ``reward/<d>/running_std``."""
+    from rl.algos.shaping import RewardNormalizer
+
+    norm = RewardNormalizer("domain", prior_samples=prior_samples, prior_std=prior_std)
+    out = []
+    for step in run.train_steps:
+        rewards = [r for g in run.groups if g.step == step and g.domain == domain for r in g.rewards]
+        if rewards:
+            norm.update(domain, rewards)
+            out.append(norm.std(domain))
+    return out
+
+
+def prior_stats(run: RunData, domain: str, prior: float) -> dict[str, Any]:
+    """The running std's first value and one-step swings replayed under ``prior`` pseudo-rewards of std 0.5,
+    and how far the replay without a prior is from the logged statistic (a check of the replay)."""
+    logged = [
+        m[f"reward/{domain}/running_std"] for _, m in sorted(run.metrics.items()) if f"reward/{domain}/running_std" in m
+    ]
+    plain = replayed_stds(run, domain)
+    out: dict[str, Any] = {
+        "replay_error": max((abs(a - b) for a, b in zip(plain, logged)), default=None)
+        if len(plain) == len(logged)
+        else None
+    }
+    if prior > 0:
+        stds = replayed_stds(run, domain, prior)
+        sw = log_swings(stds)
+        out |= {
+            "prior_std_first": stds[0] if stds else None,
+            "prior_swing_max": max(sw) if sw else None,
+            "prior_swing_median": statistics.median(sw) if sw else None,
+        }
+    return out
+
+
 def advantage_stats(run: RunData, domain: str) -> dict[str, Any]:
     """Mean and coefficient of variation over steps of ``adv/<d>/std`` (steps where the domain trained)."""
     xs = [m[f"adv/{domain}/std"] for _, m in sorted(run.metrics.items()) if f"adv/{domain}/std" in m]
@@ -286,7 +326,7 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return sxy / math.sqrt(sxx * syy) if sxx and syy else None
 
 
-def analyse(runs: list[RunData], warm: int = 5) -> dict[str, Any]:
+def analyse(runs: list[RunData], warm: int = 5, prior: float = 0.0) -> dict[str, Any]:
     """Every number the report prints: ``{"runs": {label: {...}}, "domains": {domain: {label: {...}}},
     "across": {domain: {...}}}``."""
     domains = sorted({d for r in runs for d in r.domains})
@@ -294,7 +334,13 @@ def analyse(runs: list[RunData], warm: int = 5) -> dict[str, Any]:
     for d in domains:
         per = {}
         for r in runs:
-            per[r.label] = signal_stats(r, d) | norm_stats(r, d, warm) | advantage_stats(r, d) | reward_stats(r, d)
+            per[r.label] = (
+                signal_stats(r, d)
+                | norm_stats(r, d, warm)
+                | prior_stats(r, d, prior)
+                | advantage_stats(r, d)
+                | reward_stats(r, d)
+            )
         out["domains"][d] = per
         gains = [p["heldout"]["diff"] for p in per.values() if "heldout" in p]
         out["across"][d] = {
@@ -311,6 +357,20 @@ def analyse(runs: list[RunData], warm: int = 5) -> dict[str, Any]:
 
 def _f(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
+
+
+def _prior_lines(per: dict[str, dict[str, Any]]) -> list[str]:
+    """Per run, the running std replayed under ``--prior`` (first value, one-step swings) beside the replay's
+    distance from the logged statistic; nothing without ``--prior``."""
+    out = []
+    for label, p in per.items():
+        if "prior_std_first" in p:
+            out.append(
+                f"{label} with the prior (replayed on its rewards): std first {_f(p['prior_std_first'])}, swing max / "
+                f"median {_f(p['prior_swing_max'], '.2f')} / {_f(p['prior_swing_median'], '.2f')} (replay without it "
+                f"vs the log: max error {_f(p['replay_error'], '.1e')})"
+            )
+    return out + ([""] if out else [])
 
 
 def render(result: dict[str, Any]) -> str:
@@ -359,6 +419,7 @@ def render(result: dict[str, Any]) -> str:
                 ]
             )
         lines += [table(head, rows), ""]
+        lines += _prior_lines(per)
         curves = {label: p["curve"] for label, p in per.items() if len(p.get("curve", {})) > 2}
         for label, c in curves.items():
             lines.append(f"{label} held-out curve: " + ", ".join(f"{s}: {v:.3f}" for s, v in c.items()))
@@ -416,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=5, help="steps before the 'after warm-up' normalization swing")
     ap.add_argument("--json", default="", help="also write every number to this file")
     ap.add_argument("--steps", type=int, default=0, help="only train steps 1..N of each run (0 = all)")
+    ap.add_argument(
+        "--prior", type=float, default=0.0, help="also replay the running std with this algo.reward_norm.prior_samples"
+    )
     args = ap.parse_args(argv)
     dirs = run_dirs(args.runs, args.sweep)
     if not dirs:
@@ -430,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:  # two runs of one seed (another tree, a repeat): tell them apart by folder
         if labels.count(r.label) > 1:
             r.label = f"{r.label} ({r.path.name})"
-    result = analyse(runs, args.warm)
+    result = analyse(runs, args.warm, args.prior)
     print(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.seed_divergence import analyse, load_run, log_swings, main, render, spearman  # noqa: E402
+from bench.seed_divergence import analyse, load_run, log_swings, main, render, replayed_stds, spearman  # noqa: E402
 
 # Three train steps, two domains, groups of 2 samples (rewards; tokens per sample in brackets):
 #   step 1: code g0 [0, 1] (10 each)  code g1 [0, 0] (10)   tool g2 [1, 1] (5)
@@ -170,3 +170,22 @@ def test_the_first_steps_only(tmp_path, capsys):
     assert code["per_step_signal"] == [1, 0] and code["std_last"] == 0.4 and code["steps"] == 2
     assert code["curve"] == {0: 0.0, 2: 0.5, 3: 1.0}  # held-out evaluations kept whole
     assert main([str(d), "--steps", "1"]) == 0 and "0 of 1" in capsys.readouterr().out
+
+
+def test_the_running_std_replayed_under_a_prior_by_hand(tmp_path, capsys):
+    d = make_run(tmp_path / "r")
+    run = load_run(d)
+    # code rewards, cumulative: 1 one in 4, 3 in 8, 5 in 12; binary rewards: M2 = n p (1 - p)
+    m2 = [4 * 0.25 * 0.75, 8 * (3 / 8) * (5 / 8), 12 * (5 / 12) * (7 / 12)]
+    ns = (4, 8, 12)
+    assert replayed_stds(run, "code") == pytest.approx([math.sqrt(m / (n - 1)) for m, n in zip(m2, ns)])
+    n0 = 4
+    expected = [math.sqrt((m + n0 * 0.25) / (n - 1 + n0)) for m, n in zip(m2, ns)]
+    assert replayed_stds(run, "code", n0) == pytest.approx(expected)
+    p = analyse([run], prior=n0)["domains"]["code"]["seed 0"]
+    assert p["prior_std_first"] == pytest.approx(expected[0])
+    assert p["prior_swing_max"] == pytest.approx(max(abs(math.log(b / a)) for a, b in zip(expected, expected[1:])))
+    # the synthetic log's running std (0.5, 0.4, 0.4) is not the replay's: the check says how far
+    assert p["replay_error"] == pytest.approx(math.sqrt(m2[1] / 7) - 0.4)
+    assert main([str(d), "--prior", "4"]) == 0
+    assert "seed 0 with the prior (replayed on its rewards)" in capsys.readouterr().out
