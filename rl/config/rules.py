@@ -101,6 +101,19 @@ def _domain_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
         bad = sorted(set(used) - domains)
         if bad:
             yield key, f"domains {bad} have no env in rollout.envs"
+    if mx.min_groups_per_domain:
+        weighted = (
+            sorted(domains)
+            if mx.mode == "adaptive" or not mx.domain_weights
+            else sorted(d for d, w in mx.domain_weights.items() if w > 0)
+        )
+        need = mx.min_groups_per_domain * len(weighted)
+        if need > recipe.rollout.prompts_per_step:
+            yield (
+                "mixer.min_groups_per_domain",
+                f"{mx.min_groups_per_domain} prompts for each of {len(weighted)} domains ({', '.join(weighted)}) is "
+                f"{need} per step; rollout.prompts_per_step is {recipe.rollout.prompts_per_step}",
+            )
     if mx.mode == "adaptive":
         try:
             mx.adaptive.bounds(sorted(domains))

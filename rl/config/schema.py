@@ -170,6 +170,12 @@ class MixerConfig(Section):
     domain_weights: dict[str, float] = knob(
         doc="share of each step's prompts per domain ({} = by task counts)", factory=dict
     )
+    min_groups_per_domain: int = knob(
+        0,
+        "prompts every domain of positive weight gets each step before the rest is split by the "
+        "weights (0 = none): a floor on each domain's groups per step",
+        ge=0,
+    )
     strata: int = knob(1, "length strata per dataset (by estimated trajectory length)", ge=1)
     strata_proportions: list[float] = knob(doc="prompts per stratum ([] = proportional to stratum sizes)", factory=list)
     length_ema: float = knob(0.5, "weight of a task's newest observed length in its estimate", gt=0, le=1)

@@ -387,12 +387,13 @@ def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
         curriculum_window=mx.curriculum_window,
         curriculum_weight=mx.curriculum_weight,
         solved_threshold=mx.solved_threshold,
+        min_groups_per_domain=mx.min_groups_per_domain,
     )
 
 
 def make_normalizer(cfg: Recipe) -> RewardNormalizer:
     n = cfg.algo.reward_norm
-    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema)
+    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema, prior_samples=n.prior_samples, prior_std=n.prior_std)
 
 
 def expand(tasks: list[Task], group_size: int, seed: int, step: int) -> tuple[list[Task], list[int], list[int]]:
