@@ -23,6 +23,8 @@ from rollout.episode import run_episodes
 from rollout.hf_engine import HFEngine
 from rollout.partial import INTERRUPTED, PauseGate, joined, resume_seed
 
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
 
 class TripGate(PauseGate):
     """Closes itself on its ``n``-th ``requested`` check once ``arm(n)`` has been called, and sets ``tripped``."""
@@ -122,6 +124,13 @@ def test_every_token_records_the_version_of_the_weights_that_sampled_it(engine, 
 
 def _perturbed_weights(engine, tmp_path: Path) -> str:
     """Load noisy weights into ``engine``; returns a file of its weights before (to restore)."""
+    old, new = _weight_files(engine, tmp_path)
+    engine.load_weights(new)
+    return old
+
+
+def _weight_files(engine, tmp_path: Path) -> tuple[str, str]:
+    """Files of ``engine``'s weights now and of the same weights plus noise."""
     from safetensors.torch import save_file
 
     sd = {k: v.detach().clone().contiguous() for k, v in engine.model.state_dict().items()}
@@ -131,8 +140,7 @@ def _perturbed_weights(engine, tmp_path: Path) -> str:
     noisy = {k: v + 0.5 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in sd.items()}
     new = str(tmp_path / "new.safetensors")
     save_file(noisy, new)
-    engine.load_weights(new)
-    return old
+    return old, new
 
 
 # ------------------------------------------------------------------------- episodes
@@ -292,3 +300,70 @@ def test_an_interrupt_that_is_not_answered_times_out_and_opens_the_gate() -> Non
     assert gate.requested
     gate.resume(version=3)
     assert not gate.requested and gate.version == 3
+
+
+# ------------------------------------------------------------------------- the worker / runtime API, bad input
+
+
+def test_a_worker_takes_new_weights_while_its_episodes_generate(tiny_model_path, tmp_path: Path) -> None:
+    """``LocalRuntime.update_in_flight`` on a ``RolloutWorker`` whose ``generate`` runs on another thread: the
+    interrupted turns keep their version-0 tokens and continue on the weights ``receive`` loaded (version 1)."""
+    from rl.config.recipe import load_recipe
+    from rl.driver.local_runtime import LocalRuntime
+    from rollout.pool import RolloutWorker
+    from rollout.weights import FileWeights
+
+    hf = HFEngine(tiny_model_path, dtype="float32")
+    hf.gate = TripGate()
+    worker = RolloutWorker(
+        tiny_model_path, [("talk", "test_partial_rollouts.TalkEnv", {})], engine=hf, partial_rollouts=True
+    )
+    rt = LocalRuntime(load_recipe(RECIPES / "quickstart.yaml"), tiny_model_path)
+    rt.worker = worker
+    s = replace(S, max_turns=1, max_new_tokens=12)
+    _, new = _weight_files(hf, tmp_path)
+    hf.gate.arm(6)  # the 6th check: after 5 tokens of the first episode's turn
+    done = _in_thread(lambda: worker.generate(TASKS, [0, 1], [11, 12], s))
+    assert hf.gate.tripped.wait(60)
+    rt.update_in_flight(lambda: worker.receive(FileWeights(new)), version=1)
+    a, b = done()
+    assert a.token_versions == [0] * 5 + [1] * (len(a.response_ids) - 5)
+    assert set(b.token_versions) == {1}, "the second episode had not started: all of it on the new weights"
+    assert worker.policy_version() == 1 and a.oldest_version == 0 and b.oldest_version == 1
+
+
+def test_an_engine_that_cannot_pause_is_refused_naming_the_key(tiny_model_path) -> None:
+    from rollout.pool import RolloutWorker
+
+    class Plain:
+        def generate(self, prompts, sampling, seeds=None, stops=None):
+            raise AssertionError("never reached")
+
+    with pytest.raises(ValueError, match=r"rollout.partial_rollouts: the engine Plain cannot pause"):
+        RolloutWorker(tiny_model_path, [], engine=Plain(), partial_rollouts=True)
+    RolloutWorker(tiny_model_path, [], engine=Plain())  # without partial rollouts it serves as before
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["rollout.partial_rollouts=true"], "rollout.partial_rollouts: interrupts generations at a weight update"),
+        (
+            ["rollout.partial_rollouts=true", "rollout.async_steps=1", "learner.routing_replay=r3"],
+            "rollout.partial_rollouts: a resumed turn's routing is recomputed on the new weights",
+        ),
+    ],
+)
+def test_partial_rollouts_that_cannot_work_are_refused_naming_the_key(overrides, expected) -> None:
+    from rl.config.recipe import RecipeError, load_recipe, validate_recipe
+
+    with pytest.raises(RecipeError, match=expected):
+        validate_recipe(load_recipe(RECIPES / "quickstart.yaml", overrides), check_imports=False)
+
+
+def test_partial_rollouts_with_async_rollouts_validate() -> None:
+    from rl.config.recipe import load_recipe
+    from rl.config.rules import cross_section_rules
+
+    cfg = load_recipe(RECIPES / "quickstart.yaml", ["rollout.partial_rollouts=true", "rollout.async_steps=1"])
+    assert cfg.rollout.partial_rollouts and not list(cross_section_rules(cfg))
