@@ -367,3 +367,31 @@ def test_partial_rollouts_with_async_rollouts_validate() -> None:
 
     cfg = load_recipe(RECIPES / "quickstart.yaml", ["rollout.partial_rollouts=true", "rollout.async_steps=1"])
     assert cfg.rollout.partial_rollouts and not list(cross_section_rules(cfg))
+
+
+def test_rollouts_jsonl_carries_the_oldest_and_newest_versions(tmp_path: Path) -> None:
+    import json
+
+    from rl.driver.logger import RunLogger
+
+    t = Trajectory(
+        task=TASKS[0],
+        group_id=0,
+        prompt_ids=[1],
+        response_ids=[5, 6, 7, 8],
+        loss_mask=[1, 0, 1, 1],
+        logprobs=[-1.0, 0.0, -1.0, -1.0],
+        messages=[],
+        terminated=True,
+        truncated=False,
+        finish_reason="stop",
+        token_versions=[3, -1, 3, 4],
+    )
+    assert (t.oldest_version, t.newest_version) == (3, 4)
+    assert replace(t, token_versions=None).oldest_version is None
+    assert replace(t, token_versions=[-1, -1, -1, -1]).oldest_version is None, "env tokens have no version"
+    lg = RunLogger(tmp_path, {}, mode="disabled")
+    lg.rollouts(1, "train", [t, replace(t, token_versions=None)])
+    lg.close()
+    rows = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert [(r["oldest_version"], r["newest_version"]) for r in rows] == [(3, 4), (None, None)]
