@@ -5,14 +5,13 @@ the pool's ``generate`` runs on another driver thread (the actor serves them on 
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_partial_rollouts import TASKS, TalkEnv, TripGate, _in_thread  # noqa: F401 - TalkEnv: the env by name
+from test_faults import ray_cpus  # noqa: F401 - the module's Ray cluster (2 CPUs)
+from test_partial_rollouts import TASKS, TripGate, _in_thread
 
 from rollout.pool import RolloutWorker
 
@@ -32,26 +31,6 @@ class HFTripWorker(RolloutWorker):
 
     def tripped(self) -> bool:
         return self.engine.gate.tripped.is_set()
-
-
-@pytest.fixture(scope="module")
-def ray_cpus():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={
-            "env_vars": {
-                "JOINTRL_CACHE": os.environ["JOINTRL_CACHE"],
-                "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isdir(p)),
-            }
-        },
-    )
-    yield
-    ray.shutdown()
 
 
 def _noisy(model_path: str, out: Path) -> str:
