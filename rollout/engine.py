@@ -12,6 +12,8 @@ started with ``lora_rank`` > 0 (``learner.lora.transfer: adapter``) serves a LoR
 its unchanged base instead: ``load_adapter(folder)`` loads a ``peft`` folder as a new vLLM
 adapter (a new ``lora_int_id`` and name each time, so no cached adapter is served; the previous
 one is removed), and every ``generate``/``score`` runs with it.
+An engine started with ``enable_return_routed_experts`` (``learner.routing_replay: r3``; vLLM's model
+runner V2, CUDA only) returns each generation's routing in ``Generation.routing`` (``rollout.routing.from_vllm``).
 This module does not know about tasks, envs or rewards.
 
 Streaming requests can be interrupted (partial rollouts, ``rollout.partial``): once the engine's ``gate`` asks,
@@ -131,6 +133,7 @@ class VLLMEngine:
             kwargs |= dict(enable_lora=True, max_lora_rank=engine_lora_rank(lora_rank), max_loras=1)
         kwargs.update(engine_kwargs or {})
         self.model_path = model_path
+        self._routing = _routing_layout(model_path, cuda) if kwargs.get("enable_return_routed_experts") else None
         self._lora: Any = None  # the LoRARequest every request runs with (None: the base weights)
         self._lora_seq = 0
         self._streams: dict[str, int] = {}  # submitted request id -> the caller's key
@@ -185,7 +188,7 @@ class VLLMEngine:
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self._lora
         )
-        return [_generation(o, self.gate.version) for o in outs]
+        return [_generation(o, self._routing, self.gate.version) for o in outs]
 
     # -- streaming: requests that join the running batch (multi-turn episodes, ``rollout.episode``) --
 
@@ -231,14 +234,17 @@ class VLLMEngine:
             ids += new
             lps += _logprobs(new, c.logprobs)
             if o.finished:
-                done.append((self._streams.pop(o.request_id), self._part(o.request_id, c.finish_reason or "stop")))
+                done.append((self._streams.pop(o.request_id), self._part(o.request_id, c.finish_reason or "stop", c)))
         if not self._streams:
             self._leave()
         return done
 
-    def _part(self, rid: str, reason: str) -> Generation:
+    def _part(self, rid: str, reason: str, final: Any = None) -> Generation:
+        """Request ``rid``'s tokens so far; ``final``: its finished completion (routed experts come with it; vLLM
+        concatenates them at the end, for every token the request ran)."""
         ids, lps, version = self._parts.pop(rid)
-        return Generation(token_ids=ids, logprobs=lps, finish_reason=reason, versions=[version] * len(ids))
+        routing = None if final is None else _experts(final, self._routing)
+        return Generation(ids, lps, reason, routing, versions=[version] * len(ids))
 
     def _interrupt(self) -> list[tuple[int, Generation]]:
         """Abort every unfinished request; each one's reported tokens, "interrupted"."""
@@ -361,13 +367,41 @@ def _params(i: int, prompt: list[int], sampling: Sampling, seed: int | None, sto
     )
 
 
-def _generation(out: Any, version: int | None = None) -> Generation:
-    """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped (``version``: the
-    policy version of the weights that sampled it)."""
+def _routing_layout(model_path: str, cuda: bool) -> tuple[list[int], int]:
+    """(MoE layers, experts) of the model, to convert vLLM's routed experts (``rollout.routing.from_vllm``).
+    vLLM returns them only through its model runner V2 (Triton): not on CPU."""
+    from transformers import AutoConfig
+
+    from rollout.routing import moe_layers
+
+    if not cuda:
+        raise RuntimeError(
+            "enable_return_routed_experts (learner.routing_replay: r3 through vLLM) needs CUDA: vLLM reports "
+            "routed experts only from its model runner V2 (Triton); this engine sees no GPU"
+        )
+    config = AutoConfig.from_pretrained(model_path)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts:
+        raise RuntimeError(f"enable_return_routed_experts on {model_path}: not a mixture-of-experts model")
+    return moe_layers(config), int(experts)
+
+
+def _generation(out: Any, routing: tuple[list[int], int] | None = None, version: int | None = None) -> Generation:
+    """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped; with ``routing``
+    ((MoE layers, experts): the engine returns routed experts) the experts of every token it ran, in the
+    trajectory's layout (``rollout.routing.from_vllm``); ``version``: the policy version of the weights that
+    sampled it."""
     c = out.outputs[0]
     ids = list(c.token_ids)
     versions = None if version is None else [version] * len(ids)
-    return Generation(ids, _logprobs(ids, c.logprobs), c.finish_reason or "stop", versions=versions)
+    return Generation(ids, _logprobs(ids, c.logprobs), c.finish_reason or "stop", _experts(c, routing), versions)
+
+
+def _experts(c: Any, routing: tuple[list[int], int] | None) -> Any:
+    """A finished completion's routed experts in the trajectory's layout (None without ``routing``)."""
+    from rollout.routing import from_vllm
+
+    return None if routing is None else from_vllm(getattr(c, "routed_experts", None), *routing)
 
 
 def _logprobs(ids: list[int], steps: Any) -> list[float]:

@@ -24,7 +24,7 @@ from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
 from rl.driver.runtime import LengthEstimate, learner_settings
-from rl.trainer.moe import check_replay_engine
+from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
 from rollout.weights import FileWeights
@@ -63,8 +63,9 @@ class LocalRuntime:
                 "(cluster.placement colocated); the in-process runtime (train --local, eval) syncs through the file"
             )
 
-        if self.with_learner:
-            check_replay_engine(self.cfg.learner, self.engine_kind)  # r3 needs an engine that reports routing
+        if self.with_learner:  # r3 needs an engine that reports routing (vLLM: on a GPU only)
+            device = "gpu" if torch.cuda.is_available() else "cpu"
+            check_replay_engine(self.cfg.learner, self.engine_kind, device, self.cfg.rollout.engine_kwargs)
         # `auto` precisions made concrete: one timing for the learner and the engine, printed once
         self.cfg = cfg = resolve_logged(self.cfg, "gpu" if torch.cuda.is_available() else "cpu")
         r = cfg.rollout
@@ -73,7 +74,7 @@ class LocalRuntime:
             kwargs |= dict(
                 kv_cache_gib=r.kv_cache_gib,
                 gpu_memory_utilization=r.gpu_memory_utilization,
-                engine_kwargs=dict(r.engine_kwargs),
+                engine_kwargs=dict(r.engine_kwargs) | (engine_routing_kwargs(cfg.learner) if self.with_learner else {}),
                 lora_rank=cfg.learner.lora.engine_rank,
             )
         STARTUP.phase(f"engine: loading the model in this process ({self.engine_kind})")

@@ -289,7 +289,8 @@ def collect_step(run: RunParts, step: int) -> Collected:
     t2 = time.perf_counter()
     run.mixer.update(trajs)
     shaped, norm_metrics = shape_step(run.normalizer, trajs)  # 4. reward shaping (per-domain norm)
-    batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
+    r3 = cfg.learner.routing_replay == "r3"  # a sample without the engine's routing cannot be replayed: dropped
+    batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains), r3)
     m = batch_stats | norm_metrics | run.mixer.last_counts | {"timing/reward_s": t2 - t1}
     return Collected(trajs, batch, m, t0, t2)
 

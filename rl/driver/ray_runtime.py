@@ -32,7 +32,7 @@ from rl.driver.actors.rollout import RolloutPool, engines_call
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
 from rl.driver.runtime import Deadlines, learner_settings
-from rl.trainer.moe import check_replay_engine
+from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
 from rollout.pool import EngineFailure
 
 
@@ -68,7 +68,6 @@ class RayRuntime:
         from rl.trainer.precision import resolve_logged
 
         cfg = self.cfg
-        check_replay_engine(cfg.learner, "vllm")  # r3 needs engine routing: not from vLLM yet (docs/moe.md)
         address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
         STARTUP.phase(f"Ray: connecting to {address}" if address else "Ray: starting a local cluster")
         self._init_ray()
@@ -76,6 +75,8 @@ class RayRuntime:
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
         device = resolve_device(cfg, cluster.cluster_resources().get("GPU", 0.0))
+        # r3 needs engine routing: vLLM gives it on a GPU only
+        check_replay_engine(cfg.learner, "vllm", device, cfg.rollout.engine_kwargs)
         self.cfg = cfg = resolve_logged(cfg, device)  # `auto` precisions: one timing for learners and engines
         self._prefetch_model()  # a Hub model: into every node's Hub cache before any actor starts
         plan = plan_placement(cfg, device)
@@ -342,7 +343,7 @@ def make_rollout_pool(
         tensor_parallel_size=cfg.cluster.engine_tp,
         enable_sleep_mode=colocated,
         call_timeout_s=cfg.faults.engine_call_s,
-        engine_kwargs=dict(r.engine_kwargs),
+        engine_kwargs=dict(r.engine_kwargs) | engine_routing_kwargs(cfg.learner),
         lora_rank=cfg.learner.lora.engine_rank,
         stops=r.stops(),
         env_workers=r.env_workers,

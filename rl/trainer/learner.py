@@ -326,13 +326,14 @@ class Learner:
 
     def forced_routing(self, mb: list[Sample], prep: prepare.Prepared | None) -> list[torch.Tensor] | None:
         """The experts a forward on ``mb`` forces (per sample): r3 the engine's (``Sample.routing``), r2 the prepare
-        pass's (``prep``; None in that pass itself, which records them), else None."""
+        pass's (``prep``; None in that pass itself, which records them), else None. Under r3 ``build_batch``
+        (``routing_required``) has dropped the samples without routing; one reaching here is a caller's bug."""
         if self.replay == "r3":
             missing = [s.domain for s in mb if s.routing is None]
             if missing:
                 raise ValueError(
                     f"learner.routing_replay: r3, but {len(missing)} samples (domain {missing[0]}) carry no engine "
-                    "routing: the engine did not report it"
+                    "routing (build_batch(..., routing_required=True) drops such samples before the estimator)"
                 )
             return [s.routing for s in mb]
         if self.replay == "r2" and prep is not None:
