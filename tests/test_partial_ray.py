@@ -5,6 +5,8 @@ the pool's ``generate`` runs on another driver thread (the actor serves them on 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -48,7 +50,7 @@ def _noisy(model_path: str, out: Path) -> str:
 
 def test_the_pool_loads_new_weights_while_its_workers_generate(ray_cpus, tiny_model_path, tmp_path: Path) -> None:
     """Interrupted after 5 tokens of the first episode, new weights synced, resumed as version 5: the first episode's
-    tokens are version 0 then 5, the second episode (not started) all 5."""
+    tokens are version 0 then 5, the second episode (not started) all 5; a replaced worker's tokens are version 5."""
     from rl.driver.actors.rollout import RolloutPool
     from test_partial_rollouts import S
 
@@ -78,5 +80,11 @@ def test_the_pool_loads_new_weights_while_its_workers_generate(ray_cpus, tiny_mo
         a, b = done()
         assert a.token_versions == [0] * 5 + [5] * (len(a.response_ids) - 5)
         assert set(b.token_versions) == {5}
+        # A worker that dies is replaced on the newest weights, recorded as the last resume's version.
+        victim = pool.pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        while os.path.exists(f"/proc/{victim}") and open(f"/proc/{victim}/stat").read().split()[2] != "Z":
+            time.sleep(0.05)
+        assert pool._call({0: ("policy_version", ())}) == {0: 5} and pool.restarts == 1
     finally:
         pool.shutdown()

@@ -100,6 +100,7 @@ class RolloutPool(GroupOwner):
         # The "health" group is a second thread in each actor: its probe answers while generate is blocked. The
         # "control" group a third: partial rollouts' interrupt, resume and the weight loads between them.
         self._paused = False  # interrupted (partial rollouts): weight loads go to the control thread
+        self._version: int | None = None  # the policy version the last resume gave the engines
         factory = ray_factory(
             worker_cls or RolloutWorker,
             {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1, "control": 1}},
@@ -125,6 +126,8 @@ class RolloutPool(GroupOwner):
         if self._weights is not None:
             m, args = self._load_job(i)
             ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
+        if self._version is not None:  # the policy version those weights are (the last resume's)
+            ray.get(self.workers[i].resume.remote(self._version), timeout=self.start_timeout_s)
 
     def _free(self, workers: list[int]) -> None:
         """Kill what is left of the engines of ``workers`` (dead or killed) and unlink their shared memory,
@@ -266,6 +269,8 @@ class RolloutPool(GroupOwner):
         import ray
 
         self._paused = False
+        if version is not None:
+            self._version = version
         ray.get([w.resume.options(concurrency_group="control").remote(version) for w in self.workers])
 
     def sync_weights(
