@@ -92,11 +92,8 @@ class RolloutWorker:
                     lora_rank=lora_rank,
                 )
             )
-        if partial_rollouts and getattr(self.engine, "gate", None) is None:
-            raise ValueError(
-                f"rollout.partial_rollouts: the engine {type(self.engine).__name__} cannot pause (it has no "
-                "rollout.partial.PauseGate); use the vLLM or HF engine, or partial_rollouts false"
-            )
+        if partial_rollouts:
+            self._gate()  # an engine that cannot pause is refused now, before any rollout
         # Where weights that arrive through the object store (learner on another node) are put.
         self._blob = (
             f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors"
@@ -153,9 +150,13 @@ class RolloutWorker:
         return self._gate().version
 
     def _gate(self) -> Any:
+        """The engine's ``rollout.partial.PauseGate``; ``ValueError`` naming the key for an engine without one."""
         gate = getattr(self.engine, "gate", None)
         if gate is None:
-            raise ValueError(f"rollout.partial_rollouts: the engine {type(self.engine).__name__} cannot pause")
+            raise ValueError(
+                f"rollout.partial_rollouts: the engine {type(self.engine).__name__} cannot pause (it has no "
+                "rollout.partial.PauseGate); use the vLLM or HF engine, or partial_rollouts false"
+            )
         return gate
 
     def receive(self, update: WeightUpdate) -> bool:

@@ -114,11 +114,11 @@ class LocalRuntime:
         """Partial rollouts (``rollout.partial_rollouts``): new weights while ``generate`` runs on another thread.
         The engine is interrupted (its unfinished turns keep their tokens; env calls go on), ``sync()`` loads the
         weights (default ``sync_weights``), then the turns resume on them as policy ``version`` (None: the engine's
-        count of weight loads); resumed even when ``sync`` raises. The one-step-off stream's wiring, in
-        ``EpisodeStream.weights_updated`` instead of waiting for the generation:
-        ``self.pool.update_in_flight(self._push, self.learner_version)``."""
+        count of weight loads); resumed even when ``sync`` raises. An engine that does not stop within
+        ``faults.engine_call_s`` raises. The one-step-off stream's wiring, in ``EpisodeStream.weights_updated``
+        instead of waiting for the generation: ``self.pool.update_in_flight(self._push, self.learner_version)``."""
         worker = self._worker()
-        worker.interrupt()
+        worker.interrupt(self.cfg.faults.engine_call_s)
         try:
             (sync or self.sync_weights)()
         finally:
