@@ -395,3 +395,89 @@ def test_rollouts_jsonl_carries_the_oldest_and_newest_versions(tmp_path: Path) -
     lg.close()
     rows = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert [(r["oldest_version"], r["newest_version"]) for r in rows] == [(3, 4), (None, None)]
+
+
+# ------------------------------------------------------------------------- the vLLM engine's streaming, without vLLM running
+
+
+class FakeLLMEngine:
+    """vLLM's ``LLMEngine`` as ``VLLMEngine``'s streaming uses it: ``script[request][k]`` is the request's k-th delta
+    of token ids; its last delta finishes it, with ``routed`` as its routed experts. Built with vLLM's own classes."""
+
+    def __init__(self, script: list[list[list[int]]], routed=None) -> None:
+        self.script, self.routed = script, routed
+        self.rids: list[str] = []
+        self.kinds: list = []
+        self.sent: dict[str, int] = {}
+        self.aborted: list[str] = []
+
+    def add_request(self, rid, prompt, params, lora_request=None) -> None:
+        self.rids.append(rid)
+        self.kinds.append(params.output_kind)
+        self.sent[rid] = 0
+
+    def step(self) -> list:
+        from vllm.logprobs import Logprob
+        from vllm.outputs import CompletionOutput, RequestOutput
+
+        out = []
+        for n, rid in enumerate(self.rids):
+            if rid in self.aborted or self.sent[rid] >= len(self.script[n]):
+                continue
+            ids = self.script[n][self.sent[rid]]
+            self.sent[rid] += 1
+            done = self.sent[rid] == len(self.script[n])
+            lps = [{t: Logprob(logprob=-t / 100)} for t in ids]
+            routed = self.routed if done else None
+            c = CompletionOutput(0, "", ids, None, lps, routed_experts=routed, finish_reason="stop" if done else None)
+            out.append(RequestOutput(rid, None, [1], None, [c], done))
+        return out
+
+    def abort_request(self, rids) -> None:
+        self.aborted += list(rids)
+
+
+def _fake_vllm(script, routed=None, layout=None):
+    from rollout.engine import VLLMEngine
+
+    e = VLLMEngine.__new__(VLLMEngine)  # no vLLM engine: the streaming bookkeeping alone
+    e.llm = type("LLM", (), {"llm_engine": FakeLLMEngine(script, routed)})()
+    e._streams, e._parts, e._stream_seq, e._lora, e._routing = {}, {}, 0, None, layout
+    e.gate, e._entered = PauseGate(), False
+    return e
+
+
+def test_vllm_streams_deltas_and_an_interrupt_returns_each_requests_tokens_so_far() -> None:
+    """Requests streamed as deltas: a finished one is its deltas joined (ids, log-probs, version); at an interrupt
+    the next poll aborts the unfinished ones and returns their reported tokens, and the gate is free."""
+    from vllm.sampling_params import RequestOutputKind
+
+    e = _fake_vllm([[[10, 11], [12]], [[20], [21], [22], [23]]])
+    s = Sampling(max_new_tokens=8, temperature=1.0, max_model_len=64)
+    e.gate.set_version(4)
+    e.submit(0, [1, 2], s, 7, [])
+    e.submit(1, [1, 3], s, 8, [])
+    assert e.llm.llm_engine.kinds == [RequestOutputKind.DELTA] * 2
+    assert e.poll() == []
+    (done,) = e.poll()
+    assert done == (0, Generation([10, 11, 12], [-0.1, -0.11, -0.12], "stop", versions=[4, 4, 4]))
+    e.gate._closed = True  # an interrupt asked (another thread's interrupt() waits for the poll below)
+    assert e.poll() == [(1, Generation([20, 21], [-0.2, -0.21], INTERRUPTED, versions=[4, 4]))]
+    assert e.llm.llm_engine.aborted == [e.llm.llm_engine.rids[1]] and not e._streams and not e._parts
+    e.gate.interrupt(timeout_s=0.1)  # nothing holds the gate now: returns at once
+    e.gate.resume(version=5)
+    e.submit(1, [1, 3, 20, 21], s, 8, [], offset=2)  # the resumed request: its own seed
+    assert e._parts[e.llm.llm_engine.rids[2]][2] == 5, "its tokens will be the resumed version's"
+    e.abort()
+    e.gate.interrupt(timeout_s=0.1)  # an abort leaves the gate free too
+
+
+def test_vllm_streamed_completions_carry_the_routed_experts_of_their_final_output() -> None:
+    import numpy as np
+
+    routed = (np.arange(5 * 1 * 2) % 8).reshape(5, 1, 2).astype(np.uint8)  # rows: 1 prompt + 5 generated - 1
+    e = _fake_vllm([[[10, 11], [12, 13, 14]]], routed=routed, layout=([0], 8))
+    e.submit(0, [1], Sampling(max_new_tokens=8, max_model_len=64), 7, [])
+    e.poll()
+    ((_, g),) = e.poll()
+    assert g.token_ids == [10, 11, 12, 13, 14] and np.array_equal(g.routing, routed)
