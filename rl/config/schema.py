@@ -241,6 +241,11 @@ class RolloutConfig(Section):
     async_steps: Literal[0, 1] = knob(
         0, "0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains"
     )
+    partial_rollouts: bool = knob(
+        False,
+        "at a weight update made while episodes generate, stop their unfinished turns, keep the tokens and "
+        "continue them on the new weights with the remaining budget (docs/partial-rollouts.md); needs async rollouts",
+    )
     max_restarts: int = knob(
         2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0
     )

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
@@ -86,6 +86,7 @@ class LocalRuntime:
             stops=r.stops(),
             env_workers=r.env_workers,
             tools_in_prompt=r.tools_in_prompt,
+            partial_rollouts=r.partial_rollouts,
         )
         if self.scorer is None:
             STARTUP.phase("rewards: building the reward functions")
@@ -108,6 +109,20 @@ class LocalRuntime:
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
     ) -> list[Trajectory]:
         return self._worker().generate(tasks, group_ids, seeds, sampling)
+
+    def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
+        """Partial rollouts (``rollout.partial_rollouts``): new weights while ``generate`` runs on another thread.
+        The engine is interrupted (its unfinished turns keep their tokens; env calls go on), ``sync()`` loads the
+        weights (default ``sync_weights``), then the turns resume on them as policy ``version`` (None: the engine's
+        count of weight loads); resumed even when ``sync`` raises. An engine that does not stop within
+        ``faults.engine_call_s`` raises. The one-step-off stream's wiring, in ``EpisodeStream.weights_updated``
+        instead of waiting for the generation: ``self.pool.update_in_flight(self._push, self.learner_version)``."""
+        worker = self._worker()
+        worker.interrupt(self.cfg.faults.engine_call_s)
+        try:
+            (sync or self.sync_weights)()
+        finally:
+            worker.resume(version)
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         assert self.scorer is not None, "start() first"

@@ -247,6 +247,19 @@ class RayRuntime:
         train_side = self.pool.metrics() if rollout else {}
         return train_side | self.rewards.metrics()
 
+    def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
+        """Partial rollouts (``rollout.partial_rollouts``): new weights while ``generate`` runs on another thread.
+        Every engine is interrupted (unfinished turns keep their tokens; env calls go on), ``sync()`` loads the
+        weights (default ``sync_weights``), then the turns resume on them as policy ``version`` (None: each
+        engine's count of weight loads); resumed even when ``sync`` raises. An engine that does not stop within
+        ``faults.engine_call_s`` raises. The one-step-off stream's wiring, in ``EpisodeStream.weights_updated``
+        instead of waiting for the generation: ``self.pool.update_in_flight(self._push, self.learner_version)``."""
+        self.pool.interrupt(self.cfg.faults.engine_call_s)
+        try:
+            (sync or self.sync_weights)()
+        finally:
+            self.pool.resume(version)
+
     def sync_weights(self) -> None:
         """The policy into every engine: merged weights (a safetensors file, or with ``learner.weight_sync: ipc``
         each learner rank's GPU buffer mapped by the engine on its GPU) or, with ``learner.lora.transfer:
@@ -335,6 +348,7 @@ def make_rollout_pool(
         stops=r.stops(),
         env_workers=r.env_workers,
         tools_in_prompt=r.tools_in_prompt,
+        partial_rollouts=r.partial_rollouts,
         dump_stacks=dump_stacks,
     )
 

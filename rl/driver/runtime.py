@@ -76,6 +76,11 @@ class Runtime(Protocol):
     def sync_weights(self) -> None:
         """Push the learner's current weights into every engine."""
 
+    def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
+        """Partial rollouts (``rollout.partial_rollouts``, docs/partial-rollouts.md): new weights while ``generate``
+        runs on another thread: interrupt every engine (unfinished turns keep their tokens), ``sync()`` (default
+        ``sync_weights``), resume the turns on the new weights as policy ``version``."""
+
     def save(self, path: str, wait: bool = True) -> None:
         """Write the learner's state (model, optimizer, schedules, RNG) into the new folder ``path``; ``wait=False``:
         return while the sharded state is written (``dcp/.complete`` appears when done; rl.trainer.checkpoint)."""
