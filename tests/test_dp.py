@@ -240,7 +240,7 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
     a = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "a"), num_cpus=1)
     try:
         a.step(dp_batch(tiny_tokenizer, False))
-        a.save_checkpoint(str(ck))
+        a.save_checkpoint(str(ck), export_dtype="float32")  # with the HF export (a run's last checkpoint)
         saved = ray2.get([x.__ray_call__.remote(_state) for x in a.actors])[0]
         m_a = a.step(dp_batch(tiny_tokenizer, True))
         after = ray2.get([x.__ray_call__.remote(_state) for x in a.actors])[0]
