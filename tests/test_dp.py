@@ -271,22 +271,27 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
         one.shutdown()
 
 
-def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
-    """One of 2 sharded LoRA learners (torch.multiprocessing, no Ray): two SGD steps, then its gathered state."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    lrn = Learner(
+def rank_learner(path: str, rank: int, port: int, out: str, algo: AlgoConfig, learner: LearnerConfig) -> Learner:
+    """Rank ``rank`` of 2 sharded learners in a torch.multiprocessing worker (gloo on ``port``, no Ray)."""
+    return Learner(
         path,
         MODEL_CFG,
-        LORA_ALGO,
+        algo,
         threads=1,
         rank=rank,
         world_size=2,
         dist_port=port,
         shm_dir=f"{out}/shm{rank}",
-        learner=LORA_LEARNER,
+        learner=learner,
     )
+
+
+def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
+    """One of 2 sharded LoRA learners (torch.multiprocessing, no Ray): two SGD steps, then its gathered state."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    lrn = rank_learner(path, rank, port, out, LORA_ALGO, LORA_LEARNER)
     _use_sgd(lrn)
     metrics = [lrn.step(shard_batch(dp_batch(tok, skip), 2)[rank]) for skip in (False, True)]
     state = _state(lrn)

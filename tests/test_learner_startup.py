@@ -130,20 +130,10 @@ def _offload_rank(rank: int, port: int, path: str, out: str, offload: bool) -> N
     from transformers import AutoTokenizer
 
     from rl.trainer.sharding import shard_batch
-    from test_dp import dp_batch
+    from test_dp import dp_batch, rank_learner
 
     tok = AutoTokenizer.from_pretrained(path)
-    lrn = Learner(
-        path,
-        MODEL_CFG,
-        ALGO,
-        threads=1,
-        rank=rank,
-        world_size=2,
-        dist_port=port,
-        shm_dir=f"{out}/shm{rank}",
-        learner=LearnerConfig(cpu_offload=offload),
-    )
+    lrn = rank_learner(path, rank, port, out, ALGO, LearnerConfig(cpu_offload=offload))
     try:
         before = {k: v.full_tensor().detach().clone() for k, v in lrn.model.named_parameters()}
         m = lrn.step(shard_batch(dp_batch(tok, False), 2)[rank])
