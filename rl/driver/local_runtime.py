@@ -23,7 +23,7 @@ from rewards.service import RewardFnSpec, RewardScorer
 from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
-from rl.driver.runtime import LengthEstimate, export_dtype, learner_settings
+from rl.driver.runtime import LengthEstimate, learner_settings
 from rl.trainer.moe import check_replay_engine
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
@@ -124,6 +124,8 @@ class LocalRuntime:
         self._worker().receive(update)  # the file transport: the engine reads the learner's shared memory
 
     def save(self, path: str, wait: bool = True, export: bool = False) -> None:
+        from rl.driver.runtime import export_dtype
+
         self._learner().save_checkpoint(path, wait, export_dtype(self.cfg.model.engine_dtype) if export else None)
 
     def restore(self, path: str) -> None:

@@ -31,7 +31,7 @@ from rl.driver.actors.rewards import RewardService
 from rl.driver.actors.rollout import RolloutPool, engines_call
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
-from rl.driver.runtime import Deadlines, export_dtype, learner_settings
+from rl.driver.runtime import Deadlines, learner_settings
 from rl.trainer.moe import check_replay_engine
 from rollout.pool import EngineFailure
 
@@ -273,6 +273,8 @@ class RayRuntime:
         )
 
     def save(self, path: str, wait: bool = True, export: bool = False) -> None:
+        from rl.driver.runtime import export_dtype
+
         self.learners.save_checkpoint(path, wait, export_dtype(self.cfg.model.engine_dtype) if export else None)
 
     def restore(self, path: str) -> None:
