@@ -123,8 +123,8 @@ def write_checkpoint(
     ``driver_state`` goes to ``driver.json``. ``wait=False``: the learner's sharded state is written while
     training goes on; the folder is published by the next ``write_checkpoint`` (module docstring), and the
     path returned is where it will be. ``export``: the learner also writes ``model/``, the policy as an HF folder
-    in the engines' dtype (the run's last checkpoint; the others have none: ``jointrl export`` writes one). A checkpoint pending from before is published first (the learner
-    finished it before starting this one). A failure (e.g. a full disk) leaves the previous checkpoint
+    in the engines' dtype (the run's last checkpoint; the others have none: ``jointrl export`` writes one). A
+    checkpoint pending from before is published first (the learner finished it before starting this one). A failure (e.g. a full disk) leaves the previous checkpoint
     intact and raises :class:`RunAborted` naming it.
     """
     ck = out / "checkpoints"
