@@ -165,14 +165,13 @@ def _tokenizer(ck: Path, base: str) -> Any:
 def tokenizer_folder(path: Path) -> str | None:
     """The folder of the tokenizer a run trained with, for a checkpoint dir, its ``model/`` (which only the run's
     last checkpoint has) or a run dir (its newest checkpoint): the checkpoint's ``model/`` where it has one, else
-    the run's base model (``_tokenizer``); None where ``path`` is none of those. Nothing is exported: a
-    tokenizer needs no weights."""
+    the run's base model (``_tokenizer``); None where ``path`` is none of those; ``ExportError`` for a run dir
+    without a complete checkpoint. Nothing is exported: a tokenizer needs no weights."""
     if path.name == "model" and not (path / "config.json").is_file():
         path = path.parent
     ck = path if (path / "step.json").is_file() else None
     if ck is None and (path / "checkpoints").is_dir():
-        done = sorted(c for c in (path / "checkpoints").glob("step_*") if (c / "step.json").is_file())
-        ck = done[-1] if done else None
+        ck = find_checkpoint(path, None)[0]  # a run dir: its newest complete checkpoint (ExportError: none)
     run = run_of_checkpoint(ck) if ck is not None else None
     if ck is None or run is None:
         return None
