@@ -362,7 +362,7 @@ class LearnerConfig(Section):
     cpu_offload: bool = knob(
         False,
         "FSDP2 CPU offload: sharded parameters, gradients and optimizer state kept in host memory, copied to the "
-        "GPU around each layer's compute (needs sharding: workers 2+ or fsdp always, and a GPU learner)",
+        "GPU around each layer's compute (needs sharding: workers 2+ or fsdp always; on CPU it runs, saving nothing)",
     )
     micro_batch_tokens: int = knob(4096, "forward/backward in micro-batches of at most this many tokens", ge=1)
     share_prompt: bool = knob(

@@ -139,8 +139,10 @@ class LocalRuntime:
             update = FileWeights(self._learner().export_weights(self.cfg.model.engine_dtype))
         self._worker().receive(update)  # the file transport: the engine reads the learner's shared memory
 
-    def save(self, path: str, wait: bool = True) -> None:
-        self._learner().save_checkpoint(path, wait)
+    def save(self, path: str, wait: bool = True, export: bool = False) -> None:
+        from rl.driver.runtime import export_dtype
+
+        self._learner().save_checkpoint(path, wait, export_dtype(self.cfg.model.engine_dtype) if export else None)
 
     def restore(self, path: str) -> None:
         self._learner().load_checkpoint(path)

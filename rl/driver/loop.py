@@ -153,7 +153,7 @@ def run_step(run: RunParts, step: int) -> None:
         state = driver_state(run.mixer, run.normalizer, run.episodes)
         if step == cfg.train.steps or _due(step, cfg.run.save_every):
             last = step == cfg.train.steps  # the last one is published before the run ends; others while training
-            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state, wait=last)  # 9. checkpoint
+            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state, wait=last, export=last)  # 9.
             run.saved = step
         run.finished, run.snapshot, run.dirty = step, state, False
         if run.bar is not None:

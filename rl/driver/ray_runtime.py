@@ -286,8 +286,10 @@ class RayRuntime:
             delta=(lambda: self.learners.read_weights_ref(path, delta=True)) if delta else None,
         )
 
-    def save(self, path: str, wait: bool = True) -> None:
-        self.learners.save_checkpoint(path, wait)
+    def save(self, path: str, wait: bool = True, export: bool = False) -> None:
+        from rl.driver.runtime import export_dtype
+
+        self.learners.save_checkpoint(path, wait, export_dtype(self.cfg.model.engine_dtype) if export else None)
 
     def restore(self, path: str) -> None:
         self.learners.load_checkpoint(path)

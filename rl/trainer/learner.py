@@ -624,10 +624,11 @@ class Learner:
         """``WeightExport.read_update``: what an export wrote (``delta``: only its changes), for engines on other nodes."""
         return self.weights.read_update(path, delta)
 
-    def save_checkpoint(self, path: str, wait: bool = True) -> None:
+    def save_checkpoint(self, path: str, wait: bool = True, export_dtype: str | None = None) -> None:
         """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``
-        (``wait=False``: the sharded state is written while training goes on; ``learner.done`` marks the end)."""
-        checkpoint.save(self, path, wait)
+        (``wait=False``: the sharded state is written while training goes on; ``learner.done`` marks the end;
+        ``export_dtype``: also ``model/``, the policy as an HF folder in that dtype)."""
+        checkpoint.save(self, path, wait, export_dtype)
 
     def load_checkpoint(self, path: str) -> None:
         """``rl.trainer.checkpoint.load``: restore what ``save_checkpoint`` wrote."""

@@ -88,8 +88,8 @@ def build(
     base_dtype = torch.bfloat16 if peft_on and autocast and (bf16_compute or not sharded) else dtype
     meta = sharded and lcfg.meta_init
     offload = lcfg.cpu_offload
-    if offload and (not sharded or device.type != "cuda"):
-        raise ValueError(offload_problem(sharded, device.type))
+    if offload and not sharded:
+        raise ValueError(offload_problem())
     model = _causal_lm(model_path, base_dtype, device, meta)
     model.config.use_cache = False
     packed_attention.install(model)
@@ -98,7 +98,7 @@ def build(
     peft = lora.attach(model, lcfg.lora) if peft_on else None
     model.train()
     if sharded:  # sharded before the optimizer is built: its state is sharded too
-        fsdp.shard(model, bf16_compute=bf16_compute, offload=offload)
+        fsdp.shard(model, bf16_compute=bf16_compute, offload=offload, pin=device.type == "cuda")
     if meta:
         fill_from_checkpoint(model, model_path, device)
     if peft is not None:
@@ -109,7 +109,7 @@ def build(
         ref.eval().requires_grad_(False)
         packed_attention.install(ref)
         if sharded:
-            fsdp.shard(ref, bf16_compute=bf16_compute, offload=offload)
+            fsdp.shard(ref, bf16_compute=bf16_compute, offload=offload, pin=device.type == "cuda")
         if meta:
             fill_from_checkpoint(ref, model_path, device)
     value_head, crit = None, None
@@ -128,16 +128,11 @@ def build(
     return Models(model, peft, ref, reference_dtype is not None, value_head, crit)
 
 
-def offload_problem(sharded: bool, device: str) -> str:
-    """Why ``learner.cpu_offload`` cannot run: it offloads FSDP2 shards from a GPU to host memory."""
-    if not sharded:
-        return (
-            "learner.cpu_offload: offloads FSDP2 shards, but this learner is not sharded; set learner.workers 2+ "
-            "or learner.fsdp always, or cpu_offload false"
-        )
+def offload_problem() -> str:
+    """Why ``learner.cpu_offload`` cannot run on an unsharded learner: it is FSDP2's, which offloads shards."""
     return (
-        f"learner.cpu_offload: moves a GPU learner's shards to host memory, but the learner runs on {device} "
-        "(its state is in host memory already; FSDP's offload needs CUDA to pin memory); set cpu_offload false"
+        "learner.cpu_offload: offloads FSDP2 shards, but this learner is not sharded; set learner.workers 2+ "
+        "or learner.fsdp always, or cpu_offload false"
     )
 
 
