@@ -1,0 +1,122 @@
+"""``bench/moe_replay.py``: its statistics and table from synthetic run dirs, and its refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from bench.moe_replay import ArmRun, analyse, arm_summary, main, render, run_stats, train_records
+from bench.seeds import SeedRun
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _records(arm: str, seed: int, steps: int = 6) -> list[dict]:
+    recs = [{"step": 0, "eval/reward/mean": 0.1, "timing/eval_s": 2.0}]  # the evaluation: not a train step
+    for s in range(1, steps + 1):
+        r = {
+            "step": s,
+            "reward/mean": 0.1 * s + 0.01 * seed,
+            "async/mismatch_kl": 1e-4 * (0 if arm == "r3" else s),
+            "rollout/logprob_diff": 0.01 * s,
+            "timing/step_s": 10.0 + s,
+        }
+        if arm != "r3" or s > 1:
+            r["moe/routing_disagreement"] = 0.0 if arm == "r3" else 0.02
+        recs.append(r)
+    return recs
+
+
+def _run_dir(root: Path, arm: str, seed: int, steps: int = 6) -> Path:
+    d = root / arm / f"seed_{seed}"
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(arm, seed, steps)))
+    (d / "recipe.resolved.yaml").write_text(f"run:\n  seed: {seed}\n")
+    (d / "DONE").write_text("{}\n")
+    (d / "sweep_wall_s.txt").write_text("100.0\n")
+    return d
+
+
+def test_run_stats_means_over_train_steps(tmp_path: Path) -> None:
+    recs = train_records(_run_dir(tmp_path, "none", 0))
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6]  # step 0 (evaluation only) left out
+    st = run_stats(recs, last=2)
+    assert st["mismatch_kl"] == pytest.approx(1e-4 * 3.5)
+    assert st["logprob_diff"] == pytest.approx(0.035)
+    assert st["disagreement"] == pytest.approx(0.02)
+    assert st["reward"] == pytest.approx(0.35)
+    assert st["reward_last"] == pytest.approx((0.5 + 0.6) / 2)
+    assert st["reward_first"] == pytest.approx(0.1)
+    assert st["step_s"] == pytest.approx(statistics.median([11, 12, 13, 14, 15, 16]))
+    assert st["steps"] == 6
+    r3 = run_stats(train_records(_run_dir(tmp_path, "r3", 0)), last=2)
+    assert r3["disagreement"] == 0.0 and r3["mismatch_kl"] == 0.0  # a logged 0 is a value, not "missing"
+
+
+def test_run_stats_missing_metric_is_none(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    st = run_stats(train_records(d), last=3)
+    assert st["mismatch_kl"] is None and st["disagreement"] is None and st["step_s"] is None
+    assert st["reward"] == st["reward_last"] == 0.5
+
+
+def test_summary_over_seeds_and_a_failed_run(tmp_path: Path) -> None:
+    runs = [
+        ArmRun(arm, SeedRun(seed, str(_run_dir(tmp_path, arm, seed)), "done", 100.0 + seed))
+        for seed in (0, 1)
+        for arm in ("none", "r3")
+    ]
+    runs.append(ArmRun("r2", SeedRun(0, str(tmp_path / "r2" / "seed_0"), "done", 50.0)))  # no metrics.jsonl
+    runs.append(ArmRun("r2", SeedRun(1, str(tmp_path / "x"), "failed", cause="boom (exit 1)")))
+    analyse(runs, last=2)
+    assert runs[4].run.status == "failed" and "no metrics.jsonl" in runs[4].run.cause
+    s = arm_summary(runs)
+    assert list(s) == ["none", "r3", "r2"]
+    assert s["none"]["seeds"] == 2 and s["r2"]["seeds"] == 0
+    assert s["none"]["reward"] == pytest.approx(0.355)  # seeds 0 and 1: 0.35 and 0.36
+    assert s["none"]["reward_sd"] == pytest.approx(statistics.stdev([0.35, 0.36]))
+    assert s["none"]["wall_s"] == pytest.approx(100.5)
+    assert s["r2"]["wall_s"] is None
+    body = render(s, runs, {"recipe": "r.yaml", "overrides": [], "steps": 6, "seeds": [0, 1], "last": 2, "host": "h"})
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in body.splitlines() if line.startswith("| ")}
+    assert "0.355 ± 0.00707" in rows["none"] and rows["r3"].split(" | ")[4] == "0.000 ± 0"
+    assert rows["r2"].split(" | ")[1] == "0" and "r2 seed 1: boom (exit 1)" in body and "r2 seed 0" in body
+
+
+def test_from_runs_writes_the_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench._results
+
+    monkeypatch.setattr(bench._results, "machine", lambda: "a test host")  # no vllm import in the fast tier
+    for arm in ("none", "r2", "r3"):
+        _run_dir(tmp_path, arm, 0)
+    code = main(["--from-runs", "--out", str(tmp_path), "--steps", "6", "--no-eval"])
+    assert code == 0
+    text = (tmp_path / "RESULTS-section.md").read_text()
+    assert "<!-- moe_replay:start -->" in text and "| r3 | 1 |" in text
+    data = json.loads((tmp_path / "replay.json").read_text())
+    assert [r["arm"] for r in data["runs"]] == ["none", "r2", "r3"]
+    assert data["summary"]["none"]["disagreement"] == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--arms", "none,r4"], "unknown arm 'r4'"),
+        (["--arms", "none,none"], "an arm is given twice"),
+        (["--seeds", "0,0"], "seed 0 is given twice"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["learner.routing_replay=r2"], "the bench sets it"),
+        (["--recipe", str(ROOT / "recipes" / "tiny.yaml"), "--arms", "none,r2"], "learner.routing_replay"),
+    ],
+)
+def test_bad_input_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    assert main([*argv, "--out", str(tmp_path / "out"), "--from-runs"]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing trained, nothing written
