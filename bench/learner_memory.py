@@ -11,7 +11,8 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
   step: the maximum of the ``VmHWM`` intervals below, as resetting those resets ``ru_maxrss``) and the
   part above the process's resident memory before the model was loaded (Python, torch, HF);
 * an analytic floor: the state bytes plus the largest micro-batch's activations, estimated as
-  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (tokens: those the micro-batch needs, a
+  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (a mixture of experts: ``4 I`` becomes
+  ``top_k (4 I_moe + 2 H) + 2 E``, ``mlp_floats``; tokens: those the micro-batch needs, a
   shared prompt once, no padding; the tensors a decoder layer saves for its backward, counted
   at 4 bytes each) plus ``3 x 4 B x response tokens x V`` for the logits, their log-softmax and
   softmax (with ``learner.logits_chunk_tokens`` C: C tokens' worth, at most); sharded (FSDP),
@@ -271,24 +272,54 @@ def _run(kind: str, world: int, model_path: str, args: argparse.Namespace) -> li
     return sorted(res, key=lambda r: r["rank"])
 
 
+def mlp_floats(c: dict) -> tuple[int, int]:
+    """(floats a decoder layer's MLP saves per token for its backward, the MLP's parameters) of model config
+    ``c``: dense, ``4 I`` and ``3 H I``; a mixture of experts (``num_experts`` in the config, every layer
+    sparse), per selected expert its ``4 I_moe`` plus the token's gathered input and weighted output (``2 H``),
+    and the router's logits and probabilities (``2 E``), with every expert's ``3 H I_moe`` and the router's
+    ``E H`` as parameters."""
+    h = c["hidden_size"]
+    if c.get("num_experts"):
+        e, k, i = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+        return k * (4 * i + 2 * h) + 2 * e, 3 * e * h * i + e * h
+    return 4 * c["intermediate_size"], 3 * h * c["intermediate_size"]
+
+
 def _floor(r: dict) -> int:
     """State + the largest micro-batch's activations and logits (+ FSDP's gathered units); see the docstring."""
     c = r["config"]
-    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    h, layers, v = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     kv = h * c.get("num_key_value_heads", c["num_attention_heads"]) // c["num_attention_heads"]
+    mlp_act, mlp_params = mlp_floats(c)
 
     def micro(run: int, resp: int) -> int:
-        act = 4 * run * layers * (8 * h + 2 * kv + 4 * i)
+        act = 4 * run * layers * (8 * h + 2 * kv + mlp_act)
         return act + 3 * 4 * (min(resp, r["chunk"]) if r.get("chunk") else resp) * v
 
     gathered = 0
     if r["world"] > 1:  # the root's parameters stay gathered through forward and backward, with one layer's;
         # both get a full-size gradient before the reduce-scatter
         root = v * h * (1 if c.get("tie_word_embeddings") else 2) + h
-        layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+        layer = 2 * h * h + 2 * h * kv + mlp_params + 2 * h
         gathered = 2 * 4 * (root + layer) * (r["world"] - 1) // r["world"]  # less the shards counted as state
     act = max(micro(run, resp) for run, resp in r["micros"])
     return r["params"] + r["grads"] + r["optim"] + r["reference"] + act + gathered
+
+
+def _per_token(r: dict) -> str:
+    """Inside the last step: the peak resident memory (``VmHWM`` at the points ``_Phases`` marks) above the
+    resident memory at the step's start, per token of the largest micro-batch: what one token costs on top of
+    the state (activations, logits, gathered units, allocator slack), measured; AdamW's state is in it only when
+    the last step is the first (``--steps 1``). Beside it, the floor's estimate of the same (less the state)."""
+    start = next(rss for label, rss, _, _ in r["phases"] if label == "step start")
+    peak = max(hwm for _, _, hwm, _ in r["phases"])
+    run, _ = max(r["micros"])
+    above = peak - start
+    est = _floor(r) - (r["params"] + r["grads"] + r["optim"] + r["reference"])
+    return (
+        f"last step's peak above its start {above / 2**20:.1f} MB over {run} tokens of the largest micro-batch: "
+        f"{above / max(run, 1) / 1024:.1f} KB per token (the floor's estimate: {est / max(run, 1) / 1024:.1f})"
+    )
 
 
 def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
@@ -415,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     n = full["params"] // 4
     lines += ["", f"bytes per parameter (1 worker, fp32 AdamW): {state_full / n:.1f}"]
+    lines += [f"{name}, rank 0: {_per_token(rs[0])}" for name, rs in rows.items()]
     if args.steps > 1:
         lines += _steps_table(rows)
     lines += _phases_table(rows)

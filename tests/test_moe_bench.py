@@ -120,3 +120,14 @@ def test_bad_input_exits_2_naming_it(
     assert main([*argv, "--out", str(tmp_path / "out"), "--from-runs"]) == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing trained, nothing written
+
+
+def test_learner_memory_floor_counts_moe_layers_by_hand() -> None:
+    from bench.learner_memory import mlp_floats
+
+    dense = {"hidden_size": 8, "intermediate_size": 32}
+    assert mlp_floats(dense) == (4 * 32, 3 * 8 * 32)
+    # 4 experts of width 6, top-2, hidden 8: per token, each of 2 experts saves 4 x 6 plus the token's input and
+    # weighted output (2 x 8); the router its logits and probabilities (2 x 4). Parameters: 4 x 3 x 8 x 6 + 4 x 8.
+    moe = dense | {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 6}
+    assert mlp_floats(moe) == (2 * (24 + 16) + 8, 576 + 32)
