@@ -236,6 +236,15 @@ def analyse(runs: list[ArmRun], last: int) -> None:
             r.run.status, r.run.cause = "failed", f"its metrics do not read: {e}"
 
 
+SWITCHES = {
+    "--in-process": "each run in this process (no interpreter start-up)",
+    "--no-eval": "skip the held-out evaluations (start and end)",
+    "--keep-done": "keep the runs in --out that finished; train the rest",
+    "--from-runs": "analyse the runs in --out; train nothing",
+    "--write": "also replace the section in bench/RESULTS.md",
+}
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", default=str(RECIPE), help="an MoE recipe (default recipes/tiny_moe.yaml)")
@@ -244,11 +253,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=12, help="train.steps of every run")
     ap.add_argument("--last", type=int, default=0, help="steps in the 'last steps' reward (default: a third)")
     ap.add_argument("--out", default="", help="folder of the runs (default runs/moe_replay)")
-    ap.add_argument("--in-process", action="store_true", help="each run in this process (no interpreter start-up)")
-    ap.add_argument("--no-eval", action="store_true", help="skip the held-out evaluations (start and end)")
-    ap.add_argument("--keep-done", action="store_true", help="keep the runs in --out that finished; train the rest")
-    ap.add_argument("--from-runs", action="store_true", help="analyse the runs in --out; train nothing")
-    ap.add_argument("--write", action="store_true", help="also replace the section in bench/RESULTS.md")
+    for flag, text in SWITCHES.items():
+        ap.add_argument(flag, action="store_true", help=text)
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     return ap.parse_intermixed_args(argv)
 

@@ -131,3 +131,5 @@ def test_learner_memory_floor_counts_moe_layers_by_hand() -> None:
     # weighted output (2 x 8); the router its logits and probabilities (2 x 4). Parameters: 4 x 3 x 8 x 6 + 4 x 8.
     moe = dense | {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 6}
     assert mlp_floats(moe) == (2 * (24 + 16) + 8, 576 + 32)
+    moe5 = {k if k != "num_experts" else "num_local_experts": v for k, v in moe.items()}  # transformers 5's to_dict
+    assert mlp_floats(moe5) == mlp_floats(moe)
