@@ -42,6 +42,9 @@ after each step (``learner.hold_memory: false``: ``malloc_trim``, or jemalloc's 
 ``--allocator jemalloc``) where the default keeps it for the next step; ``full-padded`` is one worker with
 the padded shared-prompt layout, ``bench/padded_layout.py``), so that they run side by side.
 
+``--saved-tensors TOKENS`` measures only the bytes autograd saves per token and decoder layer (``saved_per_token``)
+for ``--model`` and for one decoder layer of a Qwen3-30B-A3B-shaped MoE model (docs/cluster.md, "MoE models").
+
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
 and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-job lock.
 """

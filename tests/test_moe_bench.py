@@ -133,3 +133,18 @@ def test_learner_memory_floor_counts_moe_layers_by_hand() -> None:
     assert mlp_floats(moe) == (2 * (24 + 16) + 8, 576 + 32)
     moe5 = {k if k != "num_experts" else "num_local_experts": v for k, v in moe.items()}  # transformers 5's to_dict
     assert mlp_floats(moe5) == mlp_floats(moe)
+
+
+@pytest.mark.slow
+def test_moe_replay_end_to_end_two_arms_one_step(tmp_path: Path) -> None:
+    """The bench for real on the tiny MoE: none and r3, one step each in this process; r3's learner runs the
+    engine's experts (disagreement 0), none's is measured; both arms sample the same first step."""
+    argv = ["--steps", "1", "--arms", "none,r3", "--in-process", "--no-eval", "--out", str(tmp_path)]
+    argv += ["rollout.prompts_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=4"]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "replay.json").read_text())
+    s = data["summary"]
+    assert s["r3"]["disagreement"] == 0.0 and s["none"]["disagreement"] is not None
+    assert s["none"]["mismatch_kl"] is not None and s["r3"]["mismatch_kl"] is not None
+    assert s["none"]["reward_first"] == s["r3"]["reward_first"]
+    assert "| r3 | 1 |" in (tmp_path / "RESULTS-section.md").read_text()
