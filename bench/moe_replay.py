@@ -177,9 +177,36 @@ def render(summary: dict[str, dict[str, Any]], runs: list[ArmRun], meta: dict[st
     failed = [r for r in runs if not r.stats]
     if failed:
         lines += [
-            "Failed (not in the table): " + "; ".join(f"{r.arm} seed {r.run.seed}: {r.run.cause}" for r in failed)
+            "Failed (not in the table): " + "; ".join(f"{r.arm} seed {r.run.seed}: {r.run.cause}" for r in failed),
+            "",
         ]
+    lines.append("What this shows: " + conclusions(summary))
     return "\n".join(lines)
+
+
+def conclusions(summary: dict[str, dict[str, Any]]) -> str:
+    """Plain sentences on the table: each arm's mismatch and disagreement against ``none``'s (an arm equal to it
+    on every one of them is said to be), and a training reward that never moved off 0."""
+    base = summary.get("none", {})
+    said = []
+    for arm, s in summary.items():
+        if arm == "none" or not s["seeds"] or not base.get("seeds"):
+            continue
+        if all(s.get(c) == base.get(c) for c in (*KEYS, "reward")):
+            said.append(f"{arm}'s mismatch, routing disagreement and reward equal none's exactly")
+            continue
+        parts = []
+        for col, key in KEYS.items():
+            a, b = s.get(col), base.get(col)
+            if a is not None and b:
+                parts.append(f"{key} {a / b:.2f}x none's")
+        said.append(f"{arm}: " + (", ".join(parts) or "no metric to compare with none's"))
+    rewards = [v for s in summary.values() for c in ("reward", "reward_first") if (v := s.get(c)) is not None]
+    if rewards and all(v == 0 for v in rewards):
+        said.append("the training reward is 0 in every arm: the runs measure the mismatch, not learning")
+    if max((s["seeds"] for s in summary.values()), default=0) == 1:
+        said.append("one seed: no run-to-run spread")
+    return ("; ".join(said) or "nothing to compare") + "."
 
 
 # ---------------------------------------------------------------------------- running

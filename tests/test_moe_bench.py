@@ -86,6 +86,22 @@ def test_summary_over_seeds_and_a_failed_run(tmp_path: Path) -> None:
     rows = {line.split(" | ")[0].lstrip("| "): line for line in body.splitlines() if line.startswith("| ")}
     assert "0.355 ± 0.00707" in rows["none"] and rows["r3"].split(" | ")[4] == "0.000 ± 0"
     assert rows["r2"].split(" | ")[1] == "0" and "r2 seed 1: boom (exit 1)" in body and "r2 seed 0" in body
+    # none: mismatch 3.5e-4, disagreement 0.02; r3: 0 and 0.
+    assert "r3: async/mismatch_kl 0.00x none's, rollout/logprob_diff 1.00x none's" in body
+    assert "moe/routing_disagreement 0.00x none's" in body and "training reward is 0" not in body
+
+
+def test_conclusions_say_equal_arms_and_a_reward_at_zero() -> None:
+    from bench.moe_replay import conclusions
+
+    arm = {"seeds": 1, "mismatch_kl": 1e-6, "logprob_diff": 1e-3, "disagreement": 0.01, "reward": 0.0}
+    arm["reward_first"] = 0.0
+    text = conclusions({"none": arm, "r2": dict(arm), "r3": arm | {"mismatch_kl": 5e-7, "disagreement": 0.0}})
+    assert "r2's mismatch, routing disagreement and reward equal none's exactly" in text
+    assert (
+        "r3: async/mismatch_kl 0.50x none's, rollout/logprob_diff 1.00x none's, moe/routing_disagreement 0.00x" in text
+    )
+    assert "the training reward is 0 in every arm" in text and "one seed" in text
 
 
 def test_from_runs_writes_the_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
