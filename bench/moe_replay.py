@@ -44,7 +44,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.seeds import SeedRun, SweepError, finished, parse_seeds, pinned_precision, run_seed, seed_dir  # noqa: E402
+from bench.seeds import (  # noqa: E402
+    INTERRUPTED,
+    SeedRun,
+    SweepError,
+    finished,
+    parse_seeds,
+    pinned_precision,
+    run_seed,
+    seed_dir,
+)
 
 RECIPE = ROOT / "recipes" / "tiny_moe.yaml"
 ARMS = ("none", "r2", "r3")
@@ -242,10 +251,14 @@ def check(recipe: Path, arms: list[str], overrides: list[str], steps: int) -> An
 def run_all(
     recipe: Path, arms: list[str], seeds: list[int], out: Path, overrides: list[str], in_process: bool, keep: bool
 ) -> list[ArmRun]:
-    """Every (arm, seed) run, seed by seed and arm after arm (``keep``: a finished run in ``out`` is kept)."""
-    runs = []
+    """Every (arm, seed) run, seed by seed and arm after arm (``keep``: a finished run in ``out`` is kept). A run
+    interrupted (Ctrl-C: exit 130) starts no further run; those come back failed, ``not run``."""
+    runs: list[ArmRun] = []
     for seed in seeds:
         for arm in arms:
+            if any(r.run.exit_code == INTERRUPTED for r in runs):
+                runs.append(ArmRun(arm, SeedRun(seed, str(seed_dir(out / arm, seed)), "failed", cause="not run")))
+                continue
             prior = finished(out / arm, seed) if keep else None
             arm_over = [*overrides, f"learner.routing_replay={arm}"]
             runs.append(ArmRun(arm, prior or run_seed(recipe, seed, out / arm, arm_over, True, in_process)))
@@ -290,12 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     recipe = Path(args.recipe).resolve()
     out = Path(args.out or ROOT / "runs" / "moe_replay").resolve()
-    overrides = [*(NO_EVAL if args.no_eval else []), *args.overrides, f"train.steps={args.steps}"]
+    shown = [*(NO_EVAL if args.no_eval else []), *args.overrides]  # every run's, as the section names them
+    overrides = [*shown, f"train.steps={args.steps}"]
     try:
         if args.steps < 1:
             raise SweepError(f"--steps must be >= 1, got {args.steps}")
         seeds, arms = parse_seeds(args.seeds), [a.strip() for a in args.arms.split(",") if a.strip()]
-        cfg = check(recipe, arms, overrides[:-1], args.steps)
+        cfg = check(recipe, arms, shown, args.steps)
     except SweepError as e:
         print(f"moe_replay: error: {e}", file=sys.stderr)
         return 2
@@ -312,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     analyse(runs, last)
     meta = {
         "recipe": os.path.relpath(recipe, ROOT) if recipe.is_relative_to(ROOT) else str(recipe),
-        "overrides": [o for o in overrides if not o.startswith("train.steps=")],
+        "overrides": shown,
         "steps": args.steps,
         "seeds": seeds,
         "last": last,
@@ -323,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(out: Path, runs: list[ArmRun], meta: dict[str, Any], write: bool) -> int:
     """Write ``replay.json`` and ``RESULTS-section.md`` (and the RESULTS.md section with ``write``), print the
-    table; 0 when every run finished, else 3."""
+    table; 0 when every run finished, 130 when the bench was interrupted, else 3."""
     from bench._results import cpu_model, section, write_section
 
     meta["host"] = cpu_model() or "unknown"
@@ -338,6 +352,8 @@ def report(out: Path, runs: list[ArmRun], meta: dict[str, Any], write: bool) -> 
     (out / "replay.json").write_text(json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=1) + "\n")
     print(body)
     print(f"moe_replay: wrote {out / 'RESULTS-section.md'}, {out / 'replay.json'}", file=sys.stderr)
+    if any(r.run.exit_code == INTERRUPTED for r in runs):
+        return INTERRUPTED
     return 3 if any(not r.stats for r in runs) else 0
 
 

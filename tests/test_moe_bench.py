@@ -164,3 +164,22 @@ def test_moe_replay_end_to_end_two_arms_one_step(tmp_path: Path) -> None:
     assert s["none"]["mismatch_kl"] is not None and s["r3"]["mismatch_kl"] is not None
     assert s["none"]["reward_first"] == s["r3"]["reward_first"]
     assert "| r3 | 1 |" in (tmp_path / "RESULTS-section.md").read_text()
+
+
+def test_an_interrupted_run_starts_no_further_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.moe_replay as mr
+
+    calls = []
+
+    def fake_run_seed(recipe, seed, out, overrides, local, in_process):
+        calls.append((out.name, seed, overrides[-1]))
+        return SeedRun(seed, str(out / f"seed_{seed}"), "failed", 1.0, 130, "interrupted (exit 130)")
+
+    monkeypatch.setattr(mr, "run_seed", fake_run_seed)
+    runs = mr.run_all(ROOT / "recipes" / "tiny_moe.yaml", ["none", "r3"], [0, 1], tmp_path, ["x=1"], False, False)
+    assert calls == [("none", 0, "learner.routing_replay=none")]
+    assert [(r.arm, r.run.seed, r.run.cause) for r in runs[1:]] == [
+        ("r3", 0, "not run"),
+        ("none", 1, "not run"),
+        ("r3", 1, "not run"),
+    ]
