@@ -11,7 +11,8 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
   step: the maximum of the ``VmHWM`` intervals below, as resetting those resets ``ru_maxrss``) and the
   part above the process's resident memory before the model was loaded (Python, torch, HF);
 * an analytic floor: the state bytes plus the largest micro-batch's activations, estimated as
-  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (tokens: those the micro-batch needs, a
+  ``4 B x tokens x layers x (8 H + 2 H_kv + 4 I)`` (a mixture of experts: ``4 I`` becomes
+  ``top_k (4 I_moe + 2 H) + 2 E``, ``mlp_floats``; tokens: those the micro-batch needs, a
   shared prompt once, no padding; the tensors a decoder layer saves for its backward, counted
   at 4 bytes each) plus ``3 x 4 B x response tokens x V`` for the logits, their log-softmax and
   softmax (with ``learner.logits_chunk_tokens`` C: C tokens' worth, at most); sharded (FSDP),
@@ -42,6 +43,9 @@ worker with ``--logits-chunk-tokens``; ``full-trim`` is one worker that hands it
 after each step (``learner.hold_memory: false``: ``malloc_trim``, or jemalloc's purge under
 ``--allocator jemalloc``) where the default keeps it for the next step; ``full-padded`` is one worker with
 the padded shared-prompt layout, ``bench/padded_layout.py``), so that they run side by side.
+
+``--saved-tensors TOKENS`` measures only the bytes autograd saves per token and decoder layer (``saved_per_token``)
+for ``--model`` and for one decoder layer of a Qwen3-30B-A3B-shaped MoE model (docs/cluster.md, "MoE models").
 
 Each configuration runs in its own spawned processes (FSDP: 2 ranks). Results print as a table
 and, with ``--results``, go to bench/RESULTS.md. Run it under the shared heavy-job lock.
@@ -274,24 +278,132 @@ def _run(kind: str, world: int, model_path: str, args: argparse.Namespace) -> li
     return sorted(res, key=lambda r: r["rank"])
 
 
+def mlp_floats(c: dict) -> tuple[int, int]:
+    """(floats a decoder layer's MLP saves per token for its backward, the MLP's parameters) of model config
+    ``c``: dense, ``4 I`` and ``3 H I``; a mixture of experts (``num_experts`` in the config, every layer
+    sparse), per selected expert its ``4 I_moe`` plus the token's gathered input and weighted output (``2 H``),
+    and the router's logits and probabilities (``2 E``), with every expert's ``3 H I_moe`` and the router's
+    ``E H`` as parameters."""
+    h = c["hidden_size"]
+    e = c.get("num_experts") or c.get("num_local_experts")  # transformers 5's to_dict names it num_local_experts
+    if e:
+        k, i = c["num_experts_per_tok"], c["moe_intermediate_size"]
+        return k * (4 * i + 2 * h) + 2 * e, 3 * e * h * i + e * h
+    return 4 * c["intermediate_size"], 3 * h * c["intermediate_size"]
+
+
 def _floor(r: dict) -> int:
     """State + the largest micro-batch's activations and logits (+ FSDP's gathered units); see the docstring."""
     c = r["config"]
-    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    h, layers, v = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     kv = h * c.get("num_key_value_heads", c["num_attention_heads"]) // c["num_attention_heads"]
+    mlp_act, mlp_params = mlp_floats(c)
 
     def micro(run: int, resp: int) -> int:
-        act = 4 * run * layers * (8 * h + 2 * kv + 4 * i)
+        act = 4 * run * layers * (8 * h + 2 * kv + mlp_act)
         return act + 3 * 4 * (min(resp, r["chunk"]) if r.get("chunk") else resp) * v
 
     gathered = 0
     if r["world"] > 1:  # the root's parameters stay gathered through forward and backward, with one layer's;
         # both get a full-size gradient before the reduce-scatter
         root = v * h * (1 if c.get("tie_word_embeddings") else 2) + h
-        layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+        layer = 2 * h * h + 2 * h * kv + mlp_params + 2 * h
         gathered = 2 * 4 * (root + layer) * (r["world"] - 1) // r["world"]  # less the shards counted as state
     act = max(micro(run, resp) for run, resp in r["micros"])
     return r["params"] + r["grads"] + r["optim"] + r["reference"] + act + gathered
+
+
+def _per_token(r: dict) -> str:
+    """Inside the last step: the peak resident memory (``VmHWM`` at the points ``_Phases`` marks) above the
+    resident memory at the step's start, per token of the largest micro-batch: what one token costs on top of
+    the state (activations, logits, gathered units, allocator slack), measured; AdamW's state is in it only when
+    the last step is the first (``--steps 1``). Beside it, the floor's estimate of the same (less the state)."""
+    start = next(rss for label, rss, _, _ in r["phases"] if label == "step start")
+    peak = max(hwm for _, _, hwm, _ in r["phases"])
+    run, _ = max(r["micros"])
+    above = peak - start
+    est = _floor(r) - (r["params"] + r["grads"] + r["optim"] + r["reference"])
+    return (
+        f"last step's peak above its start {above / 2**20:.1f} MB over {run} tokens of the largest micro-batch: "
+        f"{above / max(run, 1) / 1024:.1f} KB per token (the floor's estimate: {est / max(run, 1) / 1024:.1f})"
+    )
+
+
+QWEN3_30B_A3B = {  # Qwen3-30B-A3B's config.json shape (the hub's), one layer of it for saved_per_token
+    **dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_attention_heads=32, head_dim=128),
+    **dict(num_key_value_heads=4, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
+    **dict(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False),
+}
+
+
+def saved_per_token(model, tokens: int, seed: int = 0) -> float:
+    """Bytes autograd saves for the backward per token and decoder layer in one forward of ``tokens`` random
+    tokens through ``model``'s decoder layers (not the embedding or the logits): every tensor a saved-tensors
+    hook sees, each storage counted once, the parameters' own storages (an expert's slice of a fused weight
+    is one) left out. Measured, not estimated: what the layers' own code keeps."""
+    import torch
+
+    seen: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}  # a weight (or a slice) is state
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        return t
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, model.config.vocab_size, (1, tokens), generator=g)
+    with torch.no_grad():
+        h = model.get_input_embeddings()(ids)
+    h.requires_grad_(True)
+    inner = model.model
+    pos = torch.arange(tokens)[None]
+    emb = inner.rotary_emb(h, pos)
+    mask = torch.ones(1, tokens, dtype=torch.bool)
+    from transformers.masking_utils import create_causal_mask
+
+    causal = create_causal_mask(
+        config=model.config, inputs_embeds=h, attention_mask=mask, past_key_values=None, position_ids=pos
+    )
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for layer in inner.layers:
+            h = layer(h, attention_mask=causal, position_ids=pos, position_embeddings=emb)
+            h = h[0] if isinstance(h, tuple) else h
+    return sum(seen.values()) / tokens / len(inner.layers)
+
+
+def saved_tensors_main(model_id: str, tokens: int) -> int:
+    """``--saved-tensors TOKENS``: ``saved_per_token`` of ``model_id`` (fp32) and of one Qwen3-30B-A3B-shaped
+    layer (fp32 and bf16), beside the floor's per-layer estimate (``4 B x (8 H + 2 H_kv + MLP)``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from rl.trainer.hub import resolve_model
+
+    rows = []
+    tiny = AutoModelForCausalLM.from_pretrained(resolve_model(model_id), dtype=torch.float32)
+    rows.append((model_id, "float32", tiny.config.to_dict(), saved_per_token(tiny, tokens)))
+    del tiny
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        big = Qwen3MoeForCausalLM(Qwen3MoeConfig(num_hidden_layers=1, **QWEN3_30B_A3B)).to(dtype)
+        rows.append(
+            (
+                "Qwen3-30B-A3B shape, 1 layer",
+                str(dtype).split(".")[1],
+                big.config.to_dict(),
+                saved_per_token(big, tokens),
+            )
+        )
+        del big
+    print(f"bytes autograd saves per token and decoder layer, one forward of {tokens} tokens:")
+    for name, dtype, c, measured in rows:
+        h = c["hidden_size"]
+        kv = h * c["num_key_value_heads"] // c["num_attention_heads"]
+        est = 4 * (8 * h + 2 * kv + mlp_floats(c)[0])
+        print(f"{name} ({dtype}): measured {measured / 1024:.1f} KB; the floor's fp32 estimate {est / 1024:.1f} KB")
+    return 0
 
 
 def _steps_table(rows: dict[str, list[dict]]) -> list[str]:
@@ -371,7 +483,17 @@ def main(argv: list[str] | None = None) -> int:
         help="malloc of every configuration's processes, as learner.allocator (auto: jemalloc where installed)",
     )
     ap.add_argument("--results", action="store_true", help="append the table to bench/RESULTS.md")
+    ap.add_argument(
+        "--saved-tensors",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="only measure the bytes autograd saves per token and layer in one forward of TOKENS tokens, for "
+        "--model and a one-layer Qwen3-30B-A3B-shaped model (saved_per_token)",
+    )
     args = ap.parse_args(argv)
+    if args.saved_tensors:
+        return saved_tensors_main(args.model, args.saved_tensors)
     from rl.trainer import memory
     from rl.trainer.hub import resolve_model
 
@@ -429,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     n = full["params"] // 4
     lines += ["", f"bytes per parameter (1 worker, fp32 AdamW): {state_full / n:.1f}"]
+    lines += [f"{name}, rank 0: {_per_token(rs[0])}" for name, rs in rows.items()]
     if args.steps > 1:
         lines += _steps_table(rows)
     lines += _phases_table(rows)

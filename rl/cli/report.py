@@ -9,6 +9,12 @@ is inline SVG drawn here from ``metrics.jsonl``:
 * time per step, stacked: ``timing/{rollout,reward,learner,sync}_s``, other (``timing/step_s``
   minus those) and the held-out evaluation ``timing/eval_s`` (it runs after the step).
 
+A mixture-of-experts run (its records hold ``moe/layer_<i>/entropy``) gets an "Experts" section
+(``moe_charts``): per layer, the entropy of the expert load (dashed: ``moe/entropy_balanced``, the
+entropy of a perfectly even load) and its max/mean ratio (1 when even); ``moe/routing_disagreement``
+(and ``/<domain>``) where logged; and, where the records hold ``moe/layer_<i>/tokens_expert_<e>``,
+each expert's share of its layer's tokens. A dense run has no such section.
+
 Then the best and the worst rollouts per domain of the last train step and of the last
 evaluation in ``rollouts.jsonl``, and ``recipe.resolved.yaml``. Everything taken from the
 run is HTML-escaped. A chart whose keys are missing says "no data"; a run still in progress
@@ -39,6 +45,7 @@ from rl.driver.logger import read_step_records
 __all__ = [
     "write_report",
     "render_report",
+    "moe_charts",
     "write_seed_report",
     "render_seed_report",
     "read_metrics",
@@ -60,6 +67,7 @@ DOMAIN_COLORS = (
     "#7f7f7f",
 )
 KL_COLOR = "#6a3d9a"
+BALANCED_COLOR = "#999999"  # the dashed "even load" reference line of the expert charts
 ENTROPY_COLOR = "#b15928"
 TIMING_PHASES = (  # (label, key or None for "other", color)
     ("rollout", "timing/rollout_s", "#4e79a7"),
@@ -394,6 +402,87 @@ def _timing_chart(records: list[dict[str, Any]]) -> tuple[str, str, str]:
     return title, svg, _legend(shown)
 
 
+def _layers(records: list[dict[str, Any]]) -> list[int]:
+    """The MoE layers the records hold load metrics for (``moe/layer_<i>/entropy``), in order."""
+    return sorted(int(x) for x in _domains(records, r"^moe/layer_(\d+)/entropy$"))
+
+
+def moe_charts(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(title, svg, legend html) of the expert-load charts of an MoE run, in page order; ``[]`` for a dense
+    run (no ``moe/layer_<i>/entropy`` in any record). One line per layer on the entropy and max/mean charts,
+    a line per expert on each layer's token-share chart (only where per-expert counts were logged)."""
+    layers = _layers(records)
+    if not layers:
+        return []
+    color = {i: DOMAIN_COLORS[i % len(DOMAIN_COLORS)] for i in layers}
+    out = []
+    for title, key, ref_key, ref_name in (
+        ("Expert load entropy per layer (nats)", "entropy", "moe/entropy_balanced", "even load (log experts)"),
+        ("Expert load max/mean per layer", "max_mean", None, "even load (1)"),
+    ):
+        ss = [Series(f"layer {i}", _series(records, f"moe/layer_{i}/{key}"), color[i]) for i in layers]
+        steps = [x for s in ss for x, v in s.points if v is not None]
+        ref = _series(records, ref_key) if ref_key else [(x, 1.0) for x in sorted(set(steps))]
+        ss.append(Series(ref_name, ref, BALANCED_COLOR, dashed=True))
+        ss = [s for s in ss if any(v is not None for _, v in s.points)]
+        why = f"metrics.jsonl has no moe/layer_<i>/{key}"
+        out.append((title, line_chart(title, ss, why), _legend((s.name, s.color, s.dashed) for s in ss)))
+    out.append(_disagreement_chart(records))
+    out += [_expert_share_chart(records, i) for i in layers]
+    return [c for c in out if c is not None]
+
+
+def _disagreement_chart(records: list[dict[str, Any]]) -> tuple[str, str, str] | None:
+    """``moe/routing_disagreement`` (solid) and per domain (dashed), or None where never logged."""
+    doms = _domains(records, r"^moe/routing_disagreement/([^/]+)$")
+    ss = [Series("all", _series(records, "moe/routing_disagreement"), KL_COLOR)]
+    ss += [
+        Series(d, _series(records, f"moe/routing_disagreement/{d}"), DOMAIN_COLORS[k % len(DOMAIN_COLORS)], True)
+        for k, d in enumerate(doms)
+    ]
+    ss = [s for s in ss if any(v is not None for _, v in s.points)]
+    if not ss:
+        return None
+    title = "Routing disagreement, engine vs learner (share of token-layer selections)"
+    return title, line_chart(title, ss, "", y_zero=True), _legend((s.name, s.color, s.dashed) for s in ss)
+
+
+def _expert_share_chart(records: list[dict[str, Any]], layer: int) -> tuple[str, str, str] | None:
+    """Each expert's share of layer ``layer``'s tokens per step (``moe/layer_<i>/tokens_expert_<e>`` over
+    their sum), or None where the records hold no per-expert counts."""
+    rx = re.compile(rf"^moe/layer_{layer}/tokens_expert_(\d+)$")
+    experts = sorted({int(m.group(1)) for r in records for k in r if (m := rx.match(k))})
+    if not experts:
+        return None
+    keys = [f"moe/layer_{layer}/tokens_expert_{e}" for e in experts]
+    points: dict[int, list[tuple[float, float | None]]] = {e: [] for e in experts}
+    for r in records:
+        counts = [_num(r.get(k)) for k in keys]
+        total = sum(c for c in counts if c is not None)
+        if not any(k in r for k in keys):
+            continue
+        for e, c in zip(experts, counts):
+            points[e].append((r["step"], c / total if c is not None and total > 0 else None))
+    ss = [Series(f"expert {e}", points[e], DOMAIN_COLORS[e % len(DOMAIN_COLORS)]) for e in experts]
+    ss = [s for s in ss if any(v is not None for _, v in s.points)]
+    title = f"Token share per expert, layer {layer}"
+    svg = line_chart(title, ss, f"no token counts for layer {layer}", y_zero=True)
+    return title, svg, _legend((s.name, s.color, False) for s in ss)
+
+
+def _experts_html(records: list[dict[str, Any]]) -> str:
+    """The "Experts" section of an MoE run's page; "" for a dense run."""
+    figs = moe_charts(records)
+    if not figs:
+        return ""
+    body = "".join(f"<figure><figcaption>{_e(t)}</figcaption>{svg}{legend}</figure>" for t, svg, legend in figs)
+    return (
+        '<h2 id="experts">Experts (mixture of experts)</h2><p class="meta">The load of the batch\'s tokens over '
+        "each layer's experts in the pass that computes the old log-probs (docs/moe.md).</p>"
+        f'<div class="grid">{body}</div>'
+    )
+
+
 # ---------------------------------------------------------------------------- the page
 
 
@@ -553,6 +642,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
             '<h2 id="charts">Charts</h2><div class="grid">',
             figs,
             "</div>",
+            _experts_html(records),
             '<h2 id="rollouts">Rollouts: best and worst per domain</h2>',
             _rollouts_html(last_rollouts(d / "rollouts.jsonl")),
             '<h2 id="recipe">Recipe (recipe.resolved.yaml)</h2>',
