@@ -5,10 +5,10 @@ takes the next chunk instead of waiting for the slowest; trajectories come back 
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import pytest
+from test_faults import ray_cpus  # noqa: F401 - the module's Ray (2 CPUs)
 
 from envs.types import Sampling, Task
 from rollout.balance import plan_chunks, plan_shards
@@ -51,23 +51,8 @@ class Timed:
         return os.getpid()
 
 
-@pytest.fixture(scope="module")
-def ray_up():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isdir(p))}},
-    )
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
-def test_an_engine_that_finishes_early_takes_the_next_chunk(ray_up) -> None:
+def test_an_engine_that_finishes_early_takes_the_next_chunk(ray_cpus) -> None:
     """Two engines, four chunks: one long chunk (1.5 s) and three short ones (0.1 s). Up-front halves would
     put a short chunk after the long one on one engine; from one queue the other engine takes all the short
     ones, and the call ends with the long chunk."""

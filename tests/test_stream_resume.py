@@ -50,17 +50,15 @@ def _kill_after_step_3(recipe: Path, out: Path) -> None:
         env=_ENV,
         start_new_session=True,
     )
+    deadline = time.monotonic() + 500
     try:
-        deadline = time.monotonic() + 500
-        while not any(r.get("step") == 3 for r in _rows(out / "metrics.jsonl")):
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no step 3 logged"
+        while 3 not in {r.get("step") for r in _rows(out / "metrics.jsonl")}:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no step 3 logged: {proc.stderr.read().decode()[-3000:]}")
             time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.send_signal(signal.SIGKILL)  # no cleanup code runs (nothing to kill if it ended on its own)
+        proc.wait(timeout=30)
 
 
 def test_a_sigkilled_streaming_run_resumes_each_drawn_group_once(recipe_copy) -> None:

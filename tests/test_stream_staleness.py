@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pytest
 
@@ -23,13 +23,15 @@ SAMPLING = Sampling(8, 1.0, 1.0, 1, 64)
 DOMAINS = ("code", "tool_call")
 
 
-@dataclass(frozen=True)
-class Traj:
+class Traj(NamedTuple):
+    """A fake trajectory: ``version`` is the engine weights that generated it (recorded by the fake engine,
+    not by the stream); ``token_versions`` as partial rollouts record them (None: not recorded)."""
+
     task: Task
     group_id: int
     seed: int
-    version: int  # the engine weights that generated it (recorded by the fake engine, not by the stream)
-    token_versions: list[int] | None = field(default=None, compare=False)
+    version: int
+    token_versions: list[int] | None = None
 
 
 class Engines:
