@@ -25,17 +25,19 @@ import pathlib
 
 
 class CrashOnce:
-    """1.0 for every sample; the first call in the run kills its reward worker's process (flag file)."""
+    """1.0 for every sample; once ``go`` exists (the test makes it after step 1), the first call kills its
+    reward worker's process (``go`` is then removed)."""
     name = "crash_once"
     domains = ("tool_call",)
 
-    def __init__(self, flag):
-        self.flag = pathlib.Path(flag)
+    def __init__(self, go):
+        self.go = pathlib.Path(go)
 
     def __call__(self, traj):
-        if self.flag.exists():
+        try:
+            self.go.unlink()
+        except FileNotFoundError:
             return 1.0
-        self.flag.touch()
         os._exit(3)
 '''
 
@@ -59,7 +61,7 @@ def test_a_streaming_run_survives_a_killed_engine_and_a_killed_reward_worker(tmp
                 "cls": "crash_once.CrashOnce",
                 "weight": 0.0,
                 "domains": ["tool_call"],
-                "kwargs": {"flag": str(tmp / "f")},
+                "kwargs": {"go": str(tmp / "go")},
             },
         ]
 
@@ -75,6 +77,7 @@ def test_a_streaming_run_survives_a_killed_engine_and_a_killed_reward_worker(tmp
         victims = _rollout_workers(proc.pid)
         assert len(victims) == 1, victims
         os.kill(victims[0], signal.SIGKILL)
+        (tmp / "go").touch()  # the next reward call kills its worker, while episodes stream
         _, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
@@ -85,7 +88,8 @@ def test_a_streaming_run_survives_a_killed_engine_and_a_killed_reward_worker(tmp
     assert [r["step"] for r in recs] == list(range(STEPS + 1)) and (out / "DONE").is_file()
     steps = [r for r in recs if r["step"] >= 1]
     assert sum(r.get("faults/rollout_restarts", 0.0) for r in recs) == 1.0, "the killed engine, replaced once"
-    assert sum(r.get("reward/service/restarts", 0.0) for r in recs) >= 1.0, "the killed reward worker"
+    assert sum(r.get("reward/service/restarts", 0.0) for r in steps) >= 1.0, "the killed reward worker"
+    assert not (tmp / "go").exists()
     assert all(r["async/staleness_max"] <= k and r["async/dropped_groups"] == 0.0 for r in steps)
     assert max(r["async/staleness_max"] for r in steps) >= 1.0, "episodes generated ahead of the learner"
     assert all(r["learner/skipped_update"] == 0.0 for r in steps[1:])

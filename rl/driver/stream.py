@@ -72,6 +72,7 @@ class EpisodeStream:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._sync_s = self._gen_s = self._engine_idle_s = 0.0
+        self._idle_since: float | None = None  # when the rollout thread began waiting (None: generating)
         self._m: dict[str, float] = {}
 
     def start_at(self, version: int) -> None:
@@ -121,6 +122,10 @@ class EpisodeStream:
         with self._cv:
             m = {**self._m, "timing/sync_s": self._sync_s}
             if self.k:
+                now = time.perf_counter()
+                if self._idle_since is not None:  # the rollout thread is waiting now: count it up to here
+                    self._engine_idle_s += now - self._idle_since
+                    self._idle_since = now
                 m["async/idle_s/engines"] = self._engine_idle_s
             self._sync_s = self._engine_idle_s = 0.0
         return m
@@ -136,8 +141,8 @@ class EpisodeStream:
         """Let the groups admissible now finish (kept for their steps), keep the engines free until the next
         ``take`` and push pending weights: an evaluation next sees the newest weights and idle engines."""
         with self._cv:
-            if self.k:
-                self._wait(lambda: not self.buffer.running and not self._admissible())
+            if self.k:  # no sync meanwhile: that would admit more
+                self._wait(lambda: not self.buffer.running and not self._admissible(), push=False)
                 self._held = True
             self._update_engines()
 
@@ -209,13 +214,13 @@ class EpisodeStream:
     def _dirty(self) -> bool:
         return self.learner_version > self.engine_version
 
-    def _wait(self, ready: Callable[[], bool]) -> None:
-        """Wait (in the learner's thread) for ``ready()``, pushing weights the queue waits for meanwhile;
-        the rollout thread's error is raised here."""
+    def _wait(self, ready: Callable[[], bool], push: bool = True) -> None:
+        """Wait (in the learner's thread) for ``ready()``, pushing weights the queue waits for meanwhile
+        (``push``); the rollout thread's error is raised here."""
         while not ready():
             if self._error is not None:
                 raise self._error
-            if self._sync_wanted():
+            if push and self._sync_wanted():
                 self._update_engines()
             else:
                 self._cv.wait()
@@ -259,10 +264,11 @@ class EpisodeStream:
         round's queue: ``rl.driver.actors.rollout.RolloutPool.generate``), into the buffer."""
         while True:
             with self._cv:
-                t0 = time.perf_counter()
+                self._idle_since = time.perf_counter()
                 while not self._closing and (self._held or not self._admissible() or self._error is not None):
                     self._cv.wait()
-                self._engine_idle_s += time.perf_counter() - t0
+                self._engine_idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
                 if self._closing:
                     return
                 version = self.engine_version
