@@ -29,7 +29,7 @@ and, with ``--heldout N`` (default 50), the held-out reward of each side's final
 base model, jointrl's final checkpoint(s) and TRL's saved model are scored by the same
 ``jointrl eval`` (vLLM, greedy, the first N tasks of ``data.eval_files``), and the final
 jointrl vs. final TRL difference is given per task (paired) with its standard error.
-``--async`` adds a third run: jointrl one step off (``rollout.async_steps=1``,
+``--async`` adds a third run: jointrl one step off (``rollout.max_staleness=1``,
 ``algo.loss.tis_cap=2.0``). Writes its section of ``bench/RESULTS.md`` (``--no-write``: print only).
 
     bash bench/setup_trl.sh                      # once: bench/.venv-trl
@@ -89,7 +89,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--async",
         dest="async_run",
         action="store_true",
-        help="also run jointrl one-step-off async (rollout.async_steps=1, algo.loss.tis_cap=2.0)",
+        help="also run jointrl one-step-off async (rollout.max_staleness=1, algo.loss.tis_cap=2.0)",
     )
     p.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="python of the TRL venv")
     p.add_argument(
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, dict] = {}
     raw: dict[str, dict] = {}
     heldout: dict[str, dict] = {}
-    async_ov = ["rollout.async_steps=1", "algo.loss.tis_cap=2.0"]
+    async_ov = ["rollout.max_staleness=1", "algo.loss.tis_cap=2.0"]
     async_dir = work / "jointrl_async"
     try:
         if args.only in ("both", "jointrl"):

@@ -1,7 +1,7 @@
 """Spreading work over N workers: longest-processing-time first, and the rollout's estimate of a sample's work.
 
 :func:`longest_first` is the one balancer of the code base: the rollout pool spreads GRPO groups over engines
-with it (:func:`plan_shards`, by estimated tokens), the reward service spreads groups over reward workers
+with it (:func:`plan_shards`, by estimated tokens; :func:`plan_chunks`: the chunks its engines pull from one queue), the reward service spreads groups over reward workers
 (by sample count), and the learner group spreads a batch's groups over learner ranks
 (``rl.trainer.sharding.shard_batch``, by the tokens the learner runs). All pure.
 """
@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from envs.types import Sampling, Task
 
-__all__ = ["longest_first", "plan_shards", "estimate_length"]
+__all__ = ["longest_first", "plan_shards", "plan_chunks", "estimate_length"]
 
 
 def longest_first(costs: Sequence[float], n: int) -> list[list[int]]:
@@ -59,3 +59,21 @@ def plan_shards(group_sizes: list[int], est_lengths: list[float], n_engines: int
     if len(group_sizes) != len(est_lengths):
         raise ValueError(f"{len(group_sizes)} group sizes for {len(est_lengths)} length estimates")
     return longest_first([max(0, s) * max(0.0, float(e)) for s, e in zip(group_sizes, est_lengths)], n_engines)
+
+
+def plan_chunks(
+    group_sizes: list[int], est_lengths: list[float], n_engines: int, per_engine: int = 2
+) -> list[list[int]]:
+    """Group indices of the chunks that ``n_engines`` engines pull from one queue, heaviest first. Pure.
+
+    One chunk per engine when there is one engine (nothing to even out: the whole call is one batch); else
+    ``per_engine`` chunks per engine of balanced estimated work (:func:`plan_shards` over that many bins), so
+    that an engine whose chunk ends early takes the next one while a slow chunk finishes elsewhere. Empty
+    chunks are left out; each chunk's list is in increasing group index.
+    """
+    if per_engine < 1:
+        raise ValueError(f"per_engine must be >= 1, got {per_engine}")
+    bins = plan_shards(group_sizes, est_lengths, n_engines if n_engines == 1 else n_engines * per_engine)
+    work = [max(0, s) * max(0.0, float(e)) for s, e in zip(group_sizes, est_lengths)]
+    load = {i: sum(work[g] for g in b) for i, b in enumerate(bins)}
+    return [bins[i] for i in sorted(load, key=lambda i: (-load[i], i)) if bins[i]]

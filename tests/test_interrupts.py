@@ -206,17 +206,18 @@ def test_sigint_in_async_mode_keeps_the_in_flight_draw_and_resumes_each_step_onc
     recipe_copy,
     user_rewards,  # noqa: F811
 ) -> None:
-    """rollout.async_steps=1: step 3's episodes are in flight while step 2 trains; a signal during step 2's
+    """rollout.max_staleness=1: step 3's episodes are in flight while step 2 trains; a signal during step 2's
     update checkpoints step 2 with that draw, and the resumed run generates those tasks for step 3."""
-    common = dict(train={"steps": STEPS}, rollout={"async_steps": 1})
+    common = dict(train={"steps": STEPS}, rollout={"max_staleness": 1})
     cfg = _cfg(recipe_copy, out="b", **common)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, progress=False, runtime=_on("train_step", 2, _sigint))
     out = Path(cfg.run.output_dir)
     state = json.loads((latest_checkpoint(out) / "driver.json").read_text())
-    assert latest_checkpoint(out).name == "step_000002" and state["episodes"]["step"] == 3
+    (drawn,) = state["episodes"]["steps"]
+    assert latest_checkpoint(out).name == "step_000002" and drawn["step"] == 3
     train(_cfg(recipe_copy, out="b", run={"resume": "auto"}, **common), progress=False, runtime=local)
     assert _steps(out) == list(range(STEPS + 1))
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     step3 = {r["task_id"] for r in rollouts if r["split"] == "train" and r["step"] == 3}
-    assert step3 == set(state["episodes"]["task_ids"]), "the in-flight draw of the checkpoint"
+    assert step3 == set(drawn["task_ids"]), "the in-flight draw of the checkpoint"

@@ -302,15 +302,15 @@ class _Pool:
         self.version += 1
 
 
-@pytest.mark.parametrize("async_steps, expected", [(0, [0.0, 0.0, 0.0]), (1, [0.0, 1.0, 1.0])])
-def test_staleness_per_domain(async_steps, expected):
+@pytest.mark.parametrize("max_staleness, expected", [(0, [0.0, 0.0, 0.0]), (1, [0.0, 1.0, 1.0])])
+def test_staleness_per_domain(max_staleness, expected):
     pool = _Pool()
 
     def draw(step):
         tasks = [Task(id=f"c{step}", domain="code", messages=()), Task(id=f"t{step}", domain="tool_call", messages=())]
         return tasks, [0, 1], [step, step]
 
-    stream = EpisodeStream(pool, draw, pool.sync, Sampling(8, 1.0, 1.0, 1, 64), async_steps, 3)
+    stream = EpisodeStream(pool, draw, pool.sync, Sampling(8, 1.0, 1.0, 1, 64), max_staleness, 3)
     got = []
     for step in (1, 2, 3):
         stream.take(step)
@@ -332,7 +332,7 @@ def test_decoupled_ppo_with_a_mask_end_to_end_async(tmp_path, recipe_copy):
     from pathlib import Path
 
     def edit(d: dict) -> None:
-        d["rollout"].update(async_steps=1)
+        d["rollout"].update(max_staleness=1)
         d["algo"]["loss"].update(policy="decoupled_ppo", mis_low=0.5, mis_high=5.0)
         d["train"].update(steps=3)
         d["wandb"]["mode"] = "disabled"

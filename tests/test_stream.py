@@ -41,7 +41,7 @@ def task(i: int) -> Task:
     return Task(id=f"t{i}", domain="tool_call", messages=())
 
 
-def make(pool: FakePool, async_steps: int, last: int = 4, drawn=None):
+def make(pool: FakePool, max_staleness: int, last: int = 4, drawn=None):
     drawn = drawn if drawn is not None else []
 
     def draw(step):  # one task, drawn as a group of two
@@ -51,7 +51,7 @@ def make(pool: FakePool, async_steps: int, last: int = 4, drawn=None):
     def lookup(ids, step):
         return [Task(id=i, domain="tool_call", messages=()) for i in ids], [0] * len(ids), [step] * len(ids)
 
-    return EpisodeStream(pool, draw, pool.sync, SAMPLING, async_steps, last, lookup), drawn
+    return EpisodeStream(pool, draw, pool.sync, SAMPLING, max_staleness, last, lookup), drawn
 
 
 def run(stream: EpisodeStream, steps: range) -> list[tuple[list, dict]]:
@@ -122,7 +122,7 @@ def test_async_checkpoint_holds_the_in_flight_draw_and_resume_regenerates_it() -
     run(stream, range(1, 3))  # step 3 is in flight now
     state = stream.state_dict()
     stream.close()
-    assert state == {"step": 3, "task_ids": ["t3"]}, "one id per group"
+    assert [(s["step"], s["task_ids"]) for s in state["steps"]] == [(3, ["t3"])], "one id per group"
 
     pool2 = FakePool()
     resumed, drawn = make(pool2, 1)
@@ -147,5 +147,5 @@ def test_generation_errors_surface_at_take() -> None:
 
 
 def test_bad_mode() -> None:
-    with pytest.raises(ValueError, match="async_steps must be 0 or 1"):
-        make(FakePool(), 2)
+    with pytest.raises(ValueError, match="rollout.max_staleness must be >= 0"):
+        make(FakePool(), -1)

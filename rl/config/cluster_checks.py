@@ -82,11 +82,11 @@ def _check_colocated(recipe: Recipe, dev: str | None, on_cpu: str, fail: Fail) -
             "cluster.placement",
             f"colocated shares GPUs between engines and learners; the run is on CPU {on_cpu}: use placement split",
         )
-    if r.async_steps:
+    if r.max_staleness:
         fail(
-            "rollout.async_steps",
-            "async rollouts overlap generation with the learner step; colocated engines "
-            "sleep during that step: use cluster.placement split, or async_steps 0",
+            "rollout.max_staleness",
+            "a rollout stream overlaps generation with the learner step; colocated engines and learners share "
+            "one device and the engines sleep during that step: use cluster.placement split, or max_staleness 0",
         )
     if c.engine_tp != 1:
         fail(

@@ -47,6 +47,7 @@ RENAMED = {
     "mixer.normalization": "algo.reward_norm.mode",
     "mixer.norm_stat": "algo.reward_norm.stat",
     "mixer.norm_ema": "algo.reward_norm.ema",
+    "rollout.async_steps": "rollout.max_staleness",  # same values: 0 synchronous, 1 one-step-off
 }
 # Values of mixer.normalization that were estimators of their own, and what gives them now.
 OLD_NORMALIZATIONS = {

@@ -56,11 +56,11 @@ def _partial_rollout_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     r = recipe.rollout
     if not r.partial_rollouts:
         return
-    if not r.async_steps:
+    if not r.max_staleness:
         yield (
             "rollout.partial_rollouts",
-            "interrupts generations at a weight update made while they run; with rollout.async_steps 0 no update "
-            "happens during generation: set async_steps 1, or partial_rollouts false",
+            "interrupts generations at a weight update made while they run; with rollout.max_staleness 0 no update "
+            "happens during generation: set max_staleness 1 or more, or partial_rollouts false",
         )
     if recipe.learner.routing_replay == "r3":
         yield (

@@ -238,8 +238,11 @@ class RolloutConfig(Section):
     top_p: float = knob(1.0, "nucleus sampling for training rollouts", gt=0, le=1)
     kv_cache_gib: float = knob(1.0, "VLLM_CPU_KVCACHE_SPACE on CPU", gt=0)
     gpu_memory_utilization: float = knob(0.5, "on GPU", gt=0, le=1)
-    async_steps: Literal[0, 1] = knob(
-        0, "0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains"
+    max_staleness: int = knob(
+        0,
+        "0 = synchronous; k >= 1 = a rollout stream: episodes generated ahead while the learner trains, no "
+        "trained token more than k learner updates older than the policy trained (1 = one-step-off)",
+        ge=0,
     )
     partial_rollouts: bool = knob(
         False,

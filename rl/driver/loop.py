@@ -5,8 +5,8 @@ sync, save, restore, metrics): the Ray one (``rl.driver.ray_runtime.RayRuntime``
 workers, a reward service and learners as actors, placed per ``cluster``) or the in-process
 one (``rl.driver.local_runtime.LocalRuntime``, fast tests). The driver draws tasks, moves typed
 records between the runtime's parts, logs, evaluates and checkpoints (``rl.driver.checkpoints``).
-Episodes come from ``rl.driver.stream.EpisodeStream``: generated on demand, or one step ahead
-while the learner trains (``rollout.async_steps=1``). The runtime is stopped on every exit
+Episodes come from ``rl.driver.stream.EpisodeStream``: generated on demand, or streamed ahead
+while the learner trains, within ``rollout.max_staleness`` learner updates. The runtime is stopped on every exit
 path (normal end, exception, Ctrl-C, SIGTERM); faults the run survives are counted
 (``faults/...``), those it cannot end it with one message (docs/reliability.md).
 """
@@ -349,7 +349,7 @@ def _ray_runtime(cfg: Recipe, model_path: str, out: Path, verbose: bool) -> Runt
 def make_episode_stream(
     cfg: Recipe, rt: Runtime, mixer: TaskMixer, sources: list[Source], sampling: Sampling
 ) -> EpisodeStream:
-    """Each step's episodes (``rollout.async_steps``: synchronous or one step ahead): the mixer's draw,
+    """Each step's episodes (``rollout.max_staleness``: synchronous, or streamed within the bound): the mixer's draw,
     each task ``rollout.group_size`` times with its seeds, through the runtime."""
     r, seed = cfg.rollout, cfg.run.seed
     by_id = {t.id: t for src in sources for t in src.tasks}
@@ -357,7 +357,7 @@ def make_episode_stream(
     def lookup(ids: list[str], step: int) -> tuple[list[Task], list[int], list[int]]:
         missing = [i for i in ids if i not in by_id]
         if missing:
-            raise ValueError(f"the checkpoint's in-flight tasks {missing[:5]} are not in data.train_files any more")
+            raise ValueError(f"the checkpoint's drawn tasks {missing[:5]} are not in data.train_files any more")
         return expand([by_id[i] for i in ids], r.group_size, seed, step)
 
     return EpisodeStream(
@@ -365,7 +365,7 @@ def make_episode_stream(
         lambda step: expand(mixer.sample(step), r.group_size, seed, step),
         rt.sync_weights,
         sampling,
-        r.async_steps,
+        r.max_staleness,
         cfg.train.steps,
         lookup,
     )
@@ -435,7 +435,7 @@ def checkpoint(
 
 def driver_state(mixer: TaskMixer, normalizer: RewardNormalizer, episodes: EpisodeStream | None) -> dict[str, Any]:
     """What a checkpoint holds of the driver: the mixer's draw state, the reward normalizer's statistics and,
-    in async mode, the in-flight draw of the next step; a copy (plain JSON data), so later steps leave it as is."""
+    when streaming, the drawn and untrained steps with their finished groups (``EpisodeStream.state_dict``); a copy (plain JSON data), so later steps leave it as is."""
     return json.loads(
         json.dumps(
             {

@@ -1,8 +1,8 @@
 """The rollout workers as Ray actors: ``RolloutPool`` over ``rollout.pool.RolloutWorker``.
 
 A pool call keeps each GRPO group on one engine (the group shares its prompt, so the engine's prefix cache
-serves it once; engines balanced by estimated tokens, ``rollout.balance.plan_shards``) and returns
-trajectories in the order of the input. ``sync_weights`` pushes a safetensors file (written by the learner
+serves it once); engines pull chunks of groups of balanced estimated tokens (``rollout.balance.plan_chunks``)
+from one queue, and the call returns trajectories in the order of the input. ``sync_weights`` pushes a safetensors file (written by the learner
 into shared memory) into every engine, or with ``adapter=True`` a LoRA adapter folder; an engine on another
 node gets the bytes through Ray's object store. Engines are shut down explicitly in ``shutdown()``.
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any, Callable
 
 from envs.types import Sampling, Task, Trajectory
 from rl.driver.actors.cluster import node_id, on_node
 from rl.driver.actors.group import ActorGroup, GroupOwner, actor_died, ray_factory
-from rollout.balance import estimate_length, plan_shards
+from rollout.balance import estimate_length, plan_chunks
 from rollout.pool import EngineFailure, RolloutWorker, free_dead_engine
 from rollout.weights import FileWeights, IpcWeights
 
@@ -81,7 +82,7 @@ class RolloutPool(GroupOwner):
         """``actor_options``: one dict of Ray actor options per worker (e.g. ``rl.driver.actors.placement.Placement.options``:
         its CPU/GPU share and placement-group bundle), replacing ``num_cpus``/``num_gpus``; a replaced worker
         gets the same. ``length_estimator(task)``: estimated trajectory tokens of one sample (None: unknown),
-        used to balance engines (``plan_shards``); default ``task.meta["est_len"]``. ``worker_cls``: the
+        used to balance engines (``plan_chunks``); default ``task.meta["est_len"]``. ``worker_cls``: the
         worker class (default ``RolloutWorker``; tests pass stand-ins without an engine). ``dump_stacks(why)``:
         called before a worker that missed its deadline or whose engine died under it is replaced (the run's
         stack dump of every process, while the hung one is still there to dump)."""
@@ -149,18 +150,36 @@ class RolloutPool(GroupOwner):
 
     def _call(self, jobs: dict[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
         """Run ``jobs`` (worker index -> method name, args) concurrently; replace and re-issue dead ones."""
+        res = self._dispatch(lambda i, first: (i, jobs[i]) if first and i in jobs else None)
+        return {i: r for (i, r) in res}
+
+    def _dispatch(self, next_job: Callable[[int, bool], tuple[Any, tuple[str, tuple[Any, ...]]] | None]) -> list:
+        """Run jobs on the workers until none is left: ``next_job(i, first)`` gives free worker ``i`` its next
+        (key, (method name, args)) or None (``first``: its first ask of this call); a dead worker is replaced and
+        its job re-issued on the replacement. Returns (key, result) pairs in the order the jobs ended."""
         import ray
 
-        out: dict[int, Any] = {}
-        attempts = dict.fromkeys(jobs, 0)
-        pending = {i: self._issue(i, jobs[i]) for i in jobs}
+        out: list[tuple[Any, Any]] = []
+        attempts = dict.fromkeys(range(len(self.workers)), 0)
+        jobs: dict[int, tuple[Any, tuple[str, tuple[Any, ...]]]] = {}  # worker -> (key, job) it runs
+        pending: dict[int, tuple[Any, float]] = {}
+
+        def feed(i: int, first: bool = False) -> None:
+            nxt = next_job(i, first)
+            if nxt is not None:
+                jobs[i] = nxt
+                pending[i] = self._issue(i, nxt[1])
+
+        for i in range(len(self.workers)):
+            feed(i, first=True)
         while pending:
             ready, _ = ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=self.probe_every_s)
             if ready:
                 i = next(i for i, (ref, _) in pending.items() if ref == ready[0])
                 try:
-                    out[i] = ray.get(ready[0])
+                    out.append((jobs[i][0], ray.get(ready[0])))
                     del pending[i]
+                    feed(i)  # an engine that finished early takes the next job
                     continue
                 except BaseException as e:  # noqa: BLE001 - sorted out by _engine_died
                     if not _engine_died(e) or self._closing:  # shutting down: a killed worker is no fault
@@ -178,11 +197,12 @@ class RolloutPool(GroupOwner):
                     ) from e
                 attempts[i] += 1
                 self._replace(i, e)
-                if jobs[i][0] in LOAD_CALLS:  # the replacement loaded the newest as it started
-                    out[i] = None
+                if jobs[i][1][0] in LOAD_CALLS:  # the replacement loaded the newest as it started
+                    out.append((jobs[i][0], None))
                     del pending[i]
+                    feed(i)
                 else:
-                    pending[i] = self._issue(i, jobs[i])
+                    pending[i] = self._issue(i, jobs[i][1])
         return out
 
     def _issue(self, i: int, job: tuple[str, tuple[Any, ...]]) -> tuple[Any, float]:
@@ -220,29 +240,31 @@ class RolloutPool(GroupOwner):
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
     ) -> list[Trajectory]:
-        """Episodes for ``tasks`` (in order); whole groups go to one engine, engines balanced by estimated
-        tokens (``plan_shards``)."""
+        """Episodes for ``tasks`` (in order); whole groups go to one engine. The groups are cut into chunks of
+        balanced estimated tokens (``plan_chunks``: one per engine with one engine, two per engine otherwise),
+        queued heaviest first; each engine takes the next chunk from the one queue as it finishes one, so an
+        engine that finishes early takes more work instead of waiting for the slowest."""
         groups: dict[int, list[int]] = {}
         for i, g in enumerate(group_ids):
             groups.setdefault(g, []).append(i)
         members = list(groups.values())
         est = [estimate_length(tasks[idxs[0]], sampling, self.length_estimator) for idxs in members]
-        shards = [
+        chunks = [
             sorted(i for g in plan for i in members[g])
-            for plan in plan_shards([len(m) for m in members], est, len(self.workers))
+            for plan in plan_chunks([len(m) for m in members], est, len(self.workers))
         ]
-        jobs = {
-            w: (
-                "generate",
-                ([tasks[i] for i in shard], [group_ids[i] for i in shard], [seeds[i] for i in shard], sampling),
-            )
-            for w, shard in enumerate(shards)
-            if shard
-        }
-        res = self._call(jobs)
+        queue = deque(range(len(chunks)))
+
+        def next_chunk(_: int, first: bool) -> tuple[int, tuple[str, tuple[Any, ...]]] | None:
+            if not queue:
+                return None
+            j = queue.popleft()
+            c = chunks[j]
+            return j, ("generate", ([tasks[i] for i in c], [group_ids[i] for i in c], [seeds[i] for i in c], sampling))
+
         out: list[Trajectory | None] = [None] * len(tasks)
-        for w, trajs in res.items():
-            for i, traj in zip(shards[w], trajs):
+        for c, trajs in self._dispatch(next_chunk):
+            for i, traj in zip(chunks[c], trajs):
                 out[i] = traj
         return out  # type: ignore[return-value]
 
