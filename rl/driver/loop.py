@@ -368,6 +368,7 @@ def make_episode_stream(
         r.max_staleness,
         cfg.train.steps,
         lookup,
+        partial=r.partial_rollouts,
     )
 
 

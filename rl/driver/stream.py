@@ -17,11 +17,13 @@ learner has new weights. What happens between them is ``rollout.max_staleness`` 
   (``async/dropped_groups``), never trained on. ``k = 1`` is the former one-step-off mode
   (``rollout.async_steps: 1``, which migrates to ``rollout.max_staleness: 1``).
 
-Weight syncs run in the learner's thread only (the runtime's learner calls are not made from two threads),
-and only while no round generates (``_update_engines``: today a sync waits for the engines' round to end;
-partial rollouts replace that wait by an interrupt and a resume under the new weights): at ``take`` when
-the engines are idle, and wherever the learner's thread waits or returns while the queue's head needs newer
-weights than the engines hold. ``quiesce()`` (before a held-out evaluation) lets the admissible groups
+Weight syncs run in the learner's thread only (the runtime's learner calls are not made from two threads).
+Without partial rollouts they run only while no round generates (``_update_engines`` waits for the round to
+end): at ``take`` when the engines are idle, and wherever the learner's thread waits or returns while the
+queue's head needs newer weights than the engines hold. With ``rollout.partial_rollouts`` every learner
+update is pushed at once, also into a running round: the engines are interrupted (unfinished turns keep
+their tokens), loaded and resumed (``Runtime.update_in_flight``), and every token records the version that
+sampled it, so a group's staleness is its oldest token's. ``quiesce()`` (before a held-out evaluation) lets the admissible groups
 finish, keeps the engines free for the loop's own calls until the next ``take`` and syncs.
 ``state_dict()`` holds every drawn, untrained step: its task ids (re-issued on resume with the same group
 ids and seeds) and its finished groups (``rl.driver.buffer``).
@@ -57,11 +59,13 @@ class EpisodeStream:
         max_staleness: int,
         last_step: int,
         lookup: Callable[[list[str], int], Draw] | None = None,
+        partial: bool = False,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"rollout.max_staleness must be >= 0, got {max_staleness}")
         self.pool, self.draw, self.sync, self.sampling = pool, draw, sync, sampling
         self.k, self.last_step, self.lookup = max_staleness, last_step, lookup
+        self.partial = partial and max_staleness > 0  # rollout.partial_rollouts: weights loaded mid-generation
         self.engine_version = 0  # weight syncs the engines have received (= learner updates they reflect)
         self.learner_version = 0  # updates the learner has made
         self.buffer = TrajectoryBuffer()
@@ -79,6 +83,8 @@ class EpisodeStream:
         """Engines and learner both hold the weights after ``version`` updates (a fresh run: 0; a resume: its step)."""
         with self._cv:
             self.engine_version = self.learner_version = self._drawn = version
+            if self.partial and self._thread is not None:  # a resume within the run (``_start_thread`` sets it first)
+                self.pool.update_in_flight(lambda: None, version)
 
     # ------------------------------------------------------------------ the loop's calls
 
@@ -134,7 +140,7 @@ class EpisodeStream:
         """The learner made one more update: sync now (synchronous), or when the engines need it (streaming)."""
         with self._cv:
             self.learner_version += 1
-            if self.k == 0 or self._sync_wanted():
+            if self.k == 0 or self.partial or self._sync_wanted():
                 self._update_engines()
 
     def quiesce(self) -> None:
@@ -226,20 +232,27 @@ class EpisodeStream:
                 self._cv.wait()
 
     def _update_engines(self) -> None:
-        """Push the learner's newest weights into the engines; the round generating (streaming) is waited for
-        first. Partial rollouts (engines that pause mid-generation, keeping their tokens) hook in here: pause
-        the round, load, resume under the new weights, instead of waiting for it to end."""
-        while self.buffer.running and self._error is None:
+        """Push the learner's newest weights into the engines. Without partial rollouts the round generating
+        (streaming) is waited for first; with them (``rollout.partial_rollouts``) the engines are interrupted
+        mid-round (unfinished turns keep their tokens), loaded and resumed under the new weights, each later
+        token recording ``learner_version`` (``Runtime.update_in_flight``), so a group's staleness is that of
+        its oldest token (``rl.driver.buffer.oldest_version``)."""
+        while not self.partial and self.buffer.running and self._error is None:
             self._cv.wait()
         if self._dirty():
             t0 = time.perf_counter()
-            self.sync()
+            if self.partial:
+                self.pool.update_in_flight(self.sync, self.learner_version)
+            else:
+                self.sync()
             self._sync_s += time.perf_counter() - t0
             self.engine_version = self.learner_version
             self._cv.notify_all()
 
     def _start_thread(self) -> None:
         if self._thread is None:
+            if self.partial:  # tokens from here on carry the stream's count (the engines count their loads otherwise)
+                self.pool.update_in_flight(lambda: None, self.engine_version)
             self._thread = threading.Thread(target=self._produce, name="jointrl-rollout", daemon=True)
             self._thread.start()
 
