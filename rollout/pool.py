@@ -24,7 +24,15 @@ from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
 from rollout.episode import run_episodes
 from rollout.tools_prompt import check_mode
-from rollout.weights import BlobWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
+from rollout.weights import (
+    BlobWeights,
+    CollectiveJoin,
+    CollectiveWeights,
+    DeltaWeights,
+    FileWeights,
+    IpcWeights,
+    WeightUpdate,
+)
 
 
 def usable_cpus() -> int:
@@ -103,6 +111,7 @@ class RolloutWorker:
         self._procs = stamped(descendants(os.getpid())) if engine is None else []
         self._adapter_seq = 0  # adapter folders received from another node (load_adapter_blob)
         self._held = ""  # the identity (DeltaWeights.digest) of the export in self._blob, "" when unknown
+        self._torn = ""  # why this engine's weights are not a complete export (a weight stream that failed)
 
     def _make_env(self, domain: str) -> Any:
         if domain not in self.envs:
@@ -110,9 +119,14 @@ class RolloutWorker:
         cls, kwargs = self.envs[domain]
         return cls(**kwargs)
 
+    def _check_whole(self) -> None:
+        if self._torn:
+            raise RuntimeError(f"this engine's weights are torn ({self._torn}); it serves again after a full sync")
+
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
     ) -> list[Trajectory]:
+        self._check_whole()
         return run_episodes(
             self.engine,
             self.tokenizer,
@@ -133,7 +147,12 @@ class RolloutWorker:
         could not be applied exactly (nothing was loaded; the caller sends the full weights)."""
         if isinstance(update, DeltaWeights):
             return self.load_weights_delta(update)
-        if isinstance(update, FileWeights):
+        if isinstance(update, CollectiveJoin):
+            self.engine.join_weight_group(update)
+            return True
+        if isinstance(update, CollectiveWeights):
+            self.load_weights_stream(update)
+        elif isinstance(update, FileWeights):
             (self.load_adapter if update.adapter else self.load_weights)(update.path)
         elif isinstance(update, BlobWeights):
             if update.adapter:
@@ -148,10 +167,25 @@ class RolloutWorker:
             self.load_weights_ipc(update)
         else:
             raise TypeError(f"no weight transport delivers a {type(update).__name__}")
+        self._torn = ""  # complete weights again
         return True
 
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)
+
+    def load_weights_stream(self, update: CollectiveWeights) -> None:
+        """Weight stream ``update`` of the joined group (``rollout.collective``), loaded as it arrives. Until it
+        ended with the learner's checksum this engine refuses to generate or score: a stream that broke midway
+        (a peer died, a checksum differed) leaves weights that are neither the old export nor the new one."""
+        from rollout.collective import StaleStream
+
+        before, self._torn = self._torn, f"weight stream {update.version} did not complete"
+        try:
+            self.engine.load_weights_stream(update)
+        except Exception as e:
+            if isinstance(e, StaleStream) or "StaleStream" in str(e):
+                self._torn = before  # refused from its header: nothing was loaded
+            raise
 
     def load_weights_ipc(self, update: IpcWeights) -> None:
         """Weights from a learner rank on this engine's GPU (``Learner.export_ipc``), mapped, not copied."""
@@ -202,6 +236,7 @@ class RolloutWorker:
         shutil.rmtree(f"{self._blob}.adapter-{self._adapter_seq - 1}", ignore_errors=True)
 
     def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        self._check_whole()
         return self.engine.score(prompt, continuation)
 
     def sleep(self, level: int = 1) -> None:

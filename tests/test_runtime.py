@@ -58,3 +58,14 @@ def test_local_runtime_refuses_ipc_weight_sync_before_building_anything(recipe_c
     with pytest.raises(ValueError, match="learner.weight_sync: ipc"):
         rt.start()
     assert rt.worker is None and rt.learner is None
+
+
+def test_local_runtime_refuses_collective_weight_sync_before_building_anything(recipe_copy, tiny_model_path) -> None:
+    """``learner.weight_sync: collective`` needs engines that join a process group; the HF engine cannot."""
+    from rl.driver.local_runtime import LocalRuntime
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=collective"])
+    rt = LocalRuntime(cfg, tiny_model_path)
+    with pytest.raises(ValueError, match="learner.weight_sync: collective .* engine cannot join one"):
+        rt.start()
+    assert rt.worker is None and rt.learner is None

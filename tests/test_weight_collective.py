@@ -24,6 +24,7 @@ def _spec(port: int, rank: int, tag: str) -> CollectiveJoin:
 
 def _engine(port: int, tag: str, version: int, q: mp.Queue) -> None:
     """The receiving member: every stream's tensors (or the error's type and message) onto ``q``."""
+    torch.set_num_threads(1)  # forked: the parent's OpenMP thread pool is not usable here
     try:
         group = collective.join(_spec(port, 1, tag))
         got = list(collective.take(group, CollectiveWeights(version, tag)))
@@ -101,3 +102,82 @@ def test_bad_bucket_size_and_backend_are_refused() -> None:
         collective.BucketSender(None, torch.bfloat16, 0, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="gloo or nccl"):
         collective.join(CollectiveJoin("127.0.0.1", free_port(), 0, 1, "mpi", 5.0, "x"))
+
+
+def _export_receiver(port: int, tag: str, q: mp.Queue) -> None:
+    torch.set_num_threads(1)  # forked after the parent ran OpenMP kernels: its thread pool is not usable here
+    try:
+        group = collective.join(_spec(port, 1, tag))
+        got = list(collective.take(group, CollectiveWeights(3, tag)))
+        q.put(("ok", [(k, v.view(torch.int16).numpy().copy()) for k, v in got]))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        q.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def test_learner_export_streams_what_the_file_export_writes(tiny_model_path, tmp_path) -> None:
+    """``WeightExport.collective`` of a real model: the same names, shapes and bf16 bits as its ``file`` export
+    (a tied ``lm_head`` included, sent as an alias), over several buckets."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rl.trainer.weights import WeightExport
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+    exp = WeightExport(model, None, 0, torch.device("cpu"), tmp_path / "learner")
+    ref = load_file(exp.file("bfloat16"))
+    port, tag = free_port(), uuid.uuid4().hex[:8]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_export_receiver, args=(port, tag, q))
+    proc.start()
+    try:
+        exp.join_group(_spec(port, 0, tag))
+        sent = exp.collective("bfloat16", 3, 1 << 20)
+        status, got = q.get(timeout=60)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    assert status == "ok", got
+    assert sent == CollectiveWeights(3, "")
+    assert sorted(k for k, _ in got) == sorted(ref)
+    for k, bits in got:
+        assert torch.equal(torch.from_numpy(bits).view(torch.bfloat16).reshape(ref[k].shape), ref[k]), k
+
+
+class _StreamEngine:
+    """A stand-in engine whose weight streams fail as told (``rollout.pool.RolloutWorker``'s torn-stream flag)."""
+
+    def __init__(self) -> None:
+        self.fail: Exception | None = None
+        self.loaded: list[int] = []
+
+    def load_weights_stream(self, update: CollectiveWeights) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.loaded.append(update.version)
+
+    def score(self, prompt, continuation):
+        return [0.0] * len(continuation)
+
+
+def test_an_engine_whose_stream_broke_refuses_to_serve_until_a_complete_one(tiny_model_path) -> None:
+    from rollout.pool import RolloutWorker
+
+    engine = _StreamEngine()
+    worker = RolloutWorker(tiny_model_path, [], engine=engine)
+    assert worker.receive(CollectiveWeights(1, "t")) and engine.loaded == [1]
+    assert worker.score([1, 2], [3]) == [0.0]
+    engine.fail = collective.TornStream("weight stream 2: the bytes received do not match")
+    with pytest.raises(collective.TornStream):
+        worker.receive(CollectiveWeights(2, "t"))
+    with pytest.raises(RuntimeError, match="torn .*weight stream 2 did not complete"):
+        worker.score([1, 2], [3])
+    engine.fail = collective.StaleStream("weight stream 3 arrived where 4 was expected")
+    with pytest.raises(collective.StaleStream):  # refused from its header: still torn from stream 2
+        worker.receive(CollectiveWeights(4, "t"))
+    with pytest.raises(RuntimeError, match="torn"):
+        worker.generate([], [], [], None)  # type: ignore[arg-type]
+    engine.fail = None
+    assert worker.receive(CollectiveWeights(5, "t")) and engine.loaded == [1, 5]
+    assert worker.score([1, 2], [3]) == [0.0]
