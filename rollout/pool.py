@@ -3,7 +3,7 @@
 ``RolloutWorker`` is a plain class: tests run it in-process, the in-process runtime runs one in the driver,
 and ``rl.driver.actors.rollout.RolloutPool`` runs N of them as Ray actors. It generates episodes, loads the
 weights each transport delivers (a safetensors file, its bytes, a LoRA adapter folder or its files, a CUDA IPC
-export), and reports what it holds outside its process (``leftovers``). Engines are shut down explicitly in
+export, a collective weight stream), and reports what it holds outside its process (``leftovers``). Engines are shut down explicitly in
 ``shutdown()``; otherwise each leaves its shared-memory segments in /dev/shm.
 """
 
@@ -143,8 +143,9 @@ class RolloutWorker:
     def receive(self, update: WeightUpdate) -> bool:
         """Load what one weight transport delivered (``rollout.weights.WeightReceiver``): a weights file or adapter
         folder on this node, their bytes from a learner on another node, only what changed since the previous
-        export (``DeltaWeights``), or a CUDA IPC export of the learner on this engine's GPU. False: a delta that
-        could not be applied exactly (nothing was loaded; the caller sends the full weights)."""
+        export (``DeltaWeights``), a CUDA IPC export of the learner on this engine's GPU, or the collective
+        transport's group to join (``CollectiveJoin``) or stream to take (``CollectiveWeights``). False: a delta
+        that could not be applied exactly (nothing was loaded; the caller sends the full weights)."""
         if isinstance(update, DeltaWeights):
             return self.load_weights_delta(update)
         if isinstance(update, CollectiveJoin):

@@ -86,23 +86,24 @@ def test_collective_sync_across_two_nodes_with_two_engines(two_nodes, recipe_cop
     (``rollout/logprob_diff``: a stale engine would be ~0.1 nats off per token after one update)."""
     address, _ = two_nodes
 
+    # The learner (and the reward worker) on node_a, both engines on node_b: the weight group spans the nodes.
+    roles = {"engine": ("node_b", 0.3, 0.5), "learner": ("node_a", 0.5, 0.5), "reward": ("node_a", 0.1, 0.1)}
+    sections = {
+        "run": {"ray_address": address, "threads": 2, "keep_checkpoints": 1},
+        "data": {"eval_limit": 4},
+        "rollout": {"num_engines": 2, "prompts_per_step": 4, "group_size": 2, "max_new_tokens": 16},
+        "learner": {"workers": 1, "weight_sync": "collective", "weight_bucket_mb": 1},
+        "reward_service": {"workers": 1},
+        "train": {"steps": 3},
+        "wandb": {"mode": "disabled"},
+        "cluster": {"placement_timeout_s": 60}
+        | {f"{role}_cpus": cpus for role, (_, cpus, _) in roles.items()}
+        | {f"{role}_resources": {node: share} for role, (node, _, share) in roles.items()},
+    }
+
     def edit(d: dict) -> None:
-        d["run"].update(ray_address=address, threads=2, keep_checkpoints=1)
-        d["data"]["eval_limit"] = 4
-        d["rollout"].update(num_engines=2, prompts_per_step=4, group_size=2, max_new_tokens=16)
-        d["learner"].update(workers=1, weight_sync="collective", weight_bucket_mb=1)
-        d["reward_service"]["workers"] = 1
-        d["train"]["steps"] = 3
-        d["wandb"]["mode"] = "disabled"
-        d["cluster"].update(
-            engine_cpus=0.3,
-            engine_resources={"node_b": 0.5},
-            learner_cpus=0.5,
-            learner_resources={"node_a": 0.5},
-            reward_cpus=0.1,
-            reward_resources={"node_a": 0.1},
-            placement_timeout_s=60,
-        )
+        for section, values in sections.items():
+            d[section].update(values)
 
     recipe = recipe_copy("tiny.yaml", edit=edit)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

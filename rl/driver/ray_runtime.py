@@ -258,8 +258,9 @@ class RayRuntime:
 
     def sync_weights(self) -> None:
         """The policy into every engine: merged weights (a safetensors file, or with ``learner.weight_sync: ipc``
-        each learner rank's GPU buffer mapped by the engine on its GPU) or, with ``learner.lora.transfer:
-        adapter``, the LoRA adapter alone (a ``peft`` folder)."""
+        each learner rank's GPU buffer mapped by the engine on its GPU, or with ``collective`` a bucketed
+        broadcast from learner rank 0) or, with ``learner.lora.transfer: adapter``, the LoRA adapter alone (a
+        ``peft`` folder)."""
 
         if self.cfg.learner.weight_sync == "ipc":  # colocated: engine i maps learner rank i's GPU buffer
             self.pool.sync_weights_ipc(self.learners.export_ipc(self.cfg.model.engine_dtype))

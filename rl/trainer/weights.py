@@ -29,22 +29,17 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from rl.trainer import fsdp, lora
 from rl.trainer.models import DTYPES
 from rollout.weight_delta import BITS, checksum
-from rollout.weights import (
-    BlobWeights,
-    CollectiveJoin,
-    CollectiveWeights,
-    DeltaWeights,
-    FileWeights,
-    IpcWeights,
-    WeightUpdate,
-)
+from rollout.weights import BlobWeights, CollectiveWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
+
+if TYPE_CHECKING:
+    from rollout.weights import CollectiveJoin
 
 
 class WeightExport:

@@ -4,7 +4,8 @@ A pool call keeps each GRPO group on one engine (the group shares its prompt, so
 serves it once; engines balanced by estimated tokens, ``rollout.balance.plan_shards``) and returns
 trajectories in the order of the input. ``sync_weights`` pushes a safetensors file (written by the learner
 into shared memory) into every engine, or with ``adapter=True`` a LoRA adapter folder; an engine on another
-node gets the bytes through Ray's object store. Engines are shut down explicitly in ``shutdown()``.
+node gets the bytes through Ray's object store; ``stream_weights`` has every engine take part in the
+``collective`` transport's group while the learner side runs. Engines are shut down explicitly in ``shutdown()``.
 """
 
 from __future__ import annotations
