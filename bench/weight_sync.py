@@ -66,6 +66,7 @@ def bench_collective(learner, engine, n: int, bucket_mb: float, device: str) -> 
     import torch
 
     from rl.trainer.collectives import free_port
+    from rollout.collective import bucket_bytes
     from rollout.weights import CollectiveJoin, CollectiveWeights
 
     spec = CollectiveJoin("127.0.0.1", free_port(), 0, 2, "nccl" if device == "cuda" else "gloo", 600.0, "bench")
@@ -76,8 +77,9 @@ def bench_collective(learner, engine, n: int, bucket_mb: float, device: str) -> 
     with torch.no_grad():
         for p in learner.model.parameters():
             p.mul_(0.9)
+    stale = _max_diff(learner, engine)  # the gap the streams must close
     times, errors = [], []
-    bucket = int(bucket_mb * (1 << 20))
+    bucket = bucket_bytes(bucket_mb)
     for i in range(n + 1):
 
         def take(version: int = i + 1) -> None:
@@ -95,7 +97,7 @@ def bench_collective(learner, engine, n: int, bucket_mb: float, device: str) -> 
             raise errors[0]
         if i:
             times.append(time.perf_counter() - t0)
-    return dict(sync=statistics.median(times), all=times, max_diff=_max_diff(learner, engine))
+    return dict(sync=statistics.median(times), all=times, max_diff=_max_diff(learner, engine), stale=stale)
 
 
 def bench_model(name: str, n: int, device: str = "cpu", bucket_mb: float = 256.0) -> dict:
@@ -165,6 +167,7 @@ def bench_model(name: str, n: int, device: str = "cpu", bucket_mb: float = 256.0
         coll_all=coll["all"],
         coll_ratio=coll["sync"] / med(sync),
         coll_diff=coll["max_diff"],
+        coll_stale=coll["stale"],
     )
 
 
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r['max_diff']:.3f}",
                 f"{r['coll']:.3f}",
                 f"{r['coll_ratio']:.2f}x",
-                f"{r['coll_diff']:.3f}",
+                f"{r['coll_diff']:.3f} (before: {r['coll_stale']:.3f})",
             ]
         )
         print(
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         "max logprob diff, engine vs learner",
         "collective sync s",
         "collective/file sync",
-        "max logprob diff after collective",
+        "max logprob diff after collective (before it)",
     ]
     body = (
         f"Device: {device}. In one process, no Ray (the actor hop of a real run is not included). Medians of {args.n} timed runs "

@@ -8,8 +8,9 @@ learner rank 0 (it hosts the rendezvous), members 1.. the engines' workers (``ro
 One stream (``rollout.weights.CollectiveWeights``):
 
 1. a header: its length, then JSON ``{"version", "dtype", "bucket", "layout": [[name, shape, alias]]}``;
-2. the tensors' bytes in layout order (in ``dtype``), cut into buckets of ``bucket`` bytes, the last one short: a
-   tensor may straddle buckets, and one larger than a bucket spans several (split, never refused);
+2. the tensors' bytes in layout order (in ``dtype``), cut into buckets of ``bucket`` bytes (a multiple of 8: no
+   element is cut), the last one short: a tensor may straddle buckets, and one larger than a bucket spans several
+   (split, never refused);
 3. a blake2b digest of every byte sent (16 bytes).
 
 The sender (:class:`BucketSender`, a ``rl.trainer.weights.WeightSender``) holds one bucket; the receiver
@@ -34,6 +35,7 @@ import torch
 from rollout.weights import CollectiveJoin, CollectiveWeights
 
 __all__ = [
+    "bucket_bytes",
     "WeightGroup",
     "join",
     "BucketSender",
@@ -50,6 +52,11 @@ __all__ = [
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _NAMES = {v: k for k, v in DTYPES.items()}
 _DIGEST = 16
+
+
+def bucket_bytes(mb: float) -> int:
+    """``learner.weight_bucket_mb`` in bytes, rounded down to a multiple of 8 (at least 8)."""
+    return max(8, int(mb * (1 << 20)) // 8 * 8)
 
 
 class StaleStream(RuntimeError):
@@ -109,13 +116,14 @@ def _hash(h: Any, chunk: torch.Tensor) -> None:
 
 class BucketSender:
     """The learner side of one stream (member 0; ``rl.trainer.weights.WeightSender``): ``begin`` broadcasts the
-    header, ``send`` packs each tensor's bytes into the bucket and broadcasts every full one, ``finish`` the
-    short last bucket and the digest. Extra memory: one bucket (plus the converted tensor being packed)."""
+    header, ``send`` packs each tensor into the bucket and broadcasts every full one, ``finish`` the short last
+    bucket and the digest. Extra memory: one bucket."""
 
     def __init__(self, group: WeightGroup, dtype: torch.dtype, bucket_bytes: int, version: int) -> None:
-        if bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        if bucket_bytes < 8 or bucket_bytes % 8:
+            raise ValueError(f"bucket_bytes must be a positive multiple of 8 (whole elements), got {bucket_bytes}")
         self.group, self.dtype, self.bucket_bytes, self.version = group, dtype, bucket_bytes, version
+        self._size = torch.empty((), dtype=dtype).element_size()
         self._bucket = torch.empty(0, dtype=torch.uint8)
         self._fill = 0
         self._hash = hashlib.blake2b(digest_size=_DIGEST)
@@ -137,15 +145,15 @@ class BucketSender:
         self._hash = hashlib.blake2b(digest_size=_DIGEST)
 
     def send(self, key: str, tensor: torch.Tensor) -> None:
+        """Pack ``tensor`` into the bucket, converted (dtype, device) slice by slice straight into it: no
+        converted copy of the whole tensor. Every full bucket is broadcast."""
         if key in self._aliases:
             return
-        data = tensor.detach().to(device=self.group.device, dtype=self.dtype).contiguous().reshape(-1)
-        raw = data.view(torch.uint8)
-        pos = 0
-        while pos < raw.numel():
-            n = min(self.bucket_bytes - self._fill, raw.numel() - pos)
-            self._bucket[self._fill : self._fill + n].copy_(raw[pos : pos + n])
-            self._fill, pos = self._fill + n, pos + n
+        flat, size, pos = tensor.detach().reshape(-1), self._size, 0
+        while pos < flat.numel():
+            n = min((self.bucket_bytes - self._fill) // size, flat.numel() - pos)
+            self._bucket[self._fill : self._fill + n * size].view(self.dtype).copy_(flat[pos : pos + n])
+            self._fill, pos = self._fill + n * size, pos + n
             if self._fill == self.bucket_bytes:
                 self._flush()
 

@@ -78,13 +78,13 @@ def test_many_small_tensors_share_and_straddle_buckets_and_aliases_carry_no_byte
     g = torch.Generator().manual_seed(1)
     tensors = {f"t{i}": torch.randn(i % 7 + 1, 3, generator=g) for i in range(40)}
     tensors["head"] = tensors["t0"]
-    (status, got), buckets = _stream(tensors, 50, aliases={"head": "t0"})  # 50 bytes: odd, so tensors straddle
+    (status, got), buckets = _stream(tensors, 56, aliases={"head": "t0"})  # 56 bytes: tensors straddle buckets
     assert status == "ok", got
     assert [k for k, _ in got] == list(tensors)
     for (k, v), ref in zip(got, tensors.values()):
         assert torch.equal(v, ref.to(torch.bfloat16)), k
     payload = sum(v.numel() * 2 for k, v in tensors.items() if k != "head")
-    assert buckets == -(-payload // 50)
+    assert buckets == -(-payload // 56)
 
 
 def test_stale_version_is_drained_and_refused() -> None:
@@ -98,8 +98,10 @@ def test_a_digest_that_differs_refuses_the_stream() -> None:
 
 
 def test_bad_bucket_size_and_backend_are_refused() -> None:
-    with pytest.raises(ValueError, match="bucket_bytes"):
-        collective.BucketSender(None, torch.bfloat16, 0, 1)  # type: ignore[arg-type]
+    for bad in (0, 50):
+        with pytest.raises(ValueError, match="bucket_bytes must be a positive multiple of 8"):
+            collective.BucketSender(None, torch.bfloat16, bad, 1)  # type: ignore[arg-type]
+    assert [collective.bucket_bytes(mb) for mb in (1e-9, 0.0625, 1)] == [8, 65536, 1 << 20]
     with pytest.raises(ValueError, match="gloo or nccl"):
         collective.join(CollectiveJoin("127.0.0.1", free_port(), 0, 1, "mpi", 5.0, "x"))
 

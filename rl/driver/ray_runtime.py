@@ -33,6 +33,7 @@ from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
 from rl.driver.runtime import Deadlines, learner_settings
 from rl.trainer.moe import check_replay_engine
+from rollout.collective import bucket_bytes
 from rollout.pool import EngineFailure
 from rollout.weights import CollectiveJoin, CollectiveWeights
 
@@ -296,7 +297,7 @@ class RayRuntime:
         assert self._group is not None
         dtype, tag = self.cfg.model.engine_dtype, self._group[0]
         self._stream += 1
-        version, bucket = self._stream, int(self.cfg.learner.weight_bucket_mb * (1 << 20))
+        version, bucket = self._stream, bucket_bytes(self.cfg.learner.weight_bucket_mb)
         self.pool.stream_weights(
             [CollectiveWeights(version, tag)] * len(self.pool.workers),
             lambda: self.learners.export_collective(dtype, version, bucket),
