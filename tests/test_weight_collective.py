@@ -8,6 +8,7 @@ dtype exactly as sent, a stale version drained and refused, a corrupted digest r
 from __future__ import annotations
 
 import multiprocessing as mp
+from pathlib import Path
 import uuid
 
 import pytest
@@ -183,3 +184,58 @@ def test_an_engine_whose_stream_broke_refuses_to_serve_until_a_complete_one(tiny
     engine.fail = None
     assert worker.receive(CollectiveWeights(5, "t")) and engine.loaded == [1, 5]
     assert worker.score([1, 2], [3]) == [0.0]
+
+
+class _Pool:
+    """A stand-in rollout pool: records each ``stream_weights`` call (records, and what the learner side did)."""
+
+    def __init__(self, n: int) -> None:
+        self.workers, self.replaced, self.calls = [object()] * n, 0, []
+
+    def stream_weights(self, updates, learner_side, fallback) -> None:
+        self.calls.append((list(updates), learner_side(), fallback))
+
+
+class _Learners:
+    def __init__(self) -> None:
+        self.joined: list[CollectiveJoin] = []
+        self.sent: list[tuple[str, int, int]] = []
+
+    def weight_group_address(self):
+        return "10.0.0.1", 4321
+
+    def join_weight_group(self, spec: CollectiveJoin) -> str:
+        self.joined.append(spec)
+        return "joined"
+
+    def export_collective(self, dtype: str, version: int, bucket: int) -> str:
+        self.sent.append((dtype, version, bucket))
+        return "sent"
+
+
+def test_runtime_forms_the_weight_group_once_and_again_after_an_engine_was_replaced(recipe_copy) -> None:
+    """``RayRuntime``'s collective sync: the group (learner rank 0 = member 0, engine i = member i + 1, gloo on
+    CPU) is formed before the first stream, kept while its members live, formed anew (a new tag) after an engine
+    replacement or a learner restart; every stream has the next version and the recipe's bucket in bytes."""
+    from rl.config.recipe import load_recipe
+    from rl.driver.ray_runtime import RayRuntime
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=collective", "learner.weight_bucket_mb=0.5"])
+    rt = RayRuntime(cfg, "unused", Path("/nonexistent"), verbose=False)
+    rt.pool, rt.learners = _Pool(2), _Learners()
+    rt.sync_weights()
+    rt.sync_weights()
+    joins, stream1, stream2 = rt.pool.calls
+    assert [u.rank for u in joins[0]] == [1, 2] and joins[1] == "joined" and joins[2] is None
+    assert {(u.address, u.port, u.world, u.backend) for u in joins[0]} == {("10.0.0.1", 4321, 3, "gloo")}
+    assert rt.learners.joined[0].rank == 0 and rt.learners.joined[0].tag == joins[0][0].tag
+    assert stream1[0] == [CollectiveWeights(1, joins[0][0].tag)] * 2 and stream1[1] == "sent"
+    assert stream2[0] == [CollectiveWeights(2, joins[0][0].tag)] * 2
+    assert rt.learners.sent == [(cfg.model.engine_dtype, 1, 1 << 19), (cfg.model.engine_dtype, 2, 1 << 19)]
+    rt.pool.replaced = 1  # an engine was replaced: it is no member
+    rt.sync_weights()
+    rejoin, stream3 = rt.pool.calls[3:]
+    assert rejoin[0][0].tag != joins[0][0].tag and stream3[0][0] == CollectiveWeights(3, rejoin[0][0].tag)
+    rt._group = None  # what restart_learners does: the new rank 0 is no member
+    rt.sync_weights()
+    assert len(rt.pool.calls) == 7 and len(rt.learners.joined) == 3
