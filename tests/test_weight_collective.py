@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rl.trainer.collectives import free_port
+from test_lora import make, make_learner  # noqa: F401 - fixtures: a LoRA learner on the tiny model
 from rollout import collective
 from rollout.weights import CollectiveJoin, CollectiveWeights
 
@@ -117,16 +118,11 @@ def _export_receiver(port: int, tag: str, q: mp.Queue) -> None:
         q.put(("error", f"{type(e).__name__}: {e}"))
 
 
-def test_learner_export_streams_what_the_file_export_writes(tiny_model_path, tmp_path) -> None:
-    """``WeightExport.collective`` of a real model: the same names, shapes and bf16 bits as its ``file`` export
-    (a tied ``lm_head`` included, sent as an alias), over several buckets."""
+def _stream_export(exp) -> tuple[dict, list]:
+    """``exp``'s ``file`` export, and what its ``collective`` export (stream 3, 1 MiB buckets) delivered to a
+    forked member as ``(name, int16 bits)``."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
-    from rl.trainer.weights import WeightExport
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
-    exp = WeightExport(model, None, 0, torch.device("cpu"), tmp_path / "learner")
     ref = load_file(exp.file("bfloat16"))
     port, tag = free_port(), uuid.uuid4().hex[:8]
     ctx = mp.get_context("fork")
@@ -143,9 +139,35 @@ def test_learner_export_streams_what_the_file_export_writes(tiny_model_path, tmp
             proc.kill()
     assert status == "ok", got
     assert sent == CollectiveWeights(3, "")
+    return ref, got
+
+
+def _same_as_file(ref: dict, got: list) -> None:
     assert sorted(k for k, _ in got) == sorted(ref)
     for k, bits in got:
         assert torch.equal(torch.from_numpy(bits).view(torch.bfloat16).reshape(ref[k].shape), ref[k]), k
+
+
+def test_learner_export_streams_what_the_file_export_writes(tiny_model_path, tmp_path) -> None:
+    """``WeightExport.collective`` of a real model: the same names, shapes and bf16 bits as its ``file`` export
+    (a tied ``lm_head`` included, sent as an alias), over several buckets."""
+    from transformers import AutoModelForCausalLM
+
+    from rl.trainer.weights import WeightExport
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    _same_as_file(*_stream_export(WeightExport(model, None, 0, torch.device("cpu"), tmp_path / "learner")))
+
+
+def test_lora_learner_streams_its_merged_weights(make, tiny_tokenizer) -> None:  # noqa: F811
+    """With LoRA (``lora.transfer: merged``) the stream carries base + B A, as the file export does: after two
+    steps (B no longer zero) every merged tensor arrives bit for bit."""
+    from test_learner import make_batch
+
+    lrn = make()
+    for _ in range(2):
+        lrn.step(make_batch(tiny_tokenizer))
+    _same_as_file(*_stream_export(lrn.weights))
 
 
 class _StreamEngine:
