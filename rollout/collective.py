@@ -59,6 +59,9 @@ def bucket_bytes(mb: float) -> int:
     return max(8, int(mb * (1 << 20)) // 8 * 8)
 
 
+STALE = "stale weight stream"  # how a StaleStream's message starts (vLLM's RPC re-raises it by message)
+
+
 class StaleStream(RuntimeError):
     """The learner's stream carries another version than the one this engine was told to take."""
 
@@ -278,5 +281,5 @@ def take(group: WeightGroup, update: CollectiveWeights) -> Iterator[tuple[str, t
     head = receive_header(group)
     if head.version != update.version:
         drain(group, head)
-        raise StaleStream(f"weight stream {head.version} arrived where {update.version} was expected")
+        raise StaleStream(f"{STALE}: stream {head.version} arrived where {update.version} was expected")
     return receive_stream(group, head)

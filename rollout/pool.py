@@ -178,13 +178,13 @@ class RolloutWorker:
         """Weight stream ``update`` of the joined group (``rollout.collective``), loaded as it arrives. Until it
         ended with the learner's checksum this engine refuses to generate or score: a stream that broke midway
         (a peer died, a checksum differed) leaves weights that are neither the old export nor the new one."""
-        from rollout.collective import StaleStream
+        from rollout.collective import STALE, StaleStream
 
         before, self._torn = self._torn, f"weight stream {update.version} did not complete"
         try:
             self.engine.load_weights_stream(update)
         except Exception as e:
-            if isinstance(e, StaleStream) or "StaleStream" in str(e):
+            if isinstance(e, StaleStream) or STALE in str(e):
                 self._torn = before  # refused from its header: nothing was loaded
             raise
 

@@ -198,14 +198,24 @@ def test_an_engine_whose_stream_broke_refuses_to_serve_until_a_complete_one(tiny
         worker.receive(CollectiveWeights(2, "t"))
     with pytest.raises(RuntimeError, match="torn .*weight stream 2 did not complete"):
         worker.score([1, 2], [3])
-    engine.fail = collective.StaleStream("weight stream 3 arrived where 4 was expected")
-    with pytest.raises(collective.StaleStream):  # refused from its header: still torn from stream 2
+    engine.fail = RuntimeError(f"Worker failed with error '{collective.STALE}: stream 3 arrived where 4 was expected'")
+    with pytest.raises(RuntimeError, match=collective.STALE):  # as vLLM re-raises it; refused from its header:
+        # nothing loaded, the engine is still torn from stream 2
         worker.receive(CollectiveWeights(4, "t"))
     with pytest.raises(RuntimeError, match="torn"):
         worker.generate([], [], [], None)  # type: ignore[arg-type]
     engine.fail = None
     assert worker.receive(CollectiveWeights(5, "t")) and engine.loaded == [1, 5]
     assert worker.score([1, 2], [3]) == [0.0]
+    engine.fail = RuntimeError(f"Worker failed with error '{collective.STALE}: stream 6 arrived where 7 was expected'")
+    with pytest.raises(RuntimeError, match=collective.STALE):
+        worker.receive(CollectiveWeights(7, "t"))
+    assert worker.score([1, 2], [3]) == [0.0]  # a stale stream loads nothing: the engine still holds stream 5
+    engine.fail = RuntimeError("Worker failed with error 'Connection closed by peer'")  # broke midway
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        worker.receive(CollectiveWeights(8, "t"))
+    with pytest.raises(RuntimeError, match="torn .*weight stream 8"):
+        worker.score([1, 2], [3])
 
 
 class _Pool:
