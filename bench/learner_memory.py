@@ -33,7 +33,9 @@ responses of up to ``--resp-len`` tokens; random token ids), in one run and side
 Start-up: each configuration's peak resident memory over building the learner (loading, sharding; ``VmHWM``
 right after the ``Learner`` is made), beside the peak over the whole run. ``fsdp`` builds on the meta device and
 each rank reads its shard (``learner.meta_init``, the default); ``fsdp-full-load`` is today's former path, every
-rank loading the whole model before keeping its shard, for the side-by-side comparison.
+rank loading the whole model before keeping its shard, for the side-by-side comparison. ``fsdp1`` is one worker
+sharded as a process group of one (``learner.fsdp: always``), so that meta start applies at one rank too; the
+``lora-*`` configurations are the same with LoRA (``lora`` itself: one unsharded worker, which always loads whole).
 
 ``--configs`` picks the configurations (default: ``full,fsdp,lora``; ``full-chunked`` is one
 worker with ``--logits-chunk-tokens``; ``full-trim`` is one worker that hands its freed memory back
@@ -185,7 +187,7 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
 
     torch.set_num_threads(max(1, args.threads // world))
     before = _rss()
-    lora = LoraConfig(rank=args.lora_rank) if kind == "lora" else LoraConfig()
+    lora = LoraConfig(rank=args.lora_rank) if kind.startswith("lora") else LoraConfig()
     cfg = ModelConfig(path=model_path, learner_dtype="float32", autocast=args.autocast)
     algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-5), kl=KLConfig(coef=args.kl_coef))
     chunk = args.logits_chunk_tokens if kind == "full-chunked" else 0
@@ -195,7 +197,8 @@ def _worker(kind: str, rank: int, world: int, port: int, model_path: str, args: 
         lora=lora,
         logits_chunk_tokens=chunk,
         hold_memory=kind != "full-trim",
-        meta_init=kind != "full-load",
+        meta_init=not kind.endswith("-load"),
+        fsdp="always" if kind.endswith(("-fsdp1", "-fsdp1-load")) else "auto",
     )
     lrn = Learner(
         model_path,
@@ -358,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs",
         default="full,fsdp,lora",
-        help="comma-separated: full, full-chunked, full-trim, full-padded, fsdp, fsdp-full-load, lora",
+        help="comma-separated: full, full-chunked, full-trim, full-padded, fsdp, fsdp-full-load, fsdp1, "
+        "fsdp1-full-load, lora, lora-fsdp, lora-fsdp-full-load, lora-fsdp1, lora-fsdp1-full-load",
     )
     ap.add_argument(
         "--allocator",
@@ -379,7 +383,17 @@ def main(argv: list[str] | None = None) -> int:
         "full-padded": ("1 worker, padded shared-prompt layout", "full-padded", 1),
         "fsdp": ("2 FSDP workers", "full", 2),
         "fsdp-full-load": ("2 FSDP workers, whole model loaded per rank", "full-load", 2),
+        "fsdp1": ("1 FSDP worker (fsdp always)", "full-fsdp1", 1),
+        "fsdp1-full-load": ("1 FSDP worker, whole model loaded", "full-fsdp1-load", 1),
         "lora": (f"LoRA r={args.lora_rank}", "lora", 1),
+        "lora-fsdp": (f"LoRA r={args.lora_rank}, 2 FSDP workers", "lora", 2),
+        "lora-fsdp-full-load": (
+            f"LoRA r={args.lora_rank}, 2 FSDP workers, whole model loaded per rank",
+            "lora-load",
+            2,
+        ),
+        "lora-fsdp1": (f"LoRA r={args.lora_rank}, 1 FSDP worker", "lora-fsdp1", 1),
+        "lora-fsdp1-full-load": (f"LoRA r={args.lora_rank}, 1 FSDP worker, whole model loaded", "lora-fsdp1-load", 1),
     }
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in wanted if c not in configs]

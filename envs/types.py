@@ -142,6 +142,9 @@ class Trajectory:
     ``prompt_ids + response_ids`` was routed to, ``(tokens, layers, top_k)`` small integers, row t for token t,
     each row from the turn whose generation first ran that token (the last token, never run, has none);
     None where any turn's generation came without it.
+    ``token_versions[i]``: the policy version (weight loads the engine had received, ``rollout.partial``) of the
+    weights that sampled ``response_ids[i]``, -1 on env tokens; a turn interrupted by a weight update and resumed
+    (partial rollouts) holds two versions. None where any turn's generation came without versions.
     ``terminated`` (the episode reached a natural end) and ``truncated`` (cut by a
     token or turn limit) are kept apart; both may be False only for an aborted episode.
     """
@@ -169,6 +172,19 @@ class Trajectory:
     # not rendered (recorded completions scored by ``jointrl score``).
     prompt: str = ""
     routing: np.ndarray | None = None
+    token_versions: list[int] | None = None
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The policy version of the oldest weights that sampled a token of this episode (its staleness is
+        measured from it); None without versions or policy tokens."""
+        own = [v for v in self.token_versions or () if v >= 0]
+        return min(own) if own else None
+
+    @property
+    def newest_version(self) -> int | None:
+        own = [v for v in self.token_versions or () if v >= 0]
+        return max(own) if own else None
 
     @property
     def completion(self) -> str:
@@ -198,9 +214,13 @@ class Generation:
     ``routing``: on a mixture-of-experts model, from an engine that reports it (``rollout.hf_engine``), the
     experts each token was routed to, ``(tokens, layers, top_k)`` small integers (``rollout.routing``): one row
     per token the engine ran through the model, the prompt's then each generated token's but the last (the
-    last is sampled, never fed back). None for a dense model or an engine that does not report routing."""
+    last is sampled, never fed back). None for a dense model or an engine that does not report routing.
+    ``versions[i]``: the policy version of the weights that sampled ``token_ids[i]`` (``rollout.partial``); None
+    from an engine that does not report it. ``finish_reason`` "interrupted": a request stopped at a weight update,
+    its tokens so far (``rollout.partial.INTERRUPTED``)."""
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (EOS or stop string) | "length"
+    finish_reason: str  # "stop" (EOS or stop string) | "length" | "interrupted"
     routing: np.ndarray | None = None
+    versions: list[int] | None = None

@@ -12,7 +12,19 @@ started with ``lora_rank`` > 0 (``learner.lora.transfer: adapter``) serves a LoR
 its unchanged base instead: ``load_adapter(folder)`` loads a ``peft`` folder as a new vLLM
 adapter (a new ``lora_int_id`` and name each time, so no cached adapter is served; the previous
 one is removed), and every ``generate``/``score`` runs with it.
+An engine started with ``enable_return_routed_experts`` (``learner.routing_replay: r3``; vLLM's model
+runner V2, CUDA only) returns each generation's routing in ``Generation.routing`` (``rollout.routing.from_vllm``).
 This module does not know about tasks, envs or rewards.
+
+Streaming requests can be interrupted (partial rollouts, ``rollout.partial``): once the engine's ``gate`` asks,
+the next ``poll`` aborts every unfinished request (vLLM stops it; tokens computed but not yet reported are
+dropped) and returns each one's reported tokens and log-probs as an "interrupted" completion. The requests are
+streamed as deltas (``RequestOutputKind.DELTA``) so that those tokens are known. A request submitted while the
+gate is closed waits for it to open (it runs on the new weights). A resumed request (``offset`` kept tokens at
+the end of its prompt) samples with its own seed (``rollout.partial.resume_seed``): vLLM's per-request sampler
+cannot skip the draws already made, so a sampled continuation is a fresh draw from the policy, and a greedy one
+(temperature 0) is the uninterrupted completion's, up to batched floating-point differences. A stop string
+that would span the kept tokens and the continuation is not seen (vLLM matches the continuation's text only).
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from dataclasses import asdict
 from typing import Any
 
 from envs.types import Generation, Sampling
+from rollout.partial import INTERRUPTED, PauseGate, resume_seed
 from rollout.reaper import start_reaper
 from rollout.weights import CollectiveJoin, CollectiveWeights, IpcWeights
 
@@ -121,10 +134,14 @@ class VLLMEngine:
             kwargs |= dict(enable_lora=True, max_lora_rank=engine_lora_rank(lora_rank), max_loras=1)
         kwargs.update(engine_kwargs or {})
         self.model_path = model_path
+        self._routing = _routing_layout(model_path, cuda) if kwargs.get("enable_return_routed_experts") else None
         self._lora: Any = None  # the LoRARequest every request runs with (None: the base weights)
         self._lora_seq = 0
         self._streams: dict[str, int] = {}  # submitted request id -> the caller's key
+        self._parts: dict[str, tuple[list[int], list[float], int]] = {}  # request id -> ids, log-probs, version
         self._stream_seq = 0
+        self.gate = PauseGate()  # partial rollouts: streaming requests interrupted at a weight update
+        self._entered = False  # whether this engine's streaming requests hold the gate
         self.llm = LLM(**kwargs)
         self._closed = False
         self._core_procs = _core_processes(self.llm)
@@ -172,18 +189,25 @@ class VLLMEngine:
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self._lora
         )
-        return [_generation(o) for o in outs]
+        return [_generation(o, self._routing, self.gate.version) for o in outs]
 
     # -- streaming: requests that join the running batch (multi-turn episodes, ``rollout.episode``) --
 
-    def submit(self, key: int, prompt: list[int], sampling: Sampling, seed: int | None, stop: list[str]) -> None:
+    def submit(
+        self, key: int, prompt: list[int], sampling: Sampling, seed: int | None, stop: list[str], offset: int = 0
+    ) -> None:
         """Add one request to the running batch now (as ``generate`` would sample it); ``poll`` returns
-        its completion under ``key`` once it has finished. Not for use while ``generate`` or ``score`` runs."""
+        its completion under ``key`` once it has finished. Not for use while ``generate`` or ``score`` runs.
+        ``offset`` > 0: the prompt ends with that many kept tokens of an interrupted completion (module
+        docstring). Waits while the gate is closed (an interrupt: the request then runs on the new weights)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = _params(0, prompt, sampling, seed, stop)
-        params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it has finished
+        params = _params(0, prompt, sampling, resume_seed(seed, offset), stop)
+        params.output_kind = RequestOutputKind.DELTA  # each step's new tokens: an interrupt keeps them
+        if not self._entered:
+            self.gate.enter()
+            self._entered = True
         self._stream_seq += 1
         # Our own request ids (vLLM's outputs carry the id given here; ``LLM`` numbers its own 0, 1, ...)
         rid = f"jointrl-stream-{self._stream_seq}"
@@ -191,23 +215,58 @@ class VLLMEngine:
             rid, TokensPrompt(prompt_token_ids=list(prompt)), params, lora_request=self._lora
         )
         self._streams[rid] = key
+        self._parts[rid] = ([], [], self.gate.version)
 
     def poll(self) -> list[tuple[int, Generation]]:
         """One engine step (one iteration of vLLM's scheduler): the submitted requests that finished
-        in it, as ``(key, completion)``; [] when nothing is pending."""
+        in it, as ``(key, completion)``; [] when nothing is pending. Once an interrupt is requested: every
+        unfinished request instead, stopped, with its tokens so far (finish reason "interrupted")."""
         if not self._streams:
             return []
+        if self.gate.requested:
+            return self._interrupt()
         done = []
         for o in self.llm.llm_engine.step():
-            if o.finished and o.request_id in self._streams:
-                done.append((self._streams.pop(o.request_id), _generation(o)))
+            if o.request_id not in self._streams:
+                continue  # an aborted request's last output
+            ids, lps, _ = self._parts[o.request_id]
+            c = o.outputs[0]
+            new = list(c.token_ids)
+            ids += new
+            lps += _logprobs(new, c.logprobs)
+            if o.finished:
+                done.append((self._streams.pop(o.request_id), self._part(o.request_id, c.finish_reason or "stop", c)))
+        if not self._streams:
+            self._leave()
         return done
+
+    def _part(self, rid: str, reason: str, final: Any = None) -> Generation:
+        """Request ``rid``'s tokens so far; ``final``: its finished completion (routed experts come with it; vLLM
+        concatenates them at the end, for every token the request ran)."""
+        ids, lps, version = self._parts.pop(rid)
+        routing = None if final is None else _experts(final, self._routing)
+        return Generation(ids, lps, reason, routing, versions=[version] * len(ids))
+
+    def _interrupt(self) -> list[tuple[int, Generation]]:
+        """Abort every unfinished request; each one's reported tokens, "interrupted"."""
+        rids = list(self._streams)
+        self.llm.llm_engine.abort_request(rids)
+        out = [(self._streams.pop(r), self._part(r, INTERRUPTED)) for r in rids]
+        self._leave()
+        return out
+
+    def _leave(self) -> None:
+        if self._entered:
+            self._entered = False
+            self.gate.exit()
 
     def abort(self) -> None:
         """Drop every submitted request that has not finished (after an error: the engine is left idle)."""
         if self._streams:
             self.llm.llm_engine.abort_request(list(self._streams))
             self._streams.clear()
+            self._parts.clear()
+        self._leave()
 
     def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """Logprobs the engine's current weights give to ``continuation`` after ``prompt``.
@@ -242,6 +301,7 @@ class VLLMEngine:
         """Reload all weights in place from the safetensors file at ``path``."""
         self.llm.collective_rpc(_reload_from_file, args=(path,))
         self.llm.reset_prefix_cache()
+        self.gate.loaded()
 
     def load_weights_ipc(self, update: IpcWeights) -> None:
         """Reload all weights in place from a learner's CUDA IPC export (``Learner.export_ipc``, a learner
@@ -249,6 +309,7 @@ class VLLMEngine:
         through host memory."""
         self.llm.collective_rpc(_reload_from_ipc, args=(update,))
         self.llm.reset_prefix_cache()
+        self.gate.loaded()
 
     def join_weight_group(self, spec: CollectiveJoin) -> None:
         """Join the ``collective`` transport's process group (``rollout.collective``) from the engine's worker
@@ -262,6 +323,7 @@ class VLLMEngine:
         nothing loaded) or ``TornStream`` (checksum: the engine's weights are not the learner's) on failure."""
         self.llm.collective_rpc(_reload_from_stream, args=(asdict(update),))
         self.llm.reset_prefix_cache()
+        self.gate.loaded()
 
     def load_adapter(self, path: str) -> None:
         """Serve the LoRA adapter in the ``peft`` folder ``path`` from now on (needs ``lora_rank`` > 0).
@@ -282,6 +344,7 @@ class VLLMEngine:
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
         self.llm.reset_prefix_cache()
+        self.gate.loaded()
 
     def shutdown(self) -> None:
         """Stop the engine core process and free its shared memory (idempotent)."""
@@ -319,15 +382,49 @@ def _params(i: int, prompt: list[int], sampling: Sampling, seed: int | None, sto
     )
 
 
-def _generation(out: Any) -> Generation:
-    """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped."""
+def _routing_layout(model_path: str, cuda: bool) -> tuple[list[int], int]:
+    """(MoE layers, experts) of the model, to convert vLLM's routed experts (``rollout.routing.from_vllm``).
+    vLLM returns them only through its model runner V2 (Triton): not on CPU."""
+    from transformers import AutoConfig
+
+    from rollout.routing import moe_layers
+
+    if not cuda:
+        raise RuntimeError(
+            "enable_return_routed_experts (learner.routing_replay: r3 through vLLM) needs CUDA: vLLM reports "
+            "routed experts only from its model runner V2 (Triton); this engine sees no GPU"
+        )
+    config = AutoConfig.from_pretrained(model_path)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts:
+        raise RuntimeError(f"enable_return_routed_experts on {model_path}: not a mixture-of-experts model")
+    return moe_layers(config), int(experts)
+
+
+def _generation(out: Any, routing: tuple[list[int], int] | None = None, version: int | None = None) -> Generation:
+    """A finished vLLM ``RequestOutput`` as the sampled ids, their logprobs and why it stopped; with ``routing``
+    ((MoE layers, experts): the engine returns routed experts) the experts of every token it ran, in the
+    trajectory's layout (``rollout.routing.from_vllm``); ``version``: the policy version of the weights that
+    sampled it."""
     c = out.outputs[0]
     ids = list(c.token_ids)
-    # logprobs=0 returns the sampled token's own logprob at each position (processed: tempered, top-p truncated).
-    lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+    versions = None if version is None else [version] * len(ids)
+    return Generation(ids, _logprobs(ids, c.logprobs), c.finish_reason or "stop", _experts(c, routing), versions)
+
+
+def _experts(c: Any, routing: tuple[list[int], int] | None) -> Any:
+    """A finished completion's routed experts in the trajectory's layout (None without ``routing``)."""
+    from rollout.routing import from_vllm
+
+    return None if routing is None else from_vllm(getattr(c, "routed_experts", None), *routing)
+
+
+def _logprobs(ids: list[int], steps: Any) -> list[float]:
+    """The sampled tokens' own log-probs (``logprobs=0``: processed, i.e. tempered and top-p truncated)."""
+    lps = [float(step[t].logprob) for t, step in zip(ids, steps or [])]
     if len(lps) != len(ids):
         raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
-    return Generation(token_ids=ids, logprobs=lps, finish_reason=c.finish_reason or "stop")
+    return lps
 
 
 def _core_processes(llm: Any) -> list[Any]:

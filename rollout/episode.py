@@ -20,6 +20,13 @@ task's function schemas are placed once per episode (the chat template's ``tools
 message: :mod:`rollout.tools_prompt`) and rendered the same way at every turn; the trajectory keeps
 the rendered prompt (``Trajectory.prompt``) for the rollouts log.
 
+Partial rollouts (``rollout.partial``): an engine that can pause returns a request stopped by a weight update
+as an "interrupted" completion holding its tokens so far. The episode keeps them (``_Episode.kept``) and sends
+the turn again as prompt + kept tokens, with the remaining budget (``max_new_tokens`` minus the kept tokens),
+the same stop strings, seed and turn; the engine runs it once the new weights are loaded. The finished turn is
+the kept tokens then the continuation, each token with the policy version that sampled it
+(``Trajectory.token_versions``). Env calls in flight are not interrupted.
+
 Episode ends are honest: the env's ``terminated`` / ``truncated`` flags are kept; an
 episode whose last turn was cut by ``max_new_tokens``, or that the rollout ends itself
 (``max_turns``, ``max_model_len``, a template that cannot continue), is ``truncated``. A
@@ -43,13 +50,14 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from envs.sandbox.base import SandboxUnavailable
 from envs.types import Generation, Message, Sampling, Task, Trajectory
+from rollout.partial import INTERRUPTED, joined
 from rollout.tools_prompt import ToolsPlacement, check_mode, place_tools
 
 logger = logging.getLogger("rollout")
@@ -75,7 +83,9 @@ class Engine(Protocol):
 @runtime_checkable
 class StreamingEngine(Engine, Protocol):
     """An engine whose requests join its running batch: ``submit`` one, ``poll`` (one engine step)
-    for the ones that finished, as ``(key, completion)``; ``abort`` drops every unfinished one."""
+    for the ones that finished, as ``(key, completion)``; ``abort`` drops every unfinished one. An engine that
+    can pause also takes ``offset`` (kept tokens at the end of the prompt) in ``submit`` and may return
+    "interrupted" completions (``rollout.partial``); an engine that cannot never returns one."""
 
     def submit(self, key: int, prompt: list[int], sampling: Sampling, seed: int | None, stop: list[str]) -> None: ...
 
@@ -125,6 +135,9 @@ class _Episode:
     prompt: str = ""  # the rendered prompt (chat template, system and tools included; without the prefill)
     # MoE: per token run so far, its experts (Trajectory.routing); None once a turn came without routing
     routing: np.ndarray | None = None
+    # Per response token, the policy version that sampled it (-1: env token); None once a turn came without
+    token_versions: list[int] | None = field(default_factory=list)
+    kept: Generation | None = None  # the current turn's tokens so far, from interrupted requests
 
 
 T = TypeVar("T")
@@ -240,12 +253,7 @@ def _run_in_turns(engine: Engine, eps: list[_Episode], tokenizer: Any, sampling:
         active = [e for e in eps if not e.done]
         if not active:
             return
-        gens = engine.generate(
-            [e.prompt_ids + e.response_ids for e in active],
-            sampling,
-            seeds=[_seed(e) for e in active],
-            stops=[e.stop for e in active],
-        )
+        gens = _generate_turn(engine, active, sampling)
         for e, gen in zip(active, gens):
             _act(e, gen, tokenizer)
         results = calls.each(lambda e: _contained(e, "step", e.env.step, e.action), active)
@@ -255,6 +263,61 @@ def _run_in_turns(engine: Engine, eps: list[_Episode], tokenizer: Any, sampling:
             if res is not None and _contained(e, "step result", _observe, e, gen, res, tokenizer, sampling)
         ]
         calls.each(lambda e: _contained(e, "finalize", _finalize, e), ended)
+
+
+def _generate_turn(engine: Engine, eps: list[_Episode], sampling: Sampling) -> list[Generation]:
+    """Each episode's next turn through ``generate``; a turn interrupted by a weight update (kept tokens) is
+    generated again from where it stopped, with the remaining budget, until every turn has finished."""
+    out: list[Generation | None] = [None] * len(eps)
+    todo = list(range(len(eps)))
+    while todo:
+        by_budget: dict[int, list[int]] = {}
+        for i in todo:
+            by_budget.setdefault(_room(eps[i], sampling), []).append(i)
+        todo = []
+        for budget, idxs in by_budget.items():
+            part = [eps[i] for i in idxs]
+            offsets = [_kept(e) for e in part]
+            gens = engine.generate(
+                [e.prompt_ids + e.response_ids + _kept_ids(e) for e in part],
+                replace(sampling, max_new_tokens=budget),
+                seeds=[_seed(e) for e in part],
+                stops=[e.stop for e in part],
+                **({"offsets": offsets} if any(offsets) else {}),
+            )
+            for i, e, gen in zip(idxs, part, gens):
+                whole = _resumable(e, gen, sampling)
+                if whole is None:
+                    todo.append(i)
+                else:
+                    out[i] = whole
+    return out  # type: ignore[return-value]
+
+
+def _kept(e: _Episode) -> int:
+    return len(e.kept.token_ids) if e.kept is not None else 0
+
+
+def _kept_ids(e: _Episode) -> list[int]:
+    return list(e.kept.token_ids) if e.kept is not None else []
+
+
+def _room(e: _Episode, sampling: Sampling) -> int:
+    """The current turn's remaining token budget: ``max_new_tokens`` minus its kept tokens."""
+    return sampling.max_new_tokens - _kept(e)
+
+
+def _resumable(e: _Episode, gen: Generation, sampling: Sampling) -> Generation | None:
+    """The whole turn once ``gen`` has finished it: the kept tokens of the turn's interrupted requests, then
+    ``gen``. None when ``gen`` was interrupted with budget left: its tokens are kept, the turn is to be resumed
+    (``_room``, ``_kept_ids``). An interruption that left no budget ends the turn as "length"."""
+    if gen.finish_reason == INTERRUPTED:
+        e.kept = joined(e.kept, gen)
+        if _room(e, sampling) > 0:
+            return None
+        gen = Generation([], [], "length", versions=[])
+    whole, e.kept = joined(e.kept, gen), None
+    return whole
 
 
 def _run_streaming(
@@ -270,7 +333,11 @@ def _run_streaming(
     def turn(i: int) -> None:
         nonlocal in_engine
         e = eps[i]
-        engine.submit(i, e.prompt_ids + e.response_ids, sampling, _seed(e), e.stop)
+        prompt, room, kept = e.prompt_ids + e.response_ids + _kept_ids(e), _room(e, sampling), _kept(e)
+        if kept:  # a turn interrupted by a weight update, resumed: waits in submit until the new weights are in
+            engine.submit(i, prompt, replace(sampling, max_new_tokens=room), _seed(e), e.stop, offset=kept)
+        else:
+            engine.submit(i, prompt, sampling, _seed(e), e.stop)
         in_engine += 1
 
     try:
@@ -279,8 +346,12 @@ def _run_streaming(
                 turn(i)
         while in_engine or in_env:
             if in_engine:
-                for i, gen in engine.poll():
+                for i, polled in engine.poll():
                     in_engine -= 1
+                    gen = _resumable(eps[i], polled, sampling)
+                    if gen is None:
+                        turn(i)
+                        continue
                     _act(eps[i], gen, tokenizer)
                     in_env[calls.submit(_contained, eps[i], "step", eps[i].env.step, eps[i].action)] = (i, gen)
                 ready = [f for f in in_env if f.done()]
@@ -368,6 +439,7 @@ def _trajectory(e: _Episode) -> Trajectory:
         reward_error=e.harness_error,
         prompt=e.prompt,
         routing=e.routing,
+        token_versions=e.token_versions,
     )
 
 
@@ -377,6 +449,10 @@ def _act(e: _Episode, gen: Generation, tokenizer: Any) -> None:
     e.response_ids += gen.token_ids
     e.loss_mask += [1] * len(gen.token_ids)
     e.logprobs += gen.logprobs
+    if e.token_versions is not None and gen.versions is not None and len(gen.versions) == len(gen.token_ids):
+        e.token_versions += gen.versions
+    else:
+        e.token_versions = None
     # Special tokens stay in the text (skipping them would desync text and tokens); only the
     # closing EOS of a finished turn is not part of the action.
     ids = gen.token_ids
@@ -430,6 +506,8 @@ def _observe(e: _Episode, gen: Generation, result: tuple, tokenizer: Any, sampli
     e.response_ids += delta
     e.loss_mask += [0] * len(delta)
     e.logprobs += [0.0] * len(delta)
+    if e.token_versions is not None:
+        e.token_versions += [-1] * len(delta)
     return False
 
 

@@ -10,15 +10,25 @@ logits' when greedy), like ``VLLMEngine`` with vLLM's ``processed_logprobs``. ``
 log-probs (temperature 1). On a mixture-of-experts model every ``Generation`` carries the experts each
 token was routed to (``Generation.routing``, captured through hooks on the routers: ``rollout.routing``),
 the engine side of routing replay R3 (docs/moe.md). This module does not know about tasks, envs or rewards.
+
+It can pause (partial rollouts, ``rollout.partial``): ``generate`` checks its ``gate`` between tokens and, once
+an interrupt is requested, returns each unfinished completion's tokens so far (``finish_reason`` "interrupted").
+A request resumed after ``offsets[i]`` kept tokens (prompt + kept tokens, the remaining budget) samples exactly
+what the uninterrupted request would have on the same weights, up to the floating-point difference between
+running the kept tokens in one pass and one at a time: its generator skips the draws the kept tokens used
+(``torch.multinomial`` of one sample draws one exponential per vocabulary entry, whatever the probabilities), and
+its stop strings are matched on the kept tokens' text and the new text together.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from envs.types import Generation, Sampling
+from rollout.partial import INTERRUPTED, PauseGate
 from rollout.routing import capture_routing, is_moe
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -43,6 +53,7 @@ class HFEngine:
             eos.add(tok.eos_token_id)
         self.eos = eos
         self.moe = is_moe(self.model)  # generations carry their routing
+        self.gate = PauseGate()  # partial rollouts: interrupted between tokens, resumed on new weights
 
     @torch.no_grad()
     def generate(
@@ -51,10 +62,24 @@ class HFEngine:
         sampling: Sampling,
         seeds: list[int] | None = None,
         stops: list[list[str]] | None = None,
+        offsets: list[int] | None = None,
     ) -> list[Generation]:
         """One completion per prompt, in order; ``seeds[i]`` (default ``seed + i``) seeds prompt i's sampling.
         ``stops[i]``: prompt i's completion ends with the token after which its text holds one of
-        these strings (as vLLM's ``stop`` with ``include_stop_str_in_output``)."""
+        these strings (as vLLM's ``stop`` with ``include_stop_str_in_output``). ``offsets[i]`` > 0: prompt i ends
+        with that many tokens of an interrupted completion, which this one continues (module docstring).
+        Waits while the gate is closed; an interrupt stops it between tokens (completions "interrupted")."""
+        with self.gate.use():
+            return self._generate(prompts, sampling, seeds, stops, offsets)
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None,
+        stops: list[list[str]] | None,
+        offsets: list[int] | None,
+    ) -> list[Generation]:
         out = []
         for i, p in enumerate(prompts):
             room = sampling.max_model_len - len(p)
@@ -64,7 +89,8 @@ class HFEngine:
                 )
             seed = int(seeds[i]) if seeds is not None else self.seed + i
             stop = list(stops[i]) if stops else []
-            args = (p, min(sampling.max_new_tokens, room), sampling, seed % (2**31), stop)
+            offset = int(offsets[i]) if offsets else 0
+            args = (p, min(sampling.max_new_tokens, room), sampling, seed % (2**31), stop, offset)
             out.append(self._sample_routed(*args) if self.moe else self._sample(*args))
         return out
 
@@ -72,29 +98,48 @@ class HFEngine:
         """``_sample`` with the routing of every token run through the model (a compact numpy array)."""
         with capture_routing(self.model) as cap:
             g = self._sample(prompt, *args)
+        if g.finish_reason == INTERRUPTED:
+            return g  # its continuation runs these tokens again and reports their routing
         routing = cap.routing().numpy()
         if routing.shape[0] != len(prompt) + len(g.token_ids) - 1:
             raise RuntimeError(f"routing of {routing.shape[0]} tokens for {len(prompt)} + {len(g.token_ids)} - 1")
-        return Generation(token_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason, routing=routing)
+        return replace(g, routing=routing)
 
-    def _sample(self, prompt: list[int], max_tokens: int, sampling: Sampling, seed: int, stop: list[str]) -> Generation:
+    def _sample(
+        self, prompt: list[int], max_tokens: int, sampling: Sampling, seed: int, stop: list[str], offset: int = 0
+    ) -> Generation:
+        """One completion; ``offset``: the last ``offset`` prompt tokens are an interrupted completion's, whose
+        draws the generator skips and whose text the stop strings are matched with."""
         gen = torch.Generator().manual_seed(seed)
-        res = self.model(torch.tensor([prompt], device=self.device), use_cache=True)
+        kept = list(prompt[len(prompt) - offset :]) if offset else []
+        if kept and sampling.temperature > 0:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            for _ in kept:  # the draws of the kept tokens (see the module docstring)
+                torch.empty(vocab, dtype=torch.float32).exponential_(1, generator=gen)
         ids: list[int] = []
         lps: list[float] = []
+
+        def done(reason: str) -> Generation:
+            return Generation(ids, lps, reason, versions=[self.gate.version] * len(ids))
+
+        if self.gate.requested:
+            return done(INTERRUPTED)
+        res = self.model(torch.tensor([prompt], device=self.device), use_cache=True)
         for _ in range(max_tokens):
             logits = res.logits[0, -1].float().cpu()
             tok, logp = _pick(logits, sampling, gen)
             ids.append(tok)
             lps.append(logp)
-            if tok in self.eos or (stop and any(s in self.tokenizer.decode(ids) for s in stop)):
-                return Generation(token_ids=ids, logprobs=lps, finish_reason="stop")
+            if tok in self.eos or (stop and any(s in self.tokenizer.decode(kept + ids) for s in stop)):
+                return done("stop")
             if len(ids) == max_tokens:
                 break  # the last token is not run through the model: nothing reads its logits
+            if self.gate.requested:
+                return done(INTERRUPTED)
             res = self.model(
                 torch.tensor([[tok]], device=self.device), past_key_values=res.past_key_values, use_cache=True
             )
-        return Generation(token_ids=ids, logprobs=lps, finish_reason="length")
+        return done("length")
 
     @torch.no_grad()
     def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
@@ -118,6 +163,7 @@ class HFEngine:
         with torch.no_grad():
             for k, v in sd.items():
                 own[k].copy_(v)
+        self.gate.loaded()
 
     def load_adapter(self, path: str) -> None:
         """Serve the LoRA adapter in the ``peft`` folder ``path`` over the base weights (``VLLMEngine.load_adapter``'s
@@ -133,6 +179,7 @@ class HFEngine:
             self.model.delete_adapter(old)  # its own modules only: the base stays
         else:
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name, is_trainable=False).eval()
+        self.gate.loaded()
 
     def shutdown(self) -> None:
         self.model = None  # type: ignore[assignment]

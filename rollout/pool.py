@@ -62,6 +62,7 @@ class RolloutWorker:
         stops: dict[str, list[str]] | None = None,
         env_workers: int = 0,
         tools_in_prompt: str = "auto",
+        partial_rollouts: bool = False,
     ) -> None:
         """``engine``: an engine object to use instead of starting a ``VLLMEngine`` (the in-process runtime
         passes a ``rollout.hf_engine.HFEngine``); the engine keyword arguments are then unused.
@@ -70,7 +71,8 @@ class RolloutWorker:
         ``env_workers``: env calls run on up to this many threads at once (``rollout.env_workers``;
         0 = one per CPU this process may run on). ``tools_in_prompt``: how tool schemas reach the prompt
         (``rollout.tools_in_prompt``, :mod:`rollout.tools_prompt`); ``template`` with a chat template that
-        does not render tools raises ``ValueError`` here, before any rollout."""
+        does not render tools raises ``ValueError`` here, before any rollout. ``partial_rollouts``
+        (``rollout.partial_rollouts``): an engine that cannot pause (no ``gate``) raises ``ValueError`` here."""
         from transformers import AutoTokenizer
 
         register_stacks("rollout_worker")  # SIGUSR1 -> this process's stacks in the run's stacks/ (a hung call)
@@ -98,6 +100,8 @@ class RolloutWorker:
                     lora_rank=lora_rank,
                 )
             )
+        if partial_rollouts:
+            self._gate()  # an engine that cannot pause is refused now, before any rollout
         # Where weights that arrive through the object store (learner on another node) are put.
         self._blob = (
             f"/dev/shm/jointrl-weights-{os.getpid()}.safetensors"
@@ -139,6 +143,35 @@ class RolloutWorker:
             env_workers=self.env_workers,
             tools_in_prompt=self.tools_in_prompt,
         )
+
+    # -- partial rollouts (rollout.partial): new weights while episodes are generating --
+
+    def interrupt(self, timeout_s: float | None = None) -> None:
+        """Stop this worker's generation in flight at its next token and return once its engine is free for a
+        weight load (``receive``), then ``resume``. ``generate`` (running on another thread) is not ended: its
+        unfinished turns keep their tokens and wait to continue on the new weights, and its env calls keep
+        running. ``TimeoutError`` when the engine has not stopped within ``timeout_s`` (nothing is paused then)."""
+        self._gate().interrupt(timeout_s)
+
+    def resume(self, version: int | None = None) -> None:
+        """Let the interrupted turns continue, on the weights loaded since ``interrupt``; ``version``: their policy
+        version, which every token sampled from now on records (None: the engine's count of weight loads).
+        Without an interrupt it only sets the version (a run resumed at that step)."""
+        self._gate().resume(version)
+
+    def policy_version(self) -> int:
+        """The policy version the engine's tokens are recorded with now."""
+        return self._gate().version
+
+    def _gate(self) -> Any:
+        """The engine's ``rollout.partial.PauseGate``; ``ValueError`` naming the key for an engine without one."""
+        gate = getattr(self.engine, "gate", None)
+        if gate is None:
+            raise ValueError(
+                f"rollout.partial_rollouts: the engine {type(self.engine).__name__} cannot pause (it has no "
+                "rollout.partial.PauseGate); use the vLLM or HF engine, or partial_rollouts false"
+            )
+        return gate
 
     def receive(self, update: WeightUpdate) -> bool:
         """Load what one weight transport delivered (``rollout.weights.WeightReceiver``): a weights file or adapter

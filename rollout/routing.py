@@ -16,7 +16,11 @@ through forward hooks on those routers, so the model's own code runs unchanged:
 Replay only matches routers that weigh experts by the softmax of their logits; on the first call where
 the forced experts equal the router's own choice the recomputed weights are compared with the router's,
 and a router that computes them otherwise (sigmoid scores, score biases) is refused, not silently
-mis-weighted. This module does not know about the learner, episodes or engines.
+mis-weighted.
+
+vLLM reports routing itself (``enable_return_routed_experts``, GPU only): ``moe_layers(config)`` and
+``from_vllm`` turn its per-request array into the same layout. This module does not know about the learner,
+episodes or engines.
 """
 
 from __future__ import annotations
@@ -25,9 +29,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["routers", "is_moe", "routing_dtype", "capture_routing", "replay_routing", "RoutingCapture"]
+__all__ = [
+    "routers",
+    "is_moe",
+    "routing_dtype",
+    "capture_routing",
+    "replay_routing",
+    "RoutingCapture",
+    "moe_layers",
+    "from_vllm",
+]
 
 
 def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -187,3 +201,36 @@ def replay_routing(model: torch.nn.Module, routing: torch.Tensor) -> Iterator[No
                     f"routing replay: {routing.shape[0]} rows given, {replays[0].used} tokens forwarded "
                     "(the routing does not belong to these forwards)"
                 )
+
+
+def moe_layers(config: Any) -> list[int]:
+    """The decoder layers of a transformers MoE ``config`` that have a router, in order (the layers of the
+    routing layout): every layer, less Qwen-MoE's ``mlp_only_layers`` and the layers ``decoder_sparse_step``
+    skips, and DeepSeek's first ``first_k_dense_replace``; the same rules vLLM's model code builds its MoE
+    blocks by."""
+    n = int(config.num_hidden_layers)
+    dense = set(getattr(config, "mlp_only_layers", None) or [])
+    step = int(getattr(config, "decoder_sparse_step", None) or 1)
+    first = int(getattr(config, "first_k_dense_replace", None) or 0)
+    return [i for i in range(n) if i not in dense and (i + 1) % step == 0 and i >= first]
+
+
+def from_vllm(routed: Any, layers: list[int], num_experts: int) -> np.ndarray | None:
+    """vLLM's routed experts of one request (``CompletionOutput.routed_experts``, vLLM 0.32: ``(tokens,
+    num_hidden_layers, top_k)`` ``uint8``, ``uint16`` above 256 experts; one row per token the engine ran, the
+    prompt's then each generated token's but the last; a dense layer's row is never written) as this module's
+    routing: the MoE ``layers`` (``moe_layers``) only, in ``routing_dtype(num_experts)``. None stays None (the
+    request reported none). Rows are not checked against the tokens: the episode does (``rollout.episode``),
+    and a sample whose rows fall short leaves R3's batch, counted."""
+    if routed is None:
+        return None
+    r = np.asarray(routed)
+    if r.ndim != 3:
+        raise ValueError(f"vLLM routed experts of shape {r.shape}: expected (tokens, layers, top_k)")
+    if r.shape[1] != len(layers):
+        if not layers or r.shape[1] <= max(layers):
+            raise ValueError(f"vLLM routed experts of {r.shape[1]} layers for a model whose MoE layers are {layers}")
+        r = r[:, layers]
+    if r.size and int(r.max()) >= num_experts:
+        raise ValueError(f"vLLM routed experts hold indices outside 0..{num_experts - 1}")
+    return np.ascontiguousarray(r.astype(str(routing_dtype(num_experts)).removeprefix("torch.")))

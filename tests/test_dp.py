@@ -240,7 +240,7 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
     a = LearnerGroup(2, tiny_model_path, MODEL_CFG, algo, threads=2, shm_dir=str(tmp_path / "a"), num_cpus=1)
     try:
         a.step(dp_batch(tiny_tokenizer, False))
-        a.save_checkpoint(str(ck))
+        a.save_checkpoint(str(ck), export_dtype="float32")  # with the HF export (a run's last checkpoint)
         saved = ray2.get([x.__ray_call__.remote(_state) for x in a.actors])[0]
         m_a = a.step(dp_batch(tiny_tokenizer, True))
         after = ray2.get([x.__ray_call__.remote(_state) for x in a.actors])[0]
@@ -271,22 +271,27 @@ def test_sharded_checkpoint_resume(ray2, tiny_model_path, tiny_tokenizer, tmp_pa
         one.shutdown()
 
 
-def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
-    """One of 2 sharded LoRA learners (torch.multiprocessing, no Ray): two SGD steps, then its gathered state."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    lrn = Learner(
+def rank_learner(path: str, rank: int, port: int, out: str, algo: AlgoConfig, learner: LearnerConfig) -> Learner:
+    """Rank ``rank`` of 2 sharded learners in a torch.multiprocessing worker (gloo on ``port``, no Ray)."""
+    return Learner(
         path,
         MODEL_CFG,
-        LORA_ALGO,
+        algo,
         threads=1,
         rank=rank,
         world_size=2,
         dist_port=port,
         shm_dir=f"{out}/shm{rank}",
-        learner=LORA_LEARNER,
+        learner=learner,
     )
+
+
+def _lora_rank(rank: int, port: int, path: str, out: str) -> None:
+    """One of 2 sharded LoRA learners (torch.multiprocessing, no Ray): two SGD steps, then its gathered state."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    lrn = rank_learner(path, rank, port, out, LORA_ALGO, LORA_LEARNER)
     _use_sgd(lrn)
     metrics = [lrn.step(shard_batch(dp_batch(tok, skip), 2)[rank]) for skip in (False, True)]
     state = _state(lrn)

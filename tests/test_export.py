@@ -75,6 +75,13 @@ def test_export_full_equals_learner(make_learner, tiny_tokenizer, tiny_model_pat
     from safetensors.torch import load_file
 
     assert {t.dtype for t in load_file(bf16 / "model.safetensors").values()} == {torch.bfloat16}
+    # the checkpoint has no model/ (not the run's last one): the bf16 export of its sharded state follows the
+    # learner to bf16 rounding of the weights, and is still not the base
+    assert not (tmp_path / "run" / "checkpoints" / "step_000002" / "model").exists()
+    got = _hf_logprobs(bf16, prompt, cont)
+    assert got == pytest.approx(want, abs=0.05) and got != pytest.approx(
+        _hf_logprobs(Path(tiny_model_path), prompt, cont), abs=1e-3
+    )
 
 
 def test_export_lora_merged_equals_learner(make_learner, tiny_tokenizer, tiny_model_path, tmp_path):

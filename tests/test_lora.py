@@ -106,7 +106,7 @@ def test_checkpoint_holds_adapters_and_resumes(make, tiny_tokenizer, tmp_path):
     a = make()
     a.step(make_batch(tiny_tokenizer))
     ck = tmp_path / "ck"
-    a.save_checkpoint(str(ck))
+    a.save_checkpoint(str(ck), export_dtype="float32")  # with the HF export (a run's last checkpoint)
     assert (ck / "adapter" / "adapter_config.json").is_file()
     exported = load_file(a.export_weights("float32"))
     hf = AutoModelForCausalLM.from_pretrained(ck / "model", dtype=torch.float32)

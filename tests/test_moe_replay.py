@@ -227,6 +227,18 @@ class _RoutingEngine:
         return out
 
 
+class _VLLMShapedEngine(_RoutingEngine):
+    """``_RoutingEngine``'s generations passed through vLLM's request output classes and the vLLM engine's own
+    conversion (``rollout.engine._generation``): what the vLLM engine returns under r3 on a GPU."""
+
+    def generate(self, prompts, sampling, seeds=None, stops=None):
+        from rollout.engine import _generation
+        from test_moe_vllm import _output
+
+        gens = super().generate(prompts, sampling, seeds, stops)
+        return [_generation(_output(g.routing, list(p), g.token_ids), ([0], 256)) for p, g in zip(prompts, gens)]
+
+
 class _TwoTurnEnv:
     """An observation after turn 1, the end after turn 2."""
 
@@ -247,18 +259,21 @@ class _TwoTurnEnv:
 
 
 @pytest.mark.parametrize("without", [(), (1,)])
-def test_multi_turn_episode_carries_each_tokens_routing_from_the_turn_that_ran_it(tiny_tokenizer, without) -> None:
+@pytest.mark.parametrize("kind", [_RoutingEngine, _VLLMShapedEngine])
+def test_multi_turn_episode_carries_each_tokens_routing_from_the_turn_that_ran_it(
+    tiny_tokenizer, without, kind
+) -> None:
     from envs.types import Message, Sampling, Task
     from rl.algos.batch import _routing
     from rollout.episode import run_episodes
 
     tok = tiny_tokenizer
-    engine = _RoutingEngine([tok.encode(" one two", add_special_tokens=False), tok.encode(" three")], without)
+    engine = kind([tok.encode(" one two", add_special_tokens=False), tok.encode(" three")], without)
     t0 = Task(id="t", domain="tool_call", messages=(Message("user", "hi"),))
     (t,) = run_episodes(engine, tok, lambda d: _TwoTurnEnv(), [t0], [0], [1], Sampling(max_turns=3))
     assert t.num_turns == 2 and 0 in t.loss_mask  # the observation's env tokens sit between the turns
     if without:
-        assert t.routing is None  # a turn without routing: the episode has none (r3 refuses it, none logs none)
+        assert t.routing is None  # a turn without routing: the episode has none (r3 drops it in build_batch)
         return
     ran1 = len(engine.prompts[0]) + len(engine.turns[0]) - 1  # what turn 1 ran; turn 2 ran the rest
     n = len(t.prompt_ids) + len(t.response_ids)
@@ -291,3 +306,51 @@ def test_replay_of_experts_far_below_the_routers_choice_keeps_finite_gradients(m
     logits.float().logsumexp(-1).sum().backward()
     assert bool(logits.isfinite().all())
     assert all(bool(r.weight.grad.isfinite().all()) for r in routers(model))
+
+
+def _routed_traj(reward: float, response: list[int], rows: int | None, group: int = 0):
+    """A tool_call trajectory of prompt [5, 6, 7] + ``response`` with ``rows`` rows of random engine routing
+    (2 layers, top-2 of 8; None: no routing)."""
+    import numpy as np
+
+    from envs.types import Message, Task, Trajectory
+
+    task = Task(id=f"t{group}", domain="tool_call", messages=(Message("user", "hi"),))
+    n = len(response)
+    g = np.random.default_rng(len(response) * 10 + group)
+    routing = None if rows is None else np.stack([g.permutation(8)[:2] for _ in range(rows * 2)]).reshape(rows, 2, 2)
+    return Trajectory(
+        task, group, [5, 6, 7], response, [1] * n, [-1.0] * n, [], True, False, "stop", reward=reward,
+        routing=None if routing is None else routing.astype(np.uint8),
+    )  # fmt: skip
+
+
+def test_r3_drops_a_sample_without_routing_before_the_estimator(moe_path, tmp_path) -> None:
+    """Under r3 a trajectory with no engine routing, or routing short of the tokens the engine ran, leaves the
+    batch like a harness failure (its GRPO group's baseline is its other members') and is counted in
+    ``moe/dropped_no_routing``; the learner's step on the rest equals the step without those trajectories."""
+    from rl.algos.batch import build_batch
+
+    algo = AlgoConfig(name="grpo", optim=OptimConfig(lr=1e-3, max_grad_norm=0.0))
+    ok = [_routed_traj(1.0, [40, 41, 42], 5), _routed_traj(0.0, [50, 51], 4), _routed_traj(0.5, [60, 61], 4, 1)]
+    ok.append(_routed_traj(0.0, [62, 63], 4, 1))
+    bad = [_routed_traj(1.0, [70, 71], None), _routed_traj(0.0, [72, 73, 74], 3, 1)]  # none; 3 rows of 5 ran
+    want, want_stats = build_batch(ok, algo, routing_required=True)
+    got, stats = build_batch(ok + bad, algo, routing_required=True)
+    assert want_stats["moe/dropped_no_routing"] == 0.0
+    assert stats["moe/dropped_no_routing"] == 2.0 and stats["batch/excluded"] == 2.0
+    assert [(s.input_ids, s.advantage) for s in got.samples] == [(s.input_ids, s.advantage) for s in want.samples]
+    assert (got.num_tokens, got.num_seqs) == (want.num_tokens, want.num_seqs) == (9, 4)
+    assert all(s.routing is not None and s.routing.shape[0] == len(s.input_ids) for s in got.samples)
+    # without r3 nothing is dropped for routing: the uncovered routing is just not carried (no metric, no error)
+    loose, loose_stats = build_batch(ok + bad, algo)
+    assert "moe/dropped_no_routing" not in loose_stats and len(loose.samples) == 6
+    assert [s.routing is None for s in loose.samples] == [False] * 4 + [True, True]
+    losses = []
+    for name, batch in (("want", want), ("got", got)):
+        lrn = _learner(moe_path, tmp_path / name, "r3")
+        try:
+            losses.append(lrn.step(batch)["loss/policy"])
+        finally:
+            lrn.shutdown()
+    assert losses[0] == losses[1]

@@ -70,11 +70,19 @@ class Batch:
     domains: tuple[str, ...] = ()
 
 
-def _usable(trajs: list[Trajectory], est: Estimator, stats: dict[str, float]) -> list[Trajectory]:
+def _usable(
+    trajs: list[Trajectory], est: Estimator, stats: dict[str, float], routing_required: bool = False
+) -> list[Trajectory]:
     """Scored trajectories with policy tokens, in groups big enough for the estimator's baseline
     (RLOO: a group left with one member, its siblings errored, has none). A trajectory with a ``reward_error``
-    (a harness failure, an errored reward) is no training sample even if a reward came with it."""
+    (a harness failure, an errored reward) is no training sample even if a reward came with it. With
+    ``routing_required`` (R3) a trajectory whose engine routing is missing or does not cover its tokens
+    is dropped the same way and counted in ``moe/dropped_no_routing``."""
     ok = [t for t in trajs if t.reward is not None and t.reward_error is None and t.num_policy_tokens > 0]
+    if routing_required:
+        covered = [t for t in ok if _routing(t) is not None]
+        stats["moe/dropped_no_routing"] = float(len(ok) - len(covered))
+        ok = covered
     if est.min_group_size > 1:
         sizes: dict[int, int] = defaultdict(int)
         for t in ok:
@@ -89,6 +97,7 @@ def build_batch(
     algo: AlgoConfig,
     rewards: list[float] | None = None,
     seq_level_domains: tuple[str, ...] = (),
+    routing_required: bool = False,
 ) -> tuple[Batch, dict[str, float]]:
     """Advantages and samples for ``trajs`` under ``algo``; returns (batch, stats).
 
@@ -101,13 +110,17 @@ def build_batch(
     under token-mean aggregation a long trajectory counts as much as a short one (the
     clipped objective is linear in a positive advantage scale, so this is exact; the KL
     term is not rescaled). Only for outcome advantages (``validate_recipe`` refuses the rest).
+
+    ``routing_required`` (``learner.routing_replay: r3``, which forces the engine's experts): a trajectory
+    without engine routing for every token the engine ran leaves before the estimator, like a harness failure
+    (its group's baseline is its other members'), counted in ``moe/dropped_no_routing``.
     """
     est = get_estimator(algo)
     in_learner = est.learner_advantages(algo)
     _check_inputs(trajs, algo, rewards, seq_level_domains, in_learner)
     given = {id(t): r for t, r in zip(trajs, rewards)} if rewards is not None else None
     stats: dict[str, float] = {}
-    ok = _usable(trajs, est, stats)
+    ok = _usable(trajs, est, stats, routing_required)
     if not ok:
         return Batch([], 0, 0), stats
     ok = _zero_variance(ok, algo, stats)
@@ -205,13 +218,14 @@ def _samples(
 
 def _routing(t: Trajectory) -> torch.Tensor | None:
     """The trajectory's engine routing as ``Sample.routing``: one row per token of prompt + response, the rows the
-    engine never ran (the last token) holding the default experts ``0..top_k-1``; None without routing."""
+    engine never ran (the last token) holding the default experts ``0..top_k-1``; None without routing or with
+    routing that does not cover the tokens the engine ran (``n - 1`` or ``n`` rows of ``(layers, top_k)``)."""
     if t.routing is None:
         return None
     r = torch.from_numpy(np.ascontiguousarray(t.routing))
     n = len(t.prompt_ids) + len(t.response_ids)
-    if r.dim() != 3 or r.shape[0] > n:
-        raise ValueError(f"trajectory routing of shape {tuple(r.shape)} for {n} tokens: expected (<= {n}, layers, k)")
+    if r.dim() != 3 or not n - 1 <= r.shape[0] <= n:
+        return None
     k = r.shape[2]
     rest = torch.arange(k, dtype=r.dtype).expand(n - r.shape[0], r.shape[1], k)
     return torch.cat([r, rest])

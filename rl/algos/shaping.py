@@ -6,7 +6,18 @@ One stage between scoring and the advantage estimator (``rl.algos.estimators``):
     r' = (r - mu_d) / (sigma_d + eps)
 
 with ``mu_d``, ``sigma_d`` the domain's running mean and std (Welford over every reward seen,
-or an EMA), updated with the step's rewards first. The estimator then runs on ``r'``: with
+or an EMA), updated with the step's rewards first.
+
+A warm-up prior (``prior_samples`` > 0, ``algo.reward_norm.prior_samples``): ``sigma_d`` starts
+from ``prior_std`` as if the domain had already seen that many rewards of that spread, and its
+own rewards outweigh the prior as they come in. Welford:
+``sigma_d^2 = (M2_d + n0 * prior_std^2) / (n_d - 1 + n0)``; EMA: ``w * var_d + (1 - w) *
+prior_std^2`` with ``w = n_d / (n_d + n0)``. Without it a domain's scale in the first steps is
+the spread of one or two small batches: a domain drawn twice a step at a low pass rate can
+have a std of 0 after its first batch, 0.25 after its second (one success in 16), 0.5 after
+a lucky one, so the same reward difference is worth 2x to 4x more or less from one step to
+the next exactly when the policy moves most. The mean is not shrunk: the group baseline of
+Dr.GRPO removes it, and GRPO's z-score ignores both. The estimator then runs on ``r'``: with
 Dr.GRPO that is ``r' - mean_g(r') = (r - mean_g) / (sigma_d + eps)``, the group baseline with the
 domain's scale, so a domain whose rewards are 10x larger does not get 10x the gradient, without
 GRPO's per-group std (which inflates near-solved and near-impossible groups); with GRPO the
@@ -35,12 +46,23 @@ MODES = ("none", "domain")
 class RewardNormalizer:
     """Running per-domain reward statistics and the shaped rewards (see module doc)."""
 
-    def __init__(self, mode: str = "none", stat: str = "welford", ema: float = 0.1, eps: float = 1e-6) -> None:
+    def __init__(
+        self,
+        mode: str = "none",
+        stat: str = "welford",
+        ema: float = 0.1,
+        eps: float = 1e-6,
+        prior_samples: float = 0.0,
+        prior_std: float = 0.5,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown normalization {mode!r}; choose one of {', '.join(MODES)}")
         if stat not in ("welford", "ema"):
             raise ValueError(f"unknown statistic {stat!r}; choose welford or ema")
+        if prior_samples < 0 or prior_std <= 0:
+            raise ValueError(f"need prior_samples >= 0 and prior_std > 0, got {prior_samples}, {prior_std}")
         self.mode, self.stat, self.ema, self.eps = mode, stat, ema, eps
+        self.prior_samples, self.prior_std = float(prior_samples), float(prior_std)
         self.n: dict[str, float] = {}
         self.mean: dict[str, float] = {}
         self.m2: dict[str, float] = {}  # Welford: sum of squared deviations; EMA: the variance
@@ -63,6 +85,14 @@ class RewardNormalizer:
 
     def std(self, domain: str) -> float:
         n = self.n.get(domain, 0.0)
+        n0, prior = self.prior_samples, self.prior_std**2
+        if n0 > 0:  # the warm-up prior (module doc)
+            m2 = self.m2.get(domain, 0.0)
+            if self.stat == "welford":
+                var = (m2 + n0 * prior) / (max(n - 1, 0.0) + n0)
+            else:
+                var = (n * m2 + n0 * prior) / (n + n0)
+            return math.sqrt(max(var, 0.0))
         if n < 2:
             return 1.0  # no spread known yet: leave the scale alone
         var = self.m2[domain] / (n - 1) if self.stat == "welford" else self.m2[domain]

@@ -97,29 +97,41 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def resolve_model_arg(arg: str) -> tuple[str, Path | None]:
     """``--model``: (model path for the recipe, the run dir it belongs to or None).
 
-    Accepts ``embedded:NAME``, a Hugging Face folder, a checkpoint dir (``…/step_N`` with a
-    ``model/`` subfolder) or a run dir (its newest ``checkpoints/step_N``).
+    Accepts ``embedded:NAME``, a Hugging Face folder, a checkpoint dir (``…/step_N``, or its ``model/``
+    subfolder) or a run dir (its newest complete ``checkpoints/step_N``). Only a run's last checkpoint holds
+    ``model/``; for another one the HF folder is the run's export of it (``RUN_DIR/export/step_N``), written on
+    first use (``rl.cli.export.checkpoint_model``, which says so on stderr).
     """
+    import sys
+
+    from rl.cli.export import ExportError, checkpoint_model, run_of_checkpoint
+
     if arg.startswith("embedded:"):
         return arg, None
     p = Path(os.path.expanduser(arg)).resolve()
+    if p.name == "model" and not p.exists() and _is_checkpoint(p.parent):
+        p = p.parent  # the documented checkpoints/step_N/model of a checkpoint that has none: its export
     if not p.exists():
         raise CommandError(f"--model {arg}: not found")
-
-    def run_of(ckpt: Path) -> Path | None:
-        return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
-
     if (p / "config.json").is_file():
-        return str(p), (run_of(p.parent) if p.name == "model" else None)
-    if (p / "model" / "config.json").is_file():
-        return str(p / "model"), run_of(p)
-    ckpts = sorted(c for c in (p / "checkpoints").glob("step_*") if (c / "model" / "config.json").is_file())
-    if ckpts:
-        return str(ckpts[-1] / "model"), p
-    raise CommandError(
-        f"--model {arg}: not a Hugging Face model folder (config.json), a checkpoint dir "
-        f"(model/config.json) or a run dir (checkpoints/step_N/model)"
-    )
+        return str(p), (run_of_checkpoint(p.parent) if p.name == "model" else None)
+    ckpts = sorted(c for c in (p / "checkpoints").glob("step_*") if _is_checkpoint(c))
+    ck = p if _is_checkpoint(p) else ckpts[-1] if ckpts else None
+    if ck is None:
+        raise CommandError(
+            f"--model {arg}: not a Hugging Face model folder (config.json), a checkpoint dir "
+            f"(checkpoints/step_N: model/config.json or step.json) or a run dir (checkpoints/step_N)"
+        )
+    try:
+        model = checkpoint_model(ck, say=lambda line: print(f"jointrl: {line}", file=sys.stderr, flush=True))
+    except ExportError as e:
+        raise CommandError(f"--model {arg}: {e}") from e
+    return str(model), run_of_checkpoint(ck)
+
+
+def _is_checkpoint(p: Path) -> bool:
+    """A checkpoint folder with an HF export (``model/config.json``) or a complete one (``step.json``)."""
+    return (p / "model" / "config.json").is_file() or (p / "step.json").is_file()
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -84,8 +85,8 @@ def add_score_parser(sub: Any) -> None:
     )
     s.add_argument(
         "--tokenizer",
-        help="model folder or embedded:NAME; tokenizes completions so that length-based "
-        "rewards (e.g. OverlongPenalty) see token counts",
+        help="model folder, embedded:NAME, or a run's checkpoint dir or run dir (its tokenizer); tokenizes "
+        "completions so that length-based rewards (e.g. OverlongPenalty) see token counts",
     )
     s.add_argument("--debug", action="store_true", help="show tracebacks")
     s.add_argument("--verbose", action="store_true", help="show Ray logs (with --workers)")
@@ -240,11 +241,19 @@ def build_trajectories(
 
 
 def _load_tokenizer(spec: str) -> Any:
+    """``--tokenizer``: a model folder, ``embedded:NAME``, a Hub id, or a run's checkpoint dir (or its ``model/``)
+    or run dir, whose tokenizer is the checkpoint's ``model/`` or else the run's base model's
+    (``rl.cli.export.tokenizer_folder``: only a run's last checkpoint has ``model/``)."""
     from transformers import AutoTokenizer
 
+    from rl.cli.export import ExportError, tokenizer_folder
     from rl.trainer.hub import resolve_model
 
-    return AutoTokenizer.from_pretrained(resolve_model(spec))
+    try:
+        folder = None if spec.startswith("embedded:") else tokenizer_folder(Path(os.path.expanduser(spec)))
+        return AutoTokenizer.from_pretrained(folder or resolve_model(spec))
+    except (ExportError, FileNotFoundError) as e:
+        raise CommandError(f"--tokenizer {spec}: {e}") from e
 
 
 def _score(args: argparse.Namespace) -> int:

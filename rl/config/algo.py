@@ -464,6 +464,17 @@ class RewardNormConfig(Section):
     )
     stat: Literal["welford", "ema"] = knob("welford", "running per-domain statistics: welford (all rewards seen) | ema")
     ema: float = knob(0.1, "EMA weight when stat is ema", gt=0, le=1)
+    prior_samples: int = knob(
+        0,
+        "warm-up: each domain's std starts from prior_std as if it had seen this many rewards, "
+        "its own outweighing them as they come (0 = none: its own from the first batch)",
+        ge=0,
+    )
+    prior_std: float = knob(0.5, "the warm-up prior's reward std (used with prior_samples > 0)", gt=0)
+
+    def check(self) -> None:
+        if self.prior_std != 0.5 and not self.prior_samples:  # a setting that would be ignored
+            raise FieldError("prior_std", "is set but algo.reward_norm.prior_samples is 0")
 
 
 DEFAULT_ALGO = "grpo"  # algo.name when a recipe leaves it out

@@ -44,11 +44,12 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
             "it needs learner.weight_sync file and merged LoRA weights (not lora.transfer adapter); set it to 0",
         )
     _check_parallelism(recipe, dev, on_cpu, fail)
-    _check_offload(recipe, dev, on_cpu, fail)
+    _check_offload(recipe, fail)
 
 
-def _check_offload(recipe: Recipe, dev: str | None, on_cpu: str, fail: Fail) -> None:
-    """``learner.cpu_offload``: FSDP2 moves a GPU learner's shards to host memory (rl.trainer.models.build)."""
+def _check_offload(recipe: Recipe, fail: Fail) -> None:
+    """``learner.cpu_offload``: FSDP2 keeps a sharded learner's shards in host memory (rl.trainer.models.build);
+    on CPU it runs unpinned and changes nothing but the code path (rl.trainer.fsdp.shard)."""
     lr = recipe.learner
     if not lr.cpu_offload:
         return
@@ -57,12 +58,6 @@ def _check_offload(recipe: Recipe, dev: str | None, on_cpu: str, fail: Fail) -> 
             "learner.cpu_offload",
             "offloads FSDP2 shards, but one worker with fsdp auto is not sharded; set learner.workers 2+ or "
             "learner.fsdp always, or cpu_offload false",
-        )
-    if dev == "cpu":
-        fail(
-            "learner.cpu_offload",
-            f"moves a GPU learner's shards to host memory; the run is on CPU {on_cpu}, its state is in host "
-            "memory already: set cpu_offload false",
         )
 
 

@@ -41,6 +41,7 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
     yield from _policy_loss_rules(recipe.algo.loss)
     yield from _estimator_rules(recipe, est)
     yield from _domain_rules(recipe)
+    yield from _partial_rollout_rules(recipe)
     critic = getattr(recipe.algo, "critic", None)  # only the arms of estimators with a critic have one
     if recipe.learner.lora.rank > 0 and est.needs_critic and critic is not None and critic.model == "separate":
         yield "learner.lora.rank", "LoRA with a separate critic is not supported (use algo.critic.model: value_head)"
@@ -48,6 +49,25 @@ def cross_section_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
         yield "data.train_files", "at least one task file (or data.train_datasets entry) is needed"
     if not recipe.rewards:
         yield "rewards", "at least one reward class is needed"
+
+
+def _partial_rollout_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
+    """``rollout.partial_rollouts`` interrupts generations at weight updates made while they run."""
+    r = recipe.rollout
+    if not r.partial_rollouts:
+        return
+    if not r.async_steps:
+        yield (
+            "rollout.partial_rollouts",
+            "interrupts generations at a weight update made while they run; with rollout.async_steps 0 no update "
+            "happens during generation: set async_steps 1, or partial_rollouts false",
+        )
+    if recipe.learner.routing_replay == "r3":
+        yield (
+            "rollout.partial_rollouts",
+            "a resumed turn's routing is recomputed on the new weights, not the routing its kept tokens were "
+            "sampled with, which learner.routing_replay r3 replays: use r2 or none, or partial_rollouts false",
+        )
 
 
 def _estimator_rules(recipe: Recipe, est: Any) -> Iterator[tuple[str, str]]:
@@ -101,6 +121,19 @@ def _domain_rules(recipe: Recipe) -> Iterator[tuple[str, str]]:
         bad = sorted(set(used) - domains)
         if bad:
             yield key, f"domains {bad} have no env in rollout.envs"
+    if mx.min_groups_per_domain:
+        weighted = (
+            sorted(domains)
+            if mx.mode == "adaptive" or not mx.domain_weights
+            else sorted(d for d, w in mx.domain_weights.items() if w > 0)
+        )
+        need = mx.min_groups_per_domain * len(weighted)
+        if need > recipe.rollout.prompts_per_step:
+            yield (
+                "mixer.min_groups_per_domain",
+                f"{mx.min_groups_per_domain} prompts for each of {len(weighted)} domains ({', '.join(weighted)}) is "
+                f"{need} per step; rollout.prompts_per_step is {recipe.rollout.prompts_per_step}",
+            )
     if mx.mode == "adaptive":
         try:
             mx.adaptive.bounds(sorted(domains))

@@ -170,6 +170,12 @@ class MixerConfig(Section):
     domain_weights: dict[str, float] = knob(
         doc="share of each step's prompts per domain ({} = by task counts)", factory=dict
     )
+    min_groups_per_domain: int = knob(
+        0,
+        "prompts every domain of positive weight gets each step before the rest is split by the "
+        "weights (0 = none): a floor on each domain's groups per step",
+        ge=0,
+    )
     strata: int = knob(1, "length strata per dataset (by estimated trajectory length)", ge=1)
     strata_proportions: list[float] = knob(doc="prompts per stratum ([] = proportional to stratum sizes)", factory=list)
     length_ema: float = knob(0.5, "weight of a task's newest observed length in its estimate", gt=0, le=1)
@@ -234,6 +240,11 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = knob(0.5, "on GPU", gt=0, le=1)
     async_steps: Literal[0, 1] = knob(
         0, "0 = synchronous; 1 = one-step-off: step t+1's episodes are generated while step t trains"
+    )
+    partial_rollouts: bool = knob(
+        False,
+        "at a weight update made while episodes generate, stop their unfinished turns, keep the tokens and "
+        "continue them on the new weights with the remaining budget (docs/partial-rollouts.md); needs async rollouts",
     )
     max_restarts: int = knob(
         2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0
@@ -351,7 +362,7 @@ class LearnerConfig(Section):
     cpu_offload: bool = knob(
         False,
         "FSDP2 CPU offload: sharded parameters, gradients and optimizer state kept in host memory, copied to the "
-        "GPU around each layer's compute (needs sharding: workers 2+ or fsdp always, and a GPU learner)",
+        "GPU around each layer's compute (needs sharding: workers 2+ or fsdp always; on CPU it runs, saving nothing)",
     )
     micro_batch_tokens: int = knob(4096, "forward/backward in micro-batches of at most this many tokens", ge=1)
     share_prompt: bool = knob(

@@ -67,6 +67,7 @@ ENGINE_KWARGS_OWNED = {
     "tensor_parallel_size": "cluster.engine_tp",
     "distributed_executor_backend": "cluster.engine_tp",
     "enable_sleep_mode": "cluster.placement",
+    "enable_return_routed_experts": "learner.routing_replay",
 }
 
 

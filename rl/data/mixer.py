@@ -7,7 +7,13 @@ Drawing (``TaskMixer.sample``), per step:
    largest-remainder rounding of what the cumulative targets still owe, so every step
    holds exact per-domain counts within one of the exact share (weights 0.4/0.3/0.3 and
    8 prompts give 3/3/2, 4/2/2, 3/2/3..., never 8/0/0) and the totals over many steps
-   follow the weights exactly. Ties are broken by the seeded RNG.
+   follow the weights exactly. Ties are broken by the seeded RNG. With a floor
+   (``min_groups_per_domain``, ``mixer.min_groups_per_domain``) every domain of positive weight
+   first gets that many prompts, and the rest of the step is split by the weights the same
+   way: a group-baseline update learns only from groups whose rewards vary, and a domain
+   drawn once or twice a step at a low pass rate has steps with no such group at all
+   (``bench/seed_divergence.py`` counts them), so its learning rests on a handful of groups
+   that differ from seed to seed.
 2. **Datasets.** Within a domain, the domain's count is split over its datasets (several
    files may serve one domain, each with a weight) the same way.
 3. **Length strata.** Every task carries an estimated trajectory length in tokens: a prior
@@ -101,6 +107,7 @@ class TaskMixer:
         curriculum_window: int = 0,
         curriculum_weight: float = 1.0,
         solved_threshold: float = 1.0,
+        min_groups_per_domain: int = 0,
     ) -> None:
         if not sources or not any(s.tasks for s in sources):
             raise ValueError("no training tasks")
@@ -122,6 +129,13 @@ class TaskMixer:
         self.domain_weights = {d: float(weights.get(d, 0.0 if weights else 1.0)) for d in domains}
         if sum(self.domain_weights.values()) <= 0:
             raise ValueError("every domain weight is 0")
+        self.min_groups_per_domain = int(min_groups_per_domain)
+        n_floored = self._floored_domains()
+        if self.min_groups_per_domain < 0 or n_floored * self.min_groups_per_domain > per_step:
+            raise ValueError(
+                f"min_groups_per_domain {self.min_groups_per_domain} for {n_floored} domains needs "
+                f"{n_floored * self.min_groups_per_domain} prompts per step; per_step is {per_step}"
+            )
         self.rng = random.Random(seed)
         self.stats: dict[str, _TaskStats] = {}
         for s in self.sources:
@@ -188,7 +202,7 @@ class TaskMixer:
     def sample(self, step: int) -> list[Task]:
         """The tasks of one step (call once per step, in order; ``step`` is for the record)."""
         domains = sorted(self.domain_weights)
-        counts = self._quota("domains", self.per_step, [self.domain_weights[d] for d in domains])
+        counts = self._domain_counts(domains)
         out: list[Task] = []
         self.last_counts = {}
         for d, n_d in zip(domains, counts):
@@ -209,6 +223,18 @@ class TaskMixer:
                     ids = [t.id for t in self.sources[si].tasks]
                     out += [self.sources[si].tasks[i] for i in self._draw(strata[k], (si, k), n_k, ids)]
         return out
+
+    def _floored_domains(self) -> int:
+        """How many domains the floor can apply to at once: those of positive weight."""
+        return sum(w > 0 for w in self.domain_weights.values())
+
+    def _domain_counts(self, domains: list[str]) -> list[int]:
+        """This step's prompts per domain: the floor for each domain of positive weight, then the rest of
+        ``per_step`` by the weights (:meth:`_quota`, whose cumulative targets count only that rest)."""
+        weights = [self.domain_weights[d] for d in domains]
+        floor = [self.min_groups_per_domain if w > 0 else 0 for w in weights]
+        rest = self._quota("domains", self.per_step - sum(floor), weights)
+        return [f + n for f, n in zip(floor, rest)]
 
     def _quota(self, key: str, total: int, weights: list[float]) -> list[int]:
         """This step's counts: largest remainder on what the cumulative targets still owe.
@@ -454,6 +480,10 @@ class AdaptiveTaskMixer(TaskMixer):
         self.adaptive = AdaptiveDomainWeights(dict(self.domain_weights), cfg, difficulty_priors(self.sources))
         self.domain_weights = dict(self.adaptive.weights)
         self._targets: dict[str, float] = {d: 0.0 for d in self.domain_weights}
+
+    def _floored_domains(self) -> int:
+        """Every domain: an adaptive weight of 0 can become positive (the adaptive floor)."""
+        return len(self.domain_weights)
 
     def _quota(self, key: str, total: int, weights: list[float]) -> list[int]:
         if key != "domains":

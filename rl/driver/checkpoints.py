@@ -109,15 +109,22 @@ COMPLETE = "dcp/.complete"  # rl.trainer.checkpoint.DONE_FILE: the learner's sha
 
 
 def write_checkpoint(
-    runtime: Any, out: Path, step: int, keep: int, driver_state: dict[str, Any], wait: bool = True
+    runtime: Any,
+    out: Path,
+    step: int,
+    keep: int,
+    driver_state: dict[str, Any],
+    wait: bool = True,
+    export: bool = False,
 ) -> Path:
     """Atomically write ``checkpoints/step_NNNNNN`` (temp dir + rename); keep the newest ``keep``.
 
     ``runtime.save(path)`` writes the learner's state (model, optimizer, schedules, RNG);
     ``driver_state`` goes to ``driver.json``. ``wait=False``: the learner's sharded state is written while
     training goes on; the folder is published by the next ``write_checkpoint`` (module docstring), and the
-    path returned is where it will be. A checkpoint pending from before is published first (the learner
-    finished it before starting this one). A failure (e.g. a full disk) leaves the previous checkpoint
+    path returned is where it will be. ``export``: the learner also writes ``model/``, the policy as an HF folder
+    in the engines' dtype (the run's last checkpoint; the others have none: ``jointrl export`` writes one). A
+    checkpoint pending from before is published first (the learner finished it before starting this one). A failure (e.g. a full disk) leaves the previous checkpoint
     intact and raises :class:`RunAborted` naming it.
     """
     ck = out / "checkpoints"
@@ -127,7 +134,8 @@ def write_checkpoint(
         settle_pending(out, keep)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        runtime.save(str(tmp)) if wait else runtime.save(str(tmp), wait=False)
+        # keyword arguments only where they differ from the defaults, so a stand-in learner's save(path) serves
+        runtime.save(str(tmp), **({} if wait else {"wait": False}), **({"export": True} if export else {}))
         _publish_pending(ck, keep)
         (tmp / "driver.json").write_text(json.dumps(driver_state))
     except Exception as e:

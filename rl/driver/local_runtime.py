@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from envs.types import Sampling, Task, Trajectory
 from rewards.service import RewardFnSpec, RewardScorer
@@ -24,7 +24,7 @@ from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
 from rl.driver.runtime import LengthEstimate, learner_settings
-from rl.trainer.moe import check_replay_engine
+from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
 from rollout.weights import FileWeights
@@ -68,8 +68,9 @@ class LocalRuntime:
                 f"in-process runtime's {self.engine_kind} engine cannot join one: use weight_sync file with --local"
             )
 
-        if self.with_learner:
-            check_replay_engine(self.cfg.learner, self.engine_kind)  # r3 needs an engine that reports routing
+        if self.with_learner:  # r3 needs an engine that reports routing (vLLM: on a GPU only)
+            device = "gpu" if torch.cuda.is_available() else "cpu"
+            check_replay_engine(self.cfg.learner, self.engine_kind, device, self.cfg.rollout.engine_kwargs)
         # `auto` precisions made concrete: one timing for the learner and the engine, printed once
         self.cfg = cfg = resolve_logged(self.cfg, "gpu" if torch.cuda.is_available() else "cpu")
         r = cfg.rollout
@@ -78,7 +79,7 @@ class LocalRuntime:
             kwargs |= dict(
                 kv_cache_gib=r.kv_cache_gib,
                 gpu_memory_utilization=r.gpu_memory_utilization,
-                engine_kwargs=dict(r.engine_kwargs),
+                engine_kwargs=dict(r.engine_kwargs) | (engine_routing_kwargs(cfg.learner) if self.with_learner else {}),
                 lora_rank=cfg.learner.lora.engine_rank,
             )
         STARTUP.phase(f"engine: loading the model in this process ({self.engine_kind})")
@@ -90,6 +91,7 @@ class LocalRuntime:
             stops=r.stops(),
             env_workers=r.env_workers,
             tools_in_prompt=r.tools_in_prompt,
+            partial_rollouts=r.partial_rollouts,
         )
         if self.scorer is None:
             STARTUP.phase("rewards: building the reward functions")
@@ -113,6 +115,20 @@ class LocalRuntime:
     ) -> list[Trajectory]:
         return self._worker().generate(tasks, group_ids, seeds, sampling)
 
+    def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
+        """Partial rollouts (``rollout.partial_rollouts``): new weights while ``generate`` runs on another thread.
+        The engine is interrupted (its unfinished turns keep their tokens; env calls go on), ``sync()`` loads the
+        weights (default ``sync_weights``), then the turns resume on them as policy ``version`` (None: the engine's
+        count of weight loads); resumed even when ``sync`` raises. An engine that does not stop within
+        ``faults.engine_call_s`` raises. The one-step-off stream's wiring, in ``EpisodeStream.weights_updated``
+        instead of waiting for the generation: ``self.pool.update_in_flight(self._push, self.learner_version)``."""
+        worker = self._worker()
+        worker.interrupt(self.cfg.faults.engine_call_s)
+        try:
+            (sync or self.sync_weights)()
+        finally:
+            worker.resume(version)
+
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         assert self.scorer is not None, "start() first"
         return self.scorer.score(trajs)
@@ -128,8 +144,10 @@ class LocalRuntime:
             update = FileWeights(self._learner().export_weights(self.cfg.model.engine_dtype))
         self._worker().receive(update)  # the file transport: the engine reads the learner's shared memory
 
-    def save(self, path: str, wait: bool = True) -> None:
-        self._learner().save_checkpoint(path, wait)
+    def save(self, path: str, wait: bool = True, export: bool = False) -> None:
+        from rl.driver.runtime import export_dtype
+
+        self._learner().save_checkpoint(path, wait, export_dtype(self.cfg.model.engine_dtype) if export else None)
 
     def restore(self, path: str) -> None:
         self._learner().load_checkpoint(path)

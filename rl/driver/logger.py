@@ -249,6 +249,9 @@ class RunLogger:
                         "terminated": t.terminated,
                         "truncated": t.truncated,
                         "response_tokens": t.num_policy_tokens,
+                        # policy versions of the weights that sampled its tokens (None: not recorded)
+                        "oldest_version": t.oldest_version,
+                        "newest_version": t.newest_version,
                     }
                 )
                 + "\n"

@@ -153,7 +153,7 @@ def run_step(run: RunParts, step: int) -> None:
         state = driver_state(run.mixer, run.normalizer, run.episodes)
         if step == cfg.train.steps or _due(step, cfg.run.save_every):
             last = step == cfg.train.steps  # the last one is published before the run ends; others while training
-            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state, wait=last)  # 9. checkpoint
+            write_checkpoint(run.rt, run.out, step, cfg.run.keep_checkpoints, state, wait=last, export=last)  # 9.
             run.saved = step
         run.finished, run.snapshot, run.dirty = step, state, False
         if run.bar is not None:
@@ -289,7 +289,8 @@ def collect_step(run: RunParts, step: int) -> Collected:
     t2 = time.perf_counter()
     run.mixer.update(trajs)
     shaped, norm_metrics = shape_step(run.normalizer, trajs)  # 4. reward shaping (per-domain norm)
-    batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains))
+    r3 = cfg.learner.routing_replay == "r3"  # a sample without the engine's routing cannot be replayed: dropped
+    batch, batch_stats = build_batch(trajs, cfg.algo, shaped, tuple(cfg.mixer.seq_level_domains), r3)
     m = batch_stats | norm_metrics | run.mixer.last_counts | {"timing/reward_s": t2 - t1}
     return Collected(trajs, batch, m, t0, t2)
 
@@ -386,12 +387,13 @@ def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
         curriculum_window=mx.curriculum_window,
         curriculum_weight=mx.curriculum_weight,
         solved_threshold=mx.solved_threshold,
+        min_groups_per_domain=mx.min_groups_per_domain,
     )
 
 
 def make_normalizer(cfg: Recipe) -> RewardNormalizer:
     n = cfg.algo.reward_norm
-    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema)
+    return RewardNormalizer(n.mode, stat=n.stat, ema=n.ema, prior_samples=n.prior_samples, prior_std=n.prior_std)
 
 
 def expand(tasks: list[Task], group_size: int, seed: int, step: int) -> tuple[list[Task], list[int], list[int]]:

@@ -32,7 +32,7 @@ from rl.driver.actors.rollout import RolloutPool, engines_call
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
 from rl.driver.runtime import Deadlines, learner_settings
-from rl.trainer.moe import check_replay_engine
+from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
 from rollout.collective import bucket_bytes
 from rollout.pool import EngineFailure
 from rollout.weights import CollectiveJoin, CollectiveWeights
@@ -76,7 +76,6 @@ class RayRuntime:
         from rl.trainer.precision import resolve_logged
 
         cfg = self.cfg
-        check_replay_engine(cfg.learner, "vllm")  # r3 needs engine routing: not from vLLM yet (docs/moe.md)
         address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
         STARTUP.phase(f"Ray: connecting to {address}" if address else "Ray: starting a local cluster")
         self._init_ray()
@@ -84,6 +83,8 @@ class RayRuntime:
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
         self.device = device = resolve_device(cfg, cluster.cluster_resources().get("GPU", 0.0))
+        # r3 needs engine routing: vLLM gives it on a GPU only
+        check_replay_engine(cfg.learner, "vllm", device, cfg.rollout.engine_kwargs)
         self.cfg = cfg = resolve_logged(cfg, device)  # `auto` precisions: one timing for learners and engines
         self._prefetch_model()  # a Hub model: into every node's Hub cache before any actor starts
         plan = plan_placement(cfg, device)
@@ -257,6 +258,19 @@ class RayRuntime:
         train_side = self.pool.metrics() if rollout else {}
         return train_side | self.rewards.metrics()
 
+    def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
+        """Partial rollouts (``rollout.partial_rollouts``): new weights while ``generate`` runs on another thread.
+        Every engine is interrupted (unfinished turns keep their tokens; env calls go on), ``sync()`` loads the
+        weights (default ``sync_weights``), then the turns resume on them as policy ``version`` (None: each
+        engine's count of weight loads); resumed even when ``sync`` raises. An engine that does not stop within
+        ``faults.engine_call_s`` raises. The one-step-off stream's wiring, in ``EpisodeStream.weights_updated``
+        instead of waiting for the generation: ``self.pool.update_in_flight(self._push, self.learner_version)``."""
+        self.pool.interrupt(self.cfg.faults.engine_call_s)
+        try:
+            (sync or self.sync_weights)()
+        finally:
+            self.pool.resume(version)
+
     def sync_weights(self) -> None:
         """The policy into every engine: merged weights (a safetensors file, or with ``learner.weight_sync: ipc``
         each learner rank's GPU buffer mapped by the engine on its GPU, or with ``collective`` a bucketed
@@ -323,8 +337,10 @@ class RayRuntime:
         )
         self._group = (tag, replaced)
 
-    def save(self, path: str, wait: bool = True) -> None:
-        self.learners.save_checkpoint(path, wait)
+    def save(self, path: str, wait: bool = True, export: bool = False) -> None:
+        from rl.driver.runtime import export_dtype
+
+        self.learners.save_checkpoint(path, wait, export_dtype(self.cfg.model.engine_dtype) if export else None)
 
     def restore(self, path: str) -> None:
         self.learners.load_checkpoint(path)
@@ -380,11 +396,12 @@ def make_rollout_pool(
         tensor_parallel_size=cfg.cluster.engine_tp,
         enable_sleep_mode=colocated,
         call_timeout_s=cfg.faults.engine_call_s,
-        engine_kwargs=dict(r.engine_kwargs),
+        engine_kwargs=dict(r.engine_kwargs) | engine_routing_kwargs(cfg.learner),
         lora_rank=cfg.learner.lora.engine_rank,
         stops=r.stops(),
         env_workers=r.env_workers,
         tools_in_prompt=r.tools_in_prompt,
+        partial_rollouts=r.partial_rollouts,
         dump_stacks=dump_stacks,
     )
 

@@ -43,6 +43,12 @@ class LearnerFailure(RuntimeError):
         self.stacks: str | None = None
 
 
+def export_dtype(engine_dtype: str) -> str:
+    """The dtype of a run's HF export (a checkpoint's ``model/``): the engines' (``model.engine_dtype``), what
+    vLLM serves; ``auto`` not made concrete by then is bfloat16, as the engines resolve it on a GPU."""
+    return engine_dtype if engine_dtype in ("float32", "bfloat16", "float16") else "bfloat16"
+
+
 def learner_settings(cfg: Any) -> dict[str, Any]:
     """The recipe's settings every learner rank is built with, as keyword arguments of ``Learner`` and
     ``LearnerGroup``: one place for both runtimes, so a new learner setting reaches both."""
@@ -76,9 +82,15 @@ class Runtime(Protocol):
     def sync_weights(self) -> None:
         """Push the learner's current weights into every engine."""
 
-    def save(self, path: str, wait: bool = True) -> None:
+    def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
+        """Partial rollouts (``rollout.partial_rollouts``, docs/partial-rollouts.md): new weights while ``generate``
+        runs on another thread: interrupt every engine (unfinished turns keep their tokens), ``sync()`` (default
+        ``sync_weights``), resume the turns on the new weights as policy ``version``."""
+
+    def save(self, path: str, wait: bool = True, export: bool = False) -> None:
         """Write the learner's state (model, optimizer, schedules, RNG) into the new folder ``path``; ``wait=False``:
-        return while the sharded state is written (``dcp/.complete`` appears when done; rl.trainer.checkpoint)."""
+        return while the sharded state is written (``dcp/.complete`` appears when done; rl.trainer.checkpoint);
+        ``export``: also ``model/``, the policy as an HF folder in the engines' dtype (``model.engine_dtype``)."""
 
     def restore(self, path: str) -> None:
         """Load the learner's state written by ``save``, then sync it into the engines."""

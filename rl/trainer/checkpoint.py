@@ -3,7 +3,9 @@ rebuilds a checkpoint's policy as one plain HF model (adapters merged), for ``jo
 
 A checkpoint folder holds ``dcp/`` (the trainable weights and the main optimizer through
 ``torch.distributed.checkpoint``, each rank its shard: a restore onto another number of ranks reshards),
-``model/`` (the policy as an HF folder, what eval and vLLM load), ``adapter/`` (LoRA), ``critic.safetensors``,
+``model/`` only where the save was asked for an HF export (``export_dtype``: the run's last checkpoint, in the
+engines' dtype; gathering the full model on rank 0 at every save would stall training, and ``jointrl export``
+writes the same folder from ``dcp/`` for any checkpoint), ``adapter/`` (LoRA), ``critic.safetensors``,
 ``learner_state.pt`` (schedules, the critic's optimizer, the KL controller, counters, rank 0's RNG states) and
 ``rng_rank<r>.pt``, and ``dcp/.complete``, written by rank 0 once every rank's ``dcp/`` is on disk: a folder
 without it is torn (its writer was killed) and is never loaded.
@@ -77,7 +79,7 @@ def _mark_done(path: Path, future: Any) -> None:
             done.write_text("complete\n")
 
 
-def save(lrn: Any, path: str, wait: bool = True) -> None:
+def save(lrn: Any, path: str, wait: bool = True, export_dtype: str | None = None) -> None:
     """Into folder ``path`` (every rank calls it, into the same folder); first waits for the previous save's
     write (``finish``). ``wait=False``: returns while ``dcp/`` is written (module docstring);
     ``dcp/.complete`` appears when it is complete.
@@ -85,8 +87,9 @@ def save(lrn: Any, path: str, wait: bool = True) -> None:
     - ``dcp/``: the policy's trainable weights (all of them; with LoRA the adapters only),
       the value head and their AdamW state through ``torch.distributed.checkpoint``, each
       rank writing its own shard;
-    - ``model/``: the policy as an HF folder + tokenizer (gathered on rank 0; with LoRA the
-      merged weights; what ``jointrl eval``/``score``, transformers and vLLM load);
+    - ``model/`` (only with ``export_dtype``, e.g. ``"bfloat16"``): the policy as an HF folder + tokenizer in
+      that dtype (gathered on rank 0 one tensor at a time; with LoRA the merged weights; what ``jointrl
+      eval``/``score``, transformers and vLLM load);
     - ``adapter/``: with LoRA, the adapters as a ``peft`` folder;
     - ``critic.safetensors``: value head or separate critic, if any (rank 0);
     - ``learner_state.pt`` (rank 0): the critic's optimizer, LR schedulers, KL controller,
@@ -100,12 +103,15 @@ def save(lrn: Any, path: str, wait: bool = True) -> None:
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     (p / "dcp" / DONE_FILE).unlink(missing_ok=True)
-    full, adapter = _full_weights(lrn)
+    full = _full_weights(lrn, _DTYPES[export_dtype]) if export_dtype is not None else None
+    adapter = _adapter_weights(lrn)
     rng = _rng_states(lrn)
     if lrn.rank > 0:
         torch.save(rng, p / f"rng_rank{lrn.rank}.pt")
     else:
-        _save_rank0(lrn, p, full, adapter, rng)
+        if full is not None:
+            _save_hf(lrn, p / "model", full, export_dtype)  # type: ignore[arg-type]
+        _save_rank0(lrn, p, adapter, rng)
     del full
     mods = _state_modules(lrn)
     future = dcp.async_save(
@@ -121,26 +127,52 @@ def save(lrn: Any, path: str, wait: bool = True) -> None:
         finish(lrn)
 
 
-def _full_weights(lrn: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-    """The policy's full weights (with LoRA: merged) and the LoRA adapters (or None), gathered when
-    sharded; every rank takes part, rank 0 keeps the tensors."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+
+def _full_weights(lrn: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The policy's full weights (with LoRA: merged) in ``dtype`` on rank 0 (empty on the others), gathered one
+    tensor at a time when sharded (every rank takes part), so rank 0 holds the export's bytes plus one full
+    tensor in the learner's dtype, not the whole model in it. A tied weight (``lm_head`` sharing the
+    embeddings) is one tensor under both names, which ``save_pretrained`` writes once."""
+    live = lrn.peft is None  # the module's own tensors (keep_vars), alive throughout: their ids are stable
+    items = lrn.model.state_dict(keep_vars=True).items() if live else lora.merged_tensors(lrn.model)
+    full: dict[str, torch.Tensor] = {}
+    seen: dict[int, str] = {}  # id of a parameter -> its first name (tied weights are one Parameter)
+    for k, v in items:
+        if live and id(v) in seen:
+            if lrn.rank == 0:
+                full[k] = full[seen[id(v)]]
+            continue
+        seen[id(v)] = k
+        v = v.full_tensor() if fsdp.is_dtensor(v) else v
+        if lrn.rank == 0:
+            full[k] = v.detach().to("cpu", dtype, copy=True)
+        del v
+    return full
+
+
+def _adapter_weights(lrn: Any) -> dict[str, torch.Tensor] | None:
+    """With LoRA, the adapters' tensors (gathered when sharded; every rank takes part); else None."""
     if lrn.peft is None:
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(lrn.model, options=opts), None
-    adapter = {  # merged one tensor at a time (gathered when sharded)
+        return None
+    return {
         k: (v.full_tensor() if fsdp.is_dtensor(v) else v).detach().cpu()
         for k, v in lrn.peft.state_dict().items()
         if ".lora_" in k
     }
-    full = {}
-    for k, v in lora.merged_tensors(lrn.model):
-        v = v.full_tensor() if fsdp.is_dtensor(v) else v
-        if lrn.rank == 0:
-            full[k] = v.detach().cpu()
-        del v
-    return full, adapter
+
+
+def _save_hf(lrn: Any, folder: Path, full: dict[str, torch.Tensor], dtype: str) -> None:
+    """``folder`` as an HF model folder of ``full`` with the tokenizer; ``config.json`` records ``dtype`` (the
+    learner's model config holds the learner's, which ``save_pretrained`` writes)."""
+    import copy
+
+    lrn.model.save_pretrained(folder, state_dict=full)
+    config = copy.deepcopy(lrn.model.config)
+    config.dtype = dtype
+    config.save_pretrained(folder)
+    lrn.tokenizer.save_pretrained(folder)
 
 
 def _rng_states(lrn: Any) -> dict[str, Any]:
@@ -153,20 +185,11 @@ def _rng_states(lrn: Any) -> dict[str, Any]:
     }
 
 
-def _save_rank0(
-    lrn: Any,
-    p: Path,
-    full: dict[str, torch.Tensor],
-    adapter: dict[str, torch.Tensor] | None,
-    rng: dict[str, Any],
-) -> None:
-    """Rank 0's part of ``save_checkpoint``: ``model/``, ``adapter/``, ``critic.safetensors``,
+def _save_rank0(lrn: Any, p: Path, adapter: dict[str, torch.Tensor] | None, rng: dict[str, Any]) -> None:
+    """Rank 0's part of ``save_checkpoint`` besides ``model/``: ``adapter/``, ``critic.safetensors``,
     ``learner_state.pt``."""
     from safetensors.torch import save_file
 
-    lrn.model.save_pretrained(p / "model", state_dict=full)
-    lrn.tokenizer.save_pretrained(p / "model")
-    del full
     if lrn.peft is not None:
         lrn.peft.save_pretrained(p / "adapter", state_dict=adapter)
     crit = lrn.critic_module()

@@ -61,14 +61,20 @@ def _root_call(self: Any, fn: Callable[[], Any]) -> Any:
     return fn()
 
 
-def shard(model: torch.nn.Module, *, bf16_compute: bool = False, offload: bool = False) -> torch.nn.Module:
+def shard(
+    model: torch.nn.Module, *, bf16_compute: bool = False, offload: bool = False, pin: bool = False
+) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root; SUM gradient reduction. In place; returns ``model``.
 
     ``bf16_compute``: FSDP's ``MixedPrecisionPolicy`` (bf16 parameters in compute, fp32 gradient
     reduction, fp32 master weights); the learner uses it on CUDA, where it replaces autocast. It runs on
     CPU over gloo too (tests/test_fsdp_mixed_precision.py), and on a GPU over NCCL at one rank
     (bench/gpu_learner.py). ``offload``: FSDP's ``CPUOffloadPolicy`` (``learner.cpu_offload``): shards,
-    gradients and optimizer state live in host memory, copied to the device around each unit's compute.
+    gradients and optimizer state live in host memory, copied to the device around each unit's compute;
+    ``pin``: in pinned (page-locked) memory, for the copies to and from a GPU. Pinning needs an accelerator
+    (``Tensor.pin_memory`` raises "Cannot access accelerator device when none is available" on a CPU-only
+    host), so a CPU learner offloads unpinned: its shards are in host memory already, and the policy then
+    changes where nothing lives, only the code path (tests/test_learner_startup.py: the same update).
     """
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
@@ -83,7 +89,7 @@ def shard(model: torch.nn.Module, *, bf16_compute: bool = False, offload: bool =
         if bf16_compute
         else MixedPrecisionPolicy()
     )
-    off = CPUOffloadPolicy() if offload else OffloadPolicy()
+    off = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
     for layer in _layers(model):
         fully_shard(layer, mp_policy=mp, offload_policy=off)
     fully_shard(model, mp_policy=mp, offload_policy=off)

@@ -326,13 +326,14 @@ class Learner:
 
     def forced_routing(self, mb: list[Sample], prep: prepare.Prepared | None) -> list[torch.Tensor] | None:
         """The experts a forward on ``mb`` forces (per sample): r3 the engine's (``Sample.routing``), r2 the prepare
-        pass's (``prep``; None in that pass itself, which records them), else None."""
+        pass's (``prep``; None in that pass itself, which records them), else None. Under r3 ``build_batch``
+        (``routing_required``) has dropped the samples without routing; one reaching here is a caller's bug."""
         if self.replay == "r3":
             missing = [s.domain for s in mb if s.routing is None]
             if missing:
                 raise ValueError(
                     f"learner.routing_replay: r3, but {len(missing)} samples (domain {missing[0]}) carry no engine "
-                    "routing: the engine did not report it"
+                    "routing (build_batch(..., routing_required=True) drops such samples before the estimator)"
                 )
             return [s.routing for s in mb]
         if self.replay == "r2" and prep is not None:
@@ -631,10 +632,11 @@ class Learner:
         """``WeightExport.read_update``: what an export wrote (``delta``: only its changes), for engines on other nodes."""
         return self.weights.read_update(path, delta)
 
-    def save_checkpoint(self, path: str, wait: bool = True) -> None:
+    def save_checkpoint(self, path: str, wait: bool = True, export_dtype: str | None = None) -> None:
         """``rl.trainer.checkpoint.save``: weights, optimizers, schedules, RNG states into folder ``path``
-        (``wait=False``: the sharded state is written while training goes on; ``learner.done`` marks the end)."""
-        checkpoint.save(self, path, wait)
+        (``wait=False``: the sharded state is written while training goes on; ``learner.done`` marks the end;
+        ``export_dtype``: also ``model/``, the policy as an HF folder in that dtype)."""
+        checkpoint.save(self, path, wait, export_dtype)
 
     def load_checkpoint(self, path: str) -> None:
         """``rl.trainer.checkpoint.load``: restore what ``save_checkpoint`` wrote."""

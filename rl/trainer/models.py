@@ -88,8 +88,8 @@ def build(
     base_dtype = torch.bfloat16 if peft_on and autocast and (bf16_compute or not sharded) else dtype
     meta = sharded and lcfg.meta_init
     offload = lcfg.cpu_offload
-    if offload and (not sharded or device.type != "cuda"):
-        raise ValueError(offload_problem(sharded, device.type))
+    if offload and not sharded:
+        raise ValueError(offload_problem())
     model = _causal_lm(model_path, base_dtype, device, meta)
     model.config.use_cache = False
     packed_attention.install(model)
@@ -98,7 +98,7 @@ def build(
     peft = lora.attach(model, lcfg.lora) if peft_on else None
     model.train()
     if sharded:  # sharded before the optimizer is built: its state is sharded too
-        fsdp.shard(model, bf16_compute=bf16_compute, offload=offload)
+        fsdp.shard(model, bf16_compute=bf16_compute, offload=offload, pin=device.type == "cuda")
     if meta:
         fill_from_checkpoint(model, model_path, device)
     if peft is not None:
@@ -109,7 +109,7 @@ def build(
         ref.eval().requires_grad_(False)
         packed_attention.install(ref)
         if sharded:
-            fsdp.shard(ref, bf16_compute=bf16_compute, offload=offload)
+            fsdp.shard(ref, bf16_compute=bf16_compute, offload=offload, pin=device.type == "cuda")
         if meta:
             fill_from_checkpoint(ref, model_path, device)
     value_head, crit = None, None
@@ -128,16 +128,11 @@ def build(
     return Models(model, peft, ref, reference_dtype is not None, value_head, crit)
 
 
-def offload_problem(sharded: bool, device: str) -> str:
-    """Why ``learner.cpu_offload`` cannot run: it offloads FSDP2 shards from a GPU to host memory."""
-    if not sharded:
-        return (
-            "learner.cpu_offload: offloads FSDP2 shards, but this learner is not sharded; set learner.workers 2+ "
-            "or learner.fsdp always, or cpu_offload false"
-        )
+def offload_problem() -> str:
+    """Why ``learner.cpu_offload`` cannot run on an unsharded learner: it is FSDP2's, which offloads shards."""
     return (
-        f"learner.cpu_offload: moves a GPU learner's shards to host memory, but the learner runs on {device} "
-        "(its state is in host memory already; FSDP's offload needs CUDA to pin memory); set cpu_offload false"
+        "learner.cpu_offload: offloads FSDP2 shards, but this learner is not sharded; set learner.workers 2+ "
+        "or learner.fsdp always, or cpu_offload false"
     )
 
 
@@ -213,10 +208,9 @@ def _local_rows(p: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def fill_from_checkpoint(model: torch.nn.Module, model_path: str, device: torch.device) -> None:
     """Give ``model``'s meta parameters storage (this rank's shard only) and read each one's rows from the
     safetensors files of ``model_path``: a rank reads what it holds. Buffers keep their values. Adapters (not in
-    the checkpoint) are left for ``_init_adapters``; any other parameter missing from the files is an error naming
-    it."""
-    from safetensors import safe_open
-
+    the checkpoint) are left for ``_init_adapters``; a fused MoE expert tensor absent from the files is built from
+    the per-expert weights HF checkpoints hold (``_expert_keys``); any other parameter missing from the files is an
+    error naming it."""
     files = _weight_files(model_path)
     buffers = {n: b for n, b in model.named_buffers()}
     out, inp = model.get_output_embeddings(), model.get_input_embeddings()
@@ -232,7 +226,8 @@ def fill_from_checkpoint(model: torch.nn.Module, model_path: str, device: torch.
         with torch.no_grad():
             for name, p in model.named_parameters():
                 key = _checkpoint_key(name, files)
-                if key is None:
+                experts = None if key is not None else _expert_keys(name, files)
+                if key is None and experts is None:
                     if ".lora_" in name:
                         continue
                     raise KeyError(
@@ -240,11 +235,51 @@ def fill_from_checkpoint(model: torch.nn.Module, model_path: str, device: torch.
                         "reads each parameter under its own name; meta_init: false loads through transformers)"
                     )
                 shape, offset = _local_rows(p)
-                f = handles.get(files[key]) or handles.setdefault(files[key], safe_open(str(files[key]), "pt"))
-                part = f.get_slice(key)[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
+                if experts is not None:
+                    part = _read_experts(handles, files, experts, shape, offset)
+                else:
+                    part = _open(handles, files[key]).get_slice(key)[
+                        tuple(slice(o, o + s) for o, s in zip(offset, shape))
+                    ]
                 fsdp.local(p).copy_(part.to(p.dtype))
     finally:
         handles.clear()
+
+
+def _open(handles: dict[Path, Any], path: Path) -> Any:
+    from safetensors import safe_open
+
+    return handles.get(path) or handles.setdefault(path, safe_open(str(path), "pt"))
+
+
+# A fused expert tensor of transformers 5 (``<prefix>.experts.<leaf>``, ``(experts, rows, cols)``) and the
+# per-expert weights of an HF checkpoint it is made of, concatenated along the rows in this order (transformers'
+# own conversion for Qwen2/3-MoE, Mixtral, OLMoE: gate then up).
+_FUSED_EXPERTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+def _expert_keys(name: str, files: dict[str, Path]) -> list[str] | None:
+    """For a fused expert parameter absent from the checkpoint, the key patterns (``{e}``: the expert) of the
+    per-expert weights it is built from, when the checkpoint holds them; else None."""
+    prefix, _, leaf = name.rpartition(".")
+    if not prefix.endswith(".experts") or leaf not in _FUSED_EXPERTS:
+        return None
+    keys = [f"{prefix}.{{e}}.{part}.weight" for part in _FUSED_EXPERTS[leaf]]
+    return keys if all(k.format(e=0) in files for k in keys) else None
+
+
+def _read_experts(
+    handles: dict[Path, Any], files: dict[str, Path], keys: list[str], shape: tuple[int, ...], offset: tuple[int, ...]
+) -> torch.Tensor:
+    """This rank's rows (``shape`` at ``offset``) of a fused expert tensor: per expert it holds, the per-expert
+    weights of ``keys`` read and concatenated along their rows, then cut to the rank's rows and columns."""
+    rows = []
+    for e in range(offset[0], offset[0] + shape[0]):
+        whole = torch.cat([_open(handles, files[k.format(e=e)]).get_tensor(k.format(e=e)) for k in keys], dim=0)
+        rows.append(whole[tuple(slice(o, o + s) for o, s in zip(offset[1:], shape[1:]))])
+    if not rows:
+        raise ValueError(f"no expert rows to read for {keys[0]} (shape {shape})")
+    return torch.stack(rows)
 
 
 def _init_adapters(model: torch.nn.Module) -> None:

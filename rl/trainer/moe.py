@@ -37,6 +37,7 @@ __all__ = [
     "RoutingStats",
     "check_replay",
     "check_replay_engine",
+    "engine_routing_kwargs",
 ]
 
 KEY = "learner.routing_replay"
@@ -212,16 +213,34 @@ def check_replay(model_dir: str, learner: Any) -> None:
         )
 
 
-def check_replay_engine(learner: Any, engine: str) -> None:
-    """Refuse ``learner.routing_replay: r3`` with an engine that does not report each token's experts: only the
-    in-process HF engine (``hf``, ``jointrl train --local``) does. vLLM reports them only with its
-    ``enable_return_routed_experts`` (model runner V2, Triton: GPU), which jointrl does not wire yet; so the
-    vLLM path (Ray runtime, ``--local`` with vLLM) is refused, naming the key, before any actor starts."""
+def check_replay_engine(learner: Any, engine: str, device: str = "cpu", engine_kwargs: Any = None) -> None:
+    """Refuse ``learner.routing_replay: r3`` with an engine that does not report each token's experts on
+    ``device`` (``cpu`` | ``gpu``): the in-process HF engine (``hf``, ``jointrl train --local``) always does;
+    vLLM only on a GPU (``enable_return_routed_experts`` needs its model runner V2, which needs Triton), so
+    vLLM on CPU (the Ray runtime, ``--local`` with vLLM) is refused, naming the key, before any actor starts;
+    so is vLLM with ``rollout.engine_kwargs.enable_prefix_caching: false`` (vLLM returns routed experts only
+    with prefix caching on)."""
     from rl.config.loading import RecipeError
 
-    if learner.routing_replay == "r3" and engine != "hf":
-        raise RecipeError(
-            f"{KEY}: r3 needs an engine that reports each token's experts; the {engine} engine does not here "
-            "(vLLM's enable_return_routed_experts, GPU only, is not wired yet: docs/moe.md). Use r2, or "
-            "jointrl train --local (the in-process HF engine)"
-        )
+    if learner.routing_replay != "r3" or engine == "hf":
+        return
+    if engine == "vllm" and device == "gpu":
+        if (engine_kwargs or {}).get("enable_prefix_caching", True) is False:
+            raise RecipeError(
+                f"{KEY}: r3 through vLLM with rollout.engine_kwargs.enable_prefix_caching: false; vLLM returns "
+                "routed experts only with prefix caching on (it keeps cached tokens' routing): remove that key"
+            )
+        return
+    raise RecipeError(
+        f"{KEY}: r3 needs an engine that reports each token's experts; the {engine} engine does not report "
+        f"them on {device}: vLLM reports them only on a GPU (enable_return_routed_experts: its model runner V2, "
+        "Triton; docs/moe.md). Use r2, or jointrl train --local (the in-process HF engine)"
+    )
+
+
+def engine_routing_kwargs(learner: Any) -> dict[str, Any]:
+    """The vLLM engine arguments ``learner.routing_replay`` asks for: r3 has the engine return each request's
+    routed experts (``rollout.engine``). Prefix caching stays on: vLLM 0.32 requires it for this output and keeps
+    each cached block's routing (its aux-output block store, keyed by the KV block hashes), returning it for a
+    cache hit's tokens too; a request whose rows still fall short leaves R3's batch, counted."""
+    return {"enable_return_routed_experts": True} if learner.routing_replay == "r3" else {}

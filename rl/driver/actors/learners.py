@@ -310,8 +310,8 @@ class LearnerGroup:
         """The policy's log-probs of ``continuation`` after ``prompt`` (every rank: a sharded forward)."""
         return self._io("logprobs", prompt, continuation)[0]
 
-    def save_checkpoint(self, path: str, wait: bool = True) -> None:
-        self._io("save_checkpoint", path, wait)
+    def save_checkpoint(self, path: str, wait: bool = True, export_dtype: str | None = None) -> None:
+        self._io("save_checkpoint", path, wait, export_dtype)
 
     def load_checkpoint(self, path: str) -> None:
         self._io("load_checkpoint", path)

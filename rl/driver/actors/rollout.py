@@ -99,10 +99,13 @@ class RolloutPool(GroupOwner):
         self._closing = False
         # Per worker, read at each (re)spawn: a replacement starts with its predecessor's arguments.
         self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
-        # The "health" group is a second thread in each actor: its probe answers while generate is blocked.
+        # The "health" group is a second thread in each actor: its probe answers while generate is blocked. The
+        # "control" group a third: partial rollouts' interrupt, resume and the weight loads between them.
+        self._paused = False  # interrupted (partial rollouts): weight loads go to the control thread
+        self._version: int | None = None  # the policy version the last resume gave the engines
         factory = ray_factory(
             worker_cls or RolloutWorker,
-            {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1}},
+            {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1, "control": 1}},
             (model_path, env_specs),
             lambda i: self._kwargs[i],
         )
@@ -126,6 +129,8 @@ class RolloutPool(GroupOwner):
         if self._weights is not None:
             m, args = self._load_job(i)
             ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
+        if self._version is not None:  # the policy version those weights are (the last resume's)
+            ray.get(self.workers[i].resume.remote(self._version), timeout=self.start_timeout_s)
 
     def _free(self, workers: list[int]) -> None:
         """Kill what is left of the engines of ``workers`` (dead or killed) and unlink their shared memory,
@@ -186,7 +191,10 @@ class RolloutPool(GroupOwner):
     def _issue(self, i: int, job: tuple[str, tuple[Any, ...]]) -> tuple[Any, float]:
         """Start ``job`` on worker ``i``: its ObjectRef and its deadline (monotonic seconds)."""
         m, a = job
-        return getattr(self.workers[i], m).remote(*a), time.monotonic() + self.call_timeout_s
+        method = getattr(self.workers[i], m)
+        if self._paused and m in LOAD_CALLS:  # generate holds the actor's main thread, waiting for these weights
+            method = method.options(concurrency_group="control")
+        return method.remote(*a), time.monotonic() + self.call_timeout_s
 
     def _probe(self, pending: dict[int, tuple[Any, float]]) -> dict[int, BaseException]:
         """The death check of calls in flight: the busy workers that are past their deadline, whose engine
@@ -240,6 +248,33 @@ class RolloutPool(GroupOwner):
             for i, traj in zip(shards[w], trajs):
                 out[i] = traj
         return out  # type: ignore[return-value]
+
+    def interrupt(self, timeout_s: float) -> None:
+        """Partial rollouts (``rollout.partial``): stop every worker's generation in flight at its next token
+        (``RolloutWorker.interrupt``, on each actor's control thread while ``generate`` holds its main one); the
+        unfinished turns keep their tokens. Until ``resume`` the weight loads (``sync_weights``) run on the control
+        thread too. A worker that does not stop within ``timeout_s`` raises, every worker resumed first."""
+        import ray
+
+        try:
+            ray.get(
+                [w.interrupt.options(concurrency_group="control").remote(timeout_s) for w in self.workers],
+                timeout=timeout_s + 60,
+            )
+        except BaseException:
+            self.resume()
+            raise
+        self._paused = True
+
+    def resume(self, version: int | None = None) -> None:
+        """Let every worker's interrupted turns continue on the weights loaded since ``interrupt`` (``version``:
+        their policy version; None: each engine's count of weight loads)."""
+        import ray
+
+        self._paused = False
+        if version is not None:
+            self._version = version
+        ray.get([w.resume.options(concurrency_group="control").remote(version) for w in self.workers])
 
     def sync_weights(
         self,

@@ -1,0 +1,90 @@
+"""Partial rollouts through the Ray rollout pool: ``RolloutPool.interrupt`` / ``sync_weights`` / ``resume`` while
+the pool's ``generate`` runs on another driver thread (the actor serves them on its control thread while
+``generate`` holds its main one). The worker's engine is the HF engine on the tiny model with a ``TripGate``
+(tests/test_partial_rollouts.py), so the interrupt lands at a known token without vLLM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_faults import ray_cpus  # noqa: F401 - the module's Ray cluster (2 CPUs)
+from test_partial_rollouts import TASKS, TripGate, _in_thread
+
+from rollout.pool import RolloutWorker
+
+pytestmark = pytest.mark.slow
+
+
+class HFTripWorker(RolloutWorker):
+    """A rollout worker on the HF engine whose gate trips at its ``arm``-th check."""
+
+    def __init__(self, model_path: str, env_specs: list, seed: int = 0, arm: int = 0, **kw) -> None:
+        from rollout.hf_engine import HFEngine
+
+        hf = HFEngine(model_path, dtype="float32")
+        hf.gate = TripGate()
+        hf.gate.arm(arm)
+        super().__init__(model_path, env_specs, seed=seed, engine=hf, **kw)
+
+    def tripped(self) -> bool:
+        return self.engine.gate.tripped.is_set()
+
+
+def _noisy(model_path: str, out: Path) -> str:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}  # tied weights: each under its own name
+    g = torch.Generator().manual_seed(0)
+    path = str(out / "new.safetensors")
+    save_file({k: (v + 0.5 * torch.randn(v.shape, generator=g)).contiguous() for k, v in sd.items()}, path)
+    return path
+
+
+def test_the_pool_loads_new_weights_while_its_workers_generate(ray_cpus, tiny_model_path, tmp_path: Path) -> None:
+    """Interrupted after 5 tokens of the first episode, new weights synced, resumed as version 5: the first episode's
+    tokens are version 0 then 5, the second episode (not started) all 5; a replaced worker's tokens are version 5."""
+    from rl.driver.actors.rollout import RolloutPool
+    from test_partial_rollouts import S
+
+    new = _noisy(tiny_model_path, tmp_path)
+    pool = RolloutPool(
+        1,
+        tiny_model_path,
+        [("talk", "test_partial_rollouts.TalkEnv", {})],
+        num_cpus=0.1,
+        worker_cls=HFTripWorker,
+        arm=6,
+        partial_rollouts=True,
+    )
+    try:
+        s = replace(S, max_turns=1, max_new_tokens=12)
+        done = _in_thread(lambda: pool.generate(TASKS, [0, 1], [11, 12], s))
+        w = pool.workers[0]
+        deadline = time.monotonic() + 120
+        import ray
+
+        while not ray.get(w.tripped.options(concurrency_group="health").remote()):
+            assert time.monotonic() < deadline, "the interrupt never came"
+            time.sleep(0.1)
+        pool.interrupt(60)
+        pool.sync_weights(new)
+        pool.resume(5)
+        a, b = done()
+        assert a.token_versions == [0] * 5 + [5] * (len(a.response_ids) - 5)
+        assert set(b.token_versions) == {5}
+        # A worker that dies is replaced on the newest weights, recorded as the last resume's version.
+        victim = pool.pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        while os.path.exists(f"/proc/{victim}") and open(f"/proc/{victim}/stat").read().split()[2] != "Z":
+            time.sleep(0.05)
+        assert pool._call({0: ("policy_version", ())}) == {0: 5} and pool.restarts == 1
+    finally:
+        pool.shutdown()
