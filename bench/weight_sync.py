@@ -6,7 +6,11 @@ file in /dev/shm; (b) jointrl's sync, ``Learner.export_weights("bfloat16")`` (fp
 ``copy_`` straight into one of two preallocated, memory-mapped safetensors files in /dev/shm,
 then an atomic rename) followed by ``VLLMEngine.load_weights``
 (the engine reloads the file in place) on a vLLM engine of the same model (bf16,
-max_model_len 1024). Medians of ``--n`` timed repetitions after one untimed warm-up. The
+max_model_len 1024); (c) the ``collective`` transport on the same learner and engine, in the same run: the
+learner (member 0) broadcasts ``Learner.export_collective`` in buckets of ``--bucket-mb`` over a gloo group
+(NCCL with ``--device cuda``) while the engine's worker takes them into its in-place reload
+(``VLLMEngine.load_weights_stream``); the learner's weights are scaled first, so the log-prob check after it shows
+the stream, not the file, brought them. Medians of ``--n`` timed repetitions after one untimed warm-up. The
 issue's goal: sync <= 2x the floor. The Ray actor hop of a real run is not included.
 
 Appends/replaces its section of ``bench/RESULTS.md``. ``--device cuda``: the learner's weights
@@ -45,7 +49,58 @@ def floor_state_dict(model):
     return sd
 
 
-def bench_model(name: str, n: int, device: str = "cpu") -> dict:
+def _max_diff(learner, engine) -> float:
+    """Largest per-token gap between the engine's and the learner's log-probs of one sentence."""
+    ids = learner.tokenizer("The quick brown fox jumps over the lazy dog.", add_special_tokens=False)["input_ids"]
+    e_lp = engine.score(ids[:3], ids[3:])
+    l_lp = learner.logprobs(ids[:3], ids[3:])
+    return max(abs(a - b) for a, b in zip(e_lp, l_lp))
+
+
+def bench_collective(learner, engine, n: int, bucket_mb: float, device: str) -> dict:
+    """The collective transport between ``learner`` (member 0, this process) and ``engine``'s worker (member 1):
+    join once, then ``n`` + 1 streams (the first untimed), each timed from the learner's first broadcast to the
+    engine's reload returning. The learner's weights are scaled before, so the check shows the stream's work."""
+    import threading
+
+    import torch
+
+    from rl.trainer.collectives import free_port
+    from rollout.collective import bucket_bytes
+    from rollout.weights import CollectiveJoin, CollectiveWeights
+
+    spec = CollectiveJoin("127.0.0.1", free_port(), 0, 2, "nccl" if device == "cuda" else "gloo", 600.0, "bench")
+    joined = threading.Thread(target=engine.join_weight_group, args=(CollectiveJoin(**{**spec.__dict__, "rank": 1}),))
+    joined.start()
+    learner.weights.join_group(spec)
+    joined.join()
+    with torch.no_grad():
+        for p in learner.model.parameters():
+            p.mul_(0.9)
+    stale = _max_diff(learner, engine)  # the gap the streams must close
+    times, errors = [], []
+    bucket = bucket_bytes(bucket_mb)
+    for i in range(n + 1):
+
+        def take(version: int = i + 1) -> None:
+            try:
+                engine.load_weights_stream(CollectiveWeights(version, "bench"))
+            except Exception as e:  # noqa: BLE001 - raised below, in the main thread
+                errors.append(e)
+
+        t0 = time.perf_counter()
+        th = threading.Thread(target=take)
+        th.start()
+        learner.export_collective("bfloat16", i + 1, bucket)
+        th.join()
+        if errors:
+            raise errors[0]
+        if i:
+            times.append(time.perf_counter() - t0)
+    return dict(sync=statistics.median(times), all=times, max_diff=_max_diff(learner, engine), stale=stale)
+
+
+def bench_model(name: str, n: int, device: str = "cpu", bucket_mb: float = 256.0) -> dict:
     import shutil
 
     from safetensors.torch import save_file
@@ -87,10 +142,8 @@ def bench_model(name: str, n: int, device: str = "cpu") -> dict:
                 reload.append(t2 - t1)
                 sync.append(t2 - t0)
         # Sanity: the engine now holds the learner's weights (same logprobs up to bf16 noise).
-        ids = learner.tokenizer("The quick brown fox jumps over the lazy dog.", add_special_tokens=False)["input_ids"]
-        e_lp = engine.score(ids[:3], ids[3:])
-        l_lp = learner.logprobs(ids[:3], ids[3:])
-        max_diff = max(abs(a - b) for a, b in zip(e_lp, l_lp))
+        max_diff = _max_diff(learner, engine)
+        coll = bench_collective(learner, engine, n, bucket_mb, device)
     finally:
         if engine is not None:
             engine.shutdown()
@@ -110,6 +163,11 @@ def bench_model(name: str, n: int, device: str = "cpu") -> dict:
         floor_all=floor,
         export_all=export,
         sync_all=sync,
+        coll=coll["sync"],
+        coll_all=coll["all"],
+        coll_ratio=coll["sync"] / med(sync),
+        coll_diff=coll["max_diff"],
+        coll_stale=coll["stale"],
     )
 
 
@@ -118,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="tiny,smollm2", help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--n", type=int, default=5, help="timed repetitions per measurement (median reported)")
     ap.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
+    ap.add_argument(
+        "--bucket-mb", type=float, default=256.0, help="collective: MiB per bucket (learner.weight_bucket_mb)"
+    )
     _device.add_argument(ap)
     args = ap.parse_args(argv)
     device = _device.select(args.device)
@@ -129,11 +190,12 @@ def main(argv: list[str] | None = None) -> None:
 
     rows, runs = [], []
     for m in names:
-        r = bench_model(m, args.n, device)
+        r = bench_model(m, args.n, device, args.bucket_mb)
         runs.append(
             f"- {m}: floor runs {', '.join(f'{x:.3f}' for x in r['floor_all'])}; export runs "
             f"{', '.join(f'{x:.3f}' for x in r['export_all'])}; sync runs "
-            f"{', '.join(f'{x:.3f}' for x in r['sync_all'])} (s)"
+            f"{', '.join(f'{x:.3f}' for x in r['sync_all'])}; collective runs "
+            f"{', '.join(f'{x:.3f}' for x in r['coll_all'])} (s)"
         )
         rows.append(
             [
@@ -147,10 +209,14 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r['ratio']:.2f}x",
                 "yes" if r["ratio"] <= 2.0 else "NO",
                 f"{r['max_diff']:.3f}",
+                f"{r['coll']:.3f}",
+                f"{r['coll_ratio']:.2f}x",
+                f"{r['coll_diff']:.3f} (before: {r['coll_stale']:.3f})",
             ]
         )
         print(
-            f"{m}: floor runs {[round(x, 3) for x in r['floor_all']]}, sync runs {[round(x, 3) for x in r['sync_all']]}",
+            f"{m}: floor runs {[round(x, 3) for x in r['floor_all']]}, sync runs {[round(x, 3) for x in r['sync_all']]}, "
+            f"collective runs {[round(x, 3) for x in r['coll_all']]}",
             flush=True,
         )
     headers = [
@@ -164,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         "sync/floor",
         "<= 2x",
         "max logprob diff, engine vs learner",
+        "collective sync s",
+        "collective/file sync",
+        "max logprob diff after collective (before it)",
     ]
     body = (
         f"Device: {device}. In one process, no Ray (the actor hop of a real run is not included). Medians of {args.n} timed runs "
@@ -172,7 +241,12 @@ def main(argv: list[str] | None = None) -> None:
         "`copy_` into one of two preallocated memory-mapped safetensors files in /dev/shm + rename; the first use "
         "of each of the two files also pays its page faults, so one timed run is slower, see the runs below); reload = `VLLMEngine.load_weights(path)` (in-place reload + prefix-cache reset). "
         "Goal from the issue: sync/floor <= 2. Last column: a check that the reloaded engine scores a sentence "
-        "like the learner does.\n\n" + table(headers, rows) + "\n\nEvery timed run, in order:\n\n" + "\n".join(runs)
+        f"like the learner does. collective = the learner broadcasting `export_collective` in {args.bucket_mb:g} MiB "
+        "buckets over a gloo group into the same engine's in-place reload (`VLLMEngine.load_weights_stream`), "
+        "after the learner's weights were scaled by 0.9 (its check shows the stream brought them).\n\n"
+        + table(headers, rows)
+        + "\n\nEvery timed run, in order:\n\n"
+        + "\n".join(runs)
     )
     print()
     print(machine())

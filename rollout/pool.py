@@ -3,7 +3,7 @@
 ``RolloutWorker`` is a plain class: tests run it in-process, the in-process runtime runs one in the driver,
 and ``rl.driver.actors.rollout.RolloutPool`` runs N of them as Ray actors. It generates episodes, loads the
 weights each transport delivers (a safetensors file, its bytes, a LoRA adapter folder or its files, a CUDA IPC
-export), and reports what it holds outside its process (``leftovers``). Engines are shut down explicitly in
+export, a collective weight stream), and reports what it holds outside its process (``leftovers``). Engines are shut down explicitly in
 ``shutdown()``; otherwise each leaves its shared-memory segments in /dev/shm.
 """
 
@@ -24,7 +24,15 @@ from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
 from rollout.episode import run_episodes
 from rollout.tools_prompt import check_mode
-from rollout.weights import BlobWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
+from rollout.weights import (
+    BlobWeights,
+    CollectiveJoin,
+    CollectiveWeights,
+    DeltaWeights,
+    FileWeights,
+    IpcWeights,
+    WeightUpdate,
+)
 
 
 def usable_cpus() -> int:
@@ -107,6 +115,7 @@ class RolloutWorker:
         self._procs = stamped(descendants(os.getpid())) if engine is None else []
         self._adapter_seq = 0  # adapter folders received from another node (load_adapter_blob)
         self._held = ""  # the identity (DeltaWeights.digest) of the export in self._blob, "" when unknown
+        self._torn = ""  # why this engine's weights are not a complete export (a weight stream that failed)
 
     def _make_env(self, domain: str) -> Any:
         if domain not in self.envs:
@@ -114,9 +123,14 @@ class RolloutWorker:
         cls, kwargs = self.envs[domain]
         return cls(**kwargs)
 
+    def _check_whole(self) -> None:
+        if self._torn:
+            raise RuntimeError(f"this engine's weights are torn ({self._torn}); it serves again after a full sync")
+
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
     ) -> list[Trajectory]:
+        self._check_whole()
         return run_episodes(
             self.engine,
             self.tokenizer,
@@ -162,11 +176,17 @@ class RolloutWorker:
     def receive(self, update: WeightUpdate) -> bool:
         """Load what one weight transport delivered (``rollout.weights.WeightReceiver``): a weights file or adapter
         folder on this node, their bytes from a learner on another node, only what changed since the previous
-        export (``DeltaWeights``), or a CUDA IPC export of the learner on this engine's GPU. False: a delta that
-        could not be applied exactly (nothing was loaded; the caller sends the full weights)."""
+        export (``DeltaWeights``), a CUDA IPC export of the learner on this engine's GPU, or the collective
+        transport's group to join (``CollectiveJoin``) or stream to take (``CollectiveWeights``). False: a delta
+        that could not be applied exactly (nothing was loaded; the caller sends the full weights)."""
         if isinstance(update, DeltaWeights):
             return self.load_weights_delta(update)
-        if isinstance(update, FileWeights):
+        if isinstance(update, CollectiveJoin):
+            self.engine.join_weight_group(update)
+            return True
+        if isinstance(update, CollectiveWeights):
+            self.load_weights_stream(update)
+        elif isinstance(update, FileWeights):
             (self.load_adapter if update.adapter else self.load_weights)(update.path)
         elif isinstance(update, BlobWeights):
             if update.adapter:
@@ -181,10 +201,25 @@ class RolloutWorker:
             self.load_weights_ipc(update)
         else:
             raise TypeError(f"no weight transport delivers a {type(update).__name__}")
+        self._torn = ""  # complete weights again
         return True
 
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)
+
+    def load_weights_stream(self, update: CollectiveWeights) -> None:
+        """Weight stream ``update`` of the joined group (``rollout.collective``), loaded as it arrives. Until it
+        ended with the learner's checksum this engine refuses to generate or score: a stream that broke midway
+        (a peer died, a checksum differed) leaves weights that are neither the old export nor the new one."""
+        from rollout.collective import STALE, StaleStream
+
+        before, self._torn = self._torn, f"weight stream {update.version} did not complete"
+        try:
+            self.engine.load_weights_stream(update)
+        except Exception as e:
+            if isinstance(e, StaleStream) or STALE in str(e):
+                self._torn = before  # refused from its header: nothing was loaded
+            raise
 
     def load_weights_ipc(self, update: IpcWeights) -> None:
         """Weights from a learner rank on this engine's GPU (``Learner.export_ipc``), mapped, not copied."""
@@ -235,6 +270,7 @@ class RolloutWorker:
         shutil.rmtree(f"{self._blob}.adapter-{self._adapter_seq - 1}", ignore_errors=True)
 
     def score(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        self._check_whole()
         return self.engine.score(prompt, continuation)
 
     def sleep(self, level: int = 1) -> None:

@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Union
 
-__all__ = ["FileWeights", "BlobWeights", "IpcWeights", "DeltaWeights", "WeightUpdate", "WeightReceiver"]
+__all__ = [
+    "FileWeights",
+    "BlobWeights",
+    "IpcWeights",
+    "DeltaWeights",
+    "CollectiveJoin",
+    "CollectiveWeights",
+    "WeightUpdate",
+    "WeightReceiver",
+]
 
 
 @dataclass(frozen=True)
@@ -60,13 +69,40 @@ class DeltaWeights:
     checksums: tuple[tuple[str, str], ...]
 
 
-WeightUpdate = Union[FileWeights, BlobWeights, IpcWeights, DeltaWeights]
+@dataclass(frozen=True)
+class CollectiveJoin:
+    """``collective``: join the weight-transfer process group (``rollout.collective``), a stateless group of its
+    own beside the engine's (vLLM's workers own their default group): ``world`` members, learner rank 0 as
+    member 0 (it hosts the rendezvous at ``address:port``), this engine's worker as member ``rank``; ``backend``:
+    gloo (CPU) or nccl (GPU); ``timeout_s``: how long a broadcast waits for its peers (``faults.collective_s``);
+    ``tag``: names this formation of the group (a re-formed group never meets an old one's members)."""
+
+    address: str
+    port: int
+    rank: int
+    world: int
+    backend: str
+    timeout_s: float
+    tag: str
+
+
+@dataclass(frozen=True)
+class CollectiveWeights:
+    """``collective``: take part in weight stream ``version`` of the joined group: learner rank 0 broadcasts a
+    header (version, layout, bucket size), the weights in buckets, then a checksum of every byte; the engine
+    loads each tensor into its in-place reload as its last bucket arrives. A header of another version is
+    drained and refused (a stale stream), a checksum that differs refuses the stream (a torn one)."""
+
+    version: int
+    tag: str
+
+
+WeightUpdate = Union[FileWeights, BlobWeights, IpcWeights, DeltaWeights, CollectiveJoin, CollectiveWeights]
 
 
 class WeightReceiver(Protocol):
     """The engine side of the weight transports (``rl.trainer.weights.WeightSender`` is the learner side): load
-    what one sync delivered. A streaming transport (a collective broadcast) adds its own record, whose
-    ``receive`` joins the stream (begin with the layout, take each tensor into the engine's in-place reload,
-    finish); the driver's routing does not change."""
+    what one sync delivered. The streaming transport (``CollectiveWeights``) joins a broadcast instead: its
+    ``receive`` takes the header, then each tensor into the engine's in-place reload, then the checksum."""
 
     def receive(self, update: WeightUpdate) -> bool | None: ...

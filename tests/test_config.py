@@ -300,7 +300,20 @@ def test_cli_subprocess_bad_yaml(tmp_path: Path) -> None:
             "rollout.max_staleness: a rollout stream overlaps generation",
         ),
         (["learner.weight_sync=ipc"], "learner.weight_sync: ipc maps each learner rank's GPU buffer"),
-        (["learner.weight_sync=nccl"], "learner.weight_sync: choose one of file, ipc; got 'nccl'"),
+        (["learner.weight_sync=nccl"], "learner.weight_sync: choose one of file, ipc, collective; got 'nccl'"),
+        (
+            ["learner.weight_sync=collective", "cluster.device=gpu", "cluster.engine_tp=2", "cluster.engine_gpus=2"],
+            "learner.weight_sync: collective streams whole tensors into one worker per engine",
+        ),
+        (
+            ["learner.weight_sync=collective", "learner.lora.rank=8", "learner.lora.transfer=adapter"],
+            "learner.weight_sync: collective streams merged weights",
+        ),
+        (
+            ["learner.weight_sync=collective", "learner.delta_sync_full_every=4"],
+            "learner.delta_sync_full_every: delta sync sends the changed entries",
+        ),
+        (["learner.weight_bucket_mb=0"], "learner.weight_bucket_mb: must be in (0, 65536], got 0"),
         (
             [
                 "cluster.device=gpu",

@@ -49,12 +49,19 @@ def test_unknown_engine_kind_is_named(tiny_model_path) -> None:
         make_engine("tpu", tiny_model_path)
 
 
-def test_local_runtime_refuses_ipc_weight_sync_before_building_anything(recipe_copy, tiny_model_path) -> None:
-    """``learner.weight_sync: ipc`` pairs Ray actors on a shared GPU; the in-process runtime says so at start."""
+@pytest.mark.parametrize(
+    "sync, match",
+    [("ipc", "learner.weight_sync: ipc"), ("collective", "learner.weight_sync: collective .* engine cannot join one")],
+)
+def test_local_runtime_refuses_ipc_weight_sync_before_building_anything(
+    recipe_copy, tiny_model_path, sync: str, match: str
+) -> None:
+    """``learner.weight_sync: ipc`` pairs Ray actors on a shared GPU, ``collective`` needs engines that join a
+    process group (the HF engine cannot); the in-process runtime says so at start."""
     from rl.driver.local_runtime import LocalRuntime
 
-    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=ipc"])
+    cfg = load_recipe(recipe_copy("tiny.yaml"), [f"learner.weight_sync={sync}"])
     rt = LocalRuntime(cfg, tiny_model_path)
-    with pytest.raises(ValueError, match="learner.weight_sync: ipc"):
+    with pytest.raises(ValueError, match=match):
         rt.start()
     assert rt.worker is None and rt.learner is None

@@ -33,6 +33,8 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
         _check_colocated(recipe, dev, on_cpu, fail)
     if recipe.learner.weight_sync == "ipc":
         _check_ipc(recipe, fail)
+    if recipe.learner.weight_sync == "collective":
+        _check_collective(recipe, fail)
     if recipe.learner.delta_sync_full_every and (
         recipe.learner.weight_sync != "file" or recipe.learner.lora.engine_rank
     ):
@@ -71,6 +73,22 @@ def _check_ipc(recipe: Recipe, fail: Fail) -> None:
         fail(
             "learner.weight_sync",
             "ipc sends merged weights; learner.lora.transfer adapter sends the adapter folder instead: use one of them",
+        )
+
+
+def _check_collective(recipe: Recipe, fail: Fail) -> None:
+    """``learner.weight_sync: collective``: one worker per engine joins the weight group, merged weights cross."""
+    if recipe.cluster.engine_tp != 1:
+        fail(
+            "learner.weight_sync",
+            f"collective streams whole tensors into one worker per engine; cluster.engine_tp {recipe.cluster.engine_tp} "
+            "engines shard them over several workers (not supported yet): use weight_sync file, or engine_tp 1",
+        )
+    if recipe.learner.lora.engine_rank > 0:
+        fail(
+            "learner.weight_sync",
+            "collective streams merged weights; learner.lora.transfer adapter sends the adapter folder instead: "
+            "use lora.transfer merged with collective, or weight_sync file",
         )
 
 

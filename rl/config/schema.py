@@ -399,11 +399,20 @@ class LearnerConfig(Section):
         "trim; resident memory stays at the step's peak, and a step ending above 1.25x the level it settled at "
         "trims: memory.HoldBudget) | false: hand it back after each step, which the next step faults in again",
     )
-    weight_sync: Literal["file", "ipc"] = knob(
+    weight_sync: Literal["file", "ipc", "collective"] = knob(
         "file",
         "how merged weights reach the engines after a step: file = one safetensors file in the learner node's "
         "/dev/shm (Ray's object store to other nodes) | ipc = CUDA IPC, engine i maps learner rank i's packed "
-        "bf16 buffer on their shared GPU (cluster.placement colocated; each rank holds one bf16 copy)",
+        "bf16 buffer on their shared GPU (cluster.placement colocated; each rank holds one bf16 copy) | "
+        "collective = learner rank 0 broadcasts in buckets to every engine's worker through a process group of "
+        "their own (gloo on CPU, NCCL on GPU; any node; vLLM engines with engine_tp 1)",
+    )
+    weight_bucket_mb: float = knob(
+        256.0,
+        "weight_sync collective: bytes per broadcast bucket, in MiB (extra memory: one bucket on the learner, one "
+        "bucket plus the tensor being assembled on an engine; a larger tensor is split over buckets)",
+        gt=0,
+        le=65536,
     )
     delta_sync_full_every: int = knob(
         0,

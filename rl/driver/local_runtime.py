@@ -62,6 +62,11 @@ class LocalRuntime:
                 "learner.weight_sync: ipc maps learner and engine GPU buffers across Ray actors on a shared GPU "
                 "(cluster.placement colocated); the in-process runtime (train --local, eval) syncs through the file"
             )
+        if self.with_learner and self.cfg.learner.weight_sync == "collective":
+            raise ValueError(
+                "learner.weight_sync: collective broadcasts into vLLM engine workers through a process group; the "
+                f"in-process runtime's {self.engine_kind} engine cannot join one: use weight_sync file with --local"
+            )
 
         if self.with_learner:  # r3 needs an engine that reports routing (vLLM: on a GPU only)
             device = "gpu" if torch.cuda.is_available() else "cpu"

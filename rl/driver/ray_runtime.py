@@ -33,7 +33,9 @@ from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
 from rl.driver.runtime import Deadlines, learner_settings
 from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
+from rollout.collective import bucket_bytes
 from rollout.pool import EngineFailure
+from rollout.weights import CollectiveJoin, CollectiveWeights
 
 
 class RayRuntime:
@@ -56,6 +58,12 @@ class RayRuntime:
         self._old_term: Any = None
         self.shm_dir = ""
         self.learner_node: str | None = None  # learner rank 0's Ray node: its weights file is there
+        self.device = "cpu"  # cpu | gpu, resolved at start
+        # learner.weight_sync collective: the weight group's formation (tag; None: to form, again after a learner
+        # restart or an engine replacement), the pool's replacement count it was formed at, the last stream
+        self._group: tuple[str, int] | None = None
+        self._formations = 0
+        self._stream = 0
 
     def start(self, length_estimate: Callable[[Task], float | None] | None = None) -> None:
         """Connect to (or start) Ray, reserve the placement groups of ``cluster``, start the actors.
@@ -74,7 +82,7 @@ class RayRuntime:
         STARTUP.phase("placement: resolving the device and precision, reserving the actors' resources")
         # cluster.device (auto: GPUs when the Ray cluster has any), then one placement group per role,
         # reserved before any actor starts: a cluster that cannot hold them fails here, naming the resources.
-        device = resolve_device(cfg, cluster.cluster_resources().get("GPU", 0.0))
+        self.device = device = resolve_device(cfg, cluster.cluster_resources().get("GPU", 0.0))
         # r3 needs engine routing: vLLM gives it on a GPU only
         check_replay_engine(cfg.learner, "vllm", device, cfg.rollout.engine_kwargs)
         self.cfg = cfg = resolve_logged(cfg, device)  # `auto` precisions: one timing for learners and engines
@@ -141,6 +149,7 @@ class RayRuntime:
         kill every rank, start new ones in the same placement bundles, load checkpoint ``path``, push its
         weights into the engines. A failure here raises (the run ends)."""
         self.learners.kill(graceful=False)
+        self._group = None  # the new rank 0 is no member of the weight group
         self.learners = self._make_learners()
         self.learners.ready()
         self.restore(path)
@@ -203,6 +212,8 @@ class RayRuntime:
         self.learner_node = where["learner"][0]["node_id"]
         for i, e in enumerate(where["engine"]):
             e["weights"] = self.pool.route(i, self.learner_node)  # file (same node) | object_store
+            if self.cfg.learner.weight_sync == "collective":
+                e["weights"] = "collective"
         (self.out / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
         (self.out / LIVE_FILE).write_text(
             json.dumps({"pid": os.getpid(), "shm_dir": self.shm_dir, "engines": self.pool.shm_owned()}) + "\n"
@@ -262,11 +273,15 @@ class RayRuntime:
 
     def sync_weights(self) -> None:
         """The policy into every engine: merged weights (a safetensors file, or with ``learner.weight_sync: ipc``
-        each learner rank's GPU buffer mapped by the engine on its GPU) or, with ``learner.lora.transfer:
-        adapter``, the LoRA adapter alone (a ``peft`` folder)."""
+        each learner rank's GPU buffer mapped by the engine on its GPU, or with ``collective`` a bucketed
+        broadcast from learner rank 0) or, with ``learner.lora.transfer: adapter``, the LoRA adapter alone (a
+        ``peft`` folder)."""
 
         if self.cfg.learner.weight_sync == "ipc":  # colocated: engine i maps learner rank i's GPU buffer
             self.pool.sync_weights_ipc(self.learners.export_ipc(self.cfg.model.engine_dtype))
+            return
+        if self.cfg.learner.weight_sync == "collective":
+            self._sync_collective()
             return
         adapter = self.cfg.learner.lora.engine_rank > 0
         if adapter:
@@ -285,6 +300,42 @@ class RayRuntime:
             adapter=adapter,
             delta=(lambda: self.learners.read_weights_ref(path, delta=True)) if delta else None,
         )
+
+    def _sync_collective(self) -> None:
+        """``learner.weight_sync: collective``: learner rank 0 broadcasts the merged weights in buckets of
+        ``learner.weight_bucket_mb`` to every engine's worker through the weight group (``rollout.collective``),
+        formed first when there is none or its members changed. A replaced engine loads the learner's file
+        export through the object store as it starts, and the group is re-formed before the next stream."""
+        if self._group is None or self._group[1] != self.pool.replaced:
+            self._form_weight_group()
+        assert self._group is not None
+        dtype, tag = self.cfg.model.engine_dtype, self._group[0]
+        self._stream += 1
+        version, bucket = self._stream, bucket_bytes(self.cfg.learner.weight_bucket_mb)
+        self.pool.stream_weights(
+            [CollectiveWeights(version, tag)] * len(self.pool.workers),
+            lambda: self.learners.export_collective(dtype, version, bucket),
+            lambda: self.learners.read_weights_ref(self.learners.export_weights(dtype)),
+        )
+
+    def _form_weight_group(self) -> None:
+        """Learner rank 0 (member 0, the rendezvous on a free port of its node) and engine i's worker (member
+        i + 1) join a new weight group: gloo on CPU, NCCL on GPU, broadcasts waiting ``faults.collective_s``."""
+        self._formations += 1
+        replaced = self.pool.replaced
+        addr, port = self.learners.weight_group_address()
+        world, backend = len(self.pool.workers) + 1, "nccl" if self.device == "gpu" else "gloo"
+        tag = f"{os.getpid()}-{self._formations}"
+
+        def member(rank: int) -> CollectiveJoin:
+            return CollectiveJoin(addr, port, rank, world, backend, float(self.cfg.faults.collective_s), tag)
+
+        self.pool.stream_weights(
+            [member(i + 1) for i in range(len(self.pool.workers))],
+            lambda: self.learners.join_weight_group(member(0)),
+            None,
+        )
+        self._group = (tag, replaced)
 
     def save(self, path: str, wait: bool = True, export: bool = False) -> None:
         from rl.driver.runtime import export_dtype

@@ -60,7 +60,7 @@ from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
 from rl.trainer.weights import WeightExport
 from rollout.routing import routers
-from rollout.weights import BlobWeights, DeltaWeights, IpcWeights
+from rollout.weights import BlobWeights, CollectiveJoin, CollectiveWeights, DeltaWeights, IpcWeights
 from rl.trainer.logits import Entropy
 from rl.trainer.collectives import all_reduce_sum, broadcast_params, free_port, init_process_group
 from rl.algos.schedules import kl_controller
@@ -615,6 +615,14 @@ class Learner:
     def export_ipc(self, dtype: str = "bfloat16") -> IpcWeights:
         """``WeightExport.ipc``: the policy in one CUDA IPC buffer on this GPU."""
         return self.weights.ipc(dtype)
+
+    def join_weight_group(self, spec: CollectiveJoin) -> None:
+        """``WeightExport.join_group``: rank 0 joins the ``collective`` transport's weight group."""
+        self.weights.join_group(spec)
+
+    def export_collective(self, dtype: str, version: int, bucket_bytes: int) -> CollectiveWeights | None:
+        """``WeightExport.collective``: stream ``version`` of the policy to the engines (every rank calls it)."""
+        return self.weights.collective(dtype, version, bucket_bytes)
 
     def export_adapter(self) -> str:
         """``WeightExport.adapter``: with LoRA, the adapters as a ``peft`` folder."""

@@ -10,7 +10,9 @@ One interface, :class:`WeightSender` (begin with the layout, one tensor at a tim
   engines on other nodes (routed by ``rl.driver.actors.rollout.RolloutPool``);
 * ``ipc(dtype)``: :class:`CudaIpcSender`, CUDA, one packed buffer on the learner's GPU shared through a CUDA
   IPC handle;
-* ``adapter()``: with LoRA, only the adapters as a ``peft`` folder (``rl.trainer.lora.AdapterExports``).
+* ``adapter()``: with LoRA, only the adapters as a ``peft`` folder (``rl.trainer.lora.AdapterExports``);
+* ``collective(dtype, version, bucket_bytes)``: ``rollout.collective.BucketSender``, rank 0 broadcasts the
+  tensors in buckets to the engines' workers through the weight group it joined (``join_group``).
 
 The engine side of each is ``rollout.pool.RolloutWorker.receive``.
 
@@ -27,14 +29,17 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from rl.trainer import fsdp, lora
 from rl.trainer.models import DTYPES
 from rollout.weight_delta import BITS, checksum
-from rollout.weights import BlobWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
+from rollout.weights import BlobWeights, CollectiveWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
+
+if TYPE_CHECKING:
+    from rollout.weights import CollectiveJoin
 
 
 class WeightExport:
@@ -45,6 +50,7 @@ class WeightExport:
         self._adapter_exports = lora.AdapterExports(self.shm_dir)  # adapter()'s folders (no I/O until then)
         self._file_sender: ShmFileSender | None = None
         self._ipc_sender: CudaIpcSender | None = None
+        self._group: Any = None  # rollout.collective.WeightGroup: rank 0's membership of the weight group
 
     def file(self, dtype: str = "bfloat16") -> str:
         """Write the policy's weights to one safetensors file in shared memory; return its path.
@@ -86,12 +92,42 @@ class WeightExport:
         assert isinstance(sent, IpcWeights)
         return sent
 
+    def join_group(self, spec: CollectiveJoin) -> None:
+        """Rank 0: join the ``collective`` transport's weight group as member 0 (it hosts the rendezvous; blocks
+        until every engine worker joined). A previous formation's membership is dropped first."""
+        from rollout import collective
+
+        self._group = None
+        self._group = collective.join(spec, self.device)
+
+    def collective(self, dtype: str, version: int, bucket_bytes: int) -> CollectiveWeights | None:
+        """Broadcast the policy's weights as stream ``version`` to the weight group's engines, in ``dtype`` and
+        buckets of ``bucket_bytes`` (``rollout.collective.BucketSender``: rank 0 holds one bucket beside the
+        tensor being packed). Sharded: every rank must call it (tensors are gathered one at a time); rank 0
+        sends, the others return None."""
+        from rollout.collective import BucketSender
+
+        if self.rank > 0:
+            self._send(None)
+            return None
+        if self._group is None:
+            raise RuntimeError("a collective weight export before this learner joined the weight group")
+        sent = self._send(BucketSender(self._group, DTYPES[dtype], bucket_bytes, version))
+        assert isinstance(sent, CollectiveWeights)
+        return sent
+
     def _send(self, sender: WeightSender | None) -> WeightUpdate | None:
-        """Stream the export tensors through ``sender``: begin (the layout), each tensor in turn (or the key of a
-        tensor it already got), finish. ``None``: this rank only joins the gathers (sharded, not rank 0)."""
+        """Stream the export tensors through ``sender``: begin (the layout, and which keys repeat another's
+        tensor), each tensor in turn (or the key of a tensor it already got), finish. ``None``: this rank only
+        joins the gathers (sharded, not rank 0)."""
         tensors = self._tensors()
         if sender is not None:
-            sender.begin([(k, tuple(v.shape)) for k, v in tensors.items()])
+            first: dict[int, str] = {}
+            aliases: dict[str, str] = {}
+            for k, v in tensors.items():
+                if first.setdefault(id(v), k) != k:
+                    aliases[k] = first[id(v)]
+            sender.begin([(k, tuple(v.shape)) for k, v in tensors.items()], aliases)
         for key, full, alias in self._stream(tensors):
             if sender is None:
                 continue
@@ -181,16 +217,17 @@ class WeightExport:
 class WeightSender(Protocol):
     """The learner side of one weight transport: how one rank hands the policy's tensors to the engines.
 
-    One export is ``begin(layout)`` (every tensor's name and shape, in order), then each tensor in turn, full
+    One export is ``begin(layout, aliases)`` (every tensor's name and shape, in order; the keys that share
+    another key's storage, ``{key: first key}``), then each tensor in turn, full
     (``send``: any device and dtype, converted on the way) or as the name of one already sent that it shares
     storage with (``alias``: a tied ``lm_head``), then ``finish``, which returns what the engines are given
     (a ``rollout.weights`` record). The engine side is ``rollout.pool.RolloutWorker.receive``. Tensors arrive
-    one at a time (gathered when sharded), so a sender never needs the whole model at once: a collective
-    transport (a broadcast from the learner into the engines' process group) is a sender whose ``begin``
-    announces the layout, whose ``send`` broadcasts, and whose ``finish`` waits for the engines.
+    one at a time (gathered when sharded), so a sender never needs the whole model at once: the collective
+    transport (``rollout.collective.BucketSender``) announces the layout in ``begin``, broadcasts full buckets
+    in ``send`` and the last one and a checksum in ``finish``.
     """
 
-    def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None: ...
+    def begin(self, layout: list[tuple[str, tuple[int, ...]]], aliases: dict[str, str] | None = None) -> None: ...
 
     def send(self, key: str, tensor: torch.Tensor) -> None: ...
 
@@ -217,7 +254,7 @@ class ShmFileSender:
         self._delta: list[tuple[str, torch.Tensor, torch.Tensor]] | None = None
         self._delta_bytes = 0
 
-    def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None:
+    def begin(self, layout: list[tuple[str, tuple[int, ...]]], aliases: dict[str, str] | None = None) -> None:
         typed = [(k, self.dtype, shape) for k, shape in layout]
         if self._file is None or not self._file.fits(self.folder, typed):
             if self._file is not None:
@@ -292,7 +329,7 @@ class CudaIpcSender:
         self._place: dict[str, tuple[tuple[int, ...], int]] = {}
         self.changes = ChangeCount()
 
-    def begin(self, layout: list[tuple[str, tuple[int, ...]]]) -> None:
+    def begin(self, layout: list[tuple[str, tuple[int, ...]]], aliases: dict[str, str] | None = None) -> None:
         place, total = {}, 0
         for key, shape in layout:
             place[key] = (shape, total)

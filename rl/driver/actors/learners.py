@@ -33,7 +33,7 @@ from rl.driver.runtime import Deadlines, LearnerFailure
 from rl.trainer.collectives import COLLECTIVE_TIMEOUT_ENV, free_port
 from rl.trainer.memory import learner_env
 from rl.trainer.sharding import shard_batch
-from rollout.weights import IpcWeights
+from rollout.weights import CollectiveJoin, IpcWeights
 
 __all__ = ["LearnerGroup"]
 
@@ -283,6 +283,21 @@ class LearnerGroup:
         there is one), for engines on other nodes."""
         return self.actors[0].read_weights.remote(path, delta)
 
+    def weight_group_address(self) -> tuple[str, int]:
+        """Rank 0's node IP and a port free there: where the ``collective`` weight group meets."""
+        import ray
+
+        return tuple(ray.get(self.actors[0].__ray_call__.remote(_node_ip_port), timeout=self.deadlines.io_s))
+
+    def join_weight_group(self, spec: CollectiveJoin) -> None:
+        """Rank 0 joins the ``collective`` weight group as member 0 (the other ranks are not members: they hold
+        what rank 0 broadcasts, gathered, already); returns when every engine joined (``faults.learner_io_s``)."""
+        self._wait([self.actors[0].join_weight_group.remote(spec)], self.deadlines.io_s, "faults.learner_io_s", "join")
+
+    def export_collective(self, dtype: str, version: int, bucket_bytes: int) -> None:
+        """Stream ``version`` of the policy to the weight group (every rank: shards gathered; rank 0 broadcasts)."""
+        self._io("export_collective", dtype, version, bucket_bytes)
+
     def export_adapter(self) -> str:
         """The LoRA adapter folder (every rank: A, B gathered); rank 0's path."""
         return self._io("export_adapter")[0]
@@ -325,6 +340,13 @@ class LearnerGroup:
         except Exception:  # noqa: BLE001 - a dead or stuck learner is killed all the same
             pass
         self.group.kill_all()
+
+
+def _node_ip_port(_actor: Any) -> tuple[str, int]:
+    """In a learner's process (``__ray_call__``): its node's IP as Ray knows it, and a TCP port free there."""
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port("")
 
 
 def _empty_cuda_cache(_actor: Any) -> None:

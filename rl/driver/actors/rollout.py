@@ -4,7 +4,8 @@ A pool call keeps each GRPO group on one engine (the group shares its prompt, so
 serves it once); engines pull chunks of groups of balanced estimated tokens (``rollout.balance.plan_chunks``)
 from one queue, and the call returns trajectories in the order of the input. ``sync_weights`` pushes a safetensors file (written by the learner
 into shared memory) into every engine, or with ``adapter=True`` a LoRA adapter folder; an engine on another
-node gets the bytes through Ray's object store. Engines are shut down explicitly in ``shutdown()``.
+node gets the bytes through Ray's object store; ``stream_weights`` has every engine take part in the
+``collective`` transport's group while the learner side runs. Engines are shut down explicitly in ``shutdown()``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rl.driver.actors.cluster import node_id, on_node
 from rl.driver.actors.group import ActorGroup, GroupOwner, actor_died, ray_factory
 from rollout.balance import estimate_length, plan_chunks
 from rollout.pool import EngineFailure, RolloutWorker, free_dead_engine
-from rollout.weights import FileWeights, IpcWeights
+from rollout.weights import CollectiveJoin, CollectiveWeights, FileWeights, IpcWeights
 
 __all__ = ["RolloutPool", "EngineUnresponsive", "engines_call"]
 
@@ -95,6 +96,7 @@ class RolloutPool(GroupOwner):
         self.max_restarts = max_restarts
         self._weights: dict[str, Any] | None = None  # the latest sync (file, its node, bytes), for replacements
         self._repairs = 0  # engines that refused a delta and got the full weights (weights/delta_repairs)
+        self.replaced = 0  # workers replaced so far (a collective weight group must be re-formed after one)
         self._closing = False
         # Per worker, read at each (re)spawn: a replacement starts with its predecessor's arguments.
         self._kwargs = [{**worker_kwargs, "seed": worker_kwargs.get("seed", 0) + i} for i in range(n)]
@@ -121,6 +123,7 @@ class RolloutPool(GroupOwner):
         reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
         log.warning("rollout worker %d died (%s); restarting it", i, reason)
         self.group.retire(i, reason)
+        self.replaced += 1
         self._free([i])
         self.group.respawn(i)
         self._placement[i] = ray.get(self.workers[i].__ray_call__.remote(_placement), timeout=self.start_timeout_s)
@@ -332,6 +335,28 @@ class RolloutPool(GroupOwner):
         self._weights = {"ipc": updates}  # recorded first: a replacement maps the same buffer as it starts
         self._call({i: self._load_job(i) for i in range(len(self.workers))})
 
+    def stream_weights(
+        self, updates: list[CollectiveJoin] | list[CollectiveWeights], learner_side: Callable[[], Any], fallback: Any
+    ) -> None:
+        """The ``collective`` transport: worker i ``receive``s ``updates[i]`` (joining the weight group, or taking
+        one weight stream) while ``learner_side()`` (learner rank 0's side of the same, on a thread) runs; both
+        block until every member took part. ``fallback()``: an ObjectRef of the latest weights as a
+        ``BlobWeights`` record, what a worker replaced from now on loads as it starts (a replacement is no member
+        of the group until the caller re-forms it, seeing ``replaced`` change). Any failure is raised: an engine
+        whose stream broke refuses to serve (``RolloutWorker.load_weights_stream``) until a full sync."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if len(updates) != len(self.workers):
+            raise ValueError(f"{len(updates)} weight-group records for {len(self.workers)} engines")
+        if updates and isinstance(updates[0], CollectiveWeights):
+            self._weights = {"collective": fallback, "ref": None}  # recorded first, as sync_weights does
+        with ThreadPoolExecutor(1, thread_name_prefix="weight-stream") as ex:
+            side = ex.submit(learner_side)
+            try:
+                self._call({i: ("receive", (u,)) for i, u in enumerate(updates)})
+            finally:
+                side.result()
+
     def _load_job(self, i: int, delta: Callable[[], Any] | None = None) -> tuple[str, tuple[Any, ...]]:
         """The call that gives worker ``i`` the latest synced weights: ``RolloutWorker.receive`` of a
         ``rollout.weights`` record (its learner rank's CUDA IPC export, or the weights file on its node), or of
@@ -341,6 +366,10 @@ class RolloutPool(GroupOwner):
         assert w is not None
         if "ipc" in w:
             return "receive", (w["ipc"][i],)
+        if "collective" in w:  # a replaced worker: the learner's file export, through the object store
+            if w["ref"] is None:
+                w["ref"] = w["collective"]()
+            return "receive", (w["ref"],)
         if self.route(i, w["node"]) == "file":
             return "receive", (FileWeights(w["path"], adapter=bool(w.get("adapter"))),)
         if delta is not None:
