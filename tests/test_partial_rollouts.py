@@ -349,7 +349,7 @@ def test_an_engine_that_cannot_pause_is_refused_naming_the_key(tiny_model_path) 
     [
         (["rollout.partial_rollouts=true"], "rollout.partial_rollouts: interrupts generations at a weight update"),
         (
-            ["rollout.partial_rollouts=true", "rollout.async_steps=1", "learner.routing_replay=r3"],
+            ["rollout.partial_rollouts=true", "rollout.max_staleness=1", "learner.routing_replay=r3"],
             "rollout.partial_rollouts: a resumed turn's routing is recomputed on the new weights",
         ),
     ],
@@ -365,7 +365,7 @@ def test_partial_rollouts_with_async_rollouts_validate() -> None:
     from rl.config.recipe import load_recipe
     from rl.config.rules import cross_section_rules
 
-    cfg = load_recipe(RECIPES / "quickstart.yaml", ["rollout.partial_rollouts=true", "rollout.async_steps=1"])
+    cfg = load_recipe(RECIPES / "quickstart.yaml", ["rollout.partial_rollouts=true", "rollout.max_staleness=1"])
     assert cfg.rollout.partial_rollouts and not list(cross_section_rules(cfg))
 
 

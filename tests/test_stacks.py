@@ -4,6 +4,8 @@ stacks land in its own file under the dump's reason, and nobody else is killed b
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import os
 import subprocess
 import sys
@@ -152,6 +154,7 @@ def test_the_pool_dumps_every_process_before_it_replaces_an_unresponsive_worker(
     events: list[str] = []
     pool = RolloutPool.__new__(RolloutPool)
     pool.probe_every_s, pool.max_restarts, pool._closing = 0.01, 2, False
+    pool.group = SimpleNamespace(actors=["worker0", "worker1"])  # two workers (only their count is read)
     pool.dump_stacks = lambda why: events.append(f"dump: {why}")
     issued = {0: 0, 1: 0}
 
