@@ -1,0 +1,96 @@
+"""The simulated tool latency of the async bench's workload (envs/toolcall_latency.py, ToolCallEnv.tool_latency)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from envs.toolcall import ToolCallEnv
+from envs.toolcall_latency import ToolLatency
+from envs.types import Message, Task, ToolCallSpec
+
+CALL = '<tool_call>{"name": "set_timer", "arguments": {"minutes": 3}}</tool_call>'
+
+
+def _task(mode: str = "calls", tid: str = "t0") -> Task:
+    tools = [{"name": "set_timer", "parameters": {"type": "object", "properties": {"minutes": {"type": "integer"}}}}]
+    return Task(
+        id=tid,
+        domain="tool_call",
+        messages=[Message("user", "Set a timer for 3 minutes.")],
+        tool_call=ToolCallSpec(tools=tuple(tools), expected=(), mode=mode),
+    )
+
+
+def test_draws_are_lognormal_with_the_median_and_capped():
+    lat = ToolLatency(median_s=0.5, sigma=1.0, cap_s=20.0, seed=0)
+    xs = [lat.draw("task", s, 1, 0) for s in range(4000)]
+    assert abs(statistics.median(xs) - 0.5) < 0.05
+    assert max(xs) <= 20.0 and min(xs) > 0
+    assert sum(x > 5.0 for x in xs) > 0  # the long tail (P(z > ln 10) ~ 1 %)
+    assert lat.draw("task", 7, 2, 1) == lat.draw("task", 7, 2, 1)
+    capped = ToolLatency(median_s=0.5, sigma=3.0, cap_s=2.0)
+    assert max(capped.draw("task", s, 1, 0) for s in range(2000)) == 2.0
+
+
+def test_draws_depend_on_every_part_of_the_key():
+    lat = ToolLatency()
+    base = lat.draw("a", 1, 1, 0)
+    others = [lat.draw("b", 1, 1, 0), lat.draw("a", 2, 1, 0), lat.draw("a", 1, 2, 0), lat.draw("a", 1, 1, 1)]
+    others.append(ToolLatency(seed=1).draw("a", 1, 1, 0))
+    assert all(x != base for x in others)
+    assert ToolLatency(sigma=0.0).draw("a", 1, 1, 0) == 0.5
+
+
+@pytest.mark.parametrize(
+    "option, words",
+    [
+        ({"median": 0.5}, "unknown key(s) ['median']"),
+        ({"sigma": -1}, "tool_latency.sigma"),
+        ({"median_s": 5, "cap_s": 1}, "above tool_latency.cap_s"),
+        ({"seed": 1.5}, "tool_latency.seed"),
+        ({"cap_s": float("inf")}, "tool_latency.cap_s"),
+        ([0.5], "must be a mapping"),
+    ],
+)
+def test_a_bad_option_names_its_key(option, words):
+    with pytest.raises(ValueError) as exc:
+        ToolCallEnv(tool_latency=option)
+    assert words in str(exc.value)
+
+
+def _slept(env: ToolCallEnv) -> list[float]:
+    out: list[float] = []
+    env._sleep = out.append
+    return out
+
+
+def test_the_env_sleeps_the_draw_of_its_episode_and_turn():
+    opt = {"median_s": 0.5, "sigma": 1.0, "cap_s": 20.0, "seed": 3}
+    env = ToolCallEnv(tool_latency=opt)
+    slept = _slept(env)
+    env.seed_episode(42)
+    env.reset(_task())
+    *_, info = env.step(CALL + CALL)
+    want = ToolLatency(**opt)
+    assert slept == [pytest.approx(want.draw("t0", 42, 1, 0) + want.draw("t0", 42, 1, 1))]
+    assert info["tool_latency_s"] == pytest.approx(slept[0])
+    # answer mode: turn 2 of the same episode draws turn 2's time; a final answer sleeps nothing
+    env = ToolCallEnv(max_turns=3, tool_latency=opt)
+    slept = _slept(env)
+    env.seed_episode(42)
+    env.reset(_task("answer"))
+    env.step(CALL)
+    env.step(CALL)
+    *_, info = env.step("It is set.")
+    assert slept == [pytest.approx(want.draw("t0", 42, 1, 0)), pytest.approx(want.draw("t0", 42, 2, 0))]
+    assert "tool_latency_s" not in info
+
+
+def test_without_the_option_nothing_sleeps():
+    env = ToolCallEnv(max_turns=2)
+    slept = _slept(env)
+    env.reset(_task("answer"))
+    *_, info = env.step(CALL)
+    assert slept == [] and "tool_latency_s" not in info
