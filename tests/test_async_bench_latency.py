@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 
 from envs.toolcall import ToolCallEnv
 from envs.toolcall_latency import ToolLatency
-from envs.types import Message, Task, ToolCallSpec
+from envs.types import Generation, Message, Sampling, Task, ToolCallSpec
 
 CALL = '<tool_call>{"name": "set_timer", "arguments": {"minutes": 3}}</tool_call>'
 
@@ -94,3 +95,54 @@ def test_without_the_option_nothing_sleeps():
     env.reset(_task("answer"))
     *_, info = env.step(CALL)
     assert slept == [] and "tool_latency_s" not in info
+
+
+def test_a_bad_tool_latency_fails_at_validate_time_naming_its_key(tmp_path, capsys):
+    from rl.cli.main import main
+
+    envs = "rollout.envs=[{domain: tool_call, kwargs: {max_turns: 3, tool_latency: {median_s: 0.5, %s}}}]"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+    base = ["validate", str(recipe), f"run.output_dir={tmp_path / 'run'}"]
+    assert main([*base, envs % "sigma: -1"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.envs.0.kwargs.tool_latency: sigma must be a finite number >= 0, got -1" in err
+    assert main([*base, envs % "sigma: 1.0"]) == 0
+
+
+class _CallingEngine:
+    """Every prompt gets the same tool call (tokens of ``CALL``)."""
+
+    def __init__(self, tok):
+        self.ids = list(tok(CALL, add_special_tokens=False)["input_ids"])
+
+    def generate(self, prompts, sampling, seeds=None, stops=None):
+        return [Generation(token_ids=self.ids, logprobs=[-0.1] * len(self.ids), finish_reason="stop") for _ in prompts]
+
+
+def test_the_episode_loop_keys_the_latency_by_each_episode_seed(tiny_tokenizer):
+    """rollout.episode tells each env its episode's seed before reset: the two samples of one task draw their
+    own latencies, and the same seeds draw the same ones again."""
+    from rollout.episode import run_episodes
+
+    opt = {"median_s": 0.5, "sigma": 1.0, "cap_s": 20.0, "seed": 0}
+
+    def once() -> list[float]:
+        envs: list[ToolCallEnv] = []
+        slept: list[list[float]] = []
+
+        def make(domain):
+            env = ToolCallEnv(tool_latency=opt)
+            slept.append(_slept(env))
+            envs.append(env)
+            return env
+
+        engine = _CallingEngine(tiny_tokenizer)
+        trajs = run_episodes(engine, tiny_tokenizer, make, [_task()] * 2, [0, 0], [11, 12], Sampling())
+        assert [t.reward_error for t in trajs] == [None, None] and [t.terminated for t in trajs] == [True, True]
+        assert [e._episode_seed for e in envs] == [11, 12]
+        return [x for per_env in slept for x in per_env]
+
+    first = once()
+    want = ToolLatency(**opt)
+    assert first == [pytest.approx(want.draw("t0", 11, 1, 0)), pytest.approx(want.draw("t0", 12, 1, 0))]
+    assert once() == first
