@@ -5,8 +5,10 @@ ladder) with ``max_turns`` 3 (env and rollout) where every tool call first sleep
 median 0.5 s, sigma 1.0, capped at 20 s (the env option ``tool_latency``, envs/toolcall_latency.py; keyed by
 task, episode seed, turn and call, so every arm sees the same latency for the same sample). The sleeps run on
 env worker threads (``rollout.env_workers``, set above the episodes in flight), so other episodes keep
-generating while one waits. The ladder's tasks are calls-mode (one turn, its calls dispatched once); answer-mode
-tasks (``--train-files``) run up to 3 turns with a latency per call of each turn.
+generating while one waits. The ladder's tasks are calls-mode: one turn, its calls dispatched once, so a ladder
+episode draws one latency per call. ``--tasks tools`` trains on recipes/data/toolcall_tasks.{train,eval}.jsonl
+instead (calls- and answer-mode tasks, scored by ``ToolCallReward`` and ``ToolAnswerReward``), whose answer-mode
+episodes run up to 3 turns with the simulated tools, a latency per call of each turn; its held-out set is 12 tasks.
 
 Runs ``jointrl train`` (the real CLI: Ray actors, vLLM engine, learner, reward service) once per arm, in one
 invocation, same recipe, seed, steps and samples per step: synchronous (``rollout.max_staleness=0``), then for
@@ -46,6 +48,13 @@ from bench.seesaw import eval_steps, paired  # noqa: E402
 GOAL_STALENESS = 2
 GOAL_SPEEDUP = 1.4
 GOAL_SE = 2.0
+# ``--tasks tools``: the shipped tool tasks, answer-mode ones multi-turn with simulated tools, and both scorers
+TOOLS_TASKS = [
+    "data.train_files=[data/toolcall_tasks.train.jsonl]",
+    "data.eval_files=[data/toolcall_tasks.eval.jsonl]",
+    "rewards=[{cls: rewards.toolcall.ToolCallReward, domains: [tool_call]},"
+    " {cls: rewards.toolcall.ToolAnswerReward, domains: [tool_call]}]",
+]
 
 
 @dataclass(frozen=True)
@@ -87,11 +96,7 @@ def workload(args: argparse.Namespace) -> list[str]:
         "run.overwrite=true",
         "wandb.mode=disabled",
     ]
-    if args.train_files:
-        ov.append(f"data.train_files=[{args.train_files}]")
-    if args.eval_files:
-        ov.append(f"data.eval_files=[{args.eval_files}]")
-    return ov
+    return ov + (TOOLS_TASKS if args.tasks == "tools" else [])
 
 
 def arm_overrides(arm: Arm, tis_cap: float) -> list[str]:
@@ -220,8 +225,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="run.seed and the latency seed")
     ap.add_argument("--env-workers", type=int, default=0, help="rollout.env_workers (0: prompts x group)")
     ap.add_argument("--eval-limit", type=int, default=60, help="held-out tasks evaluated after the last step")
-    ap.add_argument("--train-files", default="", help="data.train_files override (one file)")
-    ap.add_argument("--eval-files", default="", help="data.eval_files override (one file)")
+    ap.add_argument(
+        "--tasks",
+        choices=["ladder", "tools"],
+        default="ladder",
+        help="ladder: the recipe's tasks (the quickstart's tool-call ladder, one turn); tools: the shipped "
+        "calls- and answer-mode tool tasks (multi-turn)",
+    )
     ap.add_argument("--tis-cap", type=float, default=2.0)
     ap.add_argument("--staleness", default="0,1,2,4", help="rollout.max_staleness values, comma-separated; 0 first")
     ap.add_argument("--no-partial", action="store_true", help="streamed arms without partial rollouts only")
@@ -251,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[arm.name] = {**summarize(out, args.prompts * args.group), "heldout": heldout(out), "wall_s": wall}
             print(arm.name, f"{runs[arm.name]['samples_per_s']:.2f} samples/s, wall {wall:.0f} s", flush=True)
     meta = {
-        "recipe": os.path.relpath(args.recipe, ROOT),
+        "recipe": os.path.relpath(args.recipe, ROOT) + (" with --tasks tools" if args.tasks == "tools" else ""),
         "latency": f"median {args.median_s} s, sigma {args.sigma}, cap {args.cap_s} s",
         "turns": args.turns,
         "steps": args.steps,

@@ -139,3 +139,15 @@ def test_the_bench_runs_two_tiny_arms_end_to_end(tmp_path):
         assert s["steps"] == 2 and s["samples_per_s"] > 0
         assert ab.heldout(tmp_path / name)
     assert not (tmp_path / "k1-partial").exists()
+
+
+def test_the_multi_turn_task_set_loads_and_validates(tmp_path):
+    from rl.cli.main import main
+
+    args = ab._args(["--tasks", "tools"])
+    ov = ab.workload(args) + ab.arm_overrides(ab.Arm("k2-partial", 2, True), 2.0)
+    r = load_recipe(ROOT / "recipes" / "quickstart.yaml", ov)
+    assert [x.cls for x in r.rewards] == ["rewards.toolcall.ToolCallReward", "rewards.toolcall.ToolAnswerReward"]
+    assert r.data.train_files == ["data/toolcall_tasks.train.jsonl"]
+    out = f"run.output_dir={tmp_path / 'run'}"
+    assert main(["validate", str(ROOT / "recipes" / "quickstart.yaml"), *ov, out]) == 0
