@@ -104,14 +104,18 @@ def arm_overrides(arm: Arm, tis_cap: float) -> list[str]:
     return ov + ([f"algo.loss.tis_cap={tis_cap}"] if arm.k else [])
 
 
+class RunFailed(RuntimeError):
+    """A ``jointrl train`` run that exited non-zero: its command, exit code and the tail of its output."""
+
+
 def train(recipe: str, out: Path, overrides: list[str]) -> float:
-    """One ``jointrl train`` run into ``out``; its wall time. A failed run stops the bench with its output."""
+    """One ``jointrl train`` run into ``out``; its wall time. Raises :class:`RunFailed` when it fails."""
     cmd = [sys.executable, "-m", "rl.cli.main", "train", recipe, f"run.output_dir={out}", *overrides]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+        raise RunFailed(f"{' '.join(cmd)} failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
     (out / "bench_wall_s.txt").write_text(f"{wall:.1f}\n")
     return wall
 
@@ -130,7 +134,9 @@ def summarize(run_dir: Path, samples_per_step: int) -> dict[str, Any]:
         "step_s": step_s,
         "samples_per_s": samples_per_step / step_s if step_s > 0 else 0.0,
         "idle": {
-            k.removeprefix("async/idle_s/"): statistics.mean(x.get(k, 0.0) / x["timing/step_s"] for x in later)
+            k.removeprefix("async/idle_s/"): statistics.mean(
+                x.get(k, 0.0) / max(x["timing/step_s"], 1e-9) for x in later
+            )
             for k in idle_keys
         },
         "staleness": statistics.mean(x.get("rollout/staleness", 0.0) for x in later),
@@ -253,12 +259,20 @@ def main(argv: list[str] | None = None) -> int:
     arm_list = arms(args.ks, partial=not args.no_partial)
     base_ov = workload(args)
     runs: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="jointrl-async-bench-") as tmp:
         root = Path(args.work_dir) if args.work_dir else Path(tmp)
         for arm in arm_list:
             out = root / arm.name
-            wall = train(args.recipe, out, base_ov + arm_overrides(arm, args.tis_cap))
-            runs[arm.name] = {**summarize(out, args.prompts * args.group), "heldout": heldout(out), "wall_s": wall}
+            try:
+                wall = train(args.recipe, out, base_ov + arm_overrides(arm, args.tis_cap))
+                runs[arm.name] = {**summarize(out, args.prompts * args.group), "heldout": heldout(out), "wall_s": wall}
+            except (RunFailed, ValueError) as e:  # one failed arm is named; the others are still reported
+                failed[arm.name] = str(e).splitlines()[0][:300]
+                print(f"{arm.name} FAILED: {e}", file=sys.stderr, flush=True)
+                if arm.k == 0:
+                    raise SystemExit("the synchronous arm failed: nothing to compare against") from e
+                continue
             print(arm.name, f"{runs[arm.name]['samples_per_s']:.2f} samples/s, wall {wall:.0f} s", flush=True)
     meta = {
         "recipe": os.path.relpath(args.recipe, ROOT) + (" with --tasks tools" if args.tasks == "tools" else ""),
@@ -271,11 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         "eval_limit": args.eval_limit,
         "host": cpu_model() or "unknown CPU",
     }
-    body = render(arm_list, runs, meta)
+    body = render([a for a in arm_list if a.name in runs], runs, meta)
+    body += "".join(f"\nArm {n} failed: {why}\n" for n, why in failed.items())
     print(body)
     if not args.no_write:
         write_section("async", "Synchronous vs bounded-staleness streamed, long-tailed tool latency", body)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

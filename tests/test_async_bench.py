@@ -151,3 +151,26 @@ def test_the_multi_turn_task_set_loads_and_validates(tmp_path):
     assert r.data.train_files == ["data/toolcall_tasks.train.jsonl"]
     out = f"run.output_dir={tmp_path / 'run'}"
     assert main(["validate", str(ROOT / "recipes" / "quickstart.yaml"), *ov, out]) == 0
+
+
+def test_a_failed_arm_is_named_and_the_others_reported(tmp_path, monkeypatch, capsys):
+    def fake_train(recipe, out, overrides):
+        if "rollout.max_staleness=2" in overrides:
+            raise ab.RunFailed("jointrl train ... failed (exit 3):\nOOM")
+        _run_dir(out.parent, out.name, [8.0, 8.0], {"a": 1.0, "b": 0.0})
+        return 10.0
+
+    monkeypatch.setattr(ab, "train", fake_train)
+    argv = ["--staleness", "0,1,2", "--no-partial", "--work-dir", str(tmp_path), "--no-write"]
+    assert ab.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "| k1 | 1 | no |" in out and "| k2 |" not in out
+    assert "Arm k2 failed: jointrl train ... failed (exit 3):" in out
+    assert "no max_staleness 2 arm ran: goal not evaluated" in out
+
+    def sync_fails(recipe, out, overrides):
+        raise ab.RunFailed("boom")
+
+    monkeypatch.setattr(ab, "train", sync_fails)
+    with pytest.raises(SystemExit, match="the synchronous arm failed"):
+        ab.main(["--work-dir", str(tmp_path / "again"), "--no-write"])
