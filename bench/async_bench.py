@@ -13,9 +13,10 @@ episodes run up to 3 turns with the simulated tools, a latency per call of each 
 Runs ``jointrl train`` (the real CLI: Ray actors, vLLM engine, learner, reward service) once per arm, in one
 invocation, same recipe, seed, steps and samples per step: synchronous (``rollout.max_staleness=0``), then for
 each k >= 1 of ``--staleness`` the stream without and with ``rollout.partial_rollouts`` (streamed arms use
-``algo.loss.tis_cap`` for the policy lag). Per arm, from ``metrics.jsonl`` over steps 2..N (step 1 overlaps
-nothing): samples/s (samples per step / mean step time), mean step time, idle fractions (each
-``async/idle_s/*`` over the step time), staleness (mean, max), dropped groups; and from ``rollouts.jsonl`` the
+``algo.loss.tis_cap`` for the policy lag). Per arm, from ``metrics.jsonl`` over all training steps: samples/s
+(samples over the steps' summed time), mean step time, idle fractions (each ``async/idle_s/*`` over the step
+time; derived from the step timings for the synchronous arm, which logs none), staleness (mean, max), dropped
+groups; and from ``rollouts.jsonl`` the
 held-out reward after the last step, paired per task against the synchronous arm's (bench/seesaw.py's
 ``paired``). The goal line: max_staleness 2 (the better of without and with partial rollouts is not chosen: each
 is judged) reaches >= 1.4x the synchronous samples/s with held-out reward within 2 SE of synchronous.
@@ -120,26 +121,34 @@ def train(recipe: str, out: Path, overrides: list[str]) -> float:
     return wall
 
 
+def _idle(x: dict[str, Any]) -> dict[str, float]:
+    """One step's idle fractions: each ``async/idle_s/*`` over the step time. The synchronous loop logs none: there
+    the engines wait out all but the generation and the learner all but its update (from the step's timings)."""
+    step = max(x["timing/step_s"], 1e-9)
+    idle = {k.removeprefix("async/idle_s/"): v for k, v in x.items() if k.startswith("async/idle_s/")}
+    if not idle:
+        generate = x.get("timing/generate_s", x.get("timing/rollout_s", 0.0))
+        idle = {"engines": max(step - generate, 0.0), "learner": max(step - x.get("timing/learner_s", 0.0), 0.0)}
+    return {k: v / step for k, v in idle.items()}
+
+
 def summarize(run_dir: Path, samples_per_step: int) -> dict[str, Any]:
-    """An arm's numbers from its ``metrics.jsonl``: means over steps 2..N (all steps when there is one)."""
+    """An arm's numbers from its ``metrics.jsonl``, over all its training steps: samples/s = samples per step x
+    steps / the steps' summed time (a streamed run's first step overlaps nothing and its last ones may find their
+    groups already generated: over all steps both count), mean step time, mean idle fractions (:func:`_idle`),
+    staleness (mean of the per-step means, largest), dropped groups (summed)."""
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     recs = [x for x in recs if x.get("step", 0) >= 1 and "timing/step_s" in x]
     if not recs:
         raise ValueError(f"{run_dir}/metrics.jsonl: no training step")
-    later = [x for x in recs if x["step"] >= 2] or recs
-    step_s = statistics.mean(x["timing/step_s"] for x in later)
-    idle_keys = sorted({k for x in later for k in x if k.startswith("async/idle_s/")})
+    total_s = sum(x["timing/step_s"] for x in recs)
+    idles = [_idle(x) for x in recs]
     return {
         "steps": len(recs),
-        "step_s": step_s,
-        "samples_per_s": samples_per_step / step_s if step_s > 0 else 0.0,
-        "idle": {
-            k.removeprefix("async/idle_s/"): statistics.mean(
-                x.get(k, 0.0) / max(x["timing/step_s"], 1e-9) for x in later
-            )
-            for k in idle_keys
-        },
-        "staleness": statistics.mean(x.get("rollout/staleness", 0.0) for x in later),
+        "step_s": total_s / len(recs),
+        "samples_per_s": samples_per_step * len(recs) / total_s if total_s > 0 else 0.0,
+        "idle": {k: statistics.mean(i.get(k, 0.0) for i in idles) for k in sorted({k for i in idles for k in i})},
+        "staleness": statistics.mean(x.get("rollout/staleness", 0.0) for x in recs),
         "staleness_max": max(x.get("async/staleness_max", 0.0) for x in recs),
         "dropped": sum(x.get("async/dropped_groups", 0.0) for x in recs),
     }
@@ -205,8 +214,8 @@ def render(arm_list: list[Arm], runs: dict[str, dict[str, Any]], meta: dict[str,
     return (
         f"Workload: `{meta['recipe']}`, tool-call env with `tool_latency` {meta['latency']} per call, "
         f"max_turns {meta['turns']}; {meta['steps']} steps x {meta['samples_per_step']} samples each arm, seed "
-        f"{meta['seed']}; streamed arms `algo.loss.tis_cap={meta['tis_cap']}`. Step times and idle fractions are "
-        f"means over steps 2..N; held-out: the last evaluation ({meta['eval_limit']} tasks, greedy), paired per "
+        f"{meta['seed']}; streamed arms `algo.loss.tis_cap={meta['tis_cap']}`. Samples/s over all steps' summed "
+        f"time; idle fractions are means over steps (sync: derived from its step timings); held-out: the last evaluation ({meta['eval_limit']} tasks, greedy), paired per "
         f"task against sync. Host: {meta['host']}.\n\n"
         + head
         + "\n"

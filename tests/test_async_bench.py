@@ -72,13 +72,23 @@ def test_bad_arguments_are_refused(argv):
         ab._args(argv)
 
 
-def test_summary_means_over_later_steps_with_idle_fractions(tmp_path):
+def test_summary_over_all_steps_with_idle_fractions(tmp_path):
     d = _run_dir(tmp_path, "k2", [10.0, 4.0, 6.0], {"a": 1.0}, staleness=1.5, staleness_max=1, dropped=1)
     s = ab.summarize(d, samples_per_step=64)
-    assert s["steps"] == 3 and s["step_s"] == 5.0 and s["samples_per_s"] == 64 / 5.0
+    assert s["steps"] == 3 and s["step_s"] == pytest.approx(20 / 3) and s["samples_per_s"] == 64 * 3 / 20
     assert s["idle"] == {"engines": pytest.approx(0.25), "learner": pytest.approx(0.5)}
     assert s["staleness"] == 1.5 and s["staleness_max"] == 2 and s["dropped"] == 3
     assert ab.heldout(d) == {"tool_call/a": 1.0}
+
+
+def test_the_synchronous_idle_fractions_come_from_its_step_timings(tmp_path):
+    d = tmp_path / "sync"
+    d.mkdir()
+    recs = [{"step": i, "timing/step_s": 10.0, "timing/generate_s": 4.0, "timing/learner_s": 5.0} for i in (1, 2)]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in recs) + "\n")
+    s = ab.summarize(d, samples_per_step=8)
+    assert s["idle"] == {"engines": pytest.approx(0.6), "learner": pytest.approx(0.5)}
+    assert s["samples_per_s"] == pytest.approx(0.8) and s["staleness"] == 0.0 and s["dropped"] == 0
 
 
 def _runs(tmp_path, k2_step_s: float, k2_rewards: dict[str, float]) -> dict:
