@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,57 @@ def test_the_episode_loop_keys_the_latency_by_each_episode_seed(tiny_tokenizer):
     want = ToolLatency(**opt)
     assert first == [pytest.approx(want.draw("t0", 11, 1, 0)), pytest.approx(want.draw("t0", 12, 1, 0))]
     assert once() == first
+
+
+class _StreamingEngine:
+    """A streaming engine (``submit``/``poll``/``abort``): turn 1 of every episode is ``CALL``, turn 2 a plain answer;
+    each request is ready at the next poll. Logs ``(key, turn, time)`` of each submission."""
+
+    def __init__(self, tok):
+        self.call = list(tok(CALL, add_special_tokens=False)["input_ids"])
+        self.answer = list(tok("It is set.", add_special_tokens=False)["input_ids"])
+        self.pending: dict[int, list[int]] = {}
+        self.log: list[tuple[int, int, float]] = []
+
+    def submit(self, key, prompt, sampling, seed, stop, offset=0):
+        turn = seed % 7919
+        self.log.append((key, turn, time.monotonic()))
+        self.pending[key] = self.call if turn == 0 else self.answer
+
+    def poll(self):
+        time.sleep(0.01)
+        done, self.pending = list(self.pending.items()), {}
+        return [(k, Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop")) for k, ids in done]
+
+    def abort(self):
+        self.pending.clear()
+
+    def generate(self, prompts, sampling, seeds=None, stops=None):
+        raise AssertionError("a streaming engine is driven through submit/poll")
+
+
+def test_a_tool_sleep_does_not_hold_the_other_episodes(tiny_tokenizer):
+    """Episode 0's tool call sleeps 1 s on an env thread; episode 1's next turn goes to the engine meanwhile."""
+    from rollout.episode import run_episodes
+
+    returned: dict[int, float] = {}
+
+    def make(domain):
+        env = ToolCallEnv(max_turns=2, tool_latency={"median_s": 0.5})
+        me = len(returned)
+        returned[me] = 0.0
+
+        def sleep(s: float) -> None:
+            time.sleep(1.0 if me == 0 else 0.0)
+            returned[me] = time.monotonic()
+
+        env._sleep = sleep
+        return env
+
+    engine = _StreamingEngine(tiny_tokenizer)
+    tasks = [_task("answer", "slow"), _task("answer", "fast")]
+    trajs = run_episodes(engine, tiny_tokenizer, make, tasks, [0, 1], [5, 6], Sampling(max_turns=2), env_workers=2)
+    assert [t.num_turns for t in trajs] == [2, 2] and all(t.reward_error is None for t in trajs)
+    second_turn = {key: at for key, turn, at in engine.log if turn == 1}
+    assert second_turn[1] < returned[0]  # episode 1 generated its 2nd turn while episode 0's tool still slept
+    assert second_turn[0] >= returned[0]
