@@ -1,21 +1,29 @@
-"""Synchronous vs bounded-staleness streamed training, side by side in one invocation.
+"""Synchronous vs bounded-staleness streamed training on an agentic workload with long-tailed tool latency.
 
-Runs ``jointrl train`` (the real CLI: Ray actors, vLLM engine, learner, reward service)
-once per ``--staleness`` value on the same recipe and seed: ``rollout.max_staleness=0`` (synchronous)
-and each k >= 1 (with ``algo.loss.tis_cap`` for the policy lag). Reports, from each run's ``metrics.jsonl``:
-mean ``timing/step_s`` over steps 2..N (step 1 cannot overlap anything), the time the loop
-waited for episodes, the generation time, the engines' idle time, the mean and largest staleness, dropped
-groups, and the train reward of the first and last thirds of the run; then each streamed run's step time
-over the synchronous one's (the issue's goal: <= 0.75).
-Held-out evaluation is off (``data.eval_files=[]``) so that it does not dilute the step times.
+The workload (issue #43 item 5): the recipe's tool-call tasks (default recipes/quickstart.yaml: the tool-call
+ladder) with ``max_turns`` 3 (env and rollout) where every tool call first sleeps a seeded lognormal time,
+median 0.5 s, sigma 1.0, capped at 20 s (the env option ``tool_latency``, envs/toolcall_latency.py; keyed by
+task, episode seed, turn and call, so every arm sees the same latency for the same sample). The sleeps run on
+env worker threads (``rollout.env_workers``, set above the episodes in flight), so other episodes keep
+generating while one waits. The ladder's tasks are calls-mode: one turn, its calls dispatched once, so a ladder
+episode draws one latency per call. ``--tasks tools`` trains on recipes/data/toolcall_tasks.{train,eval}.jsonl
+instead (calls- and answer-mode tasks, scored by ``ToolCallReward`` and ``ToolAnswerReward``), whose answer-mode
+episodes run up to 3 turns with the simulated tools, a latency per call of each turn; its held-out set is 12 tasks.
 
-Default: recipes/quickstart.yaml (SmolLM2-135M, 8 prompts x 8, 64 new tokens), 8 steps each.
-Appends/replaces its section of ``bench/RESULTS.md``.
+Runs ``jointrl train`` (the real CLI: Ray actors, vLLM engine, learner, reward service) once per arm, in one
+invocation, same recipe, seed, steps and samples per step: synchronous (``rollout.max_staleness=0``), then for
+each k >= 1 of ``--staleness`` the stream without and with ``rollout.partial_rollouts`` (streamed arms use
+``algo.loss.tis_cap`` for the policy lag). Per arm, from ``metrics.jsonl`` over all training steps: samples/s
+(samples over the steps' summed time), mean step time, idle fractions (each ``async/idle_s/*`` over the step
+time; derived from the step timings for the synchronous arm, which logs none), staleness (mean, max), dropped
+groups; and from ``rollouts.jsonl`` the
+held-out reward after the last step, paired per task against the synchronous arm's (bench/seesaw.py's
+``paired``). The goal line: max_staleness 2 (the better of without and with partial rollouts is not chosen: each
+is judged) reaches >= 1.4x the synchronous samples/s with held-out reward within 2 SE of synchronous.
+Writes its section of bench/RESULTS.md (``--no-write``: print only).
 
-    .venv/bin/python bench/async_bench.py [--recipe recipes/quickstart.yaml] [--steps 8] [--tis-cap 2.0] \
-        [--staleness 0,1,2]
-    GPU (one H200-class GPU; not run here): the same command on a GPU machine, with a GPU recipe
-    (the engine and learner then share the GPU: the placement decides).
+    .venv/bin/python bench/async_bench.py [--recipe recipes/quickstart.yaml] [--steps 10] [--staleness 0,1,2,4]
+    .venv/bin/python bench/async_bench.py --staleness 0,1 --no-partial --steps 2 --eval-limit 4 --no-write  # a check
 """
 
 from __future__ import annotations
@@ -28,97 +36,271 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._results import write_section  # noqa: E402
+from bench._results import cpu_model, write_section  # noqa: E402
+from bench.seesaw import eval_steps, paired  # noqa: E402
+
+GOAL_STALENESS = 2
+GOAL_SPEEDUP = 1.4
+GOAL_SE = 2.0
+# ``--tasks tools``: the shipped tool tasks, answer-mode ones multi-turn with simulated tools, and both scorers
+TOOLS_TASKS = [
+    "data.train_files=[data/toolcall_tasks.train.jsonl]",
+    "data.eval_files=[data/toolcall_tasks.eval.jsonl]",
+    "rewards=[{cls: rewards.toolcall.ToolCallReward, domains: [tool_call]},"
+    " {cls: rewards.toolcall.ToolAnswerReward, domains: [tool_call]}]",
+]
 
 
-def run(recipe: str, out: Path, steps: int, overrides: list[str]) -> tuple[list[dict], float]:
-    exe = Path(sys.executable).with_name("jointrl")
-    cmd = [
-        str(exe),
-        "train",
-        recipe,
-        f"run.output_dir={out}",
-        f"train.steps={steps}",
-        "data.eval_files=[]",
+@dataclass(frozen=True)
+class Arm:
+    """One run of the bench: its folder name, ``rollout.max_staleness`` and whether partial rollouts are on."""
+
+    name: str
+    k: int
+    partial: bool
+
+
+def arms(ks: list[int], partial: bool = True) -> list[Arm]:
+    """sync first, then for each k >= 1 the stream without and (``partial``) with partial rollouts."""
+    out = [Arm("sync", 0, False)]
+    for k in ks:
+        if k > 0:
+            out.append(Arm(f"k{k}", k, False))
+            if partial:
+                out.append(Arm(f"k{k}-partial", k, True))
+    return out
+
+
+def workload(args: argparse.Namespace) -> list[str]:
+    """``key=value`` overrides that make the workload (the same for every arm)."""
+    latency = f"{{median_s: {args.median_s}, sigma: {args.sigma}, cap_s: {args.cap_s}, seed: {args.seed}}}"
+    ov = [
+        f"rollout.envs=[{{domain: tool_call, cls: envs.toolcall.ToolCallEnv, kwargs: "
+        f'{{max_turns: {args.turns}, tool_latency: {latency}}}, stop: ["</tool_call>"]}}]',
+        f"rollout.max_turns={args.turns}",
+        f"rollout.env_workers={args.env_workers or args.prompts * args.group}",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.group_size={args.group}",
+        f"run.seed={args.seed}",
+        f"train.steps={args.steps}",
+        "train.eval_every=0",
+        "train.eval_at_start=false",
+        f"data.eval_limit={args.eval_limit}",
+        "run.save_every=0",
+        "run.overwrite=true",
         "wandb.mode=disabled",
-        "run.rollouts_every=0",
-        *overrides,
     ]
+    return ov + (TOOLS_TASKS if args.tasks == "tools" else [])
+
+
+def arm_overrides(arm: Arm, tis_cap: float) -> list[str]:
+    ov = [f"rollout.max_staleness={arm.k}", f"rollout.partial_rollouts={str(arm.partial).lower()}"]
+    return ov + ([f"algo.loss.tis_cap={tis_cap}"] if arm.k else [])
+
+
+class RunFailed(RuntimeError):
+    """A ``jointrl train`` run that exited non-zero: its command, exit code and the tail of its output."""
+
+
+def train(recipe: str, out: Path, overrides: list[str]) -> float:
+    """One ``jointrl train`` run into ``out``; its wall time. Raises :class:`RunFailed` when it fails."""
+    cmd = [sys.executable, "-m", "rl.cli.main", "train", recipe, f"run.output_dir={out}", *overrides]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
-    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [x for x in recs if x["step"] >= 1], wall
+        raise RunFailed(f"{' '.join(cmd)} failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+    (out / "bench_wall_s.txt").write_text(f"{wall:.1f}\n")
+    return wall
 
 
-def summarize(recs: list[dict]) -> dict[str, float]:
-    later = [x for x in recs if x["step"] >= 2]
-    third = max(len(recs) // 3, 1)
+def _idle(x: dict[str, Any]) -> dict[str, float]:
+    """One step's idle fractions: each ``async/idle_s/*`` over the step time. The synchronous loop logs none: there
+    the engines wait out all but the generation and the learner all but its update (from the step's timings)."""
+    step = max(x["timing/step_s"], 1e-9)
+    idle = {k.removeprefix("async/idle_s/"): v for k, v in x.items() if k.startswith("async/idle_s/")}
+    if not idle:
+        generate = x.get("timing/generate_s", x.get("timing/rollout_s", 0.0))
+        idle = {"engines": max(step - generate, 0.0), "learner": max(step - x.get("timing/learner_s", 0.0), 0.0)}
+    return {k: v / step for k, v in idle.items()}
+
+
+def summarize(run_dir: Path, samples_per_step: int) -> dict[str, Any]:
+    """An arm's numbers from its ``metrics.jsonl``, over all its training steps: samples/s = samples per step x
+    steps / the steps' summed time (a streamed run's first step overlaps nothing and its last ones may find their
+    groups already generated: over all steps both count), mean step time, mean idle fractions (:func:`_idle`),
+    staleness (mean of the per-step means, largest), dropped groups (summed)."""
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    recs = [x for x in recs if x.get("step", 0) >= 1 and "timing/step_s" in x]
+    if not recs:
+        raise ValueError(f"{run_dir}/metrics.jsonl: no training step")
+    total_s = sum(x["timing/step_s"] for x in recs)
+    idles = [_idle(x) for x in recs]
     return {
-        "step_s": statistics.mean(x["timing/step_s"] for x in later),
-        "wait_s": statistics.mean(x["timing/rollout_s"] for x in later),
-        "generate_s": statistics.mean(x.get("timing/generate_s", x["timing/rollout_s"]) for x in later),
-        "learner_s": statistics.mean(x["timing/learner_s"] for x in later),
-        "reward_first": statistics.mean(x.get("reward/mean", 0.0) for x in recs[:third]),
-        "reward_last": statistics.mean(x.get("reward/mean", 0.0) for x in recs[-third:]),
-        "staleness": statistics.mean(x.get("rollout/staleness", 0.0) for x in later),
-        "staleness_max": max(x.get("async/staleness_max", 0.0) for x in later),
-        "engine_idle_s": statistics.mean(x.get("async/idle_s/engines", 0.0) for x in later),
+        "steps": len(recs),
+        "step_s": total_s / len(recs),
+        "samples_per_s": samples_per_step * len(recs) / total_s if total_s > 0 else 0.0,
+        "idle": {k: statistics.mean(i.get(k, 0.0) for i in idles) for k in sorted({k for i in idles for k in i})},
+        "staleness": statistics.mean(x.get("rollout/staleness", 0.0) for x in recs),
+        "staleness_max": max(x.get("async/staleness_max", 0.0) for x in recs),
         "dropped": sum(x.get("async/dropped_groups", 0.0) for x in recs),
     }
 
 
-def main() -> None:
+def heldout(run_dir: Path) -> dict[str, float]:
+    """The last held-out evaluation of a run, ``{domain/task_id: reward}`` (bench/seesaw.py's reading)."""
+    by_step = eval_steps(run_dir / "rollouts.jsonl")
+    if not by_step:
+        raise ValueError(f"{run_dir}/rollouts.jsonl: no held-out evaluation")
+    last = by_step[max(by_step)]
+    return {f"{d}/{t}": r for d, per in last.items() for t, r in per.items()}
+
+
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each arm against ``sync``: samples/s ratio and the paired held-out difference (``paired``: diff, se, n)."""
+    base = runs["sync"]
+    out = {}
+    for name, r in runs.items():
+        ratio = r["samples_per_s"] / base["samples_per_s"] if base["samples_per_s"] > 0 else 0.0
+        out[name] = {"speedup": ratio, "heldout": paired(base["heldout"], r["heldout"])}
+    return out
+
+
+def goal(arm_list: list[Arm], cmp: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per max_staleness-2 arm: whether it reaches the issue's goal (>= 1.4x synchronous samples/s,
+    held-out reward within 2 paired SE of synchronous), and why not."""
+    lines = []
+    for arm in (a for a in arm_list if a.k == GOAL_STALENESS):
+        c = cmp[arm.name]
+        p = c["heldout"]
+        fast = c["speedup"] >= GOAL_SPEEDUP
+        close = p["n"] >= 2 and abs(p["diff"]) <= GOAL_SE * p["se"]  # se 0: only an exact tie is within
+        why = [] if fast else [f"samples/s {c['speedup']:.2f}x < {GOAL_SPEEDUP}x"]
+        why += [] if close else [f"held-out {p['diff']:+.3f} +- {p['se']:.3f} not within {GOAL_SE:g} SE"]
+        state = "met" if fast and close else "not met (" + "; ".join(why) + ")"
+        lines.append(
+            f"{arm.name}: {c['speedup']:.2f}x synchronous samples/s, held-out {p['diff']:+.3f} +- {p['se']:.3f} "
+            f"(n={p['n']}): goal {state}"
+        )
+    return lines or [f"no max_staleness {GOAL_STALENESS} arm ran: goal not evaluated"]
+
+
+def render(arm_list: list[Arm], runs: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The Markdown body of the RESULTS.md section."""
+    cmp = compare(runs)
+    idle_names = sorted({k for r in runs.values() for k in r["idle"]})
+    head = "| arm | max_staleness | partial | samples/s | x sync | step s | " + "".join(
+        f"idle {n} | " for n in idle_names
+    )
+    head += "staleness mean (max) | dropped groups | held-out | vs sync +- SE | wall s |"
+    rows = []
+    for arm in arm_list:
+        r, c = runs[arm.name], cmp[arm.name]
+        p = c["heldout"]
+        idle = "".join(f"{r['idle'].get(n, 0.0):.0%} | " for n in idle_names)
+        rows.append(
+            f"| {arm.name} | {arm.k} | {'yes' if arm.partial else 'no'} | {r['samples_per_s']:.2f} | "
+            f"{c['speedup']:.2f} | {r['step_s']:.1f} | {idle}{r['staleness']:.2f} ({r['staleness_max']:.0f}) | "
+            f"{r['dropped']:.0f} | {p['b']:.3f} | {p['diff']:+.3f} +- {p['se']:.3f} | {r.get('wall_s', 0.0):.0f} |"
+        )
+    sep = "|" + "---|" * (head.count("|") - 1) + "\n"
+    return (
+        f"Workload: `{meta['recipe']}`, tool-call env with `tool_latency` {meta['latency']} per call, "
+        f"max_turns {meta['turns']}; {meta['steps']} steps x {meta['samples_per_step']} samples each arm, seed "
+        f"{meta['seed']}; streamed arms `algo.loss.tis_cap={meta['tis_cap']}`. Samples/s over all steps' summed "
+        f"time; idle fractions are means over steps (sync: derived from its step timings); held-out: the last evaluation ({meta['eval_limit']} tasks, greedy), paired per "
+        f"task against sync. Host: {meta['host']}.\n\n"
+        + head
+        + "\n"
+        + sep
+        + "\n".join(rows)
+        + "\n\n"
+        + "\n".join(f"**{x}**" for x in goal(arm_list, cmp))
+        + "\n"
+    )
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "quickstart.yaml"))
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=8, help="rollout.prompts_per_step")
+    ap.add_argument("--group", type=int, default=8, help="rollout.group_size")
+    ap.add_argument("--turns", type=int, default=3, help="max_turns of the env and the rollout")
+    ap.add_argument("--median-s", type=float, default=0.5)
+    ap.add_argument("--sigma", type=float, default=1.0)
+    ap.add_argument("--cap-s", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=0, help="run.seed and the latency seed")
+    ap.add_argument("--env-workers", type=int, default=0, help="rollout.env_workers (0: prompts x group)")
+    ap.add_argument("--eval-limit", type=int, default=60, help="held-out tasks evaluated after the last step")
+    ap.add_argument(
+        "--tasks",
+        choices=["ladder", "tools"],
+        default="ladder",
+        help="ladder: the recipe's tasks (the quickstart's tool-call ladder, one turn); tools: the shipped "
+        "calls- and answer-mode tool tasks (multi-turn)",
+    )
     ap.add_argument("--tis-cap", type=float, default=2.0)
-    ap.add_argument("--staleness", default="0,1", help="rollout.max_staleness values, comma-separated; 0 first")
+    ap.add_argument("--staleness", default="0,1,2,4", help="rollout.max_staleness values, comma-separated; 0 first")
+    ap.add_argument("--no-partial", action="store_true", help="streamed arms without partial rollouts only")
+    ap.add_argument("--work-dir", default="", help="keep run folders here (default: a temp dir, removed)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = ap.parse_args()
-    if args.steps < 3:
-        raise SystemExit("--steps must be >= 3 (step 1 is excluded from the timings)")
+    args = ap.parse_args(argv)
     ks = [int(k) for k in args.staleness.split(",")]
     if not ks or ks[0] != 0 or any(k < 0 for k in ks):
-        raise SystemExit(
-            f"--staleness: comma-separated values >= 0 starting with 0 (the baseline), got {args.staleness}"
-        )
-    res: dict[str, dict[str, float]] = {}
-    walls: dict[str, float] = {}
+        ap.error(f"--staleness: comma-separated values >= 0 starting with 0 (the baseline), got {args.staleness}")
+    for name in ("steps", "prompts", "group", "turns", "eval_limit"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    args.ks = ks
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    arm_list = arms(args.ks, partial=not args.no_partial)
+    base_ov = workload(args)
+    runs: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="jointrl-async-bench-") as tmp:
-        for k in ks:
-            name = "sync" if k == 0 else f"k={k}"
-            extra = [f"rollout.max_staleness={k}"] + ([f"algo.loss.tis_cap={args.tis_cap}"] if k else [])
-            recs, walls[name] = run(args.recipe, Path(tmp) / name, args.steps, extra)
-            res[name] = summarize(recs)
-            print(name, {k: round(v, 3) for k, v in res[name].items()}, f"wall {walls[name]:.0f} s", flush=True)
-    ratios = ", ".join(f"{n}: {r['step_s'] / res['sync']['step_s']:.2f}" for n, r in res.items() if n != "sync")
-    rows = "\n".join(
-        f"| {n} | {r['step_s']:.2f} | {r['wait_s']:.2f} | {r['generate_s']:.2f} | {r['learner_s']:.2f} | "
-        f"{r['engine_idle_s']:.2f} | {r['staleness']:.2f} (max {r['staleness_max']:.0f}) | {r['dropped']:.0f} | "
-        f"{r['reward_first']:.3f} -> {r['reward_last']:.3f} | {walls[n]:.0f} |"
-        for n, r in res.items()
-    )
-    body = (
-        f"Recipe `{os.path.relpath(args.recipe, ROOT)}`, {args.steps} steps each, same seed; step times are means "
-        f"over steps 2..{args.steps}; streamed runs use `algo.loss.tis_cap={args.tis_cap}`.\n\n"
-        "| mode | step s | waited for episodes s | generating s | learner s | engines idle s | staleness | "
-        "dropped groups | train reward first third -> last third | wall s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
-        + rows
-        + f"\n\n**streamed / sync step time: {ratios}** (goal <= 0.75)\n"
-    )
+        root = Path(args.work_dir) if args.work_dir else Path(tmp)
+        for arm in arm_list:
+            out = root / arm.name
+            try:
+                wall = train(args.recipe, out, base_ov + arm_overrides(arm, args.tis_cap))
+                runs[arm.name] = {**summarize(out, args.prompts * args.group), "heldout": heldout(out), "wall_s": wall}
+            except (RunFailed, ValueError) as e:  # one failed arm is named; the others are still reported
+                failed[arm.name] = str(e).splitlines()[0][:300]
+                print(f"{arm.name} FAILED: {e}", file=sys.stderr, flush=True)
+                if arm.k == 0:
+                    raise SystemExit("the synchronous arm failed: nothing to compare against") from e
+                continue
+            print(arm.name, f"{runs[arm.name]['samples_per_s']:.2f} samples/s, wall {wall:.0f} s", flush=True)
+    meta = {
+        "recipe": os.path.relpath(args.recipe, ROOT) + (" with --tasks tools" if args.tasks == "tools" else ""),
+        "latency": f"median {args.median_s} s, sigma {args.sigma}, cap {args.cap_s} s",
+        "turns": args.turns,
+        "steps": args.steps,
+        "samples_per_step": args.prompts * args.group,
+        "seed": args.seed,
+        "tis_cap": args.tis_cap,
+        "eval_limit": args.eval_limit,
+        "host": cpu_model() or "unknown CPU",
+    }
+    body = render([a for a in arm_list if a.name in runs], runs, meta)
+    body += "".join(f"\nArm {n} failed: {why}\n" for n, why in failed.items())
     print(body)
     if not args.no_write:
-        write_section("async", "Synchronous vs bounded-staleness streamed (bench/async_bench.py)", body)
+        write_section("async", "Synchronous vs bounded-staleness streamed, long-tailed tool latency", body)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -56,7 +56,9 @@ __all__ = ["Env", "check_env", "resolve"]
 
 @runtime_checkable
 class Env(Protocol):
-    """A text-in, messages-out environment. See the module docstring for the contract."""
+    """A text-in, messages-out environment. See the module docstring for the contract. An env may also define
+    ``seed_episode(seed: int)``: the rollout calls it with the episode's seed before ``reset`` (optional; not
+    part of this protocol's runtime check)."""
 
     def reset(self, task: Task) -> list[Message]:
         """Start an episode; return the conversation before the policy's first turn."""

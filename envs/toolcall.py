@@ -20,12 +20,14 @@ import copy
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from envs.io import ROLES, TaskFormatError, read_json_objects, save_tasks
+from envs.toolcall_latency import ToolLatency
 from envs.toolcall_schema import validate_arguments
 from envs.toolcall_tools import ToolError, run_tool
 from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
@@ -250,14 +252,22 @@ class ToolCallEnv:
     episode's tool state (e.g. ``state["outbox"]`` after ``send_email``).
 
     The rollout's ``max_turns`` (:class:`~envs.types.Sampling`) caps turns too; set both.
+
+    ``tool_latency`` (off by default; for benches and tests, e.g. ``{median_s: 0.5, sigma: 1.0, cap_s: 20,
+    seed: 0}``): each call of a turn (at most ``max_calls_per_turn``; in calls mode each parsed call, as if
+    dispatched) first sleeps a seeded lognormal time keyed by task, episode seed (:meth:`seed_episode`), turn
+    and call (:class:`~envs.toolcall_latency.ToolLatency`); ``info["tool_latency_s"]`` is the turn's total.
     """
 
-    def __init__(self, max_turns: int = 1, max_calls_per_turn: int = 8):
+    def __init__(self, max_turns: int = 1, max_calls_per_turn: int = 8, tool_latency: Mapping[str, Any] | None = None):
         for label, v in (("max_turns", max_turns), ("max_calls_per_turn", max_calls_per_turn)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{label} must be an integer >= 1, got {v!r}")
         self.max_turns = max_turns
         self.max_calls_per_turn = max_calls_per_turn
+        self.latency = ToolLatency.from_option(tool_latency) if tool_latency is not None else None
+        self._sleep = time.sleep  # a test replaces it
+        self._episode_seed = 0
         self._task: Task | None = None
         self._state: dict[str, Any] = {}
         self._turns = 0
@@ -268,6 +278,20 @@ class ToolCallEnv:
     def state(self) -> dict[str, Any]:
         """The current episode's tool state (a deep copy of the task's ``tool_call.state``)."""
         return self._state
+
+    def seed_episode(self, seed: int) -> None:
+        """The episode's seed (``rollout.episode`` calls this before ``reset``): keys the tool latency draws."""
+        self._episode_seed = int(seed)
+
+    def _wait_for_tools(self, n_calls: int, info: dict[str, Any]) -> None:
+        """Sleep the simulated latency of the turn's first ``n_calls`` calls (nothing without ``tool_latency``)."""
+        if self.latency is None or self._task is None:
+            return
+        n = min(n_calls, self.max_calls_per_turn)
+        total = sum(self.latency.draw(self._task.id, self._episode_seed, self._turns, i) for i in range(n))
+        info["tool_latency_s"] = total
+        if total > 0:
+            self._sleep(total)
 
     def reset(self, task: Task) -> list[Message]:
         if self._closed:
@@ -301,11 +325,13 @@ class ToolCallEnv:
         }
         if spec is None or spec.mode != "answer":
             self._done = True
+            self._wait_for_tools(len(calls), info)
             return [], True, False, info
         if OPEN_TAG not in action:
             self._done = True
             info["answer"] = action.strip()
             return [], True, False, info
+        self._wait_for_tools(len(calls), info)
 
         observation = []
         for i, (call, errors) in enumerate(zip(calls, per_call_errors)):

@@ -395,7 +395,7 @@ def _start_episodes(
     for task, g, s in zip(tasks, group_ids, seeds, strict=True):
         env = make_env(task.domain)
         eps.append(_Episode(task=task, group_id=g, seed=s, env=env, prompt_ids=[], messages=list(task.messages)))
-    resets = calls.each(lambda e: _contained(e, "reset", lambda: list(e.env.reset(e.task))), eps)
+    resets = calls.each(lambda e: _contained(e, "reset", _reset, e), eps)
     for e, msgs in zip(eps, resets):
         if msgs is not None:
             _contained(e, "reset result", _prompt, e, msgs, tokenizer, tools_in_prompt)
@@ -403,6 +403,15 @@ def _start_episodes(
         if not e.done and len(e.prompt_ids) >= sampling.max_model_len:
             # No room to generate: an empty, truncated episode (no policy tokens, so never trained on).
             e.truncated, e.done, e.finish_reason = True, True, "prompt_too_long"
+
+
+def _reset(e: _Episode) -> list[Message]:
+    """Reset episode ``e``'s env on its task; an env with ``seed_episode`` is first told the episode's seed (what
+    it draws per episode, e.g. a simulated tool latency, then repeats across runs of the same seed)."""
+    seed_episode = getattr(e.env, "seed_episode", None)
+    if callable(seed_episode):
+        seed_episode(e.seed)
+    return list(e.env.reset(e.task))
 
 
 def _prompt(e: _Episode, msgs: list[Message], tokenizer: Any, tools_in_prompt: str) -> None:

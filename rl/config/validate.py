@@ -135,6 +135,7 @@ def _check_classes(recipe: Recipe, fail: Fail) -> None:
     for i, e in enumerate(recipe.rollout.envs):
         _check_class(fail, f"rollout.envs.{i}.cls", e.cls, e.kwargs, resolve)
         _check_sandbox_config(fail, f"rollout.envs.{i}.kwargs", e.kwargs)
+        _check_tool_latency(fail, f"rollout.envs.{i}.kwargs", e.kwargs)
     objs: list[Any] = []
     for i, spec in enumerate(recipe.rewards):
         obj = _check_class(fail, f"rewards.{i}.cls", spec.cls, spec.kwargs, resolve, check_reward_kwargs)
@@ -171,6 +172,19 @@ def _check_reward_coverage(recipe: Recipe, objs: list[Any], fail: Fail) -> None:
                 f"no reward can score domain {d!r}: no reward with a non-zero weight that is not a shaping term "
                 f"lists it in its domains (every {d!r} sample would be left out of the update)",
             )
+
+
+def _check_tool_latency(fail: Fail, key: str, kwargs: dict) -> None:
+    """``<key>.tool_latency`` (the tool-call env's simulated tool latency) is valid now, not when the first env
+    is built on a rollout worker."""
+    if kwargs.get("tool_latency") is None:
+        return
+    from envs.toolcall_latency import ToolLatency
+
+    try:
+        ToolLatency.from_option(kwargs["tool_latency"])
+    except (TypeError, ValueError) as e:
+        fail(f"{key}.tool_latency", str(e).removeprefix("tool_latency: ").removeprefix("tool_latency."))
 
 
 def _check_sandbox_config(fail: Fail, key: str, kwargs: dict) -> None:
