@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from test_cluster import BIN, two_nodes  # noqa: F401 - the two-node fixture
 from test_integration import _tiny_recipe, parity_module  # noqa: F401 - the parity reward fixture
 
@@ -80,9 +81,10 @@ def test_collective_sync_engines_follow_the_learner_after_every_sync(
     assert [e["weights"] for e in where["engine"]] == ["collective"]
 
 
-def test_collective_sync_across_two_nodes_with_two_engines(two_nodes, recipe_copy, tmp_path: Path) -> None:  # noqa: F811
-    """The two-node cluster: the learner on node_a, 2 engines on node_b; the learner and both engines' workers
-    form the weight group across the nodes. The engines sample from the learner's policy after each sync
+def test_collective_sync_across_two_nodes_with_two_engines_by_default(two_nodes, recipe_copy, tmp_path: Path) -> None:  # noqa: F811
+    """The two-node cluster: the learner on node_a, 2 engines on node_b; ``learner.weight_sync`` left at its
+    default (``auto``) resolves to collective, and the learner and both engines' workers form the weight group
+    across the nodes. The engines sample from the learner's policy after each sync
     (``rollout/logprob_diff``: a stale engine would be ~0.1 nats off per token after one update)."""
     address, _ = two_nodes
 
@@ -92,7 +94,7 @@ def test_collective_sync_across_two_nodes_with_two_engines(two_nodes, recipe_cop
         "run": {"ray_address": address, "threads": 2, "keep_checkpoints": 1},
         "data": {"eval_limit": 4},
         "rollout": {"num_engines": 2, "prompts_per_step": 4, "group_size": 2, "max_new_tokens": 16},
-        "learner": {"workers": 1, "weight_sync": "collective", "weight_bucket_mb": 1},
+        "learner": {"workers": 1, "weight_bucket_mb": 1},  # weight_sync: the default (auto)
         "reward_service": {"workers": 1},
         "train": {"steps": 3},
         "wandb": {"mode": "disabled"},
@@ -117,6 +119,10 @@ def test_collective_sync_across_two_nodes_with_two_engines(two_nodes, recipe_cop
     where = json.loads((out / "placement.json").read_text())
     learner_node = where["learner"][0]["node_id"]
     assert [e["weights"] for e in where["engine"]] == ["collective", "collective"]
+    assert where["weight_sync"] == "collective", "auto chose collective: the engines are on another node"
+    resolved = yaml.safe_load((out / "recipe.resolved.yaml").read_text())
+    assert resolved["learner"]["weight_sync"] == "collective", "the resolved recipe shows the choice"
+    assert "weight_sync auto: collective" in r.stdout
     assert all(e["node_id"] != learner_node for e in where["engine"]), "the engines are on the other node"
     for s in steps[2:]:  # the episodes of steps 2 and 3 were sampled after the first and second sync
         assert s["rollout/logprob_diff"] < 0.02, (s["step"], s["rollout/logprob_diff"])

@@ -12,6 +12,7 @@ module (``RayRuntime``, and :func:`score_on_ray` for ``jointrl score --workers``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -210,6 +211,8 @@ class RayRuntime:
             "reward": actor_nodes(self.rewards.workers),
         }
         self.learner_node = where["learner"][0]["node_id"]
+        self._resolve_weight_sync(device, [e["node_id"] for e in where["engine"]])
+        where["weight_sync"] = self.cfg.learner.weight_sync
         for i, e in enumerate(where["engine"]):
             e["weights"] = self.pool.route(i, self.learner_node)  # file (same node) | object_store
             if self.cfg.learner.weight_sync == "collective":
@@ -218,6 +221,22 @@ class RayRuntime:
         (self.out / LIVE_FILE).write_text(
             json.dumps({"pid": os.getpid(), "shm_dir": self.shm_dir, "engines": self.pool.shm_owned()}) + "\n"
         )
+
+    def _resolve_weight_sync(self, device: str, engine_nodes: list[str]) -> None:
+        """``learner.weight_sync: auto`` made concrete from where the actors landed (:func:`resolve_weight_sync`),
+        printed once and written into ``recipe.resolved.yaml`` (which the run dir's readers show)."""
+        if self.cfg.learner.weight_sync != "auto":
+            return
+        choice, why = resolve_weight_sync(self.cfg, device, self.learner_node, engine_nodes)
+        self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, weight_sync=choice))
+        print(f"jointrl: weight_sync auto: {choice} ({why})", flush=True)
+        resolved = self.out / "recipe.resolved.yaml"
+        if resolved.is_file():
+            import yaml
+
+            d = yaml.safe_load(resolved.read_text()) or {}
+            d.setdefault("learner", {})["weight_sync"] = choice
+            resolved.write_text(yaml.safe_dump(d, sort_keys=False))
 
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
@@ -364,6 +383,24 @@ class RayRuntime:
                 cluster.shutdown()
             if self._old_term is not None:
                 signal.signal(signal.SIGTERM, self._old_term)
+
+
+def resolve_weight_sync(cfg: Recipe, device: str, learner_node: str | None, engine_nodes: list[str]) -> tuple[str, str]:
+    """``learner.weight_sync: auto``: (``collective`` | ``file``, why). Collective where an engine sits on another
+    node than learner rank 0 (the file path would carry every byte through Ray's object store and each node's
+    heap) and the run is on CPU, where the gloo path has run end to end. File otherwise: engines on the learner's
+    node read its shared-memory file in place; on GPU the NCCL path has never run, so it is not chosen for the
+    user; and where collective is refused (``cluster.engine_tp`` > 1, ``lora.transfer adapter``) or delta sync
+    (``learner.delta_sync_full_every``, file only) is asked for."""
+    remote = sum(1 for n in engine_nodes if n != learner_node)
+    if not remote:
+        return "file", "every engine is on learner rank 0's node"
+    lr = cfg.learner
+    if device != "cpu":
+        return "file", f"{remote} engine(s) on other nodes, but on GPU collective (NCCL) has not run yet"
+    if cfg.cluster.engine_tp != 1 or lr.lora.engine_rank > 0 or lr.delta_sync_full_every:
+        return "file", "engine_tp > 1, lora.transfer adapter or delta_sync_full_every rule collective out"
+    return "collective", f"{remote} engine(s) on other nodes than learner rank 0; gloo on CPU"
 
 
 def make_rollout_pool(
