@@ -95,6 +95,7 @@ class CollectiveWeights:
 
     version: int
     tag: str
+    broken: str = ""  # the learner's answer only: why its broadcast failed midway ("" = every byte was sent)
 
 
 WeightUpdate = Union[FileWeights, BlobWeights, IpcWeights, DeltaWeights, CollectiveJoin, CollectiveWeights]

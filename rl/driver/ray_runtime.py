@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -32,11 +33,13 @@ from rl.driver.actors.rewards import RewardService
 from rl.driver.actors.rollout import RolloutPool, engines_call
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
-from rl.driver.runtime import Deadlines, learner_settings
+from rl.driver.runtime import Deadlines, LearnerFailure, learner_settings
 from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
 from rollout.collective import bucket_bytes
 from rollout.pool import EngineFailure
 from rollout.weights import CollectiveJoin, CollectiveWeights
+
+log = logging.getLogger(__name__)
 
 
 class RayRuntime:
@@ -65,6 +68,7 @@ class RayRuntime:
         self._group: tuple[str, int] | None = None
         self._formations = 0
         self._stream = 0
+        self._fallbacks = 0  # broken streams redone by file, since the last metrics() (faults/weight_stream_fallbacks)
 
     def start(self, length_estimate: Callable[[Task], float | None] | None = None) -> None:
         """Connect to (or start) Ray, reserve the placement groups of ``cluster``, start the actors.
@@ -275,6 +279,8 @@ class RayRuntime:
         """Since the last call: ``faults/rollout_restarts`` (``rollout``), reward-service restarts and per-function
         errors (``faults/learner_restarts`` is the loop's: ``rl.driver.loop``)."""
         train_side = self.pool.metrics() if rollout else {}
+        if rollout and self._fallbacks:
+            train_side["faults/weight_stream_fallbacks"], self._fallbacks = float(self._fallbacks), 0
         return train_side | self.rewards.metrics()
 
     def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
@@ -302,6 +308,11 @@ class RayRuntime:
         if self.cfg.learner.weight_sync == "collective":
             self._sync_collective()
             return
+        self._sync_file()
+
+    def _sync_file(self) -> None:
+        """The file transport (also the collective's fallback for one sync): rank 0's export in its node's
+        shared memory, read there, sent through the object store to engines elsewhere."""
         adapter = self.cfg.learner.lora.engine_rank > 0
         if adapter:
             path = self.learners.export_adapter()  # every rank: A, B gathered
@@ -324,18 +335,48 @@ class RayRuntime:
         """``learner.weight_sync: collective``: learner rank 0 broadcasts the merged weights in buckets of
         ``learner.weight_bucket_mb`` to every engine's worker through the weight group (``rollout.collective``),
         formed first when there is none or its members changed. A replaced engine loads the learner's file
-        export through the object store as it starts, and the group is re-formed before the next stream."""
+        export through the object store as it starts, and the group is re-formed before the next stream.
+
+        An engine lost mid-stream (or a broadcast past ``faults.collective_s``) does not end the run: the
+        learner's broadcast fails (:class:`rollout.collective.BucketSender` walks the export to its end so that
+        its sharded ranks stay in step, and closes its membership, so the other engines' waits fail at once),
+        the pool replaces the dead engine (``faults/rollout_restarts``), and this sync is redone by file to every
+        engine (``faults/weight_stream_fallbacks``); the next sync forms the group again."""
         if self._group is None or self._group[1] != self.pool.replaced:
             self._form_weight_group()
         assert self._group is not None
         dtype, tag = self.cfg.model.engine_dtype, self._group[0]
         self._stream += 1
         version, bucket = self._stream, bucket_bytes(self.cfg.learner.weight_bucket_mb)
-        self.pool.stream_weights(
-            [CollectiveWeights(version, tag)] * len(self.pool.workers),
-            lambda: self.learners.export_collective(dtype, version, bucket),
-            lambda: self.learners.read_weights_ref(self.learners.export_weights(dtype)),
-        )
+        replaced, sent = self.pool.replaced, []
+
+        def learner_side() -> Any:
+            sent.append(self.learners.export_collective(dtype, version, bucket))
+            return sent[-1]
+
+        try:
+            self.pool.stream_weights(
+                [CollectiveWeights(version, tag)] * len(self.pool.workers),
+                learner_side,
+                lambda: self.learners.read_weights_ref(self.learners.export_weights(dtype)),
+            )
+            why = getattr(sent[0], "broken", "") if sent else ""
+            if not why and self.pool.replaced != replaced:
+                why = "an engine was replaced during the stream"
+        except (EngineFailure, LearnerFailure):
+            raise  # no engine left to replace, or a learner rank lost: the run's own fault paths
+        except Exception as e:  # noqa: BLE001 - a surviving engine's end of a broken stream
+            why = f"an engine's stream failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:300]}"
+        if why:
+            self._stream_fallback(version, why)
+
+    def _stream_fallback(self, version: int, why: str) -> None:
+        """Stream ``version`` broke (``why``): the group is dropped (formed again at the next sync) and every
+        engine gets this sync's weights by file, so none serves a torn stream's weights."""
+        log.warning("weight stream %d broke (%s); this sync goes by file, the group is formed again", version, why)
+        self._group = None
+        self._fallbacks += 1
+        self._sync_file()
 
     def _form_weight_group(self) -> None:
         """Learner rank 0 (member 0, the rendezvous on a free port of its node) and engine i's worker (member

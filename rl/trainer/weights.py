@@ -114,6 +114,8 @@ class WeightExport:
             raise RuntimeError("a collective weight export before this learner joined the weight group")
         sent = self._send(BucketSender(self._group, DTYPES[dtype], bucket_bytes, version))
         assert isinstance(sent, CollectiveWeights)
+        if sent.broken:  # the membership is closed: the driver forms the group again
+            self._group = None
         return sent
 
     def _send(self, sender: WeightSender | None) -> WeightUpdate | None:

@@ -294,9 +294,10 @@ class LearnerGroup:
         what rank 0 broadcasts, gathered, already); returns when every engine joined (``faults.learner_io_s``)."""
         self._wait([self.actors[0].join_weight_group.remote(spec)], self.deadlines.io_s, "faults.learner_io_s", "join")
 
-    def export_collective(self, dtype: str, version: int, bucket_bytes: int) -> None:
-        """Stream ``version`` of the policy to the weight group (every rank: shards gathered; rank 0 broadcasts)."""
-        self._io("export_collective", dtype, version, bucket_bytes)
+    def export_collective(self, dtype: str, version: int, bucket_bytes: int) -> Any:
+        """Stream ``version`` of the policy to the weight group (every rank: shards gathered; rank 0 broadcasts);
+        rank 0's ``CollectiveWeights``, whose ``broken`` says why a broadcast failed midway (a member died)."""
+        return self._io("export_collective", dtype, version, bucket_bytes)[0]
 
     def export_adapter(self) -> str:
         """The LoRA adapter folder (every rank: A, B gathered); rank 0's path."""
