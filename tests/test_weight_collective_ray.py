@@ -81,6 +81,78 @@ def test_collective_sync_engines_follow_the_learner_after_every_sync(
     assert [e["weights"] for e in where["engine"]] == ["collective"]
 
 
+def test_an_engine_killed_at_a_collective_sync_is_replaced_and_the_run_goes_on(
+    tmp_path: Path,
+    parity_module: str,
+    recipe_copy,  # noqa: F811
+) -> None:
+    """2 engines, collective sync: engine 0's worker is SIGKILLed right before the first step's stream. The
+    learner's broadcast fails, the pool replaces the worker (``faults/rollout_restarts``), the sync is redone by
+    file (``faults/weight_stream_fallbacks``), the next sync forms the group again and streams; the run
+    completes and after every sync both engines' log-probs are the learner's."""
+    import signal
+    import time
+
+    from rl.config.recipe import load_recipe
+    from rl.driver.loop import load_task_sets, train
+    from rl.driver.ray_runtime import RayRuntime
+
+    recipe = _tiny_recipe(
+        recipe_copy,
+        {
+            "model": {"engine_dtype": "float32", "autocast": False},
+            "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
+            "rollout": {"num_engines": 2},
+            "learner": {"weight_sync": "collective", "weight_bucket_mb": 0.0625},
+            "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
+            "train": {"steps": 3, "eval_every": 0},
+            "wandb": {"mode": "disabled"},
+        },
+    )
+    cfg = load_recipe(recipe)
+    _, eval_tasks = load_task_sets(cfg)
+
+    class Probe(RayRuntime):
+        syncs: list[tuple[list[list[float]], list[float]]] = []
+        formations: list[int] = []
+
+        def logprobs(self) -> tuple[list[list[float]], list[float]]:
+            from transformers import AutoTokenizer
+
+            from rollout.episode import encode, render
+
+            tok = AutoTokenizer.from_pretrained(self.model_path)
+            task = eval_tasks[0]
+            prompt = encode(tok, render(tok, list(task.messages), True) + task.prefill)
+            cont = encode(tok, '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
+            return self.pool.score(prompt, cont), self.learners.logprobs(prompt, cont)
+
+        def start(self, length_estimate=None) -> None:
+            super().start(length_estimate)
+            Probe.syncs.append(self.logprobs())
+
+        def sync_weights(self) -> None:
+            if len(Probe.syncs) == 1:  # the first step's sync: engine 0's worker dies right before the stream
+                pid = self.pool.pids()[0]
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            super().sync_weights()
+            Probe.formations.append(self._formations)
+            Probe.syncs.append(self.logprobs())
+
+    train(cfg, progress=False, runtime=Probe)
+    assert len(Probe.syncs) == 4, "the start, then one sync per step"
+    for i, (engines, learner) in enumerate(Probe.syncs):
+        for e, engine in enumerate(engines):
+            assert max(abs(a - b) for a, b in zip(engine, learner)) < 1e-3, f"sync {i}: engine {e} holds the learner's"
+    assert Probe.formations[1] > Probe.formations[0], "the group was formed again after the broken stream"
+    steps = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(s.get("faults/weight_stream_fallbacks", 0) for s in steps) == 1
+    assert sum(s.get("faults/rollout_restarts", 0) for s in steps) >= 1
+
+
 def test_collective_sync_across_two_nodes_with_two_engines_by_default(two_nodes, recipe_copy, tmp_path: Path) -> None:  # noqa: F811
     """The two-node cluster: the learner on node_a, 2 engines on node_b; ``learner.weight_sync`` left at its
     default (``auto``) resolves to collective, and the learner and both engines' workers form the weight group
