@@ -20,7 +20,7 @@ import torch
 from rl.trainer.collectives import free_port
 from test_lora import make, make_learner  # noqa: F401 - fixtures: a LoRA learner on the tiny model
 from rollout import collective
-from rollout.weights import CollectiveJoin, CollectiveWeights
+from rollout.weights import CollectiveJoin, CollectiveWeights, JoinFailed
 
 
 def _spec(port: int, rank: int, tag: str) -> CollectiveJoin:
@@ -382,6 +382,27 @@ def test_a_broken_stream_is_redone_by_file_and_the_group_formed_again(recipe_cop
     assert len(rt.pool.file_syncs) == 1 and rt._group is not None, "streamed, no fallback"
 
 
+def test_a_formation_that_breaks_is_a_file_sync_and_formed_again_next_time(recipe_copy) -> None:
+    """An engine died before it joined: learner rank 0 answers ``JoinFailed`` (its rendezvous timed out) instead
+    of raising; this sync goes by file, nothing is streamed, and the next sync forms the group and streams."""
+    from rl.config.recipe import load_recipe
+    from rl.driver.ray_runtime import RayRuntime
+
+    class _NoJoin(_BrokenLearners):
+        def join_weight_group(self, spec: CollectiveJoin):
+            super().join_weight_group(spec)
+            return JoinFailed("RuntimeError: Timed out") if len(self.joined) == 1 else None
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=collective"])
+    rt = RayRuntime(cfg, "unused", Path("/nonexistent"), verbose=False)
+    rt.pool, rt.learners, rt.learner_node = _BrokenStreamPool(2), _NoJoin(), "node-a"
+    rt.sync_weights()
+    assert rt._group is None and rt.learners.sent == [] and len(rt.pool.file_syncs) == 1
+    assert rt._fallbacks == 1
+    rt.sync_weights()
+    assert rt._group is not None and len(rt.learners.sent) == 1 and len(rt.pool.file_syncs) == 1
+
+
 def test_engine_and_learner_failures_in_a_stream_are_not_swallowed(recipe_copy) -> None:
     """No engine left to replace (``EngineFailure``) or a learner rank lost (``LearnerFailure``): raised as
     the file path raises them (the run's own fault paths), no fallback."""
@@ -397,3 +418,14 @@ def test_engine_and_learner_failures_in_a_stream_are_not_swallowed(recipe_copy) 
         with pytest.raises(type(error)):
             rt.sync_weights()
         assert rt.pool.file_syncs == []
+
+
+def test_learner_join_whose_members_never_come_answers_join_failed(tmp_path) -> None:
+    """Learner rank 0 forms a 2-member group whose engine never joins: after the group's timeout the export
+    answers ``JoinFailed`` (the learner process is intact) and holds no membership."""
+    from rl.trainer.weights import WeightExport
+
+    export = WeightExport(None, None, 0, torch.device("cpu"), tmp_path)
+    got = export.join_group(CollectiveJoin("127.0.0.1", free_port(), 0, 2, "gloo", 1.0, uuid.uuid4().hex[:8]))
+    assert isinstance(got, JoinFailed) and got.why, got
+    assert export._group is None

@@ -37,7 +37,7 @@ from rl.driver.runtime import Deadlines, LearnerFailure, learner_settings
 from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
 from rollout.collective import bucket_bytes
 from rollout.pool import EngineFailure
-from rollout.weights import CollectiveJoin, CollectiveWeights
+from rollout.weights import CollectiveJoin, CollectiveWeights, JoinFailed
 
 log = logging.getLogger(__name__)
 
@@ -342,45 +342,56 @@ class RayRuntime:
         its sharded ranks stay in step, and closes its membership, so the other engines' waits fail at once),
         the pool replaces the dead engine (``faults/rollout_restarts``), and this sync is redone by file to every
         engine (``faults/weight_stream_fallbacks``); the next sync forms the group again."""
-        if self._group is None or self._group[1] != self.pool.replaced:
-            self._form_weight_group()
+        if (self._group is None or self._group[1] != self.pool.replaced) and not self._form_weight_group():
+            return
         assert self._group is not None
         dtype, tag = self.cfg.model.engine_dtype, self._group[0]
         self._stream += 1
         version, bucket = self._stream, bucket_bytes(self.cfg.learner.weight_bucket_mb)
-        replaced, sent = self.pool.replaced, []
+        why = self._collective_call(
+            [CollectiveWeights(version, tag)] * len(self.pool.workers),
+            lambda: self.learners.export_collective(dtype, version, bucket),
+            lambda: self.learners.read_weights_ref(self.learners.export_weights(dtype)),
+        )
+        if why:
+            self._stream_fallback(f"weight stream {version}", why)
 
-        def learner_side() -> Any:
-            sent.append(self.learners.export_collective(dtype, version, bucket))
-            return sent[-1]
+    def _collective_call(self, updates: list[Any], learner_side: Callable[[], Any], fallback: Any) -> str:
+        """``pool.stream_weights`` (a formation or a stream); why it broke, or "": the learner side answered
+        ``JoinFailed`` or a stream marked ``broken``, an engine was replaced meanwhile (it is no member), or a
+        surviving engine's end raised. No engine left to replace (``EngineFailure``) or a learner rank lost
+        (``LearnerFailure``) are raised: the run's own fault paths."""
+        replaced, answers = self.pool.replaced, []
+
+        def side() -> Any:
+            answers.append(learner_side())
+            return answers[-1]
 
         try:
-            self.pool.stream_weights(
-                [CollectiveWeights(version, tag)] * len(self.pool.workers),
-                learner_side,
-                lambda: self.learners.read_weights_ref(self.learners.export_weights(dtype)),
-            )
-            why = getattr(sent[0], "broken", "") if sent else ""
-            if not why and self.pool.replaced != replaced:
-                why = "an engine was replaced during the stream"
+            self.pool.stream_weights(updates, side, fallback)
         except (EngineFailure, LearnerFailure):
-            raise  # no engine left to replace, or a learner rank lost: the run's own fault paths
-        except Exception as e:  # noqa: BLE001 - a surviving engine's end of a broken stream
-            why = f"an engine's stream failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:300]}"
-        if why:
-            self._stream_fallback(version, why)
+            raise
+        except Exception as e:  # noqa: BLE001 - a surviving engine's end of a broken group
+            return f"an engine's end failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:300]}"
+        got = answers[0] if answers else None
+        if isinstance(got, JoinFailed):
+            return f"learner rank 0 could not form the group: {got.why}"
+        if getattr(got, "broken", ""):
+            return f"learner rank 0's broadcast failed: {got.broken}"
+        return "an engine was replaced meanwhile" if self.pool.replaced != replaced else ""
 
-    def _stream_fallback(self, version: int, why: str) -> None:
-        """Stream ``version`` broke (``why``): the group is dropped (formed again at the next sync) and every
-        engine gets this sync's weights by file, so none serves a torn stream's weights."""
-        log.warning("weight stream %d broke (%s); this sync goes by file, the group is formed again", version, why)
+    def _stream_fallback(self, what: str, why: str) -> None:
+        """``what`` (a stream, or the group's formation) broke (``why``): the group is dropped (formed again at
+        the next sync) and every engine gets this sync's weights by file, so none serves a torn stream's weights."""
+        log.warning("%s broke (%s); this sync goes by file, the weight group is formed again", what, why)
         self._group = None
         self._fallbacks += 1
         self._sync_file()
 
-    def _form_weight_group(self) -> None:
+    def _form_weight_group(self) -> bool:
         """Learner rank 0 (member 0, the rendezvous on a free port of its node) and engine i's worker (member
-        i + 1) join a new weight group: gloo on CPU, NCCL on GPU, broadcasts waiting ``faults.collective_s``."""
+        i + 1) join a new weight group: gloo on CPU, NCCL on GPU, broadcasts waiting ``faults.collective_s``.
+        False where the formation broke (a member died first): this sync went by file instead."""
         self._formations += 1
         replaced = self.pool.replaced
         addr, port = self.learners.weight_group_address()
@@ -390,12 +401,16 @@ class RayRuntime:
         def member(rank: int) -> CollectiveJoin:
             return CollectiveJoin(addr, port, rank, world, backend, float(self.cfg.faults.collective_s), tag)
 
-        self.pool.stream_weights(
+        why = self._collective_call(
             [member(i + 1) for i in range(len(self.pool.workers))],
             lambda: self.learners.join_weight_group(member(0)),
             None,
         )
+        if why:
+            self._stream_fallback(f"weight group {tag}", why)
+            return False
         self._group = (tag, replaced)
+        return True
 
     def save(self, path: str, wait: bool = True, export: bool = False) -> None:
         from rl.driver.runtime import export_dtype
