@@ -20,6 +20,35 @@ from test_integration import _tiny_recipe, parity_module  # noqa: F401 - the par
 pytestmark = pytest.mark.slow
 
 
+def _collective_recipe(recipe_copy, parity_module: str, steps: int, extra: dict) -> Path:
+    """The tiny recipe, fp32 end to end, collective sync in buckets of 64 KiB (most tensors share a bucket, the
+    embedding spans many), the parity reward, ``steps`` steps; ``extra``'s sections updated on top."""
+    sections = {
+        "model": {"engine_dtype": "float32", "autocast": False},
+        "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
+        "learner": {"weight_sync": "collective", "weight_bucket_mb": 0.0625},
+        "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
+        "train": {"steps": steps, "eval_every": 0},
+        "wandb": {"mode": "disabled"},
+    }
+    for section, values in extra.items():
+        sections[section] = {**sections.get(section, {}), **values}
+    return _tiny_recipe(recipe_copy, sections)
+
+
+def _logprobs(rt, task) -> tuple[list[list[float]], list[float]]:
+    """Every engine's log-probs of a fixed continuation of ``task``'s prompt, and the learner's (every rank:
+    sharded)."""
+    from transformers import AutoTokenizer
+
+    from rollout.episode import encode, render
+
+    tok = AutoTokenizer.from_pretrained(rt.model_path)
+    prompt = encode(tok, render(tok, list(task.messages), True) + task.prefill)
+    cont = encode(tok, '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
+    return rt.pool.score(prompt, cont), rt.learners.logprobs(prompt, cont)
+
+
 def test_collective_sync_engines_follow_the_learner_after_every_sync(
     tmp_path: Path,
     parity_module: str,
@@ -34,33 +63,15 @@ def test_collective_sync_engines_follow_the_learner_after_every_sync(
     from rl.driver.loop import load_task_sets, train
     from rl.driver.ray_runtime import RayRuntime
 
-    recipe = _tiny_recipe(
-        recipe_copy,
-        {
-            "model": {"engine_dtype": "float32", "autocast": False},
-            "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
-            "learner": {"weight_sync": "collective", "weight_bucket_mb": 0.0625, "workers": 2},
-            "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
-            "train": {"steps": 2, "eval_every": 0},
-            "wandb": {"mode": "disabled"},
-        },
-    )
-    cfg = load_recipe(recipe)
+    cfg = load_recipe(_collective_recipe(recipe_copy, parity_module, 2, {"learner": {"workers": 2}}))
     _, eval_tasks = load_task_sets(cfg)
 
     class Probe(RayRuntime):
         syncs: list[tuple[list[float], list[float]]] = []
 
         def logprobs(self) -> tuple[list[float], list[float]]:
-            from transformers import AutoTokenizer
-
-            from rollout.episode import encode, render
-
-            tok = AutoTokenizer.from_pretrained(self.model_path)
-            task = eval_tasks[0]
-            prompt = encode(tok, render(tok, list(task.messages), True) + task.prefill)
-            cont = encode(tok, '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
-            return self.pool.score(prompt, cont)[0], self.learners.logprobs(prompt, cont)  # every rank: sharded
+            engines, learner = _logprobs(self, eval_tasks[0])
+            return engines[0], learner
 
         def start(self, length_estimate=None) -> None:
             super().start(length_estimate)
@@ -97,19 +108,7 @@ def test_an_engine_killed_at_a_collective_sync_is_replaced_and_the_run_goes_on(
     from rl.driver.loop import load_task_sets, train
     from rl.driver.ray_runtime import RayRuntime
 
-    recipe = _tiny_recipe(
-        recipe_copy,
-        {
-            "model": {"engine_dtype": "float32", "autocast": False},
-            "algo": {"optim": {"lr": 3e-3}, "kl": {"coef": 0.0}},
-            "rollout": {"num_engines": 2},
-            "learner": {"weight_sync": "collective", "weight_bucket_mb": 0.0625},
-            "rewards": [{"cls": parity_module, "weight": 1.0, "domains": ["tool_call"], "kwargs": {}}],
-            "train": {"steps": 3, "eval_every": 0},
-            "wandb": {"mode": "disabled"},
-        },
-    )
-    cfg = load_recipe(recipe)
+    cfg = load_recipe(_collective_recipe(recipe_copy, parity_module, 3, {"rollout": {"num_engines": 2}}))
     _, eval_tasks = load_task_sets(cfg)
 
     class Probe(RayRuntime):
@@ -117,15 +116,7 @@ def test_an_engine_killed_at_a_collective_sync_is_replaced_and_the_run_goes_on(
         formations: list[int] = []
 
         def logprobs(self) -> tuple[list[list[float]], list[float]]:
-            from transformers import AutoTokenizer
-
-            from rollout.episode import encode, render
-
-            tok = AutoTokenizer.from_pretrained(self.model_path)
-            task = eval_tasks[0]
-            prompt = encode(tok, render(tok, list(task.messages), True) + task.prefill)
-            cont = encode(tok, '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
-            return self.pool.score(prompt, cont), self.learners.logprobs(prompt, cont)
+            return _logprobs(self, eval_tasks[0])
 
         def start(self, length_estimate=None) -> None:
             super().start(length_estimate)
