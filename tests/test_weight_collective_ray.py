@@ -97,7 +97,8 @@ def test_an_engine_killed_at_a_collective_sync_is_replaced_and_the_run_goes_on(
     parity_module: str,
     recipe_copy,  # noqa: F811
 ) -> None:
-    """2 engines, collective sync: engine 0's worker is SIGKILLed right before the first step's stream. The
+    """2 engines, collective sync: engine 0's worker is SIGKILLed right before the second step's stream (the
+    group was formed at the first sync, so the death hits a stream, not a formation). The
     learner's broadcast fails, the pool replaces the worker (``faults/rollout_restarts``), the sync is redone by
     file (``faults/weight_stream_fallbacks``), the next sync forms the group again and streams; the run
     completes and after every sync both engines' log-probs are the learner's."""
@@ -108,7 +109,8 @@ def test_an_engine_killed_at_a_collective_sync_is_replaced_and_the_run_goes_on(
     from rl.driver.loop import load_task_sets, train
     from rl.driver.ray_runtime import RayRuntime
 
-    cfg = load_recipe(_collective_recipe(recipe_copy, parity_module, 3, {"rollout": {"num_engines": 2}}))
+    extra = {"rollout": {"num_engines": 2}, "faults": {"collective_s": 60}}  # a stuck group waits 60 s at most
+    cfg = load_recipe(_collective_recipe(recipe_copy, parity_module, 3, extra))
     _, eval_tasks = load_task_sets(cfg)
 
     class Probe(RayRuntime):
@@ -123,7 +125,7 @@ def test_an_engine_killed_at_a_collective_sync_is_replaced_and_the_run_goes_on(
             Probe.syncs.append(self.logprobs())
 
         def sync_weights(self) -> None:
-            if len(Probe.syncs) == 1:  # the first step's sync: engine 0's worker dies right before the stream
+            if len(Probe.syncs) == 2:  # the second step's sync: engine 0's worker dies right before the stream
                 pid = self.pool.pids()[0]
                 os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + 30
@@ -138,7 +140,7 @@ def test_an_engine_killed_at_a_collective_sync_is_replaced_and_the_run_goes_on(
     for i, (engines, learner) in enumerate(Probe.syncs):
         for e, engine in enumerate(engines):
             assert max(abs(a - b) for a, b in zip(engine, learner)) < 1e-3, f"sync {i}: engine {e} holds the learner's"
-    assert Probe.formations[1] > Probe.formations[0], "the group was formed again after the broken stream"
+    assert Probe.formations[2] > Probe.formations[1], "the group was formed again after the broken stream"
     steps = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert sum(s.get("faults/weight_stream_fallbacks", 0) for s in steps) == 1
     assert sum(s.get("faults/rollout_restarts", 0) for s in steps) >= 1
