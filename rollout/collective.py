@@ -77,8 +77,20 @@ class WeightGroup:
         self.store, self.backend, self.rank, self.world, self.device = store, backend, rank, world, device
 
     def broadcast(self, t: torch.Tensor) -> None:
-        """Member 0's ``t`` into every member's ``t`` (same shape and dtype everywhere)."""
-        self.backend.broadcast(t, 0).wait()
+        """Member 0's ``t`` into every member's ``t`` (same shape and dtype everywhere). A failure (a member died,
+        or ``faults.collective_s`` passed) closes this membership: gloo's other members would otherwise wait
+        out their timeout for bytes that never come; with its sockets closed they fail at once."""
+        if self.backend is None:
+            raise RuntimeError("weight group closed after a failed broadcast: it must be formed again")
+        try:
+            self.backend.broadcast(t, 0).wait()
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Drop this member's backend and store (their sockets close as they are freed)."""
+        self.backend = self.store = None
 
 
 def join(spec: CollectiveJoin, device: torch.device | None = None) -> WeightGroup:
@@ -132,6 +144,17 @@ class BucketSender:
         self._hash = hashlib.blake2b(digest_size=_DIGEST)
         self._aliases: dict[str, str] = {}
         self.buckets = 0  # broadcast so far (tests and the bench read it)
+        self.broken = ""  # why a broadcast failed: the rest of the stream is not sent, but still walked
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        """``group.broadcast``, or nothing once one failed: the export goes on to its end, so that sharded
+        learner ranks (gathering each tensor together) stay in step; ``finish`` reports the failure."""
+        if self.broken:
+            return
+        try:
+            self.group.broadcast(t)
+        except Exception as e:  # noqa: BLE001 - a member died or timed out: reported by finish, not raised
+            self.broken = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
 
     def begin(self, layout: list[tuple[str, tuple[int, ...]]], aliases: dict[str, str] | None = None) -> None:
         """Broadcast the header: ``layout`` in order; ``aliases`` (key -> the key it repeats) carry no bytes."""
@@ -142,7 +165,9 @@ class BucketSender:
             "bucket": self.bucket_bytes,
             "layout": [[k, list(shape), self._aliases.get(k)] for k, shape in layout],
         }
-        _send_bytes(self.group, json.dumps(head).encode())
+        data = json.dumps(head).encode()
+        self._broadcast(torch.tensor([len(data)], dtype=torch.int64, device=self.group.device))
+        self._broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.group.device))
         self._bucket = torch.empty(self.bucket_bytes, dtype=torch.uint8, device=self.group.device)
         self._fill, self.buckets = 0, 0
         self._hash = hashlib.blake2b(digest_size=_DIGEST)
@@ -168,7 +193,7 @@ class BucketSender:
     def _flush(self) -> None:
         chunk = self._bucket[: self._fill]
         _hash(self._hash, chunk)
-        self.group.broadcast(chunk)
+        self._broadcast(chunk)
         self._fill = 0
         self.buckets += 1
 
@@ -176,15 +201,9 @@ class BucketSender:
         if self._fill:
             self._flush()
         digest = torch.frombuffer(bytearray(self._hash.digest()), dtype=torch.uint8).to(self.group.device)
-        self.group.broadcast(digest)
+        self._broadcast(digest)
         self._bucket = torch.empty(0, dtype=torch.uint8)
-        return CollectiveWeights(self.version, "")
-
-
-def _send_bytes(group: WeightGroup, data: bytes) -> None:
-    size = torch.tensor([len(data)], dtype=torch.int64, device=group.device)
-    group.broadcast(size)
-    group.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(group.device))
+        return CollectiveWeights(self.version, "", self.broken)
 
 
 def _recv_bytes(group: WeightGroup) -> bytes:

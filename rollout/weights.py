@@ -95,6 +95,15 @@ class CollectiveWeights:
 
     version: int
     tag: str
+    broken: str = ""  # the learner's answer only: why its broadcast failed midway ("" = every byte was sent)
+
+
+@dataclass(frozen=True)
+class JoinFailed:
+    """Learner rank 0's answer to a weight-group formation that did not complete (a member died before it joined,
+    or the rendezvous passed ``faults.collective_s``): the learner itself is fine; the driver syncs by file."""
+
+    why: str
 
 
 WeightUpdate = Union[FileWeights, BlobWeights, IpcWeights, DeltaWeights, CollectiveJoin, CollectiveWeights]

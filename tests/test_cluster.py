@@ -152,7 +152,7 @@ def test_two_node_training_places_actors_by_custom_resources(two_nodes, recipe_c
         d["run"].update(ray_address=address, threads=2, keep_checkpoints=1)
         d["data"]["eval_limit"] = 4
         d["rollout"].update(num_engines=2, prompts_per_step=4, group_size=2, max_new_tokens=16)
-        d["learner"]["workers"] = 2
+        d["learner"].update(workers=2, weight_sync="file")  # the file path across nodes (auto: collective)
         d["reward_service"]["workers"] = 1
         d["train"]["steps"] = 2
         d["wandb"]["mode"] = "disabled"

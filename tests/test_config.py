@@ -300,7 +300,7 @@ def test_cli_subprocess_bad_yaml(tmp_path: Path) -> None:
             "rollout.max_staleness: a rollout stream overlaps generation",
         ),
         (["learner.weight_sync=ipc"], "learner.weight_sync: ipc maps each learner rank's GPU buffer"),
-        (["learner.weight_sync=nccl"], "learner.weight_sync: choose one of file, ipc, collective; got 'nccl'"),
+        (["learner.weight_sync=nccl"], "learner.weight_sync: choose one of auto, file, ipc, collective; got 'nccl'"),
         (
             ["learner.weight_sync=collective", "cluster.device=gpu", "cluster.engine_tp=2", "cluster.engine_gpus=2"],
             "learner.weight_sync: collective streams whole tensors into one worker per engine",

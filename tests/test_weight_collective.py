@@ -8,7 +8,10 @@ dtype exactly as sent, a stale version drained and refused, a corrupted digest r
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from pathlib import Path
+import signal
+import time
 import uuid
 
 import pytest
@@ -17,7 +20,7 @@ import torch
 from rl.trainer.collectives import free_port
 from test_lora import make, make_learner  # noqa: F401 - fixtures: a LoRA learner on the tiny model
 from rollout import collective
-from rollout.weights import CollectiveJoin, CollectiveWeights
+from rollout.weights import CollectiveJoin, CollectiveWeights, JoinFailed
 
 
 def _spec(port: int, rank: int, tag: str) -> CollectiveJoin:
@@ -271,3 +274,158 @@ def test_runtime_forms_the_weight_group_once_and_again_after_an_engine_was_repla
     rt._group = None  # what restart_learners does: the new rank 0 is no member
     rt.sync_weights()
     assert len(rt.pool.calls) == 7 and len(rt.learners.joined) == 3
+
+
+def _member(port: int, tag: str, rank: int, world: int, q: mp.Queue) -> None:
+    """An engine member of a ``world``-member group: its pid, then how its take of stream 1 ended and when."""
+    torch.set_num_threads(1)
+    group = collective.join(CollectiveJoin("127.0.0.1", port, rank, world, "gloo", 120.0, tag))
+    q.put((rank, os.getpid()))
+    t0 = time.monotonic()
+    try:
+        n = sum(1 for _ in collective.take(group, CollectiveWeights(1, tag)))
+        q.put((rank, f"ok {n}", time.monotonic() - t0))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        q.put((rank, f"{type(e).__name__}: {e}", time.monotonic() - t0))
+
+
+def test_a_member_killed_mid_stream_breaks_the_stream_at_once_for_everyone() -> None:
+    """Engine member 1 is SIGKILLed after a few buckets: the learner's sender walks the export to its end
+    (sharded ranks stay in step) and reports the failure instead of raising; its membership closes, so member
+    2 fails at once rather than after the group's 120 s timeout."""
+    port, tag = free_port(), uuid.uuid4().hex[:8]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_member, args=(port, tag, r, 3, q)) for r in (1, 2)]
+    for p in procs:
+        p.start()
+    try:
+        group = collective.join(CollectiveJoin("127.0.0.1", port, 0, 3, "gloo", 120.0, tag))
+        pids = dict(q.get(timeout=60) for _ in procs)
+        tensors = {f"w{i}": torch.randn(64, 64) for i in range(200)}
+        sender = collective.BucketSender(group, torch.bfloat16, 8192, 1)
+        sender.begin([(k, tuple(v.shape)) for k, v in tensors.items()])
+        for i, (k, v) in enumerate(tensors.items()):
+            if i == 20:
+                os.kill(pids[1], signal.SIGKILL)
+            sender.send(k, v)
+        t0 = time.monotonic()
+        sent = sender.finish()
+        assert time.monotonic() - t0 < 30
+        assert sent.version == 1 and sent.broken, "the failure is reported, not raised"
+        assert group.backend is None, "the membership is closed"
+        rank, how, waited = q.get(timeout=60)
+        assert rank == 2 and not how.startswith("ok") and waited < 60, (how, waited)
+        with pytest.raises(RuntimeError, match="formed again"):
+            group.broadcast(torch.zeros(1, dtype=torch.uint8))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+class _BrokenStreamPool(_Pool):
+    """A pool whose streams break: the learner side reports ``broken``, or an engine's receive raises ``error``."""
+
+    def __init__(self, n: int, error: BaseException | None = None) -> None:
+        super().__init__(n)
+        self.error, self.file_syncs = error, []
+
+    def stream_weights(self, updates, learner_side, fallback) -> None:
+        super().stream_weights(updates, learner_side, fallback)
+        if self.error is not None and isinstance(updates[0], CollectiveWeights):
+            raise self.error
+
+    def sync_weights(self, path, source_node=None, fetch=None, *, adapter=False, delta=None) -> None:
+        self.file_syncs.append((path, source_node, adapter, delta))
+
+
+class _BrokenLearners(_Learners):
+    def __init__(self, broken: str = "") -> None:
+        super().__init__()
+        self.broken, self.exports = broken, 0
+
+    def export_collective(self, dtype: str, version: int, bucket: int) -> CollectiveWeights:
+        super().export_collective(dtype, version, bucket)
+        return CollectiveWeights(version, "", self.broken)
+
+    def export_weights(self, dtype: str) -> str:
+        self.exports += 1
+        return "/dev/shm/x/weights.safetensors"
+
+    def read_weights_ref(self, path: str, delta: bool = False) -> str:
+        return f"ref:{path}"
+
+
+@pytest.mark.parametrize("broken, error", [("RuntimeError: Connection reset by peer", None), ("", RuntimeError("x"))])
+def test_a_broken_stream_is_redone_by_file_and_the_group_formed_again(recipe_copy, broken, error) -> None:
+    """The learner's broadcast failed (an engine died mid-stream) or a surviving engine's receive raised: this
+    sync goes to every engine by file, counted in ``faults/weight_stream_fallbacks``; the next sync forms the
+    group again and streams."""
+    from rl.config.recipe import load_recipe
+    from rl.driver.ray_runtime import RayRuntime
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=collective"])
+    rt = RayRuntime(cfg, "unused", Path("/nonexistent"), verbose=False)
+    rt.pool, rt.learners, rt.learner_node = _BrokenStreamPool(2, error), _BrokenLearners(broken), "node-a"
+    rt.rewards = type("R", (), {"metrics": lambda self: {}})()
+    rt.pool.metrics = lambda: {}
+    rt.sync_weights()
+    assert len(rt.learners.joined) == 1 and rt.learners.exports == 1 and rt._group is None
+    assert rt.pool.file_syncs == [("/dev/shm/x/weights.safetensors", "node-a", False, None)]
+    assert rt.metrics() == {"faults/weight_stream_fallbacks": 1.0}
+    assert rt.metrics() == {}, "counted once"
+    rt.pool.error, rt.learners.broken = None, ""
+    rt.sync_weights()
+    assert len(rt.learners.joined) == 2, "formed again"
+    assert len(rt.pool.file_syncs) == 1 and rt._group is not None, "streamed, no fallback"
+
+
+def test_a_formation_that_breaks_is_a_file_sync_and_formed_again_next_time(recipe_copy) -> None:
+    """An engine died before it joined: learner rank 0 answers ``JoinFailed`` (its rendezvous timed out) instead
+    of raising; this sync goes by file, nothing is streamed, and the next sync forms the group and streams."""
+    from rl.config.recipe import load_recipe
+    from rl.driver.ray_runtime import RayRuntime
+
+    class _NoJoin(_BrokenLearners):
+        def join_weight_group(self, spec: CollectiveJoin):
+            super().join_weight_group(spec)
+            return JoinFailed("RuntimeError: Timed out") if len(self.joined) == 1 else None
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=collective"])
+    rt = RayRuntime(cfg, "unused", Path("/nonexistent"), verbose=False)
+    rt.pool, rt.learners, rt.learner_node = _BrokenStreamPool(2), _NoJoin(), "node-a"
+    rt.sync_weights()
+    assert rt._group is None and rt.learners.sent == [] and len(rt.pool.file_syncs) == 1
+    assert rt._fallbacks == 1
+    rt.sync_weights()
+    assert rt._group is not None and len(rt.learners.sent) == 1 and len(rt.pool.file_syncs) == 1
+
+
+def test_engine_and_learner_failures_in_a_stream_are_not_swallowed(recipe_copy) -> None:
+    """No engine left to replace (``EngineFailure``) or a learner rank lost (``LearnerFailure``): raised as
+    the file path raises them (the run's own fault paths), no fallback."""
+    from rl.config.recipe import load_recipe
+    from rl.driver.ray_runtime import RayRuntime
+    from rl.driver.runtime import LearnerFailure
+    from rollout.pool import EngineFailure
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.weight_sync=collective"])
+    for error in (EngineFailure("rollout worker 0 died 3 times"), LearnerFailure(0, "export_collective", "died")):
+        rt = RayRuntime(cfg, "unused", Path("/nonexistent"), verbose=False)
+        rt.pool, rt.learners = _BrokenStreamPool(2, error), _BrokenLearners()
+        with pytest.raises(type(error)):
+            rt.sync_weights()
+        assert rt.pool.file_syncs == []
+
+
+def test_learner_join_whose_members_never_come_answers_join_failed(tmp_path) -> None:
+    """Learner rank 0 forms a 2-member group whose engine never joins: after the group's timeout the export
+    answers ``JoinFailed`` (the learner process is intact) and holds no membership."""
+    from rl.trainer.weights import WeightExport
+
+    export = WeightExport(None, None, 0, torch.device("cpu"), tmp_path)
+    got = export.join_group(CollectiveJoin("127.0.0.1", free_port(), 0, 2, "gloo", 1.0, uuid.uuid4().hex[:8]))
+    assert isinstance(got, JoinFailed) and got.why, got
+    assert export._group is None

@@ -36,7 +36,7 @@ def check_cluster(recipe: Recipe, device: str | None = None) -> None:
     if recipe.learner.weight_sync == "collective":
         _check_collective(recipe, fail)
     if recipe.learner.delta_sync_full_every and (
-        recipe.learner.weight_sync != "file" or recipe.learner.lora.engine_rank
+        recipe.learner.weight_sync not in ("file", "auto") or recipe.learner.lora.engine_rank
     ):
         fail(
             "learner.delta_sync_full_every",

@@ -399,9 +399,12 @@ class LearnerConfig(Section):
         "trim; resident memory stays at the step's peak, and a step ending above 1.25x the level it settled at "
         "trims: memory.HoldBudget) | false: hand it back after each step, which the next step faults in again",
     )
-    weight_sync: Literal["file", "ipc", "collective"] = knob(
-        "file",
-        "how merged weights reach the engines after a step: file = one safetensors file in the learner node's "
+    weight_sync: Literal["auto", "file", "ipc", "collective"] = knob(
+        "auto",
+        "how merged weights reach the engines after a step: auto = collective where an engine sits on another "
+        "node than learner rank 0 and the run is on CPU (gloo), file otherwise (on GPU until the NCCL path has "
+        "run on one; resolved when the actors are placed, written to recipe.resolved.yaml) | "
+        "file = one safetensors file in the learner node's "
         "/dev/shm (Ray's object store to other nodes) | ipc = CUDA IPC, engine i maps learner rank i's packed "
         "bf16 buffer on their shared GPU (cluster.placement colocated; each rank holds one bf16 copy) | "
         "collective = learner rank 0 broadcasts in buckets to every engine's worker through a process group of "

@@ -12,7 +12,9 @@ module (``RayRuntime``, and :func:`score_on_ray` for ``jointrl score --workers``
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,11 +33,13 @@ from rl.driver.actors.rewards import RewardService
 from rl.driver.actors.rollout import RolloutPool, engines_call
 from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
-from rl.driver.runtime import Deadlines, learner_settings
+from rl.driver.runtime import Deadlines, LearnerFailure, learner_settings
 from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
 from rollout.collective import bucket_bytes
 from rollout.pool import EngineFailure
-from rollout.weights import CollectiveJoin, CollectiveWeights
+from rollout.weights import CollectiveJoin, CollectiveWeights, JoinFailed
+
+log = logging.getLogger(__name__)
 
 
 class RayRuntime:
@@ -64,6 +68,7 @@ class RayRuntime:
         self._group: tuple[str, int] | None = None
         self._formations = 0
         self._stream = 0
+        self._fallbacks = 0  # broken streams redone by file, since the last metrics() (faults/weight_stream_fallbacks)
 
     def start(self, length_estimate: Callable[[Task], float | None] | None = None) -> None:
         """Connect to (or start) Ray, reserve the placement groups of ``cluster``, start the actors.
@@ -210,6 +215,8 @@ class RayRuntime:
             "reward": actor_nodes(self.rewards.workers),
         }
         self.learner_node = where["learner"][0]["node_id"]
+        self._resolve_weight_sync(device, [e["node_id"] for e in where["engine"]])
+        where["weight_sync"] = self.cfg.learner.weight_sync
         for i, e in enumerate(where["engine"]):
             e["weights"] = self.pool.route(i, self.learner_node)  # file (same node) | object_store
             if self.cfg.learner.weight_sync == "collective":
@@ -218,6 +225,22 @@ class RayRuntime:
         (self.out / LIVE_FILE).write_text(
             json.dumps({"pid": os.getpid(), "shm_dir": self.shm_dir, "engines": self.pool.shm_owned()}) + "\n"
         )
+
+    def _resolve_weight_sync(self, device: str, engine_nodes: list[str]) -> None:
+        """``learner.weight_sync: auto`` made concrete from where the actors landed (:func:`resolve_weight_sync`),
+        printed once and written into ``recipe.resolved.yaml`` (which the run dir's readers show)."""
+        if self.cfg.learner.weight_sync != "auto":
+            return
+        choice, why = resolve_weight_sync(self.cfg, device, self.learner_node, engine_nodes)
+        self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, weight_sync=choice))
+        print(f"jointrl: weight_sync auto: {choice} ({why})", flush=True)
+        resolved = self.out / "recipe.resolved.yaml"
+        if resolved.is_file():
+            import yaml
+
+            d = yaml.safe_load(resolved.read_text()) or {}
+            d.setdefault("learner", {})["weight_sync"] = choice
+            resolved.write_text(yaml.safe_dump(d, sort_keys=False))
 
     def generate(
         self, tasks: list[Task], group_ids: list[int], seeds: list[int], sampling: Sampling
@@ -256,6 +279,8 @@ class RayRuntime:
         """Since the last call: ``faults/rollout_restarts`` (``rollout``), reward-service restarts and per-function
         errors (``faults/learner_restarts`` is the loop's: ``rl.driver.loop``)."""
         train_side = self.pool.metrics() if rollout else {}
+        if rollout and self._fallbacks:
+            train_side["faults/weight_stream_fallbacks"], self._fallbacks = float(self._fallbacks), 0
         return train_side | self.rewards.metrics()
 
     def update_in_flight(self, sync: Callable[[], None] | None = None, version: int | None = None) -> None:
@@ -283,6 +308,11 @@ class RayRuntime:
         if self.cfg.learner.weight_sync == "collective":
             self._sync_collective()
             return
+        self._sync_file()
+
+    def _sync_file(self) -> None:
+        """The file transport (also the collective's fallback for one sync): rank 0's export in its node's
+        shared memory, read there, sent through the object store to engines elsewhere."""
         adapter = self.cfg.learner.lora.engine_rank > 0
         if adapter:
             path = self.learners.export_adapter()  # every rank: A, B gathered
@@ -305,22 +335,63 @@ class RayRuntime:
         """``learner.weight_sync: collective``: learner rank 0 broadcasts the merged weights in buckets of
         ``learner.weight_bucket_mb`` to every engine's worker through the weight group (``rollout.collective``),
         formed first when there is none or its members changed. A replaced engine loads the learner's file
-        export through the object store as it starts, and the group is re-formed before the next stream."""
-        if self._group is None or self._group[1] != self.pool.replaced:
-            self._form_weight_group()
+        export through the object store as it starts, and the group is re-formed before the next stream.
+
+        An engine lost mid-stream (or a broadcast past ``faults.collective_s``) does not end the run: the
+        learner's broadcast fails (:class:`rollout.collective.BucketSender` walks the export to its end so that
+        its sharded ranks stay in step, and closes its membership, so the other engines' waits fail at once),
+        the pool replaces the dead engine (``faults/rollout_restarts``), and this sync is redone by file to every
+        engine (``faults/weight_stream_fallbacks``); the next sync forms the group again."""
+        if (self._group is None or self._group[1] != self.pool.replaced) and not self._form_weight_group():
+            return
         assert self._group is not None
         dtype, tag = self.cfg.model.engine_dtype, self._group[0]
         self._stream += 1
         version, bucket = self._stream, bucket_bytes(self.cfg.learner.weight_bucket_mb)
-        self.pool.stream_weights(
+        why = self._collective_call(
             [CollectiveWeights(version, tag)] * len(self.pool.workers),
             lambda: self.learners.export_collective(dtype, version, bucket),
             lambda: self.learners.read_weights_ref(self.learners.export_weights(dtype)),
         )
+        if why:
+            self._stream_fallback(f"weight stream {version}", why)
 
-    def _form_weight_group(self) -> None:
+    def _collective_call(self, updates: list[Any], learner_side: Callable[[], Any], fallback: Any) -> str:
+        """``pool.stream_weights`` (a formation or a stream); why it broke, or "": the learner side answered
+        ``JoinFailed`` or a stream marked ``broken``, an engine was replaced meanwhile (it is no member), or a
+        surviving engine's end raised. No engine left to replace (``EngineFailure``) or a learner rank lost
+        (``LearnerFailure``) are raised: the run's own fault paths."""
+        replaced, answers = self.pool.replaced, []
+
+        def side() -> Any:
+            answers.append(learner_side())
+            return answers[-1]
+
+        try:
+            self.pool.stream_weights(updates, side, fallback)
+        except (EngineFailure, LearnerFailure):
+            raise
+        except Exception as e:  # noqa: BLE001 - a surviving engine's end of a broken group
+            return f"an engine's end failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:300]}"
+        got = answers[0] if answers else None
+        if isinstance(got, JoinFailed):
+            return f"learner rank 0 could not form the group: {got.why}"
+        if getattr(got, "broken", ""):
+            return f"learner rank 0's broadcast failed: {got.broken}"
+        return "an engine was replaced meanwhile" if self.pool.replaced != replaced else ""
+
+    def _stream_fallback(self, what: str, why: str) -> None:
+        """``what`` (a stream, or the group's formation) broke (``why``): the group is dropped (formed again at
+        the next sync) and every engine gets this sync's weights by file, so none serves a torn stream's weights."""
+        log.warning("%s broke (%s); this sync goes by file, the weight group is formed again", what, why)
+        self._group = None
+        self._fallbacks += 1
+        self._sync_file()
+
+    def _form_weight_group(self) -> bool:
         """Learner rank 0 (member 0, the rendezvous on a free port of its node) and engine i's worker (member
-        i + 1) join a new weight group: gloo on CPU, NCCL on GPU, broadcasts waiting ``faults.collective_s``."""
+        i + 1) join a new weight group: gloo on CPU, NCCL on GPU, broadcasts waiting ``faults.collective_s``.
+        False where the formation broke (a member died first): this sync went by file instead."""
         self._formations += 1
         replaced = self.pool.replaced
         addr, port = self.learners.weight_group_address()
@@ -330,12 +401,16 @@ class RayRuntime:
         def member(rank: int) -> CollectiveJoin:
             return CollectiveJoin(addr, port, rank, world, backend, float(self.cfg.faults.collective_s), tag)
 
-        self.pool.stream_weights(
+        why = self._collective_call(
             [member(i + 1) for i in range(len(self.pool.workers))],
             lambda: self.learners.join_weight_group(member(0)),
             None,
         )
+        if why:
+            self._stream_fallback(f"weight group {tag}", why)
+            return False
         self._group = (tag, replaced)
+        return True
 
     def save(self, path: str, wait: bool = True, export: bool = False) -> None:
         from rl.driver.runtime import export_dtype
@@ -364,6 +439,24 @@ class RayRuntime:
                 cluster.shutdown()
             if self._old_term is not None:
                 signal.signal(signal.SIGTERM, self._old_term)
+
+
+def resolve_weight_sync(cfg: Recipe, device: str, learner_node: str | None, engine_nodes: list[str]) -> tuple[str, str]:
+    """``learner.weight_sync: auto``: (``collective`` | ``file``, why). Collective where an engine sits on another
+    node than learner rank 0 (the file path would carry every byte through Ray's object store and each node's
+    heap) and the run is on CPU, where the gloo path has run end to end. File otherwise: engines on the learner's
+    node read its shared-memory file in place; on GPU the NCCL path has never run, so it is not chosen for the
+    user; and where collective is refused (``cluster.engine_tp`` > 1, ``lora.transfer adapter``) or delta sync
+    (``learner.delta_sync_full_every``, file only) is asked for."""
+    remote = sum(1 for n in engine_nodes if n != learner_node)
+    if not remote:
+        return "file", "every engine is on learner rank 0's node"
+    lr = cfg.learner
+    if device != "cpu":
+        return "file", f"{remote} engine(s) on other nodes, but on GPU collective (NCCL) has not run yet"
+    if cfg.cluster.engine_tp != 1 or lr.lora.engine_rank > 0 or lr.delta_sync_full_every:
+        return "file", "engine_tp > 1, lora.transfer adapter or delta_sync_full_every rule collective out"
+    return "collective", f"{remote} engine(s) on other nodes than learner rank 0; gloo on CPU"
 
 
 def make_rollout_pool(

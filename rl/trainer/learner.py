@@ -616,9 +616,10 @@ class Learner:
         """``WeightExport.ipc``: the policy in one CUDA IPC buffer on this GPU."""
         return self.weights.ipc(dtype)
 
-    def join_weight_group(self, spec: CollectiveJoin) -> None:
-        """``WeightExport.join_group``: rank 0 joins the ``collective`` transport's weight group."""
-        self.weights.join_group(spec)
+    def join_weight_group(self, spec: CollectiveJoin) -> Any:
+        """``WeightExport.join_group``: rank 0 joins the ``collective`` transport's weight group (``JoinFailed``
+        where the formation did not complete)."""
+        return self.weights.join_group(spec)
 
     def export_collective(self, dtype: str, version: int, bucket_bytes: int) -> CollectiveWeights | None:
         """``WeightExport.collective``: stream ``version`` of the policy to the engines (every rank calls it)."""

@@ -36,7 +36,15 @@ import torch
 from rl.trainer import fsdp, lora
 from rl.trainer.models import DTYPES
 from rollout.weight_delta import BITS, checksum
-from rollout.weights import BlobWeights, CollectiveWeights, DeltaWeights, FileWeights, IpcWeights, WeightUpdate
+from rollout.weights import (
+    BlobWeights,
+    CollectiveWeights,
+    DeltaWeights,
+    FileWeights,
+    IpcWeights,
+    JoinFailed,
+    WeightUpdate,
+)
 
 if TYPE_CHECKING:
     from rollout.weights import CollectiveJoin
@@ -92,13 +100,19 @@ class WeightExport:
         assert isinstance(sent, IpcWeights)
         return sent
 
-    def join_group(self, spec: CollectiveJoin) -> None:
+    def join_group(self, spec: CollectiveJoin) -> JoinFailed | None:
         """Rank 0: join the ``collective`` transport's weight group as member 0 (it hosts the rendezvous; blocks
-        until every engine worker joined). A previous formation's membership is dropped first."""
+        until every engine worker joined). A previous formation's membership is dropped first. A formation that
+        fails (a member died first, or ``spec.timeout_s`` passed) is answered with :class:`JoinFailed`, not
+        raised: this learner is intact."""
         from rollout import collective
 
         self._group = None
-        self._group = collective.join(spec, self.device)
+        try:
+            self._group = collective.join(spec, self.device)
+        except Exception as e:  # noqa: BLE001 - a member that never joined: the driver syncs by file instead
+            return JoinFailed(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+        return None
 
     def collective(self, dtype: str, version: int, bucket_bytes: int) -> CollectiveWeights | None:
         """Broadcast the policy's weights as stream ``version`` to the weight group's engines, in ``dtype`` and
@@ -114,6 +128,8 @@ class WeightExport:
             raise RuntimeError("a collective weight export before this learner joined the weight group")
         sent = self._send(BucketSender(self._group, DTYPES[dtype], bucket_bytes, version))
         assert isinstance(sent, CollectiveWeights)
+        if sent.broken:  # the membership is closed: the driver forms the group again
+            self._group = None
         return sent
 
     def _send(self, sender: WeightSender | None) -> WeightUpdate | None:

@@ -289,14 +289,18 @@ class LearnerGroup:
 
         return tuple(ray.get(self.actors[0].__ray_call__.remote(_node_ip_port), timeout=self.deadlines.io_s))
 
-    def join_weight_group(self, spec: CollectiveJoin) -> None:
+    def join_weight_group(self, spec: CollectiveJoin) -> Any:
         """Rank 0 joins the ``collective`` weight group as member 0 (the other ranks are not members: they hold
-        what rank 0 broadcasts, gathered, already); returns when every engine joined (``faults.learner_io_s``)."""
-        self._wait([self.actors[0].join_weight_group.remote(spec)], self.deadlines.io_s, "faults.learner_io_s", "join")
+        what rank 0 broadcasts, gathered, already); returns when every engine joined (``faults.learner_io_s``):
+        None, or ``rollout.weights.JoinFailed`` where the formation did not complete."""
+        return self._wait(
+            [self.actors[0].join_weight_group.remote(spec)], self.deadlines.io_s, "faults.learner_io_s", "join"
+        )[0]
 
-    def export_collective(self, dtype: str, version: int, bucket_bytes: int) -> None:
-        """Stream ``version`` of the policy to the weight group (every rank: shards gathered; rank 0 broadcasts)."""
-        self._io("export_collective", dtype, version, bucket_bytes)
+    def export_collective(self, dtype: str, version: int, bucket_bytes: int) -> Any:
+        """Stream ``version`` of the policy to the weight group (every rank: shards gathered; rank 0 broadcasts);
+        rank 0's ``CollectiveWeights``, whose ``broken`` says why a broadcast failed midway (a member died)."""
+        return self._io("export_collective", dtype, version, bucket_bytes)[0]
 
     def export_adapter(self) -> str:
         """The LoRA adapter folder (every rank: A, B gathered); rank 0's path."""
