@@ -69,29 +69,11 @@ def check_partial_run(out: Path, steps: int = STEPS) -> None:
     assert spanning, "no sample's tokens span two policy versions (no update landed mid-generation)"
 
 
-def test_a_local_run_with_partial_rollouts(recipe_copy) -> None:
+@pytest.mark.parametrize("local", [True, False], ids=["local-hf", "ray-vllm"])
+def test_a_run_with_partial_rollouts(recipe_copy, local: bool) -> None:
     recipe = partial_recipe(recipe_copy)
-    exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run(
-        [str(exe), "train", "--local", str(recipe)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "WANDB_MODE": "disabled"},
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    check_partial_run(recipe.parent / "out")
-
-
-def test_a_ray_vllm_run_with_partial_rollouts(recipe_copy) -> None:
-    recipe = partial_recipe(recipe_copy)
-    exe = Path(sys.executable).with_name("jointrl")
-    r = subprocess.run(
-        [str(exe), "train", str(recipe)],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env={**os.environ, "WANDB_MODE": "disabled", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
-    )
+    cmd = [str(Path(sys.executable).with_name("jointrl")), "train", *(["--local"] * local), str(recipe)]
+    env = {**os.environ, "WANDB_MODE": "disabled", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     check_partial_run(recipe.parent / "out")
