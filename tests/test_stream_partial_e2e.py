@@ -5,8 +5,9 @@ pushed into a running generation); no trained sample's oldest token is more than
 learner that trains it; and ``rollout/logprob_diff`` (engine vs learner log-probs on the same tokens) stays
 small, so the engines generate with the weights the stream says they hold.
 
-The tiny model is random, so generations run to ``max_new_tokens`` (seldom an early EOS): with 96 of them per
-round and several rounds generating while the learner updates, an update lands mid-generation in each run."""
+The tiny model is random, so generations run to ``max_new_tokens`` (seldom an early EOS). vLLM generates much
+faster than the HF engine, so its run has longer generations and more groups per step (384 tokens, 8 prompts,
+against 96 and 4 in process): a round then outlasts a learner step and updates land mid-generation."""
 
 from __future__ import annotations
 
@@ -21,22 +22,21 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-STEPS, PROMPTS, GROUP, K = 6, 4, 4, 2
-MAX_NEW = 96
+STEPS, GROUP, K = 6, 4, 2
 # Mean |learner - engine| log-prob per token. A tiny random model's step (lr 1e-3) moves it by a few hundredths
 # per update; an engine left on older weights than its tokens record would add a drift that grows every step.
 LOGPROB_DIFF_MAX = 0.5
 
 
-def partial_recipe(recipe_copy, steps: int = STEPS, **run) -> Path:
+def partial_recipe(recipe_copy, prompts: int, max_new: int) -> Path:
     """The tiny recipe with ``max_staleness`` 2, partial rollouts, long generations and rollouts logged."""
 
     def edit(d: dict) -> None:
         d["wandb"]["mode"] = "disabled"
-        d["train"].update(steps=steps, eval_every=0)
-        d["run"].update(rollouts_every=1, **run)
+        d["train"].update(steps=STEPS, eval_every=0)
+        d["run"].update(rollouts_every=1)
         d["rollout"].update(
-            max_staleness=K, partial_rollouts=True, prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=MAX_NEW
+            max_staleness=K, partial_rollouts=True, prompts_per_step=prompts, group_size=GROUP, max_new_tokens=max_new
         )
         d["algo"]["loss"].update(tis_cap=2.0)
         d["data"]["eval_files"] = []
@@ -48,18 +48,18 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
-def check_partial_run(out: Path, steps: int = STEPS) -> None:
+def check_partial_run(out: Path, prompts: int) -> None:
     """The run's invariants (see the module docstring), from its metrics.jsonl and rollouts.jsonl."""
     assert (out / "DONE").is_file()
     metrics = {m["step"]: m for m in rows(out / "metrics.jsonl")}
-    assert sorted(s for s in metrics if s >= 1) == list(range(1, steps + 1)), "each step logged once"
+    assert sorted(s for s in metrics if s >= 1) == list(range(1, STEPS + 1)), "each step logged once"
     train = [x for x in rows(out / "rollouts.jsonl") if x["split"] == "train"]
-    for step in range(1, steps + 1):
+    for step in range(1, STEPS + 1):
         m = metrics[step]
         assert m["async/staleness_max"] <= K, f"step {step}: {m['async/staleness_max']} updates stale"
         assert m["rollout/logprob_diff"] < LOGPROB_DIFF_MAX, f"step {step}: engine and learner disagree: {m}"
         groups = Counter(x["group"] for x in train if x["step"] == step)
-        assert len(groups) + m.get("async/dropped_groups", 0.0) == PROMPTS, f"step {step}: a group lost"
+        assert len(groups) + m.get("async/dropped_groups", 0.0) == prompts, f"step {step}: a group lost"
         assert all(n == GROUP for n in groups.values()), f"step {step}: a group split or repeated"
     for x in train:
         assert x["oldest_version"] is not None and x["newest_version"] is not None, "no per-token versions"
@@ -69,11 +69,13 @@ def check_partial_run(out: Path, steps: int = STEPS) -> None:
     assert spanning, "no sample's tokens span two policy versions (no update landed mid-generation)"
 
 
-@pytest.mark.parametrize("local", [True, False], ids=["local-hf", "ray-vllm"])
-def test_a_run_with_partial_rollouts(recipe_copy, local: bool) -> None:
-    recipe = partial_recipe(recipe_copy)
+@pytest.mark.parametrize(
+    ("local", "prompts", "max_new"), [(True, 4, 96), (False, 8, 384)], ids=["local-hf", "ray-vllm"]
+)
+def test_a_run_with_partial_rollouts(recipe_copy, local: bool, prompts: int, max_new: int) -> None:
+    recipe = partial_recipe(recipe_copy, prompts, max_new)
     cmd = [str(Path(sys.executable).with_name("jointrl")), "train", *(["--local"] * local), str(recipe)]
     env = {**os.environ, "WANDB_MODE": "disabled", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    check_partial_run(recipe.parent / "out")
+    check_partial_run(recipe.parent / "out", prompts)
