@@ -2,7 +2,9 @@
 ``rollout.max_staleness`` 1 and 2, the rollout worker SIGKILLed by pid once step 1 is logged and a reward
 function that kills its reward worker's process once. Each run completes every step, counts both restarts,
 trains whole groups never staler than k, and streams (some step trains on episodes generated before the
-learner's latest update)."""
+learner's latest update). With partial rollouts (k = 2) too: the replaced worker records the stream's policy
+version (not a fresh count from 0), so every token's version stays within k of the learner that trains it
+and no group is dropped."""
 
 from __future__ import annotations
 
@@ -42,9 +44,11 @@ class CrashOnce:
 '''
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_a_streaming_run_survives_a_killed_engine_and_a_killed_reward_worker(tmp_path_factory, k: int) -> None:
-    tmp = tmp_path_factory.mktemp(f"stream{k}")
+@pytest.mark.parametrize(("k", "partial"), [(1, False), (2, False), (2, True)], ids=["k1", "k2", "k2-partial"])
+def test_a_streaming_run_survives_a_killed_engine_and_a_killed_reward_worker(
+    tmp_path_factory, k: int, partial: bool
+) -> None:
+    tmp = tmp_path_factory.mktemp(f"stream{k}{'p' * partial}")
     (tmp / "parity_reward.py").write_text(PARITY)
     (tmp / "crash_once.py").write_text(CRASH_ONCE)
 
@@ -52,7 +56,7 @@ def test_a_streaming_run_survives_a_killed_engine_and_a_killed_reward_worker(tmp
         d["wandb"]["mode"] = "disabled"
         d["train"].update(steps=STEPS, eval_every=0)
         d["run"].update(rollouts_every=1)
-        d["rollout"].update(max_staleness=k, prompts_per_step=PROMPTS, group_size=GROUP)
+        d["rollout"].update(max_staleness=k, prompts_per_step=PROMPTS, group_size=GROUP, partial_rollouts=partial)
         d["algo"]["loss"].update(tis_cap=2.0)
         d["rewards"] = [
             {"cls": "rewards.toolcall.ToolCallReward", "weight": 1.0, "domains": ["tool_call"], "kwargs": {}},
@@ -96,3 +100,8 @@ def test_a_streaming_run_survives_a_killed_engine_and_a_killed_reward_worker(tmp
     rows = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     per_group = Counter((x["step"], x["group"]) for x in rows if x["split"] == "train")
     assert sorted(per_group.values()) == [GROUP] * (STEPS * PROMPTS), "every group of every step, whole, once"
+    if partial:
+        for x in rows:
+            if x["split"] == "train":
+                assert x["oldest_version"] is not None, "no per-token versions"
+                assert x["step"] - 1 - k <= x["oldest_version"] <= x["newest_version"] <= x["step"] - 1, x

@@ -2,7 +2,9 @@
 ``rollout.max_staleness: 2`` SIGKILLed once step 3 is logged (the step-2 checkpoint holds steps 3 and 4,
 drawn and untrained, some groups finished), then resumed with ``run.resume=auto``: every drawn group is
 trained once or counted dropped, none twice; the checkpoint's finished groups are trained as they were
-generated, the others on the same tasks and seeds."""
+generated, the others on the same tasks and seeds. With partial rollouts (``rollout.partial_rollouts``) too: the
+engines' version count after the resume is the stream's, so every token generated after it records a version
+at least the checkpoint's step (and none newer than the learner that trains it)."""
 
 from __future__ import annotations
 
@@ -25,10 +27,10 @@ STEPS, PROMPTS, GROUP = 6, 4, 4
 _ENV = {**os.environ, "WANDB_MODE": "disabled"}
 
 
-def _recipe(recipe_copy) -> Path:
+def _recipe(recipe_copy, partial: bool) -> Path:
     def edit(d: dict) -> None:
         d["run"].update(save_every=2, keep_checkpoints=5, rollouts_every=1)
-        d["rollout"].update(max_staleness=2, prompts_per_step=PROMPTS, group_size=GROUP)
+        d["rollout"].update(max_staleness=2, prompts_per_step=PROMPTS, group_size=GROUP, partial_rollouts=partial)
         d["algo"]["loss"].update(tis_cap=2.0)
         d["data"]["eval_files"] = []
         d["train"].update(steps=STEPS)
@@ -61,8 +63,9 @@ def _kill_after_step_3(recipe: Path, out: Path) -> None:
         proc.wait(timeout=30)
 
 
-def test_a_sigkilled_streaming_run_resumes_each_drawn_group_once(recipe_copy) -> None:
-    recipe = _recipe(recipe_copy)
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_a_sigkilled_streaming_run_resumes_each_drawn_group_once(recipe_copy, partial: bool) -> None:
+    recipe = _recipe(recipe_copy, partial)
     out = recipe.parent / "out"
     _kill_after_step_3(recipe, out)
     assert not (out / "DONE").exists()
@@ -98,3 +101,15 @@ def test_a_sigkilled_streaming_run_resumes_each_drawn_group_once(recipe_copy) ->
         for g, (trajs, _) in load_done(s["done"]).items():
             resumed = sorted(x["response"] for x in rows if x["step"] == step and x["group"] == g)
             assert resumed == sorted(t.completion for t in trajs), f"step {step} group {g}"
+    if partial:
+        _check_versions_after_resume(rows, drawn, resumed_at=2)
+
+
+def _check_versions_after_resume(rows: list[dict], drawn: dict[int, dict], resumed_at: int) -> None:
+    """Groups generated after the resume (all but the checkpoint's finished ones): every token's version is at
+    least the checkpoint's step and at most the training learner's (``step - 1``)."""
+    kept = {(step, g) for step, s in drawn.items() for g in load_done(s["done"])}
+    after = [x for x in rows if x["step"] > resumed_at and (x["step"], x["group"]) not in kept]
+    assert after, "nothing generated after the resume"
+    for x in after:
+        assert resumed_at <= x["oldest_version"] <= x["newest_version"] <= x["step"] - 1, x
