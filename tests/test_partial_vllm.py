@@ -15,6 +15,7 @@ import os
 from dataclasses import replace
 
 import pytest
+import torch
 from test_partial_rollouts import TASKS, TalkEnv, TripGate, _in_thread
 
 from envs.types import Sampling
@@ -102,7 +103,15 @@ def test_streamed_multi_turn_episodes_interrupted_mid_turn_resume_as_if_never_st
             engine.gate.arm(2)
 
     engine.gate.tripped.clear()
-    done = _in_thread(lambda: episodes(arm))
+    threads = torch.get_num_threads()
+
+    def interrupted():
+        # vLLM's CPU attention checks that a step runs on as many OpenMP threads as its metadata was built for; a
+        # new Python thread starts from OpenMP's default, not from this thread's torch.set_num_threads.
+        torch.set_num_threads(threads)
+        return episodes(arm)
+
+    done = _in_thread(interrupted)
     assert engine.gate.tripped.wait(120), "the interrupt never came"
     engine.gate.interrupt(timeout_s=60)
     engine.load_weights(os.path.join(tiny_model_path, "model.safetensors"))
