@@ -85,7 +85,7 @@ def test_updates_reach_a_running_round_and_tokens_carry_their_version() -> None:
             time.sleep(0.05)  # the learner's update, while the engine generates the next steps
             t0 = time.perf_counter()
             stream.weights_updated()  # pushed now, even into a running round
-            assert time.perf_counter() - t0 < 0.05, "the update waited for the round"
+            assert time.perf_counter() - t0 < 0.2, "the update waited for the round (a round here takes ~0.3 s)"
             assert stream.engine_version == stream.learner_version == step
     finally:
         stream.close()
