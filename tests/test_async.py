@@ -18,7 +18,8 @@ from rl.driver.buffer import load_done
 pytestmark = pytest.mark.slow
 
 
-def _run(recipe: Path, *overrides: str) -> None:
+def _run(recipe: Path, *overrides: str) -> str:
+    """``jointrl train`` on ``recipe``; its stderr (progress and notes), for assertion messages."""
     exe = Path(sys.executable).with_name("jointrl")
     r = subprocess.run(
         [str(exe), "train", str(recipe), *overrides],
@@ -28,6 +29,7 @@ def _run(recipe: Path, *overrides: str) -> None:
         env={**os.environ, "WANDB_MODE": "disabled"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    return r.stderr
 
 
 def _task_ids(out: Path, step: int) -> list[str]:
@@ -65,15 +67,21 @@ def test_async_run_is_one_step_stale_and_resumes_the_in_flight_draw(tmp_path: Pa
     # Killed after step 2's checkpoint: the resumed run trains step 3 on the same tasks.
     b = tmp_path / "b"
     shutil.copytree(a, b)
-    for name in ("step_000003", "step_000004"):
-        shutil.rmtree(b / "checkpoints" / name)
+    # nothing after step 2's checkpoint: its later checkpoints, published or still being written (a checkpoint
+    # whose asynchronous write outlived the run's end stays ``.step_N.tmp``, which a resume publishes)
+    for later in [*(b / "checkpoints").glob("step_00000[34]"), *(b / "checkpoints").glob(".step_*.tmp")]:
+        shutil.rmtree(later)
     (b / "DONE").unlink()
-    _run(recipe, "run.resume=auto", f"run.output_dir={b}")
+    before = (b / "metrics.jsonl").read_text().splitlines()
+    said = _run(recipe, "run.resume=auto", f"run.output_dir={b}")
     assert _task_ids(b, 3) == _task_ids(a, 3)
-    resumed = {r["step"]: r for r in map(json.loads, (b / "metrics.jsonl").read_text().splitlines())}
-    assert sorted(resumed) == [0, 1, 2, 3, 4] and (b / "DONE").is_file()
+    # the resumed run's own rows (a resume appends to the log): it trained steps 3 and 4, from step 2's checkpoint
+    rows = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()[len(before) :]]
+    resumed = {r["step"]: r for r in rows}
+    notes = [x for x in said.splitlines() if "jointrl:" in x][-20:]
+    assert sorted(resumed) == [3, 4] and (b / "DONE").is_file(), ([r["step"] for r in rows], notes)
     # Step 3's groups finished at the checkpoint come back from its buffer (generated one update behind);
     # the others are re-generated with the checkpoint's weights (staleness 0).
     finished = len(load_done(drawn["done"]))
-    assert resumed[3]["rollout/staleness"] == pytest.approx(finished / len(drawn["task_ids"]))
+    assert resumed[3]["rollout/staleness"] == pytest.approx(finished / len(drawn["task_ids"])), notes
     assert 0.0 <= resumed[4]["rollout/staleness"] <= 1.0  # within max_staleness 1 (which of the two: timing)

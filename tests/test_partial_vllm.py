@@ -12,10 +12,10 @@ tokens each request had reported by then depends on vLLM's engine core, which ru
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import replace
 
 import pytest
-import torch
 from test_partial_rollouts import TASKS, TalkEnv, TripGate, _in_thread
 
 from envs.types import Sampling
@@ -103,20 +103,28 @@ def test_streamed_multi_turn_episodes_interrupted_mid_turn_resume_as_if_never_st
             engine.gate.arm(2)
 
     engine.gate.tripped.clear()
-    threads = torch.get_num_threads()
+    finished = threading.Event()
 
-    def interrupted():
-        # vLLM's CPU attention checks that a step runs on as many OpenMP threads as its metadata was built for; a
-        # new Python thread starts from OpenMP's default, not from this thread's torch.set_num_threads.
-        torch.set_num_threads(threads)
-        return episodes(arm)
+    def reload_at_the_interrupt() -> bool:
+        # the weight update's side: once the gate trips, wait for the streams to leave, load, open the gate
+        while not engine.gate.tripped.wait(0.1):
+            if finished.is_set():
+                return False
+        try:
+            engine.gate.interrupt(timeout_s=60)
+            engine.load_weights(os.path.join(tiny_model_path, "model.safetensors"))
+        finally:
+            engine.gate.resume()  # never leaves the episodes waiting at a closed gate
+        return True
 
-    done = _in_thread(interrupted)
-    assert engine.gate.tripped.wait(120), "the interrupt never came"
-    engine.gate.interrupt(timeout_s=60)
-    engine.load_weights(os.path.join(tiny_model_path, "model.safetensors"))
-    engine.gate.resume()
-    trajs = done()
+    # The episodes run on this thread, where the engine was built (vLLM's CPU attention checks that a step runs
+    # on the OpenMP threads its metadata was built for); the reload runs on another, as a weight update does.
+    reloaded = _in_thread(reload_at_the_interrupt)
+    try:
+        trajs = episodes(arm)
+    finally:
+        finished.set()
+    assert armed and reloaded(), "the interrupt never came"
     for t, p in zip(trajs, plain):
         assert (t.response_ids, t.loss_mask, t.messages) == (p.response_ids, p.loss_mask, p.messages)
         assert t.logprobs == pytest.approx(p.logprobs, abs=1e-3)

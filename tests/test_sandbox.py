@@ -424,17 +424,22 @@ def test_many_sequential_runs_reap_zombies():
 def test_concurrent_runs_from_threads():
     results = []
 
+    wrong = []
+
     def work():
         with Sandbox() as box:
             for i in range(5):
-                results.append(box.run(["/bin/sh", "-c", f"exit {i}"]).exit_code)
+                r = box.run(["/bin/sh", "-c", f"exit {i}"])
+                results.append(r.exit_code)
+                if r.exit_code != i:
+                    wrong.append((i, r.exit_code, r.signal, r.stderr[:300]))
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(results) == sorted(list(range(5)) * 4)
+    assert sorted(results) == sorted(list(range(5)) * 4), wrong
     assert zombie_children() == []
 
 
@@ -558,12 +563,36 @@ def test_shell_start_gives_up_after_three_races_and_never_retries_other_failures
     calls = _racing_launch(monkeypatch, 99, RACE)
     with pytest.raises(ShellSessionError, match="Can't bind mount"):
         ShellSession()
-    assert len(calls) == sbbase.SETUP_RACE_RETRIES == 3
+    assert len(calls) == sbbase.SETUP_RACE_RETRIES == 5
     monkeypatch.undo()
     calls = _racing_launch(monkeypatch, 99, "bwrap: execvp /bin/bash: No such file or directory")
     with pytest.raises(ShellSessionError, match="execvp"):
         ShellSession()
     assert len(calls) == 1 and zombie_children() == []
+
+
+def test_a_pre_started_sandbox_that_loses_a_mount_race_runs_the_command_cold(monkeypatch):
+    """A warm (pre-started) sandbox whose bwrap is still setting up when the command is handed over, and then
+    loses a mount race, never ran the program: the run starts cold instead of reporting bwrap's exit status 1."""
+    from envs.sandbox.warm import STUB
+
+    real, stubs = Sandbox._launch, []
+
+    def launch(self, argv, *args, **kwargs):
+        cmd, env, cwd, preexec = real(self, argv, *args, **kwargs)
+        if STUB in argv:
+            stubs.append(1)
+            if len(stubs) == 2:  # the sandbox pre-started for the second run: alive at hand-over, then fails
+                cmd = ["/bin/sh", "-c", f"sleep 0.5; printf '%s\\n' {shlex.quote(RACE)} >&2; exit 1"]
+        return cmd, env, cwd, preexec
+
+    monkeypatch.setattr(Sandbox, "_launch", launch)
+    with Sandbox(warm=True) as box:
+        assert box._warm is not None
+        codes = [box.run(["/bin/sh", "-c", f"echo run{i}; exit {i}"]) for i in range(4)]
+    assert [r.exit_code for r in codes] == [0, 1, 2, 3], [r.stderr for r in codes]
+    assert [r.stdout for r in codes] == [f"run{i}\n" for i in range(4)]
+    assert len(stubs) >= 3 and zombie_children() == []
 
 
 # --------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from envs.types import Sampling, Task
+from envs.types import Sampling, Task, Trajectory
 from rl.driver.stream import EpisodeStream
 
 SAMPLING = Sampling(8, 1.0, 1.0, 1, 64)
@@ -149,3 +149,61 @@ def test_generation_errors_surface_at_take() -> None:
 def test_bad_mode() -> None:
     with pytest.raises(ValueError, match="rollout.max_staleness must be >= 0"):
         make(FakePool(), -1)
+
+
+class CountingEngine:
+    """Real ``Trajectory`` records whose tokens carry the engine's own count of weight loads, as the engines'
+    ``PauseGate`` records them: a resumed run's engines have loaded once (the checkpoint), whatever its step."""
+
+    def __init__(self) -> None:
+        self.loads = 0
+
+    def generate(self, tasks, groups, seeds, sampling):
+        return [
+            Trajectory(t, g, [1], [5, 6, 7], [1, 0, 1], [-0.1, 0.0, -0.2], [], True, False, "stop",
+                       token_versions=[self.loads, -1, self.loads])
+            for t, g in zip(tasks, groups)
+        ]  # fmt: skip
+
+    def sync(self) -> None:
+        self.loads += 1
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_a_resumed_run_counts_versions_from_its_checkpoint_not_the_engines_loads(k: int) -> None:
+    """Resumed at step 5 (the engines loaded the checkpoint once): without partial rollouts the trained groups are
+    0 updates stale and their tokens record version 5, 6, ... (the engines' own count, 1, 2, ..., would make
+    every group 4 updates stale and, with k < 4, dropped)."""
+    pool = CountingEngine()
+    stream, _ = make(pool, k, last=8)
+    pool.sync()  # the checkpoint's weights into the engines
+    stream.start_at(5)
+    stream.load_state_dict({"steps": [{"step": 6, "task_ids": ["t6"], "done": ""}]} if k else {})
+    try:
+        for step in (6, 7, 8):
+            trajs = stream.take(step)
+            m = stream.metrics()
+            # step 6 comes back from the checkpoint's draw (one task per group id there); later steps are drawn
+            assert len(trajs) == (1 if step == 6 and k else 2), trajs
+            assert m["async/dropped_groups" if k else "rollout/staleness"] == 0.0, m
+            assert 0.0 <= m["rollout/staleness"] <= k, m
+            for t in trajs:
+                assert t.token_versions[1] == -1 and t.token_versions[0] == t.token_versions[2]
+                assert step - 1 - t.oldest_version == (0 if step == 6 else m["rollout/staleness"])
+            stream.weights_updated()
+    finally:
+        stream.close()
+
+
+def test_a_groups_oldest_version_is_its_oldest_policy_token_never_an_env_token() -> None:
+    """Env tokens record -1 (no policy sampled them): a multi-turn group is as old as its oldest policy token, or
+    the engine's version where no token carries one."""
+    from rl.driver.buffer import oldest_version
+
+    def t(versions):
+        return Trajectory(
+            task(0), 0, [1], [5, 6, 7], [1, 0, 1], [0.0] * 3, [], True, False, "stop", token_versions=versions
+        )
+
+    assert oldest_version([t([4, -1, 5]), t([3, -1, -1])], 9) == 3
+    assert oldest_version([t([-1, -1, -1]), t(None)], 9) == 9

@@ -64,7 +64,7 @@ class Engines:
                 time.sleep(self.rng.lognormvariate(-6.0, 1.0))  # median ~2.5 ms, long tail
                 for i in idx:
                     old = self.older.get(tasks[i].id)
-                    tv = [v - old, v] if old is not None else None
+                    tv = [max(v - old, 0), v] if old is not None else None  # versions start at 0
                     out[i] = Traj(tasks[i], groups[i], seeds[i], v, tv)
                 with self.lock:
                     self.generated += [(tasks[i].id, seeds[i]) for i in idx]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-
+import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -83,8 +84,11 @@ class RunResult:
 
 # bwrap bind-mounts the host root recursively; when another sandbox's storage tmpfs is
 # mounted or unmounted on the host at that moment, bwrap's read-only remount of the vanished
-# submount fails before the program starts. Such a launch is retried (see setup_race).
-SETUP_RACE_RETRIES = 3
+# submount fails before the program starts. Such a launch is retried (see setup_race), after a jittered,
+# doubling pause: sandboxes closing together (their work dirs unmounted and removed one after another) can
+# otherwise make several immediate retries lose the same race.
+SETUP_RACE_RETRIES = 5
+SETUP_RACE_PAUSE_S = 0.02
 
 
 _RACE_MESSAGES = ("Can't bind mount", "Unable to apply mount flags", "Can't remount")
@@ -105,11 +109,14 @@ def retry_setup_race(attempt: Callable[[], T], raced: Callable[[T], bool]) -> T:
     """``attempt()``, made again while ``raced(result)`` says it lost a mount race; at most
     :data:`SETUP_RACE_RETRIES` attempts, the last one's result is returned either way.
     Every launcher (``Sandbox.run``, the code verdict's pair, ``ShellSession`` start) retries
-    through here, so they agree on what a race is and how often it is retried."""
-    for _ in range(SETUP_RACE_RETRIES - 1):
+    through here, so they agree on what a race is and how often it is retried. Before retry ``i`` (from 0)
+    it sleeps ``SETUP_RACE_PAUSE_S * 2**i`` times a random factor in [0.5, 1.5) (at most about 0.5 s in all),
+    so that launchers racing the same mounts do not retry in step."""
+    for i in range(SETUP_RACE_RETRIES - 1):
         res = attempt()
         if not raced(res):
             return res
+        time.sleep(SETUP_RACE_PAUSE_S * 2**i * (0.5 + random.random()))
     return attempt()
 
 

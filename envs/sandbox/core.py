@@ -348,9 +348,12 @@ class Sandbox:
                 raise ValueError("argv must not be empty")
             full_env = {**_base_env(self.inner_work_dir), **_check_env(env)}  # what bwrap --setenv gives cold runs
             res = self._warm.run(argv, data or b"", full_env, lim.wall_seconds)
-            if res is not None:
+            if res is None:
+                self._warm.prestart()  # none was waiting: start this run cold, the next one warm
+            elif not setup_race(res):
                 return self.finish(res)
-            self._warm.prestart()  # none was waiting: start this run cold, the next one warm
+            # else the pre-started sandbox was still setting up its mounts when the command was handed over and
+            # lost a mount race (the program never ran): this run starts cold, with the cold path's retries
 
         def attempt() -> RunResult:
             spec = self.prepare(argv, stdin=data, env=env, limits=lim)

@@ -29,9 +29,10 @@ Draw = tuple[list[Task], list[int], list[int]]  # tasks, group ids, sampling see
 
 
 def oldest_version(trajs: list[Trajectory], fallback: int) -> int:
-    """The oldest policy version among a group's tokens: the minimum of each trajectory's per-token versions
-    (``token_versions``, where partial rollouts record them), else ``fallback`` (the generating engine's)."""
-    found = [min(v) for t in trajs if (v := getattr(t, "token_versions", None))]
+    """The oldest policy version among a group's policy tokens: the minimum of each trajectory's per-token
+    versions (``token_versions``, where partial rollouts record them; env tokens' -1 is no version), else
+    ``fallback`` (the generating engine's)."""
+    found = [x for t in trajs for x in (getattr(t, "token_versions", None) or ()) if x >= 0]
     return min(found) if found else fallback
 
 

@@ -23,7 +23,10 @@ end): at ``take`` when the engines are idle, and wherever the learner's thread w
 queue's head needs newer weights than the engines hold. With ``rollout.partial_rollouts`` every learner
 update is pushed at once, also into a running round: the engines are interrupted (unfinished turns keep
 their tokens), loaded and resumed (``Runtime.update_in_flight``), and every token records the version that
-sampled it, so a group's staleness is its oldest token's. ``quiesce()`` (before a held-out evaluation) lets the admissible groups
+sampled it, so a group's staleness is its oldest token's. Without them a round runs on one set of weights, the
+version the stream counted for the engines when it started, and its tokens are stamped with that version
+(``_stamp``): an engine counts the weight loads it received since it started, which a resumed run's engines
+(one load, the checkpoint's) do not share with the stream (the checkpoint's step). ``quiesce()`` (before a held-out evaluation) lets the admissible groups
 finish, keeps the engines free for the loop's own calls until the next ``take`` and syncs.
 ``state_dict()`` holds every drawn, untrained step: its task ids (re-issued on resume with the same group
 ids and seeds) and its finished groups (``rl.driver.buffer``).
@@ -36,6 +39,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any, Callable
 
 from envs.types import Sampling, Task, Trajectory
@@ -93,7 +97,7 @@ class EpisodeStream:
         t0 = time.perf_counter()
         if self.k == 0:
             tasks, groups, seeds = self.draw(step)
-            trajs = self.pool.generate(tasks, groups, seeds, self.sampling)
+            trajs = _stamp(self.pool.generate(tasks, groups, seeds, self.sampling), self.engine_version)
             self._m = _staleness({0: list(tasks)}) | {
                 "timing/rollout_s": time.perf_counter() - t0,
                 "timing/generate_s": time.perf_counter() - t0,
@@ -296,10 +300,23 @@ class EpisodeStream:
                     self.buffer.queue.extendleft(reversed(keys))
                     self._cv.notify_all()
                 continue
+            if not self.partial:
+                trajs = _stamp(trajs, version)  # one set of weights ran the round: the version counted for them
             with self._cv:
                 self.buffer.finish(keys, trajs, version)
                 self._gen_s += time.perf_counter() - t1
                 self._cv.notify_all()
+
+
+def _stamp(trajs: list[Trajectory], version: int) -> list[Trajectory]:
+    """``trajs`` with every policy token's version (``Trajectory.token_versions``; -1 on env tokens stays) set to
+    ``version``: the weights that ran a round without partial rollouts, as the stream counts them."""
+    return [
+        t
+        if not isinstance(t, Trajectory) or (vs := t.token_versions) is None or all(v in (-1, version) for v in vs)
+        else replace(t, token_versions=[v if v < 0 else version for v in vs])
+        for t in trajs
+    ]
 
 
 def _staleness(by_staleness: dict[int, list[Task]]) -> dict[str, float]:
