@@ -38,6 +38,7 @@ __all__ = [
     "bucket_bytes",
     "WeightGroup",
     "join",
+    "failure_text",
     "BucketSender",
     "StreamHeader",
     "receive_header",
@@ -91,6 +92,12 @@ class WeightGroup:
     def close(self) -> None:
         """Drop this member's backend and store (their sockets close as they are freed)."""
         self.backend = self.store = None
+
+
+def failure_text(e: BaseException) -> str:
+    """A failed collective operation in one line (its type and the first line of its message, at most 300
+    characters): what a broken stream (``BucketSender.broken``) or formation (``JoinFailed``) reports."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
 
 
 def join(spec: CollectiveJoin, device: torch.device | None = None) -> WeightGroup:
@@ -154,7 +161,7 @@ class BucketSender:
         try:
             self.group.broadcast(t)
         except Exception as e:  # noqa: BLE001 - a member died or timed out: reported by finish, not raised
-            self.broken = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+            self.broken = failure_text(e)
 
     def begin(self, layout: list[tuple[str, tuple[int, ...]]], aliases: dict[str, str] | None = None) -> None:
         """Broadcast the header: ``layout`` in order; ``aliases`` (key -> the key it repeats) carry no bytes."""

@@ -111,7 +111,7 @@ class WeightExport:
         try:
             self._group = collective.join(spec, self.device)
         except Exception as e:  # noqa: BLE001 - a member that never joined: the driver syncs by file instead
-            return JoinFailed(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+            return JoinFailed(collective.failure_text(e))
         return None
 
     def collective(self, dtype: str, version: int, bucket_bytes: int) -> CollectiveWeights | None:
