@@ -291,9 +291,10 @@ def test_a_worker_killed_again_in_the_same_call_is_a_clear_error(tmp_path: Path,
             time.sleep(0.05)
         original_replace = pool._replace
 
-        def replace_then_kill(i, why):  # the replacement dies too before it can serve
-            original_replace(i, why)
+        def replace_then_kill(i, why, dead=None):  # the replacement dies too before it can serve
+            replaced = original_replace(i, why, dead)
             os.kill(pool.pids()[0], signal.SIGKILL)
+            return replaced
 
         pool._replace = replace_then_kill
         with pytest.raises(EngineFailure, match="died 2 times in one call"):

@@ -88,3 +88,102 @@ def test_the_pool_loads_new_weights_while_its_workers_generate(ray_cpus, tiny_mo
         assert pool._call({0: ("policy_version", ())}) == {0: 5} and pool.restarts == 1
     finally:
         pool.shutdown()
+
+
+class HFTripOnceWorker(HFTripWorker):
+    """``HFTripWorker`` whose gate trips only in the first worker made (the file ``once`` marks it made): a
+    replacement generates without tripping."""
+
+    def __init__(self, model_path: str, env_specs: list, once: str, arm: int = 0, **kw) -> None:
+        first = not os.path.exists(once)
+        Path(once).touch()
+        super().__init__(model_path, env_specs, arm=arm if first else 0, **kw)
+
+
+def _kill(victim: int) -> None:
+    os.kill(victim, signal.SIGKILL)
+    while os.path.exists(f"/proc/{victim}") and open(f"/proc/{victim}/stat").read().split()[2] != "Z":
+        time.sleep(0.05)
+
+
+def _versions_ok(trajs, new: int) -> None:
+    for t in trajs:
+        assert t.token_versions and set(t.token_versions) <= {0, new}, t.token_versions
+        assert t.token_versions == sorted(t.token_versions), "a version went back"
+
+
+def test_an_idle_dead_worker_is_passed_over_by_the_interrupt_and_replaced_interrupted_by_the_sync(
+    ray_cpus, tiny_model_path, tmp_path: Path
+) -> None:
+    """A worker killed while idle: ``interrupt`` passes over it (it has nothing to stop), ``sync_weights`` meets
+    its death and replaces it on the new weights, interrupted (a generate started before ``resume`` waits), and
+    ``resume(5)`` lets it go: every token is version 5 and the pool replaced it once."""
+    from rl.driver.actors.rollout import RolloutPool
+    from test_partial_rollouts import S
+
+    new = _noisy(tiny_model_path, tmp_path)
+    pool = RolloutPool(
+        1, tiny_model_path, [("talk", "test_partial_rollouts.TalkEnv", {})], num_cpus=0.1, worker_cls=HFTripWorker
+    )
+    try:
+        _kill(pool.pids()[0])
+        pool.interrupt(60)
+        pool.sync_weights(new)
+        assert pool.restarts == 1
+        s = replace(S, max_turns=1, max_new_tokens=12)
+        box: list = []
+        t = __import__("threading").Thread(target=lambda: box.append(pool.generate(TASKS, [0, 1], [11, 12], s)))
+        t.start()
+        t.join(timeout=3)
+        assert t.is_alive() and not box, "the replacement generated before resume"
+        pool.resume(5)
+        t.join(timeout=120)
+        assert box, "the episodes did not finish"
+        assert all(set(x.token_versions) == {5} for x in box[0])
+        assert pool.restarts == 1
+    finally:
+        pool.shutdown()
+
+
+def test_a_worker_killed_mid_generation_survives_an_interrupt_sync_and_resume_from_another_thread(
+    ray_cpus, tiny_model_path, tmp_path: Path
+) -> None:
+    """Partial rollouts' weight update while the pool's ``generate`` meets a dead worker on its own thread: the
+    worker is SIGKILLed mid-episode, then at once interrupt, sync and resume run on this thread. Whichever
+    thread meets the death first, the worker is replaced once, the episodes finish, their versions never go
+    back, and the pool serves the new version."""
+    from rl.driver.actors.rollout import RolloutPool
+    from test_partial_rollouts import S
+
+    new = _noisy(tiny_model_path, tmp_path)
+    pool = RolloutPool(
+        1,
+        tiny_model_path,
+        [("talk", "test_partial_rollouts.TalkEnv", {})],
+        num_cpus=0.1,
+        worker_cls=HFTripOnceWorker,
+        arm=6,
+        once=str(tmp_path / "made"),
+        partial_rollouts=True,
+    )
+    try:
+        import ray
+
+        s = replace(S, max_turns=1, max_new_tokens=12)
+        victim = pool.pids()[0]  # asked first: generate holds the actor's main thread
+        done = _in_thread(lambda: pool.generate(TASKS, [0, 1], [11, 12], s))
+        w = pool.workers[0]
+        deadline = time.monotonic() + 120
+        while not ray.get(w.tripped.options(concurrency_group="health").remote()):
+            assert time.monotonic() < deadline, "the interrupt never came"
+            time.sleep(0.1)
+        _kill(victim)
+        pool.interrupt(60)
+        pool.sync_weights(new)
+        pool.resume(5)
+        trajs = done()
+        _versions_ok(trajs, 5)
+        assert pool.restarts == 1, pool.failures
+        assert pool._call({0: ("policy_version", ())}) == {0: 5}
+    finally:
+        pool.shutdown()

@@ -160,12 +160,12 @@ def test_the_pool_dumps_every_process_before_it_replaces_an_unresponsive_worker(
 
     def issue(i, job):
         issued[i] += 1
-        return (f"ref{i}.{issued[i]}", 0.0)
+        return (f"ref{i}.{issued[i]}", 0.0, f"worker{i}")
 
     probes = iter([{1: EngineUnresponsive("call ran past rollout call_timeout_s=4")}])
     pool._issue = issue
     pool._probe = lambda pending: next(probes, {})
-    pool._replace = lambda i, e: events.append(f"replace {i}")
+    pool._replace = lambda i, e, dead: events.append(f"replace {i} ({dead})") is None
     answers = {"ref0.1": "a", "ref1.2": "b"}  # ref1.1 never answers: only its re-issue does
     seen = []
 
@@ -177,4 +177,4 @@ def test_the_pool_dumps_every_process_before_it_replaces_an_unresponsive_worker(
     monkeypatch.setattr(ray, "wait", wait)
     monkeypatch.setattr(ray, "get", lambda ref: answers[ref])
     assert pool._call({0: ("generate", ()), 1: ("generate", ())}) == {0: "a", 1: "b"}
-    assert events == ["dump: rollout worker 1: call ran past rollout call_timeout_s=4", "replace 1"]
+    assert events == ["dump: rollout worker 1: call ran past rollout call_timeout_s=4", "replace 1 (worker1)"]

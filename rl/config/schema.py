@@ -247,8 +247,8 @@ class RolloutConfig(Section):
     partial_rollouts: bool = knob(
         False,
         "at a weight update made while episodes generate, stop their unfinished turns, keep the tokens and "
-        "continue them on the new weights with the remaining budget (docs/partial-rollouts.md); needs async rollouts; "
-        "off by default: no measured gain on short turns (bench/RESULTS.md)",
+        "continue them on the new weights with the remaining budget; needs async rollouts; off by default, as it "
+        "pays only when turns are long next to an update (docs/partial-rollouts.md)",
     )
     max_restarts: int = knob(
         2, "a dead engine is replaced and its prompts re-issued, at most this often per call", ge=0

@@ -11,6 +11,7 @@ node gets the bytes through Ray's object store; ``stream_weights`` has every eng
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from typing import Any, Callable
@@ -103,7 +104,12 @@ class RolloutPool(GroupOwner):
         # The "health" group is a second thread in each actor: its probe answers while generate is blocked. The
         # "control" group a third: partial rollouts' interrupt, resume and the weight loads between them.
         self._paused = False  # interrupted (partial rollouts): weight loads go to the control thread
+        self._interrupt_s = 60.0  # the last interrupt's timeout (a worker replaced while paused is interrupted too)
         self._version: int | None = None  # the policy version the last resume gave the engines
+        # With partial rollouts two driver threads call the pool at once (generate; interrupt, sync, resume): a
+        # worker is replaced under this lock, once, by whichever call saw it die first, and ``_paused`` changes
+        # under it, so a replacement started during an interrupt is interrupted too.
+        self._lock = threading.RLock()
         factory = ray_factory(
             worker_cls or RolloutWorker,
             {"num_cpus": num_cpus, "num_gpus": num_gpus, "concurrency_groups": {"health": 1, "control": 1}},
@@ -116,22 +122,31 @@ class RolloutPool(GroupOwner):
         # Surface start-up errors (bad model, vLLM failure) here rather than at the first generate.
         self._placement = ray.get([w.__ray_call__.remote(_placement) for w in self.workers], timeout=start_timeout_s)
 
-    def _replace(self, i: int, why: BaseException) -> None:
-        """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights."""
+    def _replace(self, i: int, why: BaseException, dead: Any = None) -> bool:
+        """Kill worker ``i`` (whatever is left of it) and start a fresh one with the latest weights; while the
+        pool is interrupted (partial rollouts) the fresh one is interrupted too, so it generates nothing until
+        ``resume``. ``dead``: the handle that failed; when another thread has replaced it already, nothing is
+        done and False is returned (the caller re-issues its job on the replacement)."""
         import ray
 
-        reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
-        log.warning("rollout worker %d died (%s); restarting it", i, reason)
-        self.group.retire(i, reason)
-        self.replaced += 1
-        self._free([i])
-        self.group.respawn(i)
-        self._placement[i] = ray.get(self.workers[i].__ray_call__.remote(_placement), timeout=self.start_timeout_s)
-        if self._weights is not None:
-            m, args = self._load_job(i)
-            ray.get(getattr(self.workers[i], m).remote(*args), timeout=self.start_timeout_s)
-        if self._version is not None:  # the policy version those weights are (the last resume's)
-            ray.get(self.workers[i].resume.remote(self._version), timeout=self.start_timeout_s)
+        with self._lock:
+            if dead is not None and self.workers[i] is not dead:
+                return False
+            reason = f"{type(why).__name__}: {str(why).splitlines()[0][:200] if str(why) else ''}"
+            log.warning("rollout worker %d died (%s); restarting it", i, reason)
+            self.group.retire(i, reason)
+            self.replaced += 1
+            self._free([i])
+            w = self.group.respawn(i)
+            self._placement[i] = ray.get(w.__ray_call__.remote(_placement), timeout=self.start_timeout_s)
+            if self._weights is not None:
+                m, args = self._load_job(i)
+                ray.get(getattr(w, m).remote(*args), timeout=self.start_timeout_s)
+            if self._version is not None:  # the policy version those weights are (the last resume's)
+                ray.get(w.resume.remote(self._version), timeout=self.start_timeout_s)
+            if self._paused:
+                ray.get(w.interrupt.remote(self._interrupt_s), timeout=self.start_timeout_s)
+            return True
 
     def _free(self, workers: list[int]) -> None:
         """Kill what is left of the engines of ``workers`` (dead or killed) and unlink their shared memory,
@@ -165,7 +180,7 @@ class RolloutPool(GroupOwner):
         out: list[tuple[Any, Any]] = []
         attempts = dict.fromkeys(range(len(self.workers)), 0)
         jobs: dict[int, tuple[Any, tuple[str, tuple[Any, ...]]]] = {}  # worker -> (key, job) it runs
-        pending: dict[int, tuple[Any, float]] = {}
+        pending: dict[int, tuple[Any, float, Any]] = {}  # worker -> (ref, deadline, the handle it runs on)
 
         def feed(i: int, first: bool = False) -> None:
             nxt = next_job(i, first)
@@ -176,9 +191,9 @@ class RolloutPool(GroupOwner):
         for i in range(len(self.workers)):
             feed(i, first=True)
         while pending:
-            ready, _ = ray.wait([ref for ref, _ in pending.values()], num_returns=1, timeout=self.probe_every_s)
+            ready, _ = ray.wait([p[0] for p in pending.values()], num_returns=1, timeout=self.probe_every_s)
             if ready:
-                i = next(i for i, (ref, _) in pending.items() if ref == ready[0])
+                i = next(i for i, p in pending.items() if p[0] == ready[0])
                 try:
                     out.append((jobs[i][0], ray.get(ready[0])))
                     del pending[i]
@@ -199,8 +214,9 @@ class RolloutPool(GroupOwner):
                         f"(last error: {type(e).__name__}: {str(e).splitlines()[0][:300]})"
                     ) from e
                 attempts[i] += 1
-                self._replace(i, e)
-                if jobs[i][1][0] in LOAD_CALLS:  # the replacement loaded the newest as it started
+                # A replacement made here loaded the newest weights as it started; one another thread made
+                # may have started before this sync recorded them, so the load is re-issued on it.
+                if self._replace(i, e, pending[i][2]) and jobs[i][1][0] in LOAD_CALLS:
                     out.append((jobs[i][0], None))
                     del pending[i]
                     feed(i)
@@ -208,22 +224,23 @@ class RolloutPool(GroupOwner):
                     pending[i] = self._issue(i, jobs[i][1])
         return out
 
-    def _issue(self, i: int, job: tuple[str, tuple[Any, ...]]) -> tuple[Any, float]:
-        """Start ``job`` on worker ``i``: its ObjectRef and its deadline (monotonic seconds)."""
+    def _issue(self, i: int, job: tuple[str, tuple[Any, ...]]) -> tuple[Any, float, Any]:
+        """Start ``job`` on worker ``i``: its ObjectRef, its deadline (monotonic seconds) and the worker's handle."""
         m, a = job
-        method = getattr(self.workers[i], m)
+        w = self.workers[i]
+        method = getattr(w, m)
         if self._paused and m in LOAD_CALLS:  # generate holds the actor's main thread, waiting for these weights
             method = method.options(concurrency_group="control")
-        return method.remote(*a), time.monotonic() + self.call_timeout_s
+        return method.remote(*a), time.monotonic() + self.call_timeout_s, w
 
-    def _probe(self, pending: dict[int, tuple[Any, float]]) -> dict[int, BaseException]:
+    def _probe(self, pending: dict[int, tuple[Any, float, Any]]) -> dict[int, BaseException]:
         """The death check of calls in flight: the busy workers that are past their deadline, whose engine
         died, or that did not answer the health probe in ``probe_timeout_s`` (-> why, for ``_replace``)."""
         import ray
         from ray.exceptions import GetTimeoutError
 
         now, failed = time.monotonic(), {}
-        probes = {i: self.workers[i].health.options(concurrency_group="health").remote() for i in pending}
+        probes = {i: p[2].health.options(concurrency_group="health").remote() for i, p in pending.items()}
         for i, probe in probes.items():
             if now > pending[i][1]:
                 failed[i] = EngineUnresponsive(f"call ran past rollout call_timeout_s={self.call_timeout_s:g}")
@@ -275,28 +292,42 @@ class RolloutPool(GroupOwner):
         """Partial rollouts (``rollout.partial``): stop every worker's generation in flight at its next token
         (``RolloutWorker.interrupt``, on each actor's control thread while ``generate`` holds its main one); the
         unfinished turns keep their tokens. Until ``resume`` the weight loads (``sync_weights``) run on the control
-        thread too. A worker that does not stop within ``timeout_s`` raises, every worker resumed first."""
-        import ray
-
+        thread too. A worker that does not stop within ``timeout_s`` raises, every worker resumed first. A dead
+        worker is passed over: it has nothing left to stop, and its replacement (made by whichever call meets the
+        death, ``generate``'s or the sync's) starts interrupted until ``resume``."""
+        with self._lock:
+            self._paused, self._interrupt_s = True, timeout_s
+            calls = [w.interrupt.options(concurrency_group="control").remote(timeout_s) for w in self.workers]
         try:
-            ray.get(
-                [w.interrupt.options(concurrency_group="control").remote(timeout_s) for w in self.workers],
-                timeout=timeout_s + 60,
-            )
+            self._wait_alive(calls, timeout_s + 60)
         except BaseException:
             self.resume()
             raise
-        self._paused = True
 
     def resume(self, version: int | None = None) -> None:
         """Let every worker's interrupted turns continue on the weights loaded since ``interrupt`` (``version``:
-        their policy version; None: each engine's count of weight loads)."""
+        their policy version; None: each engine's count of weight loads). A dead worker is passed over: its
+        replacement starts with ``version``."""
+        with self._lock:
+            self._paused = False
+            if version is not None:
+                self._version = version
+            calls = [w.resume.options(concurrency_group="control").remote(version) for w in self.workers]
+        self._wait_alive(calls, None)
+
+    def _wait_alive(self, refs: list[Any], timeout_s: float | None) -> None:
+        """Wait for one control call per worker (``timeout_s`` for all of them); a worker that died is passed over
+        (its call in flight meets the death and replaces it), any other error is raised."""
         import ray
 
-        self._paused = False
-        if version is not None:
-            self._version = version
-        ray.get([w.resume.options(concurrency_group="control").remote(version) for w in self.workers])
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        for i, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=None if end is None else max(0.0, end - time.monotonic()))
+            except BaseException as e:
+                if not actor_died(e):
+                    raise
+                log.info("rollout worker %d is dead; it is replaced by the call that meets its death", i)
 
     def sync_weights(
         self,
