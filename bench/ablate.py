@@ -1,0 +1,215 @@
+"""Ablations on a dev split: choose a recipe change by looking at training data, never at the held-out files.
+
+Two steps around ``bench/seeds.py``:
+
+``split``: cut a dev set out of a recipe's training files. Within each file, tasks are grouped by their
+``meta["template"]`` (one group for a file without templates) and every ``--every``-th task of a group, in
+file order, goes to the dev file, the rest to the new training file; both go to ``--out``, and the command
+prints the two overrides (``data.train_files=[...]``, ``data.eval_files=[...]``) that train on the rest and
+evaluate on the dev set. Each template keeps tasks on both sides, so the dev set measures new instances of the
+training templates: an easier test than the held-out files (new templates), but one the ablation may look at.
+
+``compare``: read the ``sweep.json`` of a control sweep and of one or more arms (each a ``bench/seeds.py``
+sweep with the same seeds and the split's overrides plus the arm's own) and report per domain each arm's dev
+gain (mean ± SD over seeds, seeds beyond 2 paired SE) and its difference to the control: per seed, the arm's
+final dev mean minus the control's (same seed, same dev tasks), then mean ± SD and SE (SD / sqrt(seeds)) of
+those differences. ``--write`` puts the table in ``bench/RESULTS.md`` (section ``ablation_<name>``).
+
+    .venv/bin/python bench/ablate.py split recipes/joint_rl.yaml --out runs/dev_split
+    .venv/bin/python bench/seeds.py recipes/joint_rl.yaml --seeds 0,1,2 --out runs/abl/control <overrides>
+    .venv/bin/python bench/seeds.py recipes/joint_rl.yaml --seeds 0,1,2 --out runs/abl/prior8 <overrides> \\
+        algo.reward_norm.prior_samples=8
+    .venv/bin/python bench/ablate.py compare --name joint_rl --control runs/abl/control \\
+        --arm prior_samples=8:runs/abl/prior8 --write
+
+Bad input (exit 2, one line naming it): a training file that is not a task file (a Harbor directory, a
+dataset), a group too small to give the dev set a task, a sweep folder without ``sweep.json``, arms whose
+seeds or dev sets differ from the control's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+__all__ = ["split_tasks", "split_recipe", "compare", "render", "main"]
+
+
+class AblationError(ValueError):
+    """Bad input to the ablation: the message names the file, folder or arm."""
+
+
+def split_tasks(lines: list[str], every: int, where: str) -> tuple[list[str], list[str]]:
+    """(train, dev) JSONL lines: within each ``meta.template`` group, in order, every ``every``-th task is dev.
+    ``where`` names the file in errors."""
+    if every < 2:
+        raise AblationError(f"--every must be at least 2 (got {every})")
+    groups: dict[str, list[int]] = {}
+    for i, line in enumerate(lines):
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise AblationError(f"{where}:{i + 1}: not JSON ({e.msg})") from None
+        groups.setdefault(str((task.get("meta") or {}).get("template", "")), []).append(i)
+    dev = set()
+    for name, idx in groups.items():
+        if len(idx) < every:
+            label = f"template {name!r}" if name else "the file"
+            raise AblationError(f"{where}: {label} has {len(idx)} tasks, fewer than --every {every}: no dev task")
+        dev.update(idx[every - 1 :: every])
+    return [x for i, x in enumerate(lines) if i not in dev], [x for i, x in enumerate(lines) if i in dev]
+
+
+def split_recipe(recipe: Path, out: Path, every: int = 3) -> tuple[list[Path], list[Path]]:
+    """Split each of ``recipe``'s ``data.train_files`` into ``out/<name>.train.jsonl`` and ``<name>.dev.jsonl``;
+    returns (train files, dev files) in the recipe's order."""
+    from rl.config.loading import load_recipe
+
+    cfg = load_recipe(recipe)
+    if not cfg.data.train_files:
+        raise AblationError(f"{recipe}: data.train_files is empty: nothing to split")
+    out.mkdir(parents=True, exist_ok=True)
+    trains, devs = [], []
+    for f in cfg.data.train_files:
+        path = (recipe.parent / f).resolve()
+        if not path.is_file() or path.suffix != ".jsonl":
+            raise AblationError(f"{recipe}: data.train_files {f}: not a .jsonl task file (split needs one)")
+        lines = [x for x in path.read_text().splitlines() if x.strip()]
+        train, dev = split_tasks(lines, every, str(path))
+        stem = path.name.removesuffix(".jsonl").removesuffix(".train")
+        trains.append(out / f"{stem}.train.jsonl")
+        devs.append(out / f"{stem}.dev.jsonl")
+        trains[-1].write_text("\n".join(train) + "\n")
+        devs[-1].write_text("\n".join(dev) + "\n")
+    return trains, devs
+
+
+def _sweep(folder: Path) -> dict[str, Any]:
+    path = folder / "sweep.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AblationError(f"{folder}: no sweep.json (run bench/seeds.py with --out {folder} first)") from None
+    except json.JSONDecodeError as e:
+        raise AblationError(f"{path}: not JSON ({e.msg})") from None
+
+
+def _eval_files(sweep: dict[str, Any]) -> list[str]:
+    over = [o for o in sweep["meta"].get("overrides", []) if o.startswith("data.eval_files=")]
+    return over
+
+
+def compare(control: dict[str, Any], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per arm and domain: its gains across seeds (``sweep.json``'s ``across``) and its per-seed final dev mean
+    minus the control's (``diffs``: seed -> difference; ``mean``, ``sd``, ``se``)."""
+    seeds = sorted(control["per_seed"][next(iter(control["per_seed"]))])
+    out: dict[str, Any] = {"seeds": seeds, "control": control["across"], "arms": {}}
+    for name, arm in arms.items():
+        if _eval_files(arm) != _eval_files(control):
+            raise AblationError(f"arm {name}: evaluated on other files than the control ({_eval_files(arm)})")
+        rows = {}
+        for domain, per in control["per_seed"].items():
+            got = arm["per_seed"].get(domain, {})
+            if sorted(got) != seeds:
+                raise AblationError(f"arm {name}, {domain}: seeds {sorted(got)}, the control's {seeds}")
+            diffs = {s: got[s]["b"] - per[s]["b"] for s in seeds}
+            vals = list(diffs.values())
+            sd = statistics.stdev(vals) if len(vals) > 1 else None
+            rows[domain] = {
+                "diffs": diffs,
+                "mean": statistics.fmean(vals),
+                "sd": sd,
+                "se": sd / math.sqrt(len(vals)) if sd is not None else None,
+                "across": arm["across"][domain],
+            }
+        out["arms"][name] = rows
+    return out
+
+
+def _gain(a: dict[str, Any]) -> str:
+    sd = f" ± {a['sd']:.3f}" if a.get("sd") is not None else ""
+    return f"{a['mean']:+.3f}{sd} ({a['cleared']} of {a['k']} > 2 SE)"
+
+
+def _diff(r: dict[str, Any]) -> str:
+    if r["se"] is None:
+        return f"{r['mean']:+.3f}"
+    verdict = "up" if r["mean"] > 2 * r["se"] else "down" if r["mean"] < -2 * r["se"] else "noise"
+    return f"{r['mean']:+.3f} ± {r['se']:.3f} ({verdict})"
+
+
+def render(result: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The Markdown body: dev gains per arm, then each arm minus the control."""
+    from bench._results import table
+
+    domains = sorted(result["control"])
+    head = ["arm"] + domains
+    gains = [["control"] + [_gain(result["control"][d]) for d in domains]]
+    gains += [[name] + [_gain(rows[d]["across"]) for d in domains] for name, rows in result["arms"].items()]
+    diffs = [[name] + [_diff(rows[d]) for d in domains] for name, rows in result["arms"].items()]
+    seeds = ", ".join(str(s) for s in result["seeds"])
+    return (
+        f"{meta['what']}\n\nDev gain (final minus step-0 dev mean), mean ± SD over seeds {seeds}, and the seeds whose "
+        "gain cleared two paired SE:\n\n"
+        + table(head, gains)
+        + "\n\nArm minus control, final dev mean, paired by seed (mean ± SE over seeds; up/down only beyond 2 SE):\n\n"
+        + table(head, diffs)
+        + "\n"
+    )
+
+
+def _arm(text: str) -> tuple[str, Path]:
+    name, sep, folder = text.partition(":")
+    if not sep or not name or not folder:
+        raise argparse.ArgumentTypeError(f"--arm {text!r}: expected NAME:FOLDER")
+    return name, Path(folder)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("split", help="cut a dev set out of a recipe's training files")
+    sp.add_argument("recipe", type=Path)
+    sp.add_argument("--out", type=Path, required=True, help="folder for the train and dev files")
+    sp.add_argument("--every", type=int, default=3, help="every N-th task of each template goes to dev")
+    cp = sub.add_parser("compare", help="the arms' dev gains against the control's")
+    cp.add_argument("--name", required=True, help="the RESULTS.md section is ablation_<name>")
+    cp.add_argument("--control", type=Path, required=True, help="the control's bench/seeds.py --out folder")
+    cp.add_argument("--arm", type=_arm, action="append", required=True, help="NAME:FOLDER (repeatable)")
+    cp.add_argument("--what", default="", help="one paragraph: what was compared and why (the section's text)")
+    cp.add_argument("--write", action="store_true", help="replace the section in bench/RESULTS.md")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "split":
+            trains, devs = split_recipe(args.recipe, args.out, args.every)
+            n = [sum(1 for _ in open(p)) for p in devs]
+            print(f"data.train_files=[{','.join(str(p) for p in trains)}]")
+            print(f"data.eval_files=[{','.join(str(p) for p in devs)}]")
+            print(f"ablate: {sum(n)} dev tasks ({', '.join(map(str, n))}) in {args.out}", file=sys.stderr)
+            return 0
+        control = _sweep(args.control)
+        result = compare(control, {name: _sweep(folder) for name, folder in args.arm})
+    except AblationError as e:
+        print(f"ablate: {e}", file=sys.stderr)
+        return 2
+    from bench._results import section, write_section
+
+    meta = {"what": args.what or f"Arms {', '.join(result['arms'])} against the control on the dev split."}
+    body = render(result, meta)
+    key, title = f"ablation_{args.name}", f"Ablation on the dev split: `{args.name}` (`bench/ablate.py`)"
+    print(section(key, title, body))
+    if args.write:
+        write_section(key, title, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""bench/ablate.py: the dev split of a recipe's training files and the arms-against-control table."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.ablate import AblationError, compare, main, split_tasks  # noqa: E402
+
+
+def _task(i: int, template: str | None) -> str:
+    meta = {"template": template} if template is not None else {}
+    return json.dumps(
+        {"id": f"t{i}", "domain": "code", "messages": [{"role": "user", "content": str(i)}], "meta": meta}
+    )
+
+
+def test_every_kth_task_of_each_template_goes_to_dev_in_file_order() -> None:
+    lines = [_task(i, "ab"[i % 2]) for i in range(12)]  # a: 0,2,4,...,10; b: 1,3,...,11
+    train, dev = split_tasks(lines, 3, "f.jsonl")
+    ids = [json.loads(x)["id"] for x in dev]
+    assert ids == ["t4", "t5", "t10", "t11"]  # the 3rd and 6th of a (4, 10) and of b (5, 11)
+    assert len(train) == 8 and not set(train) & set(dev) and sorted(train + dev) == sorted(lines)
+
+
+def test_a_file_without_templates_is_one_group() -> None:
+    train, dev = split_tasks([_task(i, None) for i in range(7)], 2, "f.jsonl")
+    assert [json.loads(x)["id"] for x in dev] == ["t1", "t3", "t5"] and len(train) == 4
+
+
+@pytest.mark.parametrize(
+    ("lines", "every", "message"),
+    [
+        ([_task(0, "a"), _task(1, "a"), _task(2, "b")], 2, "f.jsonl: template 'b' has 1 tasks, fewer than --every 2"),
+        ([_task(0, "a"), "{not json"], 2, "f.jsonl:2: not JSON"),
+        ([_task(0, "a")], 1, "--every must be at least 2"),
+    ],
+)
+def test_bad_input_names_the_file_and_line(lines, every, message) -> None:
+    with pytest.raises(AblationError, match=message.replace("(", r"\(")):
+        split_tasks(lines, every, "f.jsonl")
+
+
+def test_split_writes_both_files_and_prints_overrides_that_load(tmp_path: Path, capsys) -> None:
+    from rl.config.loading import load_recipe
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x.train.jsonl").write_text("\n".join(_task(i, "ab"[i % 3 == 0]) for i in range(12)) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train_files: [data/x.train.jsonl], eval_files: [data/x.train.jsonl]}\n")
+    assert main(["split", str(recipe), "--out", str(tmp_path / "split")]) == 0
+    overrides = capsys.readouterr().out.split()
+    cfg = load_recipe(recipe, overrides)
+    (train,), (dev,) = cfg.data.train_files, cfg.data.eval_files
+    assert Path(train).name == "x.train.jsonl" and Path(dev).name == "x.dev.jsonl"
+    assert len(Path(train).read_text().splitlines()) + len(Path(dev).read_text().splitlines()) == 12
+    assert len(Path(dev).read_text().splitlines()) == 3  # every 3rd: a (8 tasks) gives 2, b (4 tasks) 1
+    (tmp_path / "h").mkdir()
+    recipe.write_text("data: {train_files: [h], eval_files: [data/x.train.jsonl]}\n")
+    assert main(["split", str(recipe), "--out", str(tmp_path / "s2")]) == 2
+    assert "data.train_files h: not a .jsonl task file" in capsys.readouterr().err
+
+
+def _sweep(finals: dict[str, dict[int, float]], evals: str = "data.eval_files=[d.jsonl]") -> dict:
+    per = {
+        d: {str(s): {"b": b, "a": 0.1, "diff": b - 0.1, "se": 0.01, "n": 40} for s, b in v.items()}
+        for d, v in finals.items()
+    }
+    across = {d: {"k": len(v), "mean": 0.0, "sd": 0.0, "cleared": 0, "below": 0} for d, v in finals.items()}
+    return {"meta": {"overrides": [evals]}, "per_seed": per, "across": across}
+
+
+def test_compare_pairs_each_seed_with_the_controls_same_seed() -> None:
+    control = _sweep({"code": {0: 0.2, 1: 0.3, 2: 0.1}})
+    arm = _sweep({"code": {0: 0.3, 1: 0.3, 2: 0.4}})
+    r = compare(control, {"prior": arm})["arms"]["prior"]["code"]
+    diffs = [0.1, 0.0, 0.3]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / 2)
+    assert r["diffs"] == pytest.approx({"0": 0.1, "1": 0.0, "2": 0.3})
+    assert (
+        r["mean"] == pytest.approx(mean)
+        and r["sd"] == pytest.approx(sd)
+        and r["se"] == pytest.approx(sd / math.sqrt(3))
+    )
+
+
+def test_compare_refuses_arms_on_other_seeds_or_other_dev_files() -> None:
+    control = _sweep({"code": {0: 0.2, 1: 0.3}})
+    with pytest.raises(AblationError, match=r"arm a, code: seeds \['0'\], the control's \['0', '1'\]"):
+        compare(control, {"a": _sweep({"code": {0: 0.2}})})
+    with pytest.raises(AblationError, match="arm b: evaluated on other files"):
+        compare(control, {"b": _sweep({"code": {0: 0.2, 1: 0.3}}, "data.eval_files=[other.jsonl]")})
+
+
+def test_compare_without_a_sweep_names_the_folder(tmp_path: Path, capsys) -> None:
+    assert main(["compare", "--name", "x", "--control", str(tmp_path), "--arm", f"a:{tmp_path}"]) == 2
+    assert f"{tmp_path}: no sweep.json" in capsys.readouterr().err
