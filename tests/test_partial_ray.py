@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -48,32 +49,43 @@ def _noisy(model_path: str, out: Path) -> str:
     return path
 
 
+def _pool(tiny_model_path: str, worker_cls: type, **kw):
+    """A one-worker pool on the tiny model's HF engine whose episodes are ``TalkEnv``'s."""
+    from rl.driver.actors.rollout import RolloutPool
+
+    return RolloutPool(
+        1, tiny_model_path, [("talk", "test_partial_rollouts.TalkEnv", {})], num_cpus=0.1, worker_cls=worker_cls, **kw
+    )
+
+
+def _wait_tripped(pool) -> None:
+    """Until the worker's gate has tripped (its episode stopped mid-turn); asked on the health thread."""
+    import ray
+
+    w, deadline = pool.workers[0], time.monotonic() + 120
+    while not ray.get(w.tripped.options(concurrency_group="health").remote()):
+        assert time.monotonic() < deadline, "the interrupt never came"
+        time.sleep(0.1)
+
+
+def _kill(victim: int) -> None:
+    """SIGKILL a worker's process and wait until it is gone (or a zombie)."""
+    os.kill(victim, signal.SIGKILL)
+    while os.path.exists(f"/proc/{victim}") and open(f"/proc/{victim}/stat").read().split()[2] != "Z":
+        time.sleep(0.05)
+
+
 def test_the_pool_loads_new_weights_while_its_workers_generate(ray_cpus, tiny_model_path, tmp_path: Path) -> None:
     """Interrupted after 5 tokens of the first episode, new weights synced, resumed as version 5: the first episode's
     tokens are version 0 then 5, the second episode (not started) all 5; a replaced worker's tokens are version 5."""
-    from rl.driver.actors.rollout import RolloutPool
     from test_partial_rollouts import S
 
     new = _noisy(tiny_model_path, tmp_path)
-    pool = RolloutPool(
-        1,
-        tiny_model_path,
-        [("talk", "test_partial_rollouts.TalkEnv", {})],
-        num_cpus=0.1,
-        worker_cls=HFTripWorker,
-        arm=6,
-        partial_rollouts=True,
-    )
+    pool = _pool(tiny_model_path, HFTripWorker, arm=6, partial_rollouts=True)
     try:
         s = replace(S, max_turns=1, max_new_tokens=12)
         done = _in_thread(lambda: pool.generate(TASKS, [0, 1], [11, 12], s))
-        w = pool.workers[0]
-        deadline = time.monotonic() + 120
-        import ray
-
-        while not ray.get(w.tripped.options(concurrency_group="health").remote()):
-            assert time.monotonic() < deadline, "the interrupt never came"
-            time.sleep(0.1)
+        _wait_tripped(pool)
         pool.interrupt(60)
         pool.sync_weights(new)
         pool.resume(5)
@@ -81,10 +93,7 @@ def test_the_pool_loads_new_weights_while_its_workers_generate(ray_cpus, tiny_mo
         assert a.token_versions == [0] * 5 + [5] * (len(a.response_ids) - 5)
         assert set(b.token_versions) == {5}
         # A worker that dies is replaced on the newest weights, recorded as the last resume's version.
-        victim = pool.pids()[0]
-        os.kill(victim, signal.SIGKILL)
-        while os.path.exists(f"/proc/{victim}") and open(f"/proc/{victim}/stat").read().split()[2] != "Z":
-            time.sleep(0.05)
+        _kill(pool.pids()[0])
         assert pool._call({0: ("policy_version", ())}) == {0: 5} and pool.restarts == 1
     finally:
         pool.shutdown()
@@ -100,12 +109,6 @@ class HFTripOnceWorker(HFTripWorker):
         super().__init__(model_path, env_specs, arm=arm if first else 0, **kw)
 
 
-def _kill(victim: int) -> None:
-    os.kill(victim, signal.SIGKILL)
-    while os.path.exists(f"/proc/{victim}") and open(f"/proc/{victim}/stat").read().split()[2] != "Z":
-        time.sleep(0.05)
-
-
 def _versions_ok(trajs, new: int) -> None:
     for t in trajs:
         assert t.token_versions and set(t.token_versions) <= {0, new}, t.token_versions
@@ -118,13 +121,10 @@ def test_an_idle_dead_worker_is_passed_over_by_the_interrupt_and_replaced_interr
     """A worker killed while idle: ``interrupt`` passes over it (it has nothing to stop), ``sync_weights`` meets
     its death and replaces it on the new weights, interrupted (a generate started before ``resume`` waits), and
     ``resume(5)`` lets it go: every token is version 5 and the pool replaced it once."""
-    from rl.driver.actors.rollout import RolloutPool
     from test_partial_rollouts import S
 
     new = _noisy(tiny_model_path, tmp_path)
-    pool = RolloutPool(
-        1, tiny_model_path, [("talk", "test_partial_rollouts.TalkEnv", {})], num_cpus=0.1, worker_cls=HFTripWorker
-    )
+    pool = _pool(tiny_model_path, HFTripWorker)
     try:
         _kill(pool.pids()[0])
         pool.interrupt(60)
@@ -132,7 +132,7 @@ def test_an_idle_dead_worker_is_passed_over_by_the_interrupt_and_replaced_interr
         assert pool.restarts == 1
         s = replace(S, max_turns=1, max_new_tokens=12)
         box: list = []
-        t = __import__("threading").Thread(target=lambda: box.append(pool.generate(TASKS, [0, 1], [11, 12], s)))
+        t = threading.Thread(target=lambda: box.append(pool.generate(TASKS, [0, 1], [11, 12], s)))
         t.start()
         t.join(timeout=3)
         assert t.is_alive() and not box, "the replacement generated before resume"
@@ -152,31 +152,15 @@ def test_a_worker_killed_mid_generation_survives_an_interrupt_sync_and_resume_fr
     worker is SIGKILLed mid-episode, then at once interrupt, sync and resume run on this thread. Whichever
     thread meets the death first, the worker is replaced once, the episodes finish, their versions never go
     back, and the pool serves the new version."""
-    from rl.driver.actors.rollout import RolloutPool
     from test_partial_rollouts import S
 
     new = _noisy(tiny_model_path, tmp_path)
-    pool = RolloutPool(
-        1,
-        tiny_model_path,
-        [("talk", "test_partial_rollouts.TalkEnv", {})],
-        num_cpus=0.1,
-        worker_cls=HFTripOnceWorker,
-        arm=6,
-        once=str(tmp_path / "made"),
-        partial_rollouts=True,
-    )
+    pool = _pool(tiny_model_path, HFTripOnceWorker, arm=6, once=str(tmp_path / "made"), partial_rollouts=True)
     try:
-        import ray
-
         s = replace(S, max_turns=1, max_new_tokens=12)
         victim = pool.pids()[0]  # asked first: generate holds the actor's main thread
         done = _in_thread(lambda: pool.generate(TASKS, [0, 1], [11, 12], s))
-        w = pool.workers[0]
-        deadline = time.monotonic() + 120
-        while not ray.get(w.tripped.options(concurrency_group="health").remote()):
-            assert time.monotonic() < deadline, "the interrupt never came"
-            time.sleep(0.1)
+        _wait_tripped(pool)
         _kill(victim)
         pool.interrupt(60)
         pool.sync_weights(new)
