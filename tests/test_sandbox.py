@@ -556,7 +556,9 @@ def test_shell_start_retries_a_bwrap_mount_race(monkeypatch):
     calls = _racing_launch(monkeypatch, 2, RACE)
     with ShellSession() as s:
         assert s.run("echo up; pwd").output == f"up\n{s.sandbox.inner_work_dir}\n"
-    assert len(calls) == 3 and zombie_children() == []
+    # Two faked races, then the real launch; a real race with a sandbox another test process mounts at the same
+    # moment adds an attempt, within the retry budget.
+    assert 3 <= len(calls) <= sbbase.SETUP_RACE_RETRIES and zombie_children() == []
 
 
 def test_shell_start_gives_up_after_three_races_and_never_retries_other_failures(monkeypatch):
