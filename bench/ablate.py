@@ -103,8 +103,8 @@ def _sweep(folder: Path) -> dict[str, Any]:
 
 
 def _eval_files(sweep: dict[str, Any]) -> list[str]:
-    over = [o for o in sweep["meta"].get("overrides", []) if o.startswith("data.eval_files=")]
-    return over
+    """The sweep's ``data.eval_files=`` override (the dev files it was evaluated on)."""
+    return [o for o in sweep["meta"].get("overrides", []) if o.startswith("data.eval_files=")]
 
 
 def compare(control: dict[str, Any], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
