@@ -1,14 +1,17 @@
 """Synchronous vs bounded-staleness streamed training on an agentic workload with long-tailed tool latency.
 
-The workload (issue #43 item 5): the recipe's tool-call tasks (default recipes/quickstart.yaml: the tool-call
-ladder) with ``max_turns`` 3 (env and rollout) where every tool call first sleeps a seeded lognormal time,
-median 0.5 s, sigma 1.0, capped at 20 s (the env option ``tool_latency``, envs/toolcall_latency.py; keyed by
-task, episode seed, turn and call, so every arm sees the same latency for the same sample). The sleeps run on
-env worker threads (``rollout.env_workers``, set above the episodes in flight), so other episodes keep
-generating while one waits. The ladder's tasks are calls-mode: one turn, its calls dispatched once, so a ladder
-episode draws one latency per call. ``--tasks tools`` trains on recipes/data/toolcall_tasks.{train,eval}.jsonl
-instead (calls- and answer-mode tasks, scored by ``ToolCallReward`` and ``ToolAnswerReward``), whose answer-mode
-episodes run up to 3 turns with the simulated tools, a latency per call of each turn; its held-out set is 12 tasks.
+The workload (issue #43 item 5): the tool-call ladder in sessions of ``--turns`` requests (default 3; ``--tasks
+chain``, the default: ``rl.data.tasks.toolcall_gen.write_chain_files`` writes them into the work folder, training
+sessions from the ladder's training tasks, held-out ones from its held-out tasks), one request a turn, each turn
+pre-started as its ladder task is and scored against its own request (``ToolCallReward`` per turn, averaged), with
+``max_turns`` 3 (env and rollout), where every tool call first sleeps a seeded lognormal time, median 0.5 s,
+sigma 1.0, capped at 20 s (the env option ``tool_latency``, envs/toolcall_latency.py; keyed by task, episode seed,
+turn and call, so every arm sees the same latency for the same sample). The sleeps run on env worker threads
+(``rollout.env_workers``, set above the episodes in flight), so other episodes keep generating while one waits.
+``--tasks ladder`` trains on the recipe's own tasks (the quickstart's ladder: one request, one turn, one latency
+draw per call); ``--tasks tools`` on recipes/data/toolcall_tasks.{train,eval}.jsonl (calls- and answer-mode tasks,
+scored by ``ToolCallReward`` and ``ToolAnswerReward``), whose answer-mode episodes run up to 3 turns with the
+simulated tools; its held-out set is 12 tasks.
 
 Runs ``jointrl train`` (the real CLI: Ray actors, vLLM engine, learner, reward service) once per arm, in one
 invocation, same recipe, seed, steps and samples per step: synchronous (``rollout.max_staleness=0``), then for
@@ -45,6 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench._results import cpu_model, write_section  # noqa: E402
 from bench.seesaw import eval_steps, paired  # noqa: E402
+from bench.seeds import pinned_precision  # noqa: E402
+from rl.config.recipe import load_recipe  # noqa: E402
+from rl.data.tasks.toolcall_gen import write_chain_files  # noqa: E402
 
 GOAL_STALENESS = 2
 GOAL_SPEEDUP = 1.4
@@ -56,6 +62,13 @@ TOOLS_TASKS = [
     "rewards=[{cls: rewards.toolcall.ToolCallReward, domains: [tool_call]},"
     " {cls: rewards.toolcall.ToolAnswerReward, domains: [tool_call]}]",
 ]
+
+
+TASKS_LABEL = {
+    "chain": " with --tasks chain: sessions of {turns} tool-call ladder requests, one a turn",
+    "ladder": "",
+    "tools": " with --tasks tools",
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,12 @@ def workload(args: argparse.Namespace) -> list[str]:
         "wandb.mode=disabled",
     ]
     return ov + (TOOLS_TASKS if args.tasks == "tools" else [])
+
+
+def chain_files(out: Path, turns: int, seed: int) -> list[str]:
+    """Write the ladder's sessions of ``turns`` requests into ``out`` (train and held-out); the data overrides."""
+    train, held = write_chain_files(out, length=turns, seed=seed)
+    return [f"data.train_files=[{train}]", f"data.eval_files=[{held}]"]
 
 
 def arm_overrides(arm: Arm, tis_cap: float) -> list[str]:
@@ -216,7 +235,7 @@ def render(arm_list: list[Arm], runs: dict[str, dict[str, Any]], meta: dict[str,
         f"max_turns {meta['turns']}; {meta['steps']} steps x {meta['samples_per_step']} samples each arm, seed "
         f"{meta['seed']}; streamed arms `algo.loss.tis_cap={meta['tis_cap']}`. Samples/s over all steps' summed "
         f"time; idle fractions are means over steps (sync: derived from its step timings); held-out: the last evaluation ({meta['eval_limit']} tasks, greedy), paired per "
-        f"task against sync. Host: {meta['host']}.\n\n"
+        f"task against sync.{meta.get('precision', '')} Host: {meta['host']}.\n\n"
         + head
         + "\n"
         + sep
@@ -242,10 +261,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-limit", type=int, default=60, help="held-out tasks evaluated after the last step")
     ap.add_argument(
         "--tasks",
-        choices=["ladder", "tools"],
-        default="ladder",
-        help="ladder: the recipe's tasks (the quickstart's tool-call ladder, one turn); tools: the shipped "
-        "calls- and answer-mode tool tasks (multi-turn)",
+        choices=["chain", "ladder", "tools"],
+        default="chain",
+        help="chain: sessions of --turns ladder requests, one a turn; ladder: the recipe's tasks (the quickstart's "
+        "tool-call ladder, one turn); tools: the shipped calls- and answer-mode tool tasks (multi-turn)",
     )
     ap.add_argument("--tis-cap", type=float, default=2.0)
     ap.add_argument("--staleness", default="0,1,2,4", help="rollout.max_staleness values, comma-separated; 0 first")
@@ -271,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="jointrl-async-bench-") as tmp:
         root = Path(args.work_dir) if args.work_dir else Path(tmp)
+        if args.tasks == "chain":
+            base_ov = base_ov + chain_files(root / "tasks", args.turns, args.seed)
+        # precision auto times matmuls at each run's start: timed once here and pinned, so arms differ only by arm
+        pinned, precision = pinned_precision(load_recipe(args.recipe, base_ov), local=False)
+        base_ov = base_ov + pinned
         for arm in arm_list:
             out = root / arm.name
             try:
@@ -284,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(arm.name, f"{runs[arm.name]['samples_per_s']:.2f} samples/s, wall {wall:.0f} s", flush=True)
     meta = {
-        "recipe": os.path.relpath(args.recipe, ROOT) + (" with --tasks tools" if args.tasks == "tools" else ""),
+        "recipe": os.path.relpath(args.recipe, ROOT) + TASKS_LABEL[args.tasks].format(turns=args.turns),
         "latency": f"median {args.median_s} s, sigma {args.sigma}, cap {args.cap_s} s",
         "turns": args.turns,
         "steps": args.steps,
@@ -293,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "tis_cap": args.tis_cap,
         "eval_limit": args.eval_limit,
         "host": cpu_model() or "unknown CPU",
+        "precision": f" Precision pinned for every arm: {precision}." if precision else "",
     }
     body = render([a for a in arm_list if a.name in runs], runs, meta)
     body += "".join(f"\nArm {n} failed: {why}\n" for n, why in failed.items())

@@ -6,7 +6,7 @@ messages. One episode goes::
 
     messages = env.reset(task)            # the conversation before the policy's first turn
     while True:
-        action = <policy's assistant turn>  # full text; task.prefill included on turn 1
+        action = <policy's assistant turn>  # full text; its pre-start included (task.prefill on turn 1)
         obs, terminated, truncated, info = env.step(action)
         messages += [Message("assistant", action), *obs]
         if terminated or truncated:
@@ -25,7 +25,9 @@ Contract:
     after the assistant message (e.g. tool results with role ``"tool"``); it may be empty.
     ``terminated`` (natural end) and ``truncated`` (turn/time limit) are plain ``bool`` and
     never both True. ``info`` is a ``dict`` of JSON-able diagnostics; an env that scores
-    itself puts its reward under ``info["reward"]`` (a float). Calling ``step`` before
+    itself puts its reward under ``info["reward"]`` (a float). An env that pre-starts the next
+    assistant turn puts that text under ``info["prefill"]`` (a str): the rollout appends it after the
+    observation as env tokens, and the next ``action`` starts with it. Calling ``step`` before
     ``reset`` or after the episode ended (terminated or truncated) raises ``RuntimeError``.
 
 ``finalize() -> dict`` (optional)
@@ -103,6 +105,8 @@ def _check_step_result(result: Any, turn: int) -> tuple[bool, bool]:
         r = info["reward"]
         if isinstance(r, bool) or not isinstance(r, numbers.Real):
             raise TypeError(f"{where}: info['reward'] must be a float, got {type(r).__name__}")
+    if "prefill" in info and not isinstance(info["prefill"], str):
+        raise TypeError(f"{where}: info['prefill'] must be a str, got {type(info['prefill']).__name__}")
     return terminated, truncated
 
 

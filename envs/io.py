@@ -13,8 +13,11 @@ One task per line::
                    "mode": "answer",           # optional: "calls" (default) | "answer" (multi-turn)
                    "answer": ["18"],           # optional: acceptable final answers (answer mode)
                    "state": {"users": {...}},  # optional: data the simulated tools read
-                   "parallel": true},          # optional, informational; default false
-                                               # optional; the four keys above are written only
+                   "parallel": true,           # optional, informational; default false
+                   "followups": [{"request": "And in Rome?", "prefill": "<tool_call>",
+                                  "expected": [...]}]},  # optional (calls mode): later requests,
+                                               # one a turn, each with its own right calls
+                                               # optional; the five keys above are written only
                                                # when non-default ("expected" may be omitted in
                                                # answer mode)
      "code": {"tests": "assert f(2) == 4\n",  # code tasks: the HIDDEN tests, scored
@@ -43,7 +46,7 @@ from typing import Any
 
 import dataclasses
 
-from envs.types import CodeSpec, ExpectedCall, Message, Task, TerminalSpec, ToolCallSpec
+from envs.types import CodeSpec, ExpectedCall, FollowUp, Message, Task, TerminalSpec, ToolCallSpec
 
 __all__ = [
     "TaskFormatError",
@@ -92,6 +95,17 @@ def task_to_dict(task: Task) -> dict[str, Any]:
             d["tool_call"]["state"] = dict(task.tool_call.state)
         if task.tool_call.parallel:
             d["tool_call"]["parallel"] = True
+        if task.tool_call.followups:
+            d["tool_call"]["followups"] = [
+                {
+                    "request": f.request,
+                    "expected": [
+                        {"name": e.name, "allowed": {k: list(v) for k, v in e.allowed.items()}} for e in f.expected
+                    ],
+                    **({"prefill": f.prefill} if f.prefill else {}),
+                }
+                for f in task.tool_call.followups
+            ]
     for key in ("code", "terminal"):
         spec = getattr(task, key)
         if spec is not None:
@@ -252,7 +266,7 @@ def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
     """A :class:`ToolCallSpec` from its record; every bad field is named (``tool_call.<field>``)."""
     if not isinstance(tc, dict):
         raise _fail(where, "tool_call", f"must be an object with 'tools' and 'expected', got {_type_name(tc)}")
-    keys = ("tools", "expected", "mode", "answer", "state", "parallel")
+    keys = ("tools", "expected", "mode", "answer", "state", "parallel", "followups")
     unknown = [k for k in tc if k not in keys]
     if unknown:
         raise _fail(where, f"tool_call.{unknown[0]}", f"unknown field (allowed: {', '.join(keys)})")
@@ -276,7 +290,40 @@ def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
         answer=answer,
         state=state,
         parallel=parallel,
+        followups=_followups_from(tc, mode, where),
     )
+
+
+def _followups_from(tc: dict[str, Any], mode: str, where: str) -> tuple[FollowUp, ...]:
+    """``tool_call.followups``: the later requests of a calls-mode session, each ``{"request", "expected",
+    "prefill"?}`` (see :class:`~envs.types.FollowUp`)."""
+    raw = [] if tc.get("followups") is None else _maybe_json(tc["followups"], where, "tool_call.followups")
+    if not isinstance(raw, list):
+        raise _fail(where, "tool_call.followups", f"must be a list of requests, got {_type_name(raw)}")
+    if raw and mode != "calls":
+        raise _fail(where, "tool_call.followups", f"only calls-mode tasks have follow-up requests (mode is {mode!r})")
+    out = []
+    for i, f in enumerate(raw):
+        f_name = f"tool_call.followups[{i}]"
+        f = _maybe_json(f, where, f_name)
+        if not isinstance(f, dict):
+            raise _fail(where, f_name, f"must be an object with 'request' and 'expected', got {_type_name(f)}")
+        unknown = [k for k in f if k not in ("request", "expected", "prefill")]
+        if unknown:
+            raise _fail(where, f"{f_name}.{unknown[0]}", "unknown field (allowed: request, expected, prefill)")
+        if not isinstance(f.get("request"), str) or not f["request"].strip():
+            raise _fail(where, f"{f_name}.request", "missing or not a non-empty string")
+        prefill = f.get("prefill", "")
+        if not isinstance(prefill, str):
+            raise _fail(where, f"{f_name}.prefill", f"must be a string, got {_type_name(prefill)}")
+        if f.get("expected") is None:
+            raise _fail(where, f"{f_name}.expected", "missing")
+        expected = _maybe_json(f["expected"], where, f"{f_name}.expected")
+        if not isinstance(expected, list):
+            raise _fail(where, f"{f_name}.expected", f"must be a list of calls, got {_type_name(expected)}")
+        calls = tuple(_expected_call(e, where, f"{f_name}.expected[{j}]") for j, e in enumerate(expected))
+        out.append(FollowUp(request=f["request"], expected=calls, prefill=prefill))
+    return tuple(out)
 
 
 def _answers_from(tc: dict[str, Any], mode: str, where: str) -> tuple[str, ...]:

@@ -226,9 +226,13 @@ def _tool_message(name: str | None, payload: Any) -> Message:
 class ToolCallEnv:
     """The tool-call env, driven by the task's ``tool_call.mode``.
 
-    ``"calls"`` mode (and tasks without a ``tool_call`` spec): single turn. ``step(action)``
-    parses the turn and returns ``([], True, False, info)`` whatever ``max_turns`` is; the
-    ``toolcall`` reward scores the calls.
+    ``"calls"`` mode (and tasks without a ``tool_call`` spec): one turn a request. ``step(action)``
+    parses the turn; no tool runs. With requests left (``tool_call.followups``) it returns the next one as
+    a user message, ``([Message("user", request)], False, False, info)`` with ``info["prefill"]`` the next
+    turn's pre-start (the rollout starts that turn with it), or, when this was turn ``max_turns``,
+    ``([], False, True, info)``; after the last request ``([], True, False, info)`` (a task without
+    follow-ups: after its one turn, whatever ``max_turns`` is). The ``toolcall`` reward scores each turn's
+    calls against its request's.
 
     ``"answer"`` mode: multi-turn with simulated tools (:mod:`envs.toolcall_tools`).
 
@@ -324,9 +328,17 @@ class ToolCallEnv:
             "tool_results": [],
         }
         if spec is None or spec.mode != "answer":
-            self._done = True
             self._wait_for_tools(len(calls), info)
-            return [], True, False, info
+            followups = spec.followups if spec is not None else ()
+            if self._turns > len(followups):
+                self._done = True
+                return [], True, False, info
+            if self._turns >= self.max_turns:  # requests left, but no turn for them
+                self._done = True
+                return [], False, True, info
+            nxt = followups[self._turns - 1]
+            info["prefill"] = nxt.prefill
+            return [Message("user", nxt.request)], False, False, info
         if OPEN_TAG not in action:
             self._done = True
             info["answer"] = action.strip()

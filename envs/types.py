@@ -46,6 +46,17 @@ class ExpectedCall:
 
 
 @dataclass(frozen=True)
+class FollowUp:
+    """A later request of a ``"calls"``-mode task: after the policy's previous turn the env appends
+    ``request`` as a user message, and the next assistant turn is pre-started with ``prefill``; that turn's
+    right calls are ``expected`` (as :attr:`ToolCallSpec.expected` is the first turn's)."""
+
+    request: str
+    expected: tuple[ExpectedCall, ...]
+    prefill: str = ""
+
+
+@dataclass(frozen=True)
 class ToolCallSpec:
     """What a tool-call task needs beyond its messages.
 
@@ -56,6 +67,8 @@ class ToolCallSpec:
     call; scored by matching the final answer against ``answer``, the acceptable answers).
     ``state`` is per-task data the simulated tools read (e.g. a user database);
     ``parallel`` (informational) marks tasks that want several calls in one turn.
+    ``followups`` (``"calls"`` mode only): further requests, one a turn, each with its own right calls
+    (a session of several requests; scored turn by turn).
     """
 
     tools: tuple[dict[str, Any], ...]
@@ -64,6 +77,7 @@ class ToolCallSpec:
     answer: tuple[str, ...] = ()
     state: dict[str, Any] = field(default_factory=dict)
     parallel: bool = False
+    followups: tuple[FollowUp, ...] = ()
 
 
 @dataclass(frozen=True)

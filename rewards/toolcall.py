@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from envs.toolcall import OPEN_TAG, parse_tool_calls
-from envs.types import ExpectedCall, ToolCall, Trajectory
+from envs.types import ExpectedCall, ToolCall, ToolCallSpec, Trajectory
 
 __all__ = [
     "ToolCallReward",
@@ -35,6 +35,7 @@ __all__ = [
     "extract_numbers",
     "final_answer",
     "answer_span",
+    "turn_expected",
 ]
 
 _BRUTE_FORCE_MAX = 7  # optimal assignment by enumeration up to this many calls per side
@@ -167,6 +168,16 @@ def _best_assignment(gain: list[list[float]]) -> list[tuple[int, int]]:
     return out
 
 
+def _assistant_turns(traj: Trajectory) -> list[str]:
+    """The episode's assistant turns (each with its pre-start), in order."""
+    return [m.content for m in traj.messages[len(traj.task.messages) :] if m.role == "assistant"]
+
+
+def turn_expected(spec: ToolCallSpec) -> list[tuple[ExpectedCall, ...]]:
+    """A calls-mode task's right calls per turn: the first request's, then each follow-up's."""
+    return [spec.expected, *(f.expected for f in spec.followups)]
+
+
 class ToolCallReward:
     """Score a tool-call trajectory's ``completion`` (assistant text, prefill included) in [0, 1].
 
@@ -198,6 +209,10 @@ class ToolCallReward:
     categories) are order-insensitive through the assignment above. Returns ``None`` for a
     task without a ``tool_call`` spec and for ``"answer"``-mode tasks (see
     :class:`ToolAnswerReward`).
+
+    A task with follow-up requests (``tool_call.followups``) scores turn ``i``'s text against request ``i``'s
+    calls with the formula above and returns the mean over all its requests: a request whose turn never came
+    (the episode was cut first) adds 0, and calls written in an earlier turn do not count for a later request.
     """
 
     name = "toolcall"
@@ -220,7 +235,13 @@ class ToolCallReward:
         spec = traj.task.tool_call
         if spec is None or spec.mode != "calls":
             return None
-        return self.score(traj.completion, list(spec.expected))
+        if not spec.followups:
+            return self.score(traj.completion, list(spec.expected))
+        # A session of requests: each assistant turn (a message record, which the policy's text cannot split or
+        # merge) against its own request's calls; a request the episode never reached scores 0.
+        turns = _assistant_turns(traj)
+        per_request = turn_expected(spec)
+        return sum(self.score(text, list(exp)) for text, exp in zip(turns, per_request)) / len(per_request)
 
     def score(self, text: str, expected: list[ExpectedCall]) -> float:
         """The reward of assistant ``text`` against ``expected`` (the formula above)."""
@@ -470,7 +491,8 @@ class ToolCallFormatReward:
     parse with no problems (:func:`~envs.toolcall.parse_tool_calls`). A turn without any
     block (and without problems) is well-formed only as the final turn of an
     ``"answer"``-mode episode, and then only if it has non-blank text; in ``"calls"`` mode
-    such a turn counts only when the task expects no call. No assistant turn -> 0.0.
+    such a turn counts only when its request expects no call, and the fraction is over every request
+    (follow-ups included), not only the turns the episode reached. No assistant turn -> 0.0.
     Returns ``None`` for tasks without a ``tool_call`` spec.
     """
 
@@ -481,9 +503,10 @@ class ToolCallFormatReward:
         spec = traj.task.tool_call
         if spec is None:
             return None
-        turns = [m.content for m in traj.messages[len(traj.task.messages) :] if m.role == "assistant"]
+        turns = _assistant_turns(traj)
         if not turns:
             return 0.0
+        per_request = turn_expected(spec)
         good = 0
         for i, text in enumerate(turns):
             calls, problems = parse_tool_calls(text)
@@ -494,5 +517,6 @@ class ToolCallFormatReward:
             elif spec.mode == "answer":
                 good += int(i == len(turns) - 1 and bool(text.strip()))
             else:
-                good += int(not spec.expected)
-        return good / len(turns)
+                good += int(i < len(per_request) and not per_request[i])
+        # calls mode: over every request, so that an episode cut before its later requests gains nothing
+        return good / (len(turns) if spec.mode == "answer" else max(len(turns), len(per_request)))

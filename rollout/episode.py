@@ -128,6 +128,7 @@ class _Episode:
     sandbox_events: list[str] | None = None
     done: bool = False
     action: str = ""  # the current turn's action, for its env's step
+    prefill: str = ""  # the current turn's pre-start (the task's on turn 1, then the env's info["prefill"])
     # Text the engine's tokens of the current conversation correspond to (for env-token deltas).
     text: str = ""
     harness_error: str | None = None  # why an env call of this episode failed (a harness failure)
@@ -420,7 +421,7 @@ def _prompt(e: _Episode, msgs: list[Message], tokenizer: Any, tools_in_prompt: s
     e.tools = place_tools(e.task, msgs, tokenizer, tools_in_prompt)
     e.prompt = _render(e, msgs, tokenizer)
     text = e.prompt + e.task.prefill
-    e.messages, e.text, e.prompt_ids = msgs, text, encode(tokenizer, text)
+    e.messages, e.text, e.prompt_ids, e.prefill = msgs, text, encode(tokenizer, text), e.task.prefill
 
 
 def _render(e: _Episode, msgs: list[Message], tokenizer: Any) -> str:
@@ -467,7 +468,7 @@ def _act(e: _Episode, gen: Generation, tokenizer: Any) -> None:
     ids = gen.token_ids
     ended = gen.finish_reason == "stop" and bool(ids) and ids[-1] == tokenizer.eos_token_id
     generated = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-    e.action = (e.task.prefill if e.turns == 0 else "") + generated
+    e.action = e.prefill + generated
     e.turns += 1
 
 
@@ -508,8 +509,12 @@ def _observe(e: _Episode, gen: Generation, result: tuple, tokenizer: Any, sampli
         # The template re-renders this turn differently from what the engine produced (e.g. the
         # policy emitted special tokens mid-turn): continuing would desynchronise tokens and text.
         return _end_early(e, "template_mismatch")
-    delta = encode(tokenizer, full[len(e.text) :])
-    e.text = full
+    # The env may pre-start the next turn (``info["prefill"]``): env tokens, like the observation before it.
+    prefill = info.get("prefill", "") if isinstance(info, dict) else ""
+    if not isinstance(prefill, str):
+        raise TypeError(f"info['prefill'] must be a str (the next turn's pre-start), got {type(prefill).__name__}")
+    delta = encode(tokenizer, full[len(e.text) :] + prefill)
+    e.text, e.prefill = full + prefill, prefill
     if len(e.prompt_ids) + len(e.response_ids) + len(delta) + 1 >= sampling.max_model_len:
         return _end_early(e, "max_model_len")
     e.response_ids += delta

@@ -184,3 +184,23 @@ def test_a_failed_arm_is_named_and_the_others_reported(tmp_path, monkeypatch, ca
     monkeypatch.setattr(ab, "train", sync_fails)
     with pytest.raises(SystemExit, match="the synchronous arm failed"):
         ab.main(["--work-dir", str(tmp_path / "again"), "--no-write"])
+
+
+def test_the_session_workload_writes_its_tasks_and_validates(tmp_path):
+    """--tasks chain (the default): sessions of --turns ladder requests, written into the work folder, train and
+    held-out, loading with the workload's env (max_turns = the session's length) and the recipe's reward."""
+    from envs.io import load_tasks
+    from rl.cli.main import main
+
+    args = ab._args(["--turns", "3"])
+    assert args.tasks == "chain"
+    data = ab.chain_files(tmp_path / "tasks", args.turns, args.seed)
+    ov = ab.workload(args) + data + ab.arm_overrides(ab.Arm("k2", 2, False), 2.0)
+    r = load_recipe(ROOT / "recipes" / "quickstart.yaml", ov)
+    train, held = (load_tasks(p) for p in (r.data.train_files[0], r.data.eval_files[0]))
+    assert len(train) == 120 and len(held) == 100
+    assert all(len(t.tool_call.followups) == 2 and t.meta["split"] == "train" for t in train)
+    assert all(t.meta["split"] == "eval" for t in held)
+    assert r.rollout.envs[0].kwargs["max_turns"] == 3
+    out = f"run.output_dir={tmp_path / 'run'}"
+    assert main(["validate", str(ROOT / "recipes" / "quickstart.yaml"), *ov, out]) == 0

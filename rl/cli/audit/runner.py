@@ -141,7 +141,8 @@ def _reference_act(turns: tuple[str, ...]) -> Act:
 def run_episode(env: Any, task: Task, act: Act, max_turns: int, done_marker: str = "DONE") -> Trajectory | None:
     """One episode of ``task`` in ``env`` with ``act`` as the policy; None when ``act`` has no first turn.
 
-    As the rollout: turn 1 gets the prefill (unless it starts with it), each turn's observation is
+    As the rollout: turn 1 gets the prefill (unless it starts with it), a later turn the pre-start its env
+    gave (``info["prefill"]``), each turn's observation is
     appended, ``info["reward"]`` becomes the env reward, and an episode the env has not ended when
     ``act`` stops or ``max_turns`` is reached is truncated and handed to the env's ``finalize``.
     """
@@ -150,6 +151,7 @@ def run_episode(env: Any, task: Task, act: Act, max_turns: int, done_marker: str
     env_reward, events = None, None
     terminated = truncated = False
     n = 0
+    prefill = task.prefill
     while True:
         text = act(Turn(task, tuple(seen + after), n + 1, done_marker)) if n < max_turns else None
         if text is None:
@@ -158,11 +160,12 @@ def run_episode(env: Any, task: Task, act: Act, max_turns: int, done_marker: str
             truncated = True
             info = getattr(env, "finalize", lambda: {})()
         else:
-            if n == 0 and task.prefill and not text.startswith(task.prefill):
-                text = task.prefill + text
+            if prefill and not text.startswith(prefill):
+                text = prefill + text
             obs, terminated, truncated, info = env.step(text)
             n += 1
             after += [Message("assistant", text), *obs]
+            prefill = info.get("prefill", "") if isinstance(info, dict) and isinstance(info.get("prefill"), str) else ""
         if isinstance(info, dict):
             if isinstance(info.get("reward"), (int, float)) and not isinstance(info.get("reward"), bool):
                 env_reward = float(info["reward"])

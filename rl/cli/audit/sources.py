@@ -126,7 +126,7 @@ def native_reference(task: Task, done_marker: str = "DONE") -> tuple[tuple[str, 
 
     Code: ``code.solution`` in one Python block. Terminal: ``terminal.solution`` as one command (a
     fenced block may span lines), then ``done_marker``. Tool calls in ``"calls"`` mode: the expected
-    calls at their first allowed values. Answer-mode tool tasks and tasks without these fields: none.
+    calls at their first allowed values, one turn a request (follow-ups included). Answer-mode tool tasks and tasks without these fields: none.
     """
     if task.code is not None and task.code.solution.strip():
         return (f"```python\n{task.code.solution.rstrip()}\n```",), "solution"
@@ -134,7 +134,8 @@ def native_reference(task: Task, done_marker: str = "DONE") -> tuple[tuple[str, 
         return (f"```bash\n{task.terminal.solution.rstrip()}\n```", done_marker), "solution"
     spec = task.tool_call
     if spec is not None and spec.mode == "calls":
-        return (_call_text(spec.expected, task.prefill) if spec.expected else "I need no tool for this.",), (
+        requests = [(spec.expected, task.prefill), *((f.expected, f.prefill) for f in spec.followups)]
+        return tuple(_call_text(exp, pre) if exp else "I need no tool for this." for exp, pre in requests), (
             "expected calls"
         )
     return None, ""

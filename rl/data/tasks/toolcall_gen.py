@@ -5,7 +5,8 @@
 writes ``toolcall_quickstart.train.jsonl`` (200 tasks) and ``toolcall_quickstart.eval.jsonl``
 (50 held-out tasks; no user request appears in both). Same seed, same bytes. With
 ``--ladder`` it writes the graded ``toolcall_ladder.{train,eval}.jsonl`` instead (held out by
-phrasing template; see the ladder section below).
+phrasing template; see the ladder section below); with ``--chain K``, ``toolcall_chain.{train,eval}.jsonl``:
+multi-turn sessions of K ladder requests each, one a turn (:func:`chain_tasks`).
 
 Design (from a GRPO run in which SmolLM2-135M-Instruct learned a task like this):
 
@@ -36,7 +37,7 @@ from typing import Any
 
 from envs.io import save_tasks
 from envs.toolcall import format_call, format_tools_system_prompt
-from envs.types import ExpectedCall, Message, Task, ToolCall, ToolCallSpec
+from envs.types import ExpectedCall, FollowUp, Message, Task, ToolCall, ToolCallSpec
 from rl.data.tasks.ladder import N_EVAL, N_TRAIN, Template, draw, write_ladder
 
 __all__ = [
@@ -48,6 +49,10 @@ __all__ = [
     "write_quickstart",
     "generate_ladder",
     "write_ladder_files",
+    "CHAIN_SOURCE",
+    "chain_tasks",
+    "generate_chains",
+    "write_chain_files",
     "main",
 ]
 
@@ -734,6 +739,83 @@ def write_ladder_files(out_dir: str | Path, n_train: int = N_TRAIN, n_eval: int 
     return write_ladder({"train": train, "eval": held}, out_dir, LADDER_SOURCE)
 
 
+CHAIN_SOURCE = "toolcall_chain"
+
+
+def chain_tasks(tasks: list[Task], n: int, length: int, seed: int, split: str) -> list[Task]:
+    """``n`` sessions of ``length`` requests each, drawn from ladder ``tasks`` (one split; seeded).
+
+    A session is one calls-mode task with follow-ups (:class:`~envs.types.FollowUp`): its first request is
+    one ladder task's, each later request another's, every turn pre-started as its ladder task is (the ladder's
+    rungs give signal only with that pre-start). The system prompt lists the first task's functions and every
+    later request's function, with a worked example of a function not listed. Sessions draw distinct tasks
+    (``random.sample``), so a session never asks the same thing twice; ``meta["chain"]`` names its tasks.
+    """
+    if length < 1 or n < 0:
+        raise ValueError(f"chain_tasks: need length >= 1 and n >= 0, got length={length}, n={n}")
+    if len(tasks) < length:
+        raise ValueError(f"chain_tasks: {len(tasks)} {split} tasks cannot make sessions of {length} requests")
+    rng = random.Random(f"{CHAIN_SOURCE}-{seed}-{split}")
+    pick = _pick_train if split == "train" else _pick_eval
+    out = []
+    for i in range(n):
+        parts = rng.sample(tasks, length)
+        first = parts[0]
+        listed = list(dict.fromkeys([*first.meta["functions"], *(t.tool_call.expected[0].name for t in parts)]))
+        example_fn = rng.choice([f for f in FUNCTIONS if f not in listed])
+        example_text, example_args, _ = FUNCTIONS[example_fn].sample(rng, pick)
+        system = _ladder_system_prompt(
+            [FUNCTIONS[f].schema for f in listed], (example_text, ToolCall(name=example_fn, arguments=example_args))
+        )
+        out.append(
+            Task(
+                id=f"{CHAIN_SOURCE}-{split}-{i:03d}",
+                domain="tool_call",
+                messages=(Message("system", system), first.messages[-1]),
+                prefill=first.prefill,
+                tool_call=ToolCallSpec(
+                    tools=tuple(FUNCTIONS[f].schema for f in listed),
+                    expected=first.tool_call.expected,
+                    followups=tuple(
+                        FollowUp(request=t.messages[-1].content, expected=t.tool_call.expected, prefill=t.prefill)
+                        for t in parts[1:]
+                    ),
+                ),
+                meta={
+                    "source": CHAIN_SOURCE,
+                    "template": f"chain{length}",
+                    "split": split,
+                    "functions": listed,
+                    "example_function": example_fn,
+                    "chain": [t.id for t in parts],
+                },
+            )
+        )
+    return out
+
+
+def generate_chains(
+    length: int = 3, n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0
+) -> tuple[list[Task], list[Task]]:
+    """(train, eval) sessions of ``length`` requests (:func:`chain_tasks`) over the ladder's train and held-out
+    tasks: a held-out session's requests are all held-out ladder tasks."""
+    train, held = generate_ladder(seed=seed)
+    return chain_tasks(train, n_train, length, seed, "train"), chain_tasks(held, n_eval, length, seed, "eval")
+
+
+def write_chain_files(
+    out_dir: str | Path, length: int = 3, n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0
+) -> list[Path]:
+    """Write ``toolcall_chain.{train,eval}.jsonl`` (:func:`generate_chains`) into ``out_dir``; return the paths."""
+    train, held = generate_chains(length, n_train, n_eval, seed)
+    out = []
+    for split, tasks in (("train", train), ("eval", held)):
+        path = Path(out_dir) / f"{CHAIN_SOURCE}.{split}.jsonl"
+        save_tasks(tasks, path)
+        out.append(path)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rl.data.tasks.toolcall_gen", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default="recipes/data", help="directory to write the two .jsonl files into")
@@ -745,8 +827,19 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help=f"write the graded ladder (toolcall_ladder.*.jsonl, {N_TRAIN}/{N_EVAL} by default) instead",
     )
+    parser.add_argument(
+        "--chain",
+        type=int,
+        default=0,
+        metavar="K",
+        help="write sessions of K requests over the ladder's tasks (toolcall_chain.*.jsonl) instead",
+    )
     args = parser.parse_args(argv)
-    if args.ladder:
+    if args.chain:
+        n_train = N_TRAIN if args.n_train == 200 else args.n_train
+        n_eval = N_EVAL if args.n_eval == 50 else args.n_eval
+        paths = write_chain_files(args.out_dir, args.chain, n_train, n_eval, args.seed)
+    elif args.ladder:
         n_train = N_TRAIN if args.n_train == 200 else args.n_train
         n_eval = N_EVAL if args.n_eval == 50 else args.n_eval
         paths = write_ladder_files(args.out_dir, n_train, n_eval, args.seed)
