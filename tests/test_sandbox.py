@@ -573,6 +573,39 @@ def test_shell_start_gives_up_after_three_races_and_never_retries_other_failures
     assert len(calls) == 1 and zombie_children() == []
 
 
+def _racing_probe(monkeypatch, failures: int, message: str) -> list[int]:
+    """The probe's first ``failures`` bwrap launches print ``message`` and exit 1 (a lost mount race)."""
+    real, calls = sbmod._bwrap_command, []
+
+    def command(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= failures:
+            return ["/bin/sh", "-c", f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sbmod, "_bwrap_command", command)
+    return calls
+
+
+def test_the_sandbox_probe_retries_a_lost_mount_race_and_gives_up_on_anything_else(monkeypatch):
+    """The probe's answer is cached for the process: a probe that lost a mount race to a sandbox mounted beside it
+    (a run stopped with SandboxUnavailable in the suite) is retried like every launch, not taken as "no"."""
+    tools = sbmod._tools()
+    calls = _racing_probe(monkeypatch, 2, RACE)
+    sbmod._try_one_sandbox(tools)
+    assert 3 <= len(calls) <= sbbase.SETUP_RACE_RETRIES
+    monkeypatch.undo()
+    calls = _racing_probe(monkeypatch, 99, RACE)
+    with pytest.raises(SandboxUnavailable, match="Can't bind mount"):
+        sbmod._try_one_sandbox(tools)
+    assert len(calls) == sbbase.SETUP_RACE_RETRIES
+    monkeypatch.undo()
+    calls = _racing_probe(monkeypatch, 99, "bwrap: No permissions to creating new namespace")
+    with pytest.raises(SandboxUnavailable, match="No permissions"):
+        sbmod._try_one_sandbox(tools)
+    assert len(calls) == 1 and zombie_children() == []
+
+
 def test_a_pre_started_sandbox_that_loses_a_mount_race_runs_the_command_cold(monkeypatch):
     """A warm (pre-started) sandbox whose bwrap is still setting up when the command is handed over, and then
     loses a mount race, never ran the program: the run starts cold instead of reporting bwrap's exit status 1."""

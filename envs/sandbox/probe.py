@@ -9,7 +9,7 @@ import sys
 import tempfile
 import threading
 
-from envs.sandbox.base import SANDBOX_PATH, Limits, SandboxUnavailable, _Tools
+from envs.sandbox.base import SANDBOX_PATH, Limits, RunResult, SandboxUnavailable, _Tools, retry_setup_race, setup_race
 from envs.sandbox.launch import _bwrap_command, _inner_work_dir, _prepare_work_dir, _temp_parent
 from envs.sandbox.pump import _execute
 from envs.sandbox.reap import _ensure_subreaper
@@ -110,23 +110,29 @@ def _try_one_sandbox(tools: _Tools) -> None:
         host_ids = (lease.uid, lease.gid)
         _prepare_work_dir(work, host_ids)
         _ensure_subreaper()
-        info_r, info_w = os.pipe()
-        cmd = _bwrap_command(
-            tools,
-            ["true"],
-            work_dir=work,
-            inner=_inner_work_dir(),
-            env={},
-            limits=Limits(),
-            info_fd=info_w,
-            new_session=True,
-            ro_binds=(),
-            host_ids=host_ids,
-        )
-        try:
-            res = _execute(
+
+        def attempt() -> RunResult:
+            info_r, info_w = os.pipe()
+            cmd = _bwrap_command(
+                tools,
+                ["true"],
+                work_dir=work,
+                inner=_inner_work_dir(),
+                env={},
+                limits=Limits(),
+                info_fd=info_w,
+                new_session=True,
+                ro_binds=(),
+                host_ids=host_ids,
+            )
+            return _execute(
                 cmd, {"PATH": SANDBOX_PATH}, "/", None, None, Limits(wall_seconds=30), info_r, info_w, bwrap=True
             )
+
+        try:
+            # A sandbox being mounted or unmounted beside the probe can make bwrap fail its own mounts: retried as
+            # every launcher retries it, since the answer is cached for the process, and a lost race is not "no".
+            res = retry_setup_race(attempt, setup_race)
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start bwrap: {exc}") from exc
         if res.exit_code != 0:

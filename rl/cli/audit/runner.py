@@ -142,9 +142,9 @@ def run_episode(env: Any, task: Task, act: Act, max_turns: int, done_marker: str
     """One episode of ``task`` in ``env`` with ``act`` as the policy; None when ``act`` has no first turn.
 
     As the rollout: turn 1 gets the prefill (unless it starts with it), a later turn the pre-start its env
-    gave (``info["prefill"]``), each turn's observation is
-    appended, ``info["reward"]`` becomes the env reward, and an episode the env has not ended when
-    ``act`` stops or ``max_turns`` is reached is truncated and handed to the env's ``finalize``.
+    gave (``info["prefill"]``), each turn's observation is appended, ``info["reward"]`` becomes the env
+    reward, and an episode the env has not ended when ``act`` stops or ``max_turns`` is reached is
+    truncated and handed to the env's ``finalize``.
     """
     seen = list(env.reset(task))
     after: list[Message] = []
@@ -165,7 +165,8 @@ def run_episode(env: Any, task: Task, act: Act, max_turns: int, done_marker: str
             obs, terminated, truncated, info = env.step(text)
             n += 1
             after += [Message("assistant", text), *obs]
-            prefill = info.get("prefill", "") if isinstance(info, dict) and isinstance(info.get("prefill"), str) else ""
+            nxt = info.get("prefill") if isinstance(info, dict) else None
+            prefill = nxt if isinstance(nxt, str) else ""
         if isinstance(info, dict):
             if isinstance(info.get("reward"), (int, float)) and not isinstance(info.get("reward"), bool):
                 env_reward = float(info["reward"])

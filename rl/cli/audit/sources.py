@@ -126,7 +126,8 @@ def native_reference(task: Task, done_marker: str = "DONE") -> tuple[tuple[str, 
 
     Code: ``code.solution`` in one Python block. Terminal: ``terminal.solution`` as one command (a
     fenced block may span lines), then ``done_marker``. Tool calls in ``"calls"`` mode: the expected
-    calls at their first allowed values, one turn a request (follow-ups included). Answer-mode tool tasks and tasks without these fields: none.
+    calls at their first allowed values, one turn a request (follow-ups included). Answer-mode tool
+    tasks and tasks without these fields: none.
     """
     if task.code is not None and task.code.solution.strip():
         return (f"```python\n{task.code.solution.rstrip()}\n```",), "solution"
