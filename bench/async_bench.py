@@ -64,6 +64,12 @@ TOOLS_TASKS = [
 ]
 
 
+# RESULTS.md section per task set: (key, title)
+SECTIONS = {
+    "chain": ("async_sessions", "Synchronous vs bounded-staleness streamed, 3-request tool-call sessions"),
+    "ladder": ("async", "Synchronous vs bounded-staleness streamed, long-tailed tool latency"),
+    "tools": ("async_tools", "Synchronous vs bounded-staleness streamed, multi-turn tool tasks"),
+}
 TASKS_LABEL = {
     "chain": " with --tasks chain: sessions of {turns} tool-call ladder requests, one a turn",
     "ladder": "",
@@ -271,6 +277,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-partial", action="store_true", help="streamed arms without partial rollouts only")
     ap.add_argument("--work-dir", default="", help="keep run folders here (default: a temp dir, removed)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    ap.add_argument(
+        "--from-runs",
+        action="store_true",
+        help="train nothing: report the arms an earlier invocation finished in --work-dir (the others as not run)",
+    )
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.staleness.split(",")]
     if not ks or ks[0] != 0 or any(k < 0 for k in ks):
@@ -278,6 +289,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("steps", "prompts", "group", "turns", "eval_limit"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.from_runs and not args.work_dir:
+        ap.error("--from-runs needs --work-dir (the folder the runs are in)")
     args.ks = ks
     return args
 
@@ -290,12 +303,17 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="jointrl-async-bench-") as tmp:
         root = Path(args.work_dir) if args.work_dir else Path(tmp)
-        if args.tasks == "chain":
-            base_ov = base_ov + chain_files(root / "tasks", args.turns, args.seed)
-        # precision auto times matmuls at each run's start: timed once here and pinned, so arms differ only by arm
-        pinned, precision = pinned_precision(load_recipe(args.recipe, base_ov), local=False)
-        base_ov = base_ov + pinned
-        for arm in arm_list:
+        missing: dict[str, str] = {}
+        if args.from_runs:
+            runs, missing, precision = from_runs(root, arm_list, args.prompts * args.group)
+        else:
+            if args.tasks == "chain":
+                base_ov = base_ov + chain_files(root / "tasks", args.turns, args.seed)
+            # precision auto times matmuls at each run's start: timed once here and pinned, so arms differ only by
+            # arm
+            pinned, precision = pinned_precision(load_recipe(args.recipe, base_ov), local=False)
+            base_ov = base_ov + pinned
+        for arm in [] if args.from_runs else arm_list:
             out = root / arm.name
             try:
                 wall = train(args.recipe, out, base_ov + arm_overrides(arm, args.tis_cap))
@@ -321,10 +339,36 @@ def main(argv: list[str] | None = None) -> int:
     }
     body = render([a for a in arm_list if a.name in runs], runs, meta)
     body += "".join(f"\nArm {n} failed: {why}\n" for n, why in failed.items())
+    body += "".join(f"\nArm {n} not run: {why}\n" for n, why in missing.items())
     print(body)
     if not args.no_write:
-        write_section("async", "Synchronous vs bounded-staleness streamed, long-tailed tool latency", body)
+        write_section(*SECTIONS[args.tasks], body)
     return 1 if failed else 0
+
+
+def from_runs(root: Path, arm_list: list[Arm], samples_per_step: int) -> tuple[dict, dict, str]:
+    """``(runs, not_run, precision)`` from the arm folders an earlier invocation left in ``root`` (``--from-runs``):
+    an arm whose run finished (its ``bench_wall_s.txt`` written) is read as a fresh one would be; any other is named
+    as not run; the precision is the sync arm's resolved ``model`` dtypes."""
+    runs, not_run = {}, {}
+    for arm in arm_list:
+        out = root / arm.name
+        if not (out / "bench_wall_s.txt").is_file():
+            not_run[arm.name] = f"no finished run in {out}"
+            if arm.k == 0:
+                raise SystemExit(f"--from-runs: {out} holds no finished synchronous run: nothing to compare against")
+            continue
+        wall = float((out / "bench_wall_s.txt").read_text())
+        runs[arm.name] = {**summarize(out, samples_per_step), "heldout": heldout(out), "wall_s": wall}
+    import yaml
+
+    model = (yaml.safe_load((root / "sync" / "recipe.resolved.yaml").read_text()) or {}).get("model", {})
+    precision = (
+        f"engine {model.get('engine_dtype')}, learner {model.get('learner_dtype')}"
+        f"{' + bf16 autocast' if model.get('autocast') else ''}, reference {model.get('reference_dtype')} (the sync "
+        "run's recipe.resolved.yaml)"
+    )
+    return runs, not_run, precision
 
 
 if __name__ == "__main__":

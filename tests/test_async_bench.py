@@ -204,3 +204,33 @@ def test_the_session_workload_writes_its_tasks_and_validates(tmp_path):
     assert r.rollout.envs[0].kwargs["max_turns"] == 3
     out = f"run.output_dir={tmp_path / 'run'}"
     assert main(["validate", str(ROOT / "recipes" / "quickstart.yaml"), *ov, out]) == 0
+
+
+def test_from_runs_reports_the_finished_arms_and_names_the_others(tmp_path, monkeypatch, capsys):
+    """--from-runs trains nothing: arms whose runs finished (bench_wall_s.txt) are read as fresh ones would be, an
+    arm without a finished run is named as not run, and the precision comes from the sync run's resolved recipe."""
+    import yaml
+
+    from rl.config.loading import recipe_to_dict
+
+    def no_training(*a, **k):
+        raise AssertionError("--from-runs must not train")
+
+    monkeypatch.setattr(ab, "train", no_training)
+    for name, steps in (("sync", [10.0, 10.0]), ("k1", [8.0, 8.0]), ("k2", [5.0, 5.0])):
+        _run_dir(tmp_path, name, steps, {"a": 1.0, "b": 0.0})
+        (tmp_path / name / "bench_wall_s.txt").write_text("30.0\n")
+    (tmp_path / "k2" / "bench_wall_s.txt").unlink()  # k2 was stopped before it finished
+    r = load_recipe(ROOT / "recipes" / "quickstart.yaml", ["model.engine_dtype=bfloat16"])
+    (tmp_path / "sync" / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe_to_dict(r)))
+    argv = ["--staleness", "0,1,2", "--no-partial", "--work-dir", str(tmp_path), "--from-runs", "--no-write"]
+    assert ab.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| sync | 0 | no | 6.40 | 1.00 |" in out and "| k1 | 1 | no | 8.00 | 1.25 |" in out  # 64 samples a step
+    assert f"Arm k2 not run: no finished run in {tmp_path / 'k2'}" in out and "| k2 |" not in out
+    assert "Precision pinned for every arm: engine bfloat16" in out
+    with pytest.raises(SystemExit):
+        ab._args(["--from-runs"])  # no --work-dir
+    (tmp_path / "sync" / "bench_wall_s.txt").unlink()
+    with pytest.raises(SystemExit, match="no finished synchronous run"):
+        ab.main(argv)
