@@ -294,20 +294,29 @@ def _tool_call_from_dict(tc: Any, where: str) -> ToolCallSpec:
     )
 
 
+def _objects(raw: Any, where: str, field: str, what: str, shape: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """``field``'s list of objects (``None``: none), each with its field name (``field[i]``); a value that is not
+    a list of objects is an error naming the field or the item."""
+    raw = [] if raw is None else _maybe_json(raw, where, field)
+    if not isinstance(raw, list):
+        raise _fail(where, field, f"must be a list of {what}, got {_type_name(raw)}")
+    out = []
+    for i, x in enumerate(raw):
+        x = _maybe_json(x, where, f"{field}[{i}]")
+        if not isinstance(x, dict):
+            raise _fail(where, f"{field}[{i}]", f"must be an object{shape}, got {_type_name(x)}")
+        out.append((f"{field}[{i}]", x))
+    return out
+
+
 def _followups_from(tc: dict[str, Any], mode: str, where: str) -> tuple[FollowUp, ...]:
     """``tool_call.followups``: the later requests of a calls-mode session, each ``{"request", "expected",
     "prefill"?}`` (see :class:`~envs.types.FollowUp`)."""
-    raw = [] if tc.get("followups") is None else _maybe_json(tc["followups"], where, "tool_call.followups")
-    if not isinstance(raw, list):
-        raise _fail(where, "tool_call.followups", f"must be a list of requests, got {_type_name(raw)}")
-    if raw and mode != "calls":
+    items = _objects(tc.get("followups"), where, "tool_call.followups", "requests", " with 'request' and 'expected'")
+    if items and mode != "calls":
         raise _fail(where, "tool_call.followups", f"only calls-mode tasks have follow-up requests (mode is {mode!r})")
     out = []
-    for i, f in enumerate(raw):
-        f_name = f"tool_call.followups[{i}]"
-        f = _maybe_json(f, where, f_name)
-        if not isinstance(f, dict):
-            raise _fail(where, f_name, f"must be an object with 'request' and 'expected', got {_type_name(f)}")
+    for f_name, f in items:
         unknown = [k for k in f if k not in ("request", "expected", "prefill")]
         if unknown:
             raise _fail(where, f"{f_name}.{unknown[0]}", "unknown field (allowed: request, expected, prefill)")
@@ -345,15 +354,8 @@ def _tools_from(tc: dict[str, Any], where: str) -> tuple[dict[str, Any], ...]:
     """``tool_call.tools``: function schemas with distinct non-empty names."""
     if tc.get("tools") is None:
         raise _fail(where, "tool_call.tools", "missing")
-    raw_tools = _maybe_json(tc["tools"], where, "tool_call.tools")
-    if not isinstance(raw_tools, list):
-        raise _fail(where, "tool_call.tools", f"must be a list of function schemas, got {_type_name(raw_tools)}")
     tools = []
-    for i, t in enumerate(raw_tools):
-        f = f"tool_call.tools[{i}]"
-        t = _maybe_json(t, where, f)
-        if not isinstance(t, dict):
-            raise _fail(where, f, f"must be an object, got {_type_name(t)}")
+    for f, t in _objects(tc["tools"], where, "tool_call.tools", "function schemas"):
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise _fail(where, f"{f}.name", "missing or not a non-empty string")
         params = t.get("parameters")
