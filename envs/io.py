@@ -70,6 +70,10 @@ class TaskFormatError(ValueError):
 # ---------------------------------------------------------------------------- dict <-> Task
 
 
+def _expected_to_dict(e: ExpectedCall) -> dict[str, Any]:
+    return {"name": e.name, "allowed": {k: list(v) for k, v in e.allowed.items()}}
+
+
 def task_to_dict(task: Task) -> dict[str, Any]:
     """The native JSON form of ``task`` (optional fields left out when empty)."""
     d: dict[str, Any] = {
@@ -82,9 +86,7 @@ def task_to_dict(task: Task) -> dict[str, Any]:
     if task.tool_call is not None:
         d["tool_call"] = {
             "tools": [dict(t) for t in task.tool_call.tools],
-            "expected": [
-                {"name": e.name, "allowed": {k: list(v) for k, v in e.allowed.items()}} for e in task.tool_call.expected
-            ],
+            "expected": [_expected_to_dict(e) for e in task.tool_call.expected],
         }
         # Newer optional fields: only when non-default, so older files round-trip byte-identically.
         if task.tool_call.mode != "calls":
@@ -99,9 +101,7 @@ def task_to_dict(task: Task) -> dict[str, Any]:
             d["tool_call"]["followups"] = [
                 {
                     "request": f.request,
-                    "expected": [
-                        {"name": e.name, "allowed": {k: list(v) for k, v in e.allowed.items()}} for e in f.expected
-                    ],
+                    "expected": [_expected_to_dict(e) for e in f.expected],
                     **({"prefill": f.prefill} if f.prefill else {}),
                 }
                 for f in task.tool_call.followups
@@ -327,10 +327,7 @@ def _followups_from(tc: dict[str, Any], mode: str, where: str) -> tuple[FollowUp
             raise _fail(where, f"{f_name}.prefill", f"must be a string, got {_type_name(prefill)}")
         if f.get("expected") is None:
             raise _fail(where, f"{f_name}.expected", "missing")
-        expected = _maybe_json(f["expected"], where, f"{f_name}.expected")
-        if not isinstance(expected, list):
-            raise _fail(where, f"{f_name}.expected", f"must be a list of calls, got {_type_name(expected)}")
-        calls = tuple(_expected_call(e, where, f"{f_name}.expected[{j}]") for j, e in enumerate(expected))
+        calls = _expected_from(f, where, f"{f_name}.expected")
         out.append(FollowUp(request=f["request"], expected=calls, prefill=prefill))
     return tuple(out)
 
@@ -369,12 +366,12 @@ def _tools_from(tc: dict[str, Any], where: str) -> tuple[dict[str, Any], ...]:
     return tuple(tools)
 
 
-def _expected_from(tc: dict[str, Any], where: str) -> tuple[ExpectedCall, ...]:
-    """``tool_call.expected``: the calls to make, each with its allowed argument values."""
-    raw_expected = [] if tc.get("expected") is None else _maybe_json(tc["expected"], where, "tool_call.expected")
+def _expected_from(tc: dict[str, Any], where: str, field: str = "tool_call.expected") -> tuple[ExpectedCall, ...]:
+    """``tc["expected"]`` (named ``field``): the calls to make, each with its allowed argument values."""
+    raw_expected = [] if tc.get("expected") is None else _maybe_json(tc["expected"], where, field)
     if not isinstance(raw_expected, list):
-        raise _fail(where, "tool_call.expected", f"must be a list of calls, got {_type_name(raw_expected)}")
-    return tuple(_expected_call(e, where, f"tool_call.expected[{i}]") for i, e in enumerate(raw_expected))
+        raise _fail(where, field, f"must be a list of calls, got {_type_name(raw_expected)}")
+    return tuple(_expected_call(e, where, f"{field}[{i}]") for i, e in enumerate(raw_expected))
 
 
 def _expected_call(e: Any, where: str, f: str) -> ExpectedCall:

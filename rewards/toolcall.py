@@ -437,7 +437,7 @@ def answer_matches(text: str, acceptable: Iterable[str], context: str = "", comp
 
 def final_answer(traj: Trajectory) -> str | None:
     """The episode's final answer: its last assistant turn, if that turn has no ``<tool_call>``."""
-    turns = [m.content for m in traj.messages[len(traj.task.messages) :] if m.role == "assistant"]
+    turns = _assistant_turns(traj)
     if not turns or OPEN_TAG in turns[-1]:
         return None
     return turns[-1]

@@ -808,12 +808,7 @@ def write_chain_files(
 ) -> list[Path]:
     """Write ``toolcall_chain.{train,eval}.jsonl`` (:func:`generate_chains`) into ``out_dir``; return the paths."""
     train, held = generate_chains(length, n_train, n_eval, seed)
-    out = []
-    for split, tasks in (("train", train), ("eval", held)):
-        path = Path(out_dir) / f"{CHAIN_SOURCE}.{split}.jsonl"
-        save_tasks(tasks, path)
-        out.append(path)
-    return out
+    return write_ladder({"train": train, "eval": held}, out_dir, CHAIN_SOURCE)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -835,13 +830,12 @@ def main(argv: list[str] | None = None) -> None:
         help="write sessions of K requests over the ladder's tasks (toolcall_chain.*.jsonl) instead",
     )
     args = parser.parse_args(argv)
+    # the ladder and its sessions default to the ladder's counts, not the quickstart's
+    n_train = N_TRAIN if args.n_train == 200 else args.n_train
+    n_eval = N_EVAL if args.n_eval == 50 else args.n_eval
     if args.chain:
-        n_train = N_TRAIN if args.n_train == 200 else args.n_train
-        n_eval = N_EVAL if args.n_eval == 50 else args.n_eval
         paths = write_chain_files(args.out_dir, args.chain, n_train, n_eval, args.seed)
     elif args.ladder:
-        n_train = N_TRAIN if args.n_train == 200 else args.n_train
-        n_eval = N_EVAL if args.n_eval == 50 else args.n_eval
         paths = write_ladder_files(args.out_dir, n_train, n_eval, args.seed)
     else:
         paths = write_quickstart(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed)
