@@ -278,6 +278,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--work-dir", default="", help="keep run folders here (default: a temp dir, removed)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     ap.add_argument(
+        "--section",
+        default="",
+        help="RESULTS.md section to write (default: the task set's own); another key keeps that section and writes "
+        "a new one beside it, titled with the arms' max_staleness values",
+    )
+    ap.add_argument(
         "--from-runs",
         action="store_true",
         help="train nothing: report the arms an earlier invocation finished in --work-dir (the others as not run)",
@@ -342,8 +348,17 @@ def main(argv: list[str] | None = None) -> int:
     body += "".join(f"\nArm {n} not run: {why}\n" for n, why in missing.items())
     print(body)
     if not args.no_write:
-        write_section(*SECTIONS[args.tasks], body)
+        write_section(*section(args), body)
     return 1 if failed else 0
+
+
+def section(args: argparse.Namespace) -> tuple[str, str]:
+    """``(key, title)`` of the RESULTS.md section this invocation writes: the task set's own, or ``--section``'s key
+    with the task set's title and the max_staleness values run, so a run of some arms never overwrites another's."""
+    key, title = SECTIONS[args.tasks]
+    if not args.section or args.section == key:
+        return key, title
+    return args.section, f"{title}, max_staleness {', '.join(map(str, args.ks))}"
 
 
 def from_runs(root: Path, arm_list: list[Arm], samples_per_step: int) -> tuple[dict, dict, str]:
