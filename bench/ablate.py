@@ -13,7 +13,11 @@ training templates: an easier test than the held-out files (new templates), but 
 sweep with the same seeds and the split's overrides plus the arm's own) and report per domain each arm's dev
 gain (mean ± SD over seeds, seeds beyond 2 paired SE) and its difference to the control: per seed, the arm's
 final dev mean minus the control's (same seed, same dev tasks), then mean ± SD and SE (SD / sqrt(seeds)) of
-those differences. ``--write`` puts the table in ``bench/RESULTS.md`` (section ``ablation_<name>``).
+those differences. ``--write`` puts the table in ``bench/RESULTS.md`` (section ``ablation_<name>``). A folder given as
+``FOLDER@STEP`` is read at the dev evaluation of step ``STEP`` instead of its last (each seed's run must have
+evaluated there, ``train.eval_every``): one sweep of a longer run then compares training for ``STEP`` steps
+against training on, paired by seed, without a second sweep (the learning rate must not depend on the run's
+length for that to equal a shorter run: ``algo.optim.schedule: constant``).
 
     .venv/bin/python bench/ablate.py split recipes/joint_rl.yaml --out runs/dev_split
     .venv/bin/python bench/seeds.py recipes/joint_rl.yaml --seeds 0,1,2 --out runs/abl/control <overrides>
@@ -21,10 +25,11 @@ those differences. ``--write`` puts the table in ``bench/RESULTS.md`` (section `
         algo.reward_norm.prior_samples=8
     .venv/bin/python bench/ablate.py compare --name joint_rl --control runs/abl/control \\
         --arm prior_samples=8:runs/abl/prior8 --write
+    .venv/bin/python bench/ablate.py compare --name steps --control runs/abl/steps46@23 --arm 46:runs/abl/steps46
 
 Bad input (exit 2, one line naming it): a training file that is not a task file (a Harbor directory, a
 dataset), a group too small to give the dev set a task, a sweep folder without ``sweep.json``, arms whose
-seeds or dev sets differ from the control's.
+seeds or dev sets differ from the control's, a ``@STEP`` at which a seed's run did not evaluate.
 """
 
 from __future__ import annotations
@@ -92,14 +97,35 @@ def split_recipe(recipe: Path, out: Path, every: int = 3) -> tuple[list[Path], l
     return trains, devs
 
 
-def _sweep(folder: Path) -> dict[str, Any]:
+def _sweep(folder: Path, step: int | None = None) -> dict[str, Any]:
+    """A sweep's ``sweep.json``; with ``step``, its ``per_seed`` and ``across`` recomputed from each finished
+    seed's dev evaluations, first against the one at ``step`` (``bench/seeds.py``'s statistics)."""
     path = folder / "sweep.json"
     try:
-        return json.loads(path.read_text())
+        sweep = json.loads(path.read_text())
     except FileNotFoundError:
         raise AblationError(f"{folder}: no sweep.json (run bench/seeds.py with --out {folder} first)") from None
     except json.JSONDecodeError as e:
         raise AblationError(f"{path}: not JSON ({e.msg})") from None
+    if step is None:
+        return sweep
+    from bench.seeds import _json_result, analyse
+    from bench.seesaw import eval_steps, records
+
+    evals = {}
+    for run in sweep.get("runs", []):
+        if run.get("status") not in ("done", "kept"):
+            continue
+        by_step = eval_steps(records(Path(run["run_dir"])))
+        if step not in by_step or step == min(by_step):
+            raise AblationError(
+                f"{folder}@{step}: seed {run['seed']}'s run {run['run_dir']} has no dev evaluation at step {step} after "
+                f"its first (it evaluated at steps {sorted(by_step)})"
+            )
+        evals[run["seed"]] = (by_step[min(by_step)], by_step[step])
+    if not evals:
+        raise AblationError(f"{folder}@{step}: no finished seed in sweep.json")
+    return {**sweep, **_json_result(analyse(evals))}
 
 
 def _eval_files(sweep: dict[str, Any]) -> list[str]:
@@ -166,11 +192,21 @@ def render(result: dict[str, Any], meta: dict[str, Any]) -> str:
     )
 
 
-def _arm(text: str) -> tuple[str, Path]:
+def _source(text: str) -> tuple[Path, int | None]:
+    """``FOLDER`` or ``FOLDER@STEP`` (a sweep read at one step's evaluation)."""
+    folder, sep, step = text.rpartition("@")
+    if not sep or not folder:
+        return Path(text), None
+    if not step.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FOLDER or FOLDER@STEP (STEP an integer)")
+    return Path(folder), int(step)
+
+
+def _arm(text: str) -> tuple[str, tuple[Path, int | None]]:
     name, sep, folder = text.partition(":")
     if not sep or not name or not folder:
-        raise argparse.ArgumentTypeError(f"--arm {text!r}: expected NAME:FOLDER")
-    return name, Path(folder)
+        raise argparse.ArgumentTypeError(f"--arm {text!r}: expected NAME:FOLDER or NAME:FOLDER@STEP")
+    return name, _source(folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--every", type=int, default=3, help="every N-th task of each template goes to dev")
     cp = sub.add_parser("compare", help="the arms' dev gains against the control's")
     cp.add_argument("--name", required=True, help="the RESULTS.md section is ablation_<name>")
-    cp.add_argument("--control", type=Path, required=True, help="the control's bench/seeds.py --out folder")
-    cp.add_argument("--arm", type=_arm, action="append", required=True, help="NAME:FOLDER (repeatable)")
+    cp.add_argument(
+        "--control", type=_source, required=True, help="the control's bench/seeds.py --out folder [@STEP]"
+    )
+    cp.add_argument("--arm", type=_arm, action="append", required=True, help="NAME:FOLDER[@STEP] (repeatable)")
     cp.add_argument("--what", default="", help="one paragraph: what was compared and why (the section's text)")
     cp.add_argument("--write", action="store_true", help="replace the section in bench/RESULTS.md")
     args = ap.parse_args(argv)
@@ -195,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"data.eval_files=[{','.join(str(p) for p in devs)}]")
             print(f"ablate: {sum(n)} dev tasks ({', '.join(map(str, n))}) in {args.out}", file=sys.stderr)
             return 0
-        control = _sweep(args.control)
-        result = compare(control, {name: _sweep(folder) for name, folder in args.arm})
+        control = _sweep(*args.control)
+        result = compare(control, {name: _sweep(*source) for name, source in args.arm})
     except AblationError as e:
         print(f"ablate: {e}", file=sys.stderr)
         return 2

@@ -103,3 +103,44 @@ def test_compare_refuses_arms_on_other_seeds_or_other_dev_files() -> None:
 def test_compare_without_a_sweep_names_the_folder(tmp_path: Path, capsys) -> None:
     assert main(["compare", "--name", "x", "--control", str(tmp_path), "--arm", f"a:{tmp_path}"]) == 2
     assert f"{tmp_path}: no sweep.json" in capsys.readouterr().err
+
+
+def _run_with_evals(run_dir: Path, evals: dict[int, list[float]]) -> None:
+    """A run folder whose rollouts.jsonl holds code dev evaluations: step -> rewards of tasks d0, d1, ..."""
+    run_dir.mkdir(parents=True)
+    rows = [
+        {"step": step, "split": "eval", "domain": "code", "task_id": f"d{i}", "reward": r}
+        for step, rewards in evals.items()
+        for i, r in enumerate(rewards)
+    ]
+    rows.append({"step": 1, "split": "train", "domain": "code", "task_id": "t0", "reward": 1.0})
+    (run_dir / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_sweep_read_at_a_step_compares_training_on_against_stopping_there(tmp_path: Path, capsys) -> None:
+    """FOLDER@STEP reads each seed at that step's dev evaluation: the control at step 2 and the arm at its last
+    (step 4) of the same runs, paired by seed; a step a run did not evaluate at is named."""
+    evals = {
+        0: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 0.0, 0.0, 0.0], 4: [1.0, 1.0, 1.0, 0.0]},
+        1: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 1.0, 0.0, 0.0], 4: [1.0, 1.0, 0.0, 0.0]},
+    }
+    runs = []
+    for seed, by_step in evals.items():
+        _run_with_evals(tmp_path / f"seed_{seed}", by_step)
+        runs.append({"seed": seed, "run_dir": str(tmp_path / f"seed_{seed}"), "status": "done"})
+    runs.append({"seed": 2, "run_dir": str(tmp_path / "seed_2"), "status": "failed"})  # left out, never read
+    sweep = {"meta": {"overrides": ["data.eval_files=[d.jsonl]"]}, "runs": runs, "per_seed": {}, "across": {}}
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    argv = ["compare", "--name", "steps", "--control", f"{tmp_path}@2", "--arm", f"4:{tmp_path}@4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # step 2 -> 4, per seed: +0.50 (0.25 -> 0.75) and 0.00 (0.50 -> 0.50): mean +0.250, SE = SD / sqrt(2) = 0.250
+    assert "| 4 | +0.250 ± 0.250 (noise) |" in out
+    # the control's gains at step 2: 0.25 and 0.50, mean 0.375, SD 0.177; the arm's at 4: 0.75 and 0.50
+    assert "| control | +0.375 ± 0.177" in out and "| 4 | +0.625 ± 0.177" in out
+    assert main(["compare", "--name", "steps", "--control", f"{tmp_path}@3", "--arm", f"4:{tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}@3: seed 0's run {tmp_path / 'seed_0'} has no dev evaluation at step 3" in err
+    assert "(it evaluated at steps [0, 2, 4])" in err
+    with pytest.raises(SystemExit):
+        main(["compare", "--name", "x", "--control", f"{tmp_path}@two", "--arm", f"a:{tmp_path}"])
