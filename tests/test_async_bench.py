@@ -234,3 +234,29 @@ def test_from_runs_reports_the_finished_arms_and_names_the_others(tmp_path, monk
     (tmp_path / "sync" / "bench_wall_s.txt").unlink()
     with pytest.raises(SystemExit, match="no finished synchronous run"):
         ab.main(argv)
+
+
+def test_a_run_of_some_arms_writes_its_own_section_beside_the_task_sets(tmp_path, monkeypatch):
+    """--section KEY writes a new RESULTS.md section (the task set's title plus the max_staleness values run) and
+    leaves the task set's own section as it was; without it, the task set's section is replaced."""
+    from bench import _results
+
+    results = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(_results, "RESULTS", results)
+    _results.write_section("async_sessions", "Earlier arms", "| k1 | kept |\n")
+
+    def fake_train(recipe, out, overrides):
+        _run_dir(out.parent, out.name, [8.0, 8.0], {"a": 1.0, "b": 0.0})
+        return 10.0
+
+    monkeypatch.setattr(ab, "train", fake_train)
+    monkeypatch.setattr(ab, "pinned_precision", lambda recipe, local: ([], "pinned"))
+    monkeypatch.setattr(ab, "chain_files", lambda *a: [])
+    (tmp_path / "w").mkdir(), (tmp_path / "v").mkdir()
+    assert ab.main(["--staleness", "0,4", "--no-partial", "--work-dir", str(tmp_path / "w"), "--section", "k4"]) == 0
+    text = results.read_text()
+    assert "| k1 | kept |" in text and "<!-- k4:start -->" in text
+    assert "3-request tool-call sessions, max_staleness 0, 4" in text
+    assert text.index("<!-- async_sessions:end -->") < text.index("<!-- k4:start -->")
+    assert ab.main(["--staleness", "0,4", "--no-partial", "--work-dir", str(tmp_path / "v")]) == 0
+    assert "| k1 | kept |" not in results.read_text() and "<!-- k4:start -->" in results.read_text()
