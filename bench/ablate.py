@@ -218,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--every", type=int, default=3, help="every N-th task of each template goes to dev")
     cp = sub.add_parser("compare", help="the arms' dev gains against the control's")
     cp.add_argument("--name", required=True, help="the RESULTS.md section is ablation_<name>")
-    cp.add_argument(
-        "--control", type=_source, required=True, help="the control's bench/seeds.py --out folder [@STEP]"
-    )
+    cp.add_argument("--control", type=_source, required=True, help="the control's bench/seeds.py --out folder [@STEP]")
     cp.add_argument("--arm", type=_arm, action="append", required=True, help="NAME:FOLDER[@STEP] (repeatable)")
     cp.add_argument("--what", default="", help="one paragraph: what was compared and why (the section's text)")
     cp.add_argument("--write", action="store_true", help="replace the section in bench/RESULTS.md")

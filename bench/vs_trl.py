@@ -32,6 +32,12 @@ jointrl vs. final TRL difference is given per task (paired) with its standard er
 ``--async`` adds a third run: jointrl one step off (``rollout.max_staleness=1``,
 ``algo.loss.tis_cap=2.0``). Writes its section of ``bench/RESULTS.md`` (``--no-write``: print only).
 
+TRL's own asynchronous trainer (``AsyncGRPOTrainer``: ``trl.experimental.async_grpo`` in the pinned 1.14.2,
+stable in ``trl`` from 1.18) is not an arm: it generates on a separate ``vllm serve`` process and its only
+weight transfer (``WeightTransferClient``) broadcasts the trainer's weights to that server over NCCL, which
+needs CUDA devices on both ends. On CPU the one alternative it offers is a no-op transfer, which never updates
+the generating policy: a run that trains on the base model's samples throughout is not a comparison.
+
     bash bench/setup_trl.sh                      # once: bench/.venv-trl
     .venv/bin/python bench/vs_trl.py --async     # 12 steps each side (~55 min on 2 CPU cores)
     .venv/bin/python bench/vs_trl.py --steps 1 --heldout 4 --no-write   # a quick check
