@@ -114,6 +114,18 @@ def fake_timing(monkeypatch):
     precision.timed_choice.cache_clear()
 
 
+def test_the_resolved_precision_is_said_on_stderr_so_stdout_stays_the_commands_output(
+    recipe_copy, fake_timing, capsys
+):
+    """The runtimes' start-up line goes to stderr: ``jointrl eval`` prints its JSON summary on stdout, and a
+    caller that parses it (bench/vs_trl.py) must not read the precision line first."""
+    cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
+    got = precision.resolve_logged(cfg, "cpu")
+    out, err = capsys.readouterr()
+    assert got.learner.precision == "manual"
+    assert out == "" and err.startswith("jointrl: precision auto: fp32 (matmul fp32 100 GFLOP/s")
+
+
 def test_engine_dtype_auto_follows_the_learner_timing(recipe_copy, fake_timing):
     rates, calls = fake_timing
     cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])

@@ -187,7 +187,7 @@ def test_collective_sync_across_two_nodes_with_two_engines_by_default(two_nodes,
     assert where["weight_sync"] == "collective", "auto chose collective: the engines are on another node"
     resolved = yaml.safe_load((out / "recipe.resolved.yaml").read_text())
     assert resolved["learner"]["weight_sync"] == "collective", "the resolved recipe shows the choice"
-    assert "weight_sync auto: collective" in r.stdout
+    assert "weight_sync auto: collective" in r.stderr
     assert all(e["node_id"] != learner_node for e in where["engine"]), "the engines are on the other node"
     for s in steps[2:]:  # the episodes of steps 2 and 3 were sampled after the first and second sync
         assert s["rollout/logprob_diff"] < 0.02, (s["step"], s["rollout/logprob_diff"])

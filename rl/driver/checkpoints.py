@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -177,7 +178,7 @@ def _publish_pending(ck: Path, keep: int) -> None:
     if (tmp / COMPLETE).is_file() and (tmp / "driver.json").is_file():
         _publish(ck, tmp, step, keep)
     else:
-        print(f"jointrl: the step-{step} checkpoint's write did not finish; {tmp} removed", flush=True)
+        print(f"jointrl: the step-{step} checkpoint's write did not finish; {tmp} removed", file=sys.stderr, flush=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

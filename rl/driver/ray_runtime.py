@@ -233,7 +233,7 @@ class RayRuntime:
             return
         choice, why = resolve_weight_sync(self.cfg, device, self.learner_node, engine_nodes)
         self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, weight_sync=choice))
-        print(f"jointrl: weight_sync auto: {choice} ({why})", flush=True)
+        print(f"jointrl: weight_sync auto: {choice} ({why})", file=sys.stderr, flush=True)
         resolved = self.out / "recipe.resolved.yaml"
         if resolved.is_file():
             import yaml

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -148,8 +149,9 @@ def reference_dtype(setting: str, cuda: bool, autocast: bool) -> str:
 
 
 def resolve_logged(recipe: Any, device: str) -> Any:
-    """``resolve``, with its line (if any) printed once as ``jointrl: ...``: what the runtimes call at start-up."""
+    """``resolve``, with its line (if any) printed once as ``jointrl: ...`` on stderr (stdout is the commands'
+    output: ``jointrl eval`` prints its JSON summary there): what the runtimes call at start-up."""
     recipe, note = resolve(recipe, device)
     if note:
-        print(f"jointrl: {note}", flush=True)
+        print(f"jointrl: {note}", file=sys.stderr, flush=True)
     return recipe
