@@ -31,6 +31,9 @@ base model, jointrl's final checkpoint(s) and TRL's saved model are scored by th
 jointrl vs. final TRL difference is given per task (paired) with its standard error.
 ``--async`` adds a third run: jointrl one step off (``rollout.max_staleness=1``,
 ``algo.loss.tis_cap=2.0``). Writes its section of ``bench/RESULTS.md`` (``--no-write``: print only).
+``--work-dir DIR`` keeps the runs (and each training command's wall time beside them); ``--from-runs`` with it
+trains nothing and evaluates and reports the runs an earlier invocation left there. A run that fails after
+training keeps its work folder, temporary or not, and says so.
 
 TRL's own asynchronous trainer (``AsyncGRPOTrainer``: ``trl.experimental.async_grpo`` in the pinned 1.14.2,
 stable in ``trl`` from 1.18) is not an arm: it generates on a separate ``vllm serve`` process and its only
@@ -60,6 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DEFAULT_TRL_PYTHON = ROOT / "bench" / ".venv-trl" / "bin" / "python"
+WALL = "bench_wall_s.txt"  # a training command's wall time, written beside its run (read by --from-runs)
 
 from bench import _device  # noqa: E402
 from bench._workload import SCHEMA_TOOLCALL  # noqa: E402
@@ -113,6 +117,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra recipe override for the jointrl side (repeatable)",
     )
     p.add_argument("--work-dir", default="", help="keep run folders here (default: a temp dir, removed at the end)")
+    p.add_argument(
+        "--from-runs",
+        action="store_true",
+        help="train nothing: evaluate and report the runs an earlier invocation left in --work-dir",
+    )
     p.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
     _device.add_argument(p)
     args = p.parse_args(argv)
@@ -125,6 +134,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--heldout must be >= 0")
     if args.k < 0 or args.k > args.steps:
         p.error("--k must be between 0 and --steps")
+    if args.from_runs and not args.work_dir:
+        p.error("--from-runs needs --work-dir (the folder the runs are in)")
     return args
 
 
@@ -263,6 +274,15 @@ def run_jointrl(args: argparse.Namespace, overrides: list[str], out_dir: Path, e
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"jointrl train failed (exit {rc}); last lines of {log}:\n{log_tail(log)}")
+    (out_dir / WALL).write_text(f"{wall:.1f}\n")
+    return read_jointrl(out_dir)
+
+
+def read_jointrl(out_dir: Path) -> dict:
+    """A finished jointrl run's per-step numbers (its ``metrics.jsonl``, ``rollouts.jsonl``) and the wall time the
+    bench recorded beside them (None where it was not)."""
+    if not (out_dir / "metrics.jsonl").is_file():
+        raise SystemExit(f"--from-runs: {out_dir} holds no jointrl run (no metrics.jsonl)")
     metrics = [m for m in read_jsonl(out_dir / "metrics.jsonl") if m.get("step", 0) >= 1 and "timing/step_s" in m]
     rows = [r for r in read_jsonl(out_dir / "rollouts.jsonl") if r.get("split") == "train"]
     by_step: dict[int, list[str]] = collections.defaultdict(list)
@@ -276,8 +296,12 @@ def run_jointrl(args: argparse.Namespace, overrides: list[str], out_dir: Path, e
             k: statistics.fmean(m[f"timing/{k}_s"] for m in metrics) for k in ("rollout", "reward", "learner", "sync")
         },
         "task_ids": [by_step[s] for s in sorted(by_step)],
-        "wall_s": wall,
+        "wall_s": _wall(out_dir / WALL),
     }
+
+
+def _wall(path: Path) -> float | None:
+    return float(path.read_text()) if path.is_file() else None
 
 
 def run_trl(args: argparse.Namespace, plan: dict, work: Path, env: dict[str, str]) -> dict:
@@ -299,8 +323,17 @@ def run_trl(args: argparse.Namespace, plan: dict, work: Path, env: dict[str, str
     wall = time.perf_counter() - t0
     if rc != 0 or not out_path.exists():
         raise SystemExit(f"TRL side failed (exit {rc}); last lines of {log}:\n{log_tail(log)}")
+    (work / f"trl_{WALL}").write_text(f"{wall:.1f}\n")
+    return read_trl(work)
+
+
+def read_trl(work: Path) -> dict:
+    """The TRL side's result (``trl_result.json``, written by bench/_trl_worker.py) and its recorded wall time."""
+    out_path = work / "trl_result.json"
+    if not out_path.is_file():
+        raise SystemExit(f"--from-runs: {work} holds no TRL run (no trl_result.json)")
     res = json.loads(out_path.read_text())
-    res["wall_s"] = wall
+    res["wall_s"] = _wall(work / f"trl_{WALL}")
     return res
 
 
@@ -335,7 +368,11 @@ def heldout_eval(
         raise SystemExit(
             f"jointrl eval of {model} failed (exit {proc.returncode}); last lines of {log}:\n{log_tail(log)}"
         )
-    summary = json.loads(proc.stdout)
+    try:
+        summary = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        first = (proc.stdout.strip().splitlines() or ["nothing"])[0][:200]
+        raise SystemExit(f"jointrl eval of {model}: stdout is not its JSON summary (it starts: {first!r})") from None
     return {"mean": summary["mean_reward"], "per_task": {r["task_id"]: r["reward"] for r in read_jsonl(samples)}}
 
 
@@ -383,14 +420,20 @@ def main(argv: list[str] | None = None) -> int:
     heldout: dict[str, dict] = {}
     async_ov = ["rollout.max_staleness=1", "algo.loss.tis_cap=2.0"]
     async_dir = work / "jointrl_async"
+    finished = False
     try:
         if args.only in ("both", "jointrl"):
-            raw["jointrl"] = run_jointrl(args, overrides, out_dir, env)
-            if args.async_run:
+            if args.from_runs:
+                raw["jointrl"] = read_jointrl(out_dir)
+            else:
+                raw["jointrl"] = run_jointrl(args, overrides, out_dir, env)
+            if args.async_run and args.from_runs:
+                raw["jointrl_async"] = read_jointrl(async_dir)
+            elif args.async_run:
                 ov = jointrl_overrides(args, str(async_dir), device, gpus) + async_ov
                 raw["jointrl_async"] = run_jointrl(args, ov, async_dir, env)
         if args.only in ("both", "trl"):
-            raw["trl"] = run_trl(args, plan, work, env)
+            raw["trl"] = read_trl(work) if args.from_runs else run_trl(args, plan, work, env)
         t_eval = time.perf_counter()
         if args.heldout:
             models = {
@@ -402,9 +445,12 @@ def main(argv: list[str] | None = None) -> int:
             for label in ["base", *raw]:
                 heldout[label] = heldout_eval(args, overrides, models[label], label, work, env)
         eval_s = time.perf_counter() - t_eval
+        finished = True
     finally:
-        if not args.work_dir:
+        if not args.work_dir and finished:
             shutil.rmtree(work, ignore_errors=True)
+        elif not finished and raw:  # trained runs are never thrown away: they can be evaluated and reported again
+            print(f"vs_trl: the finished runs are kept in {work}: report them with --from-runs --work-dir {work}")
     load1 = os.getloadavg()
     for side, r in raw.items():
         if len(r["step_s"]) != args.steps:
@@ -440,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if heldout:
             row += [f3(heldout[side]["mean"]), f"{heldout[side]['mean'] - base:+.3f}"]
-        rows.append(row + [f"{s['wall_s']:.0f}", "yes" if s["same_tasks"] else "NO"])
+        wall = f"{s['wall_s']:.0f}" if s["wall_s"] is not None else "not recorded"
+        rows.append(row + [wall, "yes" if s["same_tasks"] else "NO"])
     verdicts = []
     if "trl" in res:
         t = res["trl"]
@@ -517,7 +564,13 @@ def main(argv: list[str] | None = None) -> int:
             if heldout
             else ""
         )
-        + f"Load average (1 min) at start / end: {load0[0]:.1f} / {load1[0]:.1f} (other work on the machine slows both).\n\n"
+        + (
+            f"Load average (1 min) at start / end: {load0[0]:.1f} / {load1[0]:.1f} (other work on the machine slows "
+            "both).\n\n"
+            if not args.from_runs
+            else "Reported with --from-runs from the runs in the work folder (trained by an earlier invocation of the "
+            "same command; load average of that training not recorded).\n\n"
+        )
         + table(headers, rows)
         + ("\n\n" + "\n\n".join(verdicts) if verdicts else "")
         + "\n\nPer step:\n\n"

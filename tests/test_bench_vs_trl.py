@@ -84,3 +84,91 @@ def test_paired_difference_by_hand() -> None:
     # differences 0.3, 0.0, -0.3: mean 0, sample stdev 0.3, SE 0.3 / sqrt(3)
     assert n == 3 and d == pytest.approx(0.0) and se == pytest.approx(0.3 / 3**0.5)
     assert vs_trl.paired_difference({"x": 1.0}, {"y": 1.0})[2] == 0
+
+
+def _jointrl_run(out: Path, ids: list[list[str]], group: int, wall: float | None) -> None:
+    """A finished jointrl run folder as `jointrl train` leaves it (the parts vs_trl reads)."""
+    out.mkdir(parents=True)
+    metrics = [{"step": 0, "eval/mean": 0.1}]
+    for i, _ in enumerate(ids, 1):
+        metrics.append(
+            {"step": i, "timing/step_s": 10.0 * i, "reward/mean": 0.1 * i, "rollout/tokens": 640.0}
+            | {f"timing/{k}_s": 1.0 for k in ("rollout", "reward", "learner", "sync")}
+        )
+    (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    rows = [{"step": i, "split": "train", "task_id": t} for i, s in enumerate(ids, 1) for t in s for _ in range(group)]
+    (out / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if wall is not None:
+        (out / vs_trl.WALL).write_text(f"{wall}\n")
+
+
+def test_from_runs_reports_an_earlier_invocations_runs_without_training(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--from-runs trains nothing: it reads the jointrl runs and TRL's result from --work-dir, evaluates, and
+    reports; a wall time the bench did not record is said so; a side without its run is named."""
+    from rl.config.recipe import load_recipe
+
+    args = vs_trl.parse(["--steps", "2", "--heldout", "0", "--no-write", "--work-dir", str(tmp_path)])
+    ids = vs_trl.plan_task_ids(load_recipe(args.recipe, vs_trl.jointrl_overrides(args, "/o", "cpu")), 2)
+
+    def no_training(*a, **k):
+        raise AssertionError("--from-runs must not train")
+
+    monkeypatch.setattr(vs_trl, "run_jointrl", no_training)
+    monkeypatch.setattr(vs_trl, "run_trl", no_training)
+    monkeypatch.setattr("rl.trainer.hub.resolve_model", lambda *a, **k: "/model")
+    _jointrl_run(tmp_path / "jointrl", ids, 4, wall=55.0)
+    _jointrl_run(tmp_path / "jointrl_async", ids, 4, wall=None)
+    trl = {
+        "step_s": [40.0, 40.0],
+        "reward_mean": [0.1, 0.2],
+        "tokens": [640.0, 640.0],
+        "task_ids": [sum(([t] * 4 for t in s), []) for s in ids],
+    }
+    trl |= {"versions": {"trl": "1.14.2", "transformers": "5", "torch": "2"}, "config": {}, "prompt_token_mismatch": 0}
+    argv = ["--steps", "2", "--heldout", "0", "--no-write", "--async", "--work-dir", str(tmp_path), "--from-runs"]
+    with pytest.raises(SystemExit, match=f"{tmp_path}: holds no TRL run|{tmp_path} holds no TRL run"):
+        vs_trl.main(argv)
+    (tmp_path / "trl_result.json").write_text(json.dumps(trl))
+    assert vs_trl.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| jointrl | 4.27 | 43 | 15.00 |" in out  # 64 completions, 640 tokens / 15 s mean step
+    assert "| 55 | yes |" in out and "| not recorded | yes |" in out
+    assert "**jointrl / TRL** | **2.67x**" in out
+    with pytest.raises(SystemExit):
+        vs_trl.parse(["--from-runs"])  # no --work-dir
+
+
+def test_an_eval_whose_stdout_is_not_its_summary_is_named_and_the_trained_runs_are_kept(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A held-out evaluation that prints something else than its JSON summary on stdout fails with one line naming
+    the model and what stdout started with; the runs trained before it stay in the (temporary) work folder."""
+    import subprocess
+
+    class Done:
+        returncode, stdout = 0, "jointrl: precision auto: fp32\n{}"
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Done())
+    args = vs_trl.parse(["--heldout", "2"])
+    with pytest.raises(
+        SystemExit, match=r"jointrl eval of /m: stdout is not its JSON summary \(it starts: 'jointrl: prec"
+    ):
+        vs_trl.heldout_eval(args, [], "/m", "base", tmp_path, {})
+
+    work = tmp_path / "tmpwork"
+    monkeypatch.setattr(vs_trl.tempfile, "mkdtemp", lambda prefix: str(work))
+    monkeypatch.setattr("rl.trainer.hub.resolve_model", lambda *a, **k: "/model")
+    monkeypatch.setattr(vs_trl, "run_jointrl", lambda *a: {"step_s": [1.0]})
+    monkeypatch.setattr(vs_trl, "run_trl", lambda *a: {"step_s": [1.0]})
+
+    def eval_fails(*a):
+        raise SystemExit("eval failed")
+
+    monkeypatch.setattr(vs_trl, "heldout_eval", eval_fails)
+    with pytest.raises(SystemExit, match="eval failed"):
+        vs_trl.main(["--steps", "1", "--heldout", "2", "--no-write"])
+    assert work.is_dir()
+    assert (
+        f"the finished runs are kept in {work}: report them with --from-runs --work-dir {work}"
+        in capsys.readouterr().out
+    )
