@@ -114,9 +114,7 @@ def fake_timing(monkeypatch):
     precision.timed_choice.cache_clear()
 
 
-def test_the_resolved_precision_is_said_on_stderr_so_stdout_stays_the_commands_output(
-    recipe_copy, fake_timing, capsys
-):
+def test_the_resolved_precision_is_said_on_stderr_so_stdout_stays_the_commands_output(recipe_copy, fake_timing, capsys):
     """The runtimes' start-up line goes to stderr: ``jointrl eval`` prints its JSON summary on stdout, and a
     caller that parses it (bench/vs_trl.py) must not read the precision line first."""
     cfg = load_recipe(recipe_copy("tiny.yaml"), ["learner.precision=auto", "model.engine_dtype=auto"])
@@ -216,7 +214,7 @@ def test_local_runtime_resolves_auto_once(recipe_copy, tiny_model_path, fake_tim
         assert next(rt.worker.engine.model.parameters()).dtype == torch.float32
         assert rt.learner.use_autocast is False and rt.learner.precision_note == ""
         assert calls == [torch.float32, (torch.bfloat16, 256), torch.bfloat16]  # timed once
-        assert capsys.readouterr().out.count("engine_dtype auto: float32") == 1
+        assert capsys.readouterr().err.count("engine_dtype auto: float32") == 1  # on stderr
         rt.sync_weights()  # the export in the resolved dtype
     finally:
         rt.stop()
