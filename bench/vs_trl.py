@@ -423,15 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     finished = False
     try:
         if args.only in ("both", "jointrl"):
-            if args.from_runs:
-                raw["jointrl"] = read_jointrl(out_dir)
-            else:
-                raw["jointrl"] = run_jointrl(args, overrides, out_dir, env)
-            if args.async_run and args.from_runs:
-                raw["jointrl_async"] = read_jointrl(async_dir)
-            elif args.async_run:
+            raw["jointrl"] = read_jointrl(out_dir) if args.from_runs else run_jointrl(args, overrides, out_dir, env)
+            if args.async_run:
                 ov = jointrl_overrides(args, str(async_dir), device, gpus) + async_ov
-                raw["jointrl_async"] = run_jointrl(args, ov, async_dir, env)
+                raw["jointrl_async"] = (
+                    read_jointrl(async_dir) if args.from_runs else run_jointrl(args, ov, async_dir, env)
+                )
         if args.only in ("both", "trl"):
             raw["trl"] = read_trl(work) if args.from_runs else run_trl(args, plan, work, env)
         t_eval = time.perf_counter()
@@ -447,10 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         eval_s = time.perf_counter() - t_eval
         finished = True
     finally:
-        if not args.work_dir and finished:
-            shutil.rmtree(work, ignore_errors=True)
-        elif not finished and raw:  # trained runs are never thrown away: they can be evaluated and reported again
+        if raw and not finished:  # trained runs are never thrown away: they can be evaluated and reported again
             print(f"vs_trl: the finished runs are kept in {work}: report them with --from-runs --work-dir {work}")
+        elif not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
     load1 = os.getloadavg()
     for side, r in raw.items():
         if len(r["step_s"]) != args.steps:
