@@ -5,9 +5,12 @@ was pushed into a running generation); no trained sample's oldest token is more 
 learner that trains it; and ``rollout/logprob_diff`` (engine vs learner log-probs on the same tokens) stays
 small, so the engines generate with the weights the stream says they hold.
 
-The tiny model is random, so generations run to ``max_new_tokens`` (seldom an early EOS). vLLM generates much
-faster than the HF engine, so its run has longer generations and more groups per step (384 tokens, 8 prompts,
-against 96 and 4 in process): a round then outlasts a learner step and updates land mid-generation."""
+The tiny model is random, so generations run to ``max_new_tokens`` (seldom an early EOS). An update lands
+mid-generation when the groups admitted at ``take(s)`` (step ``s + 2``'s) are still generating when the learner
+finishes step ``s``. On vLLM the run makes that hold by a wide margin, not by a race between two processes on shared
+cores: the engine runs 4 sequences at a time (``max_num_seqs``), so a step's 16 sequences of 256 tokens generate in
+4 waves of 256 decode steps each, several times the learner's step on those 16 samples (a run with 8 prompts in
+one wave of 32 sequences had them about equal, and under load from another run no update landed mid-round)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ STEPS, GROUP, K = 6, 4, 2
 LOGPROB_DIFF_MAX = 0.5
 
 
-def partial_recipe(recipe_copy, prompts: int, max_new: int) -> Path:
+def partial_recipe(recipe_copy, prompts: int, max_new: int, engine_kwargs: dict | None = None) -> Path:
     """The tiny recipe with ``max_staleness`` 2, partial rollouts, long generations and rollouts logged."""
 
     def edit(d: dict) -> None:
@@ -39,6 +42,8 @@ def partial_recipe(recipe_copy, prompts: int, max_new: int) -> Path:
         d["rollout"].update(
             max_staleness=K, partial_rollouts=True, prompts_per_step=prompts, group_size=GROUP, max_new_tokens=max_new
         )
+        if engine_kwargs:
+            d["rollout"]["engine_kwargs"] = engine_kwargs
         d["algo"]["loss"].update(tis_cap=2.0)
         d["data"]["eval_files"] = []
 
@@ -71,10 +76,14 @@ def check_partial_run(out: Path, prompts: int, must_span: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("local", "prompts", "max_new"), [(True, 4, 96), (False, 8, 384)], ids=["local-hf", "ray-vllm"]
+    ("local", "prompts", "max_new", "engine_kwargs"),
+    [(True, 4, 96, None), (False, 4, 256, {"max_num_seqs": 4})],
+    ids=["local-hf", "ray-vllm"],
 )
-def test_a_run_with_partial_rollouts(recipe_copy, local: bool, prompts: int, max_new: int) -> None:
-    recipe = partial_recipe(recipe_copy, prompts, max_new)
+def test_a_run_with_partial_rollouts(
+    recipe_copy, local: bool, prompts: int, max_new: int, engine_kwargs: dict | None
+) -> None:
+    recipe = partial_recipe(recipe_copy, prompts, max_new, engine_kwargs)
     cmd = [str(Path(sys.executable).with_name("jointrl")), "train", *(["--local"] * local), str(recipe)]
     env = {**os.environ, "WANDB_MODE": "disabled", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
