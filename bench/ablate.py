@@ -8,6 +8,9 @@ file order, goes to the dev file, the rest to the new training file; both go to 
 prints the two overrides (``data.train_files=[...]``, ``data.eval_files=[...]``) that train on the rest and
 evaluate on the dev set. Each template keeps tasks on both sides, so the dev set measures new instances of the
 training templates: an easier test than the held-out files (new templates), but one the ablation may look at.
+``--by template``: every ``--every``-th template of a file (in order of first appearance) goes to dev whole, so
+the dev set asks what the held-out files ask, how much of the training reaches templates never trained on,
+still without reading them; the training files keep the other templates.
 
 ``compare``: read the ``sweep.json`` of a control sweep and of one or more arms (each a ``bench/seeds.py``
 sweep with the same seeds and the split's overrides plus the arm's own) and report per domain each arm's dev
@@ -20,6 +23,7 @@ against training on, paired by seed, without a second sweep (the learning rate m
 length for that to equal a shorter run: ``algo.optim.schedule: constant``).
 
     .venv/bin/python bench/ablate.py split recipes/joint_rl.yaml --out runs/dev_split
+    .venv/bin/python bench/ablate.py split recipes/joint_rl.yaml --by template --out runs/dev_templates
     .venv/bin/python bench/seeds.py recipes/joint_rl.yaml --seeds 0,1,2 --out runs/abl/control <overrides>
     .venv/bin/python bench/seeds.py recipes/joint_rl.yaml --seeds 0,1,2 --out runs/abl/prior8 <overrides> \\
         algo.reward_norm.prior_samples=8
@@ -28,7 +32,8 @@ length for that to equal a shorter run: ``algo.optim.schedule: constant``).
     .venv/bin/python bench/ablate.py compare --name steps --control runs/abl/steps46@23 --arm 46:runs/abl/steps46
 
 Bad input (exit 2, one line naming it): a training file that is not a task file (a Harbor directory, a
-dataset), a group too small to give the dev set a task, a sweep folder without ``sweep.json``, arms whose
+dataset), a group too small to give the dev set a task, a file with fewer templates than ``--every`` or none
+(``--by template``), a sweep folder without ``sweep.json``, arms whose
 seeds or dev sets differ from the control's, a ``@STEP`` at which a seed's run did not evaluate.
 """
 
@@ -52,11 +57,17 @@ class AblationError(ValueError):
     """Bad input to the ablation: the message names the file, folder or arm."""
 
 
-def split_tasks(lines: list[str], every: int, where: str) -> tuple[list[str], list[str]]:
-    """(train, dev) JSONL lines: within each ``meta.template`` group, in order, every ``every``-th task is dev.
-    ``where`` names the file in errors."""
+SPLIT_BY = ("instance", "template")
+
+
+def split_tasks(lines: list[str], every: int, where: str, by: str = "instance") -> tuple[list[str], list[str]]:
+    """(train, dev) JSONL lines. ``by="instance"``: within each ``meta.template`` group, in order, every
+    ``every``-th task is dev. ``by="template"``: every ``every``-th template group, in order of first appearance,
+    is dev whole. ``where`` names the file in errors."""
     if every < 2:
         raise AblationError(f"--every must be at least 2 (got {every})")
+    if by not in SPLIT_BY:
+        raise AblationError(f"--by must be one of {', '.join(SPLIT_BY)} (got {by!r})")
     groups: dict[str, list[int]] = {}
     for i, line in enumerate(lines):
         try:
@@ -65,7 +76,15 @@ def split_tasks(lines: list[str], every: int, where: str) -> tuple[list[str], li
             raise AblationError(f"{where}:{i + 1}: not JSON ({e.msg})") from None
         groups.setdefault(str((task.get("meta") or {}).get("template", "")), []).append(i)
     dev = set()
-    for name, idx in groups.items():
+    if by == "template":
+        names = list(groups)
+        if names == [""]:
+            raise AblationError(f"{where}: no task has a meta.template: --by template has nothing to hold out")
+        if len(names) < every:
+            raise AblationError(f"{where}: {len(names)} templates, fewer than --every {every}: no dev template")
+        for name in names[every - 1 :: every]:
+            dev.update(groups[name])
+    for name, idx in groups.items() if by == "instance" else ():
         if len(idx) < every:
             label = f"template {name!r}" if name else "the file"
             raise AblationError(f"{where}: {label} has {len(idx)} tasks, fewer than --every {every}: no dev task")
@@ -73,9 +92,9 @@ def split_tasks(lines: list[str], every: int, where: str) -> tuple[list[str], li
     return [x for i, x in enumerate(lines) if i not in dev], [x for i, x in enumerate(lines) if i in dev]
 
 
-def split_recipe(recipe: Path, out: Path, every: int = 3) -> tuple[list[Path], list[Path]]:
-    """Split each of ``recipe``'s ``data.train_files`` into ``out/<name>.train.jsonl`` and ``<name>.dev.jsonl``;
-    returns (train files, dev files) in the recipe's order."""
+def split_recipe(recipe: Path, out: Path, every: int = 3, by: str = "instance") -> tuple[list[Path], list[Path]]:
+    """Split each of ``recipe``'s ``data.train_files`` into ``out/<name>.train.jsonl`` and ``<name>.dev.jsonl``
+    (``split_tasks``); returns (train files, dev files) in the recipe's order."""
     from rl.config.loading import load_recipe
 
     cfg = load_recipe(recipe)
@@ -88,7 +107,7 @@ def split_recipe(recipe: Path, out: Path, every: int = 3) -> tuple[list[Path], l
         if not path.is_file() or path.suffix != ".jsonl":
             raise AblationError(f"{recipe}: data.train_files {f}: not a .jsonl task file (split needs one)")
         lines = [x for x in path.read_text().splitlines() if x.strip()]
-        train, dev = split_tasks(lines, every, str(path))
+        train, dev = split_tasks(lines, every, str(path), by)
         stem = path.name.removesuffix(".jsonl").removesuffix(".train")
         trains.append(out / f"{stem}.train.jsonl")
         devs.append(out / f"{stem}.dev.jsonl")
@@ -215,7 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("split", help="cut a dev set out of a recipe's training files")
     sp.add_argument("recipe", type=Path)
     sp.add_argument("--out", type=Path, required=True, help="folder for the train and dev files")
-    sp.add_argument("--every", type=int, default=3, help="every N-th task of each template goes to dev")
+    sp.add_argument(
+        "--every",
+        type=int,
+        default=3,
+        help="every N-th task of each template (--by template: every N-th template) goes to dev",
+    )
+    sp.add_argument(
+        "--by",
+        choices=SPLIT_BY,
+        default="instance",
+        help="instance: new instances of the training templates; template: whole templates held out",
+    )
     cp = sub.add_parser("compare", help="the arms' dev gains against the control's")
     cp.add_argument("--name", required=True, help="the RESULTS.md section is ablation_<name>")
     cp.add_argument("--control", type=_source, required=True, help="the control's bench/seeds.py --out folder [@STEP]")
@@ -225,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "split":
-            trains, devs = split_recipe(args.recipe, args.out, args.every)
+            trains, devs = split_recipe(args.recipe, args.out, args.every, args.by)
             n = [sum(1 for _ in open(p)) for p in devs]
             print(f"data.train_files=[{','.join(str(p) for p in trains)}]")
             print(f"data.eval_files=[{','.join(str(p) for p in devs)}]")

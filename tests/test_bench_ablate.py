@@ -47,6 +47,39 @@ def test_bad_input_names_the_file_and_line(lines, every, message) -> None:
         split_tasks(lines, every, "f.jsonl")
 
 
+def test_by_template_every_kth_template_goes_to_dev_whole() -> None:
+    lines = [_task(i, "abcde"[i % 5]) for i in range(15)]  # templates in order of first appearance: a b c d e
+    train, dev = split_tasks(lines, 2, "f.jsonl", by="template")
+    assert {json.loads(x)["meta"]["template"] for x in dev} == {"b", "d"}  # the 2nd and 4th
+    assert [json.loads(x)["id"] for x in dev] == ["t1", "t3", "t6", "t8", "t11", "t13"]  # file order kept
+    assert {json.loads(x)["meta"]["template"] for x in train} == {"a", "c", "e"}
+    assert sorted(train + dev) == sorted(lines)
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([_task(i, None) for i in range(6)], "f.jsonl: no task has a meta.template: --by template has nothing"),
+        ([_task(i, "ab"[i % 2]) for i in range(6)], "f.jsonl: 2 templates, fewer than --every 3: no dev template"),
+    ],
+)
+def test_by_template_bad_input_names_the_file(lines, message) -> None:
+    with pytest.raises(AblationError, match=message):
+        split_tasks(lines, 3, "f.jsonl", by="template")
+
+
+def test_split_by_template_from_the_command_line(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x.train.jsonl").write_text("\n".join(_task(i, "abc"[i % 3]) for i in range(9)) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train_files: [data/x.train.jsonl], eval_files: [data/x.train.jsonl]}\n")
+    assert main(["split", str(recipe), "--by", "template", "--out", str(tmp_path / "split")]) == 0
+    dev = [json.loads(x) for x in (tmp_path / "split" / "x.dev.jsonl").read_text().splitlines()]
+    assert {t["meta"]["template"] for t in dev} == {"c"} and len(dev) == 3
+    assert "3 dev tasks" in capsys.readouterr().err
+
+
 def test_split_writes_both_files_and_prints_overrides_that_load(tmp_path: Path, capsys) -> None:
     from rl.config.loading import load_recipe
 
