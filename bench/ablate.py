@@ -84,11 +84,12 @@ def split_tasks(lines: list[str], every: int, where: str, by: str = "instance") 
             raise AblationError(f"{where}: {len(names)} templates, fewer than --every {every}: no dev template")
         for name in names[every - 1 :: every]:
             dev.update(groups[name])
-    for name, idx in groups.items() if by == "instance" else ():
-        if len(idx) < every:
-            label = f"template {name!r}" if name else "the file"
-            raise AblationError(f"{where}: {label} has {len(idx)} tasks, fewer than --every {every}: no dev task")
-        dev.update(idx[every - 1 :: every])
+    else:
+        for name, idx in groups.items():
+            if len(idx) < every:
+                label = f"template {name!r}" if name else "the file"
+                raise AblationError(f"{where}: {label} has {len(idx)} tasks, fewer than --every {every}: no dev task")
+            dev.update(idx[every - 1 :: every])
     return [x for i, x in enumerate(lines) if i not in dev], [x for i, x in enumerate(lines) if i in dev]
 
 
