@@ -425,6 +425,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def job_order(configs: list[str], seeds: list[int | None]) -> list[tuple[str, int | None]]:
+    """The (config, seed) runs in training order: the shared base first, then seed by seed, every configuration
+    of a seed before the next seed, so that an interrupted bench leaves whole seeds (each one pairs joint with
+    every single-domain run) rather than every seed of some configurations and none of others."""
+    return [("base", None), *((c, s) for s in seeds for c in configs)]
+
+
 def _train_all(
     args: argparse.Namespace, out: Path, jobs: list[tuple[str, int | None]]
 ) -> tuple[dict[str, float], dict[str, str]]:
@@ -477,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         if note:
             print(f"seesaw: {note}; pinned for every run", file=sys.stderr)
         args.extra = [*args.extra, *pinned]
-    jobs = [("base", None), *((c, s) for c in configs for s in seeds)]
+    jobs = job_order(configs, seeds)
     names = [run_name(c, s) for c, s in jobs]
     wall, failed = _train_all(args, out, jobs)
     jobs = [(c, s) for c, s in jobs if run_name(c, s) not in failed]
