@@ -189,11 +189,3 @@ def test_archive_keeps_the_held_out_evaluations_and_reads_back_the_same(tmp_path
     assert main([*argv, "--out", str(dest)]) == 0
     assert capsys.readouterr().out == first and "| joint_fixed | 123 |" in first
 
-
-def test_runs_train_seed_by_seed_after_the_base():
-    """An interrupted several-seed bench must leave whole seeds: every configuration of seed 0 before any of seed 1."""
-    from bench.seesaw import job_order
-
-    order = job_order(["joint_fixed", "single_code"], [0, 1])
-    assert order == [("base", None), ("joint_fixed", 0), ("single_code", 0), ("joint_fixed", 1), ("single_code", 1)]
-    assert job_order(["joint_fixed"], [None]) == [("base", None), ("joint_fixed", None)]

@@ -340,8 +340,8 @@ def test_seesaw_seeds_mode_trains_each_configuration_once_per_seed(tmp_path, mon
     assert calls == [
         ("base", "base", None, pinned),
         ("joint_fixed", "joint_fixed/seed_0", 0, pinned),
+        ("single_code", "single_code/seed_0", 0, pinned),  # seed by seed: an interruption leaves whole seeds
         ("joint_fixed", "joint_fixed/seed_1", 1, pinned),
-        ("single_code", "single_code/seed_0", 0, pinned),
         ("single_code", "single_code/seed_1", 1, pinned),
     ]
     out = capsys.readouterr().out
