@@ -188,4 +188,3 @@ def test_archive_keeps_the_held_out_evaluations_and_reads_back_the_same(tmp_path
     assert (dest / "joint_fixed" / "host.txt").read_text().strip()
     assert main([*argv, "--out", str(dest)]) == 0
     assert capsys.readouterr().out == first and "| joint_fixed | 123 |" in first
-
