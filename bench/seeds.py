@@ -10,7 +10,11 @@ an unscored held-out sample counts 0) it reports, per domain:
 * per seed: the base (step-0) and final held-out mean over the same tasks, the paired gain and its
   standard error (sample SD of the per-task differences / sqrt(n)) and the gain in SE;
 * across seeds: mean and sample standard deviation (n - 1) of the gains, how many seeds cleared two
-  paired SE, how many ended below their base.
+  paired SE, how many ended below their base;
+* where held-out tasks share a template (``meta.template`` in the recipe's eval files, as the generated
+  ladders do): each gain's SE clustered by template and the seeds clearing two of those. Tasks of one
+  template move together (a small policy learns a template's trick or not), so a gain carried by one or two
+  templates of a dozen is less sure than the per-task SE, which counts every task as independent, says.
 
 The paired SE holds only the evaluation's task sampling; run-to-run variance is in the across-seed SD.
 
@@ -71,7 +75,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.seesaw import eval_rewards, paired, records, verdict  # noqa: E402
+from bench.seesaw import eval_rewards, paired, records, task_groups, verdict  # noqa: E402
 
 Evaluation = dict[str, dict[str, float]]  # {domain: {task_id: reward}}
 INTERRUPTED = 130  # jointrl train's exit code after Ctrl-C / SIGTERM
@@ -310,7 +314,8 @@ def sweep(
 
 def across(ps: list[dict[str, float]]) -> dict[str, Any]:
     """Across seeds, from each seed's ``paired`` (base -> final) result on one domain: the gains' mean and
-    sample standard deviation (None for one seed), how many seeds cleared two paired SE (``verdict`` up),
+    sample standard deviation (None for one seed), how many seeds cleared two paired SE (``verdict`` up; and
+    ``cleared_group``, two SE clustered by template, where the tasks share templates),
     how many ended below their base, and the mean base and final held-out rewards."""
     k = len(ps)
     if not k:
@@ -324,10 +329,33 @@ def across(ps: list[dict[str, float]]) -> dict[str, Any]:
         "sd": sd,
         "min": min(gains),
         "cleared": sum(verdict(p) == "up" for p in ps),
+        **({"cleared_group": sum(verdict_group(p) == "up" for p in ps)} if _grouped(ps) else {}),
         "below": sum(g < 0 for g in gains),
         "base": sum(p["a"] for p in ps) / k,
         "final": sum(p["b"] for p in ps) / k,
     }
+
+
+def _grouped(ps: list[dict[str, float]]) -> bool:
+    """Every seed's gain has an SE by template and some template holds more than one task (else that SE is the
+    per-task one)."""
+    return all("se_group" in p for p in ps) and any(p["groups"] < p["n"] for p in ps)
+
+
+def verdict_group(p: dict[str, float]) -> str:
+    """``verdict`` on the SE clustered by template (``paired``'s ``se_group``), with the templates as the count."""
+    return verdict({"diff": p["diff"], "se": p["se_group"], "n": p["groups"]})
+
+
+def eval_groups(recipe: Path, cfg: Any) -> dict[str, str] | None:
+    """Task id -> template over the recipe's held-out files (``task_groups``; paths relative to the recipe, as
+    the trainer reads them); None, with a note on stderr, where a file does not read as JSONL tasks: the report
+    then gives the per-task SE alone."""
+    try:
+        return task_groups([(recipe.parent / f).resolve() for f in cfg.data.eval_files])
+    except (OSError, ValueError) as e:
+        print(f"seeds: {recipe}: no SE by template ({e})", file=sys.stderr)
+        return None
 
 
 def across_verdict(s: dict[str, Any]) -> str:
@@ -338,13 +366,16 @@ def across_verdict(s: dict[str, Any]) -> str:
     return verdict({"diff": s["mean"], "se": s["sd"] / math.sqrt(s["k"]), "n": s["k"]})
 
 
-def analyse(evals: dict[int, tuple[Evaluation, Evaluation]]) -> dict[str, Any]:
+def analyse(evals: dict[int, tuple[Evaluation, Evaluation]], groups: dict[str, str] | None = None) -> dict[str, Any]:
     """``{"per_seed": {domain: {seed: paired}}, "across": {domain: across}}`` from each seed's (first,
-    last) held-out evaluation; a domain counts in the seeds whose both evaluations hold it."""
+    last) held-out evaluation; a domain counts in the seeds whose both evaluations hold it. ``groups`` (task id
+    -> template, ``eval_groups``): each gain's SE clustered by template too (``paired``'s ``se_group``)."""
     domains = sorted({d for first, last in evals.values() for d in first if d in last})
     per_seed: dict[str, dict[int, dict[str, float]]] = {}
     for d in domains:
-        per_seed[d] = {s: paired(first[d], last[d]) for s, (first, last) in evals.items() if d in first and d in last}
+        per_seed[d] = {
+            s: paired(first[d], last[d], groups) for s, (first, last) in evals.items() if d in first and d in last
+        }
     return {"per_seed": per_seed, "across": {d: across(list(ps.values())) for d, ps in per_seed.items()}}
 
 
@@ -360,6 +391,16 @@ def z_text(p: dict[str, float]) -> str:
 
 def _cell(p: dict[str, float]) -> str:
     return f"{p['a']:.3f} -> {p['b']:.3f}, {p['diff']:+.3f} ± {p['se']:.3f} ({z_text(p)}), n={p['n']}"
+
+
+def _group_cell(p: dict[str, float]) -> str:
+    return f"{p['diff']:+.3f} ± {p['se_group']:.3f} ({z_text({**p, 'se': p['se_group'], 'n': p['groups']})}), G={p['groups']}"
+
+
+def clustered(result: dict[str, Any]) -> bool:
+    """Whether the SE by template says something the per-task SE does not: some domain's held-out tasks share
+    templates (fewer groups than tasks)."""
+    return any("groups" in p and p["groups"] < p["n"] for ps in result["per_seed"].values() for p in ps.values())
 
 
 def spread_text(s: dict[str, Any]) -> str:
@@ -392,6 +433,16 @@ def render(result: dict[str, Any], runs: list[SeedRun], meta: dict[str, Any]) ->
         for r in ok
     ]
     lines += [table(["seed", "wall s", *domains], rows), ""]
+    by_template = clustered(result)
+    if by_template:
+        lines += [
+            "The same gains with the SE clustered by template (`meta.template` of the held-out tasks; G templates): "
+            "tasks of one template move together, a policy learns a template's trick or not, so a gain that sits "
+            "in a few templates is less sure than the per-task SE says:",
+            "",
+        ]
+        rows = [[str(r.seed)] + [_group_cell(per[d][r.seed]) if r.seed in per[d] else "-" for d in domains] for r in ok]
+        lines += [table(["seed", *domains], rows), ""]
     lines += ["Across seeds:", ""]
     rows = [
         [
@@ -400,11 +451,20 @@ def render(result: dict[str, Any], runs: list[SeedRun], meta: dict[str, Any]) ->
             f"{s['final']:.3f}",
             spread_text(s),
             f"{s['cleared']} of {s['k']}",
+            *([f"{s['cleared_group']} of {s['k']}" if "cleared_group" in s else "-"] if by_template else []),
             f"{s['below']} of {s['k']}",
         ]
         for d, s in acr.items()
     ]
-    head = ["domain", "base (mean)", "final (mean)", "gain, mean ± SD", "seeds > 2 SE", "seeds below base"]
+    head = [
+        "domain",
+        "base (mean)",
+        "final (mean)",
+        "gain, mean ± SD",
+        "seeds > 2 SE",
+        *(["seeds > 2 SE by template"] if by_template else []),
+        "seeds below base",
+    ]
     lines += [table(head, rows), ""]
     failed = [r for r in runs if r.status == "failed"]
     if failed:
@@ -425,6 +485,9 @@ def conclusions(result: dict[str, Any], k: int) -> str:
     ]
     below = [f"{d} ({s['below']} of {s['k']})" for d, s in acr.items() if s["below"]]
     said.append(f"ended below base: {', '.join(below)}" if below else "no domain ended below its base in any seed")
+    if clustered(result):
+        by = [f"{d} {s['cleared_group']} of {s['k']}" for d, s in acr.items() if "cleared_group" in s]
+        said.append(f"with the SE clustered by template, seeds beyond two SE: {', '.join(by)}")
     return "; ".join(said) + "."
 
 
@@ -488,10 +551,17 @@ def main(argv: list[str] | None = None) -> int:
         "samples": cfg.rollout.prompts_per_step * cfg.rollout.group_size * cfg.train.steps,
         "precision": f"Precision pinned for every seed: {note}." if note else "",
     }
-    return report(recipe, out, runs, meta, args.write)
+    return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg))
 
 
-def report(recipe: Path, out: Path, runs: list[SeedRun], meta: dict[str, Any], write: bool) -> int:
+def report(
+    recipe: Path,
+    out: Path,
+    runs: list[SeedRun],
+    meta: dict[str, Any],
+    write: bool,
+    groups: dict[str, str] | None = None,
+) -> int:
     """Read each finished seed's evaluations (a run whose records do not read counts as failed), then write
     ``sweep.json``, ``RESULTS-section.md`` and ``report.html``; 0 when every seed finished, 130 when the sweep
     was interrupted, else 3."""
@@ -507,7 +577,7 @@ def report(recipe: Path, out: Path, runs: list[SeedRun], meta: dict[str, Any], w
         except (OSError, ValueError) as e:
             r.status, r.cause = "failed", f"its held-out records do not read: {e}"
             print(f"seeds: {recipe}, seed {r.seed}: failed: {r.cause}", file=sys.stderr)
-    result = analyse(evals)
+    result = analyse(evals, groups)
     meta["host"] = cpu_model() or "unknown"
     body = render(result, runs, meta)
     title = f"Seed sweep: `{meta['recipe']}` (`bench/seeds.py`)"

@@ -88,11 +88,18 @@ def overrides(config: str) -> list[str]:
 # ---------------------------------------------------------------------------- pure analysis
 
 
-def paired(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+def paired(a: dict[str, float], b: dict[str, float], groups: dict[str, str] | None = None) -> dict[str, float]:
     """Mean of ``b[t] - a[t]`` over the tasks both hold, its standard error, and n.
 
     SE = sample standard deviation of the differences / sqrt(n) (0 when n < 2: unknown,
     reported as such by :func:`verdict`). Raises ``ValueError`` when no task is shared.
+
+    ``groups`` (task id -> group, e.g. ``task_groups``' templates; a task it lacks is its own group) adds
+    ``se_group``, the same mean's standard error clustered by group, and ``groups``, their count G:
+    ``sqrt(G / (G - 1) * sum_g (sum_{t in g} (d_t - mean))^2) / n`` (0 when G < 2). Tasks of one template move
+    together (a policy learns a template's trick or not), so the per-task SE, which takes the n tasks as
+    independent, understates the evaluation's noise when a gain sits in a few templates; with one task per
+    group the two are equal.
     """
     common = sorted(set(a) & set(b))
     if not common:
@@ -101,7 +108,33 @@ def paired(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     n = len(diffs)
     mean = sum(diffs) / n
     se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n) if n > 1 else 0.0
-    return {"diff": mean, "se": se, "n": n, "a": sum(a[t] for t in common) / n, "b": sum(b[t] for t in common) / n}
+    out = {"diff": mean, "se": se, "n": n, "a": sum(a[t] for t in common) / n, "b": sum(b[t] for t in common) / n}
+    if groups is not None:
+        sums: dict[str, float] = defaultdict(float)
+        for t, x in zip(common, diffs, strict=True):
+            sums[groups.get(t, f"task:{t}")] += x - mean
+        g = len(sums)
+        out["se_group"] = math.sqrt(g / (g - 1) * sum(v * v for v in sums.values())) / n if g > 1 else 0.0
+        out["groups"] = g
+    return out
+
+
+def task_groups(files: list[Path]) -> dict[str, str]:
+    """Task id -> ``<file>:<meta.template>`` for every task of the JSONL ``files`` that names a template (the
+    generated ladders do); tasks without one are left out (each its own group in ``paired``)."""
+    out = {}
+    for f in files:
+        for i, line in enumerate(f.read_text().splitlines()):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{f}:{i + 1}: not JSON ({e.msg})") from None
+            template = (task.get("meta") or {}).get("template") if isinstance(task, dict) else None
+            if template is not None and "id" in task:
+                out[str(task["id"])] = f"{f.name}:{template}"
+    return out
 
 
 def verdict(p: dict[str, float]) -> str:
@@ -275,15 +308,18 @@ def conclusions(result: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------- several seeds
 
 
-def analyse_seeds(runs: dict[str, dict[int, tuple[Evaluation, Evaluation]]]) -> dict[str, Any]:
+def analyse_seeds(
+    runs: dict[str, dict[int, tuple[Evaluation, Evaluation]]], groups: dict[str, str] | None = None
+) -> dict[str, Any]:
     """From ``{config: {seed: (first, last)}}``, with ``bench/seeds.py``'s across-seed statistics:
-    ``gains[config][domain]`` (each seed's base -> final), ``joint_vs_single[single_config][domain]`` (per
-    seed, joint_fixed's final minus the single-domain run's final, over the seeds both hold)."""
+    ``gains[config][domain]`` (each seed's base -> final; with ``groups``, task id -> template, also the seeds
+    beyond two SE clustered by template), ``joint_vs_single[single_config][domain]`` (per seed, joint_fixed's
+    final minus the single-domain run's final, over the seeds both hold)."""
     from bench.seeds import across
 
     out: dict[str, Any] = {"gains": {}, "joint_vs_single": {}}
     for name, by_seed in runs.items():
-        per = {d: [paired(f[d], la[d]) for f, la in by_seed.values() if d in f and d in la] for d in DOMAINS}
+        per = {d: [paired(f[d], la[d], groups) for f, la in by_seed.values() if d in f and d in la] for d in DOMAINS}
         out["gains"][name] = {d: across(ps) for d, ps in per.items() if ps}
     joint = runs.get("joint_fixed", {})
     for name, by_seed in runs.items():
@@ -320,12 +356,22 @@ def render_seeds(result: dict[str, Any], meta: dict[str, Any]) -> str:
         "Held-out gain (final - base) per configuration, mean ± SD across seeds:",
         "",
     ]
+
+    def cleared(s: dict[str, Any]) -> str:
+        by = f"; {s['cleared_group']} by template" if "cleared_group" in s else ""
+        return f"{s['cleared']} of {s['k']} > 2 SE{by}"
+
     rows = [
-        [name]
-        + [f"{spread_text(per[d])} ({per[d]['cleared']} of {per[d]['k']} > 2 SE)" if d in per else "-" for d in DOMAINS]
+        [name] + [f"{spread_text(per[d])} ({cleared(per[d])})" if d in per else "-" for d in DOMAINS]
         for name, per in result["gains"].items()
     ]
     lines += [table(["run", *DOMAINS], rows), ""]
+    if any("cleared_group" in s for per in result["gains"].values() for s in per.values()):
+        lines += [
+            "'by template': the seeds whose gain cleared two SE clustered by the held-out tasks' `meta.template` "
+            "(tasks of one template move together; `bench/seeds.py`).",
+            "",
+        ]
     said = []
     if result["joint_vs_single"]:
         lines += [
@@ -506,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         key, title = "seesaw", "Joint vs. single-domain RL, fixed vs. adaptive mixing (`bench/seesaw.py`)"
     else:
         by_seed = {c: {s: evals[n] for s in seeds if (n := run_name(c, s)) in evals} for c in configs}
-        body = render_seeds(analyse_seeds({c: v for c, v in by_seed.items() if v}), {**meta, "seeds": seeds})
+        groups = task_groups([(RECIPE.parent / f).resolve() for f in load_recipe(RECIPE, args.extra).data.eval_files])
+        body = render_seeds(analyse_seeds({c: v for c, v in by_seed.items() if v}, groups), {**meta, "seeds": seeds})
         key, title = "seesaw_seeds", "Joint vs. single-domain RL over seeds (`bench/seesaw.py --seeds`)"
     if failed:
         body += "\n\nFailed (not in the tables): " + "; ".join(f"{n}: {c}" for n, c in failed.items()) + "."

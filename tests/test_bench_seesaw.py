@@ -10,7 +10,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.seesaw import CONFIGS, analyse, conclusions, eval_rewards, overrides, paired, render, verdict  # noqa: E402
+from bench.seesaw import (  # noqa: E402
+    CONFIGS,
+    analyse,
+    conclusions,
+    eval_rewards,
+    overrides,
+    paired,
+    render,
+    task_groups,
+    verdict,
+)
 
 
 def test_paired_difference_and_standard_error_by_hand():
@@ -22,6 +32,40 @@ def test_paired_difference_and_standard_error_by_hand():
     assert (p["a"], p["b"]) == (pytest.approx(0.5), pytest.approx(5 / 6))
     with pytest.raises(ValueError, match="share no task"):
         paired({"x": 1.0}, {"y": 1.0})
+
+
+def test_standard_error_clustered_by_template_by_hand():
+    # Two templates of two tasks; template A learned (diffs 1, 1), B not (0, 0). Mean 0.5; residuals per template
+    # sum to +1 and -1; G = 2: sqrt(2 / 1 * (1 + 1)) / 4 = 0.5, against the per-task SE sqrt(1/3 / 4) = 0.289.
+    a = {"t1": 0.0, "t2": 0.0, "t3": 0.0, "t4": 0.0}
+    b = {"t1": 1.0, "t2": 1.0, "t3": 0.0, "t4": 0.0}
+    p = paired(a, b, {"t1": "A", "t2": "A", "t3": "B", "t4": "B"})
+    assert p["diff"] == pytest.approx(0.5) and p["se"] == pytest.approx(0.2887, abs=1e-4)
+    assert p["se_group"] == pytest.approx(0.5) and p["groups"] == 2
+    # One task a group (none named: each task its own) is the per-task SE exactly.
+    alone = paired(a, b, {})
+    assert alone["groups"] == 4 and alone["se_group"] == pytest.approx(alone["se"])
+    # Learned within each template (one task of each): the clustered SE is smaller than the per-task one.
+    mixed = paired(a, {"t1": 1.0, "t2": 0.0, "t3": 1.0, "t4": 0.0}, {"t1": "A", "t2": "A", "t3": "B", "t4": "B"})
+    assert mixed["se_group"] == pytest.approx(0.0, abs=1e-12) and mixed["se"] > 0.28
+    # One template for every task: no spread between groups to estimate from.
+    one = paired(a, b, {t: "A" for t in a})
+    assert one["groups"] == 1 and one["se_group"] == 0.0
+    assert "se_group" not in paired(a, b), "without groups the result is the per-task one alone"
+
+
+def test_task_groups_reads_templates_and_names_a_bad_line(tmp_path):
+    f = tmp_path / "x.eval.jsonl"
+    rows = [
+        {"id": "x-1", "domain": "code", "meta": {"template": "add"}},
+        {"id": "x-2", "domain": "code", "meta": {"template": "add"}},
+        {"id": "x-3", "domain": "code", "meta": {}},
+    ]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert task_groups([f]) == {"x-1": "x.eval.jsonl:add", "x-2": "x.eval.jsonl:add"}
+    f.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"x.eval.jsonl:2: not JSON"):
+        task_groups([f])
 
 
 def test_pairing_removes_the_per_task_spread():

@@ -105,6 +105,62 @@ def test_render_shows_each_seed_the_spread_and_the_failures():
     assert "code cleared in 1 of 3" in text and "ended below base: code (1 of 3)" in text
 
 
+def test_render_adds_the_se_by_template_where_tasks_share_templates():
+    # code's t1, t2 one template, t3, t4 another: seed 1's diffs 1, 1 | 1, 0 -> residual sums +0.5, -0.5, G 2:
+    # SE sqrt(2 * 0.5) / 4 = 0.25 (+3.0 SE, cleared); seed 0's 1, 1 | 0, 0 -> SE 0.5 (+1.0 SE, not cleared).
+    groups = {"t1": "A", "t2": "A", "t3": "B", "t4": "B"}
+    result = analyse(_evals(), groups)
+    assert result["per_seed"]["code"][1]["se_group"] == pytest.approx(0.25)
+    assert result["per_seed"]["code"][0]["se_group"] == pytest.approx(0.5)
+    assert result["across"]["code"]["cleared_group"] == 1
+    runs = [SeedRun(s, f"r{s}", "done", 10.0) for s in FINAL]
+    meta = {
+        "recipe": "recipes/x.yaml",
+        "overrides": [],
+        "runtime": "Ray + vLLM",
+        "steps": 2,
+        "samples": 32,
+        "host": "cpu",
+    }
+    text = render(result, runs, meta)
+    assert "| 1 | +0.750 ± 0.250 (+3.0 SE), G=2 | +0.250 ± 0.000 (SE 0), G=5 |" in text
+    assert "| code | 0.250 | 0.583 | +0.333 ± 0.520 | 1 of 3 | 1 of 3 | 1 of 3 |" in text
+    assert "with the SE clustered by template, seeds beyond two SE: code 1 of 3." in text
+    assert "| tool_call | 0.500 | 0.750 | +0.250 ± 0.000 | 3 of 3 | - | 0 of 3 |" in text, "no shared template"
+    # Every task its own template (or none named): nothing the per-task SE does not say, so no extra table.
+    plain = render(analyse(_evals(), {}), runs, meta)
+    assert "by template" not in plain and plain == render(analyse(_evals()), runs, meta)
+
+
+def test_from_runs_reads_the_templates_of_the_recipes_held_out_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    rows = [
+        {"id": t, "domain": "code", "messages": [{"role": "user", "content": "q"}], "meta": {"template": g}}
+        for t, g in (("t1", "A"), ("t2", "A"), ("t3", "B"), ("t4", "B"))
+    ]
+    (tmp_path / "held.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train_files: [held.jsonl], eval_files: [held.jsonl]}\n")
+    out = tmp_path / "sweep"
+    for s in (0, 1):
+        d = out / f"seed_{s}"
+        d.mkdir(parents=True)
+        ev = [(0, BASE), (2, FINAL[s])]
+        lines = [
+            {"step": st, "split": "eval", "domain": "code", "task_id": t, "reward": r}
+            for st, per in ev
+            for t, r in per.items()
+        ]
+        (d / "rollouts.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        (d / "recipe.resolved.yaml").write_text(f"run: {{seed: {s}}}\n")
+        (d / "DONE").write_text("")
+    assert main([str(recipe), "--seeds", "0,1", "--out", str(out), "--from-runs"]) == 0
+    text = capsys.readouterr().out
+    assert "| 0 | +0.500 ± 0.500 (+1.0 SE), G=2 |" in text and "| 1 | +0.750 ± 0.250 (+3.0 SE), G=2 |" in text
+    saved = json.loads((out / "sweep.json").read_text())
+    assert saved["per_seed"]["code"]["1"]["groups"] == 2 and saved["across"]["code"]["cleared_group"] == 1
+
+
 @pytest.mark.parametrize(
     "text, msg",
     [
@@ -213,6 +269,14 @@ def test_seesaw_over_seeds_reports_mean_and_sd_of_gains_and_of_joint_minus_singl
     text = render_seeds(result, meta)
     assert "| single_code | +0.750 ± 0.354 (1 of 2 > 2 SE) |" in text
     assert "-0.250 ± 0.354 (noise)" in text and "on code, joint vs single_code: within the seeds' noise" in text
+    assert "by template" not in text, "no templates given: the per-task count alone"
+    # c0, c1 one template, c2, c3 another: single_code's seed 1 (diffs 1, 1, 0, 0) is one template learned, +1.0 SE
+    # clustered; its seed 0 (every task) clears; joint's code gains (1, 1, 0, 0) clear in neither seed.
+    groups = {"c0": "A", "c1": "A", "c2": "B", "c3": "B"}
+    text = render_seeds(analyse_seeds(runs, groups), meta)
+    assert "| single_code | +0.750 ± 0.354 (1 of 2 > 2 SE; 1 by template) |" in text
+    assert "| joint_fixed | +0.500 ± 0.000 (0 of 2 > 2 SE; 0 by template) |" in text
+    assert "'by template': the seeds whose gain cleared two SE clustered" in text
 
 
 def _write_run(path: Path, step: int, ev: dict) -> None:
