@@ -65,3 +65,27 @@ def test_local_runtime_refuses_ipc_weight_sync_before_building_anything(
     with pytest.raises(ValueError, match=match):
         rt.start()
     assert rt.worker is None and rt.learner is None
+
+
+def test_local_runtime_shared_memory_folder_goes_without_a_stop(recipe_copy, tiny_model_path) -> None:
+    """The learner's weight file lives in a /dev/shm folder (memory): a runtime dropped without ``stop()`` (a caller
+    that forgot it, an exception between start and stop) must not leave it behind for the machine's life."""
+    import gc
+    import os
+
+    from rl.driver.local_runtime import LocalRuntime
+
+    cfg = load_recipe(recipe_copy("tiny.yaml"))
+    rt = LocalRuntime(cfg, tiny_model_path)
+    rt.start()
+    folder = rt.shm_dir
+    assert folder and os.path.isdir(folder)
+    del rt
+    gc.collect()
+    assert not os.path.exists(folder), "left behind after the runtime was dropped"
+    again = LocalRuntime(cfg, tiny_model_path)
+    again.start()
+    folder = again.shm_dir
+    again.stop()
+    assert not os.path.exists(folder)
+    again.stop()  # a second stop is a no-op

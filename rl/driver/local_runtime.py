@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +51,7 @@ class LocalRuntime:
         self.scorer: RewardScorer | None = scorer  # None: built from the recipe's rewards at start
         self.learner: Any = None
         self.shm_dir = ""
+        self._shm_cleanup: weakref.finalize | None = None
 
     def start(self, length_estimate: LengthEstimate | None = None) -> None:
         """Build the engine, envs, reward functions and learner (``length_estimate``: unused, one engine)."""
@@ -101,6 +103,9 @@ class LocalRuntime:
             self.shm_dir = tempfile.mkdtemp(
                 prefix="jointrl-local-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
             )
+            # Removed by stop(), or when this runtime is collected or the interpreter exits without a stop()
+            # (a caller that forgot it, an exception between start and stop): /dev/shm is memory, not disk.
+            self._shm_cleanup = weakref.finalize(self, shutil.rmtree, self.shm_dir, True)
             STARTUP.phase("learner: loading the model")
             self.learner = self._make_learner()
 
@@ -172,8 +177,8 @@ class LocalRuntime:
                 self.learner.shutdown()
         finally:
             self.worker = self.learner = None
-            if self.shm_dir:
-                shutil.rmtree(self.shm_dir, ignore_errors=True)
+            if self._shm_cleanup is not None:
+                self._shm_cleanup()  # removes shm_dir once; a second stop() is a no-op
 
     def _worker(self) -> RolloutWorker:
         if self.worker is None:
