@@ -145,7 +145,25 @@ def _sweep(folder: Path, step: int | None = None) -> dict[str, Any]:
         evals[run["seed"]] = (by_step[min(by_step)], by_step[step])
     if not evals:
         raise AblationError(f"{folder}@{step}: no finished seed in sweep.json")
-    return {**sweep, **_json_result(analyse(evals))}
+    return {**sweep, **_json_result(analyse(evals, _groups(sweep)))}
+
+
+def _groups(sweep: dict[str, Any]) -> dict[str, str] | None:
+    """Task id -> template over the dev files the sweep evaluated on (its recipe with its overrides, as
+    ``bench/seeds.py`` reads them), so that a sweep read at a step counts the seeds beyond two SE clustered by
+    template as its own report does; None where the recipe no longer loads (the per-task SE alone)."""
+    from bench.seeds import eval_groups
+    from rl.config.recipe import load_recipe
+
+    if "recipe" not in sweep["meta"]:
+        return None
+    recipe = ROOT / sweep["meta"]["recipe"]
+    try:
+        cfg = load_recipe(recipe, list(sweep["meta"].get("overrides", [])))
+    except Exception as e:  # noqa: BLE001 - a recipe edited or gone since the sweep: report without it
+        print(f"ablate: {recipe}: no SE by template ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+    return eval_groups(recipe, cfg)
 
 
 def _eval_files(sweep: dict[str, Any]) -> list[str]:
@@ -182,7 +200,8 @@ def compare(control: dict[str, Any], arms: dict[str, dict[str, Any]]) -> dict[st
 
 def _gain(a: dict[str, Any]) -> str:
     sd = f" ± {a['sd']:.3f}" if a.get("sd") is not None else ""
-    return f"{a['mean']:+.3f}{sd} ({a['cleared']} of {a['k']} > 2 SE)"
+    by = f"; {a['cleared_group']} by template" if "cleared_group" in a else ""
+    return f"{a['mean']:+.3f}{sd} ({a['cleared']} of {a['k']} > 2 SE{by})"
 
 
 def _diff(r: dict[str, Any]) -> str:
@@ -204,7 +223,8 @@ def render(result: dict[str, Any], meta: dict[str, Any]) -> str:
     seeds = ", ".join(str(s) for s in result["seeds"])
     return (
         f"{meta['what']}\n\nDev gain (final minus step-0 dev mean), mean ± SD over seeds {seeds}, and the seeds whose "
-        "gain cleared two paired SE:\n\n"
+        "gain cleared two paired SE (and two SE clustered by the dev tasks' template, where they share templates: "
+        "`bench/seeds.py`):\n\n"
         + table(head, gains)
         + "\n\nArm minus control, final dev mean, paired by seed (mean ± SE over seeds; up/down only beyond 2 SE):\n\n"
         + table(head, diffs)

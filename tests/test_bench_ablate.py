@@ -177,3 +177,26 @@ def test_a_sweep_read_at_a_step_compares_training_on_against_stopping_there(tmp_
     assert "(it evaluated at steps [0, 2, 4])" in err
     with pytest.raises(SystemExit):
         main(["compare", "--name", "x", "--control", f"{tmp_path}@two", "--arm", f"a:{tmp_path}"])
+
+
+def test_a_sweep_read_at_a_step_counts_the_seeds_beyond_two_se_by_template(tmp_path: Path, capsys) -> None:
+    """Dev tasks d0, d1 of template A and d2, d3 of B: both seeds learn A alone at step 2 (+0.5, +1.7 SE per task),
+    so neither clears two SE clustered by template; at step 4 seed 0 has learned a task of each template."""
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("".join(_task(i, "AABB"[i]).replace(f'"t{i}"', f'"d{i}"') + "\n" for i in range(4)))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"data: {{train_files: [{dev}], eval_files: [{dev}]}}\n")
+    evals = {
+        0: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 1.0, 0.0, 0.0], 4: [1.0, 1.0, 1.0, 1.0]},
+        1: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 1.0, 0.0, 0.0], 4: [1.0, 1.0, 0.0, 0.0]},
+    }
+    runs = []
+    for seed, by_step in evals.items():
+        _run_with_evals(tmp_path / f"seed_{seed}", by_step)
+        runs.append({"seed": seed, "run_dir": str(tmp_path / f"seed_{seed}"), "status": "done"})
+    meta = {"recipe": str(recipe), "overrides": [f"data.eval_files=[{dev}]"]}
+    (tmp_path / "sweep.json").write_text(json.dumps({"meta": meta, "runs": runs, "per_seed": {}, "across": {}}))
+    assert main(["compare", "--name", "t", "--control", f"{tmp_path}@2", "--arm", f"4:{tmp_path}@4"]) == 0
+    out = capsys.readouterr().out
+    assert "| control | +0.500 ± 0.000 (0 of 2 > 2 SE; 0 by template) |" in out
+    assert "| 4 | +0.750 ± 0.354 (1 of 2 > 2 SE; 1 by template) |" in out
