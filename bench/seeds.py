@@ -49,7 +49,9 @@ its own local Ray cluster and its own engines and learner, so N runs need N time
 of one (``run.threads`` and ``cluster`` among the overrides share them out); on a 2-core host keep 1.
 ``--in-process`` (with ``--local``, one at a time) runs each seed in this process: no interpreter and
 torch start-up per seed, for small models and tests. ``--keep-done`` keeps seeds whose run finished
-(``DONE``) and trains the rest; ``--from-runs`` only analyses ``--out``.
+(``DONE``) and trains the rest; ``--from-runs`` only analyses ``--out``; with ``--base RUN`` too, against
+RUN's step-0 evaluation for runs that skipped their own, so that ``bench/seesaw.py``'s runs of one
+configuration read as a sweep (``--out OUT/joint_fixed --base OUT/base``).
 
 A bench script rather than a ``jointrl`` subcommand: its statistics are ``bench/seesaw.py``'s (the
 product's packages import nothing of ``bench/``, tests/test_layering.py), its output is a section of
@@ -146,6 +148,17 @@ def check_recipe(recipe: Path, overrides: list[str], seeds: list[int], out: Path
     if not cfg.train.eval_at_start:
         raise SweepError(f"{recipe}: train.eval_at_start is false: each seed's base is its step-0 held-out evaluation")
     return cfg
+
+
+def shared_base(run_dir: Path) -> Evaluation:
+    """The step-0 held-out evaluation in ``run_dir`` (a ``train.steps=0`` run: ``bench/seesaw.py``'s base), every
+    seed's base with ``--base``; ``SweepError`` naming the folder where it holds none."""
+    from bench.seesaw import base_eval
+
+    try:
+        return base_eval(records(run_dir))
+    except (OSError, ValueError) as e:
+        raise SweepError(f"--base {run_dir}: {e}") from None
 
 
 def seed_overrides(seed: int, out: Path) -> list[str]:
@@ -266,8 +279,8 @@ def finished(out: Path, seed: int) -> SeedRun | None:
         return None
     if (yaml.safe_load(resolved.read_text()) or {}).get("run", {}).get("seed") != seed:
         return None
-    wall = d / "sweep_wall_s.txt"
-    return SeedRun(seed, str(d), "kept", float(wall.read_text()) if wall.is_file() else None)
+    walls = [w for w in (d / "sweep_wall_s.txt", d / "seesaw_wall_s.txt") if w.is_file()]  # this sweep's, the seesaw's
+    return SeedRun(seed, str(d), "kept", float(walls[0].read_text()) if walls else None)
 
 
 def sweep(
@@ -415,11 +428,13 @@ def render(result: dict[str, Any], runs: list[SeedRun], meta: dict[str, Any]) ->
     per, acr = result["per_seed"], result["across"]
     domains = sorted(per)
     ok = [r for r in runs if r.status != "failed"]
+    base_text = meta.get("base") or "each seed's step-0 evaluation"
     lines = [
         f"Recipe `{meta['recipe']}`{' with ' + ' '.join(f'`{o}`' for o in meta['overrides']) if meta['overrides'] else ''}, "
         f"seeds {', '.join(str(r.seed) for r in runs)} ({meta['runtime']}), {meta['steps']} steps, "
-        f"{meta['samples']} samples per run. Held-out: the recipe's `data.eval_files` (greedy), base = each seed's "
-        f"step-0 evaluation, final = its last, paired over the same tasks (n per domain in the table). "
+        f"{meta['samples']} samples per run. Held-out: the recipe's `data.eval_files` (greedy), base = "
+        f"{base_text}, final = its last, paired over the same "
+        f"tasks (n per domain in the table). "
         f"± per seed: one paired standard error (evaluation noise only); across seeds: the sample standard "
         f"deviation of the gains (run-to-run variance). {meta['precision'] + ' ' if meta.get('precision') else ''}"
         f"Host: {meta['host']}.",
@@ -505,6 +520,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep-done", action="store_true", help="keep seeds whose run in --out finished; train the rest")
     ap.add_argument("--from-runs", action="store_true", help="analyse the runs in --out; train nothing")
     ap.add_argument("--write", action="store_true", help="also replace the section in bench/RESULTS.md")
+    ap.add_argument(
+        "--base",
+        default="",
+        help="with --from-runs: a run folder whose step-0 evaluation is every seed's base, for runs that skipped "
+        "their own (bench/seesaw.py's OUT/base for its OUT/<config>/seed_<S> runs)",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every seed's run")
     return ap.parse_intermixed_args(argv)  # overrides may come before or after the flags
 
@@ -516,6 +537,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SweepError("--in-process runs the in-process runtime only: add --local")
     if args.in_process and args.parallel > 1:
         raise SweepError("--in-process trains one seed at a time: drop --parallel or --in-process")
+    if args.base and not args.from_runs:
+        raise SweepError("--base reads finished runs against a shared base evaluation: add --from-runs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -526,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = Path(args.recipe).resolve()
         out = Path(args.out or ROOT / "runs" / "seeds" / recipe.stem).resolve()
         cfg = check_recipe(recipe, args.overrides, seeds, out)
+        base = shared_base(Path(args.base)) if args.base else None
     except SweepError as e:
         print(f"seeds: error: {e}", file=sys.stderr)
         return 2
@@ -550,8 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps": cfg.train.steps,
         "samples": cfg.rollout.prompts_per_step * cfg.rollout.group_size * cfg.train.steps,
         "precision": f"Precision pinned for every seed: {note}." if note else "",
+        "base": f"one shared step-0 evaluation of the base model (`{args.base}`)" if base else "",
     }
-    return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg))
+    return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg), base)
 
 
 def report(
@@ -561,6 +586,7 @@ def report(
     meta: dict[str, Any],
     write: bool,
     groups: dict[str, str] | None = None,
+    base: Evaluation | None = None,
 ) -> int:
     """Read each finished seed's evaluations (a run whose records do not read counts as failed), then write
     ``sweep.json``, ``RESULTS-section.md`` and ``report.html``; 0 when every seed finished, 130 when the sweep
@@ -573,7 +599,7 @@ def report(
         if r.status == "failed":
             continue
         try:
-            evals[r.seed] = eval_rewards(records(Path(r.run_dir)))
+            evals[r.seed] = eval_rewards(records(Path(r.run_dir)), base)
         except (OSError, ValueError) as e:
             r.status, r.cause = "failed", f"its held-out records do not read: {e}"
             print(f"seeds: {recipe}, seed {r.seed}: failed: {r.cause}", file=sys.stderr)

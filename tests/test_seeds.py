@@ -161,6 +161,35 @@ def test_from_runs_reads_the_templates_of_the_recipes_held_out_files(tmp_path, c
     assert saved["per_seed"]["code"]["1"]["groups"] == 2 and saved["across"]["code"]["cleared_group"] == 1
 
 
+def test_from_runs_against_a_shared_base_reads_the_seesaws_runs_as_a_sweep(tmp_path, capsys, monkeypatch):
+    """bench/seesaw.py's OUT/<config>/seed_<S> runs skip their step-0 evaluation (one shared base in OUT/base):
+    ``--from-runs --base OUT/base`` pairs each seed's last evaluation with that base, and reads the seesaw's walls."""
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    recipe = tmp_path / "r.yaml"
+    (tmp_path / "held.jsonl").write_text("")
+    recipe.write_text("data: {train_files: [held.jsonl], eval_files: [held.jsonl]}\n")
+    _write_run(tmp_path / "base", 0, {"code": BASE})
+    out = tmp_path / "joint_fixed"
+    for s in (0, 1):
+        _write_run(out / f"seed_{s}", 2, {"code": FINAL[s]})
+        (out / f"seed_{s}" / "recipe.resolved.yaml").write_text(f"run: {{seed: {s}}}\n")
+        (out / f"seed_{s}" / "DONE").write_text("")
+    argv = [str(recipe), "--seeds", "0,1", "--out", str(out), "--from-runs"]
+    assert main([*argv, "--base", str(tmp_path / "base")]) == 0
+    text = capsys.readouterr().out
+    assert "| 0 | 5 | 0.250 -> 0.750, +0.500 ± 0.289 (+1.7 SE), n=4 |" in text
+    assert "| 1 | 5 | 0.250 -> 1.000, +0.750 ± 0.250 (+3.0 SE), n=4 |" in text
+    assert f"base = one shared step-0 evaluation of the base model (`{tmp_path / 'base'}`)" in text
+    # Without the base each run holds one evaluation: named, left out, exit 3.
+    assert main(argv) == 3
+    assert "needs held-out evaluations at two steps" in capsys.readouterr().err
+    assert main([*argv[:-1], "--base", str(tmp_path / "base")]) == 2
+    assert "--base reads finished runs against a shared base evaluation: add --from-runs" in capsys.readouterr().err
+    assert main([*argv, "--base", str(out / "seed_0")]) == 2
+    err = capsys.readouterr().err
+    assert f"--base {out / 'seed_0'}: " in err and "holds no step-0 held-out evaluation" in err
+
+
 @pytest.mark.parametrize(
     "text, msg",
     [
