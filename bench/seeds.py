@@ -15,6 +15,8 @@ an unscored held-out sample counts 0) it reports, per domain:
   ladders do): each gain's SE clustered by template and the seeds clearing two of those. Tasks of one
   template move together (a small policy learns a template's trick or not), so a gain carried by one or two
   templates of a dozen is less sure than the per-task SE, which counts every task as independent, says.
+  The report then lists where the gains sit: each held-out template that moved in some seed, its mean change
+  per seed.
 
 The paired SE holds only the evaluation's task sampling; run-to-run variance is in the across-seed SD.
 
@@ -389,7 +391,31 @@ def analyse(evals: dict[int, tuple[Evaluation, Evaluation]], groups: dict[str, s
         per_seed[d] = {
             s: paired(first[d], last[d], groups) for s, (first, last) in evals.items() if d in first and d in last
         }
-    return {"per_seed": per_seed, "across": {d: across(list(ps.values())) for d, ps in per_seed.items()}}
+    out = {"per_seed": per_seed, "across": {d: across(list(ps.values())) for d, ps in per_seed.items()}}
+    if groups:
+        out["templates"] = template_moves(evals, groups)
+    return out
+
+
+def template_moves(evals: dict[int, tuple[Evaluation, Evaluation]], groups: dict[str, str]) -> dict[str, Any]:
+    """Where each domain's gain sits: ``{domain: {template: {"n": tasks, "diffs": {seed: mean change over the
+    template's tasks}}}}`` for the templates (``groups``' values, several tasks each) that moved in some seed."""
+    out: dict[str, Any] = {}
+    for s, (first, last) in sorted(evals.items()):
+        for d in first:
+            if d not in last:
+                continue
+            sums: dict[str, list[float]] = {}
+            for t in sorted(set(first[d]) & set(last[d])):
+                if t in groups:
+                    sums.setdefault(groups[t], []).append(last[d][t] - first[d][t])
+            for g, diffs in sums.items():
+                row = out.setdefault(d, {}).setdefault(g, {"n": len(diffs), "diffs": {}})
+                row["diffs"][s] = sum(diffs) / len(diffs)
+    return {
+        d: {g: row for g, row in sorted(rows.items()) if any(abs(x) > 1e-12 for x in row["diffs"].values())}
+        for d, rows in sorted(out.items())
+    }
 
 
 # ---------------------------------------------------------------------------- report
@@ -458,6 +484,21 @@ def render(result: dict[str, Any], runs: list[SeedRun], meta: dict[str, Any]) ->
         ]
         rows = [[str(r.seed)] + [_group_cell(per[d][r.seed]) if r.seed in per[d] else "-" for d in domains] for r in ok]
         lines += [table(["seed", *domains], rows), ""]
+        moved = [
+            [d, f"{g.split(':', 1)[-1]} ({row['n']})"]
+            + [f"{row['diffs'][r.seed]:+.2f}" if r.seed in row["diffs"] else "-" for r in ok]
+            for d, rows in result.get("templates", {}).items()
+            for g, row in rows.items()
+            if row["n"] > 1
+        ]
+        if moved:
+            lines += [
+                "Where the gains sit: the held-out templates whose mean moved in some seed (change of the mean over "
+                "the template's tasks; the others did not move in any seed):",
+                "",
+                table(["domain", "template (tasks)", *(f"seed {r.seed}" for r in ok)], moved),
+                "",
+            ]
     lines += ["Across seeds:", ""]
     rows = [
         [
@@ -630,10 +671,16 @@ def report(
 
 def _json_result(result: dict[str, Any]) -> dict[str, Any]:
     """``analyse``'s result with string keys (JSON objects)."""
-    return {
+    out = {
         "per_seed": {d: {str(s): p for s, p in ps.items()} for d, ps in result["per_seed"].items()},
         "across": result["across"],
     }
+    if "templates" in result:
+        out["templates"] = {
+            d: {g: {**row, "diffs": {str(s): x for s, x in row["diffs"].items()}} for g, row in rows.items()}
+            for d, rows in result["templates"].items()
+        }
+    return out
 
 
 if __name__ == "__main__":

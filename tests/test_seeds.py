@@ -126,10 +126,16 @@ def test_render_adds_the_se_by_template_where_tasks_share_templates():
     assert "| 1 | +0.750 ± 0.250 (+3.0 SE), G=2 | +0.250 ± 0.000 (SE 0), G=5 |" in text
     assert "| code | 0.250 | 0.583 | +0.333 ± 0.520 | 1 of 3 | 1 of 3 | 1 of 3 |" in text
     assert "with the SE clustered by template, seeds beyond two SE: code 1 of 3." in text
+    # Where the gains sit: A (t1, t2) moved +1 in seeds 0 and 1; B (t3, t4) +0.5 in seed 1, -0.5 in seed 2.
+    assert "| code | A (2) | +1.00 | +1.00 | +0.00 |" in text and "| code | B (2) | +0.00 | +0.50 | -0.50 |" in text
+    assert result["templates"] == {
+        "code": {"A": {"n": 2, "diffs": {0: 1.0, 1: 1.0, 2: 0.0}}, "B": {"n": 2, "diffs": {0: 0.0, 1: 0.5, 2: -0.5}}}
+    }
     assert "| tool_call | 0.500 | 0.750 | +0.250 ± 0.000 | 3 of 3 | - | 0 of 3 |" in text, "no shared template"
     # Every task its own template (or none named): nothing the per-task SE does not say, so no extra table.
     plain = render(analyse(_evals(), {}), runs, meta)
     assert "by template" not in plain and plain == render(analyse(_evals()), runs, meta)
+    assert "Where the gains sit" not in plain
 
 
 def test_from_runs_reads_the_templates_of_the_recipes_held_out_files(tmp_path, capsys, monkeypatch):
