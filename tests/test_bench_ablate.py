@@ -150,6 +150,17 @@ def _run_with_evals(run_dir: Path, evals: dict[int, list[float]]) -> None:
     (run_dir / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _write_sweep(folder: Path, evals: dict[int, dict[int, list[float]]], meta: dict, failed: list[int] = ()) -> None:
+    """A bench/seeds.py sweep folder: a run per seed (``_run_with_evals``) and its sweep.json; ``failed`` seeds are
+    listed as failed runs, with no folder."""
+    runs = []
+    for seed, by_step in evals.items():
+        _run_with_evals(folder / f"seed_{seed}", by_step)
+        runs.append({"seed": seed, "run_dir": str(folder / f"seed_{seed}"), "status": "done"})
+    runs += [{"seed": s, "run_dir": str(folder / f"seed_{s}"), "status": "failed"} for s in failed]
+    (folder / "sweep.json").write_text(json.dumps({"meta": meta, "runs": runs, "per_seed": {}, "across": {}}))
+
+
 def test_a_sweep_read_at_a_step_compares_training_on_against_stopping_there(tmp_path: Path, capsys) -> None:
     """FOLDER@STEP reads each seed at that step's dev evaluation: the control at step 2 and the arm at its last
     (step 4) of the same runs, paired by seed; a step a run did not evaluate at is named."""
@@ -157,13 +168,7 @@ def test_a_sweep_read_at_a_step_compares_training_on_against_stopping_there(tmp_
         0: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 0.0, 0.0, 0.0], 4: [1.0, 1.0, 1.0, 0.0]},
         1: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 1.0, 0.0, 0.0], 4: [1.0, 1.0, 0.0, 0.0]},
     }
-    runs = []
-    for seed, by_step in evals.items():
-        _run_with_evals(tmp_path / f"seed_{seed}", by_step)
-        runs.append({"seed": seed, "run_dir": str(tmp_path / f"seed_{seed}"), "status": "done"})
-    runs.append({"seed": 2, "run_dir": str(tmp_path / "seed_2"), "status": "failed"})  # left out, never read
-    sweep = {"meta": {"overrides": ["data.eval_files=[d.jsonl]"]}, "runs": runs, "per_seed": {}, "across": {}}
-    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    _write_sweep(tmp_path, evals, {"overrides": ["data.eval_files=[d.jsonl]"]}, failed=[2])
     argv = ["compare", "--name", "steps", "--control", f"{tmp_path}@2", "--arm", f"4:{tmp_path}@4"]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -190,12 +195,7 @@ def test_a_sweep_read_at_a_step_counts_the_seeds_beyond_two_se_by_template(tmp_p
         0: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 1.0, 0.0, 0.0], 4: [1.0, 1.0, 1.0, 1.0]},
         1: {0: [0.0, 0.0, 0.0, 0.0], 2: [1.0, 1.0, 0.0, 0.0], 4: [1.0, 1.0, 0.0, 0.0]},
     }
-    runs = []
-    for seed, by_step in evals.items():
-        _run_with_evals(tmp_path / f"seed_{seed}", by_step)
-        runs.append({"seed": seed, "run_dir": str(tmp_path / f"seed_{seed}"), "status": "done"})
-    meta = {"recipe": str(recipe), "overrides": [f"data.eval_files=[{dev}]"]}
-    (tmp_path / "sweep.json").write_text(json.dumps({"meta": meta, "runs": runs, "per_seed": {}, "across": {}}))
+    _write_sweep(tmp_path, evals, {"recipe": str(recipe), "overrides": [f"data.eval_files=[{dev}]"]})
     assert main(["compare", "--name", "t", "--control", f"{tmp_path}@2", "--arm", f"4:{tmp_path}@4"]) == 0
     out = capsys.readouterr().out
     assert "| control | +0.500 ± 0.000 (0 of 2 > 2 SE; 0 by template) |" in out

@@ -39,6 +39,10 @@ FINAL = {
 }
 
 
+# A sweep's report header, as render() needs it.
+META = {"recipe": "recipes/x.yaml", "overrides": [], "runtime": "Ray + vLLM", "steps": 2, "samples": 32, "host": "cpu"}
+
+
 def _evals() -> dict:
     # tool_call improves by exactly 0.25 on every task in every seed: SE 0, cleared, SD 0.
     tc_base = {f"q{i}": 0.5 for i in range(5)}
@@ -87,15 +91,7 @@ def test_across_verdict_uses_the_across_seed_standard_error():
 def test_render_shows_each_seed_the_spread_and_the_failures():
     runs = [SeedRun(0, "r0", "done", 12.0), SeedRun(1, "r1", "done", 13.0), SeedRun(2, "r2", "done", 11.0)]
     runs.append(SeedRun(3, "r3", "failed", 2.0, 3, "step 1: RuntimeError: boom (exit 3)"))
-    meta = {
-        "recipe": "recipes/x.yaml",
-        "overrides": [],
-        "runtime": "Ray + vLLM",
-        "steps": 2,
-        "samples": 32,
-        "host": "cpu",
-    }
-    text = render(analyse(_evals()), runs, meta)
+    text = render(analyse(_evals()), runs, META)
     assert "0.250 -> 0.750, +0.500 ± 0.289 (+1.7 SE), n=4" in text
     assert "0.250 -> 0.000, -0.250 ± 0.250 (-1.0 SE), n=4" in text
     assert "| code | 0.250 | 0.583 | +0.333 ± 0.520 | 1 of 3 | 1 of 3 |" in text
@@ -114,15 +110,7 @@ def test_render_adds_the_se_by_template_where_tasks_share_templates():
     assert result["per_seed"]["code"][0]["se_group"] == pytest.approx(0.5)
     assert result["across"]["code"]["cleared_group"] == 1
     runs = [SeedRun(s, f"r{s}", "done", 10.0) for s in FINAL]
-    meta = {
-        "recipe": "recipes/x.yaml",
-        "overrides": [],
-        "runtime": "Ray + vLLM",
-        "steps": 2,
-        "samples": 32,
-        "host": "cpu",
-    }
-    text = render(result, runs, meta)
+    text = render(result, runs, META)
     assert "| 1 | +0.750 ± 0.250 (+3.0 SE), G=2 | +0.250 ± 0.000 (SE 0), G=5 |" in text
     assert "| code | 0.250 | 0.583 | +0.333 ± 0.520 | 1 of 3 | 1 of 3 | 1 of 3 |" in text
     assert "with the SE clustered by template, seeds beyond two SE: code 1 of 3." in text
@@ -133,8 +121,8 @@ def test_render_adds_the_se_by_template_where_tasks_share_templates():
     }
     assert "| tool_call | 0.500 | 0.750 | +0.250 ± 0.000 | 3 of 3 | - | 0 of 3 |" in text, "no shared template"
     # Every task its own template (or none named): nothing the per-task SE does not say, so no extra table.
-    plain = render(analyse(_evals(), {}), runs, meta)
-    assert "by template" not in plain and plain == render(analyse(_evals()), runs, meta)
+    plain = render(analyse(_evals(), {}), runs, META)
+    assert "by template" not in plain and plain == render(analyse(_evals()), runs, META)
     assert "Where the gains sit" not in plain
 
 
