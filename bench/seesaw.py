@@ -540,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     base = base_eval(records(out / "base")) if records(out / "base").is_file() else None
     evals = {run_name(c, s): eval_rewards(records(out / run_name(c, s)), base) for c, s in jobs if c != "base"}
     # The typed recipe, not the YAML: keys the recipe leaves at their defaults (prompts_per_step) count too.
-    r = load_recipe(RECIPE, args.extra).rollout
+    cfg = load_recipe(RECIPE, args.extra)
+    r = cfg.rollout
     meta = {
         "steps": args.steps,
         "samples": r.prompts_per_step * r.group_size * args.steps,
@@ -551,8 +552,10 @@ def main(argv: list[str] | None = None) -> int:
         body = render(analyse({c: evals[c] for c in configs if c in evals}), meta)
         key, title = "seesaw", "Joint vs. single-domain RL, fixed vs. adaptive mixing (`bench/seesaw.py`)"
     else:
+        from bench.seeds import eval_groups
+
         by_seed = {c: {s: evals[n] for s in seeds if (n := run_name(c, s)) in evals} for c in configs}
-        groups = task_groups([(RECIPE.parent / f).resolve() for f in load_recipe(RECIPE, args.extra).data.eval_files])
+        groups = eval_groups(RECIPE, cfg)
         body = render_seeds(analyse_seeds({c: v for c, v in by_seed.items() if v}, groups), {**meta, "seeds": seeds})
         key, title = "seesaw_seeds", "Joint vs. single-domain RL over seeds (`bench/seesaw.py --seeds`)"
     if failed:
