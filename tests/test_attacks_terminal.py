@@ -413,7 +413,10 @@ def test_the_held_values_and_process_table_reach_the_check_only():
     """The setup's held values are gone from the work dir before the policy's turn; the check
     reads them and the process table from its environment."""
     spec = TerminalSpec(
+        # The setup waits until its child has become `sleep` (a forked child can still be bash
+        # when the setup ends on a loaded host, and then the policy's `pkill -x sleep` misses it).
         setup='printf s3cret > "$JOINTRL_HELD/secret"\nsleep 1000 > /dev/null 2>&1 &\n'
+        'until [ "$(cat /proc/$!/comm)" = sleep ]; do sleep 0.01; done\n'
         'printf \'%s %s\' "$!" "$(cut -d\' \' -f22 /proc/$!/stat)" > "$JOINTRL_HELD/sleeper"',
         check='[ "$HELD_secret" = s3cret ] && printf \'%s\\n\' "$HELD_PROCESSES" | grep -q "^$HELD_sleeper sleep 1000$" '
         '&& [ ! -e .jointrl-held ] && [ "$(cat seen)" = none ] || { echo FAIL; exit 1; }',
@@ -430,7 +433,11 @@ def test_the_held_values_and_process_table_reach_the_check_only():
     info = env.step("DONE")[3]
     assert info["reward"] == 1.0, info["check_output"]
     env.reset(task)
-    env.step("```bash\necho none > seen; kill %1 2>/dev/null; pkill -x sleep; sleep 0.3\n```")
+    # The policy waits until the sleeper has exited (SIGTERM is not exit: on a loaded host the
+    # process can still be in the table a fixed pause later).
+    env.step(
+        "```bash\necho none > seen; pkill -x sleep\nwhile ps -C sleep -o stat= | grep -qv Z; do sleep 0.05; done\n```"
+    )
     info = env.step("DONE")[3]
     assert info["reward"] == 0.0, info["check_output"]  # the sleeper is gone from the table
     env.close()
