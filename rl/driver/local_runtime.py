@@ -12,9 +12,7 @@ It does not place, shard or parallelize anything.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +24,7 @@ from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
 from rl.driver.runtime import LengthEstimate, learner_settings
 from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
+from rl.trainer.shm import make_shm_dir
 from rollout.hf_engine import make_engine
 from rollout.pool import RolloutWorker
 from rollout.weights import FileWeights
@@ -100,9 +99,7 @@ class LocalRuntime:
             specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
             self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)
         if self.with_learner:
-            self.shm_dir = tempfile.mkdtemp(
-                prefix="jointrl-local-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-            )
+            self.shm_dir = make_shm_dir("jointrl-local-")  # also removes what killed runs left there
             # Removed by stop(), or when this runtime is collected or the interpreter exits without a stop()
             # (a caller that forgot it, an exception between start and stop): /dev/shm is memory, not disk.
             self._shm_cleanup = weakref.finalize(self, shutil.rmtree, self.shm_dir, True)

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,6 +34,7 @@ from rl.driver.logger import STARTUP
 from rl.driver.recovery import LIVE_FILE, free_dead_run, raise_on_term
 from rl.driver.runtime import Deadlines, LearnerFailure, learner_settings
 from rl.trainer.moe import check_replay_engine, engine_routing_kwargs
+from rl.trainer.shm import make_shm_dir
 from rollout.collective import bucket_bytes
 from rollout.pool import EngineFailure
 from rollout.weights import CollectiveJoin, CollectiveWeights, JoinFailed
@@ -98,7 +98,7 @@ class RayRuntime:
         # Weights travel through shared memory; the driver owns the folder so that it goes
         # away on every exit path, even when the learner is busy or dead.
         free_dead_run(self.out / LIVE_FILE, cluster.sweep_on_node)  # what a killed driver of this dir left behind
-        self.shm_dir = tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.shm_dir = make_shm_dir("jointrl-run-")  # and what killed drivers of other dirs left
         STARTUP.phase(f"learner: starting {cfg.learner.workers} worker(s)")
         self.learners = self._make_learners()
         STARTUP.phase(f"engines: starting {cfg.rollout.num_engines} vLLM engine(s) on {self.model_path}")

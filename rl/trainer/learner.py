@@ -39,7 +39,6 @@ import dataclasses
 import os
 import random
 import shutil
-import tempfile
 import time
 import weakref
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.algos.objective import ObjectiveInputs, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
+from rl.trainer.shm import make_shm_dir
 from rl.algos.router import router_spec
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import checkpoint, fsdp, memory, models, moe, optim, plan, precision, prepare
@@ -221,7 +221,7 @@ class Learner:
             d = Path(shm_dir)
             d.mkdir(parents=True, exist_ok=True)
             return d
-        d = Path(tempfile.mkdtemp(prefix="jointrl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        d = Path(make_shm_dir("jointrl-learner-"))
         weakref.finalize(self, shutil.rmtree, str(d), True)
         return d
 
