@@ -4,10 +4,11 @@ Weights travel from the learner to the engines through a folder in ``/dev/shm`` 
 disk). Its owner removes it on every exit path it sees (``stop()``, a finalizer, interpreter
 exit), but a SIGKILLed or OOM-killed process runs none of them and its folder holds its last
 export (a 135M model: ~270 MB) until the host reboots. So each folder is named after the
-process that made it, ``<prefix><pid>-<random>``, and making one first removes the folders of
-the same prefix whose process is gone. A folder is only removed when it belongs to this uid
-and no process has its pid (a pid reused by another process keeps the folder: a leak, never a
-folder removed under a live run).
+process that made it, ``<prefix><pid namespace>-<pid>-<random>``, and making one first removes
+the folders of the same prefix whose process is gone. A folder is only removed when it belongs
+to this uid, was made in this PID namespace (containers sharing one /dev/shm see other pids) and
+no process has its pid (a pid reused by another process keeps the folder: a leak, never a folder
+removed under a live run).
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ def _shm_parent() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
+def _pid_ns() -> str:
+    """This process's PID namespace (the inode of /proc/self/ns/pid; "0" where unreadable)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -35,10 +44,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def sweep_dead(prefix: str, parent: str | None = None) -> list[str]:
-    """Remove the folders ``<parent>/<prefix><pid>-*`` of this uid whose process ``pid`` is gone;
-    returns their paths. ``parent``: /dev/shm (else the temp dir)."""
+    """Remove the folders ``<parent>/<prefix><this pid namespace>-<pid>-*`` of this uid whose process
+    ``pid`` is gone; returns their paths. ``parent``: /dev/shm (else the temp dir)."""
     parent = parent or _shm_parent() or tempfile.gettempdir()
-    pattern = re.compile(re.escape(prefix) + r"(\d+)-[^/]+")
+    pattern = re.compile(re.escape(f"{prefix}{_pid_ns()}-") + r"(\d+)-[^/]+")
     removed = []
     try:
         names = os.listdir(parent)
@@ -61,8 +70,8 @@ def sweep_dead(prefix: str, parent: str | None = None) -> list[str]:
 
 
 def make_shm_dir(prefix: str, parent: str | None = None) -> str:
-    """A new private folder ``<prefix><this pid>-<random>`` in /dev/shm (else the temp dir), after
+    """A new private folder ``<prefix><pid namespace>-<this pid>-<random>`` in /dev/shm (else the temp dir), after
     :func:`sweep_dead` has removed those of the same prefix that killed processes left."""
     parent = parent or _shm_parent()
     sweep_dead(prefix, parent)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
+    return tempfile.mkdtemp(prefix=f"{prefix}{_pid_ns()}-{os.getpid()}-", dir=parent)
