@@ -3,8 +3,9 @@
 import os
 import subprocess
 import sys
+import time
 
-from rl.trainer.shm import _pid_ns, make_shm_dir, sweep_dead
+from rl.trainer.shm import _pid_ns, make_shm_dir, pid_alive, sweep_dead
 
 NS = _pid_ns()
 
@@ -47,3 +48,20 @@ def test_a_file_or_link_with_a_dead_pid_name_is_left_alone(tmp_path):
     (tmp_path / f"jointrl-local-{NS}-{dead}-file").write_text("x")
     assert sweep_dead("jointrl-local-", str(tmp_path)) == []
     assert (target / "f").exists() and (tmp_path / f"jointrl-local-{NS}-{dead}-file").exists()
+
+
+def test_a_zombie_counts_as_dead_and_a_live_process_as_alive(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        for _ in range(500):  # exited, not yet reaped: a zombie
+            with open(f"/proc/{p.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        assert not pid_alive(p.pid)
+        left = tmp_path / f"jointrl-local-{NS}-{p.pid}-zzz"
+        left.mkdir()
+        assert sweep_dead("jointrl-local-", str(tmp_path)) == [str(left)]
+    finally:
+        p.wait()
+    assert pid_alive(os.getpid()) and not pid_alive(0)

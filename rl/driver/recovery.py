@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rl.driver.checkpoints import RunAborted, latest_checkpoint
+from rl.trainer.shm import pid_alive
 
 
 class BadStepGuard:
@@ -88,7 +89,7 @@ def free_dead_run(
         rec = json.loads(live.read_text())
     except (OSError, ValueError):
         return []
-    if rec.get("pid") != os.getpid() and _alive(int(rec.get("pid", 0))):
+    if rec.get("pid") != os.getpid() and pid_alive(int(rec.get("pid", 0))):
         return []
     removed = []
     d = rec.get("shm_dir", "")
@@ -109,22 +110,6 @@ def free_dead_run(
     if removed:
         print(f"jointrl: freed {len(removed)} shared-memory object(s) left by the killed run", file=sys.stderr)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def raise_on_term(signum: int, frame: Any) -> None:

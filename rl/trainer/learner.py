@@ -51,13 +51,13 @@ from rl.algos.batch import Batch, Sample
 from rl.algos.estimators import get_estimator
 from rl.algos.objective import ObjectiveInputs, Terms, objective
 from rl.algos.policy_losses import LossInputs, get_policy_loss
-from rl.trainer.shm import make_shm_dir
 from rl.algos.router import router_spec
 from rl.config.recipe import AlgoConfig, LearnerConfig, ModelConfig
 from rl.trainer import checkpoint, fsdp, memory, models, moe, optim, plan, precision, prepare
 from rl.trainer.checkpoint import policy_from_checkpoint  # noqa: F401 - rl.cli.export's import
 from rl.trainer.forward import Forward, Outputs
 from rl.trainer.metrics import Present, StepMetrics, Sums, UpdateLog
+from rl.trainer.shm import make_shm_dir
 from rl.trainer.weights import WeightExport
 from rollout.routing import routers
 from rollout.weights import BlobWeights, CollectiveJoin, CollectiveWeights, DeltaWeights, IpcWeights

@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 
-__all__ = ["make_shm_dir", "sweep_dead"]
+__all__ = ["make_shm_dir", "pid_alive", "sweep_dead"]
 
 
 def _shm_parent() -> str | None:
@@ -33,14 +33,21 @@ def _pid_ns() -> str:
         return "0"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists and is not a zombie (another user's process counts as alive)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # another user's process
-    return True
+        return True
+    try:  # a zombie is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def sweep_dead(prefix: str, parent: str | None = None) -> list[str]:
@@ -55,7 +62,7 @@ def sweep_dead(prefix: str, parent: str | None = None) -> list[str]:
         return removed
     for name in names:
         m = pattern.fullmatch(name)
-        if m is None or _pid_alive(int(m.group(1))):
+        if m is None or pid_alive(int(m.group(1))):
             continue
         path = os.path.join(parent, name)
         try:
