@@ -475,6 +475,298 @@ def _word_lengths_sorted(rng: random.Random) -> Task:
     )
 
 
+# ------------------------------------------------------------------------ training-only templates, wider ladder
+# Twenty more training shapes, none a held-out template's shape or its key step (no "x minus c", no
+# prefix, no count below a threshold, no removal of a value, no joining with a separator, no vowels,
+# no chunks, no digit sums, no sorting or filtering of a text's words), so that training covers more
+# task shapes than the twelve it had: what a seed learned from a dozen shapes was a few shapes' tricks
+# (bench/RESULTS.md, "Seed sweep: recipes/joint_rl.yaml at 46 steps"), not a skill that reached new
+# templates.
+
+
+def _nonempty_lists(rng: random.Random, lo: int = -9, hi: int = 20) -> list[tuple[Any, ...]]:
+    return [(_ints(rng, rng.randint(3, 7), lo, hi),) for _ in range(N_TESTS)]
+
+
+def _word_lists(rng: random.Random, lo: int = 2, hi: int = 5) -> list[tuple[Any, ...]]:
+    return [(rng.sample(WORDS, rng.randint(lo, hi)),) for _ in range(N_TESTS - 1)] + [([],)]
+
+
+def _last_chars(rng: random.Random) -> Task:
+    c = rng.randint(2, 4)
+    name = f"last_{c}_chars"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns the last {c} characters of `s`.",
+        f"def {name}(s: str) -> str:\n    return s[-{c}:]\n",
+        _word_args(rng),
+    )
+
+
+def _floor_div(rng: random.Random) -> Task:
+    c = rng.randint(2, 9)
+    name = f"floor_div_{c}"
+    return _task(
+        name,
+        f"{name}(x: int) -> int",
+        f"returns `x` divided by {c}, rounded down to an integer (floor division).",
+        f"def {name}(x: int) -> int:\n    return x // {c}\n",
+        [(x,) for x in _ints(rng, N_TESTS, -40, 40)],
+    )
+
+
+def _mod_const(rng: random.Random) -> Task:
+    c = rng.randint(3, 9)
+    name = f"mod_{c}"
+    return _task(
+        name,
+        f"{name}(x: int) -> int",
+        f"returns the remainder of `x` divided by {c}, as Python's % operator gives it.",
+        f"def {name}(x: int) -> int:\n    return x % {c}\n",
+        [(x,) for x in _ints(rng, N_TESTS, -40, 40)],
+    )
+
+
+def _reverse_tagged(rng: random.Random) -> Task:
+    tag = rng.choice(["!", "<", "_r", "~", "0", ".."])
+    name = f"reverse_tag_{rng.randint(1, 99)}"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns `s` written backwards, followed by the text {tag!r}.",
+        f"def {name}(s: str) -> str:\n    return s[::-1] + {tag!r}\n",
+        _word_args(rng),
+    )
+
+
+def _upper_head(rng: random.Random) -> Task:
+    c = rng.randint(1, 3)
+    name = f"upper_first_{c}"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns `s` with its first {c} characters in upper case and the rest unchanged.",
+        f"def {name}(s: str) -> str:\n    return s[:{c}].upper() + s[{c}:]\n",
+        _word_args(rng),
+    )
+
+
+def _max_plus(rng: random.Random) -> Task:
+    c = rng.randint(1, 9)
+    name = f"max_plus_{c}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns the largest element of the non-empty list `nums`, plus {c}.",
+        f"def {name}(nums: list[int]) -> int:\n    return max(nums) + {c}\n",
+        _nonempty_lists(rng),
+    )
+
+
+def _pad_left(rng: random.Random) -> Task:
+    width, ch = rng.randint(7, 9), rng.choice(["*", ".", "0", "#", "-"])
+    name = f"pad_to_{width}"
+    return _task(
+        name,
+        f"{name}(s: str) -> str",
+        f"returns `s` with copies of {ch!r} added in front of it until it is {width} characters long "
+        f"(`s` unchanged if it is already that long).",
+        f"def {name}(s: str) -> str:\n    return s.rjust({width}, {ch!r})\n",
+        [(w,) for w in rng.sample(WORDS + ["a", "to", "cat", "crocodile", "strawberry"], N_TESTS)],
+    )
+
+
+def _index_of_extreme(rng: random.Random) -> Task:
+    which = rng.choice(["smallest", "largest"])
+    fn = "min" if which == "smallest" else "max"
+    name = f"index_of_{which}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns the index of the first occurrence of the {which} element of the non-empty list `nums`.",
+        f"def {name}(nums: list[int]) -> int:\n    return nums.index({fn}(nums))\n",
+        _nonempty_lists(rng),
+    )
+
+
+def _count_starting(rng: random.Random) -> Task:
+    ch = rng.choice("sprctlmow")
+    name = f"count_starting_with_{ch}"
+    pool = WORDS + ["sun", "pear", "rain", "cat", "tree", "lamp", "moon", "owl", "wolf"]
+    return _task(
+        name,
+        f"{name}(words: list[str]) -> int",
+        f"returns how many strings in `words` start with the letter {ch!r}.",
+        f"def {name}(words: list[str]) -> int:\n    return sum(1 for w in words if w.startswith({ch!r}))\n",
+        [(rng.sample(pool, rng.randint(3, 7)),) for _ in range(N_TESTS - 1)] + [([],)],
+    )
+
+
+def _product_plus(rng: random.Random) -> Task:
+    c = rng.randint(0, 5)
+    name = f"product_plus_{c}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns the product of the elements of `nums` (1 for an empty list), plus {c}.",
+        f"def {name}(nums: list[int]) -> int:\n    p = 1\n    for x in nums:\n        p *= x\n    return p + {c}\n",
+        [(_ints(rng, rng.randint(2, 5), -5, 6),) for _ in range(N_TESTS - 1)] + [([],)],
+    )
+
+
+def _pair_diffs(rng: random.Random) -> Task:
+    c = rng.randint(2, 4)
+    name = f"gaps_times_{c}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns, for each pair of neighbouring elements of `nums`, the later minus the earlier, "
+        f"multiplied by {c} (one fewer element than `nums`; empty if `nums` has fewer than two).",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [(b - a) * {c} for a, b in zip(nums, nums[1:])]\n",
+        _lists(rng),
+    )
+
+
+def _indices_above(rng: random.Random) -> Task:
+    k = rng.randint(0, 10)
+    name = f"positions_above_{k}"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns the indices, in increasing order, of the elements of `nums` greater than {k}.",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [i for i, x in enumerate(nums) if x > {k}]\n",
+        _lists(rng),
+    )
+
+
+def _clamp(rng: random.Random) -> Task:
+    lo = rng.randint(-3, 3)
+    hi = lo + rng.randint(3, 8)
+    name = f"clamp_{lo}_{hi}".replace("-", "m")
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns `nums` with every element below {lo} replaced by {lo} and every element above {hi} "
+        f"replaced by {hi} (order kept).",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [min(max(x, {lo}), {hi}) for x in nums]\n",
+        _lists(rng),
+    )
+
+
+def _find_char(rng: random.Random) -> Task:
+    ch = rng.choice("rlntsmpc")
+    name = f"position_of_{ch}"
+    pool = WORDS + ["pear", "rain", "tree", "lamp", "moon", "wolf", "castle", "mist", "prism", "tulip"]
+    has, lacks = [w for w in pool if ch in w], [w for w in pool if ch not in w]
+    return _task(
+        name,
+        f"{name}(s: str) -> int",
+        f"returns the index of the first {ch!r} in `s` (indices count from 0), or -1 if `s` has none.",
+        f"def {name}(s: str) -> int:\n    return s.find({ch!r})\n",
+        [(w,) for w in rng.sample(has, 3) + rng.sample(lacks, 2)],
+    )
+
+
+def _flip_odd_positions(rng: random.Random) -> Task:
+    start = rng.choice([0, 1])
+    which = "even" if start == 0 else "odd"
+    name = f"negate_{which}_positions"
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns `nums` with the sign of every element at an {which} index (indices count from 0) "
+        f"flipped and the other elements unchanged.",
+        f"def {name}(nums: list[int]) -> list[int]:\n    return [-x if i % 2 == {start} else x for i, x in enumerate(nums)]\n",
+        _lists(rng),
+    )
+
+
+def _running_total(rng: random.Random) -> Task:
+    c = rng.randint(0, 9)
+    name = f"running_total_from_{c}"
+    sol = (
+        f"def {name}(nums: list[int]) -> list[int]:\n    out = []\n    total = {c}\n    for x in nums:\n"
+        f"        total += x\n        out.append(total)\n    return out\n"
+    )
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns a list whose element i is {c} plus the sum of nums[0], ..., nums[i].",
+        sol,
+        _lists(rng),
+    )
+
+
+def _longest_run_above(rng: random.Random) -> Task:
+    k = rng.randint(0, 8)
+    name = f"longest_run_above_{k}"
+    sol = (
+        f"def {name}(nums: list[int]) -> int:\n    best = run = 0\n    for x in nums:\n"
+        f"        run = run + 1 if x > {k} else 0\n        best = max(best, run)\n    return best\n"
+    )
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns the length of the longest stretch of consecutive elements of `nums` that are all "
+        f"greater than {k} (0 if there is none).",
+        sol,
+        [(_ints(rng, rng.randint(5, 10), -5, 15),) for _ in range(N_TESTS - 1)] + [([],)],
+    )
+
+
+def _first_unique(rng: random.Random) -> Task:
+    k = rng.randint(2, 4)
+    name = f"first_{k}_distinct"
+    sol = (
+        f"def {name}(nums: list[int]) -> list[int]:\n    out = []\n    for x in nums:\n"
+        f"        if x not in out:\n            out.append(x)\n    return out[:{k}]\n"
+    )
+    inputs = [([rng.randint(0, 5) for _ in range(rng.randint(4, 9))],) for _ in range(N_TESTS - 1)] + [([],)]
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> list[int]",
+        f"returns the first {k} different values of `nums` in the order they first occur (fewer if "
+        f"`nums` has fewer different values).",
+        sol,
+        inputs,
+    )
+
+
+def _second_largest(rng: random.Random) -> Task:
+    d = rng.randint(-1, 9)
+    name = f"second_largest_or_{d}".replace("-", "m")
+    sol = (
+        f"def {name}(nums: list[int]) -> int:\n    values = sorted(set(nums), reverse=True)\n"
+        f"    return values[1] if len(values) > 1 else {d}\n"
+    )
+    inputs = [(_ints(rng, rng.randint(3, 7), 0, 12),) for _ in range(N_TESTS - 2)] + [([5, 5, 5],), ([],)]
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns the second largest different value in `nums`, or {d} if `nums` has fewer than two different values.",
+        sol,
+        inputs,
+    )
+
+
+def _count_rises(rng: random.Random) -> Task:
+    k = rng.randint(0, 4)
+    name = f"count_rises_over_{k}"
+    sol = (
+        f"def {name}(nums: list[int]) -> int:\n    count = 0\n    for a, b in zip(nums, nums[1:]):\n"
+        f"        if b - a > {k}:\n            count += 1\n    return count\n"
+    )
+    return _task(
+        name,
+        f"{name}(nums: list[int]) -> int",
+        f"returns how many neighbouring pairs of `nums` rise by more than {k} (the later element minus "
+        f"the earlier is greater than {k}).",
+        sol,
+        [(_ints(rng, rng.randint(5, 9), -5, 15),) for _ in range(N_TESTS - 1)] + [([],)],
+    )
+
+
 _T = Callable[[random.Random], Task]
 _SPEC: list[tuple[str, int, str, _T]] = [
     # take_first, not add_const: every sample solved add_const, so it taught nothing; so did every
@@ -505,6 +797,27 @@ _SPEC: list[tuple[str, int, str, _T]] = [
     ("long_word_counts", 3, "eval", _long_word_counts),
     ("digit_power_sum", 3, "eval", _digit_power_sum),
     ("word_lengths_sorted", 3, "eval", _word_lengths_sorted),
+    # The wider ladder's training-only shapes (see above).
+    ("last_chars", 0, "train", _last_chars),
+    ("floor_div", 0, "train", _floor_div),
+    ("mod_const", 0, "train", _mod_const),
+    ("reverse_tagged", 0, "train", _reverse_tagged),
+    ("upper_head", 0, "train", _upper_head),
+    ("max_plus", 1, "train", _max_plus),
+    ("pad_left", 1, "train", _pad_left),
+    ("index_of_extreme", 1, "train", _index_of_extreme),
+    ("count_starting", 1, "train", _count_starting),
+    ("product_plus", 1, "train", _product_plus),
+    ("pair_diffs", 2, "train", _pair_diffs),
+    ("indices_above", 2, "train", _indices_above),
+    ("clamp", 2, "train", _clamp),
+    ("find_char", 1, "train", _find_char),
+    ("flip_positions", 2, "train", _flip_odd_positions),
+    ("running_total", 3, "train", _running_total),
+    ("longest_run_above", 3, "train", _longest_run_above),
+    ("first_distinct", 3, "train", _first_unique),
+    ("second_largest", 3, "train", _second_largest),
+    ("count_rises", 3, "train", _count_rises),
 ]
 
 
