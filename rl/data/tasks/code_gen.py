@@ -114,8 +114,13 @@ def _ints(rng: random.Random, n: int, lo: int = -9, hi: int = 20) -> list[int]:
     return [rng.randint(lo, hi) for _ in range(n)]
 
 
-def _lists(rng: random.Random, lo: int = -9, hi: int = 20) -> list[tuple[Any, ...]]:
-    return [(_ints(rng, rng.randint(3, 7), lo, hi),) for _ in range(N_TESTS - 1)] + [([],)]
+def _lists(
+    rng: random.Random, lo: int = -9, hi: int = 20, sizes: tuple[int, int] = (3, 7), empty: bool = True
+) -> list[tuple[Any, ...]]:
+    """N_TESTS one-argument inputs: int lists of ``sizes`` lengths with elements in ``lo..hi``, the last one
+    the empty list when ``empty`` (for functions defined on empty lists)."""
+    n = N_TESTS - 1 if empty else N_TESTS
+    return [(_ints(rng, rng.randint(*sizes), lo, hi),) for _ in range(n)] + ([([],)] if empty else [])
 
 
 def _word_args(rng: random.Random) -> list[tuple[Any, ...]]:
@@ -313,7 +318,7 @@ def _every_kth(rng: random.Random) -> Task:
         f"returns the elements of `items` at positions {start}, {start + k}, {start + 2 * k}, ... "
         f"(every {k}th element starting at index {start}).",
         f"def {name}(items: list[int]) -> list[int]:\n    return items[{start}::{k}]\n",
-        [(_ints(rng, rng.randint(4, 10)),) for _ in range(N_TESTS - 1)] + [([],)],
+        _lists(rng, sizes=(4, 10)),
     )
 
 
@@ -363,7 +368,7 @@ def _chunk_sums(rng: random.Random) -> Task:
         f"returns the sum of each chunk.",
         f"def {name}(nums: list[int]) -> list[int]:\n"
         f"    return [sum(nums[i:i + {k}]) for i in range(0, len(nums), {k})]\n",
-        [(_ints(rng, rng.randint(3, 9)),) for _ in range(N_TESTS - 1)] + [([],)],
+        _lists(rng, sizes=(3, 9)),
     )
 
 
@@ -484,14 +489,6 @@ def _word_lengths_sorted(rng: random.Random) -> Task:
 # templates.
 
 
-def _nonempty_lists(rng: random.Random, lo: int = -9, hi: int = 20) -> list[tuple[Any, ...]]:
-    return [(_ints(rng, rng.randint(3, 7), lo, hi),) for _ in range(N_TESTS)]
-
-
-def _word_lists(rng: random.Random, lo: int = 2, hi: int = 5) -> list[tuple[Any, ...]]:
-    return [(rng.sample(WORDS, rng.randint(lo, hi)),) for _ in range(N_TESTS - 1)] + [([],)]
-
-
 def _last_chars(rng: random.Random) -> Task:
     c = rng.randint(2, 4)
     name = f"last_{c}_chars"
@@ -560,7 +557,7 @@ def _max_plus(rng: random.Random) -> Task:
         f"{name}(nums: list[int]) -> int",
         f"returns the largest element of the non-empty list `nums`, plus {c}.",
         f"def {name}(nums: list[int]) -> int:\n    return max(nums) + {c}\n",
-        _nonempty_lists(rng),
+        _lists(rng, empty=False),
     )
 
 
@@ -586,7 +583,7 @@ def _index_of_extreme(rng: random.Random) -> Task:
         f"{name}(nums: list[int]) -> int",
         f"returns the index of the first occurrence of the {which} element of the non-empty list `nums`.",
         f"def {name}(nums: list[int]) -> int:\n    return nums.index({fn}(nums))\n",
-        _nonempty_lists(rng),
+        _lists(rng, empty=False),
     )
 
 
@@ -611,7 +608,7 @@ def _product_plus(rng: random.Random) -> Task:
         f"{name}(nums: list[int]) -> int",
         f"returns the product of the elements of `nums` (1 for an empty list), plus {c}.",
         f"def {name}(nums: list[int]) -> int:\n    p = 1\n    for x in nums:\n        p *= x\n    return p + {c}\n",
-        [(_ints(rng, rng.randint(2, 5), -5, 6),) for _ in range(N_TESTS - 1)] + [([],)],
+        _lists(rng, -5, 6, sizes=(2, 5)),
     )
 
 
@@ -711,7 +708,7 @@ def _longest_run_above(rng: random.Random) -> Task:
         f"returns the length of the longest stretch of consecutive elements of `nums` that are all "
         f"greater than {k} (0 if there is none).",
         sol,
-        [(_ints(rng, rng.randint(5, 10), -5, 15),) for _ in range(N_TESTS - 1)] + [([],)],
+        _lists(rng, -5, 15, sizes=(5, 10)),
     )
 
 
@@ -722,7 +719,7 @@ def _first_unique(rng: random.Random) -> Task:
         f"def {name}(nums: list[int]) -> list[int]:\n    out = []\n    for x in nums:\n"
         f"        if x not in out:\n            out.append(x)\n    return out[:{k}]\n"
     )
-    inputs = [([rng.randint(0, 5) for _ in range(rng.randint(4, 9))],) for _ in range(N_TESTS - 1)] + [([],)]
+    inputs = _lists(rng, 0, 5, sizes=(4, 9))
     return _task(
         name,
         f"{name}(nums: list[int]) -> list[int]",
@@ -763,7 +760,7 @@ def _count_rises(rng: random.Random) -> Task:
         f"returns how many neighbouring pairs of `nums` rise by more than {k} (the later element minus "
         f"the earlier is greater than {k}).",
         sol,
-        [(_ints(rng, rng.randint(5, 9), -5, 15),) for _ in range(N_TESTS - 1)] + [([],)],
+        _lists(rng, -5, 15, sizes=(5, 9)),
     )
 
 
