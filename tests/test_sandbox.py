@@ -502,12 +502,15 @@ def test_shell_close_kills_daemons():
     s = ShellSession()
     s.run(f"setsid nohup sh -c 'sleep 1000; :' {marker}a >/dev/null 2>&1 </dev/null &")
     s.run(f"sh -c 'sleep 1000; :' {marker}b &")
+    # Each daemon is waited for by its own marker: a count of processes carrying the common one
+    # would also see the two halves of setsid's fork (setsid forks when it leads a process group, as
+    # a background job of an interactive bash does) while the second daemon had not exec'd yet.
     # Deadlines, not expectations: a loaded machine (the test suite on 3 workers of 2 cores) once
-    # took longer than 2 s here (2026-12-02); the checks are the same.
+    # took longer than 2 s here; the checks are the same.
     deadline = time.monotonic() + 10
-    while len(procs_with(marker)) < 2 and time.monotonic() < deadline:
+    while not all(procs_with(marker + x) for x in "ab") and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert len(procs_with(marker)) >= 2
+    assert procs_with(marker + "a") and procs_with(marker + "b")
     s.close()
     s.close()
     assert wait_gone(marker, timeout=10.0) == []
