@@ -373,6 +373,27 @@ def eval_groups(recipe: Path, cfg: Any) -> dict[str, str] | None:
         return None
 
 
+def first_tasks(recipe: Path, cfg: Any, n: int) -> set[str]:
+    """The ids of the first ``n`` tasks of each of the recipe's held-out files (paths relative to the recipe)."""
+    keep: set[str] = set()
+    for f in cfg.data.eval_files:
+        path = (recipe.parent / f).resolve()
+        try:
+            lines = [line for line in path.read_text().splitlines() if line.strip()][:n]
+            keep.update(str(json.loads(line)["id"]) for line in lines)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SweepError(
+                f"{recipe}: --first {n}: held-out file {path} does not read as JSONL tasks ({e!r})"
+            ) from None
+    return keep
+
+
+def only(evaluation: Evaluation, keep: set[str]) -> Evaluation:
+    """``evaluation`` restricted to the task ids in ``keep`` (domains left empty are dropped)."""
+    out = {d: {t: r for t, r in per.items() if t in keep} for d, per in evaluation.items()}
+    return {d: per for d, per in out.items() if per}
+
+
 def across_verdict(s: dict[str, Any]) -> str:
     """``up`` / ``down`` when the across-seed mean is beyond two of its standard errors (SD / sqrt(k)),
     else ``noise``; ``one seed`` when there is no spread to judge by."""
@@ -455,10 +476,12 @@ def render(result: dict[str, Any], runs: list[SeedRun], meta: dict[str, Any]) ->
     domains = sorted(per)
     ok = [r for r in runs if r.status != "failed"]
     base_text = meta.get("base") or "each seed's step-0 evaluation"
+    first_text = f", their first {meta['first']} tasks each" if meta.get("first") else ""
     lines = [
         f"Recipe `{meta['recipe']}`{' with ' + ' '.join(f'`{o}`' for o in meta['overrides']) if meta['overrides'] else ''}, "
         f"seeds {', '.join(str(r.seed) for r in runs)} ({meta['runtime']}), {meta['steps']} steps, "
-        f"{meta['samples']} samples per run. Held-out: the recipe's `data.eval_files` (greedy), base = "
+        f"{meta['samples']} samples per run. Held-out: the recipe's `data.eval_files` (greedy)"
+        f"{first_text}, base = "
         f"{base_text}, final = its last, paired over the same "
         f"tasks (n per domain in the table). "
         f"± per seed: one paired standard error (evaluation noise only); across seeds: the sample standard "
@@ -567,6 +590,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="with --from-runs: a run folder whose step-0 evaluation is every seed's base, for runs that skipped "
         "their own (bench/seesaw.py's OUT/base for its OUT/<config>/seed_<S> runs)",
     )
+    ap.add_argument(
+        "--first",
+        type=int,
+        default=0,
+        help="with --from-runs: read only the first N tasks of each held-out file (file order), to compare with "
+        "a sweep over files that held those N; its section gets its own key (..._first<N>)",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every seed's run")
     return ap.parse_intermixed_args(argv)  # overrides may come before or after the flags
 
@@ -580,6 +610,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SweepError("--in-process trains one seed at a time: drop --parallel or --in-process")
     if args.base and not args.from_runs:
         raise SweepError("--base reads finished runs against a shared base evaluation: add --from-runs")
+    if args.first < 0:
+        raise SweepError(f"--first must be >= 0, got {args.first}")
+    if args.first and not args.from_runs:
+        raise SweepError("--first reads part of finished runs' evaluations: add --from-runs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -591,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out or ROOT / "runs" / "seeds" / recipe.stem).resolve()
         cfg = check_recipe(recipe, args.overrides, seeds, out)
         base = shared_base(Path(args.base)) if args.base else None
+        keep = first_tasks(recipe, cfg, args.first) if args.first else None
     except SweepError as e:
         print(f"seeds: error: {e}", file=sys.stderr)
         return 2
@@ -616,8 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         "samples": cfg.rollout.prompts_per_step * cfg.rollout.group_size * cfg.train.steps,
         "precision": f"Precision pinned for every seed: {note}." if note else "",
         "base": f"one shared step-0 evaluation of the base model (`{args.base}`)" if base else "",
+        "first": args.first,
     }
-    return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg), base)
+    return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg), base, keep)
 
 
 def report(
@@ -628,10 +664,11 @@ def report(
     write: bool,
     groups: dict[str, str] | None = None,
     base: Evaluation | None = None,
+    keep: set[str] | None = None,
 ) -> int:
-    """Read each finished seed's evaluations (a run whose records do not read counts as failed), then write
-    ``sweep.json``, ``RESULTS-section.md`` and ``report.html``; 0 when every seed finished, 130 when the sweep
-    was interrupted, else 3."""
+    """Read each finished seed's evaluations (a run whose records do not read counts as failed; ``keep``: only
+    those task ids), then write ``sweep.json``, ``RESULTS-section.md`` and ``report.html`` (``..._first<N>``
+    names with ``meta["first"]``); 0 when every seed finished, 130 when the sweep was interrupted, else 3."""
     from bench._results import cpu_model, section, write_section
     from rl.cli.report import write_seed_report
 
@@ -640,30 +677,34 @@ def report(
         if r.status == "failed":
             continue
         try:
-            evals[r.seed] = eval_rewards(records(Path(r.run_dir)), base)
+            first, last = eval_rewards(records(Path(r.run_dir)), base)
+            evals[r.seed] = (first, last) if keep is None else (only(first, keep), only(last, keep))
         except (OSError, ValueError) as e:
             r.status, r.cause = "failed", f"its held-out records do not read: {e}"
             print(f"seeds: {recipe}, seed {r.seed}: failed: {r.cause}", file=sys.stderr)
     result = analyse(evals, groups)
     meta["host"] = cpu_model() or "unknown"
     body = render(result, runs, meta)
-    title = f"Seed sweep: `{meta['recipe']}` (`bench/seeds.py`)"
+    n = meta.get("first") or 0
+    tail = f"_first{n}" if n else ""
+    title = f"Seed sweep: `{meta['recipe']}`" + (f", the first {n} tasks of each held-out file" if n else "")
+    title += " (`bench/seeds.py`)"
     out.mkdir(parents=True, exist_ok=True)
-    key = f"seeds_{recipe.stem}"
-    (out / "RESULTS-section.md").write_text(section(key, title, body))
+    key = f"seeds_{recipe.stem}{tail}"
+    (out / f"RESULTS-section{tail}.md").write_text(section(key, title, body))
     if write:
         write_section(key, title, body)
-    (out / "sweep.json").write_text(
+    (out / f"sweep{tail}.json").write_text(
         json.dumps({"meta": meta, "runs": [asdict(r) for r in runs], **_json_result(result)}, indent=1) + "\n"
     )
     html = write_seed_report(
         {f"seed {r.seed}" + (" (failed)" if r.status == "failed" else ""): Path(r.run_dir) for r in runs},
-        out / "report.html",
+        out / f"report{tail}.html",
         title=f"seed sweep: {recipe.name}",
         summary=body,
     )
     print(body)
-    print(f"seeds: wrote {out / 'RESULTS-section.md'}, {out / 'sweep.json'}, {html}", file=sys.stderr)
+    print(f"seeds: wrote {out / f'RESULTS-section{tail}.md'}, {out / f'sweep{tail}.json'}, {html}", file=sys.stderr)
     if any(r.exit_code == INTERRUPTED or r.cause.startswith("not run") for r in runs):
         return INTERRUPTED
     return 3 if any(r.status == "failed" for r in runs) else 0

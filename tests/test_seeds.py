@@ -479,3 +479,43 @@ def test_seesaw_names_a_failed_run_and_reports_the_others(tmp_path, monkeypatch,
     assert "| single_code | +1.000 (one seed) (1 of 1 > 2 SE) |" in captured.out
     assert "| joint_fixed | +1.000 ± 0.000 (2 of 2 > 2 SE) |" in captured.out
     assert "Failed (not in the tables): single_code/seed_1: step 2: engine died (exit 3)." in captured.out
+
+
+def test_from_runs_first_n_reads_only_each_held_out_files_first_tasks(tmp_path, capsys, monkeypatch):
+    """``--first N`` pairs only the first N tasks of each held-out file (here t1, t2 of code's four), writes its
+    own section and files (``_first<N>``), and leaves the whole-file report alone."""
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    rows = [
+        {"id": t, "domain": "code", "messages": [{"role": "user", "content": "q"}]} for t in ("t1", "t2", "t3", "t4")
+    ]
+    (tmp_path / "held.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train_files: [held.jsonl], eval_files: [held.jsonl]}\n")
+    out = tmp_path / "sweep"
+    for s in (0, 2):
+        d = out / f"seed_{s}"
+        d.mkdir(parents=True)
+        lines = [
+            {"step": st, "split": "eval", "domain": "code", "task_id": t, "reward": r}
+            for st, per in ((0, BASE), (2, FINAL[s]))
+            for t, r in per.items()
+        ]
+        (d / "rollouts.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        (d / "recipe.resolved.yaml").write_text(f"run: {{seed: {s}}}\n")
+        (d / "DONE").write_text("")
+    assert main([str(recipe), "--seeds", "0,2", "--out", str(out), "--from-runs", "--first", "2"]) == 0
+    saved = json.loads((out / "sweep_first2.json").read_text())["per_seed"]["code"]
+    # seed 0 on t1, t2: diffs 1, 1 (SE 0); seed 2: diffs 0, 0
+    assert saved["0"]["n"] == 2 and saved["0"]["diff"] == 1.0 and saved["2"]["diff"] == 0.0
+    assert "<!-- seeds_r_first2:start -->" in (out / "RESULTS-section_first2.md").read_text()
+    assert "their first 2 tasks each" in capsys.readouterr().out
+    assert not (out / "sweep.json").exists()
+    assert main([str(recipe), "--seeds", "0,2", "--out", str(out), "--from-runs"]) == 0
+    assert json.loads((out / "sweep.json").read_text())["per_seed"]["code"]["0"]["n"] == 4
+
+
+def test_first_needs_from_runs_and_a_count(capsys):
+    assert main(["recipes/tiny.yaml", "--seeds", "0", "--first", "2"]) == 2
+    assert "--first reads part of finished runs' evaluations" in capsys.readouterr().err
+    assert main(["recipes/tiny.yaml", "--seeds", "0", "--from-runs", "--first", "-1"]) == 2
+    assert "--first must be >= 0" in capsys.readouterr().err
