@@ -360,3 +360,23 @@ def test_terminal_partial_credit_counts_sub_checks():
     p = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
     assert p.returncode == 1 and "FAIL: b" in p.stdout
     assert parse_check_result(p.returncode, p.stdout) == pytest.approx(2 / 3, abs=1e-4)
+
+
+def test_count_matching_never_asks_for_a_count_a_constant_guesses():
+    """A matching-line count of 1 is what a work-free reply writing "1" into the named file earns (the audit's
+    named_files_1 flagged 6 of 27 such held-out tasks); the template adds the word to one more line instead,
+    without a draw from the RNG, so every other task of a file stays byte for byte."""
+    import random
+    import re
+
+    answers = []
+    for seed in range(400):
+        task = terminal_gen._count_matching(random.Random(seed))
+        answers.append(int(re.search(r"n\.txt\)\" = (\d+) \]", task.terminal.check).group(1)))
+    assert min(answers) >= 2 and len(set(answers)) > 3
+    # the RNG ends where the template's own draws leave it: the next task of a file is the one it always was
+    a, b = random.Random(7), random.Random(7)
+    terminal_gen._count_matching(a)
+    terminal_gen._fname(b, "txt")
+    terminal_gen._lines_with(b, b.randint(4, 12))
+    assert a.random() == b.random()
