@@ -126,28 +126,34 @@ def test_render_adds_the_se_by_template_where_tasks_share_templates():
     assert "Where the gains sit" not in plain
 
 
+def _finished_sweep(tmp_path: Path, rows: list[dict], seeds: tuple[int, ...]) -> tuple[Path, Path]:
+    """A recipe whose held-out file holds ``rows``, and a sweep folder with a finished run per seed whose
+    held-out records are BASE at step 0 and FINAL[seed] at step 2 (code)."""
+    (tmp_path / "held.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train_files: [held.jsonl], eval_files: [held.jsonl]}\n")
+    out = tmp_path / "sweep"
+    for s in seeds:
+        d = out / f"seed_{s}"
+        d.mkdir(parents=True)
+        lines = [
+            {"step": st, "split": "eval", "domain": "code", "task_id": t, "reward": r}
+            for st, per in ((0, BASE), (2, FINAL[s]))
+            for t, r in per.items()
+        ]
+        (d / "rollouts.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        (d / "recipe.resolved.yaml").write_text(f"run: {{seed: {s}}}\n")
+        (d / "DONE").write_text("")
+    return recipe, out
+
+
 def test_from_runs_reads_the_templates_of_the_recipes_held_out_files(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("bench._results.machine", lambda: "test host")
     rows = [
         {"id": t, "domain": "code", "messages": [{"role": "user", "content": "q"}], "meta": {"template": g}}
         for t, g in (("t1", "A"), ("t2", "A"), ("t3", "B"), ("t4", "B"))
     ]
-    (tmp_path / "held.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("data: {train_files: [held.jsonl], eval_files: [held.jsonl]}\n")
-    out = tmp_path / "sweep"
-    for s in (0, 1):
-        d = out / f"seed_{s}"
-        d.mkdir(parents=True)
-        ev = [(0, BASE), (2, FINAL[s])]
-        lines = [
-            {"step": st, "split": "eval", "domain": "code", "task_id": t, "reward": r}
-            for st, per in ev
-            for t, r in per.items()
-        ]
-        (d / "rollouts.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-        (d / "recipe.resolved.yaml").write_text(f"run: {{seed: {s}}}\n")
-        (d / "DONE").write_text("")
+    recipe, out = _finished_sweep(tmp_path, rows, (0, 1))
     assert main([str(recipe), "--seeds", "0,1", "--out", str(out), "--from-runs"]) == 0
     text = capsys.readouterr().out
     assert "| 0 | +0.500 ± 0.500 (+1.0 SE), G=2 |" in text and "| 1 | +0.750 ± 0.250 (+3.0 SE), G=2 |" in text
@@ -488,21 +494,7 @@ def test_from_runs_first_n_reads_only_each_held_out_files_first_tasks(tmp_path, 
     rows = [
         {"id": t, "domain": "code", "messages": [{"role": "user", "content": "q"}]} for t in ("t1", "t2", "t3", "t4")
     ]
-    (tmp_path / "held.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("data: {train_files: [held.jsonl], eval_files: [held.jsonl]}\n")
-    out = tmp_path / "sweep"
-    for s in (0, 2):
-        d = out / f"seed_{s}"
-        d.mkdir(parents=True)
-        lines = [
-            {"step": st, "split": "eval", "domain": "code", "task_id": t, "reward": r}
-            for st, per in ((0, BASE), (2, FINAL[s]))
-            for t, r in per.items()
-        ]
-        (d / "rollouts.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-        (d / "recipe.resolved.yaml").write_text(f"run: {{seed: {s}}}\n")
-        (d / "DONE").write_text("")
+    recipe, out = _finished_sweep(tmp_path, rows, (0, 2))
     assert main([str(recipe), "--seeds", "0,2", "--out", str(out), "--from-runs", "--first", "2"]) == 0
     saved = json.loads((out / "sweep_first2.json").read_text())["per_seed"]["code"]
     # seed 0 on t1, t2: diffs 1, 1 (SE 0); seed 2: diffs 0, 0
