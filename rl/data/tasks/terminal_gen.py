@@ -363,12 +363,12 @@ def _head_n(rng: random.Random) -> Task:
 def _count_matching(rng: random.Random) -> Task:
     src = _fname(rng, "txt")
     word, lines = _lines_with(rng, rng.randint(4, 12))
-    if sum(word in line.split() for line in lines) == 1:
+    n = sum(word in line.split() for line in lines)
+    if n == 1:
         # An answer of 1 is a constant a work-free reply guesses (`jointrl audit`'s named_files_1): the word goes
         # into the first line without it too. No draw from rng, so every other task of the file stays as it was.
         i = next(i for i, line in enumerate(lines) if word not in line.split())
-        lines[i] = f"{lines[i]} {word}"
-    n = sum(word in line.split() for line in lines)
+        lines[i], n = f"{lines[i]} {word}", 2
     return _task(
         f"Write the number of lines of `{src}` that contain the word `{word}` into a new file named `n.txt`.",
         put(src, _text(lines)),
