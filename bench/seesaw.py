@@ -152,7 +152,9 @@ Evaluation = dict[str, dict[str, float]]  # {domain: {task_id: reward}}
 
 def eval_steps(rollouts: Path) -> dict[int, Evaluation]:
     """Every held-out evaluation in a run's ``rollouts.jsonl``, by step (the ``split == "eval"``
-    records). An unscored sample (reward null) counts 0: the trainer's held-out mean leaves it
+    records). A sample's value is its task's own score: ``reward`` less what shaping terms added
+    (``reward_shaping``, e.g. a length penalty), so that a recipe's shaping does not move its
+    held-out numbers. An unscored sample (reward null) counts 0: the trainer's held-out mean leaves it
     out (it is reported in its own metric); here it counts as a failure, the conservative
     reading for a before/after comparison."""
     by_step: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -161,7 +163,8 @@ def eval_steps(rollouts: Path) -> dict[int, Evaluation]:
             continue
         r = json.loads(line)
         if r.get("split") == "eval":
-            by_step[int(r["step"])][r["domain"]][r["task_id"]] = float(r["reward"] or 0.0)
+            own = 0.0 if r["reward"] is None else float(r["reward"]) - float(r.get("reward_shaping") or 0.0)
+            by_step[int(r["step"])][r["domain"]][r["task_id"]] = own
     return {k: {d: dict(per) for d, per in v.items()} for k, v in by_step.items()}
 
 

@@ -177,6 +177,9 @@ class Trajectory:
     env_reward: float | None = None
     scores: dict[str, float | None] = field(default_factory=dict)
     reward: float | None = None
+    # The part of ``reward`` that shaping terms added (weight x value summed, e.g. a length penalty):
+    # ``reward - reward_shaping`` is the task's own score, what a held-out evaluation compares.
+    reward_shaping: float = 0.0
     reward_error: str | None = None
     # Sandbox events the env reported (envs.sandbox.events: "timeout", "storage", "seccomp"...),
     # one entry per occurrence; None when the env reports none (not sandboxed).
@@ -187,6 +190,10 @@ class Trajectory:
     prompt: str = ""
     routing: np.ndarray | None = None
     token_versions: list[int] | None = None
+    # Policy turns whose generation ended at the token limit (``rollout.max_new_tokens``) rather than at a
+    # stop string or EOS: a cut turn's action is unfinished, whatever the episode's last turn did. None where
+    # not recorded (recorded completions scored by ``jointrl score``).
+    cut_turns: int | None = None
 
     @property
     def oldest_version(self) -> int | None:
@@ -204,6 +211,12 @@ class Trajectory:
     def completion(self) -> str:
         """All assistant text the episode produced (prefill included), turns joined by newlines."""
         return "\n".join(m.content for m in self.messages[len(self.task.messages) :] if m.role == "assistant")
+
+    @property
+    def task_reward(self) -> float | None:
+        """The task's own score: ``reward`` less what shaping terms added (None when unscored). Whether a sample
+        passes is read from it, so that a length penalty never turns a solved task into a failed one."""
+        return None if self.reward is None else self.reward - self.reward_shaping
 
     @property
     def num_policy_tokens(self) -> int:

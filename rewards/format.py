@@ -2,6 +2,8 @@
 
 * :class:`OverlongPenalty` (``"overlong"``): DAPO's soft overlong punishment, a shaping
   term for every domain.
+* :class:`CutTurnPenalty` (``"cut_turn"``): a shaping term for an episode with a turn cut by
+  the generation's token limit.
 * :class:`~rewards.toolcall.ToolCallFormatReward` (``"toolcall_format"``): well-formed
   tool-call turns (re-exported from :mod:`rewards.toolcall`).
 * :class:`~rewards.code.CodeFormatReward` (``"code_format"``): a closed, parseable
@@ -16,7 +18,7 @@ from envs.types import Trajectory
 from rewards.code import CodeFormatReward
 from rewards.toolcall import ToolCallFormatReward
 
-__all__ = ["OverlongPenalty", "ToolCallFormatReward", "CodeFormatReward"]
+__all__ = ["OverlongPenalty", "CutTurnPenalty", "ToolCallFormatReward", "CodeFormatReward"]
 
 
 class OverlongPenalty:
@@ -77,3 +79,41 @@ class OverlongPenalty:
         if n > self.max_tokens:
             return -self.penalty
         return -self.penalty * (n - start) / self.buffer_tokens
+
+
+class CutTurnPenalty:
+    """``-penalty`` for an episode in which any policy turn ended at the generation's token limit
+    (``rollout.max_new_tokens``: ``traj.cut_turns > 0``), else 0.
+
+    Why: a turn cut at the limit is an unfinished action (a code block never closed, a command half
+    written) that the domain's own reward mostly scores as any other failure, 0. In a group whose
+    samples all fail, the ones that stopped and the ones that rambled to the limit then tie, the group
+    has no reward variance and teaches nothing, and a policy that drifts into not stopping is not pushed
+    back. This term tells them apart. Unlike :class:`OverlongPenalty` it reads each turn's own ending
+    (recorded by the rollout from the engine's finish reason, out of the policy's reach), not the
+    episode's total length, so it is the same for a one-turn and a three-turn episode.
+
+    Applies to every domain (``domains = ("*",)``); a shaping term (``shaping=True``): it adds to the
+    score, never makes a sample scored on its own, and the part it adds is kept apart in
+    ``traj.reward_shaping`` so that evaluations can read the task's own score. Returns ``None`` for a
+    trajectory without the record (``cut_turns is None``: a recorded completion scored by ``jointrl score``).
+    """
+
+    name = "cut_turn"
+    domains = ("*",)
+    shaping = True
+
+    def __init__(self, penalty: float = 0.5):
+        if (
+            isinstance(penalty, bool)
+            or not isinstance(penalty, (int, float))
+            or not math.isfinite(penalty)
+            or penalty < 0
+        ):
+            raise ValueError(f"penalty must be a finite number >= 0, got {penalty!r}")
+        self.penalty = float(penalty)
+
+    def __call__(self, traj: Trajectory) -> float | None:
+        if traj.cut_turns is None:
+            return None
+        return -self.penalty if traj.cut_turns > 0 else 0.0

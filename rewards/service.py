@@ -215,7 +215,11 @@ class RewardScorer:
         stats: StatsTable = {}
         out, timed_out = [], []
         for i, (t, res) in enumerate(zip(trajs, results)):
-            out.append(dataclasses.replace(t, scores={}, reward=None) if i in failed else self._combine(t, res))
+            out.append(
+                dataclasses.replace(t, scores={}, reward=None, reward_shaping=0.0)
+                if i in failed
+                else self._combine(t, res)
+            )
             for name, o in res.items():
                 bad = o.error is not None or _check_value(name, o.value) is not None
                 add_stats(stats, {(t.task.domain, name): FnStats(1, int(bad), int(o.timed_out), o.latency_s)})
@@ -250,7 +254,7 @@ class RewardScorer:
     def _combine(self, traj: Trajectory, res: dict[str, FnOutcome]) -> Trajectory:
         scores: dict[str, float | None] = {}
         errors: list[str] = []
-        total, scored = 0.0, False
+        total, shaping, scored = 0.0, 0.0, False
         for fn in self._fns:
             if fn.name not in res:
                 continue
@@ -268,11 +272,18 @@ class RewardScorer:
             v = float(o.value)
             scores[fn.name] = v
             total += fn.weight * v
+            shaping += fn.weight * v if fn.shaping else 0.0
             scored = scored or (fn.weight != 0.0 and not fn.shaping)
         error = "; ".join(errors) if errors else None
         if error is None and not scored:
             error = f"no reward function scored this {traj.task.domain!r} sample: {self._why_unscored(scores)}"
-        return dataclasses.replace(traj, scores=scores, reward=None if error else total, reward_error=error)
+        return dataclasses.replace(
+            traj,
+            scores=scores,
+            reward=None if error else total,
+            reward_shaping=0.0 if error else shaping,
+            reward_error=error,
+        )
 
     def _why_unscored(self, scores: dict[str, float | None]) -> str:
         """What each function that ran did instead of scoring (returned None, a shaping term, weight 0)."""

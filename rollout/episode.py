@@ -121,6 +121,7 @@ class _Episode:
     logprobs: list[float] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)  # the domain's stop strings (rollout.envs[].stop)
     turns: int = 0
+    cut_turns: int = 0  # policy turns that ended at max_new_tokens
     terminated: bool = False
     truncated: bool = False
     finish_reason: str = ""
@@ -444,6 +445,7 @@ def _trajectory(e: _Episode) -> Trajectory:
         truncated=e.truncated,
         finish_reason=e.finish_reason,
         num_turns=e.turns,
+        cut_turns=e.cut_turns,
         env_reward=e.env_reward,
         sandbox_events=e.sandbox_events,
         reward_error=e.harness_error,
@@ -470,6 +472,7 @@ def _act(e: _Episode, gen: Generation, tokenizer: Any) -> None:
     generated = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
     e.action = e.prefill + generated
     e.turns += 1
+    e.cut_turns += gen.finish_reason == "length"
 
 
 def _route(e: _Episode, gen: Generation) -> None:

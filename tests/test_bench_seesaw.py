@@ -117,6 +117,24 @@ def test_reads_first_and_last_eval_and_renders_every_comparison(tmp_path, monkey
     assert "joint vs single_code: code (up), terminal (up), tool_call (up)" in conclusions(result)
 
 
+def test_held_out_values_leave_out_what_shaping_terms_added(tmp_path):
+    # A recipe with a shaping term (rewards.format.CutTurnPenalty at 0.5): the held-out reading is the task's own
+    # score, reward - reward_shaping, so the penalty neither lowers the base nor counts as a change.
+    rows = [
+        {"step": 0, "split": "eval", "domain": "code", "task_id": "a", "reward": -0.5, "reward_shaping": -0.5},
+        {"step": 0, "split": "eval", "domain": "code", "task_id": "b", "reward": 0.5, "reward_shaping": -0.5},
+        {"step": 0, "split": "eval", "domain": "code", "task_id": "c", "reward": 0.25},  # older record: no field
+        {"step": 5, "split": "eval", "domain": "code", "task_id": "a", "reward": 0.0, "reward_shaping": 0.0},
+        {"step": 5, "split": "eval", "domain": "code", "task_id": "b", "reward": None, "reward_shaping": 0.0},
+        {"step": 5, "split": "eval", "domain": "code", "task_id": "c", "reward": 1.0, "reward_shaping": None},
+    ]
+    p = tmp_path / "rollouts.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, last = eval_rewards(p)
+    assert first == {"code": {"a": 0.0, "b": 1.0, "c": 0.25}}
+    assert last == {"code": {"a": 0.0, "b": 0.0, "c": 1.0}}
+
+
 def test_eval_rewards_needs_two_evaluations(tmp_path):
     p = tmp_path / "rollouts.jsonl"
     p.write_text(json.dumps({"step": 0, "split": "eval", "domain": "code", "task_id": "a", "reward": 1.0}) + "\n")

@@ -204,6 +204,7 @@ def test_without_prefill(tiny_tokenizer):
     tok = tiny_tokenizer
     engine = ScriptedEngine([[gen(tok, "hello", LP1)]])
     (t,), envs = run(tok, engine, [task(prefill="", terminate_on=1)], Sampling(max_turns=1))
+    assert t.cut_turns == 0  # ended at EOS
     assert t.prompt_ids == enc(tok, PROMPT_TEXT)
     assert envs[0].actions == ["hello"]
     assert tok.decode(t.prompt_ids + t.response_ids) == PROMPT_TEXT + "hello<|im_end|>"
@@ -217,7 +218,7 @@ def test_length_cut_final_turn_is_truncated(tiny_tokenizer):
     tok = tiny_tokenizer
     engine = ScriptedEngine([[gen(tok, T1, LP1, finish="length")]])
     (t,), envs = run(tok, engine, [task(terminate_on=1)], Sampling(max_turns=3))
-    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (False, True, "length", 1)
+    assert (t.terminated, t.truncated, t.finish_reason, t.num_turns, t.cut_turns) == (False, True, "length", 1, 1)
     assert t.response_ids == enc(tok, T1)
     assert t.loss_mask == [1] * len(enc(tok, T1))
     assert len(engine.calls) == 1
@@ -235,6 +236,8 @@ def test_length_cut_turn_does_not_end_a_multi_turn_episode(tiny_tokenizer):
     assert t.response_ids == t1 + env + t2
     assert t.loss_mask == [1] * len(t1) + [0] * len(env) + [1] * len(t2)
     assert (t.terminated, t.truncated, t.finish_reason, t.num_turns) == (True, False, "stop", 2)
+    # The episode ended well, but its first turn was cut: recorded (rewards.format.CutTurnPenalty reads it).
+    assert t.cut_turns == 1
     assert envs[0].actions == ["Answer: get weather Paris", "the weather is 20 celsius"]
 
 

@@ -87,6 +87,19 @@ def test_eval_summary_per_domain_and_failures():
     assert s1["tasks"] == 1 and s1["domains"]["code"]["tasks"] == 1  # each task counted once with k == 1
 
 
+def test_a_sample_passes_on_its_tasks_own_score_not_on_shaping():
+    # Solved, but a turn hit the token limit: rewards.format.CutTurnPenalty took 0.5 off the reward. It still
+    # passes (a length penalty shapes training; it does not unsolve a task), and the mean reward is the whole one.
+    import dataclasses
+
+    a = _task("a", "code")
+    solved_cut = dataclasses.replace(_traj(a, 0.5), reward_shaping=-0.5)
+    failed_cut = dataclasses.replace(_traj(a, -0.5), reward_shaping=-0.5)
+    summary, failed = eval_summary([a], [solved_cut, failed_cut], n=2, k=1, threshold=1.0)
+    assert summary["pass@1"] == pytest.approx(0.5) and failed == []
+    assert summary["mean_reward"] == pytest.approx(0.0)
+
+
 def _fake_model(folder: Path) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")

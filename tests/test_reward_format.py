@@ -1,11 +1,11 @@
-"""rewards.format: OverlongPenalty (DAPO soft overlong punishment) and the re-exported format rewards."""
+"""rewards.format: OverlongPenalty (DAPO soft overlong punishment), CutTurnPenalty and the re-exported format rewards."""
 
 from __future__ import annotations
 
 import pytest
 
 from envs.types import ExpectedCall, Message, Task, ToolCallSpec, Trajectory
-from rewards.format import CodeFormatReward, OverlongPenalty, ToolCallFormatReward
+from rewards.format import CodeFormatReward, CutTurnPenalty, OverlongPenalty, ToolCallFormatReward
 from rewards.service import RewardFnSpec, RewardScorer
 
 
@@ -104,6 +104,57 @@ def test_overlong_is_a_shaping_term_for_every_domain():
         ]
     )
     assert scorer2.score([no_spec])[0].reward == -1.0
+
+
+def cut(n_cut: int | None, **kw) -> Trajectory:
+    import dataclasses
+
+    return dataclasses.replace(traj(20, **kw), cut_turns=n_cut)
+
+
+def test_cut_turn_penalty_reads_the_rollouts_record_of_cut_turns():
+    p = CutTurnPenalty(penalty=0.5)
+    assert (p.name, p.domains, p.shaping) == ("cut_turn", ("*",), True)
+    assert [p(cut(n)) for n in (0, 1, 3)] == [0.0, -0.5, -0.5]
+    # No record (a completion scored by `jointrl score`): does not apply, rather than "not cut".
+    assert p(cut(None)) is None and p(traj(20)) is None
+    # The episode's length does not matter, only whether a turn hit the limit: the text cannot earn or dodge it.
+    assert CutTurnPenalty()(cut(0, text="```python\n" + "x = 1\n" * 500)) == 0.0
+
+
+@pytest.mark.parametrize("penalty", [-0.1, float("inf"), float("nan"), True, "0.5"])
+def test_cut_turn_penalty_bad_arguments(penalty):
+    with pytest.raises(ValueError, match="penalty"):
+        CutTurnPenalty(penalty=penalty)
+
+
+def test_cut_turn_penalty_shapes_the_reward_and_is_kept_apart():
+    """Added to the domain's score (a failed-and-cut sample now scores below a failed one that stopped, so a
+    group of failures has variance), recorded in ``reward_shaping``; alone it scores nothing."""
+    task = Task(
+        id="t",
+        domain="tool_call",
+        messages=(Message("user", "q"),),
+        prefill="<tool_call>",
+        tool_call=ToolCallSpec(tools=({"name": "f"},), expected=(ExpectedCall("f", {}),)),
+    )
+    scorer = RewardScorer(
+        [RewardFnSpec("rewards.toolcall.ToolCallReward"), RewardFnSpec("rewards.format.CutTurnPenalty")]
+    )
+    good = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    stopped, rambled, good_cut, other = scorer.score(
+        [
+            cut(0, task=task, text="no"),
+            cut(1, task=task, text="no"),
+            cut(1, task=task, text=good),
+            cut(1, domain="terminal"),
+        ]
+    )
+    assert (stopped.reward, stopped.reward_shaping) == (0.0, 0.0)
+    assert (rambled.reward, rambled.reward_shaping) == (-0.5, -0.5)
+    assert good_cut.reward == pytest.approx(0.5) and good_cut.reward_shaping == -0.5
+    assert good_cut.reward - good_cut.reward_shaping == 1.0  # the task's own score
+    assert other.reward is None and other.reward_shaping == 0.0 and "cut_turn is a shaping term" in other.reward_error
 
 
 def test_format_rewards_are_reexported():

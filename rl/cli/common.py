@@ -119,8 +119,8 @@ def summarize(trajs: list[Trajectory], stats: StatsTable, threshold: float, scor
     """The JSON summary of scored ``trajs``: overall, per domain, and per function within each domain.
 
     ``count`` = samples; ``scored`` = samples with a reward; ``errors`` = samples whose reward
-    errored, and ``error_reasons`` why (each reason with its count, :func:`error_reasons`); ``mean`` = mean reward over scored samples; ``pass_rate`` = samples with reward
-    >= ``threshold`` over ALL samples (an errored sample does not pass). Per function:
+    errored, and ``error_reasons`` why (each reason with its count, :func:`error_reasons`); ``mean`` = mean reward over scored samples; ``pass_rate`` = samples whose reward, shaping terms left out
+    (``task_reward``), is >= ``threshold`` over ALL samples (an errored sample does not pass). Per function:
     ``count`` = samples it returned a number for, ``none`` = samples it did not apply to,
     ``errors`` = samples it errored on, ``mean`` and ``pass_rate`` over its numbers
     (unweighted), ``latency_s`` = mean seconds per call.
@@ -128,13 +128,14 @@ def summarize(trajs: list[Trajectory], stats: StatsTable, threshold: float, scor
 
     def block(ts: list[Trajectory]) -> dict[str, Any]:
         scored = [t.reward for t in ts if t.reward is not None]
+        own = [t.task_reward for t in ts if t.task_reward is not None]
         return {
             "count": len(ts),
             "scored": len(scored),
             "errors": len(ts) - len(scored),
             "error_reasons": error_reasons(ts),
             "mean": _mean(scored),
-            "pass_rate": (sum(r >= threshold for r in scored) / len(ts)) if ts else None,
+            "pass_rate": (sum(r >= threshold for r in own) / len(ts)) if ts else None,
         }
 
     out: dict[str, Any] = {"pass_threshold": threshold, **block(trajs), "domains": {}}

@@ -58,7 +58,10 @@ def add_eval_parser(sub: Any) -> None:
         help="sampling temperature (default: 1.0 when more than one sample per task, else 0 = greedy)",
     )
     e.add_argument(
-        "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
+        "--pass-threshold",
+        type=float,
+        default=1.0,
+        help="a sample passes when its reward, shaping terms left out, is >= this (default 1.0)",
     )
     e.add_argument("--limit", type=int, default=0, help="evaluate the first N tasks only (0 = all)")
     e.add_argument(
@@ -254,7 +257,7 @@ def _write_eval_outputs(
                     "domain": t.task.domain,
                     "completion": t.completion,
                     "reward": t.reward,
-                    "passed": t.reward is not None and t.reward >= args.pass_threshold,
+                    "passed": t.task_reward is not None and t.task_reward >= args.pass_threshold,
                     "scores": t.scores,
                     "reward_error": t.reward_error,
                     "finish_reason": t.finish_reason,
@@ -273,7 +276,7 @@ def eval_summary(
     """pass@1, pass@k and mean reward overall and per domain, and the failed tasks.
 
     ``scored`` holds ``n`` consecutive samples per task, in task order. A sample passes when
-    its reward is >= ``threshold``; an errored sample does not pass (and is counted under
+    its task's own score (``task_reward``: shaping terms left out) is >= ``threshold``; an errored sample does not pass (and is counted under
     ``errors``). A task fails when none of its samples passed; failed tasks are returned with
     ``meta["eval"] = {"samples", "passed", "errors", "mean_reward"}``.
     """
@@ -282,7 +285,7 @@ def eval_summary(
     for ti, task in enumerate(tasks):
         group = scored[ti * n : (ti + 1) * n]
         rewards = [t.reward for t in group if t.reward is not None]
-        c = sum(r >= threshold for r in rewards)
+        c = sum(t.task_reward is not None and t.task_reward >= threshold for t in group)
         d = per_domain[task.domain]
         d["pass@1"].append(pass_at_k(n, c, 1))
         if k != 1:  # with k = 1 the same list: appending again counted every task twice
@@ -330,8 +333,9 @@ def per_task_rates(tasks: list[Task], scored: list[Trajectory], n: int, threshol
     for ti, task in enumerate(tasks):
         if not task.meta.get("harbor"):
             continue
-        rewards = [t.reward for t in scored[ti * n : (ti + 1) * n] if t.reward is not None]
-        c = sum(r >= threshold for r in rewards)
+        group = scored[ti * n : (ti + 1) * n]
+        rewards = [t.reward for t in group if t.reward is not None]
+        c = sum(t.task_reward is not None and t.task_reward >= threshold for t in group)
         out[task.domain][task.id] = {
             "pass_rate": c / n if n else None,
             "passed": c,

@@ -81,7 +81,10 @@ def add_score_parser(sub: Any) -> None:
         help="per-call timeout in seconds (default: the recipe's reward_service.timeout_s, else 60)",
     )
     s.add_argument(
-        "--pass-threshold", type=float, default=1.0, help="a sample passes when reward >= this (default 1.0)"
+        "--pass-threshold",
+        type=float,
+        default=1.0,
+        help="a sample passes when its reward, shaping terms left out, is >= this (default 1.0)",
     )
     s.add_argument(
         "--tokenizer",
@@ -298,7 +301,7 @@ def _score(args: argparse.Namespace) -> int:
                     "sample": s,
                     "domain": t.task.domain,
                     "reward": t.reward,
-                    "passed": t.reward is not None and t.reward >= args.pass_threshold,
+                    "passed": t.task_reward is not None and t.task_reward >= args.pass_threshold,
                     "scores": t.scores,
                     "reward_error": t.reward_error,
                 }

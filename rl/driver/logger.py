@@ -243,9 +243,12 @@ class RunLogger:
                         "prompt": t.prompt or (user[-1] if user else ""),
                         "response": t.completion,
                         "reward": t.reward,
+                        # what shaping terms added to reward (reward - reward_shaping: the task's own score)
+                        "reward_shaping": t.reward_shaping,
                         "scores": t.scores,
                         "reward_error": t.reward_error,
                         "finish_reason": t.finish_reason,
+                        "cut_turns": t.cut_turns,
                         "terminated": t.terminated,
                         "truncated": t.truncated,
                         "response_tokens": t.num_policy_tokens,
