@@ -313,18 +313,42 @@ class EngineFailure(RuntimeError):
 
 
 def shm_segments(pid: int) -> list[str]:
-    """/dev/shm files mapped by the descendants of process ``pid`` (Linux /proc; [] elsewhere)."""
-    found: set[str] = set()
-    for p in descendants(pid):
-        try:
-            with open(f"/proc/{p}/maps") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                        found.add(parts[5])
-        except OSError:
+    """/dev/shm files mapped by the descendants of process ``pid`` (Linux /proc; [] elsewhere).
+
+    Matched by name and by inode: a POSIX named semaphore (glibc's ``sem_open``, e.g. a ``multiprocessing``
+    lock of a spawned engine) is mapped under the temporary name it was made as (``/dev/shm/sem.XXXXXX
+    (deleted)``) and then linked to its real name (``sem.mp-...``), so only its inode ties it to the process."""
+    names, inodes = _shm_maps(set(descendants(pid)))
+    return sorted(names | {p for p, ino in _shm_files() if ino in inodes})
+
+
+def _shm_maps(pids: set[int] | None = None) -> tuple[set[str], set[int]]:
+    """The /dev/shm paths (real names) and inodes that processes ``pids`` (None: every process) map."""
+    names: set[str] = set()
+    inodes: set[int] = set()
+    for d in os.listdir("/proc") if pids is None else map(str, pids):
+        if not d.isdigit():
             continue
-    return sorted(found)
+        try:
+            with open(f"/proc/{d}/maps") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                        path = parts[5].rstrip("\n")
+                        inodes.add(int(parts[4]))
+                        if not path.endswith(" (deleted)"):
+                            names.add(path)
+        except (OSError, ValueError):
+            continue
+    return names, inodes
+
+
+def _shm_files() -> list[tuple[str, int]]:
+    """(path, inode) of each file directly in /dev/shm."""
+    try:
+        return [(e.path, e.inode()) for e in os.scandir("/dev/shm") if e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def free_dead_engine(paths: list[str], procs: list[tuple[int, int]], wait_s: float = 0.0) -> list[str]:
@@ -364,14 +388,20 @@ def unlink_unmapped(paths: list[str], wait_s: float = 0.0) -> list[str]:
 
 
 def _in_use(paths: set[str]) -> set[str]:
-    """Those of ``paths`` some process on this node maps or holds open."""
-    in_use: set[str] = set()
+    """Those of ``paths`` some process on this node maps (by name, or by inode: a named semaphore stays mapped
+    under the temporary name it was made as, ``shm_segments``) or holds open."""
+    names, inodes = _shm_maps()
+    in_use = set(paths) & names
+    for p in paths - in_use:
+        try:
+            if os.stat(p).st_ino in inodes:
+                in_use.add(p)
+        except OSError:
+            continue
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
-            with open(f"/proc/{d}/maps") as f:
-                in_use |= {ln.split()[-1] for ln in f if "/dev/shm/" in ln} & paths
             for fd in os.listdir(f"/proc/{d}/fd"):
                 try:
                     t = os.readlink(f"/proc/{d}/fd/{fd}")

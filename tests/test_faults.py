@@ -103,6 +103,7 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
     tasks = load_tasks(Path(__file__).parents[1] / "recipes" / "data" / "toolcall_quickstart.train.jsonl")[:12]
     groups, seeds = list(range(len(tasks))), [100 + i for i in range(len(tasks))]
     sampling = Sampling(256, 1.0, 1.0, 1, 1024)
+    shm0 = shm_files()
     pool = RolloutPool(
         1,
         tiny_model_path,
@@ -136,6 +137,9 @@ def test_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
 
     finally:
         pool.shutdown()
+    # Nothing of the dead engine is left in /dev/shm: its segments, and the named semaphore of its engine's
+    # multiprocessing lock, which its mappings name only by a deleted temporary name (tests/test_shm_segments.py).
+    assert shm_left_bytes(shm0) == 0, sorted(shm_files() - shm0)
 
 
 def _engine_core_pids(worker_pid: int) -> list[int]:
