@@ -21,6 +21,13 @@ from rewards.toolcall import ToolCallFormatReward
 __all__ = ["OverlongPenalty", "CutTurnPenalty", "ToolCallFormatReward", "CodeFormatReward"]
 
 
+def _penalty(penalty: float) -> float:
+    """``penalty`` as a float; ValueError unless it is a finite number >= 0 (a bool is not one)."""
+    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not math.isfinite(penalty) or penalty < 0:
+        raise ValueError(f"penalty must be a finite number >= 0, got {penalty!r}")
+    return float(penalty)
+
+
 class OverlongPenalty:
     """DAPO's soft overlong punishment on the response's policy tokens, in [-penalty, 0].
 
@@ -54,16 +61,9 @@ class OverlongPenalty:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if not 0 <= buffer_tokens <= max_tokens:
             raise ValueError(f"buffer_tokens must be in [0, max_tokens={max_tokens}], got {buffer_tokens}")
-        if (
-            isinstance(penalty, bool)
-            or not isinstance(penalty, (int, float))
-            or not math.isfinite(penalty)
-            or penalty < 0
-        ):
-            raise ValueError(f"penalty must be a finite number >= 0, got {penalty!r}")
         self.max_tokens = max_tokens
         self.buffer_tokens = buffer_tokens
-        self.penalty = float(penalty)
+        self.penalty = _penalty(penalty)
         self.shaping = bool(shaping)
 
     def __call__(self, traj: Trajectory) -> float | None:
@@ -104,14 +104,7 @@ class CutTurnPenalty:
     shaping = True
 
     def __init__(self, penalty: float = 0.5):
-        if (
-            isinstance(penalty, bool)
-            or not isinstance(penalty, (int, float))
-            or not math.isfinite(penalty)
-            or penalty < 0
-        ):
-            raise ValueError(f"penalty must be a finite number >= 0, got {penalty!r}")
-        self.penalty = float(penalty)
+        self.penalty = _penalty(penalty)
 
     def __call__(self, traj: Trajectory) -> float | None:
         if traj.cut_turns is None:

@@ -73,16 +73,21 @@ def test_overlong_bad_arguments(kwargs):
         OverlongPenalty(**kwargs)
 
 
-def test_overlong_is_a_shaping_term_for_every_domain():
-    p = OverlongPenalty(max_tokens=10, buffer_tokens=5)
-    assert p.domains == ("*",) and p.shaping is True
-    task = Task(
+def _tool_task() -> Task:
+    """A tool-call task whose right answer is ``f()``."""
+    return Task(
         id="t",
         domain="tool_call",
         messages=(Message("user", "q"),),
         prefill="<tool_call>",
         tool_call=ToolCallSpec(tools=({"name": "f"},), expected=(ExpectedCall("f", {}),)),
     )
+
+
+def test_overlong_is_a_shaping_term_for_every_domain():
+    p = OverlongPenalty(max_tokens=10, buffer_tokens=5)
+    assert p.domains == ("*",) and p.shaping is True
+    task = _tool_task()
     scorer = RewardScorer(
         [
             RewardFnSpec("rewards.toolcall.ToolCallReward"),
@@ -131,13 +136,7 @@ def test_cut_turn_penalty_bad_arguments(penalty):
 def test_cut_turn_penalty_shapes_the_reward_and_is_kept_apart():
     """Added to the domain's score (a failed-and-cut sample now scores below a failed one that stopped, so a
     group of failures has variance), recorded in ``reward_shaping``; alone it scores nothing."""
-    task = Task(
-        id="t",
-        domain="tool_call",
-        messages=(Message("user", "q"),),
-        prefill="<tool_call>",
-        tool_call=ToolCallSpec(tools=({"name": "f"},), expected=(ExpectedCall("f", {}),)),
-    )
+    task = _tool_task()
     scorer = RewardScorer(
         [RewardFnSpec("rewards.toolcall.ToolCallReward"), RewardFnSpec("rewards.format.CutTurnPenalty")]
     )
