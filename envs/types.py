@@ -215,8 +215,12 @@ class Trajectory:
     @property
     def task_reward(self) -> float | None:
         """The task's own score: ``reward`` less what shaping terms added (None when unscored). Whether a sample
-        passes is read from it, so that a length penalty never turns a solved task into a failed one."""
-        return None if self.reward is None else self.reward - self.reward_shaping
+        passes is read from it, so that a length penalty never turns a solved task into a failed one. Without
+        shaping it is ``reward`` itself; with it, the difference rounded to 12 decimals, so that float rounding
+        in ``(own + shaping) - shaping`` cannot put a task a hair under a pass threshold."""
+        if self.reward is None or self.reward_shaping == 0.0:
+            return self.reward
+        return round(self.reward - self.reward_shaping, 12)
 
     @property
     def num_policy_tokens(self) -> int:

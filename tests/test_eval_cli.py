@@ -98,6 +98,13 @@ def test_a_sample_passes_on_its_tasks_own_score_not_on_shaping():
     summary, failed = eval_summary([a], [solved_cut, failed_cut], n=2, k=1, threshold=1.0)
     assert summary["pass@1"] == pytest.approx(0.5) and failed == []
     assert summary["mean_reward"] == pytest.approx(0.0)
+    # Float rounding of (own + shaping) - shaping does not put a task a hair under the threshold: unrounded,
+    # (0.9 - 0.2) + 0.2 is 0.8999999999999999 and (0.1 - 0.4) + 0.4 is 0.09999999999999998.
+    for own, shaping in ((0.9, -0.2), (0.1, -0.4), (0.9, -1 / 3), (1.0, -0.3), (0.2 + 0.3 + 0.5, -0.7)):
+        t = dataclasses.replace(_traj(a, own + shaping), reward_shaping=shaping)
+        assert t.task_reward == own, (own, shaping)
+    s9, _ = eval_summary([a], [dataclasses.replace(_traj(a, 0.9 - 0.2), reward_shaping=-0.2)], n=1, k=1, threshold=0.9)
+    assert s9["pass@1"] == 1.0
 
 
 def _fake_model(folder: Path) -> Path:

@@ -152,7 +152,8 @@ def test_cut_turn_penalty_shapes_the_reward_and_is_kept_apart():
     assert (stopped.reward, stopped.reward_shaping) == (0.0, 0.0)
     assert (rambled.reward, rambled.reward_shaping) == (-0.5, -0.5)
     assert good_cut.reward == pytest.approx(0.5) and good_cut.reward_shaping == -0.5
-    assert good_cut.reward - good_cut.reward_shaping == 1.0  # the task's own score
+    assert good_cut.task_reward == 1.0  # the task's own score
+    assert (stopped.task_reward, rambled.task_reward) == (0.0, 0.0)
     assert other.reward is None and other.reward_shaping == 0.0 and "cut_turn is a shaping term" in other.reward_error
 
 
