@@ -53,7 +53,12 @@ of one (``run.threads`` and ``cluster`` among the overrides share them out); on 
 torch start-up per seed, for small models and tests. ``--keep-done`` keeps seeds whose run finished
 (``DONE``) and trains the rest; ``--from-runs`` only analyses ``--out``; with ``--base RUN`` too, against
 RUN's step-0 evaluation for runs that skipped their own, so that ``bench/seesaw.py``'s runs of one
-configuration read as a sweep (``--out OUT/joint_fixed --base OUT/base``).
+configuration read as a sweep (``--out OUT/joint_fixed --base OUT/base``). ``--shared-base`` evaluates the
+base model once (``OUT/base``, a ``train.steps=0`` run, before the first seed) and trains every seed with
+``train.eval_at_start=false``, each read against that evaluation: greedy, of the same model on the same
+files, it is the same for every seed (two Ray + vLLM evaluations of the flagship's base differed on one
+task of 900), and on the flagship it is about 30% of a run (340-370 s of 1080-1330 s, AMD EPYC). A seed's
+wall then leaves the base evaluation out; the report names it.
 
 A bench script rather than a ``jointrl`` subcommand: its statistics are ``bench/seesaw.py``'s (the
 product's packages import nothing of ``bench/``, tests/test_layering.py), its output is a section of
@@ -252,34 +257,42 @@ def _run_in_process(argv: list[str], log: Path) -> int:
     return code
 
 
-def run_seed(recipe: Path, seed: int, out: Path, overrides: list[str], local: bool, in_process: bool) -> SeedRun:
-    """Train one seed; a failure comes back as a ``SeedRun`` with its cause (and is printed), never raised."""
-    log = out / "logs" / f"seed_{seed}.log"
+def run_seed(
+    recipe: Path, seed: int, out: Path, overrides: list[str], local: bool, in_process: bool, base: bool = False
+) -> SeedRun:
+    """Train one seed (``base``: the shared base run instead, ``OUT/base``: no step, the step-0 held-out evaluation
+    only); a failure comes back as a ``SeedRun`` with its cause (and is printed), never raised."""
+    name = "base" if base else f"seed_{seed}"
+    log = out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    run_dir = seed_dir(out, seed)
+    run_dir = out / "base" if base else seed_dir(out, seed)
     (run_dir / "sweep_wall_s.txt").unlink(missing_ok=True)
-    print(f"seeds: {recipe.name}, seed {seed}: training into {run_dir}", file=sys.stderr, flush=True)
+    what = "the base model's held-out evaluation" if base else f"seed {seed}"
+    print(f"seeds: {recipe.name}, {what}: training into {run_dir}", file=sys.stderr, flush=True)
     argv = _train_argv(recipe, seed, out, overrides, local)
+    if base:
+        argv += [f"run.output_dir={run_dir}", "train.steps=0", "train.eval_at_start=true"]
     t0 = time.perf_counter()
     code = (_run_in_process if in_process else _run_subprocess)(argv, log)
     wall = time.perf_counter() - t0
     if code != 0:
         cause = failure_cause(log.read_text(errors="replace"), code)
-        print(f"seeds: {recipe}, seed {seed}: failed: {cause}; log {log}", file=sys.stderr, flush=True)
+        print(f"seeds: {recipe}, {what}: failed: {cause}; log {log}", file=sys.stderr, flush=True)
         return SeedRun(seed, str(run_dir), "failed", wall, code, cause, str(log))
     (run_dir / "sweep_wall_s.txt").write_text(f"{wall:.1f}\n")
     return SeedRun(seed, str(run_dir), "done", wall, 0, "", str(log))
 
 
-def finished(out: Path, seed: int) -> SeedRun | None:
-    """The seed's run in ``out`` if it finished (``DONE``) with this seed, else None."""
+def finished(out: Path, seed: int, base: bool = False) -> SeedRun | None:
+    """The seed's run in ``out`` if it finished (``DONE``) with this seed (``base``: the shared base run, whatever
+    its seed), else None."""
     import yaml
 
-    d = seed_dir(out, seed)
+    d = out / "base" if base else seed_dir(out, seed)
     resolved = d / "recipe.resolved.yaml"
     if not ((d / "DONE").is_file() and resolved.is_file()):
         return None
-    if (yaml.safe_load(resolved.read_text()) or {}).get("run", {}).get("seed") != seed:
+    if not base and (yaml.safe_load(resolved.read_text()) or {}).get("run", {}).get("seed") != seed:
         return None
     walls = [w for w in (d / "sweep_wall_s.txt", d / "seesaw_wall_s.txt") if w.is_file()]  # this sweep's, the seesaw's
     return SeedRun(seed, str(d), "kept", float(walls[0].read_text()) if walls else None)
@@ -591,6 +604,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "their own (bench/seesaw.py's OUT/base for its OUT/<config>/seed_<S> runs)",
     )
     ap.add_argument(
+        "--shared-base",
+        action="store_true",
+        help="evaluate the base model once (OUT/base, a train.steps=0 run) and train every seed without its own "
+        "step-0 evaluation (train.eval_at_start=false), each read against that one; with --from-runs, read so",
+    )
+    ap.add_argument(
         "--first",
         type=int,
         default=0,
@@ -610,6 +629,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SweepError("--in-process trains one seed at a time: drop --parallel or --in-process")
     if args.base and not args.from_runs:
         raise SweepError("--base reads finished runs against a shared base evaluation: add --from-runs")
+    if args.base and args.shared_base:
+        raise SweepError("--base RUN and --shared-base (OUT/base) both name the base evaluation: give one")
     if args.first < 0:
         raise SweepError(f"--first must be >= 0, got {args.first}")
     if args.first and not args.from_runs:
@@ -625,19 +646,35 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out or ROOT / "runs" / "seeds" / recipe.stem).resolve()
         cfg = check_recipe(recipe, args.overrides, seeds, out)
         base = shared_base(Path(args.base)) if args.base else None
+        if args.shared_base and args.from_runs:
+            base = shared_base(out / "base")
         keep = first_tasks(recipe, cfg, args.first) if args.first else None
     except SweepError as e:
         print(f"seeds: error: {e}", file=sys.stderr)
         return 2
     pinned, note = ([], "") if args.from_runs else pinned_precision(cfg, args.local)
+    base_run = finished(out, seeds[0], base=True) if args.shared_base else None
     if args.from_runs:
         runs = [finished(out, s) or SeedRun(s, str(seed_dir(out, s)), "failed", cause="no finished run") for s in seeds]
     else:
+        if args.shared_base:
+            if base_run is None or not args.keep_done:
+                base_run = run_seed(
+                    recipe, seeds[0], out, [*args.overrides, *pinned], args.local, args.in_process, True
+                )
+            if base_run.status == "failed":  # nothing to read any seed against: train none
+                print(f"seeds: error: {recipe}, the base run: {base_run.cause}", file=sys.stderr)
+                return base_run.exit_code if base_run.exit_code == INTERRUPTED else 3
+            try:
+                base = shared_base(out / "base")
+            except SweepError as e:
+                print(f"seeds: error: {recipe}, the base run: {e}", file=sys.stderr)
+                return 3
         runs = sweep(
             recipe,
             seeds,
             out,
-            [*args.overrides, *pinned],
+            [*args.overrides, *pinned, *(["train.eval_at_start=false"] if args.shared_base else [])],
             local=args.local,
             in_process=args.in_process,
             parallel=args.parallel,
@@ -650,7 +687,13 @@ def main(argv: list[str] | None = None) -> int:
         "steps": cfg.train.steps,
         "samples": cfg.rollout.prompts_per_step * cfg.rollout.group_size * cfg.train.steps,
         "precision": f"Precision pinned for every seed: {note}." if note else "",
-        "base": f"one shared step-0 evaluation of the base model (`{args.base}`)" if base else "",
+        "base": (
+            f"one shared step-0 evaluation of the base model (`{args.base or out / 'base'}`"
+            + (f", {base_run.wall_s:.0f} s; each seed's wall leaves it out" if base_run and base_run.wall_s else "")
+            + ")"
+        )
+        if base
+        else "",
         "first": args.first,
     }
     return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg), base, keep)

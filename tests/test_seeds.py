@@ -511,3 +511,45 @@ def test_first_needs_from_runs_and_a_count(capsys):
     assert "--first reads part of finished runs' evaluations" in capsys.readouterr().err
     assert main(["recipes/tiny.yaml", "--seeds", "0", "--from-runs", "--first", "-1"]) == 2
     assert "--first must be >= 0" in capsys.readouterr().err
+
+
+def test_shared_base_a_failed_base_run_trains_no_seed(recipe_copy, tmp_path, monkeypatch, capsys):
+    import bench.seeds as seeds
+
+    calls = []
+
+    def fake_run_seed(recipe, seed, out, overrides, local, in_process, base=False):
+        calls.append(("base" if base else seed, list(overrides)))
+        return SeedRun(seed, str(out / "base"), "failed", 1.0, 2, "stand-in: the base model does not load (exit 2)")
+
+    monkeypatch.setattr(seeds, "pinned_precision", lambda cfg, local: (["learner.precision=manual"], "pinned"))
+    monkeypatch.setattr(seeds, "run_seed", fake_run_seed)
+    argv = [str(recipe_copy("tiny.yaml")), "--seeds", "0,1", "--local", "--shared-base", "--out", str(tmp_path)]
+    assert main(argv) == 3
+    assert calls == [("base", ["learner.precision=manual"])], "the base first, and nothing after it failed"
+    assert "the base run: stand-in: the base model does not load (exit 2)" in capsys.readouterr().err
+
+
+def test_shared_base_seeds_skip_their_own_step0_evaluation(recipe_copy, tmp_path, monkeypatch):
+    import bench.seeds as seeds
+
+    calls = []
+
+    def fake_run_seed(recipe, seed, out, overrides, local, in_process, base=False):
+        calls.append(("base" if base else seed, list(overrides)))
+        if base:
+            return SeedRun(seed, str(out / "base"), "done", 1.0, 0)
+        return SeedRun(seed, str(out / f"seed_{seed}"), "failed", 1.0, 2, "stand-in (exit 2)")
+
+    monkeypatch.setattr(seeds, "pinned_precision", lambda cfg, local: ([], ""))
+    monkeypatch.setattr(seeds, "run_seed", fake_run_seed)
+    monkeypatch.setattr(seeds, "shared_base", lambda run_dir: {"code": {"c0": 0.0}})
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    argv = [str(recipe_copy("tiny.yaml")), "--seeds", "0,1", "--local", "--shared-base", "--out", str(tmp_path)]
+    assert main(argv) == 3  # every seed "failed"
+    assert calls == [("base", []), (0, ["train.eval_at_start=false"]), (1, ["train.eval_at_start=false"])]
+
+
+def test_shared_base_and_base_are_one_or_the_other(capsys):
+    assert main(["recipes/tiny.yaml", "--seeds", "0", "--from-runs", "--base", "x", "--shared-base"]) == 2
+    assert "--base RUN and --shared-base (OUT/base) both name the base evaluation" in capsys.readouterr().err

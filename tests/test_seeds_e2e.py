@@ -223,3 +223,34 @@ def test_the_command_runs_seeds_in_child_processes_and_a_seed_repeats_across_pro
         assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-7), f"step {s} differs"
     other = [[r[k] for k in keys] for r in _rollouts(tmp_path / "a" / "seed_1", "train", 1)]
     assert other != rows[0]
+
+
+def test_shared_base_evaluates_the_base_once_and_reads_every_seed_against_it(tmp_path):
+    """``--shared-base``: one ``train.steps=0`` run in ``OUT/base`` (its step-0 evaluation), then each seed without
+    its own; every seed's gain is read against that evaluation, and the report says so."""
+    (tmp_path / "parity_reward.py").write_text(PARITY)
+    err, out = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(tmp_path))
+        recipe = Path(_cfg(recipe_copier(tmp_path), out="tiny_shared", train={"steps": 1}).source)
+        mp.setattr("bench._results.machine", lambda: "test host")
+        sweep_dir = tmp_path / "sweep"
+        argv = [str(recipe), "--seeds", "0,1", "--local", "--in-process", "--shared-base", "--out", str(sweep_dir)]
+        with redirect_stderr(err), redirect_stdout(out):
+            code = main(argv)
+            again = main([*argv, "--from-runs"])
+    assert code == 0 and again == 0, err.getvalue()
+    base_steps = sorted(eval_steps(sweep_dir / "base" / "rollouts.jsonl"))
+    assert base_steps == [0] and (sweep_dir / "base" / "DONE").is_file()
+    for s in (0, 1):
+        assert sorted(eval_steps(sweep_dir / f"seed_{s}" / "rollouts.jsonl")) == [1], "no step-0 evaluation of its own"
+    doc = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [r["status"] for r in doc["runs"]] == ["kept", "kept"]  # the --from-runs read, same numbers
+    base = eval_steps(sweep_dir / "base" / "rollouts.jsonl")[0]
+    base_mean = {d: sum(v.values()) / len(v) for d, v in base.items()}
+    for s in (0, 1):
+        final = eval_steps(sweep_dir / f"seed_{s}" / "rollouts.jsonl")[1]
+        for d in final:
+            per = doc["per_seed"][d][str(s)]
+            assert per["diff"] == pytest.approx(sum(final[d].values()) / len(final[d]) - base_mean[d])
+    assert "one shared step-0 evaluation of the base model" in out.getvalue()
