@@ -119,7 +119,9 @@ def split_recipe(recipe: Path, out: Path, every: int = 3, by: str = "instance") 
 
 def _sweep(folder: Path, step: int | None = None) -> dict[str, Any]:
     """A sweep's ``sweep.json``; with ``step``, its ``per_seed`` and ``across`` recomputed from each finished
-    seed's dev evaluations, first against the one at ``step`` (``bench/seeds.py``'s statistics)."""
+    seed's dev evaluations, first against the one at ``step`` (``bench/seeds.py``'s statistics); "first" is the
+    sweep's shared base evaluation where it has one (``--shared-base``, ``meta.base_dir``), else each run's
+    earliest."""
     path = folder / "sweep.json"
     try:
         sweep = json.loads(path.read_text())
@@ -130,19 +132,25 @@ def _sweep(folder: Path, step: int | None = None) -> dict[str, Any]:
     if step is None:
         return sweep
     from bench.seeds import _json_result, analyse
-    from bench.seesaw import eval_steps, records
+    from bench.seesaw import base_eval, eval_steps, records
 
+    base = None
+    if sweep.get("meta", {}).get("base_dir"):
+        try:
+            base = base_eval(records(Path(sweep["meta"]["base_dir"])))
+        except (OSError, ValueError) as e:
+            raise AblationError(f"{folder}@{step}: the sweep's shared base evaluation does not read: {e}") from None
     evals = {}
     for run in sweep.get("runs", []):
         if run.get("status") not in ("done", "kept"):
             continue
         by_step = eval_steps(records(Path(run["run_dir"])))
-        if step not in by_step or step == min(by_step):
+        if step not in by_step or (base is None and step == min(by_step)):
             raise AblationError(
                 f"{folder}@{step}: seed {run['seed']}'s run {run['run_dir']} has no dev evaluation at step {step} after "
                 f"its first (it evaluated at steps {sorted(by_step)})"
             )
-        evals[run["seed"]] = (by_step[min(by_step)], by_step[step])
+        evals[run["seed"]] = (by_step[min(by_step)] if base is None else base, by_step[step])
     if not evals:
         raise AblationError(f"{folder}@{step}: no finished seed in sweep.json")
     return {**sweep, **_json_result(analyse(evals, _groups(sweep)))}

@@ -695,6 +695,9 @@ def main(argv: list[str] | None = None) -> int:
         if base
         else "",
         "first": args.first,
+        # the run folder of the shared base evaluation, where every seed is read against one (bench/ablate.py's
+        # FOLDER@STEP reads it too)
+        "base_dir": str(Path(args.base).resolve() if args.base else out / "base") if base else "",
     }
     return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg), base, keep)
 

@@ -200,3 +200,22 @@ def test_a_sweep_read_at_a_step_counts_the_seeds_beyond_two_se_by_template(tmp_p
     out = capsys.readouterr().out
     assert "| control | +0.500 ± 0.000 (0 of 2 > 2 SE; 0 by template) |" in out
     assert "| 4 | +0.750 ± 0.354 (1 of 2 > 2 SE; 1 by template) |" in out
+
+
+def test_a_shared_base_sweep_read_at_a_step_is_read_against_its_base(tmp_path: Path, capsys) -> None:
+    """A ``bench/seeds.py --shared-base`` sweep: its seeds evaluated at steps 2 and 4 only, the base (step 0) in
+    ``meta.base_dir``. FOLDER@2 is step 2 against that base, not against the seeds' own first evaluation."""
+    _run_with_evals(tmp_path / "base", {0: [0.0, 0.0, 0.0, 0.0]})
+    evals = {
+        0: {2: [1.0, 0.0, 0.0, 0.0], 4: [1.0, 1.0, 1.0, 0.0]},
+        1: {2: [1.0, 1.0, 0.0, 0.0], 4: [1.0, 1.0, 0.0, 0.0]},
+    }
+    meta = {"overrides": ["data.eval_files=[d.jsonl]"], "base_dir": str(tmp_path / "base")}
+    _write_sweep(tmp_path, evals, meta)
+    assert main(["compare", "--name", "steps", "--control", f"{tmp_path}@2", "--arm", f"4:{tmp_path}@4"]) == 0
+    out = capsys.readouterr().out
+    # against the base (all 0): gains at step 2 are 0.25 and 0.50 (mean 0.375, SD 0.177), at step 4 0.75 and 0.50
+    assert "| control | +0.375 ± 0.177" in out and "| 4 | +0.625 ± 0.177" in out
+    (tmp_path / "base" / "rollouts.jsonl").unlink()
+    assert main(["compare", "--name", "steps", "--control", f"{tmp_path}@2", "--arm", f"4:{tmp_path}@4"]) == 2
+    assert "the sweep's shared base evaluation does not read" in capsys.readouterr().err

@@ -246,6 +246,7 @@ def test_shared_base_evaluates_the_base_once_and_reads_every_seed_against_it(tmp
         assert sorted(eval_steps(sweep_dir / f"seed_{s}" / "rollouts.jsonl")) == [1], "no step-0 evaluation of its own"
     doc = json.loads((sweep_dir / "sweep.json").read_text())
     assert [r["status"] for r in doc["runs"]] == ["kept", "kept"]  # the --from-runs read, same numbers
+    assert doc["meta"]["base_dir"] == str(sweep_dir / "base")  # bench/ablate.py's FOLDER@STEP reads it
     base = eval_steps(sweep_dir / "base" / "rollouts.jsonl")[0]
     base_mean = {d: sum(v.values()) / len(v) for d, v in base.items()}
     for s in (0, 1):
