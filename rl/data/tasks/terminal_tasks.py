@@ -285,6 +285,15 @@ sys.exit(0 if result.testsRun and not failed and result.wasSuccessful() else 1)
 '''
 
 
+def _wait_gone(pid: str) -> str:
+    """Bash that waits (up to 10 s) until process ``pid`` (a shell word) has exited (gone, or a zombie): a worker
+    writes its log line in its trap before it exits, so the log alone does not say the process is gone."""
+    return (
+        "for i in $(seq 200); do s=$(cut -d' ' -f3 /proc/" + pid + "/stat 2>/dev/null); "
+        '{ [ -z "$s" ] || [ "$s" = Z ]; } && break; sleep 0.05; done'
+    )
+
+
 def _wait_for(path: str, fail: bool = False) -> str:
     """Bash that waits (up to 10 s) until ``path`` is a non-empty file; with ``fail``, fails if it never is."""
     return f"for i in $(seq 200); do [ -s {sq(path)} ] && break; sleep 0.05; done" + (
@@ -1193,7 +1202,7 @@ def _process(b: _Builder) -> None:
             "read -r name tok < stopped.log",
             need(f'[ "$name" = worker ] && {token_ok}', "stopped.log was not written by the worker"),
         ),
-        f'kill "$(cat worker.pid)"\n{_wait_for("stopped.log")}',
+        'pid=$(cat worker.pid)\nkill "$pid"\n' + _wait_for("stopped.log") + "\n" + _wait_gone('"$pid"'),
     )
 
     b.add(
@@ -1218,8 +1227,9 @@ def _process(b: _Builder) -> None:
             need(f'[ "$name" = beta ] && {token_ok}', "the worker that stopped is not beta"),
         ),
         "for p in /proc/[0-9]*; do\n"
-        "  [ \"$(tr '\\0' ' ' < \"$p/cmdline\" 2>/dev/null)\" = 'bash worker.sh beta ' ] && kill \"${p#/proc/}\"\n"
-        "done\n" + _wait_for("stopped.log"),
+        "  [ \"$(tr '\\0' ' ' < \"$p/cmdline\" 2>/dev/null)\" = 'bash worker.sh beta ' ] && kill \"${p#/proc/}\" "
+        "&& pid=${p#/proc/}\n"
+        "done\n" + _wait_for("stopped.log") + "\n" + _wait_gone('"$pid"'),
     )
 
 
