@@ -222,6 +222,11 @@ class Trajectory:
             return self.reward
         return round(self.reward - self.reward_shaping, 12)
 
+    def passes(self, threshold: float) -> bool:
+        """Whether the task's own score (:attr:`task_reward`) reaches ``threshold``; an unscored sample does not pass."""
+        own = self.task_reward
+        return own is not None and own >= threshold
+
     @property
     def num_policy_tokens(self) -> int:
         return int(sum(self.loss_mask))

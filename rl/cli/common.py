@@ -128,14 +128,13 @@ def summarize(trajs: list[Trajectory], stats: StatsTable, threshold: float, scor
 
     def block(ts: list[Trajectory]) -> dict[str, Any]:
         scored = [t.reward for t in ts if t.reward is not None]
-        own = [t.task_reward for t in ts if t.task_reward is not None]
         return {
             "count": len(ts),
             "scored": len(scored),
             "errors": len(ts) - len(scored),
             "error_reasons": error_reasons(ts),
             "mean": _mean(scored),
-            "pass_rate": (sum(r >= threshold for r in own) / len(ts)) if ts else None,
+            "pass_rate": (sum(t.passes(threshold) for t in ts) / len(ts)) if ts else None,
         }
 
     out: dict[str, Any] = {"pass_threshold": threshold, **block(trajs), "domains": {}}

@@ -257,7 +257,7 @@ def _write_eval_outputs(
                     "domain": t.task.domain,
                     "completion": t.completion,
                     "reward": t.reward,
-                    "passed": t.task_reward is not None and t.task_reward >= args.pass_threshold,
+                    "passed": t.passes(args.pass_threshold),
                     "scores": t.scores,
                     "reward_error": t.reward_error,
                     "finish_reason": t.finish_reason,
@@ -285,7 +285,7 @@ def eval_summary(
     for ti, task in enumerate(tasks):
         group = scored[ti * n : (ti + 1) * n]
         rewards = [t.reward for t in group if t.reward is not None]
-        c = sum(t.task_reward is not None and t.task_reward >= threshold for t in group)
+        c = sum(t.passes(threshold) for t in group)
         d = per_domain[task.domain]
         d["pass@1"].append(pass_at_k(n, c, 1))
         if k != 1:  # with k = 1 the same list: appending again counted every task twice
@@ -335,7 +335,7 @@ def per_task_rates(tasks: list[Task], scored: list[Trajectory], n: int, threshol
             continue
         group = scored[ti * n : (ti + 1) * n]
         rewards = [t.reward for t in group if t.reward is not None]
-        c = sum(t.task_reward is not None and t.task_reward >= threshold for t in group)
+        c = sum(t.passes(threshold) for t in group)
         out[task.domain][task.id] = {
             "pass_rate": c / n if n else None,
             "passed": c,

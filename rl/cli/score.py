@@ -301,7 +301,7 @@ def _score(args: argparse.Namespace) -> int:
                     "sample": s,
                     "domain": t.task.domain,
                     "reward": t.reward,
-                    "passed": t.task_reward is not None and t.task_reward >= args.pass_threshold,
+                    "passed": t.passes(args.pass_threshold),
                     "scores": t.scores,
                     "reward_error": t.reward_error,
                 }
