@@ -132,6 +132,11 @@ def seed_dir(out: Path, seed: int) -> Path:
     return out / f"seed_{seed}"
 
 
+def base_dir(out: Path) -> Path:
+    """The sweep's shared base run (``--shared-base``)."""
+    return out / "base"
+
+
 def check_recipe(recipe: Path, overrides: list[str], seeds: list[int], out: Path) -> Any:
     """The recipe as the first seed trains it, loaded and validated; ``SweepError`` naming the recipe
     and the cause where it cannot be swept."""
@@ -262,10 +267,9 @@ def run_seed(
 ) -> SeedRun:
     """Train one seed (``base``: the shared base run instead, ``OUT/base``: no step, the step-0 held-out evaluation
     only); a failure comes back as a ``SeedRun`` with its cause (and is printed), never raised."""
-    name = "base" if base else f"seed_{seed}"
-    log = out / "logs" / f"{name}.log"
+    run_dir = base_dir(out) if base else seed_dir(out, seed)
+    log = out / "logs" / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    run_dir = out / "base" if base else seed_dir(out, seed)
     (run_dir / "sweep_wall_s.txt").unlink(missing_ok=True)
     what = "the base model's held-out evaluation" if base else f"seed {seed}"
     print(f"seeds: {recipe.name}, {what}: training into {run_dir}", file=sys.stderr, flush=True)
@@ -288,7 +292,7 @@ def finished(out: Path, seed: int, base: bool = False) -> SeedRun | None:
     its seed), else None."""
     import yaml
 
-    d = out / "base" if base else seed_dir(out, seed)
+    d = base_dir(out) if base else seed_dir(out, seed)
     resolved = d / "recipe.resolved.yaml"
     if not ((d / "DONE").is_file() and resolved.is_file()):
         return None
@@ -645,9 +649,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe = Path(args.recipe).resolve()
         out = Path(args.out or ROOT / "runs" / "seeds" / recipe.stem).resolve()
         cfg = check_recipe(recipe, args.overrides, seeds, out)
-        base = shared_base(Path(args.base)) if args.base else None
-        if args.shared_base and args.from_runs:
-            base = shared_base(out / "base")
+        # the run folder of the one base evaluation every seed is read against, where there is one
+        base_at = Path(args.base).resolve() if args.base else base_dir(out) if args.shared_base else None
+        base = shared_base(base_at) if base_at and args.from_runs else None
         keep = first_tasks(recipe, cfg, args.first) if args.first else None
     except SweepError as e:
         print(f"seeds: error: {e}", file=sys.stderr)
@@ -666,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seeds: error: {recipe}, the base run: {base_run.cause}", file=sys.stderr)
                 return base_run.exit_code if base_run.exit_code == INTERRUPTED else 3
             try:
-                base = shared_base(out / "base")
+                base = shared_base(base_at)
             except SweepError as e:
                 print(f"seeds: error: {recipe}, the base run: {e}", file=sys.stderr)
                 return 3
@@ -688,16 +692,14 @@ def main(argv: list[str] | None = None) -> int:
         "samples": cfg.rollout.prompts_per_step * cfg.rollout.group_size * cfg.train.steps,
         "precision": f"Precision pinned for every seed: {note}." if note else "",
         "base": (
-            f"one shared step-0 evaluation of the base model (`{args.base or out / 'base'}`"
+            f"one shared step-0 evaluation of the base model (`{args.base or base_at}`"
             + (f", {base_run.wall_s:.0f} s; each seed's wall leaves it out" if base_run and base_run.wall_s else "")
             + ")"
         )
         if base
         else "",
         "first": args.first,
-        # the run folder of the shared base evaluation, where every seed is read against one (bench/ablate.py's
-        # FOLDER@STEP reads it too)
-        "base_dir": str(Path(args.base).resolve() if args.base else out / "base") if base else "",
+        "base_dir": str(base_at) if base else "",  # bench/ablate.py's FOLDER@STEP reads against it too
     }
     return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg), base, keep)
 
