@@ -317,23 +317,28 @@ def analyse_seeds(
     """From ``{config: {seed: (first, last)}}``, with ``bench/seeds.py``'s across-seed statistics:
     ``gains[config][domain]`` (each seed's base -> final; with ``groups``, task id -> template, also the seeds
     beyond two SE clustered by template), ``joint_vs_single[single_config][domain]`` (per seed, joint_fixed's
-    final minus the single-domain run's final, over the seeds both hold)."""
+    final minus the single-domain run's final, over the seeds both hold), and with ``joint_adaptive`` runs the
+    same for it (``adaptive_vs_single``) and ``adaptive_vs_fixed[domain]`` (per seed, adaptive's final minus
+    fixed's)."""
     from bench.seeds import across
 
-    out: dict[str, Any] = {"gains": {}, "joint_vs_single": {}}
+    def minus(b: dict[int, tuple[Evaluation, Evaluation]], a: dict[int, tuple[Evaluation, Evaluation]]) -> dict:
+        """Per domain, across the seeds both hold: ``b``'s final minus ``a``'s final, paired by task per seed."""
+        common = sorted(set(a) & set(b))
+        per = {d: [paired(a[s][1][d], b[s][1][d]) for s in common if d in a[s][1] and d in b[s][1]] for d in DOMAINS}
+        return {d: across(ps) for d, ps in per.items() if ps}
+
+    out: dict[str, Any] = {"gains": {}, "joint_vs_single": {}, "adaptive_vs_single": {}, "adaptive_vs_fixed": {}}
     for name, by_seed in runs.items():
         per = {d: [paired(f[d], la[d], groups) for f, la in by_seed.values() if d in f and d in la] for d in DOMAINS}
         out["gains"][name] = {d: across(ps) for d, ps in per.items() if ps}
-    joint = runs.get("joint_fixed", {})
-    for name, by_seed in runs.items():
-        if not name.startswith("single_"):
-            continue
-        common = sorted(set(by_seed) & set(joint))
-        per = {
-            d: [paired(by_seed[s][1][d], joint[s][1][d]) for s in common if d in by_seed[s][1] and d in joint[s][1]]
-            for d in DOMAINS
-        }
-        out["joint_vs_single"][name] = {d: across(ps) for d, ps in per.items() if ps}
+    for joint_name, key in (("joint_fixed", "joint_vs_single"), ("joint_adaptive", "adaptive_vs_single")):
+        if joint_name in runs:
+            for name, by_seed in runs.items():
+                if name.startswith("single_"):
+                    out[key][name] = minus(runs[joint_name], by_seed)
+    if "joint_fixed" in runs and "joint_adaptive" in runs:
+        out["adaptive_vs_fixed"] = minus(runs["joint_adaptive"], runs["joint_fixed"])
     return out
 
 
@@ -343,8 +348,8 @@ def render_seeds(result: dict[str, Any], meta: dict[str, Any]) -> str:
     from bench.seeds import across_verdict, spread_text
 
     said_as = {
-        "down": "joint loses beyond the seeds' noise",
-        "up": "joint gains beyond the seeds' noise",
+        "down": "{who} loses beyond the seeds' noise",
+        "up": "{who} gains beyond the seeds' noise",
         "noise": "within the seeds' noise",
     }
 
@@ -375,23 +380,40 @@ def render_seeds(result: dict[str, Any], meta: dict[str, Any]) -> str:
             "(tasks of one template move together; `bench/seeds.py`).",
             "",
         ]
+
+    def cells(per: dict[str, Any]) -> list[str]:
+        return [f"{spread_text(per[d])} ({across_verdict(per[d])})" if d in per else "-" for d in DOMAINS]
+
     said = []
-    if result["joint_vs_single"]:
+    for key, joint in (("joint_vs_single", "Joint (fixed)"), ("adaptive_vs_single", "Joint (adaptive)")):
+        if not result.get(key):
+            continue
         lines += [
-            "Joint (fixed) minus single-domain, final held-out reward per seed, mean ± SD across seeds "
+            f"{joint} minus single-domain, final held-out reward per seed, mean ± SD across seeds "
             "(verdict on the across-seed SE = SD / sqrt(seeds); positive: joint is better):",
             "",
         ]
         rows = []
-        for name, per in result["joint_vs_single"].items():
-            rows.append(
-                [name] + [f"{spread_text(per[d])} ({across_verdict(per[d])})" if d in per else "-" for d in DOMAINS]
-            )
+        for name, per in result[key].items():
+            rows.append([name] + cells(per))
             d = name[len("single_") :]
             if d in per:
                 v = across_verdict(per[d])
-                said.append(f"on {d}, joint vs {name}: {said_as.get(v, v)}")
+                who = "joint" if key == "joint_vs_single" else "joint (adaptive)"
+                said.append(f"on {d}, {who} vs {name}: {said_as.get(v, v).format(who=who)}")
         lines += [table(["vs", *DOMAINS], rows), ""]
+    if result.get("adaptive_vs_fixed"):
+        per = result["adaptive_vs_fixed"]
+        lines += [
+            "Adaptive minus fixed mixing, final held-out reward per seed, mean ± SD across seeds:",
+            "",
+            table(["", *DOMAINS], [["adaptive - fixed"] + cells(per)]),
+            "",
+        ]
+        moved = [f"{d} ({across_verdict(p)})" for d, p in per.items() if across_verdict(p) in ("up", "down")]
+        said.append(
+            "adaptive vs fixed: " + (", ".join(moved) if moved else "no domain differs beyond the seeds' noise")
+        )
     lines.append(
         "What this supports: " + ("; ".join(said) or "no joint vs single-domain comparison in these runs") + "."
     )

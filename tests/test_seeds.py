@@ -308,6 +308,45 @@ def test_seesaw_over_seeds_reports_mean_and_sd_of_gains_and_of_joint_minus_singl
     assert "'by template': the seeds whose gain cleared two SE clustered" in text
 
 
+def test_seesaw_over_seeds_compares_adaptive_mixing_with_each_single_domain_run_and_with_fixed_mixing():
+    from bench.seesaw import analyse_seeds, render_seeds
+
+    z = {"code": {f"c{i}": 0.0 for i in range(4)}, "tool_call": {f"t{i}": 0.0 for i in range(4)}}
+
+    def ev(code_ones: int, tool_ones: int) -> dict:
+        return {
+            "code": {f"c{i}": float(i < code_ones) for i in range(4)},
+            "tool_call": {f"t{i}": float(i < tool_ones) for i in range(4)},
+        }
+
+    runs = {
+        "joint_fixed": {0: (z, ev(2, 1)), 1: (z, ev(2, 1))},
+        "joint_adaptive": {0: (z, ev(1, 3)), 1: (z, ev(2, 3)), 2: (z, ev(4, 4))},
+        "single_tool_call": {0: (z, ev(0, 3)), 1: (z, ev(0, 4))},
+    }
+    result = analyse_seeds(runs)
+    # adaptive - tool-only on tool calls, seeds 0 and 1 (the ones both hold): 0.0, -0.25 -> mean -0.125, SD 0.1768
+    a = result["adaptive_vs_single"]["single_tool_call"]["tool_call"]
+    assert a["k"] == 2 and a["mean"] == pytest.approx(-0.125) and a["sd"] == pytest.approx(math.sqrt(0.03125))
+    # adaptive - fixed, seeds 0 and 1: code -0.25, 0.0; tool calls +0.5, +0.5 (SD 0: beyond any SE, up)
+    f = result["adaptive_vs_fixed"]
+    assert f["code"]["mean"] == pytest.approx(-0.125) and f["tool_call"]["mean"] == pytest.approx(0.5)
+    # the fixed comparison is unchanged by the adaptive runs: fixed - tool-only on tool calls -0.5, -0.75
+    assert result["joint_vs_single"]["single_tool_call"]["tool_call"]["mean"] == pytest.approx(-0.625)
+    meta = {"seeds": [0, 1, 2], "steps": 4, "samples": 128, "wall_s": {"base": 10.0}, "host": "cpu"}
+    text = render_seeds(result, meta)
+    assert "Joint (adaptive) minus single-domain" in text
+    assert "| single_tool_call | +0.375 ± 0.177 (up) | - | -0.125 ± 0.177 (noise) |" in text
+    assert "| adaptive - fixed | -0.125 ± 0.177 (noise) | - | +0.500 ± 0.000 (up) |" in text
+    assert "on tool_call, joint (adaptive) vs single_tool_call: within the seeds' noise" in text
+    assert "on tool_call, joint vs single_tool_call: joint loses beyond the seeds' noise" in text
+    assert "adaptive vs fixed: tool_call (up)" in text
+    # without adaptive runs none of it is there
+    plain = analyse_seeds({k: v for k, v in runs.items() if k != "joint_adaptive"})
+    assert plain["adaptive_vs_single"] == {} and plain["adaptive_vs_fixed"] == {}
+    assert "adaptive" not in render_seeds(plain, meta)
+
+
 def _write_run(path: Path, step: int, ev: dict) -> None:
     path.mkdir(parents=True)
     rows = [
