@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 
 import pytest
 import torch
@@ -159,9 +160,35 @@ def test_a_far_slower_bf16_is_settled_by_a_small_product(fake_timing):
 
 
 def test_matmul_rate_comes_back_when_one_product_spends_the_budget():
-    """With a budget no timed repeat fits in, the warm-up product's own rate is returned (once 0 GFLOP/s)."""
+    """With a budget no timed repeat fits in, one product after the warm-up is timed (once 0 GFLOP/s)."""
     rate = precision.matmul_gflops(torch.float32, n=128, seconds=0.0)
     assert 0.0 < rate < float("inf")
+
+
+def test_matmul_rate_leaves_out_the_first_products_one_time_costs(monkeypatch):
+    """A first bf16 product slower than the probe's whole budget (kernel generation, first-touch pages) is not
+    the rate: read from it alone, a fast bf16 path could fall 8x below fp32 and pin fp32 for a whole run."""
+    real = torch.autocast
+    entered = []
+
+    class SlowFirst:
+        def __init__(self, *a, **k):
+            self.inner = real(*a, **k)
+
+        def __enter__(self):
+            if not entered:
+                time.sleep(0.3)  # the first product's one-time cost, over the 0.05 s budget
+            entered.append(1)
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    monkeypatch.setattr(torch, "autocast", SlowFirst)
+    rate = precision.matmul_gflops(torch.bfloat16, n=128, seconds=0.05)
+    assert len(entered) >= 2, "a product after the warm-up was timed"
+    # 2 * 128^3 flops in 0.3 s is 0.014 GFLOP/s; any timed product without the sleep runs far above that
+    assert rate > 10 * (2 * 128**3 / 0.3 / 1e9)
 
 
 def test_reference_dtype_auto_follows_the_learners_precision(tiny_model_path, tmp_path):

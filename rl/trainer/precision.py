@@ -55,7 +55,12 @@ class Choice:
 
 def matmul_gflops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.4, device: str = "cpu") -> float:
     """Rate of ``n x n`` matmuls in ``dtype`` (bf16: under autocast from fp32 inputs, as the learner runs),
-    best of repeated timings for about ``seconds``."""
+    best of repeated timings for about ``seconds``, after one untimed warm-up product.
+
+    At least one product after the warm-up is timed, whatever the budget: the first product pays one-time
+    costs (kernel selection and code generation, first-touch pages) that can exceed the 256^3 probe's whole
+    budget (seconds / 8), and a rate read from it alone could put a fast bf16 path 8x below fp32 and pin fp32.
+    """
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     bf16 = dtype == torch.bfloat16
@@ -64,18 +69,15 @@ def matmul_gflops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.4, devic
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             (a @ b).sum().item()
 
-    t0 = time.perf_counter()
-    once()  # warm-up: kernel selection, first-touch pages
-    warm = time.perf_counter() - t0
-    if warm >= seconds:  # one product already spent the budget: its rate (a little low, with the warm-up's costs)
-        return 2 * n**3 / warm / 1e9
+    once()  # warm-up, untimed
     best = float("inf")
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    while True:
         t0 = time.perf_counter()
         once()
         best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
+        if time.perf_counter() >= end:
+            return 2 * n**3 / best / 1e9
 
 
 def pick(device: torch.device, seconds: float = 0.4) -> Choice:
