@@ -241,3 +241,91 @@ def test_the_recipe_key_reaches_the_mixer_and_a_floor_too_big_names_it(recipe_co
         validate_recipe(load_recipe(path, ["model.path=embedded:tiny", "mixer.min_groups_per_domain=3"]))
     with pytest.raises(RecipeError, match=r"mixer\.min_groups_per_domain: must be >= 0"):
         load_recipe(path, ["mixer.min_groups_per_domain=-1"])
+
+
+# ---------------------------------------------------------------------------- spread_by
+
+
+def templated(n_templates: int = 12, per: int = 4, seed: int = 0) -> list[Source]:
+    """One code file of ``n_templates`` templates x ``per`` tasks, lengths spread so that templates share strata."""
+    rnd = random.Random(seed)
+    tasks = [
+        Task(
+            id=f"code-t{t}-{i}",
+            domain="code",
+            messages=(Message("user", f"q{t}-{i}"),),
+            meta={"template": f"t{t}", "est_len": rnd.randint(50, 300)},
+        )
+        for t in range(n_templates)
+        for i in range(per)
+    ]
+    return [Source("code", "code", tasks)]
+
+
+def template_counts(draws: list[Task]) -> collections.Counter:
+    return collections.Counter(t.meta["template"] for t in draws)
+
+
+def test_spread_draws_every_template_once_before_any_twice_across_strata():
+    """12 templates x 4 tasks, 2 length strata, 2 prompts a step: after 6 steps every template was drawn exactly
+    once, after 12 exactly twice, in every seed; a plain shuffle leaves templates undrawn and draws others thrice."""
+    plain_missed = 0
+    for seed in range(5):
+        m = TaskMixer(templated(seed=seed), 2, seed, strata=2, spread_by="template")
+        draws = [t for s in range(1, 7) for t in m.sample(s)]
+        assert set(template_counts(draws).values()) == {1}, "each of the 12 templates once in the first 12 draws"
+        draws += [t for s in range(7, 13) for t in m.sample(s)]
+        assert set(template_counts(draws).values()) == {2}
+        assert len({t.id for t in draws}) == 24, "still each task once per pass: no task twice"
+        plain = TaskMixer(templated(seed=seed), 2, seed, strata=2)
+        plain_missed += 12 - len(template_counts([t for s in range(1, 7) for t in plain.sample(s)]))
+    assert plain_missed > 0, "the plain shuffle missed some template in some seed (what spread_by is for)"
+
+
+def test_spread_keeps_the_strata_counts_and_tasks_without_the_key_are_their_own_value():
+    srcs = templated()
+    srcs[0].tasks += [mk("code", i, 100 + i, "bare") for i in range(3)]  # no template: each its own value
+    a = TaskMixer(srcs, 3, 1, strata=3, spread_by="template")
+    b = TaskMixer(srcs, 3, 1, strata=3)
+    for s in range(1, 6):
+        a.sample(s)
+        b.sample(s)
+        assert {k: v for k, v in a.last_counts.items() if "stratum" in k} == {
+            k: v for k, v in b.last_counts.items() if "stratum" in k
+        }, "the spread reorders within a stratum; the counts per stratum are the mixer's"
+    m = TaskMixer(srcs, 3, 2, spread_by="template")
+    draws = [t for s in range(1, 6) for t in m.sample(s)]
+    values = collections.Counter(t.meta.get("template", t.id) for t in draws)
+    assert max(values.values()) == 1, "15 draws over 12 templates + 3 bare tasks: each value once"
+
+
+def test_spread_resumes_exactly_and_is_off_by_default():
+    kw = dict(strata=2, spread_by="template", curriculum_window=2, curriculum_weight=0.5)
+    a = TaskMixer(templated(), 3, 4, **kw)
+    for s in range(1, 5):
+        tasks = a.sample(s)
+        a.update([traj(t, float(i % 2), 40 + 9 * i) for i, t in enumerate(tasks)])
+    state = json.loads(json.dumps(a.state_dict()))
+    cont = [[t.id for t in a.sample(s)] for s in range(5, 12)]
+    r = TaskMixer(templated(), 3, 4, **kw)
+    r.load_state_dict(state)
+    assert [[t.id for t in r.sample(s)] for s in range(5, 12)] == cont
+    # a checkpoint written before spread_by existed (no "spread" entry) loads: nothing drawn yet
+    old = {k: v for k, v in TaskMixer(templated(), 3, 4, strata=2).state_dict().items() if k != "spread"}
+    TaskMixer(templated(), 3, 4, strata=2).load_state_dict(old)
+    off = TaskMixer(templated(), 3, 4, strata=2)
+    same = TaskMixer(templated(), 3, 4, strata=2, spread_by="")
+    assert [[t.id for t in off.sample(s)] for s in range(1, 9)] == [[t.id for t in same.sample(s)] for s in range(1, 9)]
+
+
+def test_spread_by_a_key_no_task_has_is_refused_naming_it(recipe_copy):
+    from rl.config.recipe import load_recipe
+    from rl.driver.loop import make_mixer
+
+    with pytest.raises(ValueError, match=r"mixer\.spread_by: no training task has 'tmpl' in its meta"):
+        TaskMixer(templated(), 2, 0, spread_by="tmpl")
+    cfg = load_recipe(
+        recipe_copy("joint_rl.yaml"),
+        ["model.path=embedded:tiny", "mixer.spread_by=template", "mixer.domain_weights={}"],
+    )
+    assert make_mixer(cfg, templated()).spread_by == "template"

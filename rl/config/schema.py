@@ -183,6 +183,11 @@ class MixerConfig(Section):
         0, "tasks all solved or all failed over their last N visits are sampled less (0 = off)", ge=0
     )
     curriculum_weight: float = knob(1.0, "chance that such a task stays in a pass over its stratum", ge=0, le=1)
+    spread_by: str = knob(
+        "",
+        "a task meta key (e.g. template): each draw takes the queued task whose value the dataset has drawn "
+        "least, so every value is drawn once before any twice ('' = off)",
+    )
     solved_threshold: float = knob(1.0, "a visit counts as solved when the mean reward of its group reaches this")
     seq_level_domains: list[str] = knob(
         doc="domains whose samples weigh per sequence, not per token (outcome-advantage "

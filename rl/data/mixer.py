@@ -26,6 +26,12 @@ Drawing (``TaskMixer.sample``), per step:
 4. **Curriculum.** Within a stratum, tasks are drawn from a seeded shuffled queue, each
    once per pass. A task whose last ``curriculum_window`` visits were all solved or all
    failed (no learning signal) sits out a pass with probability ``1 - curriculum_weight``.
+5. **Spread** (``mixer.spread_by``, e.g. ``template``). With a task ``meta`` key set, each
+   draw takes the first queued task whose value of that key the dataset has drawn least
+   often (across its strata; a task without the key is a value of its own), so every value
+   is drawn once before any is drawn twice. A short run draws a domain a few dozen times
+   from dozens of templates: a plain shuffle leaves a different quarter of them undrawn in
+   each seed, and what a run learns, and carries to held-out templates, differs with them.
 
 Adaptive domain weights (``mixer.mode: adaptive``, :class:`AdaptiveTaskMixer`; fixed weights
 are the default): each domain's weight follows its learning signal online, the fraction of
@@ -108,9 +114,12 @@ class TaskMixer:
         curriculum_weight: float = 1.0,
         solved_threshold: float = 1.0,
         min_groups_per_domain: int = 0,
+        spread_by: str = "",
     ) -> None:
         if not sources or not any(s.tasks for s in sources):
             raise ValueError("no training tasks")
+        if spread_by and not any(spread_by in t.meta for s in sources for t in s.tasks):
+            raise ValueError(f"mixer.spread_by: no training task has {spread_by!r} in its meta")
         if strata < 1:
             raise ValueError(f"strata must be >= 1, got {strata}")
         if strata_proportions and len(strata_proportions) != strata:
@@ -136,6 +145,8 @@ class TaskMixer:
                 f"min_groups_per_domain {self.min_groups_per_domain} for {n_floored} domains needs "
                 f"{n_floored * self.min_groups_per_domain} prompts per step; per_step is {per_step}"
             )
+        self.spread_by = spread_by
+        self._spread: dict[int, dict[str, int]] = {}  # per source index: draws per value of meta[spread_by]
         self.rng = random.Random(seed)
         self.stats: dict[str, _TaskStats] = {}
         for s in self.sources:
@@ -175,23 +186,38 @@ class TaskMixer:
         out = [order[bounds[j] : bounds[j + 1]] for j in range(k)]
         return out + [[] for _ in range(self.strata - k)]
 
-    def _draw(self, stratum: list[int], key: tuple[int, int], n: int, task_ids: list[str]) -> list[int]:
+    def _draw(self, stratum: list[int], key: tuple[int, int], n: int, tasks: list[Task]) -> list[int]:
         """``n`` task indices from ``stratum``: a seeded shuffled queue (each task once per pass)."""
         members = set(stratum)
         q = [i for i in self._queues.get(key, []) if i in members]
+        drawn = self._spread.setdefault(key[0], {})
         picked: list[int] = []
         while len(picked) < n:
             if not q:
                 q = [i for i in stratum if i not in picked] or list(stratum)
                 self.rng.shuffle(q)
-            i = q.pop(0)
+            i = self._pop(q, tasks, drawn)
             # Curriculum: a task with no recent learning signal sits out this pass over the
             # stratum with probability 1 - weight (while other tasks are left to draw).
-            while q and self._no_signal(task_ids[i]) and self.rng.random() >= self.curriculum_weight:
-                i = q.pop(0)
+            while q and self._no_signal(tasks[i].id) and self.rng.random() >= self.curriculum_weight:
+                i = self._pop(q, tasks, drawn)
             picked.append(i)
+            if self.spread_by:
+                drawn[self._spread_value(tasks[i])] = drawn.get(self._spread_value(tasks[i]), 0) + 1
         self._queues[key] = q
         return picked
+
+    def _pop(self, q: list[int], tasks: list[Task], drawn: dict[str, int]) -> int:
+        """The queue's head; with ``spread_by``, the first queued task of the least-drawn value."""
+        if not self.spread_by:
+            return q.pop(0)
+        j = min(range(len(q)), key=lambda j: (drawn.get(self._spread_value(tasks[q[j]]), 0), j))
+        return q.pop(j)
+
+    def _spread_value(self, task: Task) -> str:
+        """The task's value of ``meta[spread_by]``; a task without it is a value of its own."""
+        v = task.meta.get(self.spread_by)
+        return f"value:{v}" if v is not None else f"task:{task.id}"
 
     def _no_signal(self, task_id: str) -> bool:
         if self.curriculum_window <= 0:
@@ -220,8 +246,8 @@ class TaskMixer:
                         continue
                     key = f"mixer/{d}/stratum_{k}/count"
                     self.last_counts[key] = self.last_counts.get(key, 0.0) + n_k
-                    ids = [t.id for t in self.sources[si].tasks]
-                    out += [self.sources[si].tasks[i] for i in self._draw(strata[k], (si, k), n_k, ids)]
+                    tasks = self.sources[si].tasks
+                    out += [tasks[i] for i in self._draw(strata[k], (si, k), n_k, tasks)]
         return out
 
     def _floored_domains(self) -> int:
@@ -275,6 +301,7 @@ class TaskMixer:
             "queues": {f"{a}:{b}": list(q) for (a, b), q in self._queues.items()},
             "drawn": {k: list(v) for k, v in self._drawn.items()},
             "drawn_total": dict(self._drawn_total),
+            "spread": {str(si): dict(c) for si, c in self._spread.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -288,6 +315,7 @@ class TaskMixer:
         self._queues = {tuple(int(x) for x in k.split(":")): list(v) for k, v in state["queues"].items()}  # type: ignore[misc]
         self._drawn = {k: list(v) for k, v in state["drawn"].items()}
         self._drawn_total = dict(state["drawn_total"])
+        self._spread = {int(si): {k: int(n) for k, n in c.items()} for si, c in state.get("spread", {}).items()}
 
 
 def _as_rng_state(s: Any) -> tuple:

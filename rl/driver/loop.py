@@ -389,6 +389,7 @@ def make_mixer(cfg: Recipe, sources: list[Source]) -> TaskMixer:
         curriculum_weight=mx.curriculum_weight,
         solved_threshold=mx.solved_threshold,
         min_groups_per_domain=mx.min_groups_per_domain,
+        spread_by=mx.spread_by,
     )
 
 
