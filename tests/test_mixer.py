@@ -113,14 +113,20 @@ def test_seed_reproducibility_and_exact_resume() -> None:
     assert draws_a == [[t.id for t in b.sample(s)] for s in range(1, 6)]
     assert draws_a != [[t.id for t in c.sample(s)] for s in range(1, 6)]
     # Feedback, then a checkpoint (through JSON, as it is stored), then 5 more steps.
-    for s in range(6, 9):
+    assert_resumes_exactly(a, lambda: TaskMixer(sources(), 6, 7, **kw), range(6, 9), range(9, 14))
+
+
+def assert_resumes_exactly(a: TaskMixer, fresh, fed: range, after: range) -> None:
+    """``a`` draws and gets feedback for the steps in ``fed``, is checkpointed through JSON (as it is stored), and
+    a mixer from ``fresh()`` loaded from that state draws for the steps in ``after`` exactly what ``a`` draws."""
+    for s in fed:
         tasks = a.sample(s)
         a.update([traj(t, float(i % 2), 50 + 7 * i) for i, t in enumerate(tasks)])
     state = json.loads(json.dumps(a.state_dict()))
-    cont = [[t.id for t in a.sample(s)] for s in range(9, 14)]
-    r = TaskMixer(sources(), 6, 7, **kw)
+    cont = [[t.id for t in a.sample(s)] for s in after]
+    r = fresh()
     r.load_state_dict(state)
-    assert [[t.id for t in r.sample(s)] for s in range(9, 14)] == cont
+    assert [[t.id for t in r.sample(s)] for s in after] == cont
 
 
 def test_curriculum_defers_tasks_without_signal() -> None:
@@ -301,15 +307,9 @@ def test_spread_keeps_the_strata_counts_and_tasks_without_the_key_are_their_own_
 
 def test_spread_resumes_exactly_and_is_off_by_default():
     kw = dict(strata=2, spread_by="template", curriculum_window=2, curriculum_weight=0.5)
-    a = TaskMixer(templated(), 3, 4, **kw)
-    for s in range(1, 5):
-        tasks = a.sample(s)
-        a.update([traj(t, float(i % 2), 40 + 9 * i) for i, t in enumerate(tasks)])
-    state = json.loads(json.dumps(a.state_dict()))
-    cont = [[t.id for t in a.sample(s)] for s in range(5, 12)]
-    r = TaskMixer(templated(), 3, 4, **kw)
-    r.load_state_dict(state)
-    assert [[t.id for t in r.sample(s)] for s in range(5, 12)] == cont
+    assert_resumes_exactly(
+        TaskMixer(templated(), 3, 4, **kw), lambda: TaskMixer(templated(), 3, 4, **kw), range(1, 5), range(5, 12)
+    )
     # a checkpoint written before spread_by existed (no "spread" entry) loads: nothing drawn yet
     old = {k: v for k, v in TaskMixer(templated(), 3, 4, strata=2).state_dict().items() if k != "spread"}
     TaskMixer(templated(), 3, 4, strata=2).load_state_dict(old)

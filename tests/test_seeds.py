@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -268,17 +269,21 @@ def test_failure_cause_takes_the_runs_own_message():
 # ---------------------------------------------------------------------------- bench/seesaw.py --seeds
 
 
+def four_task_eval(other: str, code_ones: int, other_ones: int) -> dict:
+    """A held-out evaluation of two domains, four tasks each (code c0-c3, ``other`` t0-t3): the first
+    ``code_ones`` / ``other_ones`` tasks solved (1.0), the rest not."""
+    return {
+        "code": {f"c{i}": float(i < code_ones) for i in range(4)},
+        other: {f"t{i}": float(i < other_ones) for i in range(4)},
+    }
+
+
 def test_seesaw_over_seeds_reports_mean_and_sd_of_gains_and_of_joint_minus_single():
     from bench.seesaw import analyse_seeds, render_seeds
 
     # Two domains, four tasks each, two seeds. joint gains on both; single_code gains more on code in seed 0 only.
-    z = {"code": {f"c{i}": 0.0 for i in range(4)}, "terminal": {f"t{i}": 0.0 for i in range(4)}}
-
-    def ev(code_ones: int, term_ones: int) -> dict:
-        return {
-            "code": {f"c{i}": float(i < code_ones) for i in range(4)},
-            "terminal": {f"t{i}": float(i < term_ones) for i in range(4)},
-        }
+    ev = functools.partial(four_task_eval, "terminal")  # ev(code tasks solved, terminal tasks solved)
+    z = ev(0, 0)
 
     runs = {
         "joint_fixed": {0: (z, ev(2, 2)), 1: (z, ev(2, 2))},
@@ -311,13 +316,8 @@ def test_seesaw_over_seeds_reports_mean_and_sd_of_gains_and_of_joint_minus_singl
 def test_seesaw_over_seeds_compares_adaptive_mixing_with_each_single_domain_run_and_with_fixed_mixing():
     from bench.seesaw import analyse_seeds, render_seeds
 
-    z = {"code": {f"c{i}": 0.0 for i in range(4)}, "tool_call": {f"t{i}": 0.0 for i in range(4)}}
-
-    def ev(code_ones: int, tool_ones: int) -> dict:
-        return {
-            "code": {f"c{i}": float(i < code_ones) for i in range(4)},
-            "tool_call": {f"t{i}": float(i < tool_ones) for i in range(4)},
-        }
+    ev = functools.partial(four_task_eval, "tool_call")  # ev(code tasks solved, tool_call tasks solved)
+    z = ev(0, 0)
 
     runs = {
         "joint_fixed": {0: (z, ev(2, 1)), 1: (z, ev(2, 1))},
