@@ -385,7 +385,10 @@ def render_seeds(result: dict[str, Any], meta: dict[str, Any]) -> str:
         return [f"{spread_text(per[d])} ({across_verdict(per[d])})" if d in per else "-" for d in DOMAINS]
 
     said = []
-    for key, joint in (("joint_vs_single", "Joint (fixed)"), ("adaptive_vs_single", "Joint (adaptive)")):
+    for key, joint, who in (
+        ("joint_vs_single", "Joint (fixed)", "joint"),
+        ("adaptive_vs_single", "Joint (adaptive)", "joint (adaptive)"),
+    ):
         if not result.get(key):
             continue
         lines += [
@@ -399,7 +402,6 @@ def render_seeds(result: dict[str, Any], meta: dict[str, Any]) -> str:
             d = name[len("single_") :]
             if d in per:
                 v = across_verdict(per[d])
-                who = "joint" if key == "joint_vs_single" else "joint (adaptive)"
                 said.append(f"on {d}, {who} vs {name}: {said_as.get(v, v).format(who=who)}")
         lines += [table(["vs", *DOMAINS], rows), ""]
     if result.get("adaptive_vs_fixed"):

@@ -203,7 +203,8 @@ class TaskMixer:
                 i = self._pop(q, tasks, drawn)
             picked.append(i)
             if self.spread_by:
-                drawn[self._spread_value(tasks[i])] = drawn.get(self._spread_value(tasks[i]), 0) + 1
+                value = self._spread_value(tasks[i])
+                drawn[value] = drawn.get(value, 0) + 1
         self._queues[key] = q
         return picked
 
