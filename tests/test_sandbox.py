@@ -633,6 +633,22 @@ def test_a_pre_started_sandbox_that_loses_a_mount_race_runs_the_command_cold(mon
     assert len(stubs) >= 3 and zombie_children() == []
 
 
+def test_a_pre_started_sandbox_closed_unused_has_its_pid_1_reaped_without_an_orphan_sweep(monkeypatch):
+    """Closing a warm sandbox kills the sandbox it pre-started for the next run. That one's PID 1 dies after its
+    bwrap (``--die-with-parent``), so an orphan sweep run at once can miss it and leave it a zombie; it is reaped
+    through bwrap's info report instead, whether or not a sweep runs."""
+    import envs.sandbox.reap as reap
+
+    monkeypatch.setattr(reap, "_sweep_orphans", lambda: None)
+    with Sandbox(warm=True) as box:
+        assert box.run(["/bin/true"]).exit_code == 0
+        assert box._warm is not None and box._warm._next is not None  # the next run's sandbox, waiting
+    deadline = time.monotonic() + 1.0
+    while not zombie_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert zombie_children() == []
+
+
 # --------------------------------------------------------------------------------------
 # mode="none" and diagnostics
 # --------------------------------------------------------------------------------------

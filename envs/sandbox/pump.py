@@ -265,10 +265,33 @@ def _pump(sel: selectors.BaseSelector, runs: list[_Running], wall_seconds: float
             _on_ready(sel, key, timed_out or primary.exited)
 
 
+def _read_report(run: _Running) -> None:
+    """Open the sandbox PID 1's pidfd from what bwrap's info report holds so far, for a run the pump never
+    read it for: a pre-started sandbox closed unused. Without the pidfd only an orphan sweep could reap that
+    PID 1, and a sweep run at once can miss it (it dies after its bwrap, by ``--die-with-parent``) and leave it a
+    zombie until the next sweep."""
+    fd = run.spec.info[0] if run.spec.info else None
+    if fd is None or run.inner is not None:
+        return
+    try:
+        os.set_blocking(fd, False)
+        while data := os.read(fd, _READ_CHUNK):
+            run.info_buf += data
+    except OSError:  # BlockingIOError: all bwrap wrote so far is read
+        pass
+    try:
+        info = json.loads(run.info_buf)
+    except ValueError:
+        return  # no report yet (killed while setting up): the orphan sweep is the fallback
+    run.inner = _open_inner(info)
+
+
 def _finish(run: _Running) -> None:
     """Kill (if needed) and reap one launcher and its sandbox's PID 1; close its fds."""
     proc = run.proc
     if run.spec.info is not None:
+        if run.spec.bwrap:
+            _read_report(run)
         _close_fds([run.spec.info[0]])
     if proc.poll() is None and not _has_exited(proc.pid):
         run.kill()
