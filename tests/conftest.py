@@ -56,6 +56,55 @@ def shm_left_bytes(before: set[str]) -> int:
     return sum(os.path.getsize(p) for p in left if os.path.exists(p))
 
 
+# Where slow tests note the /dev/shm files they left (``_note_shm_left``); the session's summary names those still
+# there at its end. One file per machine, emptied when a session starts (under xdist, by the controller).
+SHM_NOTES = Path(tempfile.gettempdir()) / "jointrl-test-shm-left.tsv"
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller, or a run without xdist
+        SHM_NOTES.unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _note_shm_left(request):
+    """After each slow test (they start engines and kill processes), note the /dev/shm files created while it ran
+    that no live process maps or holds open, for the session summary (``pytest_terminal_summary``), which names the
+    ones still there at the end: a leak shows which test was running when it was made. Under xdist a file left by
+    the test beside it is noted too, so the summary names both. It reports and fails nothing: the tests that kill
+    processes assert their own cleanup."""
+    if request.node.get_closest_marker("slow") is None or not os.path.isdir("/dev/shm"):
+        yield
+        return
+    before = shm_files()
+    yield
+    try:
+        from rollout.pool import _in_use
+
+        new = shm_files() - before
+        lines = [
+            f"{request.node.nodeid}\t{f}\t{os.path.getsize(f)}\n"
+            for f in sorted(new - _in_use(new))
+            if os.path.exists(f)
+        ]
+        if lines:
+            with open(SHM_NOTES, "a") as out:
+                out.writelines(lines)
+    except OSError:
+        pass
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput") or not SHM_NOTES.exists():
+        return
+    left = [row.split("\t") for row in SHM_NOTES.read_text().splitlines()]
+    left = [(test, f, size) for test, f, size in left if os.path.exists(f)]
+    if left:
+        terminalreporter.section("/dev/shm files left, by the slow test that was running when they were made")
+        for test, f, size in left:
+            terminalreporter.write_line(f"{f} ({int(size) >> 20} MiB): {test}")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
     """Local HF folder of ``embedded:tiny`` (a ~1M-param Qwen2 with a ChatML tokenizer)."""
