@@ -56,14 +56,22 @@ def shm_left_bytes(before: set[str]) -> int:
     return sum(os.path.getsize(p) for p in left if os.path.exists(p))
 
 
-# Where slow tests note the /dev/shm files they left (``_note_shm_left``); the session's summary names those still
-# there at its end. One file per machine, emptied when a session starts (under xdist, by the controller).
-SHM_NOTES = Path(tempfile.gettempdir()) / "jointrl-test-shm-left.tsv"
+# Where slow tests note the /dev/shm files they left (``_note_shm_left``): one file per session, made by the
+# controller (or the only process) before xdist starts its workers, which inherit its name; the session's summary
+# names those still there at its end. Two sessions on one machine keep their notes apart.
+SHM_NOTES_ENV = "JOINTRL_TEST_SHM_NOTES"
 
 
-def pytest_sessionstart(session):
-    if not hasattr(session.config, "workerinput"):  # the controller, or a run without xdist
-        SHM_NOTES.unlink(missing_ok=True)
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="jointrl-test-shm-left-", suffix=".tsv")
+        os.close(fd)
+        os.environ[SHM_NOTES_ENV] = path
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and (path := os.environ.pop(SHM_NOTES_ENV, None)):
+        Path(path).unlink(missing_ok=True)
 
 
 @pytest.fixture(autouse=True)
@@ -87,18 +95,21 @@ def _note_shm_left(request):
             for f in sorted(new - _in_use(new))
             if os.path.exists(f)
         ]
-        if lines:
-            with open(SHM_NOTES, "a") as out:
+        if lines and (notes := os.environ.get(SHM_NOTES_ENV)):
+            with open(notes, "a") as out:
                 out.writelines(lines)
     except OSError:
         pass
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    if hasattr(config, "workerinput") or not SHM_NOTES.exists():
+    notes = Path(os.environ.get(SHM_NOTES_ENV, ""))
+    if hasattr(config, "workerinput") or not notes.is_file():
         return
-    left = [row.split("\t") for row in SHM_NOTES.read_text().splitlines()]
-    left = [(test, f, size) for test, f, size in left if os.path.exists(f)]
+    rows = [row.split("\t") for row in notes.read_text(errors="replace").splitlines()]
+    left = [
+        (test, f, size) for test, f, size in (r for r in rows if len(r) == 3) if size.isdigit() and os.path.exists(f)
+    ]
     if left:
         terminalreporter.section("/dev/shm files left, by the slow test that was running when they were made")
         for test, f, size in left:
