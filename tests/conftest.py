@@ -45,15 +45,18 @@ def shm_files() -> set[str]:
     return {str(p) for p in Path("/dev/shm").iterdir() if p.is_file()} if os.path.isdir("/dev/shm") else set()
 
 
-def shm_left_bytes(before: set[str]) -> int:
-    """Bytes of the /dev/shm files created since ``before`` that no live process maps or holds open: what a
-    finished run left behind. A run going on beside this one (the other xdist worker) uses its files, so they
-    do not count."""
+def shm_left(before: set[str]) -> set[str]:
+    """The /dev/shm files created since ``before`` that no live process maps or holds open: what a finished run
+    left behind. A run going on beside this one (the other xdist worker) uses its files, so they do not count."""
     from rollout.pool import _in_use
 
     new = shm_files() - before
-    left = new - _in_use(new)
-    return sum(os.path.getsize(p) for p in left if os.path.exists(p))
+    return new - _in_use(new)
+
+
+def shm_left_bytes(before: set[str]) -> int:
+    """Bytes of :func:`shm_left`."""
+    return sum(os.path.getsize(p) for p in shm_left(before) if os.path.exists(p))
 
 
 # Where slow tests note the /dev/shm files they left (``_note_shm_left``): one file per session, made by the
@@ -87,13 +90,8 @@ def _note_shm_left(request):
     before = shm_files()
     yield
     try:
-        from rollout.pool import _in_use
-
-        new = shm_files() - before
         lines = [
-            f"{request.node.nodeid}\t{f}\t{os.path.getsize(f)}\n"
-            for f in sorted(new - _in_use(new))
-            if os.path.exists(f)
+            f"{request.node.nodeid}\t{f}\t{os.path.getsize(f)}\n" for f in sorted(shm_left(before)) if os.path.exists(f)
         ]
         if lines and (notes := os.environ.get(SHM_NOTES_ENV)):
             with open(notes, "a") as out:

@@ -203,14 +203,8 @@ def _on_ready(sel: selectors.BaseSelector, key: selectors.SelectorKey, stopping:
         if not data:
             return
         run.info_buf += data
-        if run.inner is None:
-            try:
-                info = json.loads(run.info_buf)
-            except ValueError:
-                return
-            run.inner = _open_inner(info)
-            if stopping or run.exited:
-                _kill_pidfd(run.inner)
+        if run.inner is None and _open_reported(run) and (stopping or run.exited):
+            _kill_pidfd(run.inner)
     elif tag == "in":
         try:
             n = os.write(key.fd, run.stdin_view[:_READ_CHUNK])
@@ -265,6 +259,17 @@ def _pump(sel: selectors.BaseSelector, runs: list[_Running], wall_seconds: float
             _on_ready(sel, key, timed_out or primary.exited)
 
 
+def _open_reported(run: _Running) -> bool:
+    """Open the pidfd of the sandbox's PID 1 once ``run.info_buf`` holds bwrap's whole info report; False while
+    the report is incomplete."""
+    try:
+        info = json.loads(run.info_buf)
+    except ValueError:
+        return False
+    run.inner = _open_inner(info)
+    return True
+
+
 def _read_report(run: _Running) -> None:
     """Open the sandbox PID 1's pidfd from what bwrap's info report holds so far, for a run the pump never
     read it for: a pre-started sandbox closed unused. Without the pidfd only an orphan sweep could reap that
@@ -279,11 +284,7 @@ def _read_report(run: _Running) -> None:
             run.info_buf += data
     except OSError:  # BlockingIOError: all bwrap wrote so far is read
         pass
-    try:
-        info = json.loads(run.info_buf)
-    except ValueError:
-        return  # no report yet (killed while setting up): the orphan sweep is the fallback
-    run.inner = _open_inner(info)
+    _open_reported(run)  # no report yet (killed while setting up): the orphan sweep is the fallback
 
 
 def _finish(run: _Running) -> None:
