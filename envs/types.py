@@ -208,9 +208,14 @@ class Trajectory:
         return max(own) if own else None
 
     @property
+    def assistant_turns(self) -> list[str]:
+        """The text of each assistant turn the episode produced, in order (the first with its prefill)."""
+        return [m.content for m in self.messages[len(self.task.messages) :] if m.role == "assistant"]
+
+    @property
     def completion(self) -> str:
         """All assistant text the episode produced (prefill included), turns joined by newlines."""
-        return "\n".join(m.content for m in self.messages[len(self.task.messages) :] if m.role == "assistant")
+        return "\n".join(self.assistant_turns)
 
     @property
     def task_reward(self) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -69,6 +70,26 @@ def test_files_and_what_the_summary_needs(tmp_path: Path) -> None:
     assert lg.timings == {"timing/eval_s": [2.0], "timing/step_s": [5.0, 7.0]}
     text = lg.summary()
     assert "0.200 -> 0.400" in text and "0.100 -> 0.300" in text and "step 6.00" in text
+
+
+def test_turn_chars_split_a_multi_turn_response_into_its_turns(tmp_path: Path) -> None:
+    """``response`` joins the assistant turns by newlines, which a turn may hold too: ``turn_chars`` says where each
+    turn ends, so a reader recovers every turn exactly (env messages in between are not in ``response``)."""
+    base = traj(0, domain="code")
+    turns = ["```python\ndef f():\n    return 1\n```", "line one\nline two", ""]
+    between = [Message("assistant", turns[0]), Message("user", "feedback\nmore"), Message("assistant", turns[1])]
+    after = [*between, Message("user", "again"), Message("assistant", turns[2])]
+    t = dataclasses.replace(base, messages=[*base.task.messages, *after], num_turns=3)
+    lg = RunLogger(tmp_path, {}, mode="disabled")
+    lg.rollouts(1, "train", [t, traj(1)])
+    lg.close()
+    rows = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert rows[0]["turn_chars"] == [len(x) for x in turns] and rows[1]["turn_chars"] == [len("answer 1")]
+    response, start, got = rows[0]["response"], 0, []
+    for n in rows[0]["turn_chars"]:
+        got.append(response[start : start + n])
+        start += n + 1
+    assert got == turns and start == len(response) + 1
 
 
 def test_rollout_table_every_n_steps(tmp_path: Path) -> None:

@@ -242,6 +242,9 @@ class RunLogger:
                         "group": t.group_id,
                         "prompt": t.prompt or (user[-1] if user else ""),
                         "response": t.completion,
+                        # characters of each assistant turn in ``response`` (joined by one newline each): where
+                        # one turn ends and the next begins (bench/code_turns.py scores each answer alone)
+                        "turn_chars": [len(text) for text in t.assistant_turns],
                         "reward": t.reward,
                         # what shaping terms added to reward (reward - reward_shaping: the task's own score)
                         "reward_shaping": t.reward_shaping,
