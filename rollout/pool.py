@@ -13,7 +13,6 @@ import glob
 import os
 import shutil
 import tempfile
-import time
 from typing import Any
 
 from envs.base import resolve
@@ -22,6 +21,7 @@ from envs.stacks import register as register_stacks
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
+from rollout.shm import shm_segments, unlink_unmapped
 from rollout.episode import run_episodes
 from rollout.tools_prompt import check_mode
 from rollout.weights import (
@@ -312,45 +312,6 @@ class EngineFailure(RuntimeError):
     not answer a sleep or wake-up within ``faults.engine_sleep_s``."""
 
 
-def shm_segments(pid: int) -> list[str]:
-    """/dev/shm files mapped by the descendants of process ``pid`` (Linux /proc; [] elsewhere).
-
-    Matched by name and by inode: a POSIX named semaphore (glibc's ``sem_open``, e.g. a ``multiprocessing``
-    lock of a spawned engine) is mapped under the temporary name it was made as (``/dev/shm/sem.XXXXXX
-    (deleted)``) and then linked to its real name (``sem.mp-...``), so only its inode ties it to the process."""
-    names, inodes = _shm_maps(set(descendants(pid)))
-    return sorted(names | {p for p, ino in _shm_files() if ino in inodes})
-
-
-def _shm_maps(pids: set[int] | None = None) -> tuple[set[str], set[int]]:
-    """The /dev/shm paths (real names) and inodes that processes ``pids`` (None: every process) map."""
-    names: set[str] = set()
-    inodes: set[int] = set()
-    for d in os.listdir("/proc") if pids is None else map(str, pids):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/maps") as f:
-                for line in f:
-                    parts = line.split(None, 5)
-                    if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                        path = parts[5].rstrip("\n")
-                        inodes.add(int(parts[4]))
-                        if not path.endswith(" (deleted)"):
-                            names.add(path)
-        except (OSError, ValueError):
-            continue
-    return names, inodes
-
-
-def _shm_files() -> list[tuple[str, int]]:
-    """(path, inode) of each file directly in /dev/shm."""
-    try:
-        return [(e.path, e.inode()) for e in os.scandir("/dev/shm") if e.is_file(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
 def free_dead_engine(paths: list[str], procs: list[tuple[int, int]], wait_s: float = 0.0) -> list[str]:
     """What a dead rollout worker's engine left on this node: SIGKILL each of ``procs`` (``(pid, start
     time)``, recorded at its start) still running with that start time, with its descendants, then unlink
@@ -361,54 +322,3 @@ def free_dead_engine(paths: list[str], procs: list[tuple[int, int]], wait_s: flo
     reap(procs)
     unlink_unmapped(paths, wait_s)
     return [p for p in paths if os.path.exists(p)]
-
-
-def unlink_unmapped(paths: list[str], wait_s: float = 0.0) -> list[str]:
-    """Unlink each of ``paths`` that no live process on this node maps or holds open; return those removed.
-
-    ``wait_s``: how long to wait for processes still using some of them to exit (the engine
-    processes of a killed run die on their own, seconds after their parent).
-    """
-    deadline = time.monotonic() + wait_s
-    removed: list[str] = []
-    todo = {p for p in paths if os.path.exists(p)}
-    while todo:
-        busy = _in_use(todo)
-        for p in sorted(todo - busy):
-            try:
-                os.unlink(p)
-                removed.append(p)
-            except OSError:
-                pass
-        todo = {p for p in busy if os.path.exists(p)}
-        if not todo or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)
-    return removed
-
-
-def _in_use(paths: set[str]) -> set[str]:
-    """Those of ``paths`` some process on this node maps (by name, or by inode: a named semaphore stays mapped
-    under the temporary name it was made as, ``shm_segments``) or holds open."""
-    names, inodes = _shm_maps()
-    in_use = set(paths) & names
-    for p in paths - in_use:
-        try:
-            if os.stat(p).st_ino in inodes:
-                in_use.add(p)
-        except OSError:
-            continue
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{d}/fd"):
-                try:
-                    t = os.readlink(f"/proc/{d}/fd/{fd}")
-                except OSError:
-                    continue
-                if t in paths:
-                    in_use.add(t)
-        except OSError:
-            continue
-    return in_use

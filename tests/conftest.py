@@ -48,7 +48,7 @@ def shm_files() -> set[str]:
 def shm_left(before: set[str]) -> set[str]:
     """The /dev/shm files created since ``before`` that no live process maps or holds open: what a finished run
     left behind. A run going on beside this one (the other xdist worker) uses its files, so they do not count."""
-    from rollout.pool import _in_use
+    from rollout.shm import _in_use
 
     new = shm_files() - before
     return new - _in_use(new)

@@ -78,12 +78,12 @@ def free_dead_run(
 
     ``live`` is the run's ``.live.json`` (driver pid, weights folder, engine nodes and segments).
     Nothing is touched while that driver is still alive; segments some live process still
-    maps are kept (``rollout.pool.unlink_unmapped``). ``sweep_on_node(node, segments, wait_s)``: the same
+    maps are kept (``rollout.shm.unlink_unmapped``). ``sweep_on_node(node, segments, wait_s)``: the same
     on another node of a cluster that outlived the driver (``rl.driver.actors.cluster.sweep_on_node``), None
     when that node is not alive; without it (or for a node that is gone: the driver's own local cluster, gone
     with it) the segments are freed on this machine. Returns what was removed.
     """
-    from rollout.pool import unlink_unmapped
+    from rollout.shm import unlink_unmapped
 
     try:
         rec = json.loads(live.read_text())

@@ -2,7 +2,7 @@
 function on one node or on every node (a zero-CPU task pinned there with ``NodeAffinitySchedulingStrategy``).
 
 The functions run on the nodes are plain ones of other packages (``rollout.pool.free_dead_engine``,
-``rollout.pool.unlink_unmapped``, ``envs.stacks.dump_registered``, ``rl.trainer.hub.hub_snapshot``); this module
+``rollout.shm.unlink_unmapped``, ``envs.stacks.dump_registered``, ``rl.trainer.hub.hub_snapshot``); this module
 only places them.
 """
 
@@ -90,11 +90,11 @@ def on_node(fn: Callable[..., Any], node: str, **remote: Any) -> Any:
 
 
 def sweep_on_node(node: str, segments: list[str], wait_s: float) -> list[str] | None:
-    """``rollout.pool.unlink_unmapped(segments, wait_s)`` on ``node`` (what a killed run's engines left there):
+    """``rollout.shm.unlink_unmapped(segments, wait_s)`` on ``node`` (what a killed run's engines left there):
     the paths removed, or None when ``node`` is not an alive node of this cluster."""
     import ray
 
-    from rollout.pool import unlink_unmapped
+    from rollout.shm import unlink_unmapped
 
     if node not in {n["NodeID"] for n in alive_nodes()}:
         return None
