@@ -254,7 +254,7 @@ def reward():
 @needs_sandbox
 @pytest.mark.parametrize("task", LADDER + BOOLEAN, ids=lambda t: t.id)
 def test_turn_two_lookup_table_from_feedback_earns_nothing(task, reward, boxes):
-    """The multi-turn attack of both joint recipes (max_turns 2): answer wrong, read the feedback,
+    """The multi-turn attack of a recipe that gives code two turns (joint_rl_gpu.yaml): answer wrong, read the feedback,
     answer with a lookup table of every (args, value) pair the prompt and feedback quoted. It
     scores no more than the wrong answer (0), through the env and through the reward; the
     feedback quotes no value a hidden test compares against; the reference still scores 1.0."""
