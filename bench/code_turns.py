@@ -148,10 +148,10 @@ def score_run(run: RunTurns, domain: str) -> None:
     """Score each multi-turn episode's first and last answer alone with the recipe's reward functions for
     ``domain``, on the task from the recipe's training files: the weighted sum of their scores without shaping
     terms (``Trajectory.task_reward``), the reward the run optimized for the task."""
-    from envs.types import Message, Trajectory
+    from envs.types import Message
     from rewards.service import RewardFnSpec
     from rl.cli.common import check_reward_specs, load_task_file, make_scorer
-    from rl.cli.score import with_prefill
+    from rl.cli.score import Completion, build_trajectories
     from rl.config.recipe import resolve_path
 
     cfg = resolved_recipe(run.recipe)
@@ -169,24 +169,15 @@ def score_run(run: RunTurns, domain: str) -> None:
     if missing:
         raise ValueError(f"{run.recipe}: task {missing[0]!r} is in no training file of the recipe")
     scorer = make_scorer(specs, timeout_s=None, where=f"{run.recipe}: ")
-    trajs = []
-    for e in run.multi:
-        task = tasks[e.task_id]
-        for text in (with_prefill(task, e.first), e.last):
-            trajs.append(
-                Trajectory(
-                    task=task,
-                    group_id=0,
-                    prompt_ids=[],
-                    response_ids=[],
-                    loss_mask=[],
-                    logprobs=[],
-                    messages=[*task.messages, Message("assistant", text)],
-                    terminated=True,
-                    truncated=False,
-                    finish_reason="recorded",
-                )
-            )
+    # Each answer as a recorded completion of its task, the path `jointrl score` takes: the first answer alone (the
+    # prefill put back if it lacks it), the last one after the first (the rewards score the last assistant turn;
+    # the prefill belongs to the first). Distinct sample numbers keep the two records of one episode apart.
+    records = []
+    for k, e in enumerate(run.multi):
+        records.append(Completion(f"{run.label}:{k}:first", e.task_id, 2 * k, e.first, None, None))
+        turns = [Message("assistant", e.first), Message("assistant", e.last)]
+        records.append(Completion(f"{run.label}:{k}:last", e.task_id, 2 * k + 1, None, turns, None))
+    trajs, _ = build_trajectories(list(tasks.values()), records, "the recipe's training files")
     scored = scorer.score(trajs)
     for k, e in enumerate(run.multi):
         e.first_score, e.last_score = scored[2 * k].task_reward, scored[2 * k + 1].task_reward

@@ -95,3 +95,13 @@ def test_bad_input_names_the_file_and_the_cause(tmp_path, capsys):
     assert main([str(gone)]) == 2
     assert "task 'code_ladder-train-nope-000' is in no training file" in capsys.readouterr().err
     assert main([]) == 2 and "no run folder given" in capsys.readouterr().err
+
+
+def test_a_last_answer_that_opens_with_prose_is_scored_as_the_run_scored_it(tmp_path):
+    """The task's prefill belongs to the first answer only: put before a later answer's prose it would break that
+    answer's code block."""
+    run = make_run(tmp_path / "seed_0", [record([WRONG, "Here is the fixed function:\n" + RIGHT2], 1.0)])
+    out_json = tmp_path / "rows.json"
+    assert main([str(run), "--json", str(out_json)]) == 0
+    (row,) = json.loads(out_json.read_text())
+    assert (row["last_above_first"], row["mean_last"], row["last_differs_from_logged"]) == (1, 1.0, 0)
