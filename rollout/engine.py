@@ -36,7 +36,7 @@ from typing import Any
 from envs.types import Generation, Sampling
 from rollout.partial import INTERRUPTED, PauseGate, resume_seed
 from rollout.reaper import start_reaper
-from rollout.shm import shm_segments, unlink_unmapped
+from rollout.shm import ipc_segments, shm_segments, unlink_unmapped
 from rollout.weights import CollectiveJoin, CollectiveWeights, IpcWeights
 
 
@@ -148,9 +148,9 @@ class VLLMEngine:
         self._core_procs = _core_processes(self.llm)
         # vLLM's core processes outlive a SIGKILLed parent (see rollout.reaper): kill them then.
         self._reaper = start_reaper([p.pid for p in self._core_procs])
-        # What the core processes hold in /dev/shm (its executor's message queue, ~160 MiB on CPU): vLLM unlinks
-        # it when a core exits cleanly, not when its shutdown force-kills a core that overran its grace period.
-        self._shm = sorted({f for p in self._core_procs if p.pid for f in shm_segments(p.pid, own=True)})
+        # The IPC segments the core processes hold in /dev/shm (its executor's message queue, ~160 MiB on CPU): vLLM
+        # unlinks them when a core exits cleanly, not when its shutdown force-kills a core that overran its grace.
+        self._shm = ipc_segments(sorted({f for p in self._core_procs if p.pid for f in shm_segments(p.pid, own=True)}))
 
     def alive(self) -> str | None:
         """None while the engine can serve; else why not (its engine core process exited, or vLLM's
@@ -353,8 +353,8 @@ class VLLMEngine:
     def shutdown(self) -> None:
         """Stop the engine core process and free its shared memory (idempotent). vLLM gives a core a few seconds
         to exit on SIGTERM, then SIGKILLs it, and a killed core unlinks nothing: on a loaded host that left its
-        message queue's segment in /dev/shm. So the segments its processes mapped at start are unlinked here once
-        no process maps or holds them (a no-op where vLLM unlinked them itself)."""
+        message queue's segment in /dev/shm. So the IPC segments its processes mapped at start (``ipc_segments``) are
+        unlinked here once no process maps or holds them (a no-op where vLLM unlinked them itself)."""
         if self._closed:
             return
         self._closed = True

@@ -15,7 +15,7 @@ import time
 
 from rollout.reaper import descendants
 
-__all__ = ["shm_segments", "unlink_unmapped"]
+__all__ = ["ipc_segments", "shm_segments", "unlink_unmapped"]
 
 
 def shm_segments(pid: int, own: bool = False) -> list[str]:
@@ -27,6 +27,13 @@ def shm_segments(pid: int, own: bool = False) -> list[str]:
     (deleted)``) and then linked to its real name (``sem.mp-...``), so only its inode ties it to the process."""
     names, inodes = _shm_maps(set(descendants(pid)) | ({pid} if own else set()))
     return sorted(names | {p for p, ino in _shm_files() if ino in inodes})
+
+
+def ipc_segments(paths: list[str]) -> list[str]:
+    """Those of ``paths`` that Python's ``multiprocessing`` makes directly in /dev/shm for a process group's IPC
+    (``psm_*`` shared memory, ``sem.*`` named semaphores): what an engine's own shutdown may unlink. A model file or
+    a weights export that happens to sit under /dev/shm and that the engine mapped at start is not one of them."""
+    return [p for p in paths if os.path.dirname(p) == "/dev/shm" and os.path.basename(p).startswith(("psm_", "sem."))]
 
 
 def _shm_maps(pids: set[int] | None = None) -> tuple[set[str], set[int]]:

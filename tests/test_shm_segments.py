@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.shm import _in_use, shm_segments, unlink_unmapped
+from rollout.shm import _in_use, ipc_segments, shm_segments, unlink_unmapped
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +60,20 @@ def test_a_named_semaphore_of_a_child_is_recorded_seen_in_use_and_freed_once_its
         assert _in_use({path}) == set()
         assert unlink_unmapped([path]) == [path]
     assert not os.path.exists(path)
+
+
+def test_ipc_segments_are_multiprocessing_files_directly_in_dev_shm():
+    """An engine's shutdown unlinks only these: never a model or weights file that it mapped from under /dev/shm."""
+    paths = [
+        "/dev/shm/psm_0a1b2c3d",
+        "/dev/shm/sem.mp-x1y2z3",
+        "/dev/shm/jointrl-weights-12.safetensors",
+        "/dev/shm/jointrl-export/model.safetensors",
+        "/dev/shm/models/psm_like/psm_file",
+        "/dev/shm/torch_123_456",
+        "/tmp/psm_0a1b2c3d",
+    ]
+    assert ipc_segments(paths) == ["/dev/shm/psm_0a1b2c3d", "/dev/shm/sem.mp-x1y2z3"]
 
 
 # An engine whose core vLLM's shutdown SIGKILLs at once: what a core that overran vLLM's few seconds of grace after
