@@ -57,6 +57,22 @@ def test_overwrite_leaves_nothing_a_resume_could_pick_up(tmp_path: Path, recipe_
     assert resume_from == out / "checkpoints" / "step_000002"
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_fresh_start_removes_what_a_run_that_crashed_at_start_up_left(tmp_path: Path, recipe_copy, overwrite) -> None:
+    """A run that stopped before logging a step leaves STOPPED and crash.log (no metrics: the dir holds no run).
+    The next run into that dir must not keep them: killed in turn, it would read as the old crash."""
+    out = tmp_path / "out"
+    (out / "stacks").mkdir(parents=True)
+    (out / "stacks" / "driver.txt").write_text("stack")
+    (out / "STOPPED").write_text('{"status": "crashed", "step": 0}\n')
+    (out / "crash.log").write_text("Traceback ...\n")
+    (out / "placement.json").write_text("{}")
+    (out / "notes.txt").write_text("the user's own file")
+    got, resume_from = prepare_output_dir(_cfg(recipe_copy, out, overwrite=overwrite, resume="never"))
+    assert got == out and resume_from is None
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "recipe.resolved.yaml"], "only the user's file stays"
+
+
 def test_checkpoints_alone_count_as_a_run(tmp_path: Path, recipe_copy) -> None:
     """A dir with an old run's checkpoints but no metrics (deleted by hand) is refused without overwrite."""
     out = tmp_path / "out"

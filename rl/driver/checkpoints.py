@@ -25,7 +25,6 @@ from typing import Any
 from rl.config.recipe import (
     STOPPED_FILE,
     Recipe,
-    holds_run,
     newest_checkpoint,
     output_dir_problem,
     recipe_to_dict,
@@ -66,8 +65,8 @@ def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
     that stopped (``STOPPED``: a signal or an error) before its first checkpoint starts again
     from step 1 under ``run.resume=auto``, every line of it moved to ``*.discarded.jsonl``.
     Other dirs holding a run are refused unless ``run.overwrite`` (``output_dir_problem``, the
-    rule ``jointrl validate`` checks too), which removes every output of the old run
-    (``RUN_FILES``, ``RUN_DIRS``).
+    rule ``jointrl validate`` checks too). A run that starts afresh removes every output of the old
+    run (``RUN_FILES``, ``RUN_DIRS``), also of one that stopped before logging a step.
     """
     out = resolve_output_dir(cfg)
     problem = output_dir_problem(cfg)
@@ -82,8 +81,11 @@ def prepare_output_dir(cfg: Recipe) -> tuple[Path, Path | None]:
             split_log(out / f"{name}.jsonl", out / f"{name}.discarded.jsonl", step)
         for name in ("DONE", STOPPED_FILE):
             (out / name).unlink(missing_ok=True)
-    elif holds_run(out):
-        remove_run(out)  # run.overwrite (output_dir_problem refused the rest)
+    else:
+        # A fresh start: run.overwrite (output_dir_problem refused other dirs holding a run), or a dir whose last
+        # run logged no step (it stopped at start-up): either way nothing of an earlier run may stay beside this
+        # one (its STOPPED and crash.log would describe this run as crashed once it is killed).
+        remove_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.resolved.yaml").write_text(_yaml(recipe_to_dict(cfg)))
     return out, resume_from
