@@ -149,13 +149,13 @@ def score_run(run: RunTurns, domain: str) -> None:
     ``domain``, on the task from the recipe's training files: the weighted sum of their scores without shaping
     terms (``Trajectory.task_reward``), the reward the run optimized for the task."""
     from envs.types import Message
-    from rewards.service import RewardFnSpec
+    from rewards.service import reward_specs
     from rl.cli.common import check_reward_specs, load_task_file, make_scorer
     from rl.cli.score import Completion, build_trajectories
     from rl.config.recipe import resolve_path
 
     cfg = resolved_recipe(run.recipe)
-    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+    specs = reward_specs(cfg.rewards)
     specs = [s for s in specs if not s.domains or domain in s.domains]
     if not specs:
         raise ValueError(f"{run.recipe}: no reward function for domain {domain!r}")

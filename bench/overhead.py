@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     from envs.base import resolve
     from envs.io import load_tasks
     from envs.types import Sampling
-    from rewards.service import RewardFnSpec, RewardScorer
+    from rewards.service import RewardScorer, reward_specs
     from rl.algos.batch import build_batch
     from rl.config.recipe import load_recipe, resolve_path
     from rl.trainer.learner import Learner
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tok = AutoTokenizer.from_pretrained(path)
     scorer = RewardScorer(
-        [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards],
+        reward_specs(cfg.rewards),
         timeout_s=cfg.reward_service.timeout_s,
     )
     ta, ga, sa = expand(set_a, r.group_size, cfg.run.seed, 1)

@@ -52,7 +52,16 @@ from envs.stacks import register as register_stacks
 from envs.types import Trajectory
 from rewards.protocol import DEFAULT_CONCURRENCY, applies_to, build_reward, call_mode
 
-__all__ = ["RewardFnSpec", "RewardScorer", "FnOutcome", "FnStats", "ScoreResult", "add_stats", "fn_metrics"]
+__all__ = [
+    "RewardFnSpec",
+    "RewardScorer",
+    "FnOutcome",
+    "FnStats",
+    "ScoreResult",
+    "add_stats",
+    "fn_metrics",
+    "reward_specs",
+]
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,11 @@ class RewardFnSpec:
     weight: float = 1.0
     domains: tuple[str, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def reward_specs(entries: Any) -> list[RewardFnSpec]:
+    """A recipe's ``rewards`` entries (each with ``cls``, ``weight``, ``domains``, ``kwargs``) as specs."""
+    return [RewardFnSpec(e.cls, e.weight, tuple(e.domains), dict(e.kwargs)) for e in entries]
 
 
 @dataclass(frozen=True)

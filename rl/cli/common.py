@@ -13,7 +13,7 @@ from typing import Any
 
 from envs.io import TaskFormatError
 from envs.types import Task, Trajectory
-from rewards.service import RewardFnSpec, RewardScorer, StatsTable
+from rewards.service import RewardFnSpec, RewardScorer, StatsTable, reward_specs
 
 __all__ = ["CommandError", "FORMATS", "load_task_file", "recipe_reward_specs", "make_scorer", "summarize"]
 
@@ -84,7 +84,7 @@ def recipe_reward_specs(
     from rl.config.recipe import load_recipe
 
     cfg = load_recipe(recipe_path, list(overrides))
-    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+    specs = reward_specs(cfg.rewards)
     if not specs:
         raise CommandError(f"{recipe_path}: rewards: at least one reward class is needed")
     check_reward_specs(specs, where=f"{recipe_path}: ")

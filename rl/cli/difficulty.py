@@ -204,7 +204,7 @@ def _measure_file(
 
 
 def _difficulty(args: argparse.Namespace) -> int:
-    from rewards.service import RewardFnSpec
+    from rewards.service import reward_specs
     from rl.cli.common import CommandError, make_scorer
     from rl.cli.eval import resolve_model_arg
     from rl.config.recipe import load_recipe, validate_recipe
@@ -230,7 +230,7 @@ def _difficulty(args: argparse.Namespace) -> int:
     if not any(chosen):
         raise CommandError(f"no tasks in {', '.join(label for label, _, _ in targets)}")
 
-    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+    specs = reward_specs(cfg.rewards)
     scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
     summary: dict[str, Any] = {
         "model": cfg.model.path,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.types import Task, Trajectory
-from rewards.service import RewardFnSpec, RewardScorer
+from rewards.service import RewardScorer, reward_specs
 from rl.cli.common import FORMATS, CommandError, _guarded, load_task_file, make_scorer, _mean, summarize, _write_jsonl
 
 __all__ = ["add_eval_parser", "pass_at_k", "resolve_model_arg", "eval_summary"]
@@ -145,7 +145,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not out_path.name.endswith((".jsonl", ".jsonl.gz")):
         raise CommandError(f"--out {out_path}: the failures file must end in .jsonl or .jsonl.gz")
 
-    specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+    specs = reward_specs(cfg.rewards)
     scorer = make_scorer(specs, cfg.reward_service.timeout_s, f"{args.recipe}: ")
     t0 = time.perf_counter()
     trajs = _generate(cfg, tasks, n, temperature, args.batch, args.verbose, args.engine, scorer)

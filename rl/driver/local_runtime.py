@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envs.types import Sampling, Task, Trajectory
-from rewards.service import RewardFnSpec, RewardScorer
+from rewards.service import RewardScorer, reward_specs
 from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
 from rl.driver.logger import STARTUP
@@ -96,7 +96,7 @@ class LocalRuntime:
         )
         if self.scorer is None:
             STARTUP.phase("rewards: building the reward functions")
-            specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+            specs = reward_specs(cfg.rewards)
             self.scorer = RewardScorer(specs, timeout_s=cfg.reward_service.timeout_s)
         if self.with_learner:
             self.shm_dir = make_shm_dir("jointrl-local-")  # also removes what killed runs left there

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from envs.stacks import STACKS_ENV
 from envs.types import Sampling, Task, Trajectory
-from rewards.service import RewardFnSpec, StatsTable
+from rewards.service import RewardFnSpec, StatsTable, reward_specs
 from rl.algos.batch import Batch
 from rl.config.recipe import Recipe
 from rl.driver.actors import cluster
@@ -110,7 +110,7 @@ class RayRuntime:
             colocated=plan.colocated,
             dump_stacks=self.dump_stacks,
         )
-        specs = [RewardFnSpec(s.cls, s.weight, tuple(s.domains), dict(s.kwargs)) for s in cfg.rewards]
+        specs = reward_specs(cfg.rewards)
         STARTUP.phase(f"rewards: starting {cfg.reward_service.workers} reward worker(s)")
         self.rewards = RewardService(
             specs,
