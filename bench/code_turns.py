@@ -69,8 +69,6 @@ def split_turns(record: dict[str, Any]) -> tuple[list[str], str]:
 class Episode:
     """One multi-turn train episode: its task, its first and last answers, and what the run logged for it."""
 
-    run: str
-    step: int
     task_id: str
     first: str
     last: str
@@ -125,8 +123,7 @@ def load_run(path: Path, domain: str) -> RunTurns:
             continue  # a harness failure: the run logged no score of the policy's answer
         reward = r.get("reward")
         logged = None if reward is None else float(reward) - float(r.get("reward_shaping") or 0.0)
-        step, task_id = int(r.get("step", 0)), str(r.get("task_id"))
-        out.multi.append(Episode(out.label, step, task_id, turns[0], turns[-1], logged))
+        out.multi.append(Episode(str(r.get("task_id")), turns[0], turns[-1], logged))
     return out
 
 
