@@ -148,9 +148,12 @@ class VLLMEngine:
         self._core_procs = _core_processes(self.llm)
         # vLLM's core processes outlive a SIGKILLed parent (see rollout.reaper): kill them then.
         self._reaper = start_reaper([p.pid for p in self._core_procs])
-        # The IPC segments the core processes hold in /dev/shm (its executor's message queue, ~160 MiB on CPU): vLLM
-        # unlinks them when a core exits cleanly, not when its shutdown force-kills a core that overran its grace.
-        self._shm = ipc_segments(sorted({f for p in self._core_procs if p.pid for f in shm_segments(p.pid, own=True)}))
+        # The IPC segments the core processes hold in /dev/shm (its executor's message queues, ~420 MB on CPU): vLLM
+        # unlinks them when a core exits cleanly, not when its shutdown force-kills a core that overran its grace
+        # (``shutdown``), nor when the process that owns the engine is killed (the rollout worker records them).
+        self.shm_held = ipc_segments(
+            sorted({f for p in self._core_procs if p.pid for f in shm_segments(p.pid, own=True)})
+        )
 
     def alive(self) -> str | None:
         """None while the engine can serve; else why not (its engine core process exited, or vLLM's
@@ -367,7 +370,7 @@ class VLLMEngine:
             if self._reaper is not None:
                 self._reaper.terminate()
                 self._reaper.wait(timeout=10)
-            unlink_unmapped(self._shm, wait_s=10.0)
+            unlink_unmapped(self.shm_held, wait_s=10.0)
 
 
 def _params(i: int, prompt: list[int], sampling: Sampling, seed: int | None, stop: list[str] | None) -> Any:

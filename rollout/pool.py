@@ -21,7 +21,7 @@ from envs.stacks import register as register_stacks
 from envs.types import Sampling, Task, Trajectory
 from rollout.engine import VLLMEngine
 from rollout.reaper import descendants, reap, stamped
-from rollout.shm import ipc_segments, shm_segments, unlink_unmapped
+from rollout.shm import unlink_unmapped
 from rollout.episode import run_episodes
 from rollout.tools_prompt import check_mode
 from rollout.weights import (
@@ -108,11 +108,11 @@ class RolloutWorker:
             if os.path.isdir("/dev/shm")
             else os.path.join(tempfile.gettempdir(), f"jointrl-weights-{os.getpid()}.safetensors")
         )
-        # The engine core's IPC segments in /dev/shm (~420 MB on CPU; ``ipc_segments``: never a model file it
-        # mapped from there) and that file, and the engine's processes: if this process is killed nobody unlinks
-        # them, so the pool does it on this node after the death (``free_dead_engine``), killing whatever of the
-        # engine outlived it first.
-        self._shm = (ipc_segments(shm_segments(os.getpid())) if engine is None else []) + [self._blob]
+        # The engine core's IPC segments in /dev/shm (``VLLMEngine.shm_held``: never a model file it mapped from
+        # there) and that file, and the engine's processes: if this process is killed nobody unlinks them, so the
+        # pool does it on this node after the death (``free_dead_engine``), killing whatever of the engine
+        # outlived it first.
+        self._shm = (list(self.engine.shm_held) if engine is None else []) + [self._blob]
         self._procs = stamped(descendants(os.getpid())) if engine is None else []
         self._adapter_seq = 0  # adapter folders received from another node (load_adapter_blob)
         self._held = ""  # the identity (DeltaWeights.digest) of the export in self._blob, "" when unknown
