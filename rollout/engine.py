@@ -36,7 +36,7 @@ from typing import Any
 from envs.types import Generation, Sampling
 from rollout.partial import INTERRUPTED, PauseGate, resume_seed
 from rollout.reaper import start_reaper
-from rollout.shm import ipc_segments, shm_segments, unlink_unmapped
+from rollout.shm import ipc_held, unlink_unmapped
 from rollout.weights import CollectiveJoin, CollectiveWeights, IpcWeights
 
 
@@ -151,9 +151,7 @@ class VLLMEngine:
         # The IPC segments the core processes hold in /dev/shm (its executor's message queues, ~420 MB on CPU): vLLM
         # unlinks them when a core exits cleanly, not when its shutdown force-kills a core that overran its grace
         # (``shutdown``), nor when the process that owns the engine is killed (the rollout worker records them).
-        self.shm_held = ipc_segments(
-            sorted({f for p in self._core_procs if p.pid for f in shm_segments(p.pid, own=True)})
-        )
+        self.shm_held = ipc_held([p.pid for p in self._core_procs if p.pid])
 
     def alive(self) -> str | None:
         """None while the engine can serve; else why not (its engine core process exited, or vLLM's

@@ -15,7 +15,7 @@ import time
 
 from rollout.reaper import descendants
 
-__all__ = ["ipc_segments", "shm_segments", "unlink_unmapped"]
+__all__ = ["ipc_held", "ipc_segments", "shm_segments", "unlink_unmapped"]
 
 
 def shm_segments(pid: int, own: bool = False) -> list[str]:
@@ -34,6 +34,11 @@ def ipc_segments(paths: list[str]) -> list[str]:
     (``psm_*`` shared memory, ``sem.*`` named semaphores): what an engine's own shutdown may unlink. A model file or
     a weights export that happens to sit under /dev/shm and that the engine mapped at start is not one of them."""
     return [p for p in paths if os.path.dirname(p) == "/dev/shm" and os.path.basename(p).startswith(("psm_", "sem."))]
+
+
+def ipc_held(pids: list[int]) -> list[str]:
+    """The IPC segments (``ipc_segments``) that processes ``pids`` and their descendants map."""
+    return ipc_segments(sorted({f for pid in pids for f in shm_segments(pid, own=True)}))
 
 
 def _shm_maps(pids: set[int] | None = None) -> tuple[set[str], set[int]]:
