@@ -6,9 +6,11 @@ replaces its own section and leaves the others alone. Nothing here holds a resul
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -56,6 +58,28 @@ def machine() -> str:
 
 def command() -> str:
     return ".venv/bin/python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
+
+
+SECTION_KEY = re.compile(r"[a-z0-9_]+")
+
+
+def add_section_args(ap: argparse.ArgumentParser) -> None:
+    """``--section-key`` / ``--section-title``: write a variant's result as a section of its own (a recipe arm, another
+    set of held-out files) beside the script's default section, which it would otherwise replace."""
+    ap.add_argument(
+        "--section-key",
+        default="",
+        help="the RESULTS.md section's key (its <!-- KEY:start/end --> markers; a-z, 0-9, _) in place of the script's "
+        "own, so that a variant's section does not replace the default one",
+    )
+    ap.add_argument("--section-title", default="", help="the section's heading in place of the script's own")
+
+
+def section_key_error(key: str) -> str:
+    """Why ``key`` cannot name a section ("" when it can): checked before any run trains."""
+    if key and not SECTION_KEY.fullmatch(key):
+        return f"--section-key {key!r}: a section key is lower-case letters, digits and _ only"
+    return ""
 
 
 def section(key: str, title: str, body: str) -> str:

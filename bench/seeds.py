@@ -84,6 +84,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._results import add_section_args, section_key_error  # noqa: E402
 from bench.seesaw import eval_rewards, paired, records, task_groups, verdict  # noqa: E402
 
 Evaluation = dict[str, dict[str, float]]  # {domain: {task_id: reward}}
@@ -620,6 +621,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="with --from-runs: read only the first N tasks of each held-out file (file order), to compare with "
         "a sweep over files that held those N; its section gets its own key (..._first<N>)",
     )
+    add_section_args(ap)
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every seed's run")
     return ap.parse_intermixed_args(argv)  # overrides may come before or after the flags
 
@@ -639,6 +641,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SweepError(f"--first must be >= 0, got {args.first}")
     if args.first and not args.from_runs:
         raise SweepError("--first reads part of finished runs' evaluations: add --from-runs")
+    if err := section_key_error(args.section_key):
+        raise SweepError(err)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -699,6 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         if base
         else "",
         "first": args.first,
+        "section_key": args.section_key,
+        "section_title": args.section_title,
         "base_dir": str(base_at) if base else "",  # bench/ablate.py's FOLDER@STEP reads against it too
     }
     return report(recipe, out, runs, meta, args.write, eval_groups(recipe, cfg), base, keep)
@@ -736,9 +742,9 @@ def report(
     n = meta.get("first") or 0
     tail = f"_first{n}" if n else ""
     title = f"Seed sweep: `{meta['recipe']}`" + (f", the first {n} tasks of each held-out file" if n else "")
-    title += " (`bench/seeds.py`)"
+    title = meta.get("section_title") or title + " (`bench/seeds.py`)"
     out.mkdir(parents=True, exist_ok=True)
-    key = f"seeds_{recipe.stem}{tail}"
+    key = (meta.get("section_key") or f"seeds_{recipe.stem}") + tail
     (out / f"RESULTS-section{tail}.md").write_text(section(key, title, body))
     if write:
         write_section(key, title, body)

@@ -61,7 +61,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._results import cpu_model  # noqa: E402
+from bench._results import add_section_args, cpu_model, section_key_error  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "joint_rl.yaml"
 DOMAINS = ("code", "terminal", "tool_call")
@@ -494,6 +494,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--archive", default="", help="keep finished runs' held-out evaluations, wall times, host here")
     ap.add_argument("--no-write", action="store_true", help="print; do not write bench/RESULTS.md")
     ap.add_argument("--section-out", default="", help="write the RESULTS.md section to this file instead")
+    add_section_args(ap)
     ap.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     return ap.parse_args(argv)
 
@@ -538,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in args.configs.split(",") if c]
     for c in configs:
         overrides(c)  # validates the name
+    if err := section_key_error(args.section_key):
+        print(f"seesaw: error: {err}", file=sys.stderr)
+        return 2
     seeds: list[int | None] = [None]
     if args.seeds:
         from bench.seeds import SweepError, parse_seeds
@@ -585,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = eval_groups(RECIPE, cfg)
         body = render_seeds(analyse_seeds({c: v for c, v in by_seed.items() if v}, groups), {**meta, "seeds": seeds})
         key, title = "seesaw_seeds", "Joint vs. single-domain RL over seeds (`bench/seesaw.py --seeds`)"
+    key, title = args.section_key or key, args.section_title or title
     if failed:
         body += "\n\nFailed (not in the tables): " + "; ".join(f"{n}: {c}" for n, c in failed.items()) + "."
     print(body)

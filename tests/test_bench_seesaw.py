@@ -181,6 +181,34 @@ def test_main_from_finished_runs_counts_the_recipes_samples(tmp_path, capsys):
     assert "72 samples per run" in capsys.readouterr().out
 
 
+def test_a_variants_section_takes_its_own_key_and_title_and_a_bad_key_stops_before_training(
+    tmp_path, capsys, monkeypatch
+):
+    """``--section-key``/``--section-title`` name the section a variant's result goes to (the default key would
+    replace the default section); a key that cannot be a marker is refused before any run trains."""
+    import bench.seesaw as seesaw
+
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    base = {"code": {"c0": 0.0, "c1": 1.0}}
+    _write_run(tmp_path / "joint_fixed", base, base)
+    argv = ["--from-runs", "--out", str(tmp_path), "--configs", "joint_fixed", "--steps", "3"]
+    out = tmp_path / "section.md"
+    assert seesaw.main([*argv, "--section-out", str(out), "--section-key", "seesaw_v2"]) == 0
+    text = out.read_text()
+    assert not text.startswith("<!-- seesaw:start -->") and text.startswith("<!-- seesaw_v2:start -->")
+    assert "<!-- seesaw_v2:end -->" in text and "## Joint vs. single-domain RL, fixed vs. adaptive mixing" in text
+    assert seesaw.main([*argv, "--section-out", str(out), "--section-title", "The variant"]) == 0
+    assert "<!-- seesaw:start -->\n## The variant\n" in out.read_text()
+
+    def no_training(*a, **k):
+        raise AssertionError("trained with a bad section key")
+
+    monkeypatch.setattr(seesaw, "train", no_training)
+    capsys.readouterr()
+    assert seesaw.main(["--out", str(tmp_path / "new"), "--configs", "joint_fixed", "--section-key", "Bad Key"]) == 2
+    assert "--section-key 'Bad Key': a section key is lower-case letters, digits and _ only" in capsys.readouterr().err
+
+
 def test_runs_without_a_step0_evaluation_take_the_shared_base(tmp_path, capsys):
     """``train.eval_at_start=false`` runs hold only their final evaluation; the report pairs it
     with the base run's step-0 evaluation, and refuses a run that has neither."""

@@ -545,6 +545,25 @@ def test_from_runs_first_n_reads_only_each_held_out_files_first_tasks(tmp_path, 
     assert json.loads((out / "sweep.json").read_text())["per_seed"]["code"]["0"]["n"] == 4
 
 
+def test_a_variants_section_takes_its_own_key_and_title(tmp_path, capsys, monkeypatch):
+    """``--section-key``/``--section-title`` name the sweep's section (``--first`` still adds its tail); a bad key
+    is refused before any seed trains."""
+    monkeypatch.setattr("bench._results.machine", lambda: "test host")
+    rows = [{"id": t, "domain": "code", "messages": [{"role": "user", "content": "q"}]} for t in ("t1", "t2")]
+    recipe, out = _finished_sweep(tmp_path, rows, (0, 1))
+    argv = [str(recipe), "--seeds", "0,1", "--out", str(out), "--from-runs", "--section-key", "seeds_r_arm"]
+    assert main([*argv, "--section-title", "Seed sweep: an arm"]) == 0
+    text = (out / "RESULTS-section.md").read_text()
+    assert text.startswith("<!-- seeds_r_arm:start -->\n## Seed sweep: an arm\n") and "<!-- seeds_r_arm:end -->" in text
+    assert json.loads((out / "sweep.json").read_text())["meta"]["section_key"] == "seeds_r_arm"
+    assert main([*argv, "--first", "1"]) == 0
+    text = (out / "RESULTS-section_first1.md").read_text()
+    assert text.startswith("<!-- seeds_r_arm_first1:start -->\n## Seed sweep: `")
+    capsys.readouterr()
+    assert main(["recipes/tiny.yaml", "--seeds", "0", "--section-key", "a-b"]) == 2
+    assert "--section-key 'a-b': a section key is lower-case letters, digits and _ only" in capsys.readouterr().err
+
+
 def test_first_needs_from_runs_and_a_count(capsys):
     assert main(["recipes/tiny.yaml", "--seeds", "0", "--first", "2"]) == 2
     assert "--first reads part of finished runs' evaluations" in capsys.readouterr().err
