@@ -195,7 +195,7 @@ def test_a_variants_section_takes_its_own_key_and_title_and_a_bad_key_stops_befo
     out = tmp_path / "section.md"
     assert seesaw.main([*argv, "--section-out", str(out), "--section-key", "seesaw_v2"]) == 0
     text = out.read_text()
-    assert not text.startswith("<!-- seesaw:start -->") and text.startswith("<!-- seesaw_v2:start -->")
+    assert text.startswith("<!-- seesaw_v2:start -->")
     assert "<!-- seesaw_v2:end -->" in text and "## Joint vs. single-domain RL, fixed vs. adaptive mixing" in text
     assert seesaw.main([*argv, "--section-out", str(out), "--section-title", "The variant"]) == 0
     assert "<!-- seesaw:start -->\n## The variant\n" in out.read_text()
